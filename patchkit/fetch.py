@@ -1,0 +1,94 @@
+"""Fetch real sglang release trees from the package registry into a local cache.
+
+Tests, the demo, the matrix and the benchmark all work on real trees: a wheel is
+a zip whose ``sglang/`` folder is the package. Nothing from sglang is ever
+committed; trees live under ``$PATCHKIT_CACHE`` (default ``~/.cache/patchkit``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from patchkit.errors import PatchkitError
+
+# Pure-Python parts are identical across platforms; pin one wheel flavour so the
+# download works from any host.
+_WHEEL_FLAGS = [
+    "--no-deps",
+    "--only-binary",
+    ":all:",
+    "--python-version",
+    "3.11",
+    "--platform",
+    "manylinux_2_34_x86_64",
+]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PATCHKIT_CACHE", Path.home() / ".cache" / "patchkit"))
+
+
+def download_wheel(version: str) -> Path:
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
+    if found:
+        return found[0]
+    with tempfile.TemporaryDirectory(dir=wheels) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", *_WHEEL_FLAGS,
+               f"sglang=={version}", "-d", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = sorted(Path(tmp).glob("sglang-*.whl"))
+        if proc.returncode != 0 or not got:
+            last = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise PatchkitError(f"cannot download sglang=={version}: {last}")
+        target = wheels / got[0].name
+        os.replace(got[0], target)
+        return target
+
+
+def fetch_tree(version: str) -> Path:
+    """Return the cached, pristine ``sglang/`` package folder of a release.
+
+    Callers must copy it before changing anything (see ``copy_tree``).
+    """
+    dest = cache_dir() / "trees" / version
+    package = dest / "sglang"
+    if (dest / ".complete").exists():
+        return package
+    wheel = download_wheel(version)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent if dest.parent.exists() else None))
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            members = [n for n in zf.namelist() if n.startswith("sglang/")]
+            zf.extractall(tmp, members)
+        (tmp / ".complete").write_text(wheel.name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return package
+
+
+def copy_tree(version: str, target: Path, layout: str = "package") -> Path:
+    """Copy a release into ``target`` in one of the accepted layouts.
+
+    layout: ``package`` (target/sglang), ``python`` (target/python/sglang, returns
+    target/python) or ``checkout`` (target/python/sglang, returns target).
+    Returns the path a user would pass to patchkit.
+    """
+    src = fetch_tree(version)
+    if layout == "package":
+        shutil.copytree(src, target / "sglang")
+        return target / "sglang"
+    shutil.copytree(src, target / "python" / "sglang")
+    return target / "python" if layout == "python" else target
