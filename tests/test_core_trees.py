@@ -1,0 +1,91 @@
+"""The core contract on real trees, with the trtllm-mha-overlap-hook patch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import NATIVE, PRIMARY, pristine, snapshot
+from patchkit.tree import find_tree
+
+pytestmark = pytest.mark.trees
+
+MHA = "srt/layers/attention/trtllm_mha_backend.py"
+HOOK = "trtllm-mha-overlap-hook"
+
+
+def state_of(cli, tree, pid):
+    result = cli("status", tree, "--format", "json")
+    assert result.exit_code == 0, result.output
+    return {p["id"]: p for p in json.loads(result.output)["patches"]}[pid]["state"]
+
+
+def test_apply_verify_idempotent_revert_on_primary(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    before = snapshot(tree)
+    assert state_of(cli, tree, HOOK) == "absent"
+    assert cli("verify", tree).exit_code == 1
+
+    result = cli("apply", tree, HOOK)
+    assert result.exit_code == 0, result.output
+    after = snapshot(tree)
+    assert {k for k in before if before[k] != after[k]} == {MHA}
+    compile((tree / MHA).read_bytes(), MHA, "exec")
+    assert "def update_verify_buffers_to_fill_after_draft" in (tree / MHA).read_text()
+    assert state_of(cli, tree, HOOK) == "applied"
+    assert cli("verify", tree).exit_code == 0
+
+    again = cli("apply", tree, HOOK)
+    assert again.exit_code == 0
+    assert snapshot(tree) == after
+
+    assert cli("revert", tree).exit_code == 0
+    assert snapshot(tree) == before
+    assert state_of(cli, tree, HOOK) == "absent"
+
+
+def test_dry_run_prints_diff_and_writes_nothing(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    before = snapshot(tree)
+    result = cli("apply", tree, HOOK, "--dry-run")
+    assert result.exit_code == 0
+    assert f"+++ b/python/sglang/{MHA}" in result.output
+    assert "+    def update_verify_buffers_to_fill_after_draft(" in result.output
+    assert snapshot(tree) == before
+    assert not (tree / ".patchkit").exists()
+
+
+def test_check_exits_1_when_changes_needed(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    assert cli("apply", tree, HOOK, "--check").exit_code == 1
+    cli("apply", tree, HOOK)
+    assert cli("apply", tree, HOOK, "--check").exit_code == 0
+
+
+def test_native_release_is_detected_and_untouched(make_tree, cli):
+    tree = make_tree(NATIVE)
+    before = snapshot(tree)
+    assert state_of(cli, tree, HOOK) == "native"
+    result = cli("apply", tree, HOOK)
+    assert result.exit_code == 0
+    assert snapshot(tree) == before
+    assert cli("verify", tree).exit_code == 0
+
+
+@pytest.mark.parametrize("layout", ["package", "python", "checkout"])
+def test_every_layout(make_tree, cli, layout):
+    given = make_tree(PRIMARY, layout)
+    info = find_tree(given)
+    assert info.layout == layout and info.version == PRIMARY
+    assert cli("apply", given, HOOK).exit_code == 0
+    assert state_of(cli, given, HOOK) == "applied"
+    assert cli("revert", given).exit_code == 0
+    assert snapshot(info.package) == snapshot(pristine(PRIMARY))
+
+
+def test_status_on_pristine_tree_leaves_no_trace(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    cli("status", tree)
+    cli("verify", tree)
+    assert not (tree / ".patchkit").exists()
