@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -265,10 +266,14 @@ class Session:
         return outcome
 
     def _check_writable(self, files: Iterable[str]) -> None:
+        # Checked up front so a read-only file stops the whole run before any
+        # write. Mode bits count too: root may write anything, but a file the
+        # user marked read-only is not ours to replace (os.replace would).
         for rel in files:
             path = self.tree.path(rel)
-            if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
-                raise PatchkitError(f"{path}: read-only, cannot patch (nothing was changed)")
+            for what, node in (("file", path), ("folder", path.parent)):
+                if not os.access(node, os.W_OK) or not node.stat().st_mode & stat.S_IWUSR:
+                    raise PatchkitError(f"{path}: read-only {what}, cannot patch (nothing was changed)")
 
     # -- revert ----------------------------------------------------------------
 

@@ -1,0 +1,74 @@
+"""Bad input: one clear line on stderr, exit 2, nothing changed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import PRIMARY, snapshot
+
+MHA = "srt/layers/attention/trtllm_mha_backend.py"
+
+
+def assert_one_line_error(result, *needles):
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("patchkit: error: "), result.output
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.mark.parametrize("command", ["status", "apply", "revert", "verify", "diff"])
+def test_not_a_tree(tmp_path, cli, command):
+    assert_one_line_error(cli(command, tmp_path), "not an sglang tree", "base_attn_backend.py")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_path_and_file(tmp_path, cli):
+    assert_one_line_error(cli("status", tmp_path / "nope"), "no such file")
+    f = tmp_path / "f.py"
+    f.write_text("x = 1\n")
+    assert_one_line_error(cli("apply", f), "not a folder")
+
+
+def test_unknown_patch(cli, make_tree):
+    tree = make_tree(PRIMARY)
+    assert_one_line_error(cli("apply", tree, "no-such-patch"), "unknown patch 'no-such-patch'")
+
+
+@pytest.mark.trees
+def test_syntax_error_in_target(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    (tree / MHA).write_text((tree / MHA).read_text() + "\ndef broken(:\n")
+    before = snapshot(tree)
+    assert_one_line_error(cli("apply", tree), MHA, "syntax error")
+    assert snapshot(tree) == before
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("which", ["file", "folder"])
+def test_read_only_target(make_tree, cli, which):
+    # Also as root (CI), where chmod does not stop writes: a file or folder the
+    # user marked read-only is refused all the same.
+    tree = make_tree(PRIMARY)
+    os.chmod(tree / MHA if which == "file" else (tree / MHA).parent, 0o444 if which == "file" else 0o555)
+    before = snapshot(tree)
+    assert_one_line_error(cli("apply", tree), MHA, f"read-only {which}")
+    assert snapshot(tree) == before
+    os.chmod((tree / MHA).parent, 0o755)
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize(
+    "content, needle",
+    [("{not json", "corrupt patchkit state"), (json.dumps({"format": 99, "applied": {}, "files": {}}), "newer patchkit")],
+)
+def test_corrupt_or_newer_state(make_tree, cli, content, needle):
+    tree = make_tree(PRIMARY)
+    (tree / ".patchkit").mkdir()
+    (tree / ".patchkit" / "state.json").write_text(content)
+    before = snapshot(tree)
+    assert_one_line_error(cli("apply", tree), "state.json", needle)
+    assert snapshot(tree) == before

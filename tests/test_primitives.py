@@ -1,0 +1,156 @@
+"""Each edit primitive on small snippets: before -> after."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import libcst.matchers as m
+import pytest
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+
+from patchkit.codemods import primitives as p
+
+
+def mod(src: str) -> cst.Module:
+    return cst.parse_module(textwrap.dedent(src).lstrip("\n"))
+
+
+def code(src: str) -> str:
+    return textwrap.dedent(src).lstrip("\n")
+
+
+SAMPLE = mod(
+    '''
+    import os
+
+    class A(pkg.Base, Other):
+        """Doc."""
+
+        x = 1
+
+        def first(self):
+            return 1
+
+        def second(self):
+            """Doc."""
+            y = compute()
+            return y
+    '''
+)
+
+
+def test_find_class_and_method_and_bases():
+    cls = p.find_class(SAMPLE, "A")
+    assert cls is not None and p.find_class(SAMPLE, "B") is None
+    assert p.base_names(cls) == ["Base", "Other"]
+    assert p.find_method(cls, "second").name.value == "second"
+    assert p.find_first_method(cls, ["missing", "first"]).name.value == "first"
+    assert p.find_class_attribute(cls, "x") is not None
+    assert p.find_class_attribute(cls, "y") is None
+
+
+def test_add_method_after_named_method():
+    new = p.replace_class(SAMPLE, "A", lambda c: p.add_method(c, "def mid(self):\n    pass\n", after="first"))
+    assert new.code == code(
+        '''
+        import os
+
+        class A(pkg.Base, Other):
+            """Doc."""
+
+            x = 1
+
+            def first(self):
+                return 1
+
+            def mid(self):
+                pass
+
+            def second(self):
+                """Doc."""
+                y = compute()
+                return y
+        '''
+    )
+
+
+def test_add_class_attribute_goes_after_docstring():
+    new = p.replace_class(SAMPLE, "A", lambda c: p.add_class_attribute(c, "flag: bool = False"))
+    assert '"""Doc."""\n    flag: bool = False\n\n    x = 1' in new.code
+
+
+def test_insert_at_start_keeps_docstring_first():
+    new = p.replace_class(
+        SAMPLE, "A", lambda c: p.replace_method(c, "second", lambda f: p.insert_at_start(f, "z = 0"))
+    )
+    assert '"""Doc."""\n        z = 0\n        y = compute()' in new.code
+
+
+def test_replace_statements_and_guard_keep_comments():
+    src = mod(
+        """
+        def f(batch):
+            # keep me
+            batch.a = batch.b.cpu()
+            return batch
+        """
+    )
+    matcher = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Attribute(attr=m.Name("a")))])])
+    new = p.replace_statements(src, matcher, lambda s: p.guard_statement(s, "need"))
+    assert new.code == code(
+        """
+        def f(batch):
+            # keep me
+            if need:
+                batch.a = batch.b.cpu()
+            return batch
+        """
+    )
+    with pytest.raises(p.AnchorError):
+        p.replace_statements(src, m.SimpleStatementLine(body=[m.Pass()]), lambda s: s)
+
+
+def test_replace_expressions_and_contains():
+    src = mod("if mode.is_draft_extend():\n    pass\n")
+    call = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend")), args=[])
+    new = p.replace_expressions(src, call, lambda node, _: node.with_changes(args=[cst.Arg(cst.Name("x"))]))
+    assert new.code == "if mode.is_draft_extend(x):\n    pass\n"
+    assert p.contains(src, call) and not p.contains(new, call)
+
+
+def test_add_needed_imports_touches_only_the_header():
+    src = mod(
+        """
+        import os
+        from a import b
+
+        def f():
+            import late
+        """
+    )
+    context = CodemodContext()
+    assert p.add_needed_imports(src, context) is src  # nothing requested: no work
+    AddImportsVisitor.add_needed_import(context, "patchkit.runtime", "helper")
+    new = p.add_needed_imports(src, context)
+    assert new.code == code(
+        """
+        import os
+        from a import b
+        from patchkit.runtime import helper
+
+        def f():
+            import late
+        """
+    )
+
+
+def test_parse_statements_dedents():
+    stmts = p.parse_statements(
+        """
+            a = 1
+            b = 2
+        """
+    )
+    assert len(stmts) == 2
