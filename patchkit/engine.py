@@ -257,7 +257,13 @@ class Session:
             for patch in todo:
                 state["applied"][patch.id] = {"files": [t.file for t in patch.targets if self.read(t.file) is not None]}
             for rel, (old, new) in outcome.changed.items():
-                entry = state["files"].setdefault(rel, {"original": self.store.put_blob(old)})
+                entry = state["files"].get(rel)
+                if entry is None:
+                    entry = state["files"][rel] = {"original": self.store.put_blob(old)}
+                elif sha256(old) != entry["patched"]:
+                    # Edited since an earlier apply: carry those edits onto the
+                    # backup too, or a later revert would silently drop them.
+                    entry["original"] = self.store.put_blob(self._original_with_user_edits(rel, old, entry))
                 entry["patched"] = self.store.put_blob(new)
             self.store.commit(self.tree.package, {r: n for r, (o, n) in outcome.changed.items()},
                               {r: sha256(o) for r, (o, n) in outcome.changed.items()}, state)
@@ -320,6 +326,16 @@ class Session:
                               {r: sha256(o) for r, (o, n) in outcome.changed.items()}, state)
             self.state = state
         return outcome
+
+    def _original_with_user_edits(self, rel: str, current: bytes, entry: dict) -> bytes:
+        original = self.store.get_blob(entry["original"])
+        merged, clean = three_way_merge(current, self.store.get_blob(entry["patched"]), original)
+        if not clean:
+            raise PatchkitError(
+                f"{self.tree.path(rel)}: edited after an earlier apply, overlapping patched code; "
+                "revert (or undo the edits) before applying more patches to it"
+            )
+        return merged
 
     def _merge_user_edits(self, rel: str, current: bytes, entry: dict, target: bytes, force: bool, outcome: Outcome) -> bytes:
         """The file changed since patchkit wrote it: carry the user's edits onto

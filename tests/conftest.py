@@ -4,6 +4,7 @@ git) and a CLI runner."""
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,13 @@ def snapshot(package: Path) -> dict[str, str]:
 
 def pristine(version: str) -> Path:
     return fetch_tree(version)
+
+
+@lru_cache(maxsize=None)
+def _pristine_snapshot(version: str) -> tuple:
+    return tuple(snapshot(fetch_tree(version)).items())
+
+
+def pristine_snapshot(version: str) -> dict[str, str]:
+    """snapshot() of the pristine release, computed once per test session."""
+    return dict(_pristine_snapshot(version))

@@ -1,0 +1,3 @@
+from patchkit.cli import main
+
+main(prog_name="patchkit")
