@@ -246,3 +246,198 @@ def add_needed_imports(module: cst.Module, context: CodemodContext) -> cst.Modul
     header = module.with_changes(body=body[: last + 1])
     header = AddImportsVisitor(context).transform_module(header)
     return module.with_changes(body=list(header.body) + body[last + 1 :])
+
+
+# --- module-level functions ---------------------------------------------------
+
+
+def find_function(module: cst.Module, name: str) -> Optional[cst.FunctionDef]:
+    """A top-level ``def name(...)``."""
+    for stmt in module.body:
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
+            return stmt
+    return None
+
+
+def replace_function(module: cst.Module, name: str, edit: FunctionEdit) -> cst.Module:
+    body = list(module.body)
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
+            body[i] = edit(stmt)
+            return module.with_changes(body=body)
+    raise AnchorError(f"function {name}")
+
+
+def add_function(module: cst.Module, source: str, after: Optional[str] = None) -> cst.Module:
+    """Add a top-level function (given as source) after function ``after``,
+    else at the end, with the two blank lines PEP 8 puts around it."""
+    new = parse_statement(source).with_changes(leading_lines=[cst.EmptyLine(indent=False)] * 2)
+    body = list(module.body)
+    index = len(body)
+    if after is not None:
+        for i, stmt in enumerate(body):
+            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == after:
+                index = i + 1
+    if index < len(body) and len(body[index].leading_lines) < 2:
+        following = body[index]
+        body[index] = following.with_changes(
+            leading_lines=[cst.EmptyLine(indent=False)] * (2 - len(following.leading_lines)) + list(following.leading_lines)
+        )
+    body.insert(index, new)
+    return module.with_changes(body=body)
+
+
+# --- wrapping runs of statements ------------------------------------------------
+
+
+def guard_statements(stmts: Sequence[cst.BaseStatement], condition: str) -> cst.If:
+    """Wrap consecutive statements in one ``if <condition>:``; the first
+    statement's leading comments/blank lines stay above the ``if``."""
+    if not stmts:
+        raise AnchorError("guard_statements needs at least one statement")
+    inner = [stmts[0].with_changes(leading_lines=[])] + list(stmts[1:])
+    return cst.If(
+        test=parse_expression(condition),
+        body=cst.IndentedBlock(body=inner),
+        leading_lines=stmts[0].leading_lines,
+    )
+
+
+def branch_statements(stmts: Sequence[cst.BaseStatement], condition: str, then_source: str) -> cst.If:
+    """``if <condition>: <then_source> else: <stmts>``: new code for one case,
+    the existing statements unchanged for the others. Leading comments of the
+    first statement stay above the ``if``."""
+    if not stmts:
+        raise AnchorError("branch_statements needs at least one statement")
+    inner = [stmts[0].with_changes(leading_lines=[])] + list(stmts[1:])
+    # Parsed as a block (not a module) so its leading comments stay in it.
+    then = parse_statement("if _:\n" + textwrap.indent(textwrap.dedent(then_source).strip("\n"), "    ") + "\n")
+    return cst.If(
+        test=parse_expression(condition),
+        body=then.body,
+        orelse=cst.Else(body=cst.IndentedBlock(body=inner)),
+        leading_lines=stmts[0].leading_lines,
+    )
+
+
+# --- isinstance(x, (A, B, ...)) ---------------------------------------------------
+
+
+def _strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+
+
+def _isinstance_parts(node: cst.BaseExpression) -> Optional[tuple[cst.BaseExpression, list[cst.BaseExpression]]]:
+    """(subject, classes) of ``isinstance(s, C)`` / ``isinstance(s, (C, D))``."""
+    if not m.matches(node, m.Call(func=m.Name("isinstance"), args=[m.Arg(keyword=None), m.Arg(keyword=None)])):
+        return None
+    subject, classes = node.args[0].value, node.args[1].value
+    if isinstance(classes, cst.Tuple):
+        return subject, [e.value for e in classes.elements if not isinstance(e, cst.StarredElement)]
+    return subject, [classes]
+
+
+def isinstance_class_names(node: cst.BaseExpression) -> Optional[tuple[str, list[str]]]:
+    """For ``isinstance(s, A) or isinstance(s, B) ...`` (same subject, any
+    parentheses) or ``isinstance(s, (A, B))``: (code of s, [code of A, B, ...]).
+    None for any other shape."""
+    node = _strip_parens(node)
+    if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or):
+        left, right = isinstance_class_names(node.left), isinstance_class_names(node.right)
+        if left is None or right is None or left[0] != right[0]:
+            return None
+        return left[0], left[1] + right[1]
+    parts = _isinstance_parts(node)
+    if parts is None:
+        return None
+    code = cst.Module(body=[]).code_for_node
+    return code(parts[0]), [code(c) for c in parts[1]]
+
+
+def isinstance_tuple(node: cst.BaseExpression, add: Sequence[str] = (), after: Optional[str] = None) -> cst.Call:
+    """Rewrite an ``isinstance`` check (see :func:`isinstance_class_names`) as
+    one ``isinstance(s, (A, B, ...))`` call, black-formatted one class a line,
+    with the ``add`` classes inserted after class ``after`` (else at the end);
+    classes already listed are not repeated."""
+    found = isinstance_class_names(node)
+    if found is None:
+        raise AnchorError("not an isinstance check (or a chain of them on one subject)")
+    subject, classes = found
+    index = classes.index(after) + 1 if after in classes else len(classes)
+    new = [c for c in add if c not in classes]
+    classes = classes[:index] + new + classes[index:]
+    lines = "".join(f"        {c},\n" for c in classes)
+    return parse_expression(f"isinstance(\n    {subject},\n    (\n{lines}    ),\n)")
+
+
+# --- imports next to their siblings ---------------------------------------------
+
+
+def _dotted(node: Optional[cst.BaseExpression]) -> str:
+    if node is None:
+        return ""
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _top_level_import_from(stmt: cst.BaseStatement) -> Optional[cst.ImportFrom]:
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.ImportFrom):
+        imp = stmt.body[0]
+        if not imp.relative and imp.module is not None:
+            return imp
+    return None
+
+
+def imports_name(module: cst.Module, module_name: str, name: str) -> bool:
+    """Does the module bind ``name`` with a top-level ``from module_name import ...``?"""
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.ImportFrom) and not small.relative and _dotted(small.module) == module_name:
+                    if isinstance(small.names, cst.ImportStar):
+                        return True
+                    for alias in small.names:
+                        bound = alias.asname.name.value if alias.asname else _dotted(alias.name)
+                        if bound == name and _dotted(alias.name) == name:
+                            return True
+    return False
+
+
+def add_import_sorted(module: cst.Module, module_name: str, name: str) -> cst.Module:
+    """Add ``from module_name import name`` among the top-level from-imports
+    closest to it (longest common dotted prefix), in isort order (case-folded
+    module names), so the new line sits where a formatter would put it. No-op
+    when the name is already imported from there. Without any sibling it goes
+    after the last top-level import (or at the top)."""
+    if imports_name(module, module_name, name):
+        return module
+    target = module_name.split(".")
+    body = list(module.body)
+    best, group = -1, []
+    for i, stmt in enumerate(body):
+        imp = _top_level_import_from(stmt)
+        if imp is None:
+            continue
+        parts = _dotted(imp.module).split(".")
+        common = next((k for k, (a, b) in enumerate(zip(parts, target)) if a != b), min(len(parts), len(target)))
+        if common > best:
+            best, group = common, [(i, _dotted(imp.module))]
+        elif common == best:
+            group.append((i, _dotted(imp.module)))
+    new = parse_statement(f"from {module_name} import {name}")
+    later: list[int] = []
+    if group and best > 0:
+        later = [i for i, mod_name in group if mod_name.lower() > module_name.lower()]
+        index = later[0] if later else group[-1][0] + 1
+    else:
+        is_import = m.SimpleStatementLine(body=[m.ZeroOrMore(), m.Import() | m.ImportFrom(), m.ZeroOrMore()])
+        index = max((i + 1 for i, s in enumerate(body) if m.matches(s, is_import)), default=0)
+    if later:
+        # Blank lines above the statement we go before (a section break) move
+        # above us; comments stay with the statement they describe.
+        following = body[index]
+        lines = list(following.leading_lines)
+        blank = next((k for k, line in enumerate(lines) if line.comment is not None), len(lines))
+        new = new.with_changes(leading_lines=lines[:blank])
+        body[index] = following.with_changes(leading_lines=lines[blank:])
+    body.insert(index, new)
+    return module.with_changes(body=body)
