@@ -1,0 +1,130 @@
+"""A fork-drift generator for tests: rewrite real sglang files the ways vendor
+forks drift (formatting, comments, order, extra code, import style) without
+changing what they mean."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import libcst as cst
+import libcst.matchers as m
+
+
+class _Comments(cst.CSTTransformer):
+    """Comment and blank line above every def/class and every other statement."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def _mark(self, node):
+        self.n += 1
+        lines = [cst.EmptyLine(), cst.EmptyLine(comment=cst.Comment(f"# fork note {self.n}"))]
+        return node.with_changes(leading_lines=[*node.leading_lines, *lines])
+
+    def leave_FunctionDef(self, original, updated):
+        return self._mark(updated) if not updated.decorators else updated
+
+    def leave_ClassDef(self, original, updated):
+        return self._mark(updated) if not updated.decorators else updated
+
+    def leave_SimpleStatementLine(self, original, updated):
+        self.n += 1
+        if self.n % 3:
+            return updated
+        return updated.with_changes(
+            leading_lines=[*updated.leading_lines, cst.EmptyLine(comment=cst.Comment("# fork: reviewed"))]
+        )
+
+
+class _ReorderAndExtend(cst.CSTTransformer):
+    """Reverse the order of undecorated methods; optionally add unrelated members."""
+
+    def __init__(self, reorder: bool, extend: bool) -> None:
+        self.reorder, self.extend = reorder, extend
+
+    def leave_ClassDef(self, original, updated):
+        if not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        body = list(updated.body.body)
+        if self.reorder:
+            slots = [i for i, s in enumerate(body) if isinstance(s, cst.FunctionDef) and not s.decorators]
+            moved = [body[i] for i in reversed(slots)]
+            for i, stmt in zip(slots, moved):
+                body[i] = stmt
+        if self.extend:
+            extra = cst.parse_module(
+                "_fork_flag = True\n\ndef _fork_helper(self, value=None):\n    return value\n"
+            ).body
+            docstring = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
+            body[docstring:docstring] = [extra[0]]
+            body.append(extra[1].with_changes(leading_lines=[cst.EmptyLine()]))
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+
+class _SplitImports(cst.CSTTransformer):
+    """``from x import (a, b)`` -> one ``from x import a as a`` per line."""
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if len(updated.body) != 1 or not m.matches(updated.body[0], m.ImportFrom()):
+            return updated
+        imp = updated.body[0]
+        if isinstance(imp.names, cst.ImportStar) or imp.relative or (
+            m.matches(imp.module, m.Name("__future__"))
+        ):
+            return updated
+        lines = []
+        for alias in imp.names:
+            name = alias.name
+            asname = alias.asname or (cst.AsName(name=cst.Name(name.value)) if isinstance(name, cst.Name) else None)
+            single = imp.with_changes(names=[cst.ImportAlias(name=name, asname=asname)], lpar=None, rpar=None)
+            lines.append(cst.SimpleStatementLine(body=[single]))
+        lines[0] = lines[0].with_changes(leading_lines=updated.leading_lines)
+        return cst.FlattenSentinel(lines)
+
+
+def _cst(transformer_factory: Callable[[], cst.CSTTransformer]) -> Callable[[Path], None]:
+    def run(path: Path) -> None:
+        module = cst.parse_module(path.read_bytes())
+        path.write_bytes(module.visit(transformer_factory()).bytes)
+
+    return run
+
+
+def _docstring(path: Path) -> None:
+    path.write_bytes(b'"""Vendor fork of this module."""\n' + path.read_bytes())
+
+
+def _black(*args: str) -> Callable[[Path], None]:
+    def run(path: Path) -> None:
+        subprocess.run([sys.executable, "-m", "black", "-q", *args, str(path)], check=True)
+
+    return run
+
+
+DRIFTS: dict[str, list[Callable[[Path], None]]] = {
+    "black-120": [_black("-l", "120")],
+    "black-60-no-magic-comma": [_black("-l", "60", "--skip-magic-trailing-comma")],
+    "comments": [_cst(_Comments)],
+    "reordered-methods": [_cst(lambda: _ReorderAndExtend(reorder=True, extend=False))],
+    "extra-members": [_cst(lambda: _ReorderAndExtend(reorder=False, extend=True))],
+    "split-aliased-imports": [_cst(_SplitImports)],
+    "module-docstring": [_docstring],
+    "everything": [
+        _cst(_SplitImports),
+        _cst(lambda: _ReorderAndExtend(reorder=True, extend=True)),
+        _cst(_Comments),
+        _docstring,
+        _black("-l", "100"),
+    ],
+}
+
+
+def drift(package: Path, relpaths: list[str], name: str) -> None:
+    for rel in relpaths:
+        path = package / rel
+        if path.exists():
+            for step in DRIFTS[name]:
+                step(path)
