@@ -75,7 +75,8 @@ def list_cmd(fmt: str) -> None:
 @main.command(epilog=EXIT_CODES)
 @tree_argument
 @ids_argument
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              help="json: the patchkit.status/1 document verify writes (docs/ci.md).")
 @click.pass_obj
 def status(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
     """Show each patch's state on TREE: absent, applied, native, partial or
@@ -83,7 +84,8 @@ def status(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
     with locked_session(tree, obj.say, write=False) as session:
         reports = session.reports(registry.select(ids) if ids else None)
     if fmt == "json":
-        click.echo(output.status_json(session.tree, reports))
+        locator = output.Locator(session.tree, tree)
+        click.echo(output.status_json(session.tree, reports, locator, ok=all(r.ok for r in reports)))
     else:
         click.echo(output.status_text(session.tree, reports, obj.verbose))
 
@@ -93,7 +95,9 @@ def status(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
 @ids_argument
 @click.option("--skip", multiple=True, metavar="PATCH", help="Leave this patch out (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Write nothing; print the unified diff.")
-@click.option("--check", is_flag=True, help="Write nothing; exit 1 if applying would change anything.")
+@click.option("--check", is_flag=True,
+              help="Write nothing; exit 1 if applying would change anything, listing the patches and files "
+                   "(like black --check; add --diff for the diff).")
 @click.option("--diff", "show_diff", is_flag=True, help="Also print the unified diff of what is applied.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.pass_obj
@@ -104,7 +108,7 @@ def apply(obj: Ctx, tree: str, ids: tuple[str, ...], skip: tuple[str, ...], dry_
     write = not (dry_run or check)
     with locked_session(tree, obj.say, write=write) as session:
         outcome = session.apply(selected, dry_run=not write)
-    _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write)
+    _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write, tree)
 
 
 @main.command(epilog=EXIT_CODES)
@@ -120,25 +124,22 @@ def revert(obj: Ctx, tree: str, ids: tuple[str, ...], cascade: bool, force: bool
     made after apply are kept by a 3-way merge, or the revert stops."""
     with locked_session(tree, obj.say) as session:
         outcome = session.revert(list(ids), cascade=cascade, force=force, dry_run=dry_run)
-    _finish(obj, session.tree, outcome, "revert", fmt, dry_run, False, dry_run)
+    _finish(obj, session.tree, outcome, "revert", fmt, dry_run, False, dry_run, tree)
 
 
 @main.command(epilog=EXIT_CODES)
 @tree_argument
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--format", "fmt", type=click.Choice(output.FORMATS), default="text",
+              help="json (patchkit.status/1), junit (XML, one testcase per patch) or github "
+                   "(Actions annotations at the broken anchor); see docs/ci.md.")
 @click.pass_obj
 def verify(obj: Ctx, tree: str, fmt: str) -> None:
     """Check every patch's postconditions on TREE: each must be applied or
-    native upstream. Exit 1 otherwise."""
+    native upstream (or superseded upstream). Exit 1 otherwise."""
     with locked_session(tree, obj.say, write=False) as session:
         reports = session.reports()
-    failed = [r for r in reports if not r.ok]
-    if fmt == "json":
-        click.echo(output.status_json(session.tree, reports, ok=not failed))
-    else:
-        click.echo(output.status_text(session.tree, reports, obj.verbose))
-        click.echo("verify: OK" if not failed else f"verify: FAILED ({', '.join(r.patch.id for r in failed)})")
-    sys.exit(EXIT_CHANGES if failed else EXIT_OK)
+    click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, tree), obj.verbose))
+    sys.exit(EXIT_OK if all(r.ok for r in reports) else EXIT_CHANGES)
 
 
 @main.command(epilog=EXIT_CODES)
@@ -151,6 +152,51 @@ def diff(obj: Ctx, tree: str) -> None:
 
 
 @main.command(epilog=EXIT_CODES)
+@tree_argument
+@click.option("-o", "--out", "out", type=click.Path(file_okay=False), help="Folder for NNNN-<patch>.patch files and a quilt series file.")
+@click.option("--stdout", "to_stdout", is_flag=True, help="Print the series as one mbox on stdout instead.")
+@click.option("--author", default=None, metavar="'NAME <EMAIL>'",
+              help="From: of every patch (default: patchkit <patchkit@invalid>).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.pass_obj
+def export(obj: Ctx, tree: str, out: Optional[str], to_stdout: bool, author: Optional[str], fmt: str) -> None:
+    """Write the change patchkit applied to TREE as a git format-patch series,
+    one patch per patchkit patch in dependency order, with a/python/sglang/...
+    paths: `git am DIR/*.patch` on a pristine checkout reproduces the patched
+    tree byte for byte. Patches that are native upstream are not exported.
+    The Date: is now, or SOURCE_DATE_EPOCH when set."""
+    from patchkit.export import DEFAULT_AUTHOR, build_series, write_series
+
+    if bool(out) == to_stdout:
+        raise click.UsageError("give exactly one of --out DIR or --stdout")
+    with locked_session(tree, obj.say, write=False) as session:
+        series = build_series(session, author or DEFAULT_AUTHOR)
+    for note in series.notes:
+        obj.say(f"note: {note}")
+    if to_stdout:
+        click.echo(series.mbox(), nl=False)
+        return
+    from pathlib import Path
+
+    written = write_series(series, Path(out)) if series.patches else []
+    if fmt == "json":
+        doc = {
+            "schema": "patchkit.export/1",
+            "tree": output.tree_dict(session.tree),
+            "out": out,
+            "patches": [{"id": p.patch.id, "number": p.number, "file": str(path), "files": p.files}
+                        for p, path in zip(series.patches, written)],
+            "notes": series.notes,
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if not series.patches:
+        obj.say("nothing to export: patchkit applied no patch to this tree")
+    for path in written:
+        click.echo(str(path))
+
+
+@main.command(epilog=EXIT_CODES)
 @click.argument("version")
 def fetch(version: str) -> None:
     """Download sglang==VERSION from the package registry into the cache and
@@ -160,9 +206,11 @@ def fetch(version: str) -> None:
     click.echo(fetch_tree(version))
 
 
-def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bool, check: bool, dry: bool) -> None:
+def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bool, check: bool, dry: bool,
+            given: Optional[str] = None) -> None:
     for message in outcome.messages:
         obj.say(message)
+    locator = output.Locator(tree, given)
     if fmt == "json":
         doc = {
             "schema": f"patchkit.{verb}/1",
@@ -170,9 +218,25 @@ def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bo
             "done": outcome.done,
             "skipped": [{"id": pid, "reason": why} for pid, why in outcome.skipped],
             "changed_files": sorted(outcome.changed),
+            "changed_paths": [locator.path(rel) for rel in sorted(outcome.changed)],
+            "dry_run": dry,
             "diff": outcome.diff(tree),
         }
         click.echo(json.dumps(doc, indent=2))
+    elif check:
+        # black --check style: the diff (if asked) on stdout, the verdict on stderr.
+        if show_diff:
+            click.echo(outcome.diff(tree), nl=False)
+        for pid in outcome.done:
+            obj.say(f"would apply: {pid}")
+        for rel in sorted(outcome.changed):
+            obj.say(f"would change: {locator.path(rel)}")
+        for pid, why in outcome.skipped:
+            obj.say(f"cannot apply: {pid}: {why}")
+        if outcome.changed:
+            obj.say(f"{len(outcome.done)} patch(es) would be applied, {len(outcome.changed)} file(s) would change")
+        elif not outcome.skipped:
+            obj.say("nothing to apply: every patch is applied, native or not applicable")
     else:
         if show_diff:
             click.echo(outcome.diff(tree), nl=False)

@@ -1,14 +1,26 @@
-"""How reports are written: text for people, JSON/JUnit/GitHub for CI."""
+"""How reports are written: text for people, JSON/JUnit/GitHub for CI.
+
+The JSON shape (``patchkit.status/1``) is documented in ``docs/ci.md``; it only
+ever grows (new keys), so consumers written against it keep working.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from typing import Optional
 
-from patchkit.engine import PatchReport
+from patchkit.codemods.base import State
+from patchkit.engine import NOT_APPLICABLE, CodemodResult, PatchReport
 from patchkit.registry import Patch
 from patchkit.tree import Tree
 
 STATUS_SCHEMA = "patchkit.status/1"
+FORMATS = ("text", "json", "junit", "github")
 
 
 def tree_dict(tree: Tree) -> dict:
@@ -25,29 +37,163 @@ def patch_dict(patch: Patch) -> dict:
     }
 
 
-def report_dict(report: PatchReport) -> dict:
+# --- where a finding is, as the user sees it ----------------------------------
+
+
+class Locator:
+    """Paths as the user sees them in their repo, and (on failure only) the
+    line of a finding's anchor.
+
+    ``given`` is the tree argument exactly as typed; the file of a finding is
+    written relative to it (``python/sglang/srt/...`` when the user passed the
+    checkout root ``.``), so editors and CI annotations find it. Lines are
+    found with ``ast`` (fast, C parser), once per file, only when asked for.
+    """
+
+    def __init__(self, tree: Tree, given: Optional[str] = None) -> None:
+        self.tree = tree
+        self.given = str(tree.given) if given is None else given
+        self._sub = os.path.relpath(tree.package, tree.given)
+        self._asts: dict[str, Optional[ast.Module]] = {}
+        self._lines: dict[str, list[str]] = {}
+
+    def path(self, rel: str, base: Optional[str] = None) -> str:
+        """``rel`` (relative to the package) as a path from the user's tree
+        argument; an absolute one under ``base`` (default: the working
+        directory) is made relative to it."""
+        joined = os.path.normpath(os.path.join(self.given, self._sub, rel))
+        if os.path.isabs(joined):
+            root = os.path.abspath(base or os.getcwd())
+            if joined == root or joined.startswith(root.rstrip(os.sep) + os.sep):
+                return os.path.relpath(joined, root)
+        return joined
+
+    def github_path(self, rel: str) -> str:
+        """Annotations are resolved against the repository root."""
+        workspace = os.environ.get("GITHUB_WORKSPACE")
+        if workspace:
+            absolute = os.path.abspath(os.path.join(self.tree.package, rel))
+            root = os.path.abspath(workspace)
+            if absolute.startswith(root.rstrip(os.sep) + os.sep):
+                return os.path.relpath(absolute, root)
+        return self.path(rel)
+
+    def line(self, rel: str, anchor: str) -> Optional[int]:
+        """Line of ``anchor`` in ``rel``: the class/method/attribute it names,
+        else the nearest enclosing one that exists, else the first line that
+        mentions it; None when the file is absent or nothing matches."""
+        module = self._ast(rel)
+        if module is None:
+            return None
+        dotted = re.match(r"\s*([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", anchor or "")
+        if dotted:
+            parts = dotted.group(1).split(".")
+            found = _resolve(module.body, parts)
+            if found is None:  # e.g. a bare method name: look anywhere
+                found = next(
+                    (n.lineno for n in ast.walk(module) if _named(n) == parts[0]),
+                    None,
+                )
+            if found is not None:
+                return found
+        lines = self._lines.get(rel, [])
+        for needle in filter(None, [anchor, *(re.findall(r"[A-Za-z_]\w{3,}", anchor or "")[:1])]):
+            for number, text in enumerate(lines, 1):
+                if needle in text:
+                    return number
+        return None
+
+    def _ast(self, rel: str) -> Optional[ast.Module]:
+        if rel not in self._asts:
+            try:
+                data = self.tree.path(rel).read_bytes()
+                self._lines[rel] = data.decode("utf-8", "replace").splitlines()
+                self._asts[rel] = ast.parse(data)
+            except (OSError, SyntaxError, ValueError):
+                self._asts[rel] = None
+        return self._asts[rel]
+
+
+def _named(node: ast.AST) -> Optional[str]:
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return node.name
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    for target in targets:
+        if isinstance(target, ast.Name):
+            return target.id
+    return None
+
+
+def _resolve(body: list[ast.stmt], parts: list[str]) -> Optional[int]:
+    """Line of the deepest existing prefix of ``parts`` (Class.method...)."""
+    line = None
+    for name in parts:
+        node = next((n for n in body if _named(n) == name), None)
+        if node is None:
+            break
+        line = node.lineno
+        body = getattr(node, "body", [])
+        if not isinstance(body, list):
+            break
+    return line
+
+
+def failures(report: PatchReport) -> list[CodemodResult]:
+    """The checks that make a report not ok: missing anchors, changes to do."""
+    if report.ok:
+        return []
+    bad = [r for r in report.results if r.finding.state in (State.MISSING, State.TODO)]
+    return bad or list(report.results)
+
+
+# --- JSON ---------------------------------------------------------------------
+
+
+def report_dict(report: PatchReport, locator: Optional[Locator] = None) -> dict:
+    failing = {id(r) for r in failures(report)} if locator else set()
+    checks = []
+    for r in report.results:
+        check = {
+            "file": r.file,
+            "codemod": r.codemod,
+            "state": r.finding.state.value,
+            "anchor": r.finding.anchor,
+            "detail": r.finding.detail,
+        }
+        if locator is not None:
+            check["path"] = locator.path(r.file)
+            check["line"] = locator.line(r.file, r.finding.anchor) if id(r) in failing else None
+        checks.append(check)
     return {
         **patch_dict(report.patch),
         "state": report.state,
         "ok": report.ok,
         "reason": report.reason,
         "notes": report.notes,
-        "checks": [
-            {
-                "file": r.file,
-                "codemod": r.codemod,
-                "state": r.finding.state.value,
-                "anchor": r.finding.anchor,
-                "detail": r.finding.detail,
-            }
-            for r in report.results
-        ],
+        "checks": checks,
     }
 
 
-def status_json(tree: Tree, reports: list[PatchReport], **extra) -> str:
-    doc = {"schema": STATUS_SCHEMA, "tree": tree_dict(tree), "patches": [report_dict(r) for r in reports], **extra}
+def summary(reports: list[PatchReport]) -> dict:
+    counts: dict[str, int] = {}
+    for r in reports:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    return {"total": len(reports), "ok": sum(r.ok for r in reports), "failed": sum(not r.ok for r in reports),
+            "states": counts}
+
+
+def status_json(tree: Tree, reports: list[PatchReport], locator: Optional[Locator] = None, **extra) -> str:
+    doc = {
+        "schema": STATUS_SCHEMA,
+        "tree": tree_dict(tree),
+        "patches": [report_dict(r, locator) for r in reports],
+        "summary": summary(reports),
+        **extra,
+    }
     return json.dumps(doc, indent=2)
+
+
+# --- text ---------------------------------------------------------------------
 
 
 def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False) -> str:
@@ -64,3 +210,127 @@ def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False) -
             for c in r.results:
                 lines.append(f"  {'':<{width}}    {c.finding.state.value:<10} {c.file}: {c.finding.anchor} {c.finding.detail}".rstrip())
     return "\n".join(lines)
+
+
+# --- JUnit XML ----------------------------------------------------------------
+
+
+def _skipped(report: PatchReport) -> bool:
+    """ok, but the change is not in the tree: upstream superseded it."""
+    return report.ok and report.state == NOT_APPLICABLE
+
+
+def failure_text(report: PatchReport, locator: Locator) -> str:
+    out = []
+    for r in failures(report):
+        line = locator.line(r.file, r.finding.anchor)
+        where = f"{locator.path(r.file)}:{line}" if line else locator.path(r.file)
+        out.append(f"{where}: {r.finding.state.value}: {r.finding.anchor}: {r.finding.detail}".rstrip(": "))
+    out.extend(f"note: {n}" for n in report.notes)
+    return "\n".join(out)
+
+
+def status_junit(tree: Tree, reports: list[PatchReport], locator: Locator, suite: str = "patchkit verify") -> str:
+    """One <testcase> per patch: <failure> when not ok, <skipped> when upstream
+    superseded it (nothing to carry), plain pass when applied or native."""
+    counts = summary(reports)
+    skipped = sum(_skipped(r) for r in reports)
+    root = ET.Element("testsuites", name="patchkit", tests=str(len(reports)), failures=str(counts["failed"]),
+                      errors="0", skipped=str(skipped))
+    ts = ET.SubElement(root, "testsuite", name=f"{suite}: sglang {tree.version}", tests=str(len(reports)),
+                       failures=str(counts["failed"]), errors="0", skipped=str(skipped))
+    props = ET.SubElement(ts, "properties")
+    for key, value in (("tree", locator.given), ("package", str(tree.package)), ("layout", tree.layout),
+                       ("version", tree.version)):
+        ET.SubElement(props, "property", name=key, value=value)
+    for r in reports:
+        case = ET.SubElement(ts, "testcase", classname=f"patchkit.sglang-{tree.version}", name=r.patch.id)
+        first = (failures(r) or r.results or [None])[0]
+        if first is not None:
+            case.set("file", locator.path(first.file))
+        if not r.ok:
+            message = f"{r.state}: {r.reason}" if r.reason else r.state
+            if r.state == "absent":
+                message = "absent: not applied (run patchkit apply)"
+            fail = ET.SubElement(case, "failure", message=message, type=r.state)
+            fail.text = failure_text(r, locator)
+            if first is not None:
+                line = locator.line(first.file, first.finding.anchor)
+                if line:
+                    case.set("line", str(line))
+        elif _skipped(r):
+            ET.SubElement(case, "skipped", message=f"not applicable: {r.reason}")
+        out = [f"{r.patch.title}", f"state: {r.state}"] + [f"note: {n}" for n in r.notes]
+        ET.SubElement(case, "system-out").text = "\n".join(out)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode")
+
+
+# --- GitHub Actions workflow commands -----------------------------------------
+
+
+def _gh_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _gh_prop(text: str) -> str:
+    return _gh_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_annotation(level: str, message: str, file: Optional[str] = None, line: Optional[int] = None,
+                      title: Optional[str] = None) -> str:
+    props = []
+    if file:
+        props.append(f"file={_gh_prop(file)}")
+    if line:
+        props.append(f"line={line}")
+    if title:
+        props.append(f"title={_gh_prop(title)}")
+    return f"::{level}{' ' + ','.join(props) if props else ''}::{_gh_data(message)}"
+
+
+def status_github(tree: Tree, reports: list[PatchReport], locator: Locator) -> str:
+    """``::error file=...,line=...::`` for every missing or broken anchor (one
+    per patch that is simply not applied), ``::warning`` for notes."""
+    out = []
+    for r in reports:
+        title = f"patchkit: {r.patch.id}"
+        bad = failures(r)
+        if r.state == "absent" and bad:
+            first = bad[0]
+            files = sorted({locator.path(c.file) for c in bad})
+            message = (f"{r.patch.id} ({', '.join(r.patch.upstream)}) is not applied: {len(bad)} change(s) to make in "
+                       f"{', '.join(files)}; run `patchkit apply`")
+            out.append(github_annotation("error", message, locator.github_path(first.file),
+                                         locator.line(first.file, first.finding.anchor), title))
+        else:
+            for c in bad:
+                what = "missing anchor" if c.finding.state is State.MISSING else f"{r.state}, still to do"
+                message = f"{r.patch.id}: {what}: {c.finding.anchor}: {c.finding.detail}".rstrip(": ")
+                out.append(github_annotation("error", message, locator.github_path(c.file),
+                                             locator.line(c.file, c.finding.anchor), title))
+        for note in r.notes:
+            out.append(github_annotation("warning", f"{r.patch.id}: {note}", title=title))
+    failed = [r.patch.id for r in reports if not r.ok]
+    out.append(f"patchkit verify: sglang {tree.version}: "
+               + ("OK" if not failed else f"FAILED ({', '.join(failed)})"))
+    return "\n".join(out)
+
+
+def render(fmt: str, tree: Tree, reports: list[PatchReport], locator: Locator, verbose: bool = False) -> str:
+    """verify's output in one of FORMATS."""
+    failed = [r for r in reports if not r.ok]
+    if fmt == "json":
+        return status_json(tree, reports, locator, ok=not failed)
+    if fmt == "junit":
+        return status_junit(tree, reports, locator)
+    if fmt == "github":
+        return status_github(tree, reports, locator)
+    text = status_text(tree, reports, verbose)
+    # Where a partial or not-applicable patch breaks (an absent one is simply
+    # not applied: its status line says all there is to say).
+    broken = [r for r in failed if r.state != "absent"]
+    if broken:
+        text += "\n" + "\n".join(f"  {r.patch.id}: {line}" for r in broken
+                                  for line in failure_text(r, locator).splitlines())
+    return text + "\n" + ("verify: OK" if not failed else f"verify: FAILED ({', '.join(r.patch.id for r in failed)})")
