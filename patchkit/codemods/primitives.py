@@ -441,3 +441,54 @@ def add_import_sorted(module: cst.Module, module_name: str, name: str) -> cst.Mo
         body[index] = following.with_changes(leading_lines=lines[blank:])
     body.insert(index, new)
     return module.with_changes(body=body)
+
+
+# --- inside a function: at the end, before an anchor statement ----------------
+# (added for the TRT-LLM MLA spec-v2 patch)
+
+
+def parse_statements_with_comments(source: str) -> list[Statement]:
+    """Like ``parse_statements``, but comment lines above the first statement
+    stay with it (``parse_statements`` leaves them in the module header)."""
+    module = cst.parse_module(textwrap.dedent(source).strip("\n") + "\n")
+    body = list(module.body)
+    comments = [line for line in module.header if line.comment is not None]
+    if body and comments:
+        body[0] = body[0].with_changes(leading_lines=[*comments, *body[0].leading_lines])
+    return body
+
+
+def insert_at_end(fn: cst.FunctionDef, source: str) -> cst.FunctionDef:
+    """Append statements (leading comments kept) at the end of a function body
+    (after its last statement; a trailing comment block stays last)."""
+    body = list(fn.body.body)
+    body.extend(parse_statements_with_comments(source))
+    return fn.with_changes(body=fn.body.with_changes(body=body))
+
+
+def find_statement_index(fn: cst.FunctionDef, matcher: m.BaseMatcherNode) -> Optional[int]:
+    """Index of the first top-level statement of ``fn``'s body that matches, or
+    that contains a node matching ``matcher`` (e.g. the line of a call)."""
+    for i, stmt in enumerate(fn.body.body):
+        if m.matches(stmt, matcher) or m.findall(stmt, matcher):
+            return i
+    return None
+
+
+def insert_before(fn: cst.FunctionDef, matcher: m.BaseMatcherNode, source: str) -> cst.FunctionDef:
+    """Insert statements (leading comments kept) just above the first top-level
+    statement of ``fn`` that matches (or contains a match of) ``matcher``. The anchor's blank lines
+    go above the new code and one blank line separates the new code from the
+    anchor; the anchor's own comments stay attached to it."""
+    index = find_statement_index(fn, matcher)
+    if index is None:
+        raise AnchorError(f"{fn.name.value}: no statement matching {matcher!r}")
+    body = list(fn.body.body)
+    anchor = body[index]
+    lines = list(anchor.leading_lines)
+    first_comment = next((k for k, line in enumerate(lines) if line.comment is not None), len(lines))
+    new = parse_statements_with_comments(source)
+    new[0] = new[0].with_changes(leading_lines=[*lines[:first_comment], *new[0].leading_lines])
+    body[index] = anchor.with_changes(leading_lines=[cst.EmptyLine(indent=False)] + lines[first_comment:])
+    body[index:index] = new
+    return fn.with_changes(body=fn.body.with_changes(body=body))
