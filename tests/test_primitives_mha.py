@@ -228,3 +228,19 @@ def test_imports_name_forms():
     assert not p.imports_name(src, "a.b", "Y")  # bound as Z
     assert p.imports_name(src, "c", "anything")
     assert not p.imports_name(src, "a", "X")
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        ("f(\n    a=1,\n    b=2,\n)", "f(\n    a=1,\n    b=2,\n    check=chk,\n)"),
+        ("f(\n    a=1,\n)", "f(\n    a=1,\n    check=chk,\n)"),
+        ("f(a, b=2)", "f(a, b=2, check=chk)"),
+        ("f(a)", "f(a, check=chk)"),
+        ("f()", "f(check=chk)"),
+        ("f(a, check=old)", "f(a, check=chk)"),
+    ],
+)
+def test_set_keyword_argument(before, after):
+    call = p.set_keyword_argument(cst.parse_expression(before), "check", "chk")
+    assert cst.Module(body=[]).code_for_node(call) == after

@@ -492,3 +492,38 @@ def insert_before(fn: cst.FunctionDef, matcher: m.BaseMatcherNode, source: str) 
     body[index] = anchor.with_changes(leading_lines=[cst.EmptyLine(indent=False)] + lines[first_comment:])
     body[index:index] = new
     return fn.with_changes(body=fn.body.with_changes(body=body))
+
+# --- call arguments ---------------------------------------------------------------
+
+
+def set_keyword_argument(call: cst.Call, name: str, value_source: str) -> cst.Call:
+    """``call`` with ``name=<value_source>``: the value replaced when the keyword
+    is there, else appended in the call's own layout (one a line with a
+    trailing comma stays so; a one-line call stays one line)."""
+    value = parse_expression(value_source)
+    args = list(call.args)
+    for i, arg in enumerate(args):
+        if arg.keyword is not None and arg.keyword.value == name:
+            args[i] = arg.with_changes(value=value)
+            return call.with_changes(args=args)
+    new = cst.Arg(
+        keyword=cst.Name(name),
+        value=value,
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    if not args:
+        return call.with_changes(args=[new])
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):  # trailing comma: the new arg takes it
+        if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
+            between = args[-2].comma
+        else:
+            between = cst.Comma(whitespace_after=call.whitespace_before_args)
+        args[-1] = last.with_changes(comma=between)
+        args.append(new.with_changes(comma=last.comma))
+    else:
+        between = args[-2].comma if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else None
+        args[-1] = last.with_changes(comma=between or cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(new)
+    return call.with_changes(args=args)
+
