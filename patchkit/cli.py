@@ -197,6 +197,30 @@ def export(obj: Ctx, tree: str, out: Optional[str], to_stdout: bool, author: Opt
 
 
 @main.command(epilog=EXIT_CODES)
+@click.argument("releases", nargs=-1, metavar="[RELEASE]...")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, help="Releases run in parallel processes.")
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the table here instead of stdout.")
+@click.pass_obj
+def matrix(obj: Ctx, releases: tuple[str, ...], jobs: int, fmt: str, output: Optional[str]) -> None:
+    """Run status, apply, verify, apply again and revert of every patch on
+    copies of sglang releases (default: 0.5.10 ... 0.5.23, fetched and cached)
+    and print a release x patch table: state after apply, files changed, verify,
+    idempotence, exact revert (sha256 of every file). Progress goes to stderr on
+    a terminal (not with -q). Exit 1 if any release fails any of these."""
+    from patchkit import matrix as mx
+
+    doc = mx.run_matrix(releases or mx.DEFAULT_RELEASES, jobs, mx.progress_printer(obj.quiet))
+    text = mx.to_markdown(doc) if fmt == "markdown" else mx.to_json(doc)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        click.echo(text, nl=False)
+    sys.exit(EXIT_OK if doc["ok"] else EXIT_CHANGES)
+
+
+@main.command(epilog=EXIT_CODES)
 @click.argument("version")
 def fetch(version: str) -> None:
     """Download sglang==VERSION from the package registry into the cache and

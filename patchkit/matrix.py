@@ -1,0 +1,218 @@
+"""The release matrix: every patch on every sglang release.
+
+For each release: fetch it (cached), copy it, then status -> apply (all
+patches) -> verify -> apply again (idempotence) -> revert, and compare the
+sha256 of every file with the pristine copy. ``-j N`` runs releases in
+parallel processes. Used by ``patchkit matrix`` and ``scripts/matrix.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+MATRIX_SCHEMA = "patchkit.matrix/1"
+DEFAULT_RELEASES = (
+    ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"] + [f"0.5.{n}" for n in range(13, 24)]
+)
+
+
+def snapshot(package: Path) -> dict[str, str]:
+    """sha256 of every file of a package folder (``.patchkit`` excluded)."""
+    out = {}
+    for path in sorted(package.rglob("*")):
+        rel = path.relative_to(package)
+        if path.is_file() and ".patchkit" not in rel.parts:
+            out[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def run_release(version: str, workdir: Optional[str] = None) -> dict:
+    """One row of the matrix (a JSON-able dict). Never raises: a failure at
+    any step is recorded in ``error`` with the step's name."""
+    from patchkit import registry
+    from patchkit.engine import locked_session
+    from patchkit.errors import PatchkitError
+    from patchkit.fetch import fetch_tree
+
+    started = time.perf_counter()
+    row: dict = {"release": version, "error": None, "patches": {}, "changed_files": [], "verify_ok": None,
+                 "idempotent": None, "revert_exact": None, "changed_after_revert": [], "seconds": None}
+    step = "fetch"
+    messages: list[str] = []
+    try:
+        pristine = fetch_tree(version)
+        with tempfile.TemporaryDirectory(prefix=f"patchkit-matrix-{version}-", dir=workdir) as tmp:
+            step = "copy"
+            tree = Path(tmp) / "sglang"
+            shutil.copytree(pristine, tree)
+            expected = snapshot(pristine)
+            patches = list(registry.all_patches())
+            step = "status"
+            with locked_session(tree, messages.append, write=False) as session:
+                before = {r.patch.id: r for r in session.reports(patches)}
+                row["version"] = session.tree.version
+            step = "apply"
+            with locked_session(tree, messages.append) as session:
+                outcome = session.apply(patches)
+            row["changed_files"] = sorted(outcome.changed)
+            row["skipped"] = [{"id": pid, "reason": why} for pid, why in outcome.skipped]
+            step = "verify"
+            with locked_session(tree, messages.append, write=False) as session:
+                after = session.reports(patches)
+            row["verify_ok"] = all(r.ok for r in after)
+            for r in after:
+                files = [t.file for t in r.patch.targets if t.file in outcome.changed]
+                row["patches"][r.patch.id] = {
+                    "before": before[r.patch.id].state,
+                    "state": r.state,
+                    "ok": r.ok,
+                    "reason": r.reason,
+                    "notes": list(r.notes),
+                    "files": sorted(set(files)),
+                }
+            step = "apply again"
+            with locked_session(tree, messages.append) as session:
+                again = session.apply(patches, dry_run=True)
+            row["idempotent"] = not again.changed and not again.done
+            step = "revert"
+            with locked_session(tree, messages.append) as session:
+                session.revert([])
+            step = "compare"
+            now = snapshot(tree)
+            row["changed_after_revert"] = sorted(k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k))
+            row["revert_exact"] = not row["changed_after_revert"]
+    except PatchkitError as exc:
+        row["error"] = f"{step}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a matrix reports, it does not stop
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        row["error"] = f"{step}: internal error: {last}"
+    row["messages"] = messages
+    row["seconds"] = round(time.perf_counter() - started, 2)
+    row["ok"] = bool(row["error"] is None and row["verify_ok"] and row["idempotent"] and row["revert_exact"])
+    return row
+
+
+def run_matrix(releases: Iterable[str], jobs: int = 1, progress: Optional[Callable[[str], None]] = None,
+               workdir: Optional[str] = None) -> dict:
+    from patchkit import __version__, registry
+
+    releases = list(releases)
+    started = time.perf_counter()
+    rows: dict[str, dict] = {}
+
+    def done(row: dict) -> None:
+        rows[row["release"]] = row
+        if progress:
+            verdict = "ok" if row["ok"] else f"FAILED{': ' + row['error'] if row['error'] else ''}"
+            progress(f"[{len(rows)}/{len(releases)}] sglang {row['release']}: {verdict} ({row['seconds']:.1f}s)")
+
+    if jobs <= 1 or len(releases) <= 1:
+        for version in releases:
+            done(run_release(version, workdir))
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(releases))) as pool:
+            futures = [pool.submit(run_release, version, workdir) for version in releases]
+            for future in as_completed(futures):
+                done(future.result())
+    return {
+        "schema": MATRIX_SCHEMA,
+        "patchkit": __version__,
+        "patches": [{"id": p.id, "title": p.title, "upstream": list(p.upstream)} for p in registry.all_patches()],
+        "releases": [rows[v] for v in releases],
+        "ok": all(rows[v]["ok"] for v in releases),
+        "jobs": jobs,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+# --- rendering ----------------------------------------------------------------
+
+
+def _yes(value: Optional[bool]) -> str:
+    return "-" if value is None else "yes" if value else "**NO**"
+
+
+def to_markdown(doc: dict) -> str:
+    ids = [p["id"] for p in doc["patches"]]
+    footnotes: dict[str, int] = {}
+
+    def note(text: str) -> str:
+        footnotes.setdefault(text, len(footnotes) + 1)
+        return f"[{footnotes[text]}]"
+
+    lines = [
+        "| release | " + " | ".join(f"`{pid}`" for pid in ids) + " | files | verify | idempotent | revert exact | s |",
+        "|---" * (len(ids) + 6) + "|",
+    ]
+    for row in doc["releases"]:
+        if row["error"]:
+            cells = [note(f"{row['release']}: {row['error']}")] + [""] * (len(ids) - 1)
+        else:
+            cells = []
+            for pid in ids:
+                p = row["patches"].get(pid)
+                if p is None:
+                    cells.append("-")
+                    continue
+                cell = p["state"]
+                if p["state"] == "applied":
+                    cell += f" ({len(p['files'])})"
+                if not p["ok"]:
+                    cell = f"**{cell}**"
+                marks = "".join(note(text) for text in ([p["reason"]] if p["reason"] else []) + p["notes"])
+                cells.append(cell + (" " + marks if marks else ""))
+        verify = "-" if row["verify_ok"] is None else "OK" if row["verify_ok"] else "**FAILED**"
+        lines.append(f"| {row['release']} | " + " | ".join(cells)
+                     + f" | {len(row['changed_files'])} | {verify} | {_yes(row['idempotent'])}"
+                     f" | {_yes(row['revert_exact'])} | {row['seconds']:.1f} |")
+    if footnotes:
+        lines.append("")
+        lines += [f"[{n}] {text}  " for text, n in footnotes.items()]
+    lines.append("")
+    lines.append(f"Cells: state after `patchkit apply` (files it changed). {len(doc['releases'])} releases, "
+                 f"-j {doc['jobs']}, {doc['seconds']:.1f}s; overall: {'OK' if doc['ok'] else 'FAILED'}.")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(doc: dict) -> str:
+    return json.dumps(doc, indent=2) + "\n"
+
+
+# --- command line (scripts/matrix.py; `patchkit matrix` shares the logic) ------
+
+
+def progress_printer(quiet: bool) -> Optional[Callable[[str], None]]:
+    if quiet or not sys.stderr.isatty():
+        return None
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="matrix.py",
+        description="Run status/apply/verify/revert of every patch on sglang releases and print a table.",
+        epilog="Exit 0 when every release verifies, is idempotent and reverts exactly; 1 otherwise.",
+    )
+    parser.add_argument("releases", nargs="*", metavar="RELEASE", help=f"default: {' '.join(DEFAULT_RELEASES)}")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="releases run in parallel processes")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--format", choices=["markdown", "json"], default="markdown")
+    parser.add_argument("-o", "--output", help="write the table here instead of stdout")
+    args = parser.parse_args(argv)
+    doc = run_matrix(args.releases or DEFAULT_RELEASES, args.jobs, progress_printer(args.quiet))
+    text = to_markdown(doc) if args.format == "markdown" else to_json(doc)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0 if doc["ok"] else 1

@@ -1,0 +1,105 @@
+"""The release matrix (patchkit matrix / scripts/matrix.py) on two real releases."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import NATIVE, PRIMARY
+from patchkit import matrix
+
+ROOT = Path(__file__).resolve().parent.parent
+HOOK = "trtllm-mha-overlap-hook"
+
+
+@pytest.fixture(scope="module")
+def doc():
+    return matrix.run_matrix([PRIMARY, NATIVE], jobs=2)
+
+
+@pytest.mark.trees
+def test_two_releases_in_parallel(doc):
+    assert doc["schema"] == "patchkit.matrix/1" and doc["jobs"] == 2
+    primary, native = doc["releases"]
+    assert [primary["release"], native["release"]] == [PRIMARY, NATIVE]
+    for row in (primary, native):
+        assert row["error"] is None, row["error"]
+        assert set(row["patches"]) == {p["id"] for p in doc["patches"]}
+        assert row["verify_ok"] and row["idempotent"] and row["revert_exact"], row
+        assert row["changed_after_revert"] == []
+    assert primary["patches"][HOOK] == {
+        "before": "absent", "state": "applied", "ok": True, "reason": "", "notes": [],
+        "files": ["srt/layers/attention/trtllm_mha_backend.py"],
+    }
+    assert "srt/layers/attention/trtllm_mha_backend.py" in primary["changed_files"]
+    # 0.5.13 and later have every change upstream: nothing is written.
+    assert native["changed_files"] == []
+    assert {p["state"] for p in native["patches"].values()} <= {"native", "not-applicable"}
+    assert all(p["ok"] for p in native["patches"].values())
+    assert doc["ok"]
+
+
+@pytest.mark.trees
+def test_markdown_and_json(doc):
+    md = matrix.to_markdown(doc)
+    lines = md.splitlines()
+    ids = [p["id"] for p in doc["patches"]]
+    assert lines[0] == "| release | " + " | ".join(f"`{i}`" for i in ids) + " | files | verify | idempotent | revert exact | s |"
+    row = next(ln for ln in lines if ln.startswith(f"| {PRIMARY} |"))
+    assert "applied (1)" in row and "| OK | yes | yes |" in row
+    assert next(ln for ln in lines if ln.startswith(f"| {NATIVE} |")).count("native") >= 1
+    assert json.loads(matrix.to_json(doc)) == doc
+
+
+def test_failures_are_rows_not_crashes(monkeypatch):
+    def fake(version, workdir=None):
+        if version == "bad":
+            return {"release": "bad", "error": "fetch: cannot download",
+                    "patches": {}, "changed_files": [], "verify_ok": None, "idempotent": None,
+                    "revert_exact": None, "seconds": 0.0, "ok": False}
+        return {"release": version, "error": None, "patches": {}, "changed_files": ["x.py"], "verify_ok": True,
+                "idempotent": True, "revert_exact": True, "seconds": 1.0, "ok": True}
+
+    monkeypatch.setattr(matrix, "run_release", fake)
+    lines: list[str] = []
+    doc = matrix.run_matrix(["good", "bad"], jobs=1, progress=lines.append)
+    assert not doc["ok"]
+    assert lines == ["[1/2] sglang good: ok (1.0s)", "[2/2] sglang bad: FAILED: fetch: cannot download (0.0s)"]
+    md = matrix.to_markdown(doc)
+    assert "| bad | [1]" in md and "[1] bad: fetch: cannot download" in md and "overall: FAILED" in md
+
+
+def test_cli_exit_code_and_quiet(monkeypatch, cli, tmp_path):
+    monkeypatch.setattr(matrix, "run_release", lambda v, w=None: {
+        "release": v, "error": None, "patches": {}, "changed_files": [], "verify_ok": v != "x",
+        "idempotent": True, "revert_exact": True, "seconds": 0.5, "ok": v != "x"})
+    result = cli("-q", "matrix", "a", "b", "--format", "json")
+    assert result.exit_code == 0 and json.loads(result.output)["ok"]
+    out = tmp_path / "m.md"
+    result = cli("matrix", "a", "x", "-o", out)
+    assert result.exit_code == 1 and result.output == ""
+    assert "| x |" in out.read_text() and "**FAILED**" in out.read_text()
+
+
+def test_progress_only_on_a_terminal(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert matrix.progress_printer(quiet=False) is None
+    monkeypatch.setattr(sys, "stderr", Tty())
+    assert matrix.progress_printer(quiet=True) is None
+    printer = matrix.progress_printer(quiet=False)
+    printer("[1/1] x")
+    assert sys.stderr.getvalue() == "[1/1] x\n"
+
+
+def test_script_help():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "matrix.py"), "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "-j JOBS" in proc.stdout and "markdown" in proc.stdout
