@@ -493,6 +493,7 @@ def insert_before(fn: cst.FunctionDef, matcher: m.BaseMatcherNode, source: str) 
     body[index:index] = new
     return fn.with_changes(body=fn.body.with_changes(body=body))
 
+
 # --- call arguments ---------------------------------------------------------------
 
 
@@ -527,3 +528,125 @@ def set_keyword_argument(call: cst.Call, name: str, value_source: str) -> cst.Ca
         args.append(new)
     return call.with_changes(args=args)
 
+
+# --- expressions rewritten from a template ----------------------------------------
+# (added for the needs-cpu-seq-lens patch: every None guard there is one of these)
+
+
+class _TemplateFiller(cst.CSTTransformer):
+    """Puts ``nodes[NAME]`` wherever the bare name NAME occurs; attribute
+    names (``x.NAME``) and keyword names (``f(NAME=...)``) are left alone."""
+
+    def __init__(self, nodes: dict[str, cst.CSTNode]) -> None:
+        super().__init__()
+        self.nodes = nodes
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name):
+        return self.nodes.get(updated.value, updated)
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+        return updated.with_changes(attr=original.attr)
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        return updated.with_changes(keyword=original.keyword)
+
+
+def fill_template(template: str, nodes: dict[str, cst.CSTNode]) -> cst.CSTNode:
+    """Parse ``template`` -- an expression, or else one small statement such as
+    ``T = f(T, V)`` -- and replace each bare name that is a key of ``nodes``
+    with that node (use UPPERCASE keys so they cannot clash with real names)."""
+    try:
+        parsed: cst.CSTNode = parse_expression(template)
+    except cst.ParserSyntaxError:
+        stmt = parse_statement(template)
+        if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+            raise ValueError(f"template is neither an expression nor one small statement: {template!r}") from None
+        parsed = stmt.body[0]
+    return parsed.visit(_TemplateFiller(dict(nodes)))
+
+
+class _TemplateRewriter(cst.CSTTransformer):
+    def __init__(self, matcher, template, within, nodes) -> None:
+        super().__init__()
+        self.matcher, self.template, self.within, self.nodes = matcher, template, within, nodes
+        self.inside = 0 if within is not None else 1
+        self.count = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.within is not None and m.matches(node, self.within):
+            self.inside += 1
+        return True
+
+    def on_leave(self, original, updated):
+        result = updated
+        if self.inside > 0:
+            captures = m.extract(updated, self.matcher)
+            if captures is not None:
+                self.count += 1
+                result = fill_template(self.template, {**self.nodes, **captures})
+                if isinstance(updated, cst.BaseExpression) and isinstance(result, cst.BaseExpression):
+                    # Parentheses around the rewritten expression stay.
+                    result = result.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+        if self.within is not None and m.matches(original, self.within):
+            self.inside -= 1
+        return result
+
+
+def rewrite_expressions(
+    node: cst.CSTNode,
+    matcher: m.BaseMatcherNode,
+    template: str,
+    *,
+    within: Optional[m.BaseMatcherNode] = None,
+    **nodes: cst.CSTNode,
+) -> cst.CSTNode:
+    """Rewrite every expression (or small statement) under ``node`` that
+    matches ``matcher`` as ``template`` (see :func:`fill_template`), filled with
+    the matcher's ``m.SaveMatchedNode`` captures and the extra ``nodes``.
+
+    ``within`` limits the rewrite to the inside of nodes matching it (e.g. only
+    the argument of one call). Example: ``X.seq_lens_sum + N`` ->
+    ``add_or_none(X.seq_lens_sum, N)`` with
+    ``m.BinaryOperation(left=m.SaveMatchedNode(m.Attribute(...), "X"), operator=m.Add(), right=m.SaveMatchedNode(m.DoNotCare(), "N"))``
+    and template ``"add_or_none(X, N)"``. Raises AnchorError when nothing matched.
+    """
+    rewriter = _TemplateRewriter(matcher, template, within, nodes)
+    result = node.visit(rewriter)
+    if rewriter.count == 0:
+        raise AnchorError(f"no expression matching {matcher!r}")
+    return result
+
+
+def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.BaseMatcherNode] = None) -> list[cst.CSTNode]:
+    """Nodes under ``node`` matching ``matcher`` (only inside ``within`` nodes when given)."""
+    if within is None:
+        return list(m.findall(node, matcher))
+    return [hit for outer in m.findall(node, within) for hit in m.findall(outer, matcher)]
+
+
+# --- class attributes laid out like hand-written ones --------------------------------
+
+
+def space_class_attribute(cls: cst.ClassDef, name: str, comment: str = "") -> cst.ClassDef:
+    """Lay out the class attribute ``name`` as black would, plus optional
+    ``# comment`` lines right above it: a blank line separates it from a
+    docstring above it and from a method or class right after it."""
+    body = list(class_body(cls))
+    index = next((i for i, stmt in enumerate(body) if _assigned_name(stmt) == name), None)
+    if index is None:
+        raise AnchorError(f"{cls.name.value}.{name}")
+    stmt = body[index]
+    lines = list(stmt.leading_lines)
+    if comment:
+        lines += [cst.EmptyLine(comment=cst.Comment(f"# {text}".rstrip())) for text in comment.splitlines()]
+    if index == 1 and _docstring_count(body) and not _starts_blank(lines):
+        lines.insert(0, cst.EmptyLine(indent=False))
+    body[index] = stmt.with_changes(leading_lines=lines)
+    following = body[index + 1] if index + 1 < len(body) else None
+    if isinstance(following, (cst.FunctionDef, cst.ClassDef)) and not _starts_blank(following.leading_lines):
+        body[index + 1] = following.with_changes(leading_lines=[cst.EmptyLine(indent=False), *following.leading_lines])
+    return _with_class_body(cls, body)
+
+
+def _starts_blank(lines: Sequence[cst.EmptyLine]) -> bool:
+    return bool(lines) and lines[0].comment is None
