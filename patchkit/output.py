@@ -79,27 +79,35 @@ class Locator:
         return self.path(rel)
 
     def line(self, rel: str, anchor: str) -> Optional[int]:
-        """Line of ``anchor`` in ``rel``: the class/method/attribute it names,
-        else the nearest enclosing one that exists, else the first line that
-        mentions it; None when the file is absent or nothing matches."""
+        """Line of ``anchor`` in ``rel``: the class/method/attribute it names
+        (``Class.method``), narrowed to the first line inside it that mentions
+        the next name in the anchor (``Class.method: some_call ...``); else the
+        nearest enclosing one that exists. An anchor that is not a name (a
+        comment, a call shape) is looked up as text. None when the file is
+        absent or a named class is not there at all (a file-level finding)."""
         module = self._ast(rel)
         if module is None:
             return None
+        lines = self._lines.get(rel, [])
         dotted = re.match(r"\s*([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", anchor or "")
         if dotted:
             parts = dotted.group(1).split(".")
-            found = _resolve(module.body, parts)
-            if found is None:  # e.g. a bare method name: look anywhere
-                found = next(
-                    (n.lineno for n in ast.walk(module) if _named(n) == parts[0]),
-                    None,
-                )
-            if found is not None:
-                return found
-        lines = self._lines.get(rel, [])
-        for needle in filter(None, [anchor, *(re.findall(r"[A-Za-z_]\w{3,}", anchor or "")[:1])]):
+            node = _resolve(module.body, parts)
+            if node is None and len(parts) == 1:  # e.g. a bare method name: look anywhere
+                node = next((n for n in ast.walk(module) if _named(n) == parts[0]), None)
+            if node is not None:
+                rest = re.findall(r"[A-Za-z_]\w*", anchor[dotted.end():])
+                if rest:
+                    end = getattr(node, "end_lineno", None) or node.lineno
+                    for number in range(node.lineno, min(end, len(lines)) + 1):
+                        if re.search(rf"\b{re.escape(rest[0])}\b", lines[number - 1]):
+                            return number
+                return node.lineno
+            if re.fullmatch(r"[\w.]+", anchor.strip()):
+                return None
+        if anchor:
             for number, text in enumerate(lines, 1):
-                if needle in text:
+                if anchor in text:
                     return number
         return None
 
@@ -124,26 +132,28 @@ def _named(node: ast.AST) -> Optional[str]:
     return None
 
 
-def _resolve(body: list[ast.stmt], parts: list[str]) -> Optional[int]:
-    """Line of the deepest existing prefix of ``parts`` (Class.method...)."""
-    line = None
+def _resolve(body: list[ast.stmt], parts: list[str]) -> Optional[ast.AST]:
+    """The node of the deepest existing prefix of ``parts`` (Class.method...)."""
+    found = None
     for name in parts:
         node = next((n for n in body if _named(n) == name), None)
         if node is None:
             break
-        line = node.lineno
+        found = node
         body = getattr(node, "body", [])
         if not isinstance(body, list):
             break
-    return line
+    return found
 
 
 def failures(report: PatchReport) -> list[CodemodResult]:
     """The checks that make a report not ok: missing anchors, changes to do."""
     if report.ok:
         return []
-    bad = [r for r in report.results if r.finding.state in (State.MISSING, State.TODO)]
-    return bad or list(report.results)
+    missing = [r for r in report.results if r.finding.state is State.MISSING]
+    if missing:  # not applicable here: the rest is moot until the anchor is back
+        return missing
+    return [r for r in report.results if r.finding.state is State.TODO] or list(report.results)
 
 
 # --- JSON ---------------------------------------------------------------------
@@ -226,6 +236,7 @@ def failure_text(report: PatchReport, locator: Locator) -> str:
         line = locator.line(r.file, r.finding.anchor)
         where = f"{locator.path(r.file)}:{line}" if line else locator.path(r.file)
         out.append(f"{where}: {r.finding.state.value}: {r.finding.anchor}: {r.finding.detail}".rstrip(": "))
+    out = list(dict.fromkeys(out))
     out.extend(f"note: {n}" for n in report.notes)
     return "\n".join(out)
 
@@ -311,6 +322,7 @@ def status_github(tree: Tree, reports: list[PatchReport], locator: Locator) -> s
                                              locator.line(c.file, c.finding.anchor), title))
         for note in r.notes:
             out.append(github_annotation("warning", f"{r.patch.id}: {note}", title=title))
+    out = list(dict.fromkeys(out))  # two codemods, one missing anchor: one annotation
     failed = [r.patch.id for r in reports if not r.ok]
     out.append(f"patchkit verify: sglang {tree.version}: "
                + ("OK" if not failed else f"FAILED ({', '.join(failed)})"))
