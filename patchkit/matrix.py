@@ -1,7 +1,8 @@
 """The release matrix: every patch on every sglang release.
 
-For each release: fetch it (cached), copy it, then status -> apply (all
-patches) -> verify -> apply again (idempotence) -> revert, and compare the
+For each release: fetch it (cached), copy it, then status + apply (all
+patches; apply's own reports are the status before it) -> verify -> apply
+again, dry (idempotence) -> revert, and compare the
 sha256 of every file with the pristine copy. ``-j N`` runs releases in
 parallel processes. Used by ``patchkit matrix`` and ``scripts/matrix.py``.
 """
@@ -57,13 +58,13 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
             shutil.copytree(pristine, tree)
             expected = snapshot(pristine)
             patches = list(registry.all_patches())
-            step = "status"
-            with locked_session(tree, messages.append, write=False) as session:
-                before = {r.patch.id: r for r in session.reports(patches)}
-                row["version"] = session.tree.version
-            step = "apply"
+            step = "status + apply"
+            # apply's reports are the status before it wrote anything: one
+            # parse and detection of every file serves both.
             with locked_session(tree, messages.append) as session:
+                row["version"] = session.tree.version
                 outcome = session.apply(patches)
+            before = {r.patch.id: r for r in outcome.reports}
             row["changed_files"] = sorted(outcome.changed)
             row["skipped"] = [{"id": pid, "reason": why} for pid, why in outcome.skipped]
             step = "verify"
