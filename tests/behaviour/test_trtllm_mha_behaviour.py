@@ -1,5 +1,6 @@
 """trtllm-mha-draft-extend-v2 (sglang #25002) on CPU: the patched modules of
-0.5.12.post1, imported for real, driven with stand-ins for the GPU parts.
+0.5.12.post1 (in this process) and of 0.5.10 / 0.5.11 (a subprocess each),
+imported for real, driven with stand-ins for the GPU parts.
 
 * the spec-v2 draft worker's whitelist captures a draft-extend CUDA graph for a
   TRTLLMHAAttnBackend (and still for none of the others it did not list);
@@ -12,6 +13,11 @@
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
@@ -25,7 +31,7 @@ pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 
 from patchkit.cli import main  # noqa: E402
-from patchkit.fetch import copy_tree  # noqa: E402
+from patchkit.fetch import copy_tree, fetch_tree  # noqa: E402
 
 VERSION = "0.5.12.post1"
 PATCH = "trtllm-mha-draft-extend-v2"
@@ -261,3 +267,104 @@ def test_v1_replay_still_carries_topk(mods):
     full = runner.output_buffers[4]
     assert torch.equal(out.next_token_logits, full.next_token_logits[:3])
     assert torch.equal(out.topk_p, full.topk_p[:3]) and torch.equal(out.topk_index, full.topk_index[:3])
+
+
+# --- the other naming generations, one interpreter each ----------------------------------
+# 0.5.10 (`_is_cuda and (...)`, `accept_length`) and 0.5.11 (`num_accepted_tokens`);
+# 0.5.12 has 0.5.12.post1's shape. Each import takes ~15 s of one core, so both run at once.
+
+OTHER_TREES = ["0.5.10", "0.5.11"]
+
+_CHILD = r"""
+import importlib, json, sys
+from types import SimpleNamespace as NS
+sys.path.insert(0, sys.argv[1])
+from sglang_cpu_env import import_sglang_tree, install_import_stubs
+install_import_stubs(sys.argv[3])
+import_sglang_tree(sys.argv[2])
+import torch
+w = importlib.import_module("sglang.srt.speculative.eagle_worker_v2")
+mha = importlib.import_module("sglang.srt.layers.attention.trtllm_mha_backend")
+importlib.import_module("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner")
+FM = importlib.import_module("sglang.srt.model_executor.forward_batch_info").ForwardMode
+report = {}
+
+class Captured:
+    def __init__(self, worker):
+        pass
+
+w._is_cuda, w._is_npu, w._is_hip = True, False, False
+if hasattr(w, "_is_musa"):
+    w._is_musa = False
+w.EAGLEDraftExtendCudaGraphRunner = Captured
+w.get_available_gpu_memory = lambda *a, **k: 0.0
+def captured(backend):
+    worker = NS(server_args=NS(disable_cuda_graph=False, model_impl="auto"), speculative_num_steps=1,
+                device="cuda", gpu_id=0, target_worker=NS(device="cuda"), draft_attn_backend=None,
+                draft_extend_attn_backend=backend)
+    w.EagleDraftWorker.init_cuda_graphs(worker)
+    return isinstance(worker.cuda_graph_runner_for_draft_extend, Captured)
+report["whitelist_mha"] = captured(object.__new__(mha.TRTLLMHAAttnBackend))
+report["whitelist_other"] = captured(object())
+
+def backend():
+    return NS(draft_extend_metadata={"cache_seqlens": torch.zeros(4, dtype=torch.int32),
+                                     "cu_seqlens_k": torch.zeros(5, dtype=torch.int32),
+                                     "page_table": torch.zeros(4, 16, dtype=torch.int32),
+                                     "strided_indices": torch.arange(16)},
+              req_to_token=torch.arange(64, dtype=torch.int32).reshape(4, 16), page_size=1,
+              _bind_swa_page_table=lambda *a, **k: None, _copy_swa_page_table=lambda *a, **k: None)
+lens = torch.tensor([1, 4, 2], dtype=torch.int32)
+spec = NS(num_tokens_per_req=4, accept_length=lens, accept_length_cpu=[0, 3, 1],
+          num_accepted_tokens=lens, num_accepted_tokens_cpu=[1, 4, 2],
+          num_accept_tokens=lens, num_accept_tokens_cpu=[1, 4, 2])
+for name, mode in (("v2", FM.DRAFT_EXTEND_V2), ("v1", FM.DRAFT_EXTEND)):
+    b = backend()
+    seq = torch.tensor([5, 6, 7], dtype=torch.int32)
+    mha.TRTLLMHAAttnBackend.init_forward_metadata_capture_cuda_graph(
+        b, bs=3, num_tokens=12, req_pool_indices=torch.arange(3), seq_lens=seq, encoder_lens=None,
+        forward_mode=mode, spec_info=spec)
+    buf = b.draft_extend_metadata[3].cu_seqlens_q
+    if name == "v2":
+        buf.fill_(-1)  # replay must rewrite all of it (V1 never writes [0])
+    mha.TRTLLMHAAttnBackend.init_forward_metadata_replay_cuda_graph(
+        b, bs=3, req_pool_indices=torch.arange(3), seq_lens=seq, seq_lens_sum=18, encoder_lens=None,
+        forward_mode=mode, spec_info=spec, seq_lens_cpu=seq.clone())
+    md = b.forward_metadata
+    report[name] = [md.cu_seqlens_q.tolist(), md.cu_seqlens_q is buf, md.max_seq_len_q if name == "v2" else None]
+print("REPORT " + json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def other_reports(tmp_path_factory, cpu_env):
+    tests_dir = str(Path(__file__).resolve().parent.parent)
+    procs = {}
+    for version in OTHER_TREES:
+        package = copy_tree(version, tmp_path_factory.mktemp(f"mha-v2-{version}"), "package")
+        result = CliRunner().invoke(main, ["apply", str(package), PATCH], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        stub_source = str(fetch_tree(VERSION))  # its maybe_stub_sgl_kernel stubs sgl_kernel
+        procs[version] = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, tests_dir, str(package), stub_source],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"),
+        )
+    reports = {}
+    for version, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        lines = [line for line in out.splitlines() if line.startswith("REPORT ")]
+        reports[version] = json.loads(lines[-1][len("REPORT "):]) if proc.returncode == 0 and lines else err[-3000:]
+    return reports
+
+
+@pytest.mark.parametrize("version", OTHER_TREES)
+def test_other_naming_generations(version, other_reports):
+    report = other_reports[version]
+    assert isinstance(report, dict), report
+    assert report["whitelist_mha"] is True and report["whitelist_other"] is False
+    assert report["v2"] == [[0, 4, 8, 12], True, 4]  # fixed stride, in place
+    assert report["v1"] == [[0, 1, 5, 7], True, None]  # cumsum of the accepted counts, as before
