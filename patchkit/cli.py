@@ -15,7 +15,8 @@ from patchkit.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_OK, PatchkitError
 EXIT_CODES = """\b
 Exit codes:
   0  success: everything asked for is done (or already was)
-  1  verification failed, changes needed (--check), or a patch was not applied
+  1  verification failed, changes needed (--check), a patch was not
+     applied, or a matrix release failed
   2  bad input: not an sglang tree, unknown patch, syntax error, read-only
      file, corrupt state, lock timeout ... (one line on stderr, nothing changed)"""
 
@@ -129,15 +130,17 @@ def revert(obj: Ctx, tree: str, ids: tuple[str, ...], cascade: bool, force: bool
 
 @main.command(epilog=EXIT_CODES)
 @tree_argument
+@ids_argument
 @click.option("--format", "fmt", type=click.Choice(output.FORMATS), default="text",
               help="json (patchkit.status/1), junit (XML, one testcase per patch) or github "
                    "(Actions annotations at the broken anchor); see docs/ci.md.")
 @click.pass_obj
-def verify(obj: Ctx, tree: str, fmt: str) -> None:
-    """Check every patch's postconditions on TREE: each must be applied or
-    native upstream (or superseded upstream). Exit 1 otherwise."""
+def verify(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
+    """Check the postconditions of every patch (or the named ones and what they
+    require) on TREE: each must be applied or native upstream (or superseded
+    upstream). Exit 1 otherwise."""
     with locked_session(tree, obj.say, write=False) as session:
-        reports = session.reports()
+        reports = session.reports(registry.select(ids) if ids else None)
     click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, tree), obj.verbose))
     sys.exit(EXIT_OK if all(r.ok for r in reports) else EXIT_CHANGES)
 

@@ -1,21 +1,19 @@
 """Shared fixtures: real sglang trees (downloaded at test time, cached outside
-git) and a CLI runner."""
+git) and a CLI runner. Plain helpers live in support.py."""
 
 from __future__ import annotations
 
-import hashlib
-from functools import lru_cache
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from patchkit.cli import main
-from patchkit.fetch import copy_tree, fetch_tree
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-PRE_UPSTREAM = ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"]
-PRIMARY = "0.5.12.post1"
-NATIVE = "0.5.13"
+from patchkit.cli import main  # noqa: E402
+from patchkit.fetch import copy_tree  # noqa: E402
+from support import PRIMARY  # noqa: E402
 
 
 @pytest.fixture
@@ -39,26 +37,3 @@ def cli():
         return runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
 
     return run
-
-
-def snapshot(package: Path) -> dict[str, str]:
-    """sha256 of every file of a package folder, .patchkit excluded."""
-    return {
-        str(p.relative_to(package)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(package.rglob("*"))
-        if p.is_file() and ".patchkit" not in p.relative_to(package).parts
-    }
-
-
-def pristine(version: str) -> Path:
-    return fetch_tree(version)
-
-
-@lru_cache(maxsize=None)
-def _pristine_snapshot(version: str) -> tuple:
-    return tuple(snapshot(fetch_tree(version)).items())
-
-
-def pristine_snapshot(version: str) -> dict[str, str]:
-    """snapshot() of the pristine release, computed once per test session."""
-    return dict(_pristine_snapshot(version))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import NATIVE, PRIMARY, pristine, snapshot
+from support import NATIVE, PRIMARY, pristine, snapshot
 from patchkit.tree import find_tree
 
 pytestmark = pytest.mark.trees
@@ -34,7 +34,7 @@ def test_apply_verify_idempotent_revert_on_primary(make_tree, cli):
     compile((tree / MHA).read_bytes(), MHA, "exec")
     assert "def update_verify_buffers_to_fill_after_draft" in (tree / MHA).read_text()
     assert state_of(cli, tree, HOOK) == "applied"
-    assert cli("verify", tree).exit_code == 0
+    assert cli("verify", tree, HOOK).exit_code == 0
 
     again = cli("apply", tree, HOOK)
     assert again.exit_code == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import PRIMARY, snapshot
+from support import PRIMARY, snapshot
 
 pytestmark = pytest.mark.trees
 

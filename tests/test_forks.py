@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import PRIMARY, snapshot
+from support import PRIMARY, snapshot
 from drift import DRIFTS, drift
 from patchkit import registry
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NATIVE, PRIMARY
+from support import NATIVE, PRIMARY
 from patchkit import matrix
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from conftest import NATIVE, PRIMARY, snapshot
+from support import NATIVE, PRIMARY, snapshot
 from patchkit import registry
 from patchkit.codemods import primitives
 from patchkit.codemods.base import ClassCodemod, Finding

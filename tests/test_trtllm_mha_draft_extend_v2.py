@@ -10,7 +10,7 @@ import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext
 
-from conftest import NATIVE, PRE_UPSTREAM, pristine, snapshot
+from support import NATIVE, PRE_UPSTREAM, pristine, snapshot
 from patchkit.codemods import primitives
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2
 from patchkit.codemods.base import State

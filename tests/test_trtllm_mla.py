@@ -11,7 +11,7 @@ from unittest import mock
 import libcst as cst
 import pytest
 
-from conftest import NATIVE, PRE_UPSTREAM, snapshot
+from support import NATIVE, PRE_UPSTREAM, snapshot
 from patchkit.codemods import trtllm_mla_draft_skip_template as skip
 from patchkit.codemods import trtllm_mla_spec_v2 as spec
 from patchkit.codemods.base import State

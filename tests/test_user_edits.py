@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import PRIMARY, pristine_snapshot, snapshot
+from support import PRIMARY, pristine_snapshot, snapshot
 
 pytestmark = pytest.mark.trees
 
