@@ -94,7 +94,20 @@ def _cst(transformer_factory: Callable[[], cst.CSTTransformer]) -> Callable[[Pat
 
 
 def _docstring(path: Path) -> None:
-    path.write_bytes(b'"""Vendor fork of this module."""\n' + path.read_bytes())
+    """Add a module docstring, or extend the one there (a second string before
+    ``from __future__`` would not compile)."""
+    module = cst.parse_module(path.read_bytes())
+    first = module.body[0] if module.body else None
+    if first is not None and m.matches(first, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
+        doc = first.body[0].value
+        quote = doc.quote
+        extended = doc.with_changes(value=doc.value[: -len(quote)] + "\n\nVendor fork of this module." + quote)
+        new_first = first.with_changes(body=[first.body[0].with_changes(value=extended)])
+        module = module.with_changes(body=[new_first, *module.body[1:]])
+    else:
+        doc_line = cst.parse_statement('"""Vendor fork of this module."""\n')
+        module = module.with_changes(body=[doc_line, *module.body])
+    path.write_bytes(module.bytes)
 
 
 def _black(*args: str) -> Callable[[Path], None]:

@@ -234,18 +234,26 @@ def replace_expressions(node: cst.CSTNode, matcher: m.BaseMatcherNode, replaceme
 def add_needed_imports(module: cst.Module, context: CodemodContext) -> cst.Module:
     """Run libcst's AddImportsVisitor on the module's import header only.
 
-    Visiting a whole 3k-line module costs as much as parsing it; new imports go
-    after the last top-level import anyway, so the visitor only needs the
-    statements up to there.
+    Visiting a whole 3k-line module costs as much as parsing it, and new imports
+    belong among the existing ones, so the visitor only sees the statements
+    from the first ordinary import to the last top-level one. Starting after
+    ``from __future__`` imports also keeps a module string that follows them
+    (sglang has such files) above the new import, where a reader expects it.
     """
     if not context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
         return module
     body = list(module.body)
     is_import = m.SimpleStatementLine(body=[m.ZeroOrMore(), m.Import() | m.ImportFrom(), m.ZeroOrMore()])
-    last = max((i for i, s in enumerate(body) if m.matches(s, is_import)), default=-1)
-    header = module.with_changes(body=body[: last + 1])
+    future = m.SimpleStatementLine(body=[m.ImportFrom(module=m.Name("__future__"))])
+    imports = [i for i, s in enumerate(body) if m.matches(s, is_import)]
+    ordinary = [i for i in imports if not m.matches(body[i], future)]
+    first = ordinary[0] if ordinary else len(body)
+    last = imports[-1] if imports else -1
+    if first > last:  # nothing but __future__ imports (or none): visit the whole top
+        first = 0
+    header = module.with_changes(body=body[first : last + 1])
     header = AddImportsVisitor(context).transform_module(header)
-    return module.with_changes(body=list(header.body) + body[last + 1 :])
+    return module.with_changes(body=body[:first] + list(header.body) + body[last + 1 :])
 
 
 # --- module-level functions ---------------------------------------------------

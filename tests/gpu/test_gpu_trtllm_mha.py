@@ -99,6 +99,16 @@ def test_no_allocation_on_the_device():
     assert torch.cuda.max_memory_allocated() == before
 
 
+def allocated_by_capture(fn) -> int:
+    """Bytes a fresh CUDA graph holds after capturing ``fn``."""
+    graph = torch.cuda.CUDAGraph()
+    before = torch.cuda.memory_allocated()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated() - before
+
+
 @pytest.mark.parametrize("from_capture_stride", [False, True], ids=["num_tokens_per_req", "capture-fallback"])
 def test_inside_a_captured_cuda_graph(from_capture_stride):
     bs, stride = 5, 4
@@ -115,13 +125,16 @@ def test_inside_a_captured_cuda_graph(from_capture_stride):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
 
+    # A capture can hold a small block of its own (measured on an H200: 1 KiB
+    # for some captures, even of one in-place kernel): compare against that.
+    baseline = allocated_by_capture(lambda: md.cu_seqlens_q[:1].zero_())
     graph = torch.cuda.CUDAGraph()
     before = torch.cuda.memory_allocated()
     with torch.cuda.graph(graph):
         got = be.fill_draft_extend_v2_cu_seqlens_q(md, spec, bs)
     torch.cuda.synchronize()
     assert got == stride
-    assert torch.cuda.memory_allocated() == before  # nothing allocated in the graph's pool
+    assert torch.cuda.memory_allocated() - before <= baseline  # the fill allocates nothing
 
     buf.fill_(-1)
     torch.cuda.synchronize()
