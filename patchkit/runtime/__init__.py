@@ -1,0 +1,44 @@
+"""Run-time helpers imported by patched sglang code (scheduler / speculative side).
+
+Standard library only at import time (torch is imported lazily inside the
+functions that need it); never libcst or click. Patched code imports the names
+below from ``patchkit.runtime``.
+"""
+
+from patchkit.runtime.seq_lens import (
+    add_or_none,
+    cat_or_none,
+    configure_needs_cpu_seq_lens,
+    decide_needs_cpu_seq_lens,
+    decode_seq_lens,
+    decode_total_seq_lens,
+    draft_extend_prefix_lens,
+    host_list_or_none,
+    index_or_none,
+    max_of_extend_lens,
+    needs_cpu_seq_lens,
+    prefix_lens_sum_or_bound,
+    seq_lens_sum_or_bound,
+    set_needs_cpu_seq_lens,
+    spec_v2_attn_backends_of,
+    tree_mask_seq_lens_sum,
+)
+
+__all__ = [
+    "add_or_none",
+    "cat_or_none",
+    "configure_needs_cpu_seq_lens",
+    "decide_needs_cpu_seq_lens",
+    "decode_seq_lens",
+    "decode_total_seq_lens",
+    "draft_extend_prefix_lens",
+    "host_list_or_none",
+    "index_or_none",
+    "max_of_extend_lens",
+    "needs_cpu_seq_lens",
+    "prefix_lens_sum_or_bound",
+    "seq_lens_sum_or_bound",
+    "set_needs_cpu_seq_lens",
+    "spec_v2_attn_backends_of",
+    "tree_mask_seq_lens_sum",
+]
