@@ -170,7 +170,9 @@ def to_markdown(doc: dict) -> str:
                     cell += f" ({len(p['files'])})"
                 if not p["ok"]:
                     cell = f"**{cell}**"
-                marks = "".join(note(text) for text in ([p["reason"]] if p["reason"] else []) + p["notes"])
+                texts = ([p["reason"]] if p["reason"] else []) + p["notes"]
+                numbers = sorted({int(note(text)[1:-1]) for text in texts})
+                marks = "".join(f"[{n}]" for n in numbers)
                 cells.append(cell + (" " + marks if marks else ""))
         verify = "-" if row["verify_ok"] is None else "OK" if row["verify_ok"] else "**FAILED**"
         lines.append(f"| {row['release']} | " + " | ".join(cells)

@@ -32,6 +32,7 @@ import json
 import os
 import pkgutil
 import pstats
+import resource
 import shutil
 import statistics
 import subprocess
@@ -64,14 +65,12 @@ def patchkit_cmd() -> list[str]:
     return [sys.executable, "-c", "import sys; from patchkit.cli import main; sys.exit(main())"]
 
 
-def timed(fn: Callable[[], object], runs: int, setup: Optional[Callable[[], object]] = None) -> list[float]:
-    out = []
-    for _ in range(runs):
-        arg = setup() if setup else None
-        start = time.perf_counter()
-        fn(arg) if setup else fn()
-        out.append(time.perf_counter() - start)
-    return out
+def cpu_now() -> float:
+    """CPU seconds (user + sys) of this process and its waited-for children:
+    far less sensitive than wall time to other load on the machine."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def run(cmd: list[str], ok=(0,), **kw) -> subprocess.CompletedProcess:
@@ -87,7 +86,9 @@ class Bench:
         self.runs = args.runs
         self.work = Path(tempfile.mkdtemp(prefix="patchkit-bench-"))
         self.pristine = fetch_tree(args.version)
-        self.results: dict[str, dict] = {}
+        self.wall: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
+        self.what: dict[str, str] = {}
         self._n = 0
 
     def fresh(self, layout: str = "package") -> Path:
@@ -100,10 +101,28 @@ class Bench:
         shutil.copytree(self.pristine, base / "python" / "sglang")
         return base
 
-    def record(self, key: str, times: list[float], what: str) -> None:
-        self.results[key] = {"what": what, "median_s": statistics.median(times), "runs_s": [round(t, 4) for t in times]}
-        if not self.args.quiet:
-            print(f"  {key:<26} median {statistics.median(times) * 1000:8.1f} ms  ({what})", file=sys.stderr, flush=True)
+    def once(self, key: str, what: str, fn: Callable[..., object], *args) -> None:
+        """Time one run of ``fn(*args)`` (wall and CPU) under ``key``."""
+        self.what[key] = what
+        c0, w0 = cpu_now(), time.perf_counter()
+        fn(*args)
+        wall, cpu = time.perf_counter() - w0, cpu_now() - c0
+        self.wall.setdefault(key, []).append(wall)
+        self.cpu.setdefault(key, []).append(cpu)
+
+    def rounds(self, runs: int, steps: list[tuple[str, str, Callable[[], Optional[tuple]]]], label: str) -> None:
+        """``runs`` rounds; each round runs every step once, interleaved, so
+        load on the machine hits every measurement alike. A step returns the
+        (function, *args) to time, its setup (copies) done untimed."""
+        for i in range(runs):
+            for key, what, prepare in steps:
+                fn, *args = prepare()
+                self.once(key, what, fn, *args)
+            if not self.args.quiet:
+                print(f"  {label}: round {i + 1}/{runs}", file=sys.stderr, flush=True)
+
+    def med(self, key: str, cpu: bool = False) -> float:
+        return statistics.median((self.cpu if cpu else self.wall)[key])
 
     # -- the measurements ------------------------------------------------------
 
@@ -116,43 +135,41 @@ class Bench:
             assert outcome.changed, "apply changed nothing"
 
         apply_in_process(self.fresh())  # warm-up: lazy imports, registry
-        self.record("apply (in-process)", timed(apply_in_process, self.runs, self.fresh),
-                    "engine apply of all patches on a fresh copy")
-        cmd = patchkit_cmd()
-        self.record("apply (CLI)", timed(lambda t: run([*cmd, "-q", "apply", str(t)]), self.runs, self.fresh),
-                    "`patchkit apply` subprocess on a fresh copy")
-
         patched = self.fresh()
         apply_in_process(patched)
         self.patched = patched
-        for verb, ok in (("verify", (0, 1)), ("status", (0,))):
-            self.record(f"{verb} (CLI)", timed(lambda: run([*cmd, "-q", verb, str(patched)], ok=ok), self.runs),
-                        f"`patchkit {verb}` subprocess on the patched tree")
+        state = json.loads((patched / ".patchkit" / "state.json").read_text())
+        self.touched = sorted(state["files"])
+        sources = {rel: (self.pristine / rel).read_bytes() for rel in self.touched}
+
+        def floor() -> None:
+            for rel in self.touched:
+                libcst.parse_module(sources[rel]).bytes
 
         def reports() -> None:
             with locked_session(patched, quiet, write=False) as session:
                 session.reports()
 
-        self.record("verify/status (in-proc)", timed(reports, self.runs), "engine reports() on the patched tree")
-
-        state = json.loads((patched / ".patchkit" / "state.json").read_text())
-        self.touched = sorted(state["files"])
-
-        def floor() -> None:
-            for rel in self.touched:
-                libcst.parse_module((self.pristine / rel).read_bytes()).bytes
-
-        floor()  # warm the page cache and libcst's lazy imports
-        self.record("floor (libcst)", timed(floor, self.runs),
-                    f"parse_module(data).bytes of the {len(self.touched)} touched files, one process")
-
+        cmd = patchkit_cmd()
         diff = run([*cmd, "diff", str(patched)]).stdout
         patch_file = self.work / "change.diff"
         patch_file.write_bytes(diff)
         self.diff_lines = diff.count(b"\n")
-        self.record("git apply", timed(lambda root: run(["git", "apply", str(patch_file)], cwd=root), self.runs,
-                                       lambda: self.fresh("checkout")),
-                    f"`git apply` of `patchkit diff` ({self.diff_lines} lines) on a fresh checkout copy")
+        floor()  # libcst's lazy imports
+        n = len(self.touched)
+        self.rounds(self.runs, [
+            ("floor (libcst)", f"parse_module(data).bytes of the {n} touched files, one process", lambda: (floor,)),
+            ("apply (in-process)", "engine apply of all patches on a fresh copy",
+             lambda: (apply_in_process, self.fresh())),
+            ("apply (CLI)", "`patchkit apply` subprocess on a fresh copy",
+             lambda: (run, [*cmd, "-q", "apply", str(self.fresh())])),
+            ("verify (CLI)", "`patchkit verify` subprocess, patched tree",
+             lambda: (run, [*cmd, "-q", "verify", str(patched)], (0, 1))),
+            ("status (CLI)", "`patchkit status` subprocess, patched tree", lambda: (run, [*cmd, "-q", "status", str(patched)])),
+            ("verify/status (in-process)", "engine reports() on the patched tree", lambda: (reports,)),
+            ("git apply", f"`git apply` of `patchkit diff` ({self.diff_lines} lines), fresh checkout copy",
+             lambda: (lambda root: run(["git", "apply", str(patch_file)], cwd=root), self.fresh("checkout"))),
+        ], "apply/verify/status/floor")
 
     def measure_imports(self) -> None:
         runs = max(self.runs, 15)
@@ -162,44 +179,57 @@ class Bench:
             mods += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules([str(path)])]
         self.runtime_modules = mods
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-        def python(code: str) -> Callable[[], object]:
-            return lambda: run([sys.executable, "-c", code], env=env)
-
-        python("pass")()
-        self.record("python -c pass", timed(python("pass"), runs), "bare interpreter start-up")
-        self.record("import runtime+backends", timed(python("import " + ", ".join(mods)), runs),
-                    f"fresh interpreter importing {len(mods)} modules")
         # sglang has imported these long before it reaches patched code: what
-        # patchkit adds inside a real sglang process is the difference here.
+        # patchkit adds inside a real sglang process is the difference there.
         stdlib = "import logging, typing, numbers, dataclasses, enum, functools"
-        self.record("python + stdlib", timed(python(stdlib), runs), "interpreter + stdlib sglang always imports")
-        self.record("python + stdlib + runtime", timed(python(stdlib + "; import " + ", ".join(mods)), runs),
-                    "the same, then the runtime modules")
-        self.record("import patchkit.cli", timed(python("import patchkit.cli"), max(self.runs, 5)),
-                    "for reference: what every CLI command pays")
-        # -X importtime: patchkit's own modules, cumulative, microseconds
-        proc = run([sys.executable, "-X", "importtime", "-c", "import " + ", ".join(mods)], env=env)
-        own = 0
-        top = []
-        for line in proc.stderr.decode().splitlines():
-            parts = line.split("|")
-            if len(parts) == 3 and parts[2].strip().startswith("patchkit"):
-                self_us = int(parts[0].split(":")[-1])
-                own += self_us
-                top.append((parts[2].rstrip(), self_us, int(parts[1])))
-        self.importtime = {"patchkit_self_us": own, "modules": top}
+        imports = "import " + ", ".join(mods)
+
+        def py(code):
+            return lambda: (lambda: run([sys.executable, "-c", code], env=env),)
+
+        py("pass")()[0]()
+        self.rounds(runs, [
+            ("python -c pass", "bare interpreter start-up", py("pass")),
+            ("import runtime+backends", f"fresh interpreter importing {len(mods)} modules", py(imports)),
+            ("python + stdlib", "interpreter + stdlib sglang always imports", py(stdlib)),
+            ("python + stdlib + runtime", "the same, then the runtime modules", py(f"{stdlib}; {imports}")),
+        ], "imports")
+        self.rounds(max(self.runs, 5), [("import patchkit.cli", "what every CLI command pays", py("import patchkit.cli"))],
+                    "import patchkit.cli")
+        # -X importtime: in-process import times, immune to start-up noise (us)
+        # Lines after the first patchkit one are what the import statement
+        # triggers (site's own start-up imports come before); a name with one
+        # leading space is top level, its cumulative time includes its children.
+        self.importtime = {}
+        self.import_total_us: list[int] = []
+        for _ in range(5):
+            proc = run([sys.executable, "-X", "importtime", "-c", imports], env=env)
+            ours, total = False, 0
+            for line in proc.stderr.decode().splitlines():
+                parts = line.split("|")
+                if len(parts) != 3 or not parts[0].split(":")[-1].strip().isdigit():
+                    continue
+                name = parts[2].rstrip()
+                ours = ours or name.strip().startswith("patchkit")
+                if not ours:
+                    continue
+                self_us, cum_us = int(parts[0].split(":")[-1]), int(parts[1])
+                self.importtime.setdefault(name.strip(), []).append((self_us, cum_us))
+                if not name.startswith("  "):
+                    total += cum_us
+            self.import_total_us.append(total)
+        self.mods = mods
 
     def measure_matrix(self) -> None:
         releases = self.args.matrix_releases
         for v in releases:
             fetch_tree(v)
         script = [sys.executable, str(ROOT / "scripts" / "matrix.py"), "-q", "--format", "json", *releases]
-        runs = self.args.matrix_runs
-        self.record(f"matrix x{len(releases)} sequential", timed(lambda: run(script, ok=(0, 1)), runs),
-                    " ".join(releases))
-        self.record(f"matrix x{len(releases)} -j 2", timed(lambda: run([*script, "-j", "2"], ok=(0, 1)), runs),
-                    " ".join(releases))
+        k = len(releases)
+        self.rounds(self.args.matrix_runs, [
+            (f"matrix x{k} sequential", " ".join(releases), lambda: (run, script, (0, 1))),
+            (f"matrix x{k} -j 2", " ".join(releases), lambda: (run, [*script, "-j", "2"], (0, 1))),
+        ], "matrix")
 
     def profile_apply(self) -> str:
         patches = list(registry.all_patches())
@@ -247,55 +277,56 @@ class Bench:
     # -- report ----------------------------------------------------------------
 
     def report(self, profile: Optional[str]) -> str:
-        r = {k: v["median_s"] for k, v in self.results.items()}
-        floor = r["floor (libcst)"]
+        floor_w, floor_c = self.med("floor (libcst)"), self.med("floor (libcst)", cpu=True)
         lines = [
             f"patchkit bench: sglang {self.args.version}, {len(registry.all_patches())} patches, "
-            f"{len(self.touched)} files touched, {self.runs} runs (medians)",
+            f"{len(self.touched)} files touched, {self.runs} interleaved rounds (medians)",
             f"python {sys.version.split()[0]}, libcst {_version('libcst')}, {os.cpu_count()} CPUs, "
-            f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+            f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
             "",
-            f"| measurement | median | vs floor | target |",
-            f"|---|---:|---:|---|",
+            "| measurement | wall | vs floor | CPU | vs floor | target |",
+            "|---|---:|---:|---:|---:|---|",
         ]
-        targets = {
-            "apply (in-process)": 1.2,
-            "apply (CLI)": None,
-            "verify (CLI)": 0.5,
-            "status (CLI)": 0.5,
-            "verify/status (in-proc)": 0.5,
-        }
-        for key, value in r.items():
-            if key.startswith(("python -c", "import ", "matrix")):
-                continue
-            target = targets.get(key)
+        targets = {"apply (in-process)": 1.2, "verify (CLI)": 0.5, "status (CLI)": 0.5, "verify/status (in-process)": 0.5}
+        for key in ["floor (libcst)", "apply (in-process)", "apply (CLI)", "verify (CLI)", "status (CLI)",
+                    "verify/status (in-process)", "git apply"]:
+            w, c = self.med(key), self.med(key, cpu=True)
             verdict = ""
-            if target is not None:
-                verdict = f"<= {target}x: {'met' if value / floor <= target else 'MISSED'}"
-            lines.append(f"| {key} | {value * 1000:.0f} ms | {value / floor:.2f}x | {verdict} |")
-        if "python -c pass" in r:
-            added = (r["import runtime+backends"] - r["python -c pass"]) * 1000
+            if key in targets:
+                verdict = f"<= {targets[key]}x: {'met' if c / floor_c <= targets[key] else 'MISSED'} (CPU)"
+            lines.append(f"| {key} | {w * 1000:.0f} ms | {w / floor_w:.2f}x | {c * 1000:.0f} ms | {c / floor_c:.2f}x | {verdict} |")
+        if "python -c pass" in self.wall:
+            base, rt = self.med("python -c pass"), self.med("import runtime+backends")
+            sb, sr = self.med("python + stdlib"), self.med("python + stdlib + runtime")
+            it = {name.strip(): statistics.median(s for s, _ in v) for name, v in self.importtime.items()}
+            cum = {name.strip(): statistics.median(c for _, c in v) for name, v in self.importtime.items()}
+            own = sum(v for k, v in it.items() if k.startswith("patchkit"))
+            top = statistics.median(self.import_total_us)
             lines += [
                 "",
-                "| start-up | median | added |",
+                f"| start-up ({len(self.mods)} modules: {', '.join(self.mods)}) | wall | added |",
                 "|---|---:|---:|",
-                f"| python -c pass | {r['python -c pass'] * 1000:.1f} ms | |",
-                f"| import {len(self.runtime_modules)} runtime/backends modules | {r['import runtime+backends'] * 1000:.1f} ms "
-                f"| {added:+.1f} ms (target < 10 ms: {'met' if added < 10 else 'MISSED'}) |",
-                f"| python + stdlib sglang imports anyway (logging, typing, numbers, ...) | {r['python + stdlib'] * 1000:.1f} ms | |",
-                f"| the same + runtime/backends modules | {r['python + stdlib + runtime'] * 1000:.1f} ms "
-                f"| {(r['python + stdlib + runtime'] - r['python + stdlib']) * 1000:+.1f} ms (inside sglang) |",
-                f"| import patchkit.cli (reference) | {r['import patchkit.cli'] * 1000:.1f} ms "
-                f"| {(r['import patchkit.cli'] - r['python -c pass']) * 1000:+.1f} ms |",
-                f"",
-                f"-X importtime, patchkit's own modules (self time): {self.importtime['patchkit_self_us'] / 1000:.2f} ms; "
-                + ", ".join(f"{n.strip()} {s}us" for n, s, _ in self.importtime["modules"]),
+                f"| python -c pass | {base * 1000:.1f} ms | |",
+                f"| + import runtime/backends | {rt * 1000:.1f} ms | {(rt - base) * 1000:+.1f} ms |",
+                f"| python + stdlib sglang imports anyway (logging, typing, numbers, ...) | {sb * 1000:.1f} ms | |",
+                f"| + import runtime/backends | {sr * 1000:.1f} ms | {(sr - sb) * 1000:+.1f} ms |",
+                f"| import patchkit.cli (reference) | {self.med('import patchkit.cli') * 1000:.1f} ms "
+                f"| {(self.med('import patchkit.cli') - base) * 1000:+.1f} ms |",
+                "",
+                f"-X importtime (medians of 5, in-process, no start-up noise): patchkit's own modules self "
+                f"{own / 1000:.2f} ms; everything `import patchkit...` pulls in, cumulative {top / 1000:.2f} ms "
+                f"(target < 10 ms: {'met' if top / 1000 < 10 else 'MISSED'}). Per module (self us): "
+                + ", ".join(f"{k} {v:.0f}" for k, v in it.items() if k.startswith("patchkit"))
+                + ". Largest stdlib imports it triggers (cumulative us): "
+                + ", ".join(f"{k} {cum[k]:.0f}" for k in sorted((k for k in cum if not k.startswith("patchkit")),
+                                                                 key=lambda k: -cum[k])[:5]),
             ]
-        mkeys = [k for k in r if k.startswith("matrix")]
+        mkeys = [k for k in self.wall if k.startswith("matrix")]
         if mkeys:
-            seq, par = r[mkeys[0]], r[mkeys[1]]
-            lines += ["", "| matrix | median | speed-up |", "|---|---:|---:|",
-                      f"| {mkeys[0]} | {seq:.1f} s | |", f"| {mkeys[1]} | {par:.1f} s | {seq / par:.2f}x |"]
+            seq, par = self.med(mkeys[0]), self.med(mkeys[1])
+            lines += ["", "| matrix | wall | CPU (all processes) | speed-up (wall) |", "|---|---:|---:|---:|",
+                      f"| {mkeys[0]} | {seq:.1f} s | {self.med(mkeys[0], True):.1f} s | |",
+                      f"| {mkeys[1]} | {par:.1f} s | {self.med(mkeys[1], True):.1f} s | {seq / par:.2f}x |"]
         if profile:
             lines += ["", profile]
         return "\n".join(lines) + "\n"
@@ -370,9 +401,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stdout.write(bench.report(profile))
         if args.json:
             Path(args.json).write_text(json.dumps({"version": args.version, "runs": args.runs,
-                                                   "loadavg": os.getloadavg(), "results": bench.results,
-                                                   "touched": bench.touched, "importtime": bench.importtime},
-                                                  indent=2))
+                                                   "loadavg": os.getloadavg(), "wall_s": bench.wall, "cpu_s": bench.cpu,
+                                                   "what": bench.what, "touched": bench.touched,
+                                                   "importtime": bench.importtime}, indent=2))
     finally:
         shutil.rmtree(bench.work, ignore_errors=True)
     return 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from conftest import NATIVE, PRIMARY, pristine, snapshot
+from support import NATIVE, PRIMARY, pristine, snapshot
 from patchkit import registry
 from patchkit.codemods import primitives
 from patchkit.codemods.base import ClassCodemod, Finding
@@ -112,6 +112,17 @@ def test_series_of_two_git_am_byte_identical(make_tree, cli, tmp_path, two_patch
     assert log[0].startswith("Fork Bot|Test: second patch")
     body = git(repo, "log", "-1", "--format=%b")
     assert "From here on a line git would take for the diff." in body and "Patchkit-Patch: test-second" in body
+    assert snapshot(repo / "python" / "sglang") == snapshot(tree)
+
+
+def test_applied_in_two_steps(make_tree, cli, tmp_path, two_patches):
+    tree = make_tree(PRIMARY)
+    assert cli("apply", tree, HOOK).exit_code == 0
+    assert cli("apply", tree).exit_code == 0
+    out = tmp_path / "out"
+    assert cli("export", tree, "--out", out).exit_code == 0
+    repo = pristine_repo(tmp_path)
+    git(repo, "am", *map(str, sorted(out.glob("*.patch"))))
     assert snapshot(repo / "python" / "sglang") == snapshot(tree)
 
 
