@@ -21,10 +21,15 @@ from patchkit.codemods import primitives
 from patchkit.codemods.base import ClassCodemod, Finding
 
 FLAG = "needs_cpu_seq_lens"
+REPLAY_COMMENT = (
+    "CUDA-graph replay rebuilds metadata from preallocated kv_indptr/kv_indices\n"
+    "buffers; it never reads seq_lens_cpu / seq_lens_sum."
+)
 
 
 class _DeclareFlag(ClassCodemod):
     VALUE: ClassVar[bool]
+    COMMENT: ClassVar[str]
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.{FLAG}"
@@ -33,7 +38,8 @@ class _DeclareFlag(ClassCodemod):
         return Finding.todo(anchor, "class attribute not declared")
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        return primitives.add_class_attribute(cls, f"{FLAG}: bool = {self.VALUE}")
+        cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = {self.VALUE}")
+        return primitives.space_class_attribute(cls, FLAG, self.COMMENT)
 
 
 class BaseBackendFlag(_DeclareFlag):
@@ -41,6 +47,7 @@ class BaseBackendFlag(_DeclareFlag):
     CLASS = "AttentionBackend"
     REQUIRED_TEXT = (CLASS,)
     VALUE = True
+    COMMENT = "Opt out only when this backend never reads seq_lens_cpu / seq_lens_sum."
 
 
 class TritonBackendOptsOut(_DeclareFlag):
@@ -48,6 +55,7 @@ class TritonBackendOptsOut(_DeclareFlag):
     CLASS = "TritonAttnBackend"
     REQUIRED_TEXT = (CLASS,)
     VALUE = False
+    COMMENT = REPLAY_COMMENT
 
 
 class TritonMultiStepDraftOptsOut(_DeclareFlag):
@@ -55,3 +63,4 @@ class TritonMultiStepDraftOptsOut(_DeclareFlag):
     CLASS = "TritonMultiStepDraftBackend"
     REQUIRED_TEXT = (CLASS,)
     VALUE = False
+    COMMENT = REPLAY_COMMENT

@@ -1,0 +1,219 @@
+"""sglang #26128, part 2: decide once, gate the seq_lens D2H sync.
+
+* ``EAGLEWorkerV2.spec_v2_attn_backends`` lists the attention backends the
+  spec-v2 worker runs (target/verify, multi-step draft, draft-extend graph, and
+  the draft runner's own backend, which the eager draft extend uses on
+  0.5.10 .. 0.5.12.post1).
+* ``Scheduler.init_overlap`` takes the decision once, before it builds the
+  FutureMap, with ``patchkit.runtime.configure_needs_cpu_seq_lens`` (which
+  stores it for the sync owner of this process).
+* The sync owner reads it: on 0.5.10 .. 0.5.12.post1 that is the
+  ``batch.seq_lens_cpu = batch.seq_lens.cpu()`` assignment at the end of
+  ``EagleDraftInputV2Mixin.prepare_for_decode`` (under ``FIXME(lsyin): make
+  this sync optional``); on trees with the FutureMap rewrite it is
+  ``FutureMap.resolve_seq_lens_cpu``. Both are found by their shape (an
+  assignment to ``<batch>.seq_lens_cpu``), and whichever the tree lacks is
+  reported superseded. When the decision is False the GPU ``seq_lens`` still
+  advance; ``seq_lens_cpu`` and ``seq_lens_sum`` become None.
+
+Upstream shapes (0.5.13+) count as done: the property exists,
+``init_overlap`` calls ``decide_needs_cpu_seq_lens``, and
+``resolve_seq_lens_cpu`` tests ``self.needs_cpu_seq_lens``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods import primitives
+from patchkit.codemods.base import ClassCodemod, Finding
+
+RUNTIME = "patchkit.runtime"
+
+
+def _calls(name: str) -> m.Call:
+    return m.Call(func=m.Name(name))
+
+
+def _assigns_attr(attr: str, value: m.BaseMatcherNode = m.DoNotCare(), receiver: m.BaseMatcherNode = m.DoNotCare()):
+    """``<receiver>.<attr> = <value>``, as a small statement."""
+    return m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=receiver, attr=m.Name(attr)))], value=value)
+
+
+def _line(small: m.BaseMatcherNode) -> m.SimpleStatementLine:
+    return m.SimpleStatementLine(body=[small])
+
+
+# -- the worker lists its backends ------------------------------------------------------
+
+BACKENDS_PROPERTY = "spec_v2_attn_backends"
+BACKENDS_SOURCE = f'''
+@property
+def {BACKENDS_PROPERTY}(self) -> tuple:
+    # patchkit (sglang #26128): every attention backend this worker runs, for
+    # the scheduler's needs_cpu_seq_lens decision: verify (target), multi-step
+    # draft, draft-extend CUDA graph, and the draft runner's own backend (the
+    # eager draft extend uses it).
+    return (
+        self._target_worker.model_runner.attn_backend,
+        self._draft_worker.draft_attn_backend,
+        self._draft_worker.draft_extend_attn_backend,
+        self._draft_worker.draft_runner.attn_backend,
+    )
+'''
+
+
+class ExposeSpecV2AttnBackends(ClassCodemod):
+    DESCRIPTION = f"EAGLEWorkerV2.{BACKENDS_PROPERTY}: the attention backends the spec-v2 worker uses"
+    CLASS = "EAGLEWorkerV2"
+    REQUIRED_TEXT = (CLASS,)
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.{BACKENDS_PROPERTY}"
+        if primitives.find_method(cls, BACKENDS_PROPERTY) is not None:
+            return Finding.done(anchor)
+        return Finding.todo(anchor, "property not defined")
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        after = "draft_worker" if primitives.find_method(cls, "draft_worker") else None
+        return primitives.add_method(cls, BACKENDS_SOURCE, after=after)
+
+
+# -- the scheduler decides ---------------------------------------------------------------
+
+FUTURE_MAP_BUILT = _line(_assigns_attr("future_map", value=m.Call()))
+DECISION_CALL = _calls("configure_needs_cpu_seq_lens") | _calls("decide_needs_cpu_seq_lens")
+DECISION_SOURCE = """
+# patchkit (sglang #26128): decide once whether spec-v2 decode needs the CPU
+# mirror of seq_lens; the code that owns the seq_lens D2H sync reads it.
+configure_needs_cpu_seq_lens(self.server_args, self.draft_worker, self.tp_worker)
+"""
+
+
+class DecideInInitOverlap(ClassCodemod):
+    DESCRIPTION = "Scheduler.init_overlap: take the needs_cpu_seq_lens decision before building the FutureMap"
+    CLASS = "Scheduler"
+    REQUIRED_TEXT = ("init_overlap",)
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.init_overlap"
+        fn = primitives.find_method(cls, "init_overlap")
+        if fn is None:
+            return Finding.missing(anchor, "method not found")
+        if primitives.contains(fn, DECISION_CALL):
+            return Finding.done(anchor)
+        if primitives.find_statement_index(fn, FUTURE_MAP_BUILT) is None:
+            return Finding.missing(anchor, "no `self.future_map = ...(...)` construction to decide before")
+        return Finding.todo(anchor, "needs_cpu_seq_lens not decided")
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        self.require_import(RUNTIME, "configure_needs_cpu_seq_lens")
+        return primitives.replace_method(
+            cls, "init_overlap", lambda fn: primitives.insert_before(fn, FUTURE_MAP_BUILT, DECISION_SOURCE)
+        )
+
+
+# -- the sync owner reads the decision -----------------------------------------------------
+
+GATE = "not needs_cpu_seq_lens()"
+GATED = _calls("needs_cpu_seq_lens") | m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Attribute(attr=m.Name("needs_cpu_seq_lens"))))
+# `batch.seq_lens_cpu = batch.seq_lens.cpu()`: the D2H copy.
+D2H = _line(
+    _assigns_attr(
+        "seq_lens_cpu",
+        receiver=m.SaveMatchedNode(m.Name(), "BATCH"),
+        value=m.Call(func=m.Attribute(value=m.Attribute(attr=m.Name("seq_lens")), attr=m.Name("cpu"))),
+    )
+)
+SUM = _line(_assigns_attr("seq_lens_sum"))
+MIRROR_WRITE = _assigns_attr("seq_lens_cpu", receiver=m.SaveMatchedNode(m.Name(), "BATCH"))
+
+NO_MIRROR_COMMENT = (
+    "# patchkit (sglang #26128): no attention backend reads the CPU mirror;\n"
+    "# the GPU seq_lens are already advanced, skip the D2H copy and sum.\n"
+)
+
+
+def _sync_run(fn: cst.FunctionDef) -> Optional[tuple[int, int, str]]:
+    """(start, end, batch name) of the top-level D2H assignment and the
+    ``seq_lens_sum`` assignment right after it, if any."""
+    body = fn.body.body
+    for i, stmt in enumerate(body):
+        captures = m.extract(stmt, D2H)
+        if captures is not None:
+            end = i + 2 if i + 1 < len(body) and m.matches(body[i + 1], SUM) else i + 1
+            return i, end, captures["BATCH"].value
+    return None
+
+
+class GateDecodeSync(ClassCodemod):
+    DESCRIPTION = (
+        "EagleDraftInputV2Mixin.prepare_for_decode: the seq_lens D2H copy and sum run only "
+        "when needs_cpu_seq_lens(); else seq_lens_cpu / seq_lens_sum are None"
+    )
+    CLASS = "EagleDraftInputV2Mixin"
+    REQUIRED_TEXT = (CLASS,)
+    METHOD = "prepare_for_decode"
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.{self.METHOD}"
+        fn = primitives.find_method(cls, self.METHOD)
+        if fn is None:
+            return Finding.missing(anchor, "method not found")
+        if primitives.contains(fn, GATED):
+            return Finding.done(anchor)
+        if _sync_run(fn) is not None:
+            return Finding.todo(anchor, "`seq_lens_cpu = seq_lens.cpu()` runs every decode step")
+        if primitives.contains(fn, D2H.body[0]):
+            return Finding.missing(anchor, "the seq_lens .cpu() assignment is nested; expected it in the method body")
+        return Finding.superseded(anchor, "no seq_lens D2H here (FutureMap.resolve_seq_lens_cpu owns it)")
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        self.require_import(RUNTIME, "needs_cpu_seq_lens")
+
+        def gate(fn: cst.FunctionDef) -> cst.FunctionDef:
+            start, end, batch = _sync_run(fn)
+            body = list(fn.body.body)
+            no_mirror = f"{NO_MIRROR_COMMENT}{batch}.seq_lens_cpu = None\n{batch}.seq_lens_sum = None\n"
+            body[start:end] = [primitives.branch_statements(body[start:end], GATE, no_mirror)]
+            return fn.with_changes(body=fn.body.with_changes(body=body))
+
+        return primitives.replace_method(cls, self.METHOD, gate)
+
+
+class GateFutureMapSync(ClassCodemod):
+    DESCRIPTION = (
+        "FutureMap.resolve_seq_lens_cpu (trees with the FutureMap rewrite): return before the "
+        "D2H with seq_lens_cpu / seq_lens_sum None unless needs_cpu_seq_lens()"
+    )
+    CLASS = "FutureMap"
+    REQUIRED_TEXT = (CLASS,)
+    METHOD = "resolve_seq_lens_cpu"
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.{self.METHOD}"
+        fn = primitives.find_method(cls, self.METHOD)
+        if fn is None:
+            return Finding.superseded(anchor, "no FutureMap.resolve_seq_lens_cpu (prepare_for_decode owns the sync)")
+        if primitives.contains(fn, GATED):
+            return Finding.done(anchor)
+        if primitives.find_statement_index(fn, MIRROR_WRITE) is None:
+            return Finding.missing(anchor, "no assignment to <batch>.seq_lens_cpu")
+        return Finding.todo(anchor, "the seq_lens D2H runs every decode step")
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        self.require_import(RUNTIME, "needs_cpu_seq_lens")
+
+        def gate(fn: cst.FunctionDef) -> cst.FunctionDef:
+            write = primitives.find_all(fn, MIRROR_WRITE)[0]
+            batch = m.extract(write, MIRROR_WRITE)["BATCH"].value
+            source = (
+                f"{NO_MIRROR_COMMENT}if {GATE}:\n"
+                f"    {batch}.seq_lens_cpu = None\n    {batch}.seq_lens_sum = None\n    return\n"
+            )
+            return primitives.insert_before(fn, MIRROR_WRITE, source)
+
+        return primitives.replace_method(cls, self.METHOD, gate)

@@ -1,0 +1,815 @@
+"""needs-cpu-seq-lens (#26128 + #26738): before/after snippets for every
+codemod (ours and upstream's shapes), then the real trees."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import libcst as cst
+import pytest
+from libcst.codemod import CodemodContext
+
+from support import PRE_UPSTREAM, pristine, snapshot
+from patchkit import registry
+from patchkit.codemods import needs_cpu_seq_lens_flags as flags
+from patchkit.codemods import needs_cpu_seq_lens_guards as guards
+from patchkit.codemods import needs_cpu_seq_lens_sync as sync
+from patchkit.codemods.base import State
+from patchkit.codemods.primitives import add_needed_imports
+
+PID = "needs-cpu-seq-lens"
+
+
+def code(src: str) -> str:
+    return textwrap.dedent(src).lstrip("\n")
+
+
+def block(src: str, indent: int) -> str:
+    """A snippet of a method body, at ``indent`` spaces."""
+    return textwrap.indent(code(src), " " * indent)
+
+
+def detect(codemod, src: str):
+    return codemod().detect(cst.parse_module(code(src)))
+
+
+def apply(codemod, src: str) -> str:
+    """One codemod the way the engine runs it: TODO -> transform (+ imports)
+    -> DONE, and DONE again on the output (idempotent)."""
+    module = cst.parse_module(code(src))
+    assert codemod().detect(module).state is State.TODO
+    context = CodemodContext()
+    module = add_needed_imports(codemod(context).transform_module(module), context)
+    assert codemod().detect(module).state is State.DONE
+    assert codemod().detect(cst.parse_module(module.code)).state is State.DONE
+    return module.code
+
+
+# -- the flag -----------------------------------------------------------------------------
+
+
+def test_flags_are_declared_after_the_docstring_or_first():
+    out = apply(
+        flags.TritonMultiStepDraftOptsOut,
+        '''
+        class TritonMultiStepDraftBackend:
+            """Wrap multiple triton attention backends."""
+
+            def __init__(self, model_runner, topk, speculative_num_steps):
+                self.topk = topk
+        ''',
+    )
+    assert out == code(
+        '''
+        class TritonMultiStepDraftBackend:
+            """Wrap multiple triton attention backends."""
+
+            # CUDA-graph replay rebuilds metadata from preallocated kv_indptr/kv_indices
+            # buffers; it never reads seq_lens_cpu / seq_lens_sum.
+            needs_cpu_seq_lens: bool = False
+
+            def __init__(self, model_runner, topk, speculative_num_steps):
+                self.topk = topk
+        '''
+    )
+    out = apply(flags.TritonBackendOptsOut, "class TritonAttnBackend(AttentionBackend):\n    def __init__(self):\n        pass\n")
+    assert out.startswith("class TritonAttnBackend(AttentionBackend):\n    # CUDA-graph replay")
+    assert "    needs_cpu_seq_lens: bool = False\n\n    def __init__" in out
+    out = apply(flags.BaseBackendFlag, 'class AttentionBackend(ABC):\n    """Base."""\n\n    def f(self):\n        pass\n')
+    assert "    needs_cpu_seq_lens: bool = True\n" in out
+
+
+def test_upstream_flag_anywhere_in_the_class_is_done():
+    src = """
+    class AttentionBackend(ABC):
+        def init_forward_metadata(self, forward_batch):
+            raise NotImplementedError()
+
+        # Opt out only when this backend never reads seq_lens_cpu / seq_lens_sum.
+        needs_cpu_seq_lens: bool = True
+    """
+    assert detect(flags.BaseBackendFlag, src).state is State.DONE
+
+
+# -- the worker, the scheduler, the sync -------------------------------------------------------
+
+WORKER = '''
+class EAGLEWorkerV2(BaseSpecWorker):
+    def __init__(self, target_worker):
+        self._target_worker = target_worker
+
+    @property
+    def target_worker(self):
+        return self._target_worker
+
+    @property
+    def draft_worker(self):
+        return self._draft_worker
+
+    def clear_cache_pool(self):
+        pass
+'''
+
+
+def test_worker_exposes_its_backends_after_the_draft_worker_property():
+    out = apply(sync.ExposeSpecV2AttnBackends, WORKER)
+    assert out.index("def draft_worker") < out.index("def spec_v2_attn_backends") < out.index("def clear_cache_pool")
+    assert "self._draft_worker.draft_runner.attn_backend," in out
+    namespace: dict = {"BaseSpecWorker": object}
+    exec(compile(out, "worker", "exec"), namespace)
+    assert isinstance(namespace["EAGLEWorkerV2"].spec_v2_attn_backends, property)
+
+
+SCHEDULER = """
+class Scheduler:
+    def init_overlap(self):
+        self.device_module = torch.get_device_module(self.device)
+
+        if not self.enable_overlap:
+            self.future_map = None
+            return
+
+        self.future_map = FutureMap(
+            self.max_running_requests,
+            self.device,
+            self.spec_algorithm,
+        )
+        self.batch_record_buf = [None] * 2
+"""
+
+
+def test_scheduler_decides_before_building_the_future_map():
+    out = apply(sync.DecideInInitOverlap, SCHEDULER)
+    assert out.startswith("from patchkit.runtime import configure_needs_cpu_seq_lens\n")
+    assert block(
+        """
+                    self.future_map = None
+                    return
+
+                # patchkit (sglang #26128): decide once whether spec-v2 decode needs the CPU
+                # mirror of seq_lens; the code that owns the seq_lens D2H sync reads it.
+                configure_needs_cpu_seq_lens(self.server_args, self.draft_worker, self.tp_worker)
+
+                self.future_map = FutureMap(
+        """,
+        8,
+    ) in out
+
+
+def test_scheduler_upstream_decision_is_done_and_no_future_map_is_missing():
+    upstream = """
+    class Scheduler:
+        def init_overlap(self):
+            attn_backends = getattr(self.draft_worker, "spec_v2_attn_backends", ())
+            needs_cpu_seq_lens = decide_needs_cpu_seq_lens(attn_backends)
+            self.future_map = self.spec_algorithm.create_future_map(self.device, needs_cpu_seq_lens=needs_cpu_seq_lens)
+    """
+    assert detect(sync.DecideInInitOverlap, upstream).state is State.DONE
+    finding = detect(sync.DecideInInitOverlap, "class Scheduler:\n    def init_overlap(self):\n        pass\n")
+    assert finding.state is State.MISSING and "future_map" in finding.detail
+
+
+DECODE = '''
+class EagleDraftInputV2Mixin:
+    def prepare_for_decode(self: EagleDraftInput, batch: ScheduleBatch):
+        batch.maybe_wait_verify_done()
+        assign_req_to_token_pool_func(batch.req_pool_indices, bs)
+
+        # FIXME(lsyin): make this sync optional
+        batch.seq_lens_cpu = batch.seq_lens.cpu()
+        batch.seq_lens_sum = batch.seq_lens_cpu.sum().item()
+'''
+
+
+def test_decode_sync_is_gated_by_the_decision():
+    out = apply(sync.GateDecodeSync, DECODE)
+    assert out.startswith("from patchkit.runtime import needs_cpu_seq_lens\n")
+    assert block(
+        """
+                # FIXME(lsyin): make this sync optional
+                if not needs_cpu_seq_lens():
+                    # patchkit (sglang #26128): no attention backend reads the CPU mirror;
+                    # the GPU seq_lens are already advanced, skip the D2H copy and sum.
+                    batch.seq_lens_cpu = None
+                    batch.seq_lens_sum = None
+                else:
+                    batch.seq_lens_cpu = batch.seq_lens.cpu()
+                    batch.seq_lens_sum = batch.seq_lens_cpu.sum().item()
+        """,
+        8,
+    ) in out
+
+
+def test_decode_sync_elsewhere_or_nested():
+    moved = """
+    class EagleDraftInputV2Mixin:
+        def prepare_for_decode(self, batch):
+            batch.maybe_evict_swa()
+    """
+    assert detect(sync.GateDecodeSync, moved).state is State.SUPERSEDED
+    nested = """
+    class EagleDraftInputV2Mixin:
+        def prepare_for_decode(self, batch):
+            if batch.reqs:
+                batch.seq_lens_cpu = batch.seq_lens.cpu()
+    """
+    assert detect(sync.GateDecodeSync, nested).state is State.MISSING
+
+
+# FutureMap.resolve_seq_lens_cpu as it was between the FutureMap rewrite and #26128.
+FUTURE_MAP = """
+class FutureMap:
+    def resolve_seq_lens_cpu(self, batch: ScheduleBatch) -> None:
+        fi = batch.spec_info.future_indices if batch.spec_info is not None else None
+        if fi is None:
+            return
+        if self.publish_ready is not None:
+            self.publish_ready.wait()
+        batch.seq_lens = self.new_seq_lens_buf[fi]
+
+        if self.fwd_prepare_d2h_stream is None or self.publish_ready is None:
+            batch.seq_lens_cpu = batch.seq_lens.cpu()  # bootstrap / non-CUDA
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            return
+
+        self.fwd_prepare_d2h_stream.synchronize()
+        batch.seq_lens_cpu = self.new_seq_lens_cpu_pinned[batch.req_pool_indices_cpu]
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+"""
+
+
+def test_future_map_sync_is_gated_when_the_tree_has_it():
+    out = apply(sync.GateFutureMapSync, FUTURE_MAP)
+    assert block(
+        """
+                batch.seq_lens = self.new_seq_lens_buf[fi]
+
+                # patchkit (sglang #26128): no attention backend reads the CPU mirror;
+                # the GPU seq_lens are already advanced, skip the D2H copy and sum.
+                if not needs_cpu_seq_lens():
+                    batch.seq_lens_cpu = None
+                    batch.seq_lens_sum = None
+                    return
+
+                if self.fwd_prepare_d2h_stream is None or self.publish_ready is None:
+        """,
+        8,
+    ) in out
+    # The old circular-buffer FutureMap (0.5.10 .. 0.5.12.post1) has no such method.
+    old = "class FutureMap:\n    def resolve_future(self, model_worker_batch):\n        pass\n"
+    assert detect(sync.GateFutureMapSync, old).state is State.SUPERSEDED
+    upstream = FUTURE_MAP.replace(
+        "        batch.seq_lens = self.new_seq_lens_buf[fi]\n",
+        "        batch.seq_lens = self.new_seq_lens_buf[fi]\n        if not self.needs_cpu_seq_lens:\n            return\n",
+    )
+    assert detect(sync.GateFutureMapSync, upstream).state is State.DONE
+
+
+# -- the guards --------------------------------------------------------------------------------
+
+SCHEDULE_BATCH = """
+class ScheduleBatch:
+    def filter_batch(self, keep_indices=None):
+        self.seq_lens = self.seq_lens[keep_indices_device]
+        self.seq_lens_cpu = self.seq_lens_cpu[keep_indices]
+        self.seq_lens_sum = self.seq_lens.sum().item()
+
+    def merge_batch(self, other: "ScheduleBatch"):
+        self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])
+        self.seq_lens_cpu = torch.cat([self.seq_lens_cpu, other.seq_lens_cpu])
+        self.seq_lens_sum += other.seq_lens_sum
+"""
+
+
+def test_filter_and_merge_batch():
+    out = apply(guards.GuardFilterBatch, SCHEDULE_BATCH)
+    assert "        self.seq_lens_cpu = index_or_none(self.seq_lens_cpu, keep_indices)\n" in out
+    assert "        self.seq_lens_sum = self.seq_lens.sum().item()\n" in out  # a sync, not a crash: left
+    out = apply(guards.GuardMergeBatch, out)
+    assert out.startswith("from patchkit.runtime import add_or_none, cat_or_none, index_or_none\n")
+    assert "        self.seq_lens_cpu = cat_or_none(self.seq_lens_cpu, other.seq_lens_cpu)\n" in out
+    assert "        self.seq_lens_sum = add_or_none(self.seq_lens_sum, other.seq_lens_sum)\n" in out
+    assert "        self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])\n" in out
+
+
+def test_upstream_guards_in_schedule_batch_are_done():
+    upstream = """
+    class ScheduleBatch:
+        def filter_batch(self, keep_indices=None):
+            if self.seq_lens_cpu is not None:
+                self.seq_lens_cpu = self.seq_lens_cpu[keep_indices]
+            self.seq_lens_sum = None
+
+        def merge_batch(self, other):
+            if self.seq_lens_cpu is None or other.seq_lens_cpu is None:
+                self.seq_lens_cpu = None
+            else:
+                self.seq_lens_cpu = torch.cat([self.seq_lens_cpu, other.seq_lens_cpu])
+            self.seq_lens_sum = None
+    """
+    assert detect(guards.GuardFilterBatch, upstream).state is State.DONE
+    assert detect(guards.GuardMergeBatch, upstream).state is State.DONE
+
+
+def test_an_unrelated_none_test_does_not_count_as_a_guard():
+    src = """
+    class ScheduleBatch:
+        def filter_batch(self, keep_indices=None):
+            if self.seq_lens_cpu is None:
+                log("no mirror")
+            self.seq_lens_cpu = self.seq_lens_cpu[keep_indices]
+    """
+    assert detect(guards.GuardFilterBatch, src).state is State.TODO
+
+
+def test_a_method_without_the_reads_is_missing():
+    src = "class ScheduleBatch:\n    def filter_batch(self):\n        self.reqs = []\n"
+    finding = detect(guards.GuardFilterBatch, src)
+    assert finding.state is State.MISSING and finding.anchor == "ScheduleBatch.filter_batch"
+
+
+FORWARD_BATCH = """
+class ForwardBatch:
+    @classmethod
+    def init_new(cls, batch: ModelWorkerBatch, model_runner: ModelRunner):
+        ret = cls(seq_lens_sum=batch.seq_lens_sum, seq_lens_cpu=batch.seq_lens_cpu)
+        if ret.forward_mode.is_decode() or ret.forward_mode.is_target_verify():
+            ret.positions = clamp_position(batch.seq_lens)
+        else:
+            assert isinstance(batch.extend_seq_lens, list)
+            assert isinstance(batch.extend_prefix_lens, list)
+            ret.extend_seq_lens = torch.tensor(
+                batch.extend_seq_lens, dtype=torch.int32
+            ).to(device, non_blocking=True)
+            ret.extend_prefix_lens = torch.tensor(
+                batch.extend_prefix_lens, dtype=torch.int32
+            ).to(device, non_blocking=True)
+            ret.extend_prefix_lens_cpu = batch.extend_prefix_lens
+            ret.extend_seq_lens_cpu = batch.extend_seq_lens
+            ret.extend_logprob_start_lens_cpu = batch.extend_logprob_start_lens
+        return ret
+
+    def _pad_inputs_to_size(self, model_runner, num_tokens, bs):
+        seq_len_fill_value = model_runner.attn_backend.get_cuda_graph_seq_len_fill_value()
+        self.seq_lens_sum = self.seq_lens_sum + seq_len_fill_value * (
+            bs - self.seq_lens.shape[0]
+        )
+        if self.seq_lens_cpu is not None:
+            self.seq_lens_cpu = self._pad_tensor_to_size(self.seq_lens_cpu, bs)
+"""
+
+
+def test_init_new_takes_device_extend_lens():
+    out = apply(guards.GuardInitNewExtendLens, FORWARD_BATCH)
+    assert block(
+        """
+                    assert isinstance(batch.extend_seq_lens, (list, torch.Tensor))
+                    assert isinstance(batch.extend_prefix_lens, (list, torch.Tensor))
+                    ret.extend_seq_lens = torch.as_tensor(
+                        batch.extend_seq_lens, dtype=torch.int32
+                    ).to(device, non_blocking=True)
+                    ret.extend_prefix_lens = torch.as_tensor(
+                        batch.extend_prefix_lens, dtype=torch.int32
+                    ).to(device, non_blocking=True)
+                    ret.extend_prefix_lens_cpu = host_list_or_none(batch.extend_prefix_lens)
+                    ret.extend_seq_lens_cpu = host_list_or_none(batch.extend_seq_lens)
+        """,
+        12,
+    ) in out
+    # The decode/verify pass-through is untouched.
+    assert "ret = cls(seq_lens_sum=batch.seq_lens_sum, seq_lens_cpu=batch.seq_lens_cpu)" in out
+
+
+def test_pad_inputs_pads_the_sum_only_when_there():
+    out = apply(guards.GuardPadInputs, FORWARD_BATCH)
+    assert "self.seq_lens_sum = add_or_none(self.seq_lens_sum, seq_len_fill_value * (" in out
+
+
+def test_upstream_init_new_and_pad_are_done():
+    upstream = """
+    class ForwardBatch:
+        @classmethod
+        def init_new(cls, batch, model_runner):
+            if isinstance(extend_seq_lens, list):
+                ret.extend_seq_lens = torch.tensor(extend_seq_lens, dtype=torch.int32)
+            else:
+                ret.extend_seq_lens = extend_seq_lens
+
+        def _pad_inputs_to_size(self, model_runner, num_tokens, bs):
+            if self.seq_lens_sum is not None:
+                self.seq_lens_sum = self.seq_lens_sum + fill * (bs - self.seq_lens.shape[0])
+    """
+    assert detect(guards.GuardInitNewExtendLens, upstream).state is State.DONE
+    assert detect(guards.GuardPadInputs, upstream).state is State.DONE
+
+
+GRAPH_RUNNER = """
+class CudaGraphRunner:
+    def replay_prepare(self, forward_batch, pp_proxy_tensors=None):
+        attn_backend.init_forward_metadata_replay_cuda_graph(
+            bs,
+            buffers.req_pool_indices[:bs],
+            buffers.seq_lens[:bs],
+            forward_batch.seq_lens_sum + (bs - raw_bs) * self.seq_len_fill_value,
+            None,
+            seq_lens_cpu=buffers.seq_lens_cpu[:bs],
+        )
+"""
+
+
+def test_graph_runner_replay_pads_the_sum_only_when_there():
+    out = apply(guards.GuardGraphReplay, GRAPH_RUNNER)
+    assert "            add_or_none(forward_batch.seq_lens_sum, (bs - raw_bs) * self.seq_len_fill_value),\n" in out
+
+
+def test_graph_runner_moved_upstream_is_done():
+    upstream = """
+    def build_replay_fb_view(forward_batch, bs, raw_bs, seq_len_fill_value):
+        return ForwardBatch(
+            seq_lens_sum=(None if forward_batch.seq_lens_sum is None else forward_batch.seq_lens_sum + (bs - raw_bs) * seq_len_fill_value),
+        )
+
+
+    class CudaGraphRunner:
+        def replay_prepare(self, forward_batch, pp_proxy_tensors=None):
+            view = build_replay_fb_view(forward_batch, bs, raw_bs, self.seq_len_fill_value)
+    """
+    finding = detect(guards.GuardGraphReplay, upstream)
+    assert finding.state is State.DONE and "build_replay_fb_view" in finding.detail
+
+
+DRAFT_EXTEND_RUNNER = """
+class EAGLEDraftExtendCudaGraphRunner:
+    def replay(self, forward_batch: ForwardBatch):
+        self.draft_extend_attn_backend.init_forward_metadata_replay_cuda_graph(
+            bs=bs,
+            seq_lens_sum=forward_batch.seq_lens_sum
+            + (bs - raw_bs) * self.seq_len_fill_value,
+            encoder_lens=None,
+        )
+"""
+
+
+def test_draft_extend_graph_replay_and_its_later_name():
+    out = apply(guards.GuardDraftExtendGraphReplay, DRAFT_EXTEND_RUNNER)
+    assert "            seq_lens_sum=add_or_none(forward_batch.seq_lens_sum, (bs - raw_bs) * self.seq_len_fill_value),\n" in out
+    renamed = """
+    class EAGLEDraftExtendCudaGraphRunner:
+        def execute(self, forward_batch):
+            seq_lens_sum = forward_batch.seq_lens_sum
+            if seq_lens_sum is not None:
+                seq_lens_sum = seq_lens_sum + (bs - raw_bs) * self.seq_len_fill_value
+    """
+    assert detect(guards.GuardDraftExtendGraphReplay, renamed).state is State.DONE
+
+
+DRAFT_WORKER = """
+class EagleDraftWorker(BaseDraftWorker):
+    def draft(self, model_worker_batch: ModelWorkerBatch):
+        tree_mask_buf, position_buf = (
+            self.target_worker.model_runner.attn_backend.get_verify_buffers_to_fill_after_draft()
+        )
+
+        (tree_mask, position, draft_tokens) = build_tree_kernel_efficient(
+            draft_input.bonus_tokens,
+            model_worker_batch.seq_lens,
+            model_worker_batch.seq_lens_sum,
+            self.topk,
+            tree_mask_buf,
+            position_buf,
+        )
+        return EagleVerifyInput(seq_lens_sum=None, seq_lens_cpu=None)
+"""
+
+
+def test_draft_tree_mask_size_without_the_mirror():
+    out = apply(guards.GuardDraftTreeMask, DRAFT_WORKER)
+    assert (
+        "            tree_mask_seq_lens_sum(model_worker_batch.seq_lens_sum, tree_mask_buf, "
+        "model_worker_batch.seq_lens, self.target_worker.model_runner.attn_backend),\n"
+    ) in out
+    # Only the kernel's argument: the verify input's keyword stays.
+    assert "return EagleVerifyInput(seq_lens_sum=None, seq_lens_cpu=None)" in out
+
+
+def test_draft_tree_mask_upstream_and_moved_out():
+    upstream = """
+    class EagleDraftWorker:
+        def draft(self, batch):
+            seq_lens_sum = batch.seq_lens_sum
+            if seq_lens_sum is None:
+                seq_lens_sum = 0
+            build_tree_kernel_efficient(batch.seq_lens, seq_lens_sum)
+    """
+    assert detect(guards.GuardDraftTreeMask, upstream).state is State.DONE
+    moved = "class EagleDraftWorker:\n    def draft(self, batch):\n        return build_eagle_verify_input(batch)\n"
+    assert detect(guards.GuardDraftTreeMask, moved).state is State.SUPERSEDED
+
+
+DRAFT_EXTEND_PREP = """
+class EagleDraftInputV2Mixin:
+    def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, num_draft_tokens, draft_model_runner, cuda_graph_runner):
+        seq_lens_cpu_ = batch.seq_lens_cpu
+        extend_num_tokens = len(batch.seq_lens) * num_draft_tokens
+
+        batch.spec_info = self
+        batch.input_ids = predict
+        batch.seq_lens = batch.seq_lens + num_draft_tokens
+        batch.seq_lens_cpu = batch.seq_lens_cpu + num_draft_tokens
+        batch.seq_lens_sum += extend_num_tokens
+        batch.extend_seq_lens = [num_draft_tokens for _ in range(len(batch.seq_lens))]
+        batch.extend_prefix_lens = seq_lens_cpu_.tolist()
+        batch.extend_num_tokens = extend_num_tokens
+        forward_batch = ForwardBatch.init_new(batch, draft_model_runner)
+        return forward_batch
+"""
+
+
+def test_draft_extend_preparation_gpu_only_path():
+    out = apply(guards.GuardDraftExtendPrep, DRAFT_EXTEND_PREP)
+    assert block(
+        """
+                batch.seq_lens = batch.seq_lens + num_draft_tokens
+                batch.seq_lens_cpu = add_or_none(batch.seq_lens_cpu, num_draft_tokens)
+                batch.seq_lens_sum = add_or_none(batch.seq_lens_sum, extend_num_tokens)
+                batch.extend_seq_lens = [num_draft_tokens for _ in range(len(batch.seq_lens))]
+                batch.extend_prefix_lens = draft_extend_prefix_lens(seq_lens_cpu_, batch.seq_lens, num_draft_tokens)
+        """,
+        8,
+    ) in out
+
+
+def test_draft_extend_preparation_without_its_anchor_is_missing():
+    src = DRAFT_EXTEND_PREP.replace("        batch.seq_lens = batch.seq_lens + num_draft_tokens\n", "")
+    finding = detect(guards.GuardDraftExtendPrep, src)
+    assert finding.state is State.MISSING
+
+
+TRITON = """
+class TritonAttnBackend(AttentionBackend):
+    def init_forward_metadata(self, forward_batch: ForwardBatch):
+        bs = forward_batch.batch_size
+        if forward_batch.forward_mode.is_decode_or_idle():
+            if spec_info is None:
+                kv_indices = torch.empty(
+                    forward_batch.seq_lens_sum, dtype=torch.int64, device=self.device
+                )
+        else:
+            kv_indices = torch.empty(
+                sum(forward_batch.extend_prefix_lens_cpu),
+                dtype=torch.int64,
+                device=self.device,
+            )
+            max_extend_len = max(forward_batch.extend_seq_lens_cpu)
+
+
+class TritonMultiStepDraftBackend:
+    def common_template(self, forward_batch, kv_indices_buffer, call_fn):
+        num_seqs = forward_batch.batch_size
+        bs = self.topk * num_seqs
+        seq_lens_sum = forward_batch.seq_lens_sum
+        for i in range(self.speculative_num_steps - 1):
+            forward_batch.spec_info.kv_indices = kv_indices_buffer[i][: seq_lens_sum * self.topk + bs * (i + 1)]
+"""
+
+
+def test_triton_metadata_upper_bounds():
+    out = apply(guards.GuardTritonMetadata, TRITON)
+    assert "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len), dtype=torch.int64" in out
+    assert "                prefix_lens_sum_or_bound(forward_batch.extend_prefix_lens_cpu, forward_batch.batch_size, self.max_context_len),\n" in out
+    # The local keeps its name; the helper has another (no shadowing).
+    assert "            max_extend_len = max_of_extend_lens(forward_batch.extend_seq_lens_cpu, forward_batch.extend_seq_lens)\n" in out
+    out = apply(guards.GuardTritonDraftTemplate, out)
+    assert "        seq_lens_sum = seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len)\n" in out
+
+
+def test_triton_upstream_shapes_are_done():
+    upstream = """
+    class TritonAttnBackend(AttentionBackend):
+        def init_forward_metadata(self, forward_batch):
+            if forward_batch.extend_prefix_lens_cpu is not None:
+                kv_indices_len = sum(forward_batch.extend_prefix_lens_cpu)
+            else:
+                kv_indices_len = bs * self.max_context_len
+            if forward_batch.extend_seq_lens_cpu is not None:
+                max_extend_len = max(forward_batch.extend_seq_lens_cpu)
+            else:
+                max_extend_len = int(forward_batch.extend_seq_lens.max())
+
+
+    class TritonMultiStepDraftBackend:
+        def common_template(self, forward_batch, kv_indices_buffer, call_fn):
+            seq_lens_sum = forward_batch.seq_lens_sum
+            if seq_lens_sum is None:
+                seq_lens_sum = num_seqs * self.max_context_len
+    """
+    assert detect(guards.GuardTritonMetadata, upstream).state is State.DONE
+    assert detect(guards.GuardTritonDraftTemplate, upstream).state is State.DONE
+
+
+METRICS = """
+class SchedulerMetricsMixin:
+    def _build_scheduled_request_metrics(self, batch):
+        decode_kv = WelfordAccumulator()
+        if batch.forward_mode.is_decode():
+            for sl in batch.seq_lens_cpu:
+                decode_kv.add(int(sl))
+
+    def _estimate_decode_perf(self, batch, tokens):
+        total_context = float(batch.seq_lens_cpu.sum().item())
+        return total_context
+
+    def report_decode_stats(self, can_run_cuda_graph, running_batch=None):
+        batch = running_batch or self.running_batch
+        if self.current_scheduler_metrics_enabled:
+            self.stats.decode_sum_seq_lens = batch.seq_lens_cpu.sum().item()
+"""
+
+
+def test_decode_metrics_without_device_sync():
+    out = apply(guards.GuardDecodePerfMetrics, METRICS)
+    assert "        total_context = float(decode_total_seq_lens(batch))\n" in out
+    out = apply(guards.GuardDecodeStats, out)
+    assert "            self.stats.decode_sum_seq_lens = decode_total_seq_lens(batch)\n" in out
+    out = apply(guards.GuardScheduledRequestMetrics, out)
+    assert "            for sl in decode_seq_lens(batch):\n                decode_kv.add(int(sl))\n" in out
+    older = METRICS.replace("_build_scheduled_request_metrics", "_other")
+    assert detect(guards.GuardScheduledRequestMetrics, older).state is State.SUPERSEDED
+
+
+# -- the declaration --------------------------------------------------------------------------
+
+
+def test_every_codemod_is_declared_once_with_a_description():
+    patch = registry.get(PID)
+    assert patch.upstream == ("sglang#26128", "sglang#26738") and patch.requires == ()
+    declared = [c for t in patch.targets for c in t.codemods]
+    assert len(declared) == len(set(declared))
+    mine = {
+        obj
+        for module in (flags, sync, guards)
+        for obj in vars(module).values()
+        if isinstance(obj, type) and obj.__module__ == module.__name__ and getattr(obj, "DESCRIPTION", "")
+    }
+    assert mine == set(declared)
+    for target in patch.targets:
+        for codemod in target.codemods:
+            assert codemod.DESCRIPTION
+
+
+# -- real trees -----------------------------------------------------------------------------------
+
+FILES = {
+    "srt/layers/attention/base_attn_backend.py",
+    "srt/layers/attention/triton_backend.py",
+    "srt/speculative/eagle_worker_v2.py",
+    "srt/managers/scheduler.py",
+    "srt/speculative/eagle_info_v2.py",
+    "srt/managers/schedule_batch.py",
+    "srt/model_executor/forward_batch_info.py",
+    "srt/model_executor/cuda_graph_runner.py",
+    "srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
+    "srt/observability/scheduler_metrics_mixin.py",
+}
+
+# What each item of the issue looks like once applied (file -> snippets).
+PRESENT = {
+    "srt/layers/attention/base_attn_backend.py": ["    needs_cpu_seq_lens: bool = True\n"],
+    "srt/layers/attention/triton_backend.py": [
+        "class TritonAttnBackend(AttentionBackend):\n    # CUDA-graph replay",
+        "    needs_cpu_seq_lens: bool = False\n\n    def __init__(\n",
+        "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len)",
+        "prefix_lens_sum_or_bound(forward_batch.extend_prefix_lens_cpu,",
+        "max_extend_len = max_of_extend_lens(forward_batch.extend_seq_lens_cpu, forward_batch.extend_seq_lens)",
+    ],
+    "srt/speculative/eagle_worker_v2.py": [
+        "    def spec_v2_attn_backends(self) -> tuple:\n",
+        "tree_mask_seq_lens_sum(model_worker_batch.seq_lens_sum, tree_mask_buf,",
+    ],
+    "srt/managers/scheduler.py": [
+        "configure_needs_cpu_seq_lens(self.server_args, self.draft_worker, self.tp_worker)\n\n        self.future_map = FutureMap(\n",
+    ],
+    "srt/speculative/eagle_info_v2.py": [
+        "        if not needs_cpu_seq_lens():\n",
+        "            batch.seq_lens_cpu = batch.seq_lens.cpu()\n",
+        "batch.extend_prefix_lens = draft_extend_prefix_lens(seq_lens_cpu_, batch.seq_lens, num_draft_tokens)",
+    ],
+    "srt/managers/schedule_batch.py": [
+        "self.seq_lens_cpu = index_or_none(self.seq_lens_cpu, keep_indices)",
+        "self.seq_lens_cpu = cat_or_none(self.seq_lens_cpu, other.seq_lens_cpu)",
+        "self.seq_lens_sum = add_or_none(self.seq_lens_sum, other.seq_lens_sum)",
+    ],
+    "srt/model_executor/forward_batch_info.py": [
+        "assert isinstance(batch.extend_prefix_lens, (list, torch.Tensor))",
+        "ret.extend_seq_lens_cpu = host_list_or_none(batch.extend_seq_lens)",
+        "self.seq_lens_sum = add_or_none(self.seq_lens_sum,",
+    ],
+    "srt/model_executor/cuda_graph_runner.py": ["add_or_none(forward_batch.seq_lens_sum, (bs - raw_bs) * self.seq_len_fill_value),"],
+    "srt/speculative/eagle_draft_extend_cuda_graph_runner.py": ["seq_lens_sum=add_or_none(forward_batch.seq_lens_sum,"],
+    "srt/observability/scheduler_metrics_mixin.py": [
+        "total_context = float(decode_total_seq_lens(batch))",
+        "self.stats.decode_sum_seq_lens = decode_total_seq_lens(batch)",
+    ],
+}
+
+
+def states(cli, tree) -> dict[str, dict]:
+    result = cli("status", tree, "--format", "json")
+    assert result.exit_code == 0, result.output
+    return {p["id"]: p for p in json.loads(result.output)["patches"]}
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("version", PRE_UPSTREAM)
+def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
+    tree = make_tree(version)
+    before = snapshot(tree)
+    assert states(cli, tree)[PID]["state"] == "absent"
+
+    result = cli("apply", tree, PID)
+    assert result.exit_code == 0, result.output
+    after = snapshot(tree)
+    assert {k for k in before if before[k] != after[k]} == FILES
+    for rel, snippets in PRESENT.items():
+        text = (tree / rel).read_text()
+        compile(text, rel, "exec")
+        for snippet in snippets:
+            assert snippet in text, (version, rel, snippet)
+    metrics = (tree / "srt/observability/scheduler_metrics_mixin.py").read_text()
+    # Forward-pass request metrics exist from 0.5.12 on.
+    assert ("for sl in decode_seq_lens(batch):" in metrics) == version.startswith("0.5.12")
+    report = states(cli, tree)[PID]
+    assert report["state"] == "applied"
+
+    assert cli("apply", tree, PID).exit_code == 0
+    assert snapshot(tree) == after
+    assert cli("apply", tree, PID, "--check").exit_code == 0
+
+    assert cli("revert", tree, PID).exit_code == 0
+    assert snapshot(tree) == before
+    assert states(cli, tree)[PID]["state"] == "absent"
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("version", ["0.5.13", "0.5.14", "0.5.15", "0.5.17", "0.5.19", "0.5.23"])
+def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
+    tree = make_tree(version)
+    before = snapshot(tree)
+    assert states(cli, tree)[PID]["state"] == "native"
+    result = cli("apply", tree, PID)
+    assert result.exit_code == 0, result.output
+    assert snapshot(tree) == before
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("version", [f"0.5.{n}" for n in range(13, 24)])
+def test_every_upstream_release_detects_native(version):
+    """Detection only (no copy): every part is done or superseded, never todo
+    or missing, on every release that has the change upstream."""
+    root = pristine(version)
+    patch = registry.get(PID)
+    done = 0
+    for target in patch.targets:
+        path = root / target.file
+        if not path.exists():
+            assert target.optional, (version, target.file)
+            continue
+        module = cst.parse_module(path.read_bytes())
+        for codemod in target.codemods:
+            finding = codemod().detect(module)
+            assert finding.state in (State.DONE, State.SUPERSEDED), (version, codemod.name(), finding)
+            done += finding.state is State.DONE
+    assert done >= 5
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.11", "0.5.12.post1"])
+def test_helpers_do_not_collide_with_names_in_the_patched_modules(make_tree, cli, version):
+    """A helper imported into a module must not be shadowed there (a local
+    ``max_extend_len = max_extend_len(...)`` would raise UnboundLocalError)."""
+    import ast
+
+    import patchkit.runtime as runtime
+
+    tree = make_tree(version)
+    assert cli("apply", tree, PID).exit_code == 0
+    for rel in FILES:
+        source = (tree / rel).read_text()
+        module = ast.parse(source)
+        imported = {
+            alias.asname or alias.name
+            for node in module.body
+            if isinstance(node, ast.ImportFrom) and node.module == "patchkit.runtime"
+            for alias in node.names
+        }
+        assert imported <= set(runtime.__all__), rel
+        bound = set()
+        for node in ast.walk(module):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                bound.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+        assert not imported & bound, (rel, imported & bound)
