@@ -7,6 +7,7 @@ computes new file contents; ``Store.commit`` writes them as one transaction.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import shutil
@@ -195,15 +196,19 @@ class Session:
 
     def transform(self, rel: str, source: bytes, codemods: list[type[PatchCodemod]]) -> bytes:
         """Run ``codemods`` over one file's source; every one must end DONE."""
-        module = self.module(rel) if source == self.read(rel) else _parse(source, self.tree.path(rel))
+        on_disk = source == self.read(rel)
+        module = self.module(rel) if on_disk else _parse(source, self.tree.path(rel))
         context = CodemodContext(filename=rel)
         instances = [codemod(context) for codemod in codemods]
         for inst in instances:
-            finding = inst.detect(module)
+            # Until a codemod changes the tree, `status` already detected (and
+            # cached) each finding for these very bytes: don't detect twice.
+            finding = self.detect(rel, type(inst)) if on_disk else inst.detect(module)
             if finding.state is State.MISSING:
                 raise PatchkitError(f"{self.tree.path(rel)}: anchor {finding.anchor} missing: {finding.detail}")
             if finding.state is State.TODO:
                 module = inst.transform_module(module)
+                on_disk = False
         module = add_needed_imports(module, context)
         new = module.bytes
         for inst in instances:
@@ -388,8 +393,6 @@ def _parse(source: bytes, path: Path) -> cst.Module:
 
 
 def _copy_state(state: dict) -> dict:
-    import copy
-
     return copy.deepcopy(state)
 
 

@@ -154,3 +154,28 @@ def test_parse_statements_dedents():
         """
     )
     assert len(stmts) == 2
+
+
+@pytest.mark.trees
+def test_find_all_agrees_with_libcst_findall_on_a_real_tree():
+    """find_all is a fast m.findall: same nodes, same (source) order."""
+    from support import pristine
+
+    matchers = [
+        m.Attribute(attr=m.Name("seq_lens_cpu")),
+        m.Name("seq_lens_sum") | m.Name("self"),
+        m.Call(func=m.Name("isinstance")),
+        m.SimpleStatementLine(body=[m.Assign()]),
+        m.If(),
+        m.FunctionDef(),
+        m.Name(),
+    ]
+    srt = pristine("0.5.12.post1") / "srt"
+    attention = srt / "layers" / "attention"
+    paths = sorted((srt / "speculative").glob("eagle*.py")) + [attention / "trtllm_mla_backend.py", attention / "triton_backend.py"]
+    for path in paths:
+        module = cst.parse_module(path.read_bytes())
+        for matcher in matchers:
+            expected = list(m.findall(module, matcher))
+            got = p.find_all(module, matcher)
+            assert [id(n) for n in got] == [id(n) for n in expected], (path.name, matcher)

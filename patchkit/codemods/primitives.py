@@ -10,6 +10,7 @@ Every per-patch codemod is written with these; none re-implements them.
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from typing import Callable, Iterator, Optional, Sequence, Union
 
@@ -177,7 +178,7 @@ def insert_at_start(fn: cst.FunctionDef, source: str) -> cst.FunctionDef:
 
 
 def contains(node: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
-    return bool(m.findall(node, matcher))
+    return bool(find_all(node, matcher))
 
 
 StatementEdit = Callable[[cst.BaseStatement], Union[cst.BaseStatement, cst.FlattenSentinel, cst.RemovalSentinel]]
@@ -478,7 +479,7 @@ def find_statement_index(fn: cst.FunctionDef, matcher: m.BaseMatcherNode) -> Opt
     """Index of the first top-level statement of ``fn``'s body that matches, or
     that contains a node matching ``matcher`` (e.g. the line of a call)."""
     for i, stmt in enumerate(fn.body.body):
-        if m.matches(stmt, matcher) or m.findall(stmt, matcher):
+        if find_all(stmt, matcher):
             return i
     return None
 
@@ -626,10 +627,73 @@ def rewrite_expressions(
 
 
 def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.BaseMatcherNode] = None) -> list[cst.CSTNode]:
-    """Nodes under ``node`` matching ``matcher`` (only inside ``within`` nodes when given)."""
-    if within is None:
-        return list(m.findall(node, matcher))
-    return [hit for outer in m.findall(node, within) for hit in m.findall(outer, matcher)]
+    """Nodes under ``node`` (itself included) matching ``matcher``, in source
+    order; only inside ``within`` nodes when given. Same result as libcst's
+    ``m.findall``, which rebuilds every node it visits and so costs about as
+    much as a parse; this walks the dataclass fields and only calls
+    ``m.matches`` on nodes of the matcher's type."""
+    if within is not None:
+        return [hit for outer in find_all(node, within) for hit in find_all(outer, matcher)]
+    wanted = getattr(cst, type(matcher).__name__, None)
+    if not (isinstance(wanted, type) and issubclass(wanted, cst.CSTNode)):
+        wanted = cst.CSTNode  # OneOf, MatchIfTrue, ...: test every node
+    return [n for n in _walk(node) if isinstance(n, wanted) and m.matches(n, matcher)]
+
+
+class _ChildOrder(cst.CSTVisitor):
+    """Records the order in which libcst visits a node's direct children."""
+
+    def __init__(self, root: cst.CSTNode) -> None:
+        self.root, self.seen = root, {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if node is self.root:
+            return True
+        self.seen.setdefault(id(node), len(self.seen))
+        return False
+
+
+# (node type, fields holding nodes) -> those fields in libcst's visit order,
+# which is source order (dataclass field order is not, e.g. Arg, FunctionDef).
+_FIELD_ORDER: dict[tuple, tuple[str, ...]] = {}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    node_type = type(node)
+    names = _FIELD_NAMES.get(node_type)
+    if names is None:
+        names = _FIELD_NAMES[node_type] = tuple(f.name for f in dataclasses.fields(node))
+    fields = {}
+    for name in names:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            fields[name] = (value,)
+        elif value and isinstance(value, (list, tuple)):
+            items = [v for v in value if isinstance(v, cst.CSTNode)]
+            if items:
+                fields[name] = items
+    if len(fields) <= 1:
+        return [child for items in fields.values() for child in items]
+    key = (node_type, *fields)
+    order = _FIELD_ORDER.get(key)
+    if order is None:
+        recorder = _ChildOrder(node)
+        node.visit(recorder)
+        first = {name: recorder.seen.get(id(items[0]), len(recorder.seen)) for name, items in fields.items()}
+        order = _FIELD_ORDER[key] = tuple(sorted(first, key=first.__getitem__))
+    return [child for name in order for child in fields[name]]
+
+
+def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Pre-order walk over a CST in source order, without rebuilding it."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(_children(current)))
 
 
 # --- class attributes laid out like hand-written ones --------------------------------

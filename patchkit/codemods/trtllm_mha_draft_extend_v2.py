@@ -47,7 +47,7 @@ SUBJECT = "self.draft_extend_attn_backend"
 
 
 def _whitelist_assign(fn: cst.FunctionDef) -> Optional[cst.Assign]:
-    found = m.findall(fn, m.Assign(targets=[m.AssignTarget(target=m.Name(WHITELIST))]))
+    found = primitives.find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name(WHITELIST))]))
     return found[0] if found else None
 
 
@@ -152,7 +152,7 @@ _IS_DRAFT_EXTEND_V2 = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend_v2"))
 
 
 def _branches(fn: cst.FunctionDef, test: m.BaseMatcherNode) -> list[cst.If]:
-    return list(m.findall(fn, m.If(test=test)))
+    return list(primitives.find_all(fn, m.If(test=test)))
 
 
 def _draft_extend_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cst.FunctionDef]:
@@ -235,7 +235,7 @@ def _draft_extend_branch(fn: cst.FunctionDef) -> Optional[cst.If]:
 
 
 def _has_v2_split(branch: cst.If) -> bool:
-    return bool(m.findall(branch.body, m.If(test=_IS_DRAFT_EXTEND_V2))) or primitives.contains(
+    return bool(primitives.find_all(branch.body, m.If(test=_IS_DRAFT_EXTEND_V2))) or primitives.contains(
         branch.body, m.Call(func=m.Name(HELPER))
     )
 
@@ -289,7 +289,7 @@ class ReplayDraftExtendV2Stride(ClassCodemod):
                 run = body[first : last + 1]
                 receiver = _code(if_.test.func.value)
                 metadata = next(
-                    _code(a.value) for a in m.findall(cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q")))
+                    _code(a.value) for a in primitives.find_all(cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q")))
                 )
                 body[first : last + 1] = [
                     primitives.branch_statements(
@@ -307,7 +307,7 @@ class ReplayDraftExtendV2Stride(ClassCodemod):
                 if_ = _with_include_v2(if_)
             return if_
 
-        if not _has_v2_split(_draft_extend_branch(fn)) or m.findall(fn, m.If(test=_IS_DRAFT_EXTEND_V1_ONLY)):
+        if not _has_v2_split(_draft_extend_branch(fn)) or primitives.find_all(fn, m.If(test=_IS_DRAFT_EXTEND_V1_ONLY)):
             fn = primitives.replace_statements(fn, m.If(test=_IS_DRAFT_EXTEND), edit_branch)
         return primitives.replace_method(cls, fn.name.value, lambda _old: fn)
 
@@ -344,13 +344,13 @@ def _is_negative(test: cst.BaseExpression) -> bool:
 def _unguarded_topk(fn: cst.FunctionDef) -> int:
     """Top-k copies into the output not confined to non-V2 modes (inside
     ``if mode != V2:``, or the ``else`` of ``if mode == V2:``)."""
-    total = len(m.findall(fn, _TOPK_ASSIGN))
+    total = len(primitives.find_all(fn, _TOPK_ASSIGN))
     guarded = 0
-    for g in m.findall(fn, _V2_TEST):
+    for g in primitives.find_all(fn, _V2_TEST):
         if _is_negative(g.test):
-            guarded += len(m.findall(g.body, _TOPK_ASSIGN))
+            guarded += len(primitives.find_all(g.body, _TOPK_ASSIGN))
         elif g.orelse is not None:
-            guarded += len(m.findall(g.orelse, _TOPK_ASSIGN))
+            guarded += len(primitives.find_all(g.orelse, _TOPK_ASSIGN))
     return total - guarded
 
 
@@ -378,7 +378,7 @@ class RunnerReplaySkipsTopkForV2(ClassCodemod):
     def _topk_block(fn: cst.FunctionDef) -> Optional[m.BaseMatcherNode]:
         """A matcher for the ``if`` whose body holds the top-k copies as one
         uninterrupted run (``if unpadding_bs is not None:`` in these trees)."""
-        for if_ in m.findall(fn, m.If()):
+        for if_ in primitives.find_all(fn, m.If()):
             body = list(if_.body.body)
             hits = [i for i, s in enumerate(body) if m.matches(s, _TOPK_ASSIGN)]
             if hits and hits == list(range(hits[0], hits[-1] + 1)) and not m.matches(if_, _V2_TEST):
@@ -454,7 +454,7 @@ class TestKitV2OutputsClose(PatchCodemod):
         unhooked = [
             f.name.value
             for f in _v2_cases(module)
-            if len(m.findall(f, _ADAPTER_CALL)) != len(m.findall(f, _USES_V2_ASSERT))
+            if len(primitives.find_all(f, _ADAPTER_CALL)) != len(primitives.find_all(f, _USES_V2_ASSERT))
         ]
         if primitives.find_function(module, V2_ASSERT) is None:
             return Finding.todo(anchor, "function not defined")
