@@ -206,3 +206,37 @@ def test_public_names():
     }
     for name in rt.__all__:
         assert getattr(rt, name) is getattr(impl, name)
+
+
+# -- on a GPU ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_only_path_helpers_never_sync_the_host():
+    """With no CPU mirror, the helpers the patched decode / draft / draft-extend
+    paths call must not wait for the GPU (torch's sync debug mode raises on any
+    host sync, as the .cpu() the patch skips would)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    seq_lens = torch.tensor([11, 30, 7], device="cuda") + 4  # advanced by 4 draft tokens
+    backend = SimpleNamespace(max_context_len=1024)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError):
+            seq_lens.cpu()  # the D2H copy the decision skips: a sync
+        prefix = rt.draft_extend_prefix_lens(None, seq_lens, 4)
+        bound = rt.tree_mask_seq_lens_sum(None, None, seq_lens, backend)
+        assert rt.tree_mask_seq_lens_sum(None, torch.empty(8, device="cuda"), seq_lens, backend) == 0
+        assert rt.add_or_none(None, 4) is None and rt.cat_or_none(None, seq_lens) is None
+        assert rt.index_or_none(None, seq_lens) is None and rt.host_list_or_none(seq_lens) is None
+        assert rt.seq_lens_sum_or_bound(None, seq_lens.shape[0], 1024) == 3072
+        assert rt.prefix_lens_sum_or_bound(None, seq_lens.shape[0], 1024) == 3072
+        extend_lens = torch.as_tensor(prefix, dtype=torch.int32).to("cuda", non_blocking=True)
+        assert extend_lens is prefix  # init_new's as_tensor keeps device lens as they are
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert bound == 3 * 1024
+    assert prefix.device.type == "cuda" and prefix.dtype == torch.int32
+    assert prefix.tolist() == [11, 30, 7]
