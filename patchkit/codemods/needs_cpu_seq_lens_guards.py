@@ -174,7 +174,9 @@ class MethodGuards(ClassCodemod):
         matching UPSTREAM) already encloses."""
         found = primitives.find_all(fn, guard.site, guard.within)
         if found and self.UPSTREAM is not None:
-            covered = {id(n) for outer in m.findall(fn, self.UPSTREAM) for n in primitives.find_all(outer, guard.site, guard.within)}
+            covered = {
+                id(n) for outer in primitives.find_all(fn, self.UPSTREAM) for n in primitives.find_all(outer, guard.site, guard.within)
+            }
             found = [n for n in found if id(n) not in covered]
         return found
 
