@@ -184,8 +184,9 @@ class MethodGuards(ClassCodemod):
         return primitives.replace_method(cls, self._method(cls).name.value, self._guard)
 
     def _guard(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        # Only where a read is unguarded: a method upstream half-guarded keeps
-        # upstream's guards (the rewrite does not enter them).
+        # Guards with an unguarded read are applied to all their reads; one
+        # inside an upstream-style guard is rewritten too, harmlessly (the
+        # helper computes the same value there).
         for guard in self.GUARDS:
             if not self._unguarded(fn, guard):
                 continue
