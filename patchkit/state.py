@@ -88,10 +88,12 @@ class Store:
         self.blobs = folder / "blobs"
 
     def ensure_folder(self) -> None:
-        if not self.folder.is_dir():
-            self.folder.mkdir(parents=True)
+        # exist_ok: two runs may create it at once, before either holds the lock.
+        self.folder.mkdir(parents=True, exist_ok=True)
+        ignore = self.folder / ".gitignore"
+        if not ignore.exists():
             # Keep patchkit's state out of the fork's git status.
-            (self.folder / ".gitignore").write_text("*\n")
+            ignore.write_text("*\n")
 
     # -- blobs ---------------------------------------------------------------
 
