@@ -33,7 +33,11 @@ Standard library only at import time; torch is imported lazily.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Optional
+# Imported by patched sglang at start-up: the typing names are for type
+# checkers only (annotations are strings here).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 __all__ = [
     "draft_extend_v2_stride",

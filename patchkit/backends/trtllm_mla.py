@@ -9,7 +9,11 @@ is imported inside the functions that need it.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+# Imported by patched sglang at start-up: the typing names are for type
+# checkers only (annotations are strings here).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 
 def needs_cuda_graph_custom_mask(num_draft_tokens: Optional[int], skip_prefill: bool) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
+from collections import OrderedDict
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 import libcst as cst
@@ -236,8 +237,8 @@ def add_needed_imports(module: cst.Module, context: CodemodContext) -> cst.Modul
     """Run libcst's AddImportsVisitor on the module's import header only.
 
     Visiting a whole 3k-line module costs as much as parsing it, and new imports
-    belong among the existing ones, so the visitor only sees the statements
-    from the first ordinary import to the last top-level one. Starting after
+    belong among the existing ones, so the visitor only sees the block of
+    imports that starts at the first ordinary import. Starting after
     ``from __future__`` imports also keeps a module string that follows them
     (sglang has such files) above the new import, where a reader expects it.
     """
@@ -249,9 +250,13 @@ def add_needed_imports(module: cst.Module, context: CodemodContext) -> cst.Modul
     imports = [i for i, s in enumerate(body) if m.matches(s, is_import)]
     ordinary = [i for i in imports if not m.matches(body[i], future)]
     first = ordinary[0] if ordinary else len(body)
-    last = imports[-1] if imports else -1
-    if first > last:  # nothing but __future__ imports (or none): visit the whole top
-        first = 0
+    last = first
+    # The import block that starts there (AddImportsVisitor adds after it);
+    # imports further down (late, conditional) are not needed to place ours.
+    while last + 1 < len(body) and m.matches(body[last + 1], is_import):
+        last += 1
+    if not ordinary:  # nothing but __future__ imports (or none): visit the whole top
+        first, last = 0, (imports[-1] if imports else -1)
     header = module.with_changes(body=body[first : last + 1])
     header = AddImportsVisitor(context).transform_module(header)
     return module.with_changes(body=body[:first] + list(header.body) + body[last + 1 :])
@@ -635,9 +640,33 @@ def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.B
     if within is not None:
         return [hit for outer in find_all(node, within) for hit in find_all(outer, matcher)]
     wanted = getattr(cst, type(matcher).__name__, None)
-    if not (isinstance(wanted, type) and issubclass(wanted, cst.CSTNode)):
-        wanted = cst.CSTNode  # OneOf, MatchIfTrue, ...: test every node
-    return [n for n in _walk(node) if isinstance(n, wanted) and m.matches(n, matcher)]
+    nodes, by_type = _index(node)
+    if isinstance(wanted, type) and issubclass(wanted, cst.CSTNode):
+        candidates = by_type.get(wanted, ())
+    else:
+        candidates = nodes  # OneOf, MatchIfTrue, ...: test every node
+    return [n for n in candidates if m.matches(n, matcher)]
+
+
+# Codemods query the same method many times (detect, transform, postcondition):
+# remember the walk of the last few subtrees. CST nodes are immutable, so a
+# node's walk never changes; the cache holds the node itself, so its id stays valid.
+_INDEX: "OrderedDict[int, tuple]" = OrderedDict()
+
+
+def _index(node: cst.CSTNode) -> tuple[list[cst.CSTNode], dict[type, list[cst.CSTNode]]]:
+    hit = _INDEX.get(id(node))
+    if hit is not None and hit[0] is node:
+        _INDEX.move_to_end(id(node))
+        return hit[1], hit[2]
+    nodes = list(_walk(node))
+    by_type: dict[type, list[cst.CSTNode]] = {}
+    for n in nodes:
+        by_type.setdefault(type(n), []).append(n)
+    _INDEX[id(node)] = (node, nodes, by_type)
+    if len(_INDEX) > 256:
+        _INDEX.popitem(last=False)
+    return nodes, by_type
 
 
 class _ChildOrder(cst.CSTVisitor):

@@ -24,10 +24,13 @@ functions that need it.
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Iterable, Optional, Sequence
-
-logger = logging.getLogger(__name__)
+# Patched sglang imports this at start-up: keep it to nothing but this file.
+# `logging` is imported where it is used, and the typing names are only for
+# type checkers (annotations are strings here); type checkers honour a
+# module-level TYPE_CHECKING = False as they do typing.TYPE_CHECKING.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Optional, Sequence
 
 # -- the decision ------------------------------------------------------------------
 
@@ -92,7 +95,9 @@ def configure_needs_cpu_seq_lens(server_args: Any, draft_worker: Any, tp_worker:
         flag = decide_needs_cpu_seq_lens(server_args, backends)
         why = "backends " + ", ".join(type(b).__name__ for b in backends if b is not None)
     set_needs_cpu_seq_lens(flag)
-    logger.info("spec-v2 seq_lens CPU mirror %s (%s)", "kept" if flag else "skipped", why)
+    import logging
+
+    logging.getLogger(__name__).info("spec-v2 seq_lens CPU mirror %s (%s)", "kept" if flag else "skipped", why)
     return flag
 
 
