@@ -102,3 +102,23 @@ class ClassCodemod(PatchCodemod):
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         raise NotImplementedError
+
+
+class AddMethodCodemod(ClassCodemod):
+    """Add a method a class lacks; done when a method of that name exists
+    (ours or upstream's). Subclasses set CLASS, METHOD, SOURCE and AFTER
+    (methods to put it after, first one found wins; else at the end)."""
+
+    METHOD: ClassVar[str]
+    SOURCE: ClassVar[str]
+    AFTER: ClassVar[tuple[str, ...]] = ()
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.{self.METHOD}"
+        if primitives.find_method(cls, self.METHOD) is not None:
+            return Finding.done(anchor)
+        return Finding.todo(anchor, "method not defined")
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        after = primitives.find_first_method(cls, self.AFTER)
+        return primitives.add_method(cls, self.SOURCE, after=after.name.value if after else None)

@@ -29,7 +29,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding
+from patchkit.codemods.base import AddMethodCodemod, ClassCodemod, Finding
 
 RUNTIME = "patchkit.runtime"
 
@@ -66,20 +66,13 @@ def {BACKENDS_PROPERTY}(self) -> tuple:
 '''
 
 
-class ExposeSpecV2AttnBackends(ClassCodemod):
+class ExposeSpecV2AttnBackends(AddMethodCodemod):
     DESCRIPTION = f"EAGLEWorkerV2.{BACKENDS_PROPERTY}: the attention backends the spec-v2 worker uses"
     CLASS = "EAGLEWorkerV2"
     REQUIRED_TEXT = (CLASS,)
-
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.{BACKENDS_PROPERTY}"
-        if primitives.find_method(cls, BACKENDS_PROPERTY) is not None:
-            return Finding.done(anchor)
-        return Finding.todo(anchor, "property not defined")
-
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        after = "draft_worker" if primitives.find_method(cls, "draft_worker") else None
-        return primitives.add_method(cls, BACKENDS_SOURCE, after=after)
+    METHOD = BACKENDS_PROPERTY
+    SOURCE = BACKENDS_SOURCE
+    AFTER = ("draft_worker",)
 
 
 # -- the scheduler decides ---------------------------------------------------------------

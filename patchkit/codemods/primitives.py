@@ -49,20 +49,30 @@ def parse_expression(source: str) -> cst.BaseExpression:
 # --- classes ----------------------------------------------------------------
 
 
-def find_class(module: cst.Module, name: str) -> Optional[cst.ClassDef]:
-    for stmt in module.body:
-        if isinstance(stmt, cst.ClassDef) and stmt.name.value == name:
-            return stmt
+def _find_named(statements: Sequence[Statement], kind: type, name: str) -> Optional[int]:
+    """Index of the ``class``/``def`` called ``name`` among ``statements``."""
+    for i, stmt in enumerate(statements):
+        if isinstance(stmt, kind) and stmt.name.value == name:
+            return i
     return None
 
 
-def replace_class(module: cst.Module, name: str, edit: ClassEdit) -> cst.Module:
+def _replace_named(module: cst.Module, kind: type, name: str, edit, what: str) -> cst.Module:
     body = list(module.body)
-    for i, stmt in enumerate(body):
-        if isinstance(stmt, cst.ClassDef) and stmt.name.value == name:
-            body[i] = edit(stmt)
-            return module.with_changes(body=body)
-    raise AnchorError(f"class {name}")
+    index = _find_named(body, kind, name)
+    if index is None:
+        raise AnchorError(f"{what} {name}")
+    body[index] = edit(body[index])
+    return module.with_changes(body=body)
+
+
+def find_class(module: cst.Module, name: str) -> Optional[cst.ClassDef]:
+    index = _find_named(module.body, cst.ClassDef, name)
+    return None if index is None else module.body[index]
+
+
+def replace_class(module: cst.Module, name: str, edit: ClassEdit) -> cst.Module:
+    return _replace_named(module, cst.ClassDef, name, edit, "class")
 
 
 def class_body(cls: cst.ClassDef) -> Sequence[Statement]:
@@ -110,11 +120,11 @@ def find_first_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cst.F
 
 def replace_method(cls: cst.ClassDef, name: str, edit: FunctionEdit) -> cst.ClassDef:
     body = list(class_body(cls))
-    for i, stmt in enumerate(body):
-        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
-            body[i] = edit(stmt)
-            return _with_class_body(cls, body)
-    raise AnchorError(f"{cls.name.value}.{name}")
+    index = _find_named(body, cst.FunctionDef, name)
+    if index is None:
+        raise AnchorError(f"{cls.name.value}.{name}")
+    body[index] = edit(body[index])
+    return _with_class_body(cls, body)
 
 
 def add_method(cls: cst.ClassDef, source: str, after: Optional[str] = None) -> cst.ClassDef:
@@ -267,19 +277,12 @@ def add_needed_imports(module: cst.Module, context: CodemodContext) -> cst.Modul
 
 def find_function(module: cst.Module, name: str) -> Optional[cst.FunctionDef]:
     """A top-level ``def name(...)``."""
-    for stmt in module.body:
-        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
-            return stmt
-    return None
+    index = _find_named(module.body, cst.FunctionDef, name)
+    return None if index is None else module.body[index]
 
 
 def replace_function(module: cst.Module, name: str, edit: FunctionEdit) -> cst.Module:
-    body = list(module.body)
-    for i, stmt in enumerate(body):
-        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
-            body[i] = edit(stmt)
-            return module.with_changes(body=body)
-    raise AnchorError(f"function {name}")
+    return _replace_named(module, cst.FunctionDef, name, edit, "function")
 
 
 def add_function(module: cst.Module, source: str, after: Optional[str] = None) -> cst.Module:

@@ -9,10 +9,7 @@ The body is inline (a ``pass``), exactly as upstream: there is no logic to ship.
 
 from __future__ import annotations
 
-import libcst as cst
-
-from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding
+from patchkit.codemods.base import AddMethodCodemod
 
 HOOK = "update_verify_buffers_to_fill_after_draft"
 
@@ -28,19 +25,10 @@ def {HOOK}(
 '''
 
 
-class AddNoopVerifyBuffersHook(ClassCodemod):
+class AddNoopVerifyBuffersHook(AddMethodCodemod):
     DESCRIPTION = f"TRTLLMHAAttnBackend.{HOOK}: a no-op override (base class raises NotImplementedError)"
     CLASS = "TRTLLMHAAttnBackend"
     REQUIRED_TEXT = (CLASS,)
-
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.{HOOK}"
-        if primitives.find_method(cls, HOOK) is not None:
-            return Finding.done(anchor)
-        return Finding.todo(anchor, "method not defined (inherits the raising base)")
-
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        after = primitives.find_first_method(
-            cls, ["init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata"]
-        )
-        return primitives.add_method(cls, HOOK_SOURCE, after=after.name.value if after else None)
+    METHOD = HOOK
+    SOURCE = HOOK_SOURCE
+    AFTER = ("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
