@@ -88,6 +88,13 @@ class ClassCodemod(PatchCodemod):
 
     CLASS: ClassVar[str]
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # The class name is the natural pre-filter: a subclass that names a
+        # CLASS and no REQUIRED_TEXT of its own gets (CLASS,).
+        if "CLASS" in cls.__dict__ and "REQUIRED_TEXT" not in cls.__dict__:
+            cls.REQUIRED_TEXT = (cls.CLASS,)
+
     def detect(self, module: cst.Module) -> Finding:
         cls = primitives.find_class(module, self.CLASS)
         if cls is None:

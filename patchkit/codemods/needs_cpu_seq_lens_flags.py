@@ -45,7 +45,6 @@ class _DeclareFlag(ClassCodemod):
 class BaseBackendFlag(_DeclareFlag):
     DESCRIPTION = f"AttentionBackend.{FLAG}: bool = True (default: keep the CPU seq_lens mirror)"
     CLASS = "AttentionBackend"
-    REQUIRED_TEXT = (CLASS,)
     VALUE = True
     COMMENT = "Opt out only when this backend never reads seq_lens_cpu / seq_lens_sum."
 
@@ -53,7 +52,6 @@ class BaseBackendFlag(_DeclareFlag):
 class TritonBackendOptsOut(_DeclareFlag):
     DESCRIPTION = f"TritonAttnBackend.{FLAG} = False (replay never reads seq_lens_cpu / seq_lens_sum)"
     CLASS = "TritonAttnBackend"
-    REQUIRED_TEXT = (CLASS,)
     VALUE = False
     COMMENT = REPLAY_COMMENT
 
@@ -61,6 +59,5 @@ class TritonBackendOptsOut(_DeclareFlag):
 class TritonMultiStepDraftOptsOut(_DeclareFlag):
     DESCRIPTION = f"TritonMultiStepDraftBackend.{FLAG} = False (a plain class: needs its own flag)"
     CLASS = "TritonMultiStepDraftBackend"
-    REQUIRED_TEXT = (CLASS,)
     VALUE = False
     COMMENT = REPLAY_COMMENT

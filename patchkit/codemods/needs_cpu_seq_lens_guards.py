@@ -205,7 +205,6 @@ class MethodGuards(ClassCodemod):
 class GuardFilterBatch(MethodGuards):
     DESCRIPTION = "ScheduleBatch.filter_batch: seq_lens_cpu[keep_indices] -> index_or_none(...)"
     CLASS = "ScheduleBatch"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "filter_batch"
     GUARDS = (
         Guard(
@@ -220,7 +219,6 @@ class GuardFilterBatch(MethodGuards):
 class GuardMergeBatch(MethodGuards):
     DESCRIPTION = "ScheduleBatch.merge_batch: torch.cat of the mirrors -> cat_or_none; seq_lens_sum += -> add_or_none"
     CLASS = "ScheduleBatch"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "merge_batch"
     GUARDS = (
         Guard(
@@ -245,7 +243,6 @@ class GuardInitNewExtendLens(MethodGuards):
         "them on the device, their *_cpu host lists stay None"
     )
     CLASS = "ForwardBatch"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "init_new"
     GUARDS = (
         Guard(
@@ -270,7 +267,6 @@ class GuardInitNewExtendLens(MethodGuards):
 class GuardPadInputs(MethodGuards):
     DESCRIPTION = "ForwardBatch._pad_inputs_to_size (DP attention padding): seq_lens_sum + pad -> add_or_none"
     CLASS = "ForwardBatch"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "_pad_inputs_to_size"
     GUARDS = (add_guard(attr("seq_lens_sum")),)
     UPSTREAM = none_test(attr("seq_lens_sum"))
@@ -282,7 +278,6 @@ class GuardPadInputs(MethodGuards):
 class GuardGraphReplay(MethodGuards):
     DESCRIPTION = "CudaGraphRunner.replay_prepare (verify graph): padded seq_lens_sum -> add_or_none"
     CLASS = "CudaGraphRunner"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "replay_prepare"
     GUARDS = (add_guard(attr("seq_lens_sum")),)
     # 0.5.13: `seq_lens_sum=(None if forward_batch.seq_lens_sum is None else ...)`
@@ -293,7 +288,6 @@ class GuardGraphReplay(MethodGuards):
 class GuardDraftExtendGraphReplay(MethodGuards):
     DESCRIPTION = "EAGLEDraftExtendCudaGraphRunner.replay: padded seq_lens_sum -> add_or_none"
     CLASS = "EAGLEDraftExtendCudaGraphRunner"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "replay"
     RENAMED = ("execute",)  # 0.5.14+
     GUARDS = (add_guard(attr("seq_lens_sum")),)
@@ -311,7 +305,6 @@ class GuardDraftTreeMask(MethodGuards):
         "(no mirror: 0 with a preallocated tree mask, else bs * max_context_len)"
     )
     CLASS = "EagleDraftWorker"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "draft"
     GUARDS = (
         Guard(
@@ -343,7 +336,6 @@ class GuardDraftExtendPrep(MethodGuards):
         "extend_seq_lens stays the host list [num_draft_tokens] * bs, so extend_seq_lens_cpu is supplied)"
     )
     CLASS = "EagleDraftInputV2Mixin"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "prepare_for_extend_to_fill_draft_kvcache"
     GUARDS = (
         add_guard(attr("seq_lens_cpu")),
@@ -375,7 +367,6 @@ class GuardTritonMetadata(MethodGuards):
         "extend branch (draft extend): prefix sum and max extend len fall back when the host lists are None"
     )
     CLASS = "TritonAttnBackend"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "init_forward_metadata"
     GUARDS = (
         Guard(
@@ -401,7 +392,6 @@ class GuardTritonMetadata(MethodGuards):
 class GuardTritonDraftTemplate(MethodGuards):
     DESCRIPTION = "TritonMultiStepDraftBackend.common_template: kv_indices slice bounded by bs * max_context_len without the mirror"
     CLASS = "TritonMultiStepDraftBackend"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "common_template"
     GUARDS = (
         Guard(
@@ -422,7 +412,6 @@ MIRROR_TOTAL = m.Call(func=attr("item", m.Call(func=attr("sum", attr("seq_lens_c
 class GuardDecodePerfMetrics(MethodGuards):
     DESCRIPTION = "SchedulerMetricsMixin._estimate_decode_perf: seq_lens_cpu.sum() -> decode_total_seq_lens (sum of req.seqlen without the mirror)"
     CLASS = "SchedulerMetricsMixin"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "_estimate_decode_perf"
     GUARDS = (Guard(MIRROR_TOTAL, "decode_total_seq_lens(BATCH)", "decode_total_seq_lens"),)
 
@@ -430,7 +419,6 @@ class GuardDecodePerfMetrics(MethodGuards):
 class GuardDecodeStats(MethodGuards):
     DESCRIPTION = "SchedulerMetricsMixin.report_decode_stats: decode_sum_seq_lens -> decode_total_seq_lens"
     CLASS = "SchedulerMetricsMixin"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "report_decode_stats"
     GUARDS = (Guard(MIRROR_TOTAL, "decode_total_seq_lens(BATCH)", "decode_total_seq_lens"),)
 
@@ -438,7 +426,6 @@ class GuardDecodeStats(MethodGuards):
 class GuardScheduledRequestMetrics(MethodGuards):
     DESCRIPTION = "SchedulerMetricsMixin._build_scheduled_request_metrics: for sl in seq_lens_cpu -> decode_seq_lens"
     CLASS = "SchedulerMetricsMixin"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "_build_scheduled_request_metrics"
     GUARDS = (
         Guard(

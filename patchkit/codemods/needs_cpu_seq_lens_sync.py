@@ -69,7 +69,6 @@ def {BACKENDS_PROPERTY}(self) -> tuple:
 class ExposeSpecV2AttnBackends(AddMethodCodemod):
     DESCRIPTION = f"EAGLEWorkerV2.{BACKENDS_PROPERTY}: the attention backends the spec-v2 worker uses"
     CLASS = "EAGLEWorkerV2"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = BACKENDS_PROPERTY
     SOURCE = BACKENDS_SOURCE
     AFTER = ("draft_worker",)
@@ -148,7 +147,6 @@ class GateDecodeSync(ClassCodemod):
         "when needs_cpu_seq_lens(); else seq_lens_cpu / seq_lens_sum are None"
     )
     CLASS = "EagleDraftInputV2Mixin"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "prepare_for_decode"
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
@@ -183,7 +181,6 @@ class GateFutureMapSync(ClassCodemod):
         "D2H with seq_lens_cpu / seq_lens_sum None unless needs_cpu_seq_lens()"
     )
     CLASS = "FutureMap"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "resolve_seq_lens_cpu"
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:

@@ -181,7 +181,6 @@ class CaptureIncludesDraftExtendV2(ClassCodemod):
         "(is_draft_extend(include_v2=True))"
     )
     CLASS = "TRTLLMHAAttnBackend"
-    REQUIRED_TEXT = (CLASS,)
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         fn = _draft_extend_method(cls, CAPTURE_METHODS)
@@ -247,7 +246,6 @@ class ReplayDraftExtendV2Stride(ClassCodemod):
         f"max_seq_len_q ({HELPER_MODULE}.{HELPER}); V1 keeps its cumsum path"
     )
     CLASS = "TRTLLMHAAttnBackend"
-    REQUIRED_TEXT = (CLASS,)
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         fn = _draft_extend_method(cls, REPLAY_METHODS)
@@ -360,7 +358,6 @@ class RunnerReplaySkipsTopkForV2(ClassCodemod):
         "hidden states only; top-k slices are copied for the other modes"
     )
     CLASS = "EAGLEDraftExtendCudaGraphRunner"
-    REQUIRED_TEXT = (CLASS,)
     METHODS = ("replay", "execute")  # 0.5.17 renamed replay -> execute
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:

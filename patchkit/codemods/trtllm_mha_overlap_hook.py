@@ -28,7 +28,6 @@ def {HOOK}(
 class AddNoopVerifyBuffersHook(AddMethodCodemod):
     DESCRIPTION = f"TRTLLMHAAttnBackend.{HOOK}: a no-op override (base class raises NotImplementedError)"
     CLASS = "TRTLLMHAAttnBackend"
-    REQUIRED_TEXT = (CLASS,)
     METHOD = HOOK
     SOURCE = HOOK_SOURCE
     AFTER = ("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")

@@ -97,7 +97,6 @@ class _OptOutFlag(ClassCodemod):
 class BackendOptsOutOfCpuSeqLens(_OptOutFlag):
     DESCRIPTION = f"{BACKEND}.{FLAG} = False: trtllm-gen kernels never read seq_lens_cpu / seq_lens_sum"
     CLASS = BACKEND
-    REQUIRED_TEXT = (CLASS,)
     WHY = (
         "# trtllm-gen kernels rebuild metadata from preallocated buffers and never\n"
         "# read seq_lens_cpu / seq_lens_sum; opt out of the D2H sync."
@@ -107,7 +106,6 @@ class BackendOptsOutOfCpuSeqLens(_OptOutFlag):
 class DraftBackendOptsOutOfCpuSeqLens(_OptOutFlag):
     DESCRIPTION = f"{DRAFT_BACKEND}.{FLAG} = False: per-step draft decode never reads seq_lens_cpu / seq_lens_sum"
     CLASS = DRAFT_BACKEND
-    REQUIRED_TEXT = (CLASS,)
     WHY = (
         "# Per-step draft decode never reads seq_lens_cpu / seq_lens_sum; opt out so\n"
         "# decide_needs_cpu_seq_lens' OR over the backends stays False."
@@ -117,7 +115,6 @@ class DraftBackendOptsOutOfCpuSeqLens(_OptOutFlag):
 class InitCustomMask(ClassCodemod):
     DESCRIPTION = f"{BACKEND}.__init__ sets self.{MASK} = None"
     CLASS = BACKEND
-    REQUIRED_TEXT = (CLASS,)
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.__init__"
@@ -142,7 +139,6 @@ class AllocCustomMask(ClassCodemod):
         "(max_context_len + num_draft_tokens)) when draft tokens are configured and prefill is not skipped"
     )
     CLASS = BACKEND
-    REQUIRED_TEXT = (CLASS,)
     METHOD = "init_cuda_graph_state"
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
@@ -187,7 +183,6 @@ class AllocCustomMask(ClassCodemod):
 class VerifyBuffersReturnCustomMask(ClassCodemod):
     DESCRIPTION = f"{BACKEND}.{GET_BUFFERS} returns [self.{MASK}, None]"
     CLASS = BACKEND
-    REQUIRED_TEXT = (CLASS,)
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.{GET_BUFFERS}"
