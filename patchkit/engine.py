@@ -16,19 +16,23 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
-
-import libcst as cst
-from libcst.codemod import CodemodContext
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 import patchkit
 from patchkit import registry
-from patchkit.codemods.base import Finding, PatchCodemod, State
-from patchkit.codemods.primitives import add_needed_imports
 from patchkit.errors import PatchkitError
+from patchkit.findings import Finding, State
 from patchkit.registry import Patch
 from patchkit.state import Store, sha256
+from patchkit.transform_cache import Entry, TransformCache
 from patchkit.tree import Tree, find_tree
+
+if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must be parsed
+    import libcst as cst
+
+    from patchkit.codemods.base import PatchCodemod
+
+    CodemodRef = Union[type[PatchCodemod], str]
 
 # Patch-level states, as `status` prints them.
 ABSENT, APPLIED, NATIVE, PARTIAL, NOT_APPLICABLE = "absent", "applied", "native", "partial", "not-applicable"
@@ -98,6 +102,9 @@ class Session:
         self._cache = self.store.load_cache(self._cache_key)
         self._cache_dirty = False
         self.state = self.store.load()
+        self.transform_cache = TransformCache.default()
+        self._prepared: dict[str, tuple[str, Entry]] = {}  # rel -> (sha256 of its source, entry)
+        self.last_transformed: list[str] = []  # codemods the last transform() ran, in order
 
     @classmethod
     def open(cls, path: str | Path, say: Callable[[str], None] = lambda s: None) -> "Session":
@@ -116,8 +123,10 @@ class Session:
                 raise PatchkitError(f"{path}: cannot read ({exc.strerror})") from None
         return self._bytes[rel]
 
-    def module(self, rel: str) -> cst.Module:
+    def module(self, rel: str) -> "cst.Module":
         if rel not in self._modules:
+            import libcst as cst
+
             data = self.read(rel)
             try:
                 self._modules[rel] = cst.parse_module(data)
@@ -127,16 +136,20 @@ class Session:
                 ) from None
         return self._modules[rel]
 
-    def detect(self, rel: str, codemod: type[PatchCodemod]) -> Finding:
+    def detect(self, rel: str, codemod: "CodemodRef") -> Finding:
+        """``codemod`` (a class, or its ``module:Class`` reference) on the file
+        as it is on disk. A cached finding needs neither libcst nor the codemod
+        module: it was stored only after the raw-bytes pre-filter passed."""
         data = self.read(rel)
         assert data is not None
-        for needle in codemod.REQUIRED_TEXT:
-            if needle.encode() not in data:
-                return Finding.missing(needle, f"{needle} does not occur in the file")
-        key = f"{codemod.name()}|{sha256(data)}"
+        key = f"{registry.codemod_name(codemod)}|{sha256(data)}"
         if key in self._cache:
             state, anchor, detail = self._cache[key]
             return Finding(State(state), anchor, detail)
+        codemod = registry.load_codemod(codemod)
+        for needle in codemod.REQUIRED_TEXT:
+            if needle.encode() not in data:
+                return Finding.missing(needle, f"{needle} does not occur in the file")
         finding = codemod().detect(self.module(rel))
         self._remember(key, finding)
         return finding
@@ -164,8 +177,9 @@ class Session:
                     CodemodResult(target.file, "-", Finding.missing(target.file, "file not in this tree"))
                 )
                 continue
-            for codemod in target.codemods:
-                report.results.append(CodemodResult(target.file, codemod.name(), self.detect(target.file, codemod)))
+            for ref in target.refs:  # classes or module:Class references, imported only on a cache miss
+                name = registry.codemod_name(ref)
+                report.results.append(CodemodResult(target.file, name, self.detect(target.file, ref)))
         states = {r.finding.state for r in report.results}
         applied_by_us = patch.id in self.state["applied"]
         if State.MISSING in states:
@@ -194,12 +208,20 @@ class Session:
 
     # -- transforming ------------------------------------------------------------
 
-    def transform(self, rel: str, source: bytes, codemods: list[type[PatchCodemod]]) -> bytes:
+    def transform(self, rel: str, source: bytes, codemods: list["CodemodRef"]) -> bytes:
         """Run ``codemods`` over one file's source; every one must end DONE."""
+        prepared = self.prepared(rel, source, codemods)
+        if prepared is not None:
+            return prepared
+        from libcst.codemod import CodemodContext
+
+        from patchkit.codemods.primitives import add_needed_imports
+
+        self.last_transformed = []
         on_disk = source == self.read(rel)
         module = self.module(rel) if on_disk else _parse(source, self.tree.path(rel))
         context = CodemodContext(filename=rel)
-        instances = [codemod(context) for codemod in codemods]
+        instances = [registry.load_codemod(codemod)(context) for codemod in codemods]
         for inst in instances:
             # Until a codemod changes the tree, `status` already detected (and
             # cached) each finding for these very bytes: don't detect twice.
@@ -208,6 +230,7 @@ class Session:
                 raise PatchkitError(f"{self.tree.path(rel)}: anchor {finding.anchor} missing: {finding.detail}")
             if finding.state is State.TODO:
                 module = inst.transform_module(module)
+                self.last_transformed.append(inst.name())
                 on_disk = False
         module = add_needed_imports(module, context)
         new = module.bytes
@@ -224,12 +247,66 @@ class Session:
             raise PatchkitError(f"{self.tree.path(rel)}:{exc.lineno}: patched code does not compile: {exc.msg}") from None
         return new
 
-    def codemods_for(self, rel: str, patches: Iterable[Patch]) -> list[type[PatchCodemod]]:
-        return [c for p in patches for t in p.targets if t.file == rel for c in t.codemods]
+    def codemods_for(self, rel: str, patches: Iterable[Patch]) -> list["CodemodRef"]:
+        """The codemods (classes or ``module:Class`` references, imported when
+        ``transform`` must run them) of ``patches`` for one file, in order."""
+        return [c for p in patches for t in p.targets if t.file == rel for c in t.refs]
+
+    # -- preparing: every file's detection and transform, before the plan ------
+
+    def prepare(self, patches: Iterable[Patch]) -> None:
+        """Detect and transform, per target file, with the codemods of all
+        ``patches`` (grouped by patch): from the shared transform cache, or in
+        parallel processes (``patchkit.parallel``). Findings seed the detection
+        cache; ``transform`` then uses a result where it is exactly what it
+        would compute itself. Files whose findings are all cached and none is
+        TODO need nothing."""
+        from patchkit import parallel
+
+        files: dict[str, list[list]] = {}
+        for patch in patches:
+            for target in patch.targets:
+                if self.read(target.file) is not None:
+                    files.setdefault(target.file, []).append(list(target.refs))
+        need = {}
+        for rel, groups in files.items():
+            digest = sha256(self.read(rel))
+            known = [self._cache.get(f"{registry.codemod_name(r)}|{digest}") for g in groups for r in g]
+            if any(k is None or k[0] == State.TODO.value for k in known):
+                need[rel] = groups
+        for rel, entry in parallel.prepare(self, need).items():
+            digest = sha256(self.read(rel))
+            for name, finding in entry.before.items():
+                if finding[0] != State.MISSING.value:  # pre-filter answers are not cached (see detect)
+                    self._cache.setdefault(f"{name}|{digest}", finding)
+            if entry.new is not None:
+                new_digest = sha256(entry.new)
+                for name, finding in (entry.after or {}).items():
+                    self._cache[f"{name}|{new_digest}"] = finding
+            self._cache_dirty = True
+            self._prepared[rel] = (digest, entry)
+
+    def prepared(self, rel: str, source: bytes, codemods: list) -> Optional[bytes]:
+        """The prepared result of ``transform(rel, source, codemods)``, where it
+        is provably the same: the same bytes, ``codemods`` a subset of those the
+        preparation ran (so their postconditions were checked) and containing,
+        in the same order, every codemod that changed the file there (so the
+        same edits happen in the same order)."""
+        hit = self._prepared.get(rel)
+        if hit is None or hit[1].new is None or hit[0] != sha256(source):
+            return None
+        entry = hit[1]
+        names = [registry.codemod_name(c) for c in codemods]
+        ran = {n for group in entry.groups for n in group}
+        if not set(names) <= ran or [n for n in names if n in entry.transformed] != list(entry.transformed):
+            return None
+        self.last_transformed = list(entry.transformed)
+        return entry.new
 
     # -- apply -----------------------------------------------------------------
 
     def apply(self, selected: list[Patch], dry_run: bool = False) -> Outcome:
+        self.prepare(selected)
         reports = {r.patch.id: r for r in self.reports(selected)}
         outcome = Outcome(list(reports.values()))
         usable = {pid for pid, r in reports.items() if r.state in (APPLIED, NATIVE)}
@@ -385,7 +462,9 @@ def three_way_merge(ours: bytes, base: bytes, theirs: bytes) -> tuple[bytes, boo
     return proc.stdout, proc.returncode == 0
 
 
-def _parse(source: bytes, path: Path) -> cst.Module:
+def _parse(source: bytes, path: Path) -> "cst.Module":
+    import libcst as cst
+
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as exc:

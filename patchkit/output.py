@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Optional
 
-from patchkit.codemods.base import State
+from patchkit.findings import State
 from patchkit.engine import NOT_APPLICABLE, CodemodResult, PatchReport
 from patchkit.registry import Patch
 from patchkit.tree import Tree

@@ -10,21 +10,57 @@ from __future__ import annotations
 
 import importlib
 import importlib.resources
+import importlib.util
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable, Optional
 
-from patchkit.codemods.base import PatchCodemod
 from patchkit.errors import PatchkitError
 
+if TYPE_CHECKING:
+    from patchkit.codemods.base import PatchCodemod
 
-@dataclass(frozen=True)
+
 class Target:
-    file: str  # relative to the sglang package folder
-    codemods: tuple[type[PatchCodemod], ...]
-    optional: bool = False  # a file some releases lack: that part is not applicable there
-    when_missing: str = ""  # why it may be missing
+    """One target file of a patch and the codemods that change it.
+
+    ``codemods`` may be given as classes or as ``"module:Class"`` references
+    (what ``patches/*.toml`` says); references are imported on first use, so
+    commands answered from the detection cache (``status``, ``verify``) never
+    import the codemod modules, nor libcst."""
+
+    __slots__ = ("file", "refs", "optional", "when_missing", "_loaded")
+
+    def __init__(self, file: str, codemods: Iterable, optional: bool = False, when_missing: str = "") -> None:
+        self.file = file  # relative to the sglang package folder
+        self.refs: tuple = tuple(codemods)
+        self.optional = optional  # a file some releases lack: that part is not applicable there
+        self.when_missing = when_missing  # why it may be missing
+        self._loaded: Optional[tuple] = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """``PatchCodemod.name()`` of each codemod, without importing it."""
+        return tuple(codemod_name(r) for r in self.refs)
+
+    @property
+    def codemods(self) -> tuple["type[PatchCodemod]", ...]:
+        if self._loaded is None:
+            self._loaded = tuple(load_codemod(r) for r in self.refs)
+        return self._loaded
+
+    def _key(self) -> tuple:
+        return (self.file, self.names, self.optional, self.when_missing)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Target) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Target({self.file!r}, {self.names!r})"
 
 
 @dataclass(frozen=True)
@@ -41,14 +77,39 @@ class Patch:
         return [t.file for t in self.targets]
 
 
-def _load_codemod(ref: str, patch_id: str) -> type[PatchCodemod]:
-    module_name, _, class_name = ref.partition(":")
-    try:
-        module = importlib.import_module(f"patchkit.codemods.{module_name}")
-        codemod = getattr(module, class_name)
-    except (ImportError, AttributeError) as exc:
-        raise PatchkitError(f"patch {patch_id}: codemod {ref} cannot be loaded: {exc}") from None
+def codemod_name(ref) -> str:
+    """``module.Class`` (as ``PatchCodemod.name()``) of a class or a ``module:Class`` reference."""
+    if isinstance(ref, str):
+        return ref.replace(":", ".", 1)
+    return ref.name()
+
+
+_LOADED: dict[str, type] = {}
+
+
+def load_codemod(ref) -> "type[PatchCodemod]":
+    """The codemod class of a ``module:Class`` reference (or ``name()``), imported on first use."""
+    if not isinstance(ref, str):
+        return ref
+    key = codemod_name(ref)
+    codemod = _LOADED.get(key)
+    if codemod is None:
+        module_name, _, class_name = key.rpartition(".")
+        try:
+            module = importlib.import_module(f"patchkit.codemods.{module_name}")
+            codemod = _LOADED[key] = getattr(module, class_name)
+        except (ImportError, AttributeError) as exc:
+            raise PatchkitError(f"codemod {ref} cannot be loaded: {exc}") from None
     return codemod
+
+
+def _check_codemod(ref: str, patch_id: str) -> str:
+    """A reference as written in a patch file: ``module:Class`` whose module
+    exists (found without importing it; the class is imported on first use)."""
+    module_name, sep, class_name = ref.partition(":")
+    if not sep or not module_name or not class_name or importlib.util.find_spec(f"patchkit.codemods.{module_name}") is None:
+        raise PatchkitError(f"patch {patch_id}: codemod {ref} cannot be loaded: no module patchkit.codemods.{module_name}")
+    return ref
 
 
 def _parse(text: str, source: str) -> Patch:
@@ -57,7 +118,7 @@ def _parse(text: str, source: str) -> Patch:
     targets = tuple(
         Target(
             file=t["file"],
-            codemods=tuple(_load_codemod(ref, pid) for ref in t["codemods"]),
+            codemods=tuple(_check_codemod(ref, pid) for ref in t["codemods"]),
             optional=t.get("optional", False),
             when_missing=t.get("when_missing", ""),
         )

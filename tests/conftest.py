@@ -16,6 +16,22 @@ from patchkit.fetch import copy_tree  # noqa: E402
 from support import PRIMARY  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _transform_cache(tmp_path_factory):
+    """The shared transform cache lives in a folder of this test session, never
+    the user's ~/.cache (tests/test_transform_cache.py points it elsewhere too)."""
+    import os
+
+    folder = tmp_path_factory.mktemp("transform-cache")
+    old = os.environ.get("PATCHKIT_CACHE_DIR")
+    os.environ["PATCHKIT_CACHE_DIR"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("PATCHKIT_CACHE_DIR", None)
+    else:
+        os.environ["PATCHKIT_CACHE_DIR"] = old
+
+
 @pytest.fixture
 def make_tree(tmp_path):
     """make_tree(version, layout='package') -> path to pass to patchkit, a

@@ -10,44 +10,13 @@ result: that is the idempotence and the postcondition in one place.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext
 
 from patchkit.codemods import primitives
-
-
-class State(str, enum.Enum):
-    TODO = "todo"  # anchor found, change not there yet
-    DONE = "done"  # the change (ours or upstream's) is there
-    SUPERSEDED = "superseded"  # upstream moved on; nothing to do and nothing to add
-    MISSING = "missing"  # an anchor the change needs is not in the file
-
-
-@dataclass(frozen=True)
-class Finding:
-    state: State
-    anchor: str = ""
-    detail: str = ""
-
-    @classmethod
-    def todo(cls, anchor: str, detail: str = "") -> "Finding":
-        return cls(State.TODO, anchor, detail)
-
-    @classmethod
-    def done(cls, anchor: str, detail: str = "") -> "Finding":
-        return cls(State.DONE, anchor, detail)
-
-    @classmethod
-    def superseded(cls, anchor: str, detail: str) -> "Finding":
-        return cls(State.SUPERSEDED, anchor, detail)
-
-    @classmethod
-    def missing(cls, anchor: str, detail: str) -> "Finding":
-        return cls(State.MISSING, anchor, detail)
+from patchkit.findings import Finding, State  # noqa: F401 - re-exported: codemods import them from here
 
 
 class PatchCodemod(Codemod):

@@ -1,0 +1,41 @@
+"""What a codemod's detector says about one file: its ``State`` and the anchor.
+
+Kept apart from ``patchkit.codemods.base`` (which imports libcst) so that
+``status`` / ``verify`` answered from the detection cache, and the report
+formats, never import libcst.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class State(str, enum.Enum):
+    TODO = "todo"  # anchor found, change not there yet
+    DONE = "done"  # the change (ours or upstream's) is there
+    SUPERSEDED = "superseded"  # upstream moved on; nothing to do and nothing to add
+    MISSING = "missing"  # an anchor the change needs is not in the file
+
+
+@dataclass(frozen=True)
+class Finding:
+    state: State
+    anchor: str = ""
+    detail: str = ""
+
+    @classmethod
+    def todo(cls, anchor: str, detail: str = "") -> "Finding":
+        return cls(State.TODO, anchor, detail)
+
+    @classmethod
+    def done(cls, anchor: str, detail: str = "") -> "Finding":
+        return cls(State.DONE, anchor, detail)
+
+    @classmethod
+    def superseded(cls, anchor: str, detail: str) -> "Finding":
+        return cls(State.SUPERSEDED, anchor, detail)
+
+    @classmethod
+    def missing(cls, anchor: str, detail: str) -> "Finding":
+        return cls(State.MISSING, anchor, detail)

@@ -1,0 +1,163 @@
+"""Content-addressed cache of per-file transforms, shared by every tree.
+
+CI re-patches the same pristine release files on every push, and a vendor's
+checkouts hold the same bytes: the result of running a set of codemods over a
+file depends only on
+
+- the file's bytes (sha256),
+- the codemods, in order, grouped by patch (their names),
+- patchkit itself: its version and a fingerprint of the code that decides the
+  output (``patchkit/codemods``, ``patches/*.toml``, the installed libcst).
+
+One entry per key under ``$PATCHKIT_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/patchkit/transforms``, i.e. ``~/.cache/patchkit/transforms``;
+``PATCHKIT_CACHE_DIR=off`` disables it). An entry holds what the engine would
+compute: the detector findings on the input, the patched bytes and the findings
+on them (the postcondition, already checked).
+
+Safe by construction:
+
+- written to a temporary file and renamed into place: a reader sees a whole
+  entry or none, and two runs writing the same key write the same bytes;
+- read back only if its header names this exact key and its payload has the
+  recorded length and sha256: a truncated, corrupted or misplaced entry is a
+  miss (a cold transform), never a wrong result;
+- another patchkit version (or edited codemods) computes other keys, so it
+  never reads this one's entries.
+Only codemods that live in ``patchkit.codemods`` are cached (test codemods
+defined elsewhere are not covered by the fingerprint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import patchkit
+
+FORMAT = 1
+Findings = dict[str, list]  # codemod name -> [state, anchor, detail]
+
+
+@dataclass
+class Entry:
+    """A file's transform: findings before, the patched bytes (None when some
+    patch group had a missing anchor and nothing was transformed), findings after."""
+
+    before: Findings
+    groups: list[list[str]]  # the groups transformed (patch groups with no missing anchor)
+    new: Optional[bytes] = None
+    after: Optional[Findings] = None
+    transformed: tuple[str, ...] = ()  # the codemods that changed the file, in order
+
+
+def default_folder() -> Optional[Path]:
+    configured = os.environ.get("PATCHKIT_CACHE_DIR")
+    if configured is not None:
+        return None if configured.strip().lower() in ("", "off", "0", "none") else Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "patchkit" / "transforms"
+
+
+@lru_cache(maxsize=1)
+def fingerprint() -> str:
+    """patchkit's version plus a hash of everything that decides a transform's
+    output: the codemod modules, the patch definitions and libcst's version."""
+    digest = hashlib.sha256(f"format {FORMAT}\npatchkit {patchkit.__version__}\n".encode())
+    here = Path(__file__).resolve().parent
+    sources = sorted((here / "codemods").rglob("*.py"))
+    spec = importlib.util.find_spec("patchkit.patches")
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            sources += sorted(Path(folder).glob("*.toml"))
+    libcst = importlib.util.find_spec("libcst")
+    if libcst is not None and libcst.origin:
+        sources.append(Path(libcst.origin).parent / "_version.py")
+    for path in sources:
+        with contextlib.suppress(OSError):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def cacheable(codemods) -> bool:
+    """Are all these codemods (classes or ``module:Class`` references) covered by the fingerprint?"""
+    return all(isinstance(c, str) or c.__module__.startswith("patchkit.codemods.") for c in codemods)
+
+
+class TransformCache:
+    def __init__(self, folder: Optional[Path]) -> None:
+        self.folder = folder
+
+    @classmethod
+    def default(cls) -> "TransformCache":
+        return cls(default_folder())
+
+    @property
+    def enabled(self) -> bool:
+        return self.folder is not None
+
+    @staticmethod
+    def key(source_sha: str, groups: list[list[str]]) -> str:
+        return hashlib.sha256(json.dumps([fingerprint(), source_sha, groups]).encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        assert self.folder is not None
+        return self.folder / key[:2] / key
+
+    def get(self, key: str) -> Optional[Entry]:
+        if self.folder is None:
+            return None
+        try:
+            raw = self._path(key).read_bytes()
+            header, sep, payload = raw.partition(b"\n")
+            meta = json.loads(header)
+            if not sep or meta.get("format") != FORMAT or meta.get("key") != key:
+                return None
+            if meta["sha256"] != hashlib.sha256(payload).hexdigest() or meta["length"] != len(payload):
+                return None
+            has_new = meta["has_new"]
+            entry = Entry(meta["before"], meta["groups"], payload if has_new else None, meta["after"],
+                          tuple(meta["transformed"]))
+            if not isinstance(entry.before, dict) or (has_new and not isinstance(entry.after, dict)):
+                return None
+            return entry
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # missing, truncated or corrupt: a miss, never a wrong result
+
+    def put(self, key: str, entry: Entry) -> None:
+        if self.folder is None:
+            return
+        payload = entry.new if entry.new is not None else b""
+        meta = {
+            "format": FORMAT,
+            "key": key,
+            "before": entry.before,
+            "groups": entry.groups,
+            "has_new": entry.new is not None,
+            "after": entry.after,
+            "transformed": list(entry.transformed),
+            "length": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest(),
+        }
+        data = json.dumps(meta, sort_keys=True).encode() + b"\n" + payload
+        path = self._path(key)
+        # A cache is an optimisation: a read-only or full disk only costs speed.
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
