@@ -8,12 +8,8 @@ computes new file contents; ``Store.commit`` writes them as one transaction.
 from __future__ import annotations
 
 import copy
-import difflib
 import os
-import shutil
 import stat
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
@@ -81,6 +77,8 @@ class Outcome:
 
 
 def unified_diff(tree: Tree, rel: str, old: bytes, new: bytes) -> str:
+    import difflib
+
     name = tree.repo_path(rel)
     lines = difflib.unified_diff(
         old.decode("utf-8", "surrogateescape").splitlines(keepends=True),
@@ -448,6 +446,10 @@ class Session:
 
 def three_way_merge(ours: bytes, base: bytes, theirs: bytes) -> tuple[bytes, bool]:
     """``git merge-file``: git's own 3-way merge, the one vendors already trust."""
+    import shutil
+    import subprocess
+    import tempfile
+
     if shutil.which("git") is None:
         raise PatchkitError("git is needed to keep edits made after apply (3-way merge), and it is not installed")
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,7 +10,6 @@ import ast
 import json
 import os
 import re
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Optional
 
@@ -246,6 +245,8 @@ def status_junit(tree: Tree, reports: list[PatchReport], locator: Locator, suite
     superseded it (nothing to carry), plain pass when applied or native."""
     counts = summary(reports)
     skipped = sum(_skipped(r) for r in reports)
+    import xml.etree.ElementTree as ET  # junit only: not paid by every status/verify
+
     root = ET.Element("testsuites", name="patchkit", tests=str(len(reports)), failures=str(counts["failed"]),
                       errors="0", skipped=str(skipped))
     ts = ET.SubElement(root, "testsuite", name=f"{suite}: sglang {tree.version}", tests=str(len(reports)),

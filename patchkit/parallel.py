@@ -105,13 +105,16 @@ def prepare(session: "Session", files: dict[str, list[list]]) -> dict[str, Entry
         return out
     # Biggest files first: the pool ends when its longest file does.
     todo.sort(key=lambda job: -len(session.read(job[0]) or b""))
+    import multiprocessing
+
     workers = min(jobs(), len(todo))
+    if multiprocessing.current_process().daemon:
+        workers = 1  # a daemonic worker (e.g. of a multiprocessing.Pool) may not fork workers of its own
     results: dict[str, Optional[Entry]] = {}
     if workers <= 1:
         for rel, groups, _ in todo:
             results[rel] = compute(session, rel, groups)
     else:
-        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         # Import what the workers need once, here, so every fork inherits it.

@@ -8,7 +8,6 @@ import libcst as cst
 import libcst.matchers as m
 import pytest
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 
 from patchkit.codemods import primitives as p
 
@@ -132,7 +131,7 @@ def test_add_needed_imports_touches_only_the_header():
     )
     context = CodemodContext()
     assert p.add_needed_imports(src, context) is src  # nothing requested: no work
-    AddImportsVisitor.add_needed_import(context, "patchkit.runtime", "helper")
+    p.require_import(context, "patchkit.runtime", "helper")
     new = p.add_needed_imports(src, context)
     assert new.code == code(
         """
@@ -179,3 +178,62 @@ def test_find_all_agrees_with_libcst_findall_on_a_real_tree():
             expected = list(m.findall(module, matcher))
             got = p.find_all(module, matcher)
             assert [id(n) for n in got] == [id(n) for n in expected], (path.name, matcher)
+
+
+# --- add_imports gives what libcst's AddImportsVisitor gave on the import block
+
+
+def _libcst_reference(module, wanted):
+    """The former implementation: libcst's AddImportsVisitor run on the import block only."""
+    from libcst.codemod.visitors import AddImportsVisitor
+
+    context = CodemodContext()
+    for mod, obj in wanted:
+        AddImportsVisitor.add_needed_import(context, mod, obj)
+    body = list(module.body)
+    first, last = p.imports._import_header(body)
+    header = AddImportsVisitor(context).transform_module(module.with_changes(body=body[first : last + 1]))
+    return module.with_changes(body=body[:first] + list(header.body) + body[last + 1 :])
+
+
+IMPORT_CASES = [
+    "import os\nfrom a import b\n\ndef f():\n    import late\n",
+    'from __future__ import annotations\n\n"""Doc."""\n\nimport os\nfrom x.y import z\n# comment\nX = 1\n',
+    '"""Doc."""\nX = 1\n',
+    '"""Doc."""\nfrom __future__ import annotations\n',
+    "",
+    "import os, sys\nimport re\nfrom patchkit.runtime import a as b\nfrom patchkit.runtime import (\n    c,\n    d,\n)\n\nY = 2\n",
+    "from .rel import x\nfrom patchkit.backends.m import *\nimport patchkit.runtime\n\n\nclass A:\n    pass\n",
+    "import a; import b\nfrom patchkit.runtime import q\n",
+    "import os\nfrom patchkit.runtime import needs_cpu_seq_lens\nif True:\n    import late\n# trailing comment\nZ = 3\n",
+]
+IMPORT_WANTED = [
+    [("patchkit.runtime", "helper")],
+    [("patchkit.runtime", "zeta"), ("patchkit.runtime", "alpha"), ("patchkit.backends.m", "f"), ("a.b", "c")],
+    [("patchkit.runtime", "needs_cpu_seq_lens"), ("patchkit.runtime", "c")],
+    [("os", None), ("zz", None), ("patchkit.runtime", "b"), ("patchkit.runtime", "a")],
+    [("patchkit.runtime", "q"), ("patchkit.runtime", "q")],
+]
+
+
+@pytest.mark.parametrize("source", IMPORT_CASES)
+@pytest.mark.parametrize("wanted", IMPORT_WANTED)
+def test_add_imports_matches_libcst_add_imports_visitor(source, wanted):
+    module = cst.parse_module(source)
+    assert p.add_imports(module, wanted).code == _libcst_reference(module, wanted).code
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.11", "0.5.12.post1"])
+def test_add_imports_matches_libcst_on_real_target_files(version):
+    from patchkit import registry
+    from support import pristine
+
+    tree = pristine(version)
+    wanted = [("patchkit.runtime", "needs_cpu_seq_lens"), ("patchkit.runtime", "add_or_none"),
+              ("sglang.srt.model_executor.forward_batch_info", "ForwardMode")]
+    files = sorted({t.file for patch in registry.all_patches() for t in patch.targets if (tree / t.file).exists()})
+    assert files
+    for rel in files:
+        module = cst.parse_module((tree / rel).read_bytes())
+        assert p.add_imports(module, wanted).code == _libcst_reference(module, wanted).code, rel

@@ -45,10 +45,9 @@ class PatchCodemod(Codemod):
         return self.transform_module_impl(tree)
 
     def require_import(self, module: str, obj: Optional[str] = None) -> None:
-        """Ask the engine to add ``from module import obj`` (or ``import module``)."""
-        from libcst.codemod.visitors import AddImportsVisitor
-
-        AddImportsVisitor.add_needed_import(self.context, module, obj)
+        """Ask the engine to add ``from module import obj`` (or ``import module``)
+        to this file's import block, unless it is there (``primitives.add_imports``)."""
+        primitives.require_import(self.context, module, obj)
 
 
 class ClassCodemod(PatchCodemod):

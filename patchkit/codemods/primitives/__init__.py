@@ -1,0 +1,113 @@
+"""Reusable edit primitives: the only place patchkit navigates or edits a CST.
+
+They navigate by name (module -> class -> method -> statement) instead of
+visiting the whole module, because a full libcst visit of a 3k-line file costs
+about as much as parsing it, and a patch touches a handful of nodes. Inside a
+method, where code is small, they use libcst matchers.
+
+Find a primitive by where it acts:
+
+- ``snippets``: parse code given as text (``parse_statement`` ...), ``AnchorError``
+- ``module``: top-level classes and functions (``find_class``, ``add_function`` ...)
+- ``classes``: a class's body, methods and attributes (``find_method``, ``add_method``,
+  ``add_class_attribute`` ...)
+- ``function_body``: statements inside a function (``insert_at_start``,
+  ``insert_before``, ``replace_statements``, ``guard_statement`` ...)
+- ``expressions``: expressions and calls (``rewrite_expressions``, ``isinstance_tuple``,
+  ``set_keyword_argument`` ...)
+- ``imports``: what is imported, and adding imports (``require_import`` /
+  ``add_imports``, ``add_import_sorted``)
+- ``search``: ``find_all`` and ``contains``
+
+Codemods use them as ``from patchkit.codemods import primitives`` +
+``primitives.name``; every per-patch codemod is written with these, none
+re-implements them.
+"""
+
+from __future__ import annotations
+
+from patchkit.codemods.primitives.snippets import (  # noqa: F401
+    Statement,
+    AnchorError,
+    parse_statements,
+    parse_statement,
+    parse_expression,
+    parse_statements_with_comments,
+)
+from patchkit.codemods.primitives.search import (  # noqa: F401
+    contains,
+    find_all,
+    _INDEX,
+    _index,
+    _ChildOrder,
+    _FIELD_ORDER,
+    _FIELD_NAMES,
+    _children,
+    _walk,
+)
+from patchkit.codemods.primitives.module import (  # noqa: F401
+    ClassEdit,
+    FunctionEdit,
+    _find_named,
+    _replace_named,
+    find_class,
+    replace_class,
+    find_function,
+    replace_function,
+    add_function,
+)
+from patchkit.codemods.primitives.classes import (  # noqa: F401
+    class_body,
+    _with_class_body,
+    base_names,
+    methods,
+    find_method,
+    find_first_method,
+    replace_method,
+    add_method,
+    _assigned_name,
+    find_class_attribute,
+    _docstring_count,
+    add_class_attribute,
+    space_class_attribute,
+    _starts_blank,
+)
+from patchkit.codemods.primitives.function_body import (  # noqa: F401
+    insert_at_start,
+    StatementEdit,
+    _StatementReplacer,
+    replace_statements,
+    guard_statement,
+    guard_statements,
+    branch_statements,
+    insert_at_end,
+    find_statement_index,
+    insert_before,
+)
+from patchkit.codemods.primitives.expressions import (  # noqa: F401
+    replace_expressions,
+    _strip_parens,
+    _isinstance_parts,
+    isinstance_class_names,
+    isinstance_tuple,
+    set_keyword_argument,
+    _TemplateFiller,
+    fill_template,
+    _TemplateRewriter,
+    rewrite_expressions,
+)
+from patchkit.codemods.primitives.imports import (  # noqa: F401
+    IMPORTS_KEY,
+    require_import,
+    add_needed_imports,
+    _IS_IMPORT,
+    _FUTURE,
+    _import_header,
+    _single_import,
+    _is_module_string,
+    add_imports,
+    _dotted,
+    _top_level_import_from,
+    imports_name,
+    add_import_sorted,
+)

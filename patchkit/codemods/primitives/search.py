@@ -1,0 +1,108 @@
+"""Searching a subtree: ``find_all`` (source order, without rebuilding nodes) and ``contains``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from typing import Iterator, Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+
+def contains(node: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
+    return bool(find_all(node, matcher))
+
+
+def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.BaseMatcherNode] = None) -> list[cst.CSTNode]:
+    """Nodes under ``node`` (itself included) matching ``matcher``, in source
+    order; only inside ``within`` nodes when given. Same result as libcst's
+    ``m.findall``, which rebuilds every node it visits and so costs about as
+    much as a parse; this walks the dataclass fields and only calls
+    ``m.matches`` on nodes of the matcher's type."""
+    if within is not None:
+        return [hit for outer in find_all(node, within) for hit in find_all(outer, matcher)]
+    wanted = getattr(cst, type(matcher).__name__, None)
+    nodes, by_type = _index(node)
+    if isinstance(wanted, type) and issubclass(wanted, cst.CSTNode):
+        candidates = by_type.get(wanted, ())
+    else:
+        candidates = nodes  # OneOf, MatchIfTrue, ...: test every node
+    return [n for n in candidates if m.matches(n, matcher)]
+
+
+# Codemods query the same method many times (detect, transform, postcondition):
+# remember the walk of the last few subtrees. CST nodes are immutable, so a
+# node's walk never changes; the cache holds the node itself, so its id stays valid.
+_INDEX: "OrderedDict[int, tuple]" = OrderedDict()
+
+
+def _index(node: cst.CSTNode) -> tuple[list[cst.CSTNode], dict[type, list[cst.CSTNode]]]:
+    hit = _INDEX.get(id(node))
+    if hit is not None and hit[0] is node:
+        _INDEX.move_to_end(id(node))
+        return hit[1], hit[2]
+    nodes = list(_walk(node))
+    by_type: dict[type, list[cst.CSTNode]] = {}
+    for n in nodes:
+        by_type.setdefault(type(n), []).append(n)
+    _INDEX[id(node)] = (node, nodes, by_type)
+    if len(_INDEX) > 256:
+        _INDEX.popitem(last=False)
+    return nodes, by_type
+
+
+class _ChildOrder(cst.CSTVisitor):
+    """Records the order in which libcst visits a node's direct children."""
+
+    def __init__(self, root: cst.CSTNode) -> None:
+        self.root, self.seen = root, {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if node is self.root:
+            return True
+        self.seen.setdefault(id(node), len(self.seen))
+        return False
+
+
+# (node type, fields holding nodes) -> those fields in libcst's visit order,
+# which is source order (dataclass field order is not, e.g. Arg, FunctionDef).
+_FIELD_ORDER: dict[tuple, tuple[str, ...]] = {}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    node_type = type(node)
+    names = _FIELD_NAMES.get(node_type)
+    if names is None:
+        names = _FIELD_NAMES[node_type] = tuple(f.name for f in dataclasses.fields(node))
+    fields = {}
+    for name in names:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            fields[name] = (value,)
+        elif value and isinstance(value, (list, tuple)):
+            items = [v for v in value if isinstance(v, cst.CSTNode)]
+            if items:
+                fields[name] = items
+    if len(fields) <= 1:
+        return [child for items in fields.values() for child in items]
+    key = (node_type, *fields)
+    order = _FIELD_ORDER.get(key)
+    if order is None:
+        recorder = _ChildOrder(node)
+        node.visit(recorder)
+        first = {name: recorder.seen.get(id(items[0]), len(recorder.seen)) for name, items in fields.items()}
+        order = _FIELD_ORDER[key] = tuple(sorted(first, key=first.__getitem__))
+    return [child for name in order for child in fields[name]]
+
+
+def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Pre-order walk over a CST in source order, without rebuilding it."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(_children(current)))

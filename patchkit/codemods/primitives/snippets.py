@@ -1,0 +1,39 @@
+"""Parsing code snippets into nodes, and the error a transform raises when its anchor is gone."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+
+Statement = cst.BaseStatement
+
+
+class AnchorError(Exception):
+    """An anchor a transform relies on is not there (detect should have said so)."""
+
+
+def parse_statements(source: str) -> list[Statement]:
+    """Parse a (possibly indented) snippet into top-level statements."""
+    return list(cst.parse_module(textwrap.dedent(source).strip("\n") + "\n").body)
+
+
+def parse_statement(source: str) -> Statement:
+    (stmt,) = parse_statements(source)
+    return stmt
+
+
+def parse_expression(source: str) -> cst.BaseExpression:
+    return cst.parse_expression(textwrap.dedent(source).strip())
+
+
+def parse_statements_with_comments(source: str) -> list[Statement]:
+    """Like ``parse_statements``, but comment lines above the first statement
+    stay with it (``parse_statements`` leaves them in the module header)."""
+    module = cst.parse_module(textwrap.dedent(source).strip("\n") + "\n")
+    body = list(module.body)
+    comments = [line for line in module.header if line.comment is not None]
+    if body and comments:
+        body[0] = body[0].with_changes(leading_lines=[*comments, *body[0].leading_lines])
+    return body
