@@ -136,8 +136,8 @@ class Session:
 
     def detect(self, rel: str, codemod: "CodemodRef") -> Finding:
         """``codemod`` (a class, or its ``module:Class`` reference) on the file
-        as it is on disk. A cached finding needs neither libcst nor the codemod
-        module: it was stored only after the raw-bytes pre-filter passed."""
+        as it is on disk. A cached finding (what detection gave for these very
+        bytes) needs neither libcst nor the codemod module."""
         data = self.read(rel)
         assert data is not None
         key = f"{registry.codemod_name(codemod)}|{sha256(data)}"
@@ -275,8 +275,7 @@ class Session:
         for rel, entry in parallel.prepare(self, need).items():
             digest = sha256(self.read(rel))
             for name, finding in entry.before.items():
-                if finding[0] != State.MISSING.value:  # pre-filter answers are not cached (see detect)
-                    self._cache.setdefault(f"{name}|{digest}", finding)
+                self._cache.setdefault(f"{name}|{digest}", finding)
             if entry.new is not None:
                 new_digest = sha256(entry.new)
                 for name, finding in (entry.after or {}).items():

@@ -1,0 +1,233 @@
+"""The shared transform cache and the parallel preparation of an apply: a warm
+apply (every target file seen before) gives the same bytes as a cold one and as
+the plain serial engine, without parsing anything; a corrupted, truncated or
+foreign cache entry, or two applies writing the cache at once, never give a
+wrong tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from drift import DRIFTS, drift
+from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
+from patchkit import engine, registry, transform_cache
+from patchkit.engine import locked_session
+from patchkit.fetch import copy_tree
+
+pytestmark = pytest.mark.trees
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def apply(tree: Path) -> None:
+    with locked_session(tree, lambda _: None) as session:
+        outcome = session.apply(list(registry.all_patches()))
+    assert outcome.changed
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(folder))
+    return folder
+
+
+def entries(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+@lru_cache(maxsize=None)
+def _reference(version: str, base: str) -> tuple:
+    """The plain engine's result: no cache, one process."""
+    env = {**os.environ, "PATCHKIT_CACHE_DIR": "off", "PATCHKIT_JOBS": "1"}
+    tree = copy_tree(version, Path(base) / f"ref-{version}")
+    proc = subprocess.run([sys.executable, "-m", "patchkit", "-q", "apply", str(tree)], env=env, capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return tuple(snapshot(tree).items())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    base = tmp_path_factory.mktemp("reference")
+    return lambda version: dict(_reference(version, str(base)))
+
+
+def no_parsing(monkeypatch) -> None:
+    def refuse(self, rel):
+        raise AssertionError(f"warm apply parsed {rel}")
+
+    monkeypatch.setattr(engine.Session, "module", refuse)
+
+
+@pytest.mark.parametrize("version", PRE_UPSTREAM)
+def test_cold_and_warm_apply_are_byte_identical(version, tmp_path, cache_dir, reference, monkeypatch):
+    cold = copy_tree(version, tmp_path / "cold")
+    apply(cold)
+    assert entries(cache_dir)
+    warm = copy_tree(version, tmp_path / "warm")
+    with monkeypatch.context() as patch:
+        no_parsing(patch)
+        apply(warm)
+    assert snapshot(cold) == snapshot(warm) == reference(version)
+    # The applied trees verify and revert exactly.
+    with locked_session(warm, lambda _: None) as session:
+        assert all(r.ok for r in session.reports())
+        session.revert([])
+    assert snapshot(warm) == snapshot(pristine(version))
+
+
+@pytest.mark.parametrize("name", sorted(DRIFTS))
+def test_cold_and_warm_apply_under_drift(name, tmp_path, cache_dir, monkeypatch):
+    pytest.importorskip("black")
+    files = sorted({f for p in registry.all_patches() for f in p.files})
+    trees = []
+    for label in ("serial", "cold", "warm"):
+        tree = copy_tree(PRIMARY, tmp_path / label)
+        drift(tree, files, name)
+        trees.append(tree)
+    serial, cold, warm = trees
+    with monkeypatch.context() as patch:
+        patch.setenv("PATCHKIT_CACHE_DIR", "off")
+        patch.setenv("PATCHKIT_JOBS", "1")
+        apply(serial)
+    apply(cold)
+    with monkeypatch.context() as patch:
+        no_parsing(patch)
+        apply(warm)
+    assert snapshot(cold) == snapshot(warm) == snapshot(serial)
+
+
+def damage(folder: Path, how: str) -> int:
+    count = 0
+    for path in entries(folder):
+        data = path.read_bytes()
+        header, _, payload = data.partition(b"\n")
+        if how == "truncate":
+            path.write_bytes(data[: len(data) // 2])
+        elif how == "flip" and payload:
+            path.write_bytes(header + b"\n" + payload[:-10] + b"# damaged\n")
+        elif how == "garbage":
+            path.write_bytes(b"\x00\xff not an entry")
+        elif how == "empty":
+            path.write_bytes(b"")
+        else:
+            continue
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip", "garbage", "empty"])
+def test_damaged_cache_entries_fall_back_to_a_cold_transform(how, tmp_path, cache_dir, reference):
+    apply(copy_tree(PRIMARY, tmp_path / "first"))
+    assert damage(cache_dir, how)
+    tree = copy_tree(PRIMARY, tmp_path / "second")
+    apply(tree)
+    assert snapshot(tree) == reference(PRIMARY)
+    # ... and the damaged entries were rewritten: the next apply is warm again.
+    assert all(transform_cache.TransformCache(cache_dir).get(p.name) is not None for p in entries(cache_dir))
+
+
+def forge(folder: Path) -> int:
+    """Replace every entry's patched bytes with wrong ones that still pass the
+    entry's own checks (length and sha256 recomputed): only the key tells."""
+    count = 0
+    cache = transform_cache.TransformCache(folder)
+    for path in entries(folder):
+        entry = cache.get(path.name)
+        if entry is not None and entry.new is not None:
+            entry.new = b"# forged\n" + entry.new
+            cache.put(path.name, entry)
+            count += 1
+    return count
+
+
+def test_another_patchkit_versions_cache_is_not_used(tmp_path, cache_dir, reference, monkeypatch):
+    monkeypatch.setattr("patchkit.__version__", "0.0.1-other")
+    transform_cache.fingerprint.cache_clear()
+    apply(copy_tree(PRIMARY, tmp_path / "other"))
+    assert forge(cache_dir)
+    # That version would trust its (forged) entries: the key is what protects.
+    fooled = copy_tree(PRIMARY, tmp_path / "fooled")
+    apply(fooled)
+    assert snapshot(fooled) != reference(PRIMARY)
+
+    monkeypatch.undo()
+    transform_cache.fingerprint.cache_clear()
+    tree = copy_tree(PRIMARY, tmp_path / "ours")
+    apply(tree)
+    assert snapshot(tree) == reference(PRIMARY)
+
+
+def test_edited_codemods_change_the_key(tmp_path, monkeypatch):
+    """A fingerprint, not only the version: a development checkout with edited
+    codemods never reads the entries of the code before the edit."""
+    transform_cache.fingerprint.cache_clear()
+    before = transform_cache.TransformCache.key("0" * 64, [["a.B"]])
+    real = Path.read_bytes
+
+    def edited(path):
+        data = real(path)
+        return data + b"\n# edited\n" if path.name == "needs_cpu_seq_lens_guards.py" else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    transform_cache.fingerprint.cache_clear()
+    try:
+        assert transform_cache.TransformCache.key("0" * 64, [["a.B"]]) != before
+    finally:
+        monkeypatch.undo()
+        transform_cache.fingerprint.cache_clear()
+
+
+def test_two_concurrent_applies_share_the_cache(tmp_path, cache_dir, reference):
+    trees = [copy_tree(PRIMARY, tmp_path / f"t{i}") for i in range(2)]
+    env = {**os.environ, "PATCHKIT_CACHE_DIR": str(cache_dir)}
+    procs = [subprocess.Popen([sys.executable, "-m", "patchkit", "-q", "apply", str(t)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for t in trees]
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err.decode()
+    for tree in trees:
+        assert snapshot(tree) == reference(PRIMARY)
+    assert not [p for p in cache_dir.rglob(".*") if p.is_file()], "temporary files left behind"
+    warm = copy_tree(PRIMARY, tmp_path / "warm")
+    apply(warm)
+    assert snapshot(warm) == reference(PRIMARY)
+
+
+def test_cache_off_and_read_only_cache(tmp_path, monkeypatch, reference):
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", "off")
+    tree = copy_tree(PRIMARY, tmp_path / "off")
+    apply(tree)
+    assert snapshot(tree) == reference(PRIMARY)
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(folder))
+    try:
+        tree = copy_tree(PRIMARY, tmp_path / "ro-tree")
+        apply(tree)  # a cache it cannot write only costs speed
+        assert snapshot(tree) == reference(PRIMARY)
+    finally:
+        folder.chmod(0o700)
+
+
+def test_status_and_verify_on_a_patched_tree_import_neither_libcst_nor_codemods(tmp_path, cache_dir):
+    tree = copy_tree(PRIMARY, tmp_path / "t")
+    apply(tree)
+    code = (
+        "import sys; from patchkit.cli import main\n"
+        "for args in (['-q', 'status', sys.argv[1]], ['-q', 'verify', sys.argv[1]]):\n"
+        "    try:\n        main(args)\n    except SystemExit as exc:\n        assert exc.code == 0, exc.code\n"
+        "bad = sorted(m for m in sys.modules if m == 'libcst' or m.startswith('patchkit.codemods.'))\n"
+        "print(json.dumps(bad))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", "import json\n" + code, str(tree)], capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert json.loads(proc.stdout.decode().strip().splitlines()[-1]) == []
