@@ -16,8 +16,10 @@ one transaction in the parent process.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from patchkit.findings import State
 from patchkit.state import sha256
@@ -79,6 +81,20 @@ def _work(rel: str, groups: Sequence[Sequence]) -> Optional[Entry]:
     return compute(_SESSION, rel, groups)
 
 
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic GC off while files are parsed and transformed: a parse makes
+    hundreds of thousands of CST nodes (freed by reference counting, no cycles),
+    and re-scanning them in full collections cost a fifth of an apply's time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def prepare(session: "Session", files: dict[str, list[list]]) -> dict[str, Entry]:
     """Entries for ``files`` (rel -> codemod refs grouped by patch): from the
     transform cache where it has them, else computed (in parallel when more
@@ -112,8 +128,9 @@ def prepare(session: "Session", files: dict[str, list[list]]) -> dict[str, Entry
         workers = 1  # a daemonic worker (e.g. of a multiprocessing.Pool) may not fork workers of its own
     results: dict[str, Optional[Entry]] = {}
     if workers <= 1:
-        for rel, groups, _ in todo:
-            results[rel] = compute(session, rel, groups)
+        with _no_gc():
+            for rel, groups, _ in todo:
+                results[rel] = compute(session, rel, groups)
     else:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -125,16 +142,22 @@ def prepare(session: "Session", files: dict[str, list[list]]) -> dict[str, Entry
         import libcst  # noqa: F401
 
         _SESSION = session
+        # What the parent holds stays out of every collection in the workers
+        # (no copy-on-write of its pages for the GC's bookkeeping).
+        gc.freeze()
         try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                     initializer=gc.disable) as pool:
                 futures = {rel: pool.submit(_work, rel, groups) for rel, groups, _ in todo}
                 for rel, future in futures.items():
                     try:
                         results[rel] = future.result()
                     except Exception:  # noqa: BLE001 - a dead worker: compute it here
-                        results[rel] = compute(session, rel, [g for r, g, _ in todo if r == rel][0])
+                        with _no_gc():
+                            results[rel] = compute(session, rel, [g for r, g, _ in todo if r == rel][0])
         finally:
             _SESSION = None
+            gc.unfreeze()
     for rel, groups, key in todo:
         entry = results.get(rel)
         if entry is None:

@@ -35,6 +35,7 @@ from patchkit.codemods.primitives.snippets import (  # noqa: F401
     parse_statements_with_comments,
 )
 from patchkit.codemods.primitives.search import (  # noqa: F401
+    paths_to,
     contains,
     find_all,
     _INDEX,

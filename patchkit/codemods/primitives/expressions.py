@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 import libcst as cst
 import libcst.matchers as m
 
+from patchkit.codemods.primitives.search import find_all, paths_to
 from patchkit.codemods.primitives.snippets import AnchorError, parse_expression, parse_statement
 
 
@@ -128,16 +129,17 @@ def fill_template(template: str, nodes: dict[str, cst.CSTNode]) -> cst.CSTNode:
 
 
 class _TemplateRewriter(cst.CSTTransformer):
-    def __init__(self, matcher, template, within, nodes) -> None:
+    def __init__(self, matcher, template, within, nodes, visit: set[int]) -> None:
         super().__init__()
         self.matcher, self.template, self.within, self.nodes = matcher, template, within, nodes
         self.inside = 0 if within is not None else 1
         self.count = 0
+        self.visit = visit  # only subtrees holding a match (see search.paths_to)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.within is not None and m.matches(node, self.within):
             self.inside += 1
-        return True
+        return id(node) in self.visit
 
     def on_leave(self, original, updated):
         result = updated
@@ -172,7 +174,7 @@ def rewrite_expressions(
     ``m.BinaryOperation(left=m.SaveMatchedNode(m.Attribute(...), "X"), operator=m.Add(), right=m.SaveMatchedNode(m.DoNotCare(), "N"))``
     and template ``"add_or_none(X, N)"``. Raises AnchorError when nothing matched.
     """
-    rewriter = _TemplateRewriter(matcher, template, within, nodes)
+    rewriter = _TemplateRewriter(matcher, template, within, nodes, paths_to(node, find_all(node, matcher)))
     result = node.visit(rewriter)
     if rewriter.count == 0:
         raise AnchorError(f"no expression matching {matcher!r}")

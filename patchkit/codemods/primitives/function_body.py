@@ -10,7 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.primitives.classes import _docstring_count
-from patchkit.codemods.primitives.search import find_all
+from patchkit.codemods.primitives.search import find_all, paths_to
 from patchkit.codemods.primitives.snippets import AnchorError, parse_expression, parse_statement, parse_statements, parse_statements_with_comments
 
 
@@ -26,11 +26,15 @@ StatementEdit = Callable[[cst.BaseStatement], Union[cst.BaseStatement, cst.Flatt
 
 
 class _StatementReplacer(cst.CSTTransformer):
-    def __init__(self, matcher: m.BaseMatcherNode, edit: StatementEdit) -> None:
+    def __init__(self, matcher: m.BaseMatcherNode, edit: StatementEdit, visit: set[int]) -> None:
         super().__init__()
         self.matcher = matcher
         self.edit = edit
         self.count = 0
+        self.visit = visit  # only subtrees holding a match (see search.paths_to)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return id(node) in self.visit
 
     def leave_SimpleStatementLine(self, original, updated):
         if m.matches(original, self.matcher):
@@ -47,7 +51,7 @@ class _StatementReplacer(cst.CSTTransformer):
 
 def replace_statements(node: cst.CSTNode, matcher: m.BaseMatcherNode, edit: StatementEdit) -> cst.CSTNode:
     """Replace every simple statement line (or ``if``) under ``node`` that matches."""
-    replacer = _StatementReplacer(matcher, edit)
+    replacer = _StatementReplacer(matcher, edit, paths_to(node, find_all(node, matcher)))
     result = node.visit(replacer)
     if replacer.count == 0:
         raise AnchorError(f"no statement matching {matcher!r}")

@@ -106,3 +106,25 @@ def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         current = stack.pop()
         yield current
         stack.extend(reversed(_children(current)))
+
+
+def paths_to(node: cst.CSTNode, hits: list[cst.CSTNode]) -> set[int]:
+    """ids of the nodes under ``node`` (itself included) that are ``hits`` or
+    contain one. A transformer that visits only these (``on_visit`` returns
+    False elsewhere) gives the same result as a full visit when only hits (or
+    their ancestors) can change: every other subtree is left as it is."""
+    targets = {id(h) for h in hits}
+    keep: set[int] = set()
+
+    def visit(current: cst.CSTNode) -> bool:
+        found = id(current) in targets
+        for child in _children(current):
+            if visit(child):
+                found = True
+        if found:
+            keep.add(id(current))
+        return found
+
+    if targets:
+        visit(node)
+    return keep
