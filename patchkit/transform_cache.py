@@ -7,7 +7,7 @@ file depends only on
 - the file's bytes (sha256),
 - the codemods, in order, grouped by patch (their names),
 - patchkit itself: its version and a fingerprint of the code that decides the
-  output (``patchkit/codemods``, ``patches/*.toml``, the installed libcst).
+  output (every ``patchkit/**/*.py``, ``patches/*.toml``, the installed libcst).
 
 One entry per key under ``$PATCHKIT_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/patchkit/transforms``, i.e. ``~/.cache/patchkit/transforms``;
@@ -70,10 +70,12 @@ def default_folder() -> Optional[Path]:
 @lru_cache(maxsize=1)
 def fingerprint() -> str:
     """patchkit's version plus a hash of everything that decides a transform's
-    output: the codemod modules, the patch definitions and libcst's version."""
+    output: patchkit's modules, the patch definitions and libcst's version."""
     digest = hashlib.sha256(f"format {FORMAT}\npatchkit {patchkit.__version__}\n".encode())
     here = Path(__file__).resolve().parent
-    sources = sorted((here / "codemods").rglob("*.py"))
+    # All of patchkit's code, not only the codemods: they use helpers from
+    # elsewhere (e.g. where patched code imports its runtime from). About 2 ms.
+    sources = sorted(here.rglob("*.py"))
     spec = importlib.util.find_spec("patchkit.patches")
     if spec is not None and spec.submodule_search_locations:
         for folder in spec.submodule_search_locations:
