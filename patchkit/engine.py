@@ -245,11 +245,11 @@ class Session:
         wanted = vendoring.runtime_files(self._applied_patches() + [patch], self.runtime_mode)
         reasons = [why for rel in mine if (why := vendoring.stale_reason(rel, self.read(rel), wanted[rel]))]
         if self.runtime_mode == "package":
-            from patchkit.runtime import RUNTIME_API
-
-            recorded = self.state.get("runtime_api", RUNTIME_API)
-            if recorded != RUNTIME_API:
-                reasons.append(f"patched against runtime API {recorded}; the installed patchkit runtime provides API {RUNTIME_API}")
+            installed = vendoring.installed_runtime_api()
+            recorded = self.state.get("runtime_api")
+            if installed != recorded:
+                reasons.append(f"patched against runtime API {recorded}; the installed patchkit runtime provides "
+                               + (f"API {installed}" if installed is not None else "none (not importable)"))
         return reasons
 
     def _applied_patches(self, ids: Optional[Iterable[str]] = None) -> list[Patch]:
@@ -535,9 +535,7 @@ def _copy_state(state: dict) -> dict:
 
 
 def _runtime_api() -> int:
-    from patchkit.runtime import RUNTIME_API
-
-    return RUNTIME_API
+    return vendoring.RUNTIME_API
 
 
 class locked_session:

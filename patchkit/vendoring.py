@@ -31,7 +31,6 @@ from typing import Iterable, Optional
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError
-from patchkit.runtime import RUNTIME_API
 
 MODES = ("vendored", "package")
 DEFAULT_MODE = "vendored"
@@ -44,6 +43,11 @@ MANIFEST_SCHEMA = "patchkit.manifest/1"
 _HEADER_END = "# --- end of patchkit header ---\n"
 _HASH_RE = re.compile(r"^# content sha256: ([0-9a-f]{64})$", re.M)
 _API_RE = re.compile(r"^RUNTIME_API = (\d+)$", re.M)
+
+# The runtime contract this patchkit writes, read from the runtime's source:
+# patchkit itself never imports its runtime (a process that checks patched
+# code with the runtime unimportable can still run patchkit).
+RUNTIME_API = int(_API_RE.search(resources.files("patchkit").joinpath("runtime/__init__.py").read_text()).group(1))
 
 
 def import_path(module: str) -> str:
@@ -242,3 +246,65 @@ def state_from_manifest(doc: dict) -> dict:
     applied = {pid: {"files": []} for pid in doc["patches"]}
     return {"format": 1, "applied": applied, "files": files, "runtime": doc["runtime"],
             "runtime_api": doc.get("runtime_api"), "patchkit": doc.get("patchkit", "?")}
+
+
+# --- does the tree stand on its own? ------------------------------------------------
+
+
+def installed_runtime_api() -> Optional[int]:
+    """RUNTIME_API of the patchkit runtime this interpreter imports (package
+    mode: what a patched tree served from this environment gets)."""
+    try:
+        from patchkit.runtime import RUNTIME_API as installed
+    except ImportError:
+        return None
+    return installed
+
+
+def patchkit_imports(package, rels: Iterable[str]) -> list[str]:
+    """``file:line`` of every import of ``patchkit`` in these files of the tree."""
+    import ast
+
+    found = []
+    for rel in rels:
+        try:
+            module = ast.parse((package / rel).read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(module):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(n == "patchkit" or n.startswith("patchkit.") for n in names):
+                found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def import_in_isolation(package, extra_path: Optional[str] = None) -> tuple[bool, str]:
+    """Import every module of the tree's runtime folder in a fresh interpreter
+    that has the standard library only (``-I -S``: no site-packages, so no
+    patchkit, libcst or click), plus ``extra_path`` if given. The rest of
+    sglang is not imported (it needs torch and a GPU stack): an empty
+    ``sglang`` package stands in for it. Returns (ok, the error's last line)."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(package) / FOLDER
+    modules = sorted(
+        IMPORT_ROOT + "." + p.relative_to(folder).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
+        for p in folder.rglob("*.py")
+    )
+    modules = [m.removesuffix("." + "__init__") for m in modules]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "sglang" / "srt").mkdir(parents=True)
+        (Path(tmp) / "sglang" / "__init__.py").write_text("")
+        (Path(tmp) / "sglang" / "srt" / "_patchkit").symlink_to(folder.resolve(), target_is_directory=True)
+        path = [tmp] + ([extra_path] if extra_path else [])
+        code = f"import sys; sys.path[:0] = {path!r}\n" + "".join(f"import {m}\n" for m in modules)
+        proc = subprocess.run([sys.executable, "-I", "-S", "-B", "-c", code], capture_output=True, text=True)
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return proc.returncode == 0, lines[-1] if lines else ""
