@@ -176,7 +176,7 @@ def test_alloc_goes_just_above_the_parent_call_and_imports_the_helper():
     ).replace(
         # After the module's last top-level import, never above the string.
         "import ForwardBatch, ForwardMode\n",
-        "import ForwardBatch, ForwardMode\nfrom patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask\n",
+        "import ForwardBatch, ForwardMode\nfrom sglang.srt._patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask\n",
     )
     assert out == expected
 
@@ -233,7 +233,7 @@ def test_verify_buffers_method_after_init_cuda_graph_state():
 """,
     ).replace(
         "import ForwardBatch, ForwardMode\n",
-        "import ForwardBatch, ForwardMode\nfrom patchkit.backends.trtllm_mla import verify_buffers_to_fill_after_draft\n",
+        "import ForwardBatch, ForwardMode\nfrom sglang.srt._patchkit.backends.trtllm_mla import verify_buffers_to_fill_after_draft\n",
     )
     assert out == expected
 
@@ -421,7 +421,7 @@ SPEC_MARKS = [
     "        self.cuda_graph_custom_mask = None\n",
     "        self.cuda_graph_custom_mask = alloc_cuda_graph_custom_mask(\n",
     "    def get_verify_buffers_to_fill_after_draft(self):\n",
-    "from patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask\n",
+    "from sglang.srt._patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask\n",
 ]
 SKIP_MARKS = [
     "    def init_forward_metadata(self, forward_batch: ForwardBatch):\n"
