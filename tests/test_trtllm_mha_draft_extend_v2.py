@@ -249,8 +249,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt._patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)
 
