@@ -240,6 +240,18 @@ def fetch(version: str) -> None:
     click.echo(fetch_tree(version))
 
 
+def _counts(outcome: Outcome, verb: str) -> str:
+    """'12 file(s) changed, 7 added': files patchkit created (its runtime
+    folder, the manifest) or removed are counted apart."""
+    kinds = [(old is None, new is None) for old, new in outcome.changed.values()]
+    text = f"{kinds.count((False, False))} file(s) {verb}"
+    if kinds.count((True, False)):
+        text += f", {kinds.count((True, False))} {'would be ' if verb.startswith('would') else ''}added"
+    if kinds.count((False, True)):
+        text += f", {kinds.count((False, True))} {'would be ' if verb.startswith('would') else ''}removed"
+    return text
+
+
 def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bool, check: bool, dry: bool,
             given: Optional[str] = None) -> None:
     for message in outcome.messages:
@@ -268,7 +280,7 @@ def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bo
         for pid, why in outcome.skipped:
             obj.say(f"cannot apply: {pid}: {why}")
         if outcome.changed:
-            obj.say(f"{len(outcome.done)} patch(es) would be applied, {len(outcome.changed)} file(s) would change")
+            obj.say(f"{len(outcome.done)} patch(es) would be applied, {_counts(outcome, 'would change')}")
         elif not outcome.skipped:
             obj.say("nothing to apply: every patch is applied, native or not applicable")
     else:
@@ -279,6 +291,6 @@ def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bo
             obj.say(f"{'would be ' if dry else ''}{past}: {pid}")
         for pid, why in outcome.skipped:
             obj.say(f"not {past}: {pid}: {why}")
-        obj.say(f"{len(outcome.changed)} file(s) {'would change' if dry else 'changed'}")
+        obj.say(_counts(outcome, "would change" if dry else "changed"))
     if outcome.skipped or (check and outcome.changed):
         sys.exit(EXIT_CHANGES)

@@ -34,6 +34,8 @@ from patchkit.tree import Tree, find_tree
 # code vendored for it is not what this patchkit writes (`apply` updates it).
 ABSENT, APPLIED, NATIVE, PARTIAL, NOT_APPLICABLE = "absent", "applied", "native", "partial", "not-applicable"
 STALE = "stale"
+LEGACY = ("patched by patchkit 0.1 (the patched code imports patchkit.runtime): run `patchkit revert`, "
+          "then `patchkit apply` to vendor the runtime into the tree")
 
 
 @dataclass
@@ -240,6 +242,8 @@ class Session:
         """Runtime files of ``patch`` that differ from what this patchkit writes."""
         if not patch.runtime:
             return []
+        if self._legacy():
+            return [LEGACY]
         mine = vendoring.runtime_files([patch], self.runtime_mode)
         # Shared files (package __init__s) carry every applied patch's name.
         wanted = vendoring.runtime_files(self._applied_patches() + [patch], self.runtime_mode)
@@ -251,6 +255,10 @@ class Session:
                 reasons.append(f"patched against runtime API {recorded}; the installed patchkit runtime provides "
                                + (f"API {installed}" if installed is not None else "none (not importable)"))
         return reasons
+
+    def _legacy(self) -> bool:
+        """Patched by patchkit 0.1, whose patched code imports patchkit.runtime."""
+        return bool(self.state["applied"]) and "runtime" not in self.state
 
     def _applied_patches(self, ids: Optional[Iterable[str]] = None) -> list[Patch]:
         ids = set(self.state["applied"] if ids is None else ids)
@@ -304,6 +312,8 @@ class Session:
         mode = runtime or self.runtime_mode
         if mode not in vendoring.MODES:
             raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
+        if self._legacy():
+            raise PatchkitError(f"{self.tree.package}: {LEGACY}")
         reports = {r.patch.id: r for r in self.reports(selected)}
         outcome = Outcome(list(reports.values()))
         usable = {pid for pid, r in reports.items() if r.state in (APPLIED, NATIVE)}

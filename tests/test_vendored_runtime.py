@@ -192,7 +192,7 @@ def test_clone_of_a_patched_fork_knows_what_was_applied(make_tree, cli, tmp_path
     scheduler.write_text(scheduler.read_text() + "# vendor note\n")
     result = cli("revert", clone)
     assert result.exit_code == 0, result.output
-    assert "19 file(s) changed" in result.output
+    assert "12 file(s) changed, 7 removed" in result.output
     assert _git(clone, "diff", "HEAD~1", "--stat").strip().endswith("1 file changed, 1 insertion(+)")
     assert not (clone / "python/sglang/srt/_patchkit").exists()
 
@@ -237,3 +237,17 @@ def test_runtime_wheel_installs_without_cli_dependencies(tmp_path):
     assert out.stdout.split() == [str(vendoring.RUNTIME_API), "None", "None"]
     metadata = next(site.glob("patchkit_runtime-*.dist-info")) / "METADATA"
     assert "Requires-Dist" not in metadata.read_text()
+
+
+def test_tree_patched_by_patchkit_0_1_is_told_how_to_upgrade(make_tree, cli):
+    tree = make_tree()
+    assert cli("apply", tree).exit_code == 0
+    state_file = tree / ".patchkit" / "state.json"
+    state = json.loads(state_file.read_text())
+    del state["runtime"]  # what patchkit 0.1 wrote: no runtime mode, code importing patchkit.runtime
+    state_file.write_text(json.dumps(state))
+    assert states(cli, tree)["needs-cpu-seq-lens"] == "stale"
+    result = cli("apply", tree)
+    assert result.exit_code == 2 and "run `patchkit revert`, then `patchkit apply`" in result.output
+    assert cli("revert", tree).exit_code == 0
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
