@@ -180,7 +180,8 @@ class Bench:
         with_env(warm, apply_in_process, patched)()  # also fills the warm cache
         self.patched = patched
         state = json.loads((patched / ".patchkit" / "state.json").read_text())
-        self.touched = sorted(state["files"])
+        # The files apply changed (not the runtime files it adds: nothing to parse there).
+        self.touched = sorted(rel for rel in state["files"] if (self.pristine / rel).is_file())
         sources = {rel: (self.pristine / rel).read_bytes() for rel in self.touched}
 
         def floor() -> None:
@@ -355,7 +356,8 @@ class Bench:
         lines = [
             f"patchkit bench: sglang {self.args.version}, {len(registry.all_patches())} patches, "
             f"{len(self.touched)} files touched, {self.runs} interleaved rounds (medians)",
-            f"python {sys.version.split()[0]}, libcst {_version('libcst')}, {os.cpu_count()} CPUs, "
+            f"python {sys.version.split()[0]}, libcst {_version('libcst')}, {os.cpu_count()} CPUs, patchkit bytecode "
+            f"precompiled (as installed), "
             f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
             "",
             "| measurement | wall | vs floor | CPU | vs floor | target |",
@@ -466,6 +468,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", help="also write the raw figures here")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
+    # An installed patchkit has bytecode (pip compiles it at install); a source
+    # checkout under PYTHONDONTWRITEBYTECODE=1 would recompile every module on
+    # every CLI start. Compile both trees measured, so both start as installed.
+    import compileall
+
+    for root in [ROOT] + ([Path(args.baseline)] if args.baseline else []):
+        compileall.compile_dir(str(root / "patchkit"), quiet=1)
     bench = Bench(args)
     try:
         bench.measure()
