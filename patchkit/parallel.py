@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from patchkit.findings import State
@@ -126,6 +127,8 @@ def prepare(session: "Session", files: dict[str, list[list]]) -> dict[str, Entry
     workers = min(jobs(), len(todo))
     if multiprocessing.current_process().daemon:
         workers = 1  # a daemonic worker (e.g. of a multiprocessing.Pool) may not fork workers of its own
+    if "fork" not in multiprocessing.get_all_start_methods() or sys.platform == "darwin":
+        workers = 1  # workers inherit the session by fork; macOS's system libraries are not fork-safe
     results: dict[str, Optional[Entry]] = {}
     if workers <= 1:
         with _no_gc():
