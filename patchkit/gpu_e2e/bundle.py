@@ -85,6 +85,7 @@ xarray xxhash yarl zipp
 #: same sglang modules import on CPU.
 COMMON_PINS = {
     "fastapi": "0.165.0",
+    "opentelemetry-api": "1.45.2",  # fastapi.telemetry imports it
     "starlette": "1.10.0",
     "pydantic": "2.13.4",
     "pydantic-core": "2.46.4",
