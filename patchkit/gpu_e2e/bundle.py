@@ -20,9 +20,11 @@ subprocess), then ``patchkit verify``; the bundle keeps only the difference.
 Wheels come from the registry (``pip download --no-deps`` for cp312 manylinux), are
 unpacked, and two are slimmed: ``sglang-kernel`` keeps its Python files, the sm90
 ``common_ops`` library and its metadata (the FA3, FlashMLA and sm100 libraries are
-not used by Triton attention on Hopper); ``flashinfer-python`` drops ``data/`` (JIT
-sources, only read when it compiles a kernel; with ``sampling_backend="pytorch"``
-none is built).
+not used by Triton attention on Hopper). ``flashinfer-python`` travels whole: with it
+importable, sgl_kernel's ``rmsnorm``/``fused_add_rmsnorm`` go through
+``flashinfer.norm``, which JIT-compiles its norm module (nvcc, from ``data/csrc``) at
+the first call on the GPU machine; nothing else of flashinfer is built with
+``sampling_backend="pytorch"`` and Triton attention.
 """
 
 from __future__ import annotations
@@ -223,8 +225,6 @@ def keep_member(dist: str, name: str) -> bool:
         if name.endswith(".py"):
             return True
         return name.startswith("sgl_kernel/sm90/") or name == "sgl_kernel/spatial_ops.abi3.so"
-    if d == "flashinfer-python":
-        return not name.startswith("flashinfer/data/")
     return True
 
 
