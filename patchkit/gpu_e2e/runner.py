@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--attention-backend", default="triton")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6)
     ap.add_argument("--models-dir", required=True)
