@@ -86,9 +86,10 @@ def status(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
         reports = session.reports(registry.select(ids) if ids else None)
     if fmt == "json":
         locator = output.Locator(session.tree, tree)
-        click.echo(output.status_json(session.tree, reports, locator, ok=all(r.ok for r in reports)))
+        click.echo(output.status_json(session.tree, reports, locator, ok=all(r.ok for r in reports),
+                                      runtime=session.runtime_info()))
     else:
-        click.echo(output.status_text(session.tree, reports, obj.verbose))
+        click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info()))
 
 
 @main.command(epilog=EXIT_CODES)
@@ -100,15 +101,20 @@ def status(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
               help="Write nothing; exit 1 if applying would change anything, listing the patches and files "
                    "(like black --check; add --diff for the diff).")
 @click.option("--diff", "show_diff", is_flag=True, help="Also print the unified diff of what is applied.")
+@click.option("--runtime", type=click.Choice(["vendored", "package"]), default=None,
+              help="Where patched code finds its runtime: vendored (default on a new tree) writes it into the "
+                   "tree as sglang/srt/_patchkit/, so the tree runs without patchkit; package forwards to the "
+                   "installed patchkit.runtime. Default: the mode the tree was patched with.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.pass_obj
 def apply(obj: Ctx, tree: str, ids: tuple[str, ...], skip: tuple[str, ...], dry_run: bool, check: bool,
-          show_diff: bool, fmt: str) -> None:
-    """Apply patches (all by default) to TREE. A patch pulls in those it requires."""
+          show_diff: bool, runtime: Optional[str], fmt: str) -> None:
+    """Apply patches (all by default) to TREE. A patch pulls in those it requires.
+    Also brings the tree's runtime folder up to date (a stale runtime is rewritten)."""
     selected = registry.select(ids, skip)
     write = not (dry_run or check)
     with locked_session(tree, obj.say, write=write) as session:
-        outcome = session.apply(selected, dry_run=not write)
+        outcome = session.apply(selected, dry_run=not write, runtime=runtime)
     _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write, tree)
 
 
@@ -141,7 +147,8 @@ def verify(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
     upstream). Exit 1 otherwise."""
     with locked_session(tree, obj.say, write=False) as session:
         reports = session.reports(registry.select(ids) if ids else None)
-    click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, tree), obj.verbose))
+    click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, tree), obj.verbose,
+                             session.runtime_info()))
     sys.exit(EXIT_OK if all(r.ok for r in reports) else EXIT_CHANGES)
 
 
@@ -233,6 +240,18 @@ def fetch(version: str) -> None:
     click.echo(fetch_tree(version))
 
 
+def _counts(outcome: Outcome, verb: str) -> str:
+    """'12 file(s) changed, 7 added': files patchkit created (its runtime
+    folder, the manifest) or removed are counted apart."""
+    kinds = [(old is None, new is None) for old, new in outcome.changed.values()]
+    text = f"{kinds.count((False, False))} file(s) {verb}"
+    if kinds.count((True, False)):
+        text += f", {kinds.count((True, False))} {'would be ' if verb.startswith('would') else ''}added"
+    if kinds.count((False, True)):
+        text += f", {kinds.count((False, True))} {'would be ' if verb.startswith('would') else ''}removed"
+    return text
+
+
 def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bool, check: bool, dry: bool,
             given: Optional[str] = None) -> None:
     for message in outcome.messages:
@@ -261,7 +280,7 @@ def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bo
         for pid, why in outcome.skipped:
             obj.say(f"cannot apply: {pid}: {why}")
         if outcome.changed:
-            obj.say(f"{len(outcome.done)} patch(es) would be applied, {len(outcome.changed)} file(s) would change")
+            obj.say(f"{len(outcome.done)} patch(es) would be applied, {_counts(outcome, 'would change')}")
         elif not outcome.skipped:
             obj.say("nothing to apply: every patch is applied, native or not applicable")
     else:
@@ -272,6 +291,6 @@ def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bo
             obj.say(f"{'would be ' if dry else ''}{past}: {pid}")
         for pid, why in outcome.skipped:
             obj.say(f"not {past}: {pid}: {why}")
-        obj.say(f"{len(outcome.changed)} file(s) {'would change' if dry else 'changed'}")
+        obj.say(_counts(outcome, "would change" if dry else "changed"))
     if outcome.skipped or (check and outcome.changed):
         sys.exit(EXIT_CHANGES)

@@ -22,7 +22,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 
 import patchkit
-from patchkit import registry
+from patchkit import originals, registry, vendoring
 from patchkit.codemods.base import Finding, PatchCodemod, State
 from patchkit.codemods.primitives import add_needed_imports
 from patchkit.errors import PatchkitError
@@ -30,8 +30,12 @@ from patchkit.registry import Patch
 from patchkit.state import Store, sha256
 from patchkit.tree import Tree, find_tree
 
-# Patch-level states, as `status` prints them.
+# Patch-level states, as `status` prints them. STALE: applied, but the runtime
+# code vendored for it is not what this patchkit writes (`apply` updates it).
 ABSENT, APPLIED, NATIVE, PARTIAL, NOT_APPLICABLE = "absent", "applied", "native", "partial", "not-applicable"
+STALE = "stale"
+LEGACY = ("patched by patchkit 0.1 (the patched code imports patchkit.runtime): run `patchkit revert`, "
+          "then `patchkit apply` to vendor the runtime into the tree")
 
 
 @dataclass
@@ -67,7 +71,8 @@ class Outcome:
     """What an apply or revert did (or, dry, would do)."""
 
     reports: list[PatchReport]
-    changed: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)  # file -> (old, new)
+    # file -> (old, new); None: the file does not exist (created / removed)
+    changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = field(default_factory=dict)
     done: list[str] = field(default_factory=list)  # patch ids applied/reverted now
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (patch id, why)
     messages: list[str] = field(default_factory=list)
@@ -76,13 +81,14 @@ class Outcome:
         return "".join(unified_diff(tree, rel, old, new) for rel, (old, new) in self.changed.items())
 
 
-def unified_diff(tree: Tree, rel: str, old: bytes, new: bytes) -> str:
+def unified_diff(tree: Tree, rel: str, old: Optional[bytes], new: Optional[bytes]) -> str:
+    """A unified diff; a side that is None (no such file) is /dev/null."""
     name = tree.repo_path(rel)
     lines = difflib.unified_diff(
-        old.decode("utf-8", "surrogateescape").splitlines(keepends=True),
-        new.decode("utf-8", "surrogateescape").splitlines(keepends=True),
-        f"a/{name}",
-        f"b/{name}",
+        (old or b"").decode("utf-8", "surrogateescape").splitlines(keepends=True),
+        (new or b"").decode("utf-8", "surrogateescape").splitlines(keepends=True),
+        f"a/{name}" if old is not None else "/dev/null",
+        f"b/{name}" if new is not None else "/dev/null",
     )
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
@@ -98,12 +104,53 @@ class Session:
         self._cache = self.store.load_cache(self._cache_key)
         self._cache_dirty = False
         self.state = self.store.load()
+        self.from_manifest = False
+        if not self.store.has_state():
+            self._load_manifest()
 
     @classmethod
     def open(cls, path: str | Path, say: Callable[[str], None] = lambda s: None) -> "Session":
         return cls(find_tree(path), say)
 
     # -- reading ---------------------------------------------------------------
+
+    def _load_manifest(self) -> None:
+        """A clone of a patched fork: no ``.patchkit`` state, but the tracked
+        manifest says what patchkit applied. Backups are recovered on demand."""
+        data = self.read(vendoring.MANIFEST)
+        if data is None:
+            return
+        doc = vendoring.read_manifest(data, str(self.tree.path(vendoring.MANIFEST)))
+        state = vendoring.state_from_manifest(doc)
+        for patch in registry.all_patches():
+            if patch.id in state["applied"]:
+                state["applied"][patch.id]["files"] = [f for f in patch.files if f in state["files"]]
+        self.state, self.from_manifest = state, True
+
+    def blob(self, digest: str, rel: str) -> bytes:
+        """Backed-up bytes of ``rel``; in a clone (no backups travel through
+        git) recovered from git history or the release, checked by sha256."""
+        if not self.store.has_blob(digest) and self.from_manifest:
+            data = originals.find(self.tree.path(rel), rel, digest, self.tree.version)
+            self.store.put_blob(data)
+            return data
+        return self.store.get_blob(digest)
+
+    @property
+    def runtime_mode(self) -> str:
+        return self.state.get("runtime", vendoring.DEFAULT_MODE)
+
+    def runtime_info(self) -> Optional[dict]:
+        """The runtime the applied patches use, for status and verify."""
+        if not self.state["applied"]:
+            return None
+        return {
+            "mode": self.runtime_mode,
+            "api": self.state.get("runtime_api"),
+            "patchkit": self.state.get("patchkit", "?"),
+            "folder": vendoring.FOLDER,
+            "recorded_in": vendoring.MANIFEST if self.from_manifest else ".patchkit/state.json",
+        }
 
     def read(self, rel: str) -> Optional[bytes]:
         if rel not in self._bytes:
@@ -185,7 +232,37 @@ class Session:
             report.reason = "still to do: " + ", ".join(f"{r.file}: {r.finding.anchor}" for r in todo)
         if applied_by_us and report.state != APPLIED:
             report.notes.append("recorded as applied by patchkit, but the tree no longer has all of it")
+        if report.state == APPLIED:
+            stale = self._stale_runtime(patch)
+            if stale:
+                report.state, report.reason = STALE, "; ".join(stale)
         return report
+
+    def _stale_runtime(self, patch: Patch) -> list[str]:
+        """Runtime files of ``patch`` that differ from what this patchkit writes."""
+        if not patch.runtime:
+            return []
+        if self._legacy():
+            return [LEGACY]
+        mine = vendoring.runtime_files([patch], self.runtime_mode)
+        # Shared files (package __init__s) carry every applied patch's name.
+        wanted = vendoring.runtime_files(self._applied_patches() + [patch], self.runtime_mode)
+        reasons = [why for rel in mine if (why := vendoring.stale_reason(rel, self.read(rel), wanted[rel]))]
+        if self.runtime_mode == "package":
+            installed = vendoring.installed_runtime_api()
+            recorded = self.state.get("runtime_api")
+            if installed != recorded:
+                reasons.append(f"patched against runtime API {recorded}; the installed patchkit runtime provides "
+                               + (f"API {installed}" if installed is not None else "none (not importable)"))
+        return reasons
+
+    def _legacy(self) -> bool:
+        """Patched by patchkit 0.1, whose patched code imports patchkit.runtime."""
+        return bool(self.state["applied"]) and "runtime" not in self.state
+
+    def _applied_patches(self, ids: Optional[Iterable[str]] = None) -> list[Patch]:
+        ids = set(self.state["applied"] if ids is None else ids)
+        return [p for p in registry.all_patches() if p.id in ids]
 
     def reports(self, patches: Optional[Iterable[Patch]] = None) -> list[PatchReport]:
         result = [self.report(p) for p in (registry.all_patches() if patches is None else patches)]
@@ -229,7 +306,14 @@ class Session:
 
     # -- apply -----------------------------------------------------------------
 
-    def apply(self, selected: list[Patch], dry_run: bool = False) -> Outcome:
+    def apply(self, selected: list[Patch], dry_run: bool = False, runtime: Optional[str] = None) -> Outcome:
+        """Apply ``selected``; ``runtime`` (vendored | package) switches the
+        runtime mode, default: the tree's mode, or vendored on a fresh tree."""
+        mode = runtime or self.runtime_mode
+        if mode not in vendoring.MODES:
+            raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
+        if self._legacy():
+            raise PatchkitError(f"{self.tree.package}: {LEGACY}")
         reports = {r.patch.id: r for r in self.reports(selected)}
         outcome = Outcome(list(reports.values()))
         usable = {pid for pid, r in reports.items() if r.state in (APPLIED, NATIVE)}
@@ -238,7 +322,7 @@ class Session:
         for patch in selected:
             report = reports[patch.id]
             blocked = [r for r in patch.requires if r not in usable and r not in {p.id for p in todo}]
-            if report.state in (APPLIED, NATIVE):
+            if report.state in (APPLIED, NATIVE, STALE):  # STALE: the runtime sync below repairs it
                 continue
             if report.state == NOT_APPLICABLE:
                 if not report.ok:
@@ -257,24 +341,84 @@ class Session:
             if new != old:
                 outcome.changed[rel] = (old, new)
         outcome.done = [p.id for p in todo]
-        if not dry_run and todo:
-            state = _copy_state(self.state)
-            for patch in todo:
-                state["applied"][patch.id] = {"files": [t.file for t in patch.targets if self.read(t.file) is not None]}
-            for rel, (old, new) in outcome.changed.items():
-                entry = state["files"].get(rel)
-                if entry is None:
-                    entry = state["files"][rel] = {"original": self.store.put_blob(old)}
-                elif sha256(old) != entry["patched"]:
-                    # Edited since an earlier apply: carry those edits onto the
-                    # backup too, or a later revert would silently drop them.
-                    entry["original"] = self.store.put_blob(self._original_with_user_edits(rel, old, entry))
-                entry["patched"] = self.store.put_blob(new)
-            self.store.commit(self.tree.package, {r: n for r, (o, n) in outcome.changed.items()},
-                              {r: sha256(o) for r, (o, n) in outcome.changed.items()}, state)
-            self.state = state
+        state = _copy_state(self.state)
+        keep = sha256 if dry_run else self.store.put_blob  # a dry run stores no backup
+        for patch in todo:
+            state["applied"][patch.id] = {"files": [t.file for t in patch.targets if self.read(t.file) is not None]}
+        for rel, (old, new) in outcome.changed.items():
+            entry = state["files"].get(rel)
+            if entry is None:
+                entry = state["files"][rel] = {"original": keep(old)}
+            elif sha256(old) != entry["patched"]:
+                # Edited since an earlier apply: carry those edits onto the
+                # backup too, or a later revert would silently drop them.
+                entry["original"] = keep(self._original_with_user_edits(rel, old, entry))
+            entry["patched"] = keep(new)
+        if state["applied"]:
+            if mode != self.runtime_mode and self.state["applied"]:
+                outcome.messages.append(f"runtime: {self.runtime_mode} -> {mode}")
+            state["runtime"], state["runtime_api"], state["patchkit"] = mode, _runtime_api(), patchkit.__version__
+            self._sync_runtime(state, self._applied_patches(state["applied"]), mode, outcome, force=True)
+        if not dry_run and outcome.changed:
+            self._commit(outcome, state)
         self.save_cache()
         return outcome
+
+    def _sync_runtime(self, state: dict, patches: list[Patch], mode: str, outcome: Outcome, force: bool) -> None:
+        """Plan the runtime folder and manifest for ``patches`` (those applied
+        once this command is done) into ``outcome.changed`` and ``state``.
+
+        A runtime file the user edited is replaced only with ``force`` (apply
+        repairs a stale runtime; a copy of the edited file is kept), else the
+        command stops, as for edits that overlap a patch."""
+        wanted = vendoring.runtime_files(patches, mode)
+        created = [rel for rel, e in state["files"].items() if e["original"] is None and rel != vendoring.MANIFEST]
+        folder = self.tree.path(vendoring.FOLDER)
+        if wanted and not created and folder.exists() and not self.from_manifest:
+            raise PatchkitError(
+                f"{folder}: exists and was not written by patchkit; refusing to vendor the runtime there "
+                "(nothing was changed)"
+            )
+        for rel in dict.fromkeys([*created, *wanted]):
+            current, target = self.read(rel), wanted.get(rel)
+            if target is not None and vendoring.stale_reason(rel, current, target) is None:
+                continue  # same code (perhaps written by another patchkit version): leave it
+            entry = state["files"].get(rel)
+            if current is not None and entry is not None and sha256(current) != entry["patched"]:
+                path = self.tree.path(rel)
+                if not force:
+                    raise PatchkitError(
+                        f"{path}: runtime file edited after apply; nothing was reverted "
+                        "(undo the edits, or pass --force to discard them)"
+                    )
+                kept = self.store.put_blob(current)
+                outcome.messages.append(f"{path}: was edited; replaced by patchkit's runtime (your copy: .patchkit/blobs/{kept})")
+            if current != target:
+                outcome.changed[rel] = (current, target)
+            if target is None:
+                state["files"].pop(rel, None)
+            else:
+                state["files"].setdefault(rel, {"original": None, "patched": None})
+                state["files"][rel]["patched"] = sha256(target)
+        manifest = None
+        if patches:
+            manifest = vendoring.manifest_bytes(mode, self.tree.version, [p.id for p in patches], state["files"])
+        current = self.read(vendoring.MANIFEST)
+        if manifest != current:
+            outcome.changed[vendoring.MANIFEST] = (current, manifest)
+        if manifest is None:
+            state["files"].pop(vendoring.MANIFEST, None)
+        else:
+            state["files"][vendoring.MANIFEST] = {"original": None, "patched": sha256(manifest)}
+
+    def _commit(self, outcome: Outcome, state: dict) -> None:
+        self.store.commit(
+            self.tree.package,
+            {rel: new for rel, (old, new) in outcome.changed.items()},
+            {rel: None if old is None else sha256(old) for rel, (old, new) in outcome.changed.items()},
+            state,
+        )
+        self.state, self.from_manifest = state, False
 
     def _check_writable(self, files: Iterable[str]) -> None:
         # Checked up front so a read-only file stops the whole run before any
@@ -312,7 +456,7 @@ class Session:
         for rel in files:
             entry = self.state["files"][rel]
             current = self.read(rel) or b""
-            original = self.store.get_blob(entry["original"])
+            original = self.blob(entry["original"], rel)
             still = self.codemods_for(rel, remaining)
             target = self.transform(rel, original, still) if still else original
             if sha256(current) != entry["patched"]:
@@ -325,16 +469,19 @@ class Session:
                 del state["files"][rel]
         for pid in chosen:
             del state["applied"][pid]
+        if chosen:
+            self._sync_runtime(state, remaining, self.runtime_mode, outcome, force=force)
+            if not state["applied"]:
+                for key in ("runtime", "runtime_api", "patchkit"):
+                    state.pop(key, None)
         outcome.done = sorted(chosen, key=lambda pid: [p.id for p in applied].index(pid))
         if not dry_run and chosen:
-            self.store.commit(self.tree.package, {r: n for r, (o, n) in outcome.changed.items()},
-                              {r: sha256(o) for r, (o, n) in outcome.changed.items()}, state)
-            self.state = state
+            self._commit(outcome, state)
         return outcome
 
     def _original_with_user_edits(self, rel: str, current: bytes, entry: dict) -> bytes:
-        original = self.store.get_blob(entry["original"])
-        merged, clean = three_way_merge(current, self.store.get_blob(entry["patched"]), original)
+        original = self.blob(entry["original"], rel)
+        merged, clean = three_way_merge(current, self.blob(entry["patched"], rel), original)
         if not clean:
             raise PatchkitError(
                 f"{self.tree.path(rel)}: edited after an earlier apply, overlapping patched code; "
@@ -346,7 +493,7 @@ class Session:
         """The file changed since patchkit wrote it: carry the user's edits onto
         the reverted text with a 3-way merge (base = what patchkit wrote)."""
         path = self.tree.path(rel)
-        patched = self.store.get_blob(entry["patched"])
+        patched = self.blob(entry["patched"], rel)
         merged, clean = three_way_merge(current, patched, target)
         if clean:
             outcome.messages.append(f"{path}: kept your edits made after apply (3-way merge)")
@@ -365,7 +512,8 @@ class Session:
     def diff_against_original(self) -> str:
         out = []
         for rel, entry in sorted(self.state["files"].items()):
-            out.append(unified_diff(self.tree, rel, self.store.get_blob(entry["original"]), self.read(rel) or b""))
+            original = None if entry["original"] is None else self.blob(entry["original"], rel)
+            out.append(unified_diff(self.tree, rel, original, self.read(rel)))
         return "".join(out)
 
 
@@ -394,6 +542,10 @@ def _parse(source: bytes, path: Path) -> cst.Module:
 
 def _copy_state(state: dict) -> dict:
     return copy.deepcopy(state)
+
+
+def _runtime_api() -> int:
+    return vendoring.RUNTIME_API
 
 
 class locked_session:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from patchkit import __version__, registry
+from patchkit import __version__, registry, vendoring
 from patchkit.engine import NATIVE, Session, unified_diff
 from patchkit.errors import PatchkitError
 from patchkit.registry import Patch
@@ -67,9 +67,10 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
         if all(p.id != pid for p in registry.all_patches()):
             series.notes.append(f"skipped {pid}: applied by patchkit but unknown to this version (not exported)")
 
-    files = state["files"]
+    # Files patchkit changed; the ones it created (runtime folder, manifest) follow below.
+    files = {rel: entry for rel, entry in state["files"].items() if entry["original"] is not None}
     # Current (cumulative) text of each touched file as the series goes.
-    current: dict[str, bytes] = {rel: session.store.get_blob(entry["original"]) for rel, entry in files.items()}
+    current: dict[str, Optional[bytes]] = {rel: session.blob(entry["original"], rel) for rel, entry in files.items()}
     originals = dict(current)
     last_touch: dict[str, int] = {}
     for k, patch in enumerate(applied):
@@ -81,7 +82,7 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
         diffs, paths = [], []
         for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files):
             if last_touch[rel] == k:
-                new = session.store.get_blob(files[rel]["patched"])
+                new = session.blob(files[rel]["patched"], rel)
                 computed = session.transform(rel, originals[rel], session.codemods_for(rel, applied[: k + 1]))
                 if computed != new:
                     series.notes.append(
@@ -94,8 +95,20 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
                 diffs.append(_git_diff(tree, rel, current[rel], new))
                 paths.append(tree.repo_path(rel))
                 current[rel] = new
+        # The runtime folder grows with the patches that need it; the manifest
+        # comes with the last patch, so a tree built by `git am` is one that
+        # patchkit recognises as patched.
+        created = vendoring.runtime_files(applied[: k + 1], session.runtime_mode)
+        if k == len(applied) - 1:
+            created = _as_written(session, created, series)
+        for rel in sorted(created.keys() | {r for r in current if r not in files}):
+            new = created.get(rel)
+            if new != current.get(rel):
+                diffs.append(_git_diff(tree, rel, current.get(rel), new))
+                paths.append(tree.repo_path(rel))
+                current[rel] = new
         series.patches.append(ExportedPatch(patch, 0, 0, paths, "".join(diffs)))
-    for rel in files:
+    for rel in current:
         on_disk = session.read(rel)
         if on_disk is not None and on_disk != current[rel]:
             series.notes.append(f"{tree.repo_path(rel)}: edited after apply; the series carries patchkit's change only")
@@ -113,6 +126,20 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
     return series
 
 
+def _as_written(session: Session, computed: dict[str, bytes], series: Series) -> dict[str, bytes]:
+    """The runtime files and manifest as patchkit wrote them into the tree."""
+    out = dict(computed)
+    for rel, entry in session.state["files"].items():
+        if entry["original"] is not None:
+            continue
+        on_disk = session.read(rel)
+        if on_disk is not None and hashlib.sha256(on_disk).hexdigest() == entry["patched"]:
+            out[rel] = on_disk
+        elif rel not in out:
+            series.notes.append(f"{session.tree.repo_path(rel)}: edited or missing since apply; not exported")
+    return out
+
+
 def _date(date: Optional[float]) -> str:
     if date is None:
         epoch = os.environ.get("SOURCE_DATE_EPOCH")
@@ -124,15 +151,20 @@ def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def _git_diff(tree, rel: str, old: bytes, new: bytes) -> str:
+def _git_diff(tree, rel: str, old: Optional[bytes], new: Optional[bytes]) -> str:
     """A git-style diff: full blob ids on the index line, so ``git am -3`` can
-    fall back to a 3-way merge on a fork that drifted."""
+    fall back to a 3-way merge on a fork that drifted. None: no such file
+    (a created or removed file)."""
     name = tree.repo_path(rel)
     body = unified_diff(tree, rel, old, new)
     try:
         mode = "100755" if os.stat(tree.path(rel)).st_mode & 0o111 else "100644"
     except OSError:
         mode = "100644"
+    if old is None:
+        return f"diff --git a/{name} b/{name}\nnew file mode {mode}\nindex {ZERO_SHA}..{git_blob_id(new)}\n{body}"
+    if new is None:
+        return f"diff --git a/{name} b/{name}\ndeleted file mode {mode}\nindex {git_blob_id(old)}..{ZERO_SHA}\n{body}"
     return f"diff --git a/{name} b/{name}\nindex {git_blob_id(old)}..{git_blob_id(new)} {mode}\n{body}"
 
 

@@ -40,14 +40,15 @@ def snapshot(package: Path) -> dict[str, str]:
 def run_release(version: str, workdir: Optional[str] = None) -> dict:
     """One row of the matrix (a JSON-able dict). Never raises: a failure at
     any step is recorded in ``error`` with the step's name."""
-    from patchkit import registry
+    from patchkit import registry, vendoring
     from patchkit.engine import locked_session
     from patchkit.errors import PatchkitError
     from patchkit.fetch import fetch_tree
 
     started = time.perf_counter()
     row: dict = {"release": version, "error": None, "patches": {}, "changed_files": [], "verify_ok": None,
-                 "idempotent": None, "revert_exact": None, "changed_after_revert": [], "seconds": None}
+                 "idempotent": None, "revert_exact": None, "changed_after_revert": [], "seconds": None,
+                 "standalone": None, "standalone_detail": ""}
     step = "fetch"
     messages: list[str] = []
     try:
@@ -71,6 +72,14 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
             with locked_session(tree, messages.append, write=False) as session:
                 after = session.reports(patches)
             row["verify_ok"] = all(r.ok for r in after)
+            step = "standalone"
+            # The patched tree imports without patchkit: nothing imports it, and
+            # the runtime folder imports with the standard library alone.
+            found = vendoring.patchkit_imports(tree, [rel for rel in session.state["files"] if rel.endswith(".py")])
+            ok, error = (vendoring.import_in_isolation(tree) if (tree / vendoring.FOLDER / "__init__.py").exists()
+                         else (True, ""))
+            row["standalone"] = not found and ok
+            row["standalone_detail"] = f"imports patchkit at {', '.join(found)}" if found else error
             for r in after:
                 files = [t.file for t in r.patch.targets if t.file in outcome.changed]
                 row["patches"][r.patch.id] = {
@@ -99,7 +108,8 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
         row["error"] = f"{step}: internal error: {last}"
     row["messages"] = messages
     row["seconds"] = round(time.perf_counter() - started, 2)
-    row["ok"] = bool(row["error"] is None and row["verify_ok"] and row["idempotent"] and row["revert_exact"])
+    row["ok"] = bool(row["error"] is None and row["verify_ok"] and row["idempotent"] and row["revert_exact"]
+                     and row["standalone"])
     return row
 
 
@@ -152,8 +162,9 @@ def to_markdown(doc: dict) -> str:
         return f"[{footnotes[text]}]"
 
     lines = [
-        "| release | " + " | ".join(f"`{pid}`" for pid in ids) + " | files | verify | idempotent | revert exact | s |",
-        "|---" * (len(ids) + 6) + "|",
+        "| release | " + " | ".join(f"`{pid}`" for pid in ids)
+        + " | files | verify | imports without patchkit | idempotent | revert exact | s |",
+        "|---" * (len(ids) + 7) + "|",
     ]
     for row in doc["releases"]:
         if row["error"]:
@@ -176,7 +187,7 @@ def to_markdown(doc: dict) -> str:
                 cells.append(cell + (" " + marks if marks else ""))
         verify = "-" if row["verify_ok"] is None else "OK" if row["verify_ok"] else "**FAILED**"
         lines.append(f"| {row['release']} | " + " | ".join(cells)
-                     + f" | {len(row['changed_files'])} | {verify} | {_yes(row['idempotent'])}"
+                     + f" | {len(row['changed_files'])} | {verify} | {_standalone(row, note)} | {_yes(row['idempotent'])}"
                      f" | {_yes(row['revert_exact'])} | {row['seconds']:.1f} |")
     if footnotes:
         lines.append("")
@@ -185,6 +196,13 @@ def to_markdown(doc: dict) -> str:
     lines.append(f"Cells: state after `patchkit apply` (files it changed). {len(doc['releases'])} releases, "
                  f"-j {doc['jobs']}, {doc['seconds']:.1f}s; overall: {'OK' if doc['ok'] else 'FAILED'}.")
     return "\n".join(lines) + "\n"
+
+
+def _standalone(row: dict, note: Callable[[str], str]) -> str:
+    cell = _yes(row.get("standalone"))
+    if row.get("standalone_detail"):
+        cell += " " + note(f"{row['release']}: {row['standalone_detail']}")
+    return cell
 
 
 def to_json(doc: dict) -> str:

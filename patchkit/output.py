@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from patchkit.codemods.base import State
-from patchkit.engine import NOT_APPLICABLE, CodemodResult, PatchReport
+from patchkit.engine import NOT_APPLICABLE, STALE, CodemodResult, PatchReport
 from patchkit.registry import Patch
 from patchkit.tree import Tree
 
@@ -148,7 +148,7 @@ def _resolve(body: list[ast.stmt], parts: list[str]) -> Optional[ast.AST]:
 
 def failures(report: PatchReport) -> list[CodemodResult]:
     """The checks that make a report not ok: missing anchors, changes to do."""
-    if report.ok:
+    if report.ok or report.state == STALE:  # stale: every change is there; its reason says what is not
         return []
     missing = [r for r in report.results if r.finding.state is State.MISSING]
     if missing:  # not applicable here: the rest is moot until the anchor is back
@@ -206,8 +206,22 @@ def status_json(tree: Tree, reports: list[PatchReport], locator: Optional[Locato
 # --- text ---------------------------------------------------------------------
 
 
-def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False) -> str:
+def runtime_line(runtime: Optional[dict]) -> Optional[str]:
+    """Where the applied patches' runtime code comes from (``Session.runtime_info``)."""
+    if not runtime:
+        return None
+    if runtime["mode"] == "vendored":
+        where = f"vendored in {runtime['folder']}/"
+    else:
+        where = "package: the installed patchkit.runtime, through forwarders in " + runtime["folder"] + "/"
+    return (f"  patched by patchkit {runtime['patchkit']}; runtime {where} (API {runtime['api']}); "
+            f"recorded in {runtime['recorded_in']}")
+
+
+def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, runtime: Optional[dict] = None) -> str:
     lines = [f"sglang {tree.version} at {tree.package} ({tree.layout} layout)"]
+    if runtime_line(runtime):
+        lines.append(runtime_line(runtime))
     width = max((len(r.patch.id) for r in reports), default=0)
     for r in reports:
         line = f"  {r.patch.id:<{width}}  {r.state}"
@@ -307,6 +321,9 @@ def status_github(tree: Tree, reports: list[PatchReport], locator: Locator) -> s
     for r in reports:
         title = f"patchkit: {r.patch.id}"
         bad = failures(r)
+        if r.state == STALE:
+            out.append(github_annotation("error", f"{r.patch.id}: stale runtime: {r.reason}; run `patchkit apply`",
+                                         title=title))
         if r.state == "absent" and bad:
             first = bad[0]
             files = sorted({locator.path(c.file) for c in bad})
@@ -329,16 +346,17 @@ def status_github(tree: Tree, reports: list[PatchReport], locator: Locator) -> s
     return "\n".join(out)
 
 
-def render(fmt: str, tree: Tree, reports: list[PatchReport], locator: Locator, verbose: bool = False) -> str:
+def render(fmt: str, tree: Tree, reports: list[PatchReport], locator: Locator, verbose: bool = False,
+           runtime: Optional[dict] = None) -> str:
     """verify's output in one of FORMATS."""
     failed = [r for r in reports if not r.ok]
     if fmt == "json":
-        return status_json(tree, reports, locator, ok=not failed)
+        return status_json(tree, reports, locator, ok=not failed, runtime=runtime)
     if fmt == "junit":
         return status_junit(tree, reports, locator)
     if fmt == "github":
         return status_github(tree, reports, locator)
-    text = status_text(tree, reports, verbose)
+    text = status_text(tree, reports, verbose, runtime)
     # Where a partial or not-applicable patch breaks (an absent one is simply
     # not applied: its status line says all there is to say).
     broken = [r for r in failed if r.state != "absent"]

@@ -35,6 +35,9 @@ class Patch:
     requires: tuple[str, ...]
     description: str
     targets: tuple[Target, ...] = field(default=())
+    # Runtime modules (under patchkit/, dotted: "runtime", "backends.trtllm_mha")
+    # the patched code imports; written into the tree by patchkit.vendoring.
+    runtime: tuple[str, ...] = ()
 
     @property
     def files(self) -> list[str]:
@@ -70,6 +73,7 @@ def _parse(text: str, source: str) -> Patch:
         requires=tuple(data.get("requires", [])),
         description=data.get("description", "").strip(),
         targets=targets,
+        runtime=tuple(data.get("runtime", [])),
     )
 
 

@@ -105,6 +105,9 @@ class Store:
             atomic_write(path, data)
         return digest
 
+    def has_blob(self, digest: str) -> bool:
+        return (self.blobs / digest).is_file()
+
     def get_blob(self, digest: str) -> bytes:
         path = self.blobs / digest
         try:
@@ -116,6 +119,9 @@ class Store:
         return data
 
     # -- state ---------------------------------------------------------------
+
+    def has_state(self) -> bool:
+        return (self.folder / "state.json").exists()
 
     def load(self) -> dict:
         path = self.folder / "state.json"
@@ -155,17 +161,20 @@ class Store:
     def journal(self) -> Path:
         return self.folder / "journal.json"
 
-    def commit(self, root: Path, writes: dict[str, bytes], before: dict[str, str], state: dict) -> None:
+    def commit(self, root: Path, writes: dict[str, Optional[bytes]], before: dict[str, Optional[str]],
+               state: dict) -> None:
         """Write files and the new state as one transaction.
 
-        writes: relpath -> new bytes; before: relpath -> sha256 expected on disk.
+        writes: relpath -> new bytes (None: remove the file); before: relpath ->
+        sha256 expected on disk (None: the file does not exist yet).
         """
         self.ensure_folder()
-        entries = [{"file": rel, "before": before[rel], "after": self.put_blob(data)} for rel, data in writes.items()]
+        entries = [{"file": rel, "before": before[rel], "after": None if data is None else self.put_blob(data)}
+                   for rel, data in writes.items()]
         atomic_write(self.journal, _dumps({"files": entries, "state": state}))
         crash_point("journal")
         for entry in entries:
-            atomic_write(root / entry["file"], writes[entry["file"]])
+            _write_or_remove(root, entry["file"], writes[entry["file"]])
             crash_point("file")
         self.save(state)
         crash_point("state")
@@ -191,7 +200,7 @@ class Store:
                     f"{path}: changed since an interrupted patchkit run; cannot finish its transaction "
                     f"({self.journal})"
                 )
-            atomic_write(path, self.get_blob(entry["after"]))
+            _write_or_remove(root, entry["file"], None if entry["after"] is None else self.get_blob(entry["after"]))
             finished += 1
         self.save(state)
         self.journal.unlink()
@@ -222,6 +231,31 @@ class Store:
             yield
         finally:
             os.close(fd)
+
+
+def _write_or_remove(root: Path, rel: str, data: Optional[bytes]) -> None:
+    """Write a file (creating its folders), or remove it and the folders it
+    leaves empty (with the bytecode Python cached there), up to ``root``."""
+    path = root / rel
+    if data is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    folder = path.parent
+    while folder != root and root in folder.parents:
+        cache = folder / "__pycache__"
+        others = [c for c in folder.iterdir() if c.name != "__pycache__"]
+        if not others and cache.is_dir() and all(f.suffix == ".pyc" for f in cache.iterdir()):
+            for f in cache.iterdir():
+                f.unlink()
+            cache.rmdir()
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else lives there
+            break
+        folder = folder.parent
 
 
 def _dumps(obj: object) -> bytes:

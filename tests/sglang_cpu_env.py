@@ -54,6 +54,7 @@ does for the other releases).
 
 from __future__ import annotations
 
+import contextlib
 import ast
 import importlib
 import importlib.abc
@@ -340,3 +341,40 @@ def import_sglang_tree(
     if got != package_dir:
         raise ImportError(f"imported sglang from {got}, expected {package_dir}")
     return sglang
+
+
+# --- patched trees run without patchkit ------------------------------------------------------
+
+#: What a patched tree must never need at run time (its runtime is vendored).
+PATCHKIT_RUNTIME = ("patchkit.runtime", "patchkit.backends")
+
+
+class _Unimportable(importlib.abc.MetaPathFinder):
+    """Makes the named packages (and their submodules) fail to import, as in
+    a serving environment where patchkit is not installed."""
+
+    def __init__(self, names: Iterable[str]):
+        self.names = tuple(names)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if any(fullname == n or fullname.startswith(n + ".") for n in self.names):
+            raise ModuleNotFoundError(f"No module named {fullname!r} (blocked: patched trees must not need it)",
+                                      name=fullname)
+        return None
+
+
+@contextlib.contextmanager
+def unimportable(names: Iterable[str] = PATCHKIT_RUNTIME):
+    """Within the block, importing ``names`` fails; modules already imported
+    are set aside (and put back afterwards), so nothing can reach them through
+    ``sys.modules`` either."""
+    blocker = _Unimportable(names)
+    hidden = {n: m for n, m in sys.modules.items() if any(n == b or n.startswith(b + ".") for b in blocker.names)}
+    for name in hidden:
+        del sys.modules[name]
+    sys.meta_path.insert(0, blocker)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(blocker)
+        sys.modules.update(hidden)

@@ -141,7 +141,7 @@ class Scheduler:
 
 def test_scheduler_decides_before_building_the_future_map():
     out = apply(sync.DecideInInitOverlap, SCHEDULER)
-    assert out.startswith("from patchkit.runtime import configure_needs_cpu_seq_lens\n")
+    assert out.startswith("from sglang.srt._patchkit.runtime import configure_needs_cpu_seq_lens\n")
     assert block(
         """
                     self.future_map = None
@@ -184,7 +184,7 @@ class EagleDraftInputV2Mixin:
 
 def test_decode_sync_is_gated_by_the_decision():
     out = apply(sync.GateDecodeSync, DECODE)
-    assert out.startswith("from patchkit.runtime import needs_cpu_seq_lens\n")
+    assert out.startswith("from sglang.srt._patchkit.runtime import needs_cpu_seq_lens\n")
     assert block(
         """
                 # FIXME(lsyin): make this sync optional
@@ -287,7 +287,7 @@ def test_filter_and_merge_batch():
     assert "        self.seq_lens_cpu = index_or_none(self.seq_lens_cpu, keep_indices)\n" in out
     assert "        self.seq_lens_sum = self.seq_lens.sum().item()\n" in out  # a sync, not a crash: left
     out = apply(guards.GuardMergeBatch, out)
-    assert out.startswith("from patchkit.runtime import add_or_none, cat_or_none, index_or_none\n")
+    assert out.startswith("from sglang.srt._patchkit.runtime import add_or_none, cat_or_none, index_or_none\n")
     assert "        self.seq_lens_cpu = cat_or_none(self.seq_lens_cpu, other.seq_lens_cpu)\n" in out
     assert "        self.seq_lens_sum = add_or_none(self.seq_lens_sum, other.seq_lens_sum)\n" in out
     assert "        self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])\n" in out
@@ -800,7 +800,7 @@ def test_helpers_do_not_collide_with_names_in_the_patched_modules(make_tree, cli
         imported = {
             alias.asname or alias.name
             for node in module.body
-            if isinstance(node, ast.ImportFrom) and node.module == "patchkit.runtime"
+            if isinstance(node, ast.ImportFrom) and node.module == "sglang.srt._patchkit.runtime"
             for alias in node.names
         }
         assert imported <= set(runtime.__all__), rel

@@ -249,8 +249,8 @@ from __future__ import annotations
 
 import torch
 
+from sglang.srt._patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q
 
 logger = logging.getLogger(__name__)
 
@@ -322,7 +322,7 @@ def test_mha_each_codemod_alone():
     before, after, again = run(dev2.ReplayDraftExtendV2Stride, MHA_PRE)
     assert (before, again) == (State.TODO, State.DONE)
     assert after.count("is_draft_extend(include_v2=True)") == 1  # only the replay branch
-    assert "from patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q\n" in after
+    assert "from sglang.srt._patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q\n" in after
 
 
 def test_mha_renamed_methods_0_5_13_pre_change_shape():
@@ -401,7 +401,7 @@ def test_mha_missing_anchors():
 
 
 def test_mha_helper_call_without_import_is_todo():
-    src = MHA_POST.replace("from patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q\n", "")
+    src = MHA_POST.replace("from sglang.srt._patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q\n", "")
     before, after, again = run(dev2.ReplayDraftExtendV2Stride, src)
     assert (before, again) == (State.TODO, State.DONE)
     assert after == code(MHA_POST)
@@ -613,7 +613,7 @@ def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
     assert mha.count("        elif forward_mode.is_draft_extend(include_v2=True):\n") == 2
     assert "forward_mode.is_draft_extend():" not in mha
     assert "fill_draft_extend_v2_cu_seqlens_q(metadata, spec_info, bs)" in mha
-    assert "from patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q\n" in mha
+    assert "from sglang.srt._patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q\n" in mha
     v1 = "                else:\n                    metadata.max_seq_len_q = 1\n\n                metadata.cu_seqlens_q[1:].copy_(\n"
     assert v1 + "                    torch.cumsum(" in mha  # V1 kept as it was, one level down, under else
     runner = (tree / RUNNER).read_text()

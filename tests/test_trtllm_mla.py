@@ -174,9 +174,10 @@ def test_alloc_goes_just_above_the_parent_call_and_imports_the_helper():
 
         super()""",
     ).replace(
-        # After the module's last top-level import, never above the string.
-        "import ForwardBatch, ForwardMode\n",
-        "import ForwardBatch, ForwardMode\nfrom patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask\n",
+        # In isort order among its sglang siblings (below the module string).
+        "from sglang.srt.model_executor.forward_batch_info import",
+        "from sglang.srt._patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask\n"
+        "from sglang.srt.model_executor.forward_batch_info import",
     )
     assert out == expected
 
@@ -232,8 +233,9 @@ def test_verify_buffers_method_after_init_cuda_graph_state():
         return verify_buffers_to_fill_after_draft(self.cuda_graph_custom_mask)
 """,
     ).replace(
-        "import ForwardBatch, ForwardMode\n",
-        "import ForwardBatch, ForwardMode\nfrom patchkit.backends.trtllm_mla import verify_buffers_to_fill_after_draft\n",
+        "from sglang.srt.model_executor.forward_batch_info import",
+        "from sglang.srt._patchkit.backends.trtllm_mla import verify_buffers_to_fill_after_draft\n"
+        "from sglang.srt.model_executor.forward_batch_info import",
     )
     assert out == expected
 
@@ -421,7 +423,7 @@ SPEC_MARKS = [
     "        self.cuda_graph_custom_mask = None\n",
     "        self.cuda_graph_custom_mask = alloc_cuda_graph_custom_mask(\n",
     "    def get_verify_buffers_to_fill_after_draft(self):\n",
-    "from patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask\n",
+    "from sglang.srt._patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask\n",
 ]
 SKIP_MARKS = [
     "    def init_forward_metadata(self, forward_batch: ForwardBatch):\n"

@@ -27,8 +27,9 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import ClassCodemod, Finding, State
+from patchkit.vendoring import import_path
 
-RUNTIME = "patchkit.runtime"
+RUNTIME = import_path("runtime")
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import AddMethodCodemod, ClassCodemod, Finding
+from patchkit.vendoring import import_path
 
-RUNTIME = "patchkit.runtime"
+RUNTIME = import_path("runtime")
 
 
 def _calls(name: str) -> m.Call:

@@ -35,6 +35,7 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import ClassCodemod, Finding, PatchCodemod
+from patchkit.vendoring import import_path
 
 _code = cst.Module(body=[]).code_for_node
 
@@ -139,7 +140,7 @@ class WhitelistTRTLLMHA(PatchCodemod):
 
 CAPTURE_METHODS = ("init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata")
 REPLAY_METHODS = ("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
-HELPER_MODULE = "patchkit.backends.trtllm_mha"
+HELPER_MODULE = import_path("backends.trtllm_mha")
 HELPER = "fill_draft_extend_v2_cu_seqlens_q"
 
 _IS_DRAFT_EXTEND = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend")))

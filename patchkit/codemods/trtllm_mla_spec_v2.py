@@ -28,13 +28,14 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import ClassCodemod, Finding
+from patchkit.vendoring import import_path
 
 BACKEND = "TRTLLMMLABackend"
 DRAFT_BACKEND = "TRTLLMMLAMultiStepDraftBackend"
 FLAG = "needs_cpu_seq_lens"
 MASK = "cuda_graph_custom_mask"
 GET_BUFFERS = "get_verify_buffers_to_fill_after_draft"
-HELPERS = "patchkit.backends.trtllm_mla"
+HELPERS = import_path("backends.trtllm_mla")
 
 SELF_MASK = m.Attribute(value=m.Name("self"), attr=m.Name(MASK))
 ASSIGNS_MASK = m.Assign(targets=[m.AssignTarget(target=SELF_MASK)]) | m.AnnAssign(target=SELF_MASK)

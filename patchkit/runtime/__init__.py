@@ -1,11 +1,14 @@
 """Run-time helpers imported by patched sglang code (scheduler / speculative side).
 
 Standard library only at import time (torch is imported lazily inside the
-functions that need it); never libcst or click. Patched code imports the names
-below from ``patchkit.runtime``.
+functions that need it); never libcst or click. Imports inside the runtime are
+relative: the same files are vendored into patched trees as
+``sglang.srt._patchkit.runtime`` (see patchkit.vendoring), and patched code
+imports the names below from there (or, in package mode, through a forwarder,
+from ``patchkit.runtime``).
 """
 
-from patchkit.runtime.seq_lens import (
+from .seq_lens import (
     add_or_none,
     cat_or_none,
     configure_needs_cpu_seq_lens,
@@ -24,7 +27,12 @@ from patchkit.runtime.seq_lens import (
     tree_mask_seq_lens_sum,
 )
 
+# The runtime contract: bumped whenever a name here changes incompatibly. A
+# tree records the API it was patched against; package mode checks it at import.
+RUNTIME_API = 1
+
 __all__ = [
+    "RUNTIME_API",
     "add_or_none",
     "cat_or_none",
     "configure_needs_cpu_seq_lens",

@@ -21,6 +21,7 @@ from sglang_cpu_env import (  # noqa: E402
     import_sglang_tree,
     install_import_stubs,
     install_torchvision_stand_in,
+    unimportable,
 )
 
 #: Packages without which no sglang module imports; tests skip when one is missing.
@@ -71,5 +72,21 @@ def load_sglang(cpu_env):
     modules (see ``import_sglang_tree``). ``sys.path`` is restored at session end.
     """
     saved = list(sys.path)
-    yield import_sglang_tree
+
+    def load(package_dir, **kwargs):
+        # Patched trees carry their runtime (vendored): they import without it.
+        with unimportable():
+            return import_sglang_tree(package_dir, **kwargs)
+
+    yield load
     sys.path[:] = saved
+
+
+@pytest.fixture(scope="module", autouse=True)
+def patchkit_runtime_unimportable():
+    """Every behaviour test module (its fixtures that import the patched tree
+    included: autouse comes first in its scope) runs as in a serving
+    environment without patchkit: ``patchkit.runtime`` / ``patchkit.backends``
+    cannot be imported (patchkit's CLI itself, used to apply, never imports them)."""
+    with unimportable():
+        yield

@@ -27,7 +27,6 @@ pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
 
-import patchkit.runtime as rt  # noqa: E402
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree  # noqa: E402
 
@@ -46,7 +45,16 @@ def sglang(tmp_path_factory, load_sglang):
 
 
 @pytest.fixture
-def decision():
+def rt(sglang):
+    """The runtime the patched tree imports: its own vendored copy."""
+    import sglang.srt._patchkit.runtime as runtime
+
+    assert runtime.__file__.startswith(str(Path(sglang.__file__).parent))
+    return runtime
+
+
+@pytest.fixture
+def decision(rt):
     """Set the process-wide decision; restored afterwards."""
     yield rt.set_needs_cpu_seq_lens
     rt.set_needs_cpu_seq_lens(True)
@@ -72,7 +80,7 @@ def backends_of(sglang, *classes):
     return [None if c is None else c.__new__(c) for c in classes]
 
 
-def test_decision_truth_table_with_real_backends_and_server_args(sglang):
+def test_decision_truth_table_with_real_backends_and_server_args(sglang, rt):
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, TritonMultiStepDraftBackend
     from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend
     from sglang.srt.server_args import ServerArgs
@@ -107,7 +115,7 @@ def test_worker_lists_its_backends(sglang):
     assert worker.spec_v2_attn_backends == (target, draft, extend, runner)
 
 
-def test_scheduler_overlap_init_takes_the_decision(sglang, decision, monkeypatch):
+def test_scheduler_overlap_init_takes_the_decision(sglang, rt, decision, monkeypatch):
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, TritonMultiStepDraftBackend
     from sglang.srt.managers import scheduler as scheduler_module
     from sglang.srt.managers.scheduler import Scheduler

@@ -279,7 +279,8 @@ _CHILD = r"""
 import importlib, json, sys
 from types import SimpleNamespace as NS
 sys.path.insert(0, sys.argv[1])
-from sglang_cpu_env import import_sglang_tree, install_import_stubs
+from sglang_cpu_env import import_sglang_tree, install_import_stubs, unimportable
+unimportable(("patchkit",)).__enter__()  # a serving environment: no patchkit at all
 install_import_stubs(sys.argv[3])
 import_sglang_tree(sys.argv[2])
 import torch
