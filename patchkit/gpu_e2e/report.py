@@ -70,12 +70,19 @@ def compare_batch(release: str, pristine: Mapping, patched: Mapping, size: str) 
 
 
 def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
+    """Rows per batch size; each also carries the sync sites new anywhere in the patched
+    process's whole life (start-up, CUDA-graph capture, warm-up and timed runs)."""
     rows = []
     pb = {x["batch_size"]: x for x in patched["batches"]}
+    whole_a = by_function(pristine.get("syncs_whole_run") or {})
+    whole_b = by_function(patched.get("syncs_whole_run") or {})
+    new_whole = sorted(set(whole_b) - set(whole_a))
     for batch in pristine["batches"]:
         other = pb.get(batch["batch_size"])
         if other is not None:
-            rows.append(compare_batch(release, batch, other, pristine["size"]))
+            row = compare_batch(release, batch, other, pristine["size"])
+            row["new_sites_whole_run"] = new_whole
+            rows.append(row)
     return rows
 
 
@@ -131,4 +138,7 @@ def verdict(rows: list[dict]) -> list[str]:
             problems.append(f"{tag}: patched has {_f(pb)} prepare_for_decode syncs/step (expected 0)")
         if r["new_sites"]:
             problems.append(f"{tag}: new sync sites in patched: {', '.join(r['new_sites'])}")
+        if r.get("new_sites_whole_run"):
+            problems.append(f"{tag}: new sync sites in the patched process's whole run: "
+                            f"{', '.join(r['new_sites_whole_run'])}")
     return problems
