@@ -46,6 +46,7 @@ CALL_PROBES = {
 }
 
 _lock = threading.Lock()
+_local = threading.local()
 _counts: Counter = Counter()
 _version = 0
 _written = -1
@@ -93,9 +94,17 @@ def _wrap_tensor_method(torch: Any, kind: str) -> None:
         return
 
     def counted(self, *args, **kwargs):
+        # A tensor subclass's __torch_function__ re-enters the (wrapped) method: count
+        # the outermost call only.
+        if getattr(_local, "inside", False):
+            return original(self, *args, **kwargs)
         if self.is_cuda:
             _bump(f"{kind}|{attribute(sys._getframe(1))}")
-        return original(self, *args, **kwargs)
+        _local.inside = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _local.inside = False
 
     counted.__pk_e2e_wrapped__ = True
     counted.__name__ = original.__name__
