@@ -372,9 +372,10 @@ class Session:
         repairs a stale runtime; a copy of the edited file is kept), else the
         command stops, as for edits that overlap a patch."""
         wanted = vendoring.runtime_files(patches, mode)
-        created = [rel for rel, e in state["files"].items() if e["original"] is None and rel != vendoring.MANIFEST]
+        ours = [rel for rel, e in state["files"].items() if e["original"] is None]  # runtime files, manifest
+        created = [rel for rel in ours if rel != vendoring.MANIFEST]
         folder = self.tree.path(vendoring.FOLDER)
-        if wanted and not created and folder.exists() and not self.from_manifest:
+        if not ours and folder.exists():
             raise PatchkitError(
                 f"{folder}: exists and was not written by patchkit; refusing to vendor the runtime there "
                 "(nothing was changed)"
@@ -511,7 +512,8 @@ class Session:
 
     def diff_against_original(self) -> str:
         out = []
-        for rel, entry in sorted(self.state["files"].items()):
+        # Changed files first, then the ones patchkit added (as apply lists them).
+        for rel, entry in sorted(self.state["files"].items(), key=lambda item: (item[1]["original"] is None, item[0])):
             original = None if entry["original"] is None else self.blob(entry["original"], rel)
             out.append(unified_diff(self.tree, rel, original, self.read(rel)))
         return "".join(out)

@@ -49,7 +49,7 @@ def test_markdown_and_json(doc):
     md = matrix.to_markdown(doc)
     lines = md.splitlines()
     ids = [p["id"] for p in doc["patches"]]
-    assert lines[0] == "| release | " + " | ".join(f"`{i}`" for i in ids) + " | files | verify | idempotent | revert exact | s |"
+    assert lines[0] == "| release | " + " | ".join(f"`{i}`" for i in ids) + " | files | verify | imports without patchkit | idempotent | revert exact | s |"
     row = next(ln for ln in lines if ln.startswith(f"| {PRIMARY} |"))
     assert "applied (1)" in row and "| OK | yes | yes |" in row
     assert next(ln for ln in lines if ln.startswith(f"| {NATIVE} |")).count("native") >= 1

@@ -251,3 +251,17 @@ def test_tree_patched_by_patchkit_0_1_is_told_how_to_upgrade(make_tree, cli):
     assert result.exit_code == 2 and "run `patchkit revert`, then `patchkit apply`" in result.output
     assert cli("revert", tree).exit_code == 0
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
+
+
+def test_revert_reports_an_edited_runtime_file_like_an_edited_patched_file(make_tree, cli):
+    tree = make_tree()
+    assert cli("apply", tree).exit_code == 0
+    (tree / SEQ_LENS).write_text((tree / SEQ_LENS).read_text() + "LOCAL_TWEAK = 1\n")
+    before = snapshot(tree)
+    result = cli("revert", tree)
+    assert result.exit_code == 2
+    assert "runtime file edited after apply; nothing was reverted" in result.output
+    assert snapshot(tree) == before
+    result = cli("revert", tree, "--force")
+    assert result.exit_code == 0 and "your copy: .patchkit/blobs/" in result.output
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
