@@ -250,3 +250,14 @@ def test_prepare_trees_checks_the_overlay(tmp_path):
     (tdir / "overlay.json").write_text(json.dumps({"b.py": "0" * 64}))
     with pytest.raises(SystemExit, match="b.py has sha256"):
         orchestrate.prepare_trees(bundle, "9.9", tmp_path / "work")
+
+
+def test_flashinfer_keeps_the_mirror_so_patched_keeps_the_sync():
+    kept = _variant("small", [_batch(1, {f"cpu|{PFD}:180": 1280, "item|sglang/srt/a.py:f:11": 5},
+                                     1280, 230.0, [[5, 6, 7]])])
+    (row,) = report.compare("0.5.12.post1", PRISTINE, kept)
+    assert row["prepare_per_step"] == (1.0, 1.0)
+    assert report.verdict([row], mirror_kept=True) == []
+    assert any("expected 0" in p for p in report.verdict([row]))
+    (row,) = report.compare("0.5.12.post1", PRISTINE, PATCHED)
+    assert any("expected 1" in p for p in report.verdict([row], mirror_kept=True))

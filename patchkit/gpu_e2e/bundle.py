@@ -366,6 +366,19 @@ def copy_runtime(dest: Path) -> list[str]:
     return copied
 
 
+def _git_head() -> Optional[str]:
+    """This checkout's commit (``+dirty`` when tracked files differ), or None."""
+    root = str(repo_root())
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
+
+
 def folder_size(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
@@ -380,7 +393,8 @@ def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
             shutil.rmtree(child) if child.is_dir() else child.unlink()
     dest.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    manifest: dict = {"releases": {}, "pins": pins, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    manifest: dict = {"releases": {}, "pins": pins, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      "patchkit_commit": _git_head()}
 
     (dest / "site").mkdir()
     for group, group_pins in pins.items():

@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     results_path = out / "results.json"
     engine_log = out / "engine.log"
     all_results: dict = {"device": _device(), "manifest_created": manifest.get("created"),
-                         "args": vars(args), "runs": {}, "rows": [], "problems": []}
+                         "patchkit_commit": manifest.get("patchkit_commit"),
+                         "args": vars(args), "runs": {}, "rows": [], "problems": [],
+                         "trees": {}}
 
     for release in releases:
         info = manifest["releases"][release]
@@ -92,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         if not site_rel.exists():
             unpack(bundle / "site" / f"{release}.tar.gz", site_rel)
         trees = prepare_trees(bundle, release, work / "trees")
+        all_results["trees"][release] = {
+            "runtime_mode": info["runtime_mode"],
+            "patched_files_sha256": json.loads((bundle / "trees" / release / "overlay.json").read_text()),
+        }
         for size in args.sizes.split(","):
             got = {}
             for variant in args.variants.split(","):
@@ -141,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             if "pristine" in got and "patched" in got:
                 rows = report.compare(release, got["pristine"], got["patched"])
                 all_results["rows"].extend(rows)
-                all_results["problems"].extend(report.verdict(rows))
+                all_results["problems"].extend(
+                    report.verdict(rows, mirror_kept=args.attention_backend != "triton"))
                 (out / "table.md").write_text(report.markdown(all_results["rows"]))
                 print(report.markdown(rows), flush=True)
             results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
