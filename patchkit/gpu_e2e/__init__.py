@@ -1,0 +1,14 @@
+"""End-to-end proof on a GPU: serve EAGLE3 spec v2 from a pristine and a patched sglang tree.
+
+Host side (no GPU): :mod:`.bundle` builds a folder of at most 64 MiB with what a bare
+GPU machine lacks (slimmed sglang-kernel and flashinfer, pinned cp312 wheels, the
+pristine tree and the files ``patchkit apply`` changed).
+
+GPU side: :mod:`.orchestrate` unpacks the bundle and runs :mod:`.runner` once per
+variant in a fresh process; :mod:`.syncs` (loaded through the bundle's
+``sitecustomize.py`` in every sglang process) counts host syncs on CUDA tensors by
+call site; :mod:`.report` compares the variants and prints the table.
+
+The GPU-side modules use the standard library (and torch/sglang where they run), and
+import each other relatively, so the bundle copies this folder as a standalone package.
+"""

@@ -1,0 +1,174 @@
+"""GPU side: unpack the bundle, run every (release, size, variant) in a fresh process, compare.
+
+    cd BUNDLE && PYTHONPATH=e2e python3 -m pk_gpu_e2e.orchestrate --out "$OUT"
+
+Writes (all under ``--out``, so they come back even when the call is cut short):
+``results.json`` (every run, rewritten after each), ``table.md`` and ``engine.log``
+(every engine's own output, one after the other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from . import report
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def unpack(tar_path: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(dest, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(dest)
+
+
+def prepare_trees(bundle: Path, release: str, work: Path) -> dict[str, Path]:
+    """``{"pristine": parent_dir, "patched": parent_dir}`` (each holds ``sglang/``)."""
+    tdir = bundle / "trees" / release
+    pristine = work / release / "pristine"
+    patched = work / release / "patched"
+    for d in (pristine, patched):
+        if d.exists():
+            shutil.rmtree(d)
+    unpack(tdir / "pristine.tar.gz", pristine)
+    shutil.copytree(pristine, patched)
+    unpack(tdir / "overlay.tar.gz", patched)
+    expected = json.loads((tdir / "overlay.json").read_text())
+    for rel, sha in expected.items():
+        got = hashlib.sha256((patched / "sglang" / rel).read_bytes()).hexdigest()
+        if got != sha:
+            raise SystemExit(f"{release}: patched {rel} has sha256 {got}, expected {sha}")
+    log(f"{release}: pristine and patched trees ready ({len(expected)} patched file(s) checked)")
+    return {"pristine": pristine, "patched": patched}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bundle", default=".")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap.add_argument("--work", default="/tmp/pk_gpu_e2e")
+    ap.add_argument("--releases", default=None, help="comma list (default: all in the bundle)")
+    ap.add_argument("--sizes", default="small,8b")
+    ap.add_argument("--variants", default="pristine,patched")
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--attention-backend", default="triton")
+    ap.add_argument("--run-timeout", type=int, default=420)
+    args = ap.parse_args(argv)
+
+    bundle = Path(args.bundle).resolve()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    releases = args.releases.split(",") if args.releases else sorted(manifest["releases"], reverse=True)
+
+    t0 = time.perf_counter()
+    site_common = work / "site" / "common"
+    if not site_common.exists():
+        unpack(bundle / "site" / "common.tar.gz", site_common)
+    log(f"site unpacked in {time.perf_counter() - t0:.0f} s")
+
+    results_path = out / "results.json"
+    engine_log = out / "engine.log"
+    all_results: dict = {"device": _device(), "manifest_created": manifest.get("created"),
+                         "patchkit_commit": manifest.get("patchkit_commit"),
+                         "args": vars(args), "runs": {}, "rows": [], "problems": [],
+                         "trees": {}}
+
+    for release in releases:
+        info = manifest["releases"][release]
+        site_rel = work / "site" / release
+        if not site_rel.exists():
+            unpack(bundle / "site" / f"{release}.tar.gz", site_rel)
+        trees = prepare_trees(bundle, release, work / "trees")
+        all_results["trees"][release] = {
+            "runtime_mode": info["runtime_mode"],
+            "patched_files_sha256": json.loads((bundle / "trees" / release / "overlay.json").read_text()),
+        }
+        for size in args.sizes.split(","):
+            got = {}
+            for variant in args.variants.split(","):
+                key = f"{release}/{size}/{args.attention_backend}/{variant}"
+                sync_dir = work / "syncs" / key.replace("/", "_")
+                if sync_dir.exists():
+                    shutil.rmtree(sync_dir)
+                res_file = work / "results" / (key.replace("/", "_") + ".json")
+                res_file.parent.mkdir(parents=True, exist_ok=True)
+                if res_file.exists():
+                    res_file.unlink()
+                path = [str(trees[variant]), str(site_rel), str(site_common), str(bundle / "e2e")]
+                if variant == "patched" and info["runtime_mode"] == "package":
+                    path.insert(1, str(bundle / "runtime"))
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1",
+                           PK_E2E_SYNC_DIR=str(sync_dir), SGLANG_ENABLE_SPEC_V2="1",
+                           HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+                cmd = [sys.executable, "-m", "pk_gpu_e2e.runner", "--tree-parent", str(trees[variant]),
+                       "--variant", variant, "--size", size, "--batch-sizes", args.batch_sizes,
+                       "--max-new-tokens", str(args.max_new_tokens), "--runs", str(args.runs),
+                       "--attention-backend", args.attention_backend,
+                       "--models-dir", str(work / "models"), "--out", str(res_file)]
+                log(f"start {key}")
+                t = time.perf_counter()
+                with open(engine_log, "a") as fh:
+                    fh.write(f"\n===== {key} =====\n")
+                    fh.flush()
+                    try:
+                        proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                              timeout=args.run_timeout, start_new_session=False)
+                        rc = proc.returncode
+                    except subprocess.TimeoutExpired:
+                        rc = "timeout"
+                log(f"end {key}: rc={rc} in {time.perf_counter() - t:.0f} s")
+                if res_file.exists():
+                    res = json.loads(res_file.read_text())
+                    res["rc"] = rc
+                    all_results["runs"][key] = res
+                    for b in res.get("batches", []):
+                        log(f"  bs={b['batch_size']}: {b['tok_per_s']:.1f} tok/s, accept "
+                            f"{b['accept_length']}, steps {b['decode_steps']}, syncs {b['syncs']}")
+                    if rc == 0 and res.get("batches"):
+                        got[variant] = res
+                else:
+                    all_results["runs"][key] = {"rc": rc}
+                results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
+            if "pristine" in got and "patched" in got:
+                rows = report.compare(release, got["pristine"], got["patched"])
+                all_results["rows"].extend(rows)
+                all_results["problems"].extend(
+                    report.verdict(rows, mirror_kept=args.attention_backend != "triton"))
+                (out / "table.md").write_text(report.markdown(all_results["rows"]))
+                print(report.markdown(rows), flush=True)
+            results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
+
+    print("\n" + report.markdown(all_results["rows"]))
+    print("device:", all_results["device"])
+    for p in all_results["problems"]:
+        print("PROBLEM:", p)
+    print("verdict:", "OK" if not all_results["problems"] and all_results["rows"] else "NOT OK")
+    return 0 if all_results["rows"] and not all_results["problems"] else 1
+
+
+def _device() -> str:
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        return q.stdout.strip() or q.stderr.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unknown ({exc})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

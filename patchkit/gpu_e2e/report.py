@@ -1,0 +1,150 @@
+"""Compare a pristine and a patched run: outputs, sync sites, speed; print the table."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from .syncs import site_function, split_key
+
+PREPARE_FOR_DECODE = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
+
+
+def by_function(table: Mapping[str, int]) -> dict[str, int]:
+    """``{"cpu|path:func:line": n}`` -> ``{"cpu path:func": n}`` (lines move when patched)."""
+    out: dict[str, int] = {}
+    for key, n in table.items():
+        kind, site = split_key(key)
+        name = f"{kind} {site_function(site)}"
+        out[name] = out.get(name, 0) + int(n)
+    return out
+
+
+def prepare_syncs(table: Mapping[str, int]) -> int:
+    return sum(n for name, n in by_function(table).items()
+               if name.split(" ", 1)[1] == PREPARE_FOR_DECODE)
+
+
+def per_step(n: int, steps: int) -> Optional[float]:
+    return (n / steps) if steps else None
+
+
+def first_mismatch(a: list, b: list) -> Optional[str]:
+    """Where two lists of per-request output ids first differ (None when identical)."""
+    if len(a) != len(b):
+        return f"{len(a)} vs {len(b)} requests"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x == y:
+            continue
+        for j, (p, q) in enumerate(zip(x, y)):
+            if p != q:
+                return f"request {i}, token {j}: {p} vs {q}"
+        return f"request {i}: {len(x)} vs {len(y)} tokens"
+    return None
+
+
+def compare_batch(release: str, pristine: Mapping, patched: Mapping, size: str) -> dict:
+    """One table row from the same batch size of both variants."""
+    a, b = pristine, patched
+    fa, fb = by_function(a["syncs"]), by_function(b["syncs"])
+    other_a = {k: v for k, v in fa.items() if k.split(" ", 1)[1] != PREPARE_FOR_DECODE}
+    other_b = {k: v for k, v in fb.items() if k.split(" ", 1)[1] != PREPARE_FOR_DECODE}
+    new_sites = sorted(set(fb) - set(fa))
+    mismatch = first_mismatch(a["output_ids"], b["output_ids"])
+    return {
+        "release": release,
+        "size": size,
+        "batch_size": a["batch_size"],
+        "prepare_per_step": (per_step(prepare_syncs(a["syncs"]), a["decode_steps"]),
+                             per_step(prepare_syncs(b["syncs"]), b["decode_steps"])),
+        "decode_steps": (a["decode_steps"], b["decode_steps"]),
+        "other_sites": (other_a, other_b),
+        "new_sites": new_sites,
+        "tok_per_s": (a["tok_per_s"], b["tok_per_s"]),
+        "ratio": b["tok_per_s"] / a["tok_per_s"],
+        "ms_per_token": (a["ms_per_token"], b["ms_per_token"]),
+        "accept_length": (a["accept_length"], b["accept_length"]),
+        "identical": mismatch is None,
+        "mismatch": mismatch,
+        "deterministic": (a["deterministic"], b["deterministic"]),
+    }
+
+
+def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
+    """Rows per batch size; each also carries the sync sites new anywhere in the patched
+    process's whole life (start-up, CUDA-graph capture, warm-up and timed runs)."""
+    rows = []
+    pb = {x["batch_size"]: x for x in patched["batches"]}
+    whole_a = by_function(pristine.get("syncs_whole_run") or {})
+    whole_b = by_function(patched.get("syncs_whole_run") or {})
+    new_whole = sorted(set(whole_b) - set(whole_a))
+    for batch in pristine["batches"]:
+        other = pb.get(batch["batch_size"])
+        if other is not None:
+            row = compare_batch(release, batch, other, pristine["size"])
+            row["new_sites_whole_run"] = new_whole
+            rows.append(row)
+    return rows
+
+
+def _f(x, fmt="{:.2f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _sites(table: Mapping[str, int], steps: int) -> str:
+    if not table:
+        return "none"
+    parts = [f"{name} {_f(per_step(n, steps))}/step" for name, n in sorted(table.items())]
+    return "; ".join(parts)
+
+
+HEADER = ("| release | model | bs | `prepare_for_decode` syncs/step before → after "
+          "| other sync sites before → after (per step) | new sync sites | tok/s before → after "
+          "| ratio | ms/token before → after | accept length before / after | identical outputs |")
+RULE = "|---|---|---:|---|---|---|---|---:|---|---|---|"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [HEADER, RULE]
+    for r in rows:
+        (pa, pb), (sa, sb) = r["prepare_per_step"], r["decode_steps"]
+        oa, ob = r["other_sites"]
+        other = ("same" if oa == ob else f"{_sites(oa, sa)} → {_sites(ob, sb)}") if (oa or ob) else "none"
+        if oa == ob and oa:
+            other = f"{_sites(oa, sa)} (both)"
+        lines.append(
+            f"| {r['release']} | {r['size']} | {r['batch_size']} | {_f(pa)} → {_f(pb)} "
+            f"| {other} | {', '.join(r['new_sites']) or 'none'} "
+            f"| {_f(r['tok_per_s'][0], '{:.1f}')} → {_f(r['tok_per_s'][1], '{:.1f}')} "
+            f"| {_f(r['ratio'], '{:.3f}')} "
+            f"| {_f(r['ms_per_token'][0])} → {_f(r['ms_per_token'][1])} "
+            f"| {_f(r['accept_length'][0])} / {_f(r['accept_length'][1])} "
+            f"| {'yes' if r['identical'] else 'NO (' + str(r['mismatch']) + ')'} |")
+    return "\n".join(lines) + "\n"
+
+
+def verdict(rows: list[dict], mirror_kept: bool = False) -> list[str]:
+    """Problems the issue's acceptance rules would flag (empty: all good).
+
+    ``mirror_kept``: the attention backend reads the CPU seq_lens mirror (FlashInfer),
+    so the patched tree must keep the sync: 1 per step, like pristine.
+    """
+    problems = []
+    expected_after = 1.0 if mirror_kept else 0.0
+    for r in rows:
+        tag = f"{r['release']} {r['size']} bs={r['batch_size']}"
+        pa, pb = r["prepare_per_step"]
+        if not r["identical"]:
+            problems.append(f"{tag}: outputs differ ({r['mismatch']})")
+        if not all(r["deterministic"]):
+            problems.append(f"{tag}: a variant is not deterministic across its own runs")
+        if pa is None or pa < 0.99:
+            problems.append(f"{tag}: pristine has {_f(pa)} prepare_for_decode syncs/step (expected 1)")
+        if pb is None or abs(pb - expected_after) > (0.01 if mirror_kept else 0):
+            problems.append(f"{tag}: patched has {_f(pb)} prepare_for_decode syncs/step "
+                            f"(expected {expected_after:.0f})")
+        if r["new_sites"]:
+            problems.append(f"{tag}: new sync sites in patched: {', '.join(r['new_sites'])}")
+        if r.get("new_sites_whole_run"):
+            problems.append(f"{tag}: new sync sites in the patched process's whole run: "
+                            f"{', '.join(r['new_sites_whole_run'])}")
+    return problems

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Prove patchkit on a GPU: patched sglang serves EAGLE3 spec v2 like pristine, minus the sync.
+
+    python scripts/gpu_e2e.py bundle --out DIR [--release 0.5.12.post1 ...]   # here, no GPU
+    cd DIR && PYTHONPATH=e2e python3 -m pk_gpu_e2e.orchestrate --out OUT      # on the GPU
+
+See README.md, "Measured on a GPU".
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from patchkit.gpu_e2e import bundle  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bundle", help="build the bundle folder (downloads from the registry)")
+    b.add_argument("--out", required=True, type=Path)
+    b.add_argument("--release", action="append", choices=bundle.RELEASES,
+                   help="release(s) to carry (default: 0.5.12.post1)")
+    b.add_argument("--limit-mib", type=float, default=64)
+    r = sub.add_parser("run", help="run on this (GPU) machine from a built bundle")
+    r.add_argument("--bundle", required=True, type=Path)
+    r.add_argument("rest", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+    if args.cmd == "bundle":
+        bundle.build(args.out, args.release or ["0.5.12.post1"],
+                     limit=int(args.limit_mib * bundle.MIB))
+        return 0
+    sys.path.insert(0, str(args.bundle.resolve() / "e2e"))
+    from pk_gpu_e2e import orchestrate
+
+    return orchestrate.main(["--bundle", str(args.bundle), *args.rest])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
