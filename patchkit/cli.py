@@ -111,10 +111,12 @@ def apply(obj: Ctx, tree: str, ids: tuple[str, ...], skip: tuple[str, ...], dry_
           show_diff: bool, runtime: Optional[str], fmt: str) -> None:
     """Apply patches (all by default) to TREE. A patch pulls in those it requires.
     Also brings the tree's runtime folder up to date (a stale runtime is rewritten)."""
+    from patchkit.apply import apply_patches
+
     selected = registry.select(ids, skip)
     write = not (dry_run or check)
     with locked_session(tree, obj.say, write=write) as session:
-        outcome = session.apply(selected, dry_run=not write, runtime=runtime)
+        outcome = apply_patches(session, selected, dry_run=not write, runtime=runtime)
     _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write, tree)
 
 
@@ -129,8 +131,10 @@ def apply(obj: Ctx, tree: str, ids: tuple[str, ...], skip: tuple[str, ...], dry_
 def revert(obj: Ctx, tree: str, ids: tuple[str, ...], cascade: bool, force: bool, dry_run: bool, fmt: str) -> None:
     """Revert patches patchkit applied (all by default), byte for byte. Edits
     made after apply are kept by a 3-way merge, or the revert stops."""
+    from patchkit.revert import revert_patches
+
     with locked_session(tree, obj.say) as session:
-        outcome = session.revert(list(ids), cascade=cascade, force=force, dry_run=dry_run)
+        outcome = revert_patches(session, list(ids), cascade=cascade, force=force, dry_run=dry_run)
     _finish(obj, session.tree, outcome, "revert", fmt, dry_run, False, dry_run, tree)
 
 

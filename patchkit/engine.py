@@ -1,15 +1,17 @@
-"""plan -> transform -> check -> commit, over one sglang tree.
+"""Reading one sglang tree: what each patch's state is, and what a file becomes.
 
 A ``Session`` holds one tree for one command: it reads and parses each target
 file at most once, detects each codemod's state (cached by file hash), and
-computes new file contents; ``Store.commit`` writes them as one transaction.
+computes new file contents (``transform``, checked against every codemod's
+postcondition). It never writes the tree. The commands that change it are
+beside it, each one plan -> transform -> check -> commit: ``patchkit.apply``
+and ``patchkit.revert``, with ``patchkit.commit`` (the runtime folder, the
+write check, the transaction) and ``patchkit.merge`` (a user's edits).
 """
 
 from __future__ import annotations
 
-import copy
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
@@ -76,6 +78,13 @@ class Outcome:
     done: list[str] = field(default_factory=list)  # patch ids applied/reverted now
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (patch id, why)
     messages: list[str] = field(default_factory=list)
+    # Backups and kept copies, stored by sha256 at commit (a dry run stores none).
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+    def keep(self, data: bytes) -> str:
+        digest = sha256(data)
+        self.blobs[digest] = data
+        return digest
 
     def diff(self, tree: Tree) -> str:
         return "".join(unified_diff(tree, rel, old, new) for rel, (old, new) in self.changed.items())
@@ -254,11 +263,11 @@ class Session:
         """Runtime files of ``patch`` that differ from what this patchkit writes."""
         if not patch.runtime:
             return []
-        if self._legacy():
+        if self.legacy():
             return [LEGACY]
         mine = vendoring.runtime_files([patch], self.runtime_mode)
         # Shared files (package __init__s) carry every applied patch's name.
-        wanted = vendoring.runtime_files(self._applied_patches() + [patch], self.runtime_mode)
+        wanted = vendoring.runtime_files(self.applied_patches() + [patch], self.runtime_mode)
         reasons = [why for rel in mine if (why := vendoring.stale_reason(rel, self.read(rel), wanted[rel]))]
         if self.runtime_mode == "package":
             installed = vendoring.installed_runtime_api()
@@ -268,11 +277,11 @@ class Session:
                                + (f"API {installed}" if installed is not None else "none (not importable)"))
         return reasons
 
-    def _legacy(self) -> bool:
+    def legacy(self) -> bool:
         """Patched by patchkit 0.1, whose patched code imports patchkit.runtime."""
         return bool(self.state["applied"]) and "runtime" not in self.state
 
-    def _applied_patches(self, ids: Optional[Iterable[str]] = None) -> list[Patch]:
+    def applied_patches(self, ids: Optional[Iterable[str]] = None) -> list[Patch]:
         ids = set(self.state["applied"] if ids is None else ids)
         return [p for p in registry.all_patches() if p.id in ids]
 
@@ -377,211 +386,6 @@ class Session:
         self.last_transformed = list(entry.transformed)
         return entry.new
 
-    # -- apply -----------------------------------------------------------------
-
-    def apply(self, selected: list[Patch], dry_run: bool = False, runtime: Optional[str] = None) -> Outcome:
-        """Apply ``selected``; ``runtime`` (vendored | package) switches the
-        runtime mode, default: the tree's mode, or vendored on a fresh tree."""
-        mode = runtime or self.runtime_mode
-        if mode not in vendoring.MODES:
-            raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
-        if self._legacy():
-            raise PatchkitError(f"{self.tree.package}: {LEGACY}")
-        self.prepare(selected)
-        reports = {r.patch.id: r for r in self.reports(selected)}
-        outcome = Outcome(list(reports.values()))
-        usable = {pid for pid, r in reports.items() if r.state in (APPLIED, NATIVE)}
-        usable |= {pid for pid in self.state["applied"]}
-        todo: list[Patch] = []
-        for patch in selected:
-            report = reports[patch.id]
-            blocked = [r for r in patch.requires if r not in usable and r not in {p.id for p in todo}]
-            if report.state in (APPLIED, NATIVE, STALE):  # STALE: the runtime sync below repairs it
-                continue
-            if report.state == NOT_APPLICABLE:
-                if not report.ok:
-                    outcome.skipped.append((patch.id, report.reason))
-                continue
-            if blocked:
-                outcome.skipped.append((patch.id, f"requires {blocked[0]}, which is not applied"))
-                continue
-            todo.append(patch)
-        files = [t.file for p in todo for t in p.targets if self.read(t.file) is not None]
-        files = list(dict.fromkeys(files))
-        self._check_writable(files)
-        for rel in files:
-            old = self.read(rel)
-            new = self.transform(rel, old, self.codemods_for(rel, todo))
-            if new != old:
-                outcome.changed[rel] = (old, new)
-        outcome.done = [p.id for p in todo]
-        state = _copy_state(self.state)
-        keep = sha256 if dry_run else self.store.put_blob  # a dry run stores no backup
-        for patch in todo:
-            state["applied"][patch.id] = {"files": [t.file for t in patch.targets if self.read(t.file) is not None]}
-        for rel, (old, new) in outcome.changed.items():
-            entry = state["files"].get(rel)
-            if entry is None:
-                entry = state["files"][rel] = {"original": keep(old)}
-            elif sha256(old) != entry["patched"]:
-                # Edited since an earlier apply: carry those edits onto the
-                # backup too, or a later revert would silently drop them.
-                entry["original"] = keep(self._original_with_user_edits(rel, old, entry))
-            entry["patched"] = keep(new)
-        if state["applied"]:
-            if mode != self.runtime_mode and self.state["applied"]:
-                outcome.messages.append(f"runtime: {self.runtime_mode} -> {mode}")
-            state["runtime"], state["runtime_api"], state["patchkit"] = mode, _runtime_api(), patchkit.__version__
-            self._sync_runtime(state, self._applied_patches(state["applied"]), mode, outcome, force=True)
-        if not dry_run and outcome.changed:
-            self._commit(outcome, state)
-        self.save_cache()
-        return outcome
-
-    def _sync_runtime(self, state: dict, patches: list[Patch], mode: str, outcome: Outcome, force: bool) -> None:
-        """Plan the runtime folder and manifest for ``patches`` (those applied
-        once this command is done) into ``outcome.changed`` and ``state``.
-
-        A runtime file the user edited is replaced only with ``force`` (apply
-        repairs a stale runtime; a copy of the edited file is kept), else the
-        command stops, as for edits that overlap a patch."""
-        wanted = vendoring.runtime_files(patches, mode)
-        ours = [rel for rel, e in state["files"].items() if e["original"] is None]  # runtime files, manifest
-        created = [rel for rel in ours if rel != vendoring.MANIFEST]
-        folder = self.tree.path(vendoring.FOLDER)
-        if not ours and folder.exists():
-            raise PatchkitError(
-                f"{folder}: exists and was not written by patchkit; refusing to vendor the runtime there "
-                "(nothing was changed)"
-            )
-        for rel in dict.fromkeys([*created, *wanted]):
-            current, target = self.read(rel), wanted.get(rel)
-            if target is not None and vendoring.stale_reason(rel, current, target) is None:
-                continue  # same code (perhaps written by another patchkit version): leave it
-            entry = state["files"].get(rel)
-            if current is not None and entry is not None and sha256(current) != entry["patched"]:
-                path = self.tree.path(rel)
-                if not force:
-                    raise PatchkitError(
-                        f"{path}: runtime file edited after apply; nothing was reverted "
-                        "(undo the edits, or pass --force to discard them)"
-                    )
-                kept = self.store.put_blob(current)
-                outcome.messages.append(f"{path}: was edited; replaced by patchkit's runtime (your copy: .patchkit/blobs/{kept})")
-            if current != target:
-                outcome.changed[rel] = (current, target)
-            if target is None:
-                state["files"].pop(rel, None)
-            else:
-                state["files"].setdefault(rel, {"original": None, "patched": None})
-                state["files"][rel]["patched"] = sha256(target)
-        manifest = None
-        if patches:
-            manifest = vendoring.manifest_bytes(mode, self.tree.version, [p.id for p in patches], state["files"])
-        current = self.read(vendoring.MANIFEST)
-        if manifest != current:
-            outcome.changed[vendoring.MANIFEST] = (current, manifest)
-        if manifest is None:
-            state["files"].pop(vendoring.MANIFEST, None)
-        else:
-            state["files"][vendoring.MANIFEST] = {"original": None, "patched": sha256(manifest)}
-
-    def _commit(self, outcome: Outcome, state: dict) -> None:
-        self.store.commit(
-            self.tree.package,
-            {rel: new for rel, (old, new) in outcome.changed.items()},
-            {rel: None if old is None else sha256(old) for rel, (old, new) in outcome.changed.items()},
-            state,
-        )
-        self.state, self.from_manifest = state, False
-
-    def _check_writable(self, files: Iterable[str]) -> None:
-        # Checked up front so a read-only file stops the whole run before any
-        # write. Mode bits count too: root may write anything, but a file the
-        # user marked read-only is not ours to replace (os.replace would).
-        for rel in files:
-            path = self.tree.path(rel)
-            for what, node in (("file", path), ("folder", path.parent)):
-                if not os.access(node, os.W_OK) or not node.stat().st_mode & stat.S_IWUSR:
-                    raise PatchkitError(f"{path}: read-only {what}, cannot patch (nothing was changed)")
-
-    # -- revert ----------------------------------------------------------------
-
-    def revert(self, ids: list[str], cascade: bool = False, force: bool = False, dry_run: bool = False) -> Outcome:
-        applied = [p for p in registry.all_patches() if p.id in self.state["applied"]]
-        chosen = {registry.get(i).id for i in ids} if ids else {p.id for p in applied}
-        outcome = Outcome([])
-        for pid in list(chosen):
-            if pid not in self.state["applied"]:
-                outcome.skipped.append((pid, "not applied by patchkit"))
-                chosen.discard(pid)
-        for pid in sorted(chosen):
-            for dep in registry.dependents(pid):
-                if dep.id in self.state["applied"] and dep.id not in chosen:
-                    if not cascade:
-                        raise PatchkitError(
-                            f"cannot revert {pid}: {dep.id} is applied and requires it (revert {dep.id} too, or pass --cascade)"
-                        )
-                    chosen.add(dep.id)
-        remaining = [p for p in applied if p.id not in chosen]
-        files = [f for pid in chosen for f in self.state["applied"][pid]["files"] if f in self.state["files"]]
-        files = list(dict.fromkeys(files))
-        self._check_writable(files)
-        state = _copy_state(self.state)
-        for rel in files:
-            entry = self.state["files"][rel]
-            current = self.read(rel) or b""
-            original = self.blob(entry["original"], rel)
-            still = self.codemods_for(rel, remaining)
-            target = self.transform(rel, original, still) if still else original
-            if sha256(current) != entry["patched"]:
-                target = self._merge_user_edits(rel, current, entry, target, force, outcome)
-            if target != current:
-                outcome.changed[rel] = (current, target)
-            if still:
-                state["files"][rel]["patched"] = self.store.put_blob(target)
-            else:
-                del state["files"][rel]
-        for pid in chosen:
-            del state["applied"][pid]
-        if chosen:
-            self._sync_runtime(state, remaining, self.runtime_mode, outcome, force=force)
-            if not state["applied"]:
-                for key in ("runtime", "runtime_api", "patchkit"):
-                    state.pop(key, None)
-        outcome.done = sorted(chosen, key=lambda pid: [p.id for p in applied].index(pid))
-        if not dry_run and chosen:
-            self._commit(outcome, state)
-        return outcome
-
-    def _original_with_user_edits(self, rel: str, current: bytes, entry: dict) -> bytes:
-        original = self.blob(entry["original"], rel)
-        merged, clean = three_way_merge(current, self.blob(entry["patched"], rel), original)
-        if not clean:
-            raise PatchkitError(
-                f"{self.tree.path(rel)}: edited after an earlier apply, overlapping patched code; "
-                "revert (or undo the edits) before applying more patches to it"
-            )
-        return merged
-
-    def _merge_user_edits(self, rel: str, current: bytes, entry: dict, target: bytes, force: bool, outcome: Outcome) -> bytes:
-        """The file changed since patchkit wrote it: carry the user's edits onto
-        the reverted text with a 3-way merge (base = what patchkit wrote)."""
-        path = self.tree.path(rel)
-        patched = self.blob(entry["patched"], rel)
-        merged, clean = three_way_merge(current, patched, target)
-        if clean:
-            outcome.messages.append(f"{path}: kept your edits made after apply (3-way merge)")
-            return merged
-        if force:
-            kept = self.store.put_blob(current)
-            outcome.messages.append(f"{path}: your edits conflicted; --force discarded them (copy kept in .patchkit/blobs/{kept})")
-            return target
-        raise PatchkitError(
-            f"{path}: edited after apply and the edits overlap the patch; nothing was reverted "
-            "(resolve by hand, or pass --force to discard the edits)"
-        )
-
     # -- diff ------------------------------------------------------------------
 
     def diff_against_original(self) -> str:
@@ -593,26 +397,6 @@ class Session:
         return "".join(out)
 
 
-def three_way_merge(ours: bytes, base: bytes, theirs: bytes) -> tuple[bytes, bool]:
-    """``git merge-file``: git's own 3-way merge, the one vendors already trust."""
-    import shutil
-    import subprocess
-    import tempfile
-
-    if shutil.which("git") is None:
-        raise PatchkitError("git is needed to keep edits made after apply (3-way merge), and it is not installed")
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = []
-        for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
-            p = Path(tmp) / name
-            p.write_bytes(data)
-            paths.append(str(p))
-        proc = subprocess.run(["git", "merge-file", "-p", *paths], capture_output=True)
-    if proc.returncode < 0 or proc.returncode > 127:
-        raise PatchkitError(f"git merge-file failed: {proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout, proc.returncode == 0
-
-
 def _parse(source: bytes, path: Path) -> "cst.Module":
     import libcst as cst
 
@@ -620,14 +404,6 @@ def _parse(source: bytes, path: Path) -> "cst.Module":
         return cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise PatchkitError(f"{path}:{exc.raw_line}: syntax error ({exc.message})") from None
-
-
-def _copy_state(state: dict) -> dict:
-    return copy.deepcopy(state)
-
-
-def _runtime_api() -> int:
-    return vendoring.RUNTIME_API
 
 
 class locked_session:

@@ -41,9 +41,11 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
     """One row of the matrix (a JSON-able dict). Never raises: a failure at
     any step is recorded in ``error`` with the step's name."""
     from patchkit import registry, vendoring
+    from patchkit.apply import apply_patches
     from patchkit.engine import locked_session
     from patchkit.errors import PatchkitError
     from patchkit.fetch import fetch_tree
+    from patchkit.revert import revert_patches
 
     started = time.perf_counter()
     row: dict = {"release": version, "error": None, "patches": {}, "changed_files": [], "verify_ok": None,
@@ -64,7 +66,7 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
             # parse and detection of every file serves both.
             with locked_session(tree, messages.append) as session:
                 row["version"] = session.tree.version
-                outcome = session.apply(patches)
+                outcome = apply_patches(session, patches)
             before = {r.patch.id: r for r in outcome.reports}
             row["changed_files"] = sorted(outcome.changed)
             row["skipped"] = [{"id": pid, "reason": why} for pid, why in outcome.skipped]
@@ -92,11 +94,11 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
                 }
             step = "apply again"
             with locked_session(tree, messages.append) as session:
-                again = session.apply(patches, dry_run=True)
+                again = apply_patches(session, patches, dry_run=True)
             row["idempotent"] = not again.changed and not again.done
             step = "revert"
             with locked_session(tree, messages.append) as session:
-                session.revert([])
+                revert_patches(session, [])
             step = "compare"
             now = snapshot(tree)
             row["changed_after_revert"] = sorted(k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k))

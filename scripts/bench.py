@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 import libcst  # noqa: E402
 
 from patchkit import registry  # noqa: E402
+from patchkit.apply import apply_patches  # noqa: E402
 from patchkit.engine import locked_session  # noqa: E402
 from patchkit.fetch import fetch_tree  # noqa: E402
 
@@ -171,7 +172,7 @@ class Bench:
 
         def apply_in_process(tree: Path) -> None:
             with locked_session(tree, quiet) as session:
-                outcome = session.apply(patches)
+                outcome = apply_patches(session, patches)
             assert outcome.changed, "apply changed nothing"
 
         warm = {"PATCHKIT_CACHE_DIR": str(self.warm_cache)}
@@ -308,7 +309,7 @@ class Bench:
         def profiled() -> None:
             prof.enable()
             with locked_session(tree, quiet) as session:
-                session.apply(patches)
+                apply_patches(session, patches)
             prof.disable()
 
         # Cold and in this process, so the profile sees every file's work.

@@ -63,6 +63,18 @@ def test_read_only_target(make_tree, cli, which):
 
 
 @pytest.mark.trees
+def test_read_only_folder_for_the_runtime(make_tree, cli):
+    # No target file lives directly in srt/, but the vendored runtime folder is
+    # created there: refused before any write, not half-way through the commit.
+    tree = make_tree(PRIMARY)
+    os.chmod(tree / "srt", 0o555)
+    before = snapshot(tree)
+    assert_one_line_error(cli("apply", tree), str(tree / "srt") + ":", "read-only folder")
+    assert snapshot(tree) == before
+    os.chmod(tree / "srt", 0o755)
+
+
+@pytest.mark.trees
 @pytest.mark.parametrize(
     "content, needle",
     [("{not json", "corrupt patchkit state"), (json.dumps({"format": 99, "applied": {}, "files": {}}), "newer patchkit")],

@@ -18,8 +18,10 @@ import pytest
 from drift import DRIFTS, drift
 from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
 from patchkit import engine, registry, transform_cache
+from patchkit.apply import apply_patches
 from patchkit.engine import locked_session
 from patchkit.fetch import copy_tree
+from patchkit.revert import revert_patches
 
 pytestmark = pytest.mark.trees
 
@@ -28,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def apply(tree: Path) -> None:
     with locked_session(tree, lambda _: None) as session:
-        outcome = session.apply(list(registry.all_patches()))
+        outcome = apply_patches(session, list(registry.all_patches()))
     assert outcome.changed
 
 
@@ -79,7 +81,7 @@ def test_cold_and_warm_apply_are_byte_identical(version, tmp_path, cache_dir, re
     # The applied trees verify and revert exactly.
     with locked_session(warm, lambda _: None) as session:
         assert all(r.ok for r in session.reports())
-        session.revert([])
+        revert_patches(session, [])
     assert snapshot(warm) == snapshot(pristine(version))
 
 

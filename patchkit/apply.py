@@ -1,0 +1,102 @@
+"""``patchkit apply``: plan -> transform -> check -> commit.
+
+Plan: which selected patches still need applying (status of each, ``requires``
+honoured). Transform: each touched file once, with the codemods of every patch
+to apply (``Session.transform`` checks each codemod's postcondition and that
+the result compiles). Check: every file writable, edits made since an earlier
+apply carried onto the backup. Commit: backups, state, the runtime folder and
+manifest, written as one transaction.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Optional
+
+import patchkit
+from patchkit import vendoring
+from patchkit.commit import check_writable, commit, sync_runtime
+from patchkit.engine import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Outcome, PatchReport, Session
+from patchkit.errors import PatchkitError
+from patchkit.merge import original_with_user_edits
+from patchkit.registry import Patch
+from patchkit.state import sha256
+
+
+@dataclass
+class Plan:
+    reports: dict[str, PatchReport]
+    todo: list[Patch] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (patch id, why)
+    files: list[str] = field(default_factory=list)  # target files of ``todo`` present in the tree
+
+
+def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False, runtime: Optional[str] = None) -> Outcome:
+    """Apply ``selected``; ``runtime`` (vendored | package) switches the
+    runtime mode, default: the tree's mode, or vendored on a fresh tree."""
+    mode = runtime or session.runtime_mode
+    if mode not in vendoring.MODES:
+        raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
+    if session.legacy():
+        raise PatchkitError(f"{session.tree.package}: {LEGACY}")
+    plan = plan_apply(session, selected)
+    check_writable(session.tree, plan.files)
+    outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
+    for rel in plan.files:
+        old = session.read(rel)
+        new = session.transform(rel, old, session.codemods_for(rel, plan.todo))
+        if new != old:
+            outcome.changed[rel] = (old, new)
+    state = _record(session, plan, outcome)
+    if state["applied"]:
+        if mode != session.runtime_mode and session.state["applied"]:
+            outcome.messages.append(f"runtime: {session.runtime_mode} -> {mode}")
+        state["runtime"], state["runtime_api"], state["patchkit"] = mode, vendoring.RUNTIME_API, patchkit.__version__
+        sync_runtime(session, state, session.applied_patches(state["applied"]), mode, outcome, force=True)
+    if not dry_run and outcome.changed:
+        commit(session, outcome, state)
+    session.save_cache()
+    return outcome
+
+
+def plan_apply(session: Session, selected: list[Patch]) -> Plan:
+    """Which of ``selected`` to apply now, which to skip and why."""
+    session.prepare(selected)  # every file's detection and transform, in parallel or from the cache
+    plan = Plan({r.patch.id: r for r in session.reports(selected)})
+    usable = {pid for pid, r in plan.reports.items() if r.state in (APPLIED, NATIVE)} | set(session.state["applied"])
+    for patch in selected:
+        report = plan.reports[patch.id]
+        if report.state in (APPLIED, NATIVE, STALE):  # STALE: the runtime sync repairs it
+            continue
+        if report.state == NOT_APPLICABLE:
+            if not report.ok:
+                plan.skipped.append((patch.id, report.reason))
+            continue
+        blocked = [r for r in patch.requires if r not in usable and r not in {p.id for p in plan.todo}]
+        if blocked:
+            plan.skipped.append((patch.id, f"requires {blocked[0]}, which is not applied"))
+            continue
+        plan.todo.append(patch)
+    files = [t.file for p in plan.todo for t in p.targets if session.read(t.file) is not None]
+    plan.files = list(dict.fromkeys(files))
+    return plan
+
+
+def _record(session: Session, plan: Plan, outcome: Outcome) -> dict:
+    """The state after this apply: patches applied, and per changed file its
+    backup and what patchkit wrote (stored as blobs at commit)."""
+    state = copy.deepcopy(session.state)
+    keep = outcome.keep
+    for patch in plan.todo:
+        state["applied"][patch.id] = {"files": [t.file for t in patch.targets if session.read(t.file) is not None]}
+    for rel, (old, new) in outcome.changed.items():
+        entry = state["files"].get(rel)
+        if entry is None:
+            entry = state["files"][rel] = {"original": keep(old)}
+        elif sha256(old) != entry["patched"]:
+            # Edited since an earlier apply: carry those edits onto the
+            # backup too, or a later revert would silently drop them.
+            entry["original"] = keep(original_with_user_edits(session, rel, old, entry))
+        entry["patched"] = keep(new)
+    return state

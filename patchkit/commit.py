@@ -1,0 +1,97 @@
+"""The last steps shared by apply and revert: the runtime folder and manifest
+planned into the change, the write check, and the transaction."""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import TYPE_CHECKING, Iterable
+
+from patchkit import vendoring
+from patchkit.errors import PatchkitError
+from patchkit.state import sha256
+
+if TYPE_CHECKING:
+    from patchkit.engine import Outcome, Session
+    from patchkit.registry import Patch
+    from patchkit.tree import Tree
+
+
+def check_writable(tree: "Tree", files: Iterable[str]) -> None:
+    """Stop before any write if one of ``files`` cannot be written: the file,
+    or, for a file to create, the nearest folder that exists. Mode bits count
+    too: root may write anything, but a file the user marked read-only is not
+    ours to replace (os.replace would)."""
+    for rel in files:
+        path = tree.path(rel)
+        nodes = [("file", path)] if path.exists() else []
+        folder = path.parent
+        while not folder.exists():
+            folder = folder.parent
+        for what, node in (*nodes, ("folder", folder)):
+            if not os.access(node, os.W_OK) or not node.stat().st_mode & stat.S_IWUSR:
+                raise PatchkitError(f"{node}: read-only {what}, cannot write {path.name} (nothing was changed)")
+
+
+def commit(session: "Session", outcome: "Outcome", state: dict) -> None:
+    """Store the outcome's blobs, then write ``outcome.changed`` and
+    ``state`` as one transaction."""
+    check_writable(session.tree, outcome.changed)  # again: runtime files were planned after the first check
+    for data in outcome.blobs.values():
+        session.store.put_blob(data)
+    session.store.commit(
+        session.tree.package,
+        {rel: new for rel, (old, new) in outcome.changed.items()},
+        {rel: None if old is None else sha256(old) for rel, (old, new) in outcome.changed.items()},
+        state,
+    )
+    session.state, session.from_manifest = state, False
+
+
+def sync_runtime(session: "Session", state: dict, patches: list["Patch"], mode: str, outcome: "Outcome", force: bool) -> None:
+    """Plan the runtime folder and manifest for ``patches`` (those applied
+    once this command is done) into ``outcome.changed`` and ``state``.
+
+    A runtime file the user edited is replaced only with ``force`` (apply
+    repairs a stale runtime; a copy of the edited file is kept), else the
+    command stops, as for edits that overlap a patch."""
+    wanted = vendoring.runtime_files(patches, mode)
+    ours = [rel for rel, e in state["files"].items() if e["original"] is None]  # runtime files, manifest
+    created = [rel for rel in ours if rel != vendoring.MANIFEST]
+    folder = session.tree.path(vendoring.FOLDER)
+    if not ours and folder.exists():
+        raise PatchkitError(
+            f"{folder}: exists and was not written by patchkit; refusing to vendor the runtime there "
+            "(nothing was changed)"
+        )
+    for rel in dict.fromkeys([*created, *wanted]):
+        current, target = session.read(rel), wanted.get(rel)
+        if target is not None and vendoring.stale_reason(rel, current, target) is None:
+            continue  # same code (perhaps written by another patchkit version): leave it
+        entry = state["files"].get(rel)
+        if current is not None and entry is not None and sha256(current) != entry["patched"]:
+            path = session.tree.path(rel)
+            if not force:
+                raise PatchkitError(
+                    f"{path}: runtime file edited after apply; nothing was reverted "
+                    "(undo the edits, or pass --force to discard them)"
+                )
+            kept = outcome.keep(current)
+            outcome.messages.append(f"{path}: was edited; replaced by patchkit's runtime (your copy: .patchkit/blobs/{kept})")
+        if current != target:
+            outcome.changed[rel] = (current, target)
+        if target is None:
+            state["files"].pop(rel, None)
+        else:
+            state["files"].setdefault(rel, {"original": None, "patched": None})
+            state["files"][rel]["patched"] = sha256(target)
+    manifest = None
+    if patches:
+        manifest = vendoring.manifest_bytes(mode, session.tree.version, [p.id for p in patches], state["files"])
+    current = session.read(vendoring.MANIFEST)
+    if manifest != current:
+        outcome.changed[vendoring.MANIFEST] = (current, manifest)
+    if manifest is None:
+        state["files"].pop(vendoring.MANIFEST, None)
+    else:
+        state["files"][vendoring.MANIFEST] = {"original": None, "patched": sha256(manifest)}

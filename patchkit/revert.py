@@ -1,0 +1,77 @@
+"""``patchkit revert``: plan -> transform -> check -> commit.
+
+Plan: the patches to revert (dependents refused, or added with ``cascade``).
+Transform: each of their files goes back to its backup, re-patched with the
+patches that stay. Check: a file edited since apply keeps the edits (3-way
+merge) or stops the run. Commit: files, runtime folder and state in one
+transaction; nothing of patchkit's is left once the last patch goes.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from patchkit import registry
+from patchkit.commit import check_writable, commit, sync_runtime
+from patchkit.engine import Outcome, Session
+from patchkit.errors import PatchkitError
+from patchkit.merge import keep_user_edits
+from patchkit.state import sha256
+
+
+def revert_patches(session: Session, ids: list[str], cascade: bool = False, force: bool = False,
+                   dry_run: bool = False) -> Outcome:
+    """Revert ``ids`` (every applied patch when empty)."""
+    outcome = Outcome([])
+    chosen = plan_revert(session, ids, cascade, outcome)
+    applied = session.applied_patches()
+    remaining = [p for p in applied if p.id not in chosen]
+    files = [f for pid in chosen for f in session.state["applied"][pid]["files"] if f in session.state["files"]]
+    files = list(dict.fromkeys(files))
+    check_writable(session.tree, files)
+    state = copy.deepcopy(session.state)
+    for rel in files:
+        entry = session.state["files"][rel]
+        current = session.read(rel) or b""
+        original = session.blob(entry["original"], rel)
+        still = session.codemods_for(rel, remaining)
+        target = session.transform(rel, original, still) if still else original
+        if sha256(current) != entry["patched"]:
+            target = keep_user_edits(session, rel, current, entry, target, force, outcome)
+        if target != current:
+            outcome.changed[rel] = (current, target)
+        if still:
+            state["files"][rel]["patched"] = outcome.keep(target)
+        else:
+            del state["files"][rel]
+    for pid in chosen:
+        del state["applied"][pid]
+    if chosen:
+        sync_runtime(session, state, remaining, session.runtime_mode, outcome, force=force)
+        if not state["applied"]:
+            for key in ("runtime", "runtime_api", "patchkit"):
+                state.pop(key, None)
+    order = [p.id for p in applied]
+    outcome.done = sorted(chosen, key=order.index)
+    if not dry_run and chosen:
+        commit(session, outcome, state)
+    return outcome
+
+
+def plan_revert(session: Session, ids: list[str], cascade: bool, outcome: Outcome) -> set[str]:
+    """The patch ids to revert: those asked for that patchkit applied, plus
+    (with ``cascade``) the applied patches that require them."""
+    applied = session.state["applied"]
+    chosen = {registry.get(i).id for i in ids} if ids else set(applied)
+    for pid in sorted(chosen - set(applied)):
+        outcome.skipped.append((pid, "not applied by patchkit"))
+    chosen &= set(applied)
+    for pid in sorted(chosen):
+        for dep in registry.dependents(pid):
+            if dep.id in applied and dep.id not in chosen:
+                if not cascade:
+                    raise PatchkitError(
+                        f"cannot revert {pid}: {dep.id} is applied and requires it (revert {dep.id} too, or pass --cascade)"
+                    )
+                chosen.add(dep.id)
+    return chosen
