@@ -191,6 +191,28 @@ def test_compare_flags_mismatching_outputs_and_new_sites():
     assert "NO (request 0, token 2: 7 vs 8)" in report.markdown([row])
 
 
+def test_speed_over_rounds_reads_each_process_pair():
+    # Three rounds (a pristine and a patched engine process each): one ratio per
+    # round, their median and range, and each variant's median over processes.
+    rows = []
+    for before, after in ((220.8, 371.0), (244.6, 262.1), (286.5, 327.2)):
+        pristine = _variant("small", [_batch(1, PRISTINE["batches"][0]["syncs"], 1280, before, [[5, 6, 7]])])
+        patched = _variant("small", [_batch(1, PATCHED["batches"][0]["syncs"], 1280, after, [[5, 6, 7]])])
+        rows.extend(report.compare("0.5.12.post1", pristine, patched))
+    (s,) = report.speed_summary(rows)
+    assert s["rounds"] == 3 and s["tok_per_s"] == (244.6, 327.2)
+    assert s["median_ratio"] == pytest.approx(327.2 / 286.5)
+    md = report.speed_markdown(rows)
+    assert "| 0.5.12.post1 | small | 1 | 3 | 244.6 → 327.2 | 1.680, 1.072, 1.142 | 1.142 | 1.072 – 1.680 |" in md
+
+
+def test_rounds_alternate_which_variant_starts_first():
+    from patchkit.gpu_e2e.orchestrate import _schedule
+
+    got = list(_schedule(["small"], ["pristine", "patched"], 3))
+    assert [order for _, _, order in got] == [["pristine", "patched"], ["patched", "pristine"], ["pristine", "patched"]]
+
+
 def test_first_mismatch():
     assert report.first_mismatch([[1, 2]], [[1, 2]]) is None
     assert report.first_mismatch([[1, 2]], [[1, 2], [3]]) == "1 vs 2 requests"
@@ -209,6 +231,8 @@ def test_recorded_gpu_runs_reproduce_their_table(run):
     mirror_kept = data["args"].get("attention_backend", "triton") != "triton"
     assert rows and report.verdict(rows, mirror_kept=mirror_kept) == []
     assert report.markdown(rows) == (RECORDED / run / "table.md").read_text()
+    if (RECORDED / run / "speed.md").exists():
+        assert report.speed_markdown(rows) == (RECORDED / run / "speed.md").read_text()
 
 
 # ---------------------------------------------------------------- models / trees

@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--attention-backend", default="triton")
     ap.add_argument("--run-timeout", type=int, default=420)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="engine processes per variant, alternating which starts first (ABBA...): "
+                         "the speed ratio is then read per round, so noise between processes shows")
     args = ap.parse_args(argv)
 
     bundle = Path(args.bundle).resolve()
@@ -98,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             "runtime_mode": info["runtime_mode"],
             "patched_files_sha256": json.loads((bundle / "trees" / release / "overlay.json").read_text()),
         }
-        for size in args.sizes.split(","):
+        for size, rnd, order in _schedule(args.sizes.split(","), args.variants.split(","), args.rounds):
             got = {}
-            for variant in args.variants.split(","):
-                key = f"{release}/{size}/{args.attention_backend}/{variant}"
+            for variant in order:
+                tag = f"r{rnd}/" if args.rounds > 1 else ""
+                key = f"{release}/{size}/{args.attention_backend}/{tag}{variant}"
                 sync_dir = work / "syncs" / key.replace("/", "_")
                 if sync_dir.exists():
                     shutil.rmtree(sync_dir)
@@ -150,15 +154,27 @@ def main(argv: list[str] | None = None) -> int:
                 all_results["problems"].extend(
                     report.verdict(rows, mirror_kept=args.attention_backend != "triton"))
                 (out / "table.md").write_text(report.markdown(all_results["rows"]))
+                if args.rounds > 1:
+                    (out / "speed.md").write_text(report.speed_markdown(all_results["rows"]))
                 print(report.markdown(rows), flush=True)
             results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
 
     print("\n" + report.markdown(all_results["rows"]))
+    if args.rounds > 1:
+        print("\n" + report.speed_markdown(all_results["rows"]))
     print("device:", all_results["device"])
     for p in all_results["problems"]:
         print("PROBLEM:", p)
     print("verdict:", "OK" if not all_results["problems"] and all_results["rows"] else "NOT OK")
     return 0 if all_results["rows"] and not all_results["problems"] else 1
+
+
+def _schedule(sizes: list[str], variants: list[str], rounds: int):
+    """(size, round, variants in start order): the order flips every round, so
+    a drift of the machine over the call (clocks, heat) hits both variants alike."""
+    for size in sizes:
+        for rnd in range(rounds):
+            yield size, rnd, variants if rnd % 2 == 0 else variants[::-1]
 
 
 def _device() -> str:

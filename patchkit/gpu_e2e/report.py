@@ -122,6 +122,43 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def speed_summary(rows: list[dict]) -> list[dict]:
+    """Per (release, model, batch size) over the rows of several rounds (one
+    pristine and one patched engine process each): every round's ratio, their
+    median and range, and each variant's median tok/s over its processes."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["release"], r["size"], r["batch_size"]), []).append(r)
+    out = []
+    for (release, size, bs), rs in groups.items():
+        ratios = [r["ratio"] for r in rs]
+        out.append({
+            "release": release, "size": size, "batch_size": bs, "rounds": len(rs),
+            "ratios": ratios, "median_ratio": statistics.median(ratios),
+            "tok_per_s": (statistics.median(r["tok_per_s"][0] for r in rs),
+                          statistics.median(r["tok_per_s"][1] for r in rs)),
+        })
+    return out
+
+
+SPEED_HEADER = ("| release | model | bs | rounds | tok/s before → after (median over processes) "
+                "| ratio per round | median ratio | range |")
+SPEED_RULE = "|---|---|---:|---:|---|---|---:|---|"
+
+
+def speed_markdown(rows: list[dict]) -> str:
+    lines = [SPEED_HEADER, SPEED_RULE]
+    for s in speed_summary(rows):
+        lines.append(
+            f"| {s['release']} | {s['size']} | {s['batch_size']} | {s['rounds']} "
+            f"| {_f(s['tok_per_s'][0], '{:.1f}')} → {_f(s['tok_per_s'][1], '{:.1f}')} "
+            f"| {', '.join(_f(x, '{:.3f}') for x in s['ratios'])} | {_f(s['median_ratio'], '{:.3f}')} "
+            f"| {_f(min(s['ratios']), '{:.3f}')} – {_f(max(s['ratios']), '{:.3f}')} |")
+    return "\n".join(lines) + "\n"
+
+
 def verdict(rows: list[dict], mirror_kept: bool = False) -> list[str]:
     """Problems the issue's acceptance rules would flag (empty: all good).
 
