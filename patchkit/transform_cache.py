@@ -19,9 +19,10 @@ Safe by construction:
 
 - written to a temporary file and renamed into place: a reader sees a whole
   entry or none, and two runs writing the same key write the same bytes;
-- read back only if its header names this exact key and its payload has the
-  recorded length and sha256: a truncated, corrupted or misplaced entry is a
-  miss (a cold transform), never a wrong result;
+- read back only if its header names this exact key and the recorded length
+  and sha256 match; the sha256 covers the header's findings as well as the
+  payload: a truncated, corrupted or misplaced entry is a miss (a cold
+  transform), never a wrong result;
 - another patchkit version (or edited codemods) computes other keys, so it
   never reads this one's entries.
 Only codemods that live in ``patchkit.codemods`` are cached (test codemods
@@ -94,6 +95,12 @@ def cacheable(codemods) -> bool:
     return all(isinstance(c, str) or c.__module__.startswith("patchkit.codemods.") for c in codemods)
 
 
+def _checksum(meta: dict, payload: bytes) -> str:
+    """sha256 of the header (without the checksum itself) and the payload: a
+    flipped finding is as much damage as a flipped byte of code."""
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode() + b"\n" + payload).hexdigest()
+
+
 class TransformCache:
     def __init__(self, folder: Optional[Path]) -> None:
         self.folder = folder
@@ -123,7 +130,7 @@ class TransformCache:
             meta = json.loads(header)
             if not sep or meta.get("format") != FORMAT or meta.get("key") != key:
                 return None
-            if meta["sha256"] != hashlib.sha256(payload).hexdigest() or meta["length"] != len(payload):
+            if meta.pop("sha256") != _checksum(meta, payload) or meta["length"] != len(payload):
                 return None
             has_new = meta["has_new"]
             entry = Entry(meta["before"], meta["groups"], payload if has_new else None, meta["after"],
@@ -147,8 +154,8 @@ class TransformCache:
             "after": entry.after,
             "transformed": list(entry.transformed),
             "length": len(payload),
-            "sha256": hashlib.sha256(payload).hexdigest(),
         }
+        meta["sha256"] = _checksum(meta, payload)
         data = json.dumps(meta, sort_keys=True).encode() + b"\n" + payload
         path = self._path(key)
         # A cache is an optimisation: a read-only or full disk only costs speed.

@@ -136,6 +136,18 @@ def test_damaged_cache_entries_fall_back_to_a_cold_transform(how, tmp_path, cach
     assert all(transform_cache.TransformCache(cache_dir).get(p.name) is not None for p in entries(cache_dir))
 
 
+def test_a_flipped_finding_in_an_entry_header_is_a_miss(tmp_path):
+    # The payload intact, one finding changed: the checksum covers the header too.
+    cache = transform_cache.TransformCache(tmp_path)
+    done = {"m.Codemod": ["done", "f", ""]}
+    cache.put("k" * 64, transform_cache.Entry({"m.Codemod": ["todo", "f", ""]}, [["m.Codemod"]], b"x = 1\n", done))
+    assert cache.get("k" * 64).after == done
+    path = next(p for p in tmp_path.rglob("*") if p.is_file())
+    header, _, payload = path.read_bytes().partition(b"\n")
+    path.write_bytes(header.replace(b'"todo"', b'"done"') + b"\n" + payload)
+    assert cache.get("k" * 64) is None
+
+
 def forge(folder: Path) -> int:
     """Replace every entry's patched bytes with wrong ones that still pass the
     entry's own checks (length and sha256 recomputed): only the key tells."""
