@@ -14,6 +14,7 @@ import importlib.util
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from patchkit.errors import PatchkitError
@@ -138,13 +139,25 @@ def _parse(text: str, source: str) -> Patch:
     )
 
 
+def definition_files() -> list:
+    """The ``*.toml`` patch definitions, sorted by name.
+
+    Installed, they are the ``patchkit.patches`` package; run from a source
+    checkout that was never installed (``python -m patchkit`` in the repo, or
+    ``scripts/gpu_e2e.py`` calling it), that package does not exist and the
+    definitions are the repository's own ``patches/`` folder beside ``patchkit/``.
+    """
+    try:
+        folder = importlib.resources.files("patchkit.patches")
+    except ModuleNotFoundError:
+        folder = Path(__file__).resolve().parent.parent / "patches"
+    return sorted((f for f in folder.iterdir() if f.name.endswith(".toml")), key=lambda f: f.name)
+
+
 @lru_cache(maxsize=1)
 def all_patches() -> tuple[Patch, ...]:
     """Every patch, ordered so that a patch comes after those it requires."""
-    files = sorted(
-        (f for f in importlib.resources.files("patchkit.patches").iterdir() if f.name.endswith(".toml")),
-        key=lambda f: f.name,
-    )
+    files = definition_files()
     patches = {p.id: p for p in (_parse(f.read_text(encoding="utf-8"), f.name) for f in files)}
     ordered: list[Patch] = []
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Optional
 
 import patchkit
+from patchkit import registry
 
 FORMAT = 1
 Findings = dict[str, list]  # codemod name -> [state, anchor, detail]
@@ -77,10 +78,7 @@ def fingerprint() -> str:
     # All of patchkit's code, not only the codemods: they use helpers from
     # elsewhere (e.g. where patched code imports its runtime from). About 2 ms.
     sources = sorted(here.rglob("*.py"))
-    spec = importlib.util.find_spec("patchkit.patches")
-    if spec is not None and spec.submodule_search_locations:
-        for folder in spec.submodule_search_locations:
-            sources += sorted(Path(folder).glob("*.toml"))
+    sources += [Path(str(f)) for f in registry.definition_files()]
     libcst = importlib.util.find_spec("libcst")
     if libcst is not None and libcst.origin:
         sources.append(Path(libcst.origin).parent / "_version.py")
