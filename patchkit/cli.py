@@ -44,6 +44,27 @@ class PatchkitGroup(click.Group):
             sys.exit(130)
 
 
+def _quiet_or_verbose(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        setattr(ctx.obj, param.name, True)
+
+
+class PatchkitCommand(click.Command):
+    """A subcommand that also takes ``-q``/``-v`` after its name, as
+    ``git commit -q`` and ``ruff check -q`` do (same meaning as before it)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.params += [
+            click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_quiet_or_verbose,
+                         help="Print only results and errors."),
+            click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_quiet_or_verbose,
+                         help="Show every check of every patch."),
+        ]
+
+
+PatchkitGroup.command_class = PatchkitCommand
+
 tree_argument = click.argument("tree", type=click.Path(file_okay=True, dir_okay=True))
 ids_argument = click.argument("ids", nargs=-1, metavar="[PATCH]...")
 

@@ -267,6 +267,8 @@ def test_apply_check_lists_what_would_change(make_tree, cli, monkeypatch, tmp_pa
 
     quiet = cli("-q", "apply", "t0/sglang", "--check")
     assert quiet.exit_code == 1 and quiet.output == ""
+    # -q after the subcommand, as `git commit -q` and `ruff check -q` take it.
+    assert cli("apply", "t0/sglang", "--check", "-q").output == "" == cli("apply", "--quiet", "t0/sglang", "--check").output
 
     assert cli("apply", "t0/sglang").exit_code == 0
     result = cli("apply", "t0/sglang", "--check")
