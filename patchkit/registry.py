@@ -139,7 +139,7 @@ def _parse(text: str, source: str) -> Patch:
     )
 
 
-def definition_files() -> list:
+def definition_files() -> list[importlib.resources.abc.Traversable]:
     """The ``*.toml`` patch definitions, sorted by name.
 
     Installed, they are the ``patchkit.patches`` package; run from a source

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from support import NATIVE, PRIMARY, pristine, snapshot
+from patchkit import registry
 from patchkit.tree import find_tree
 
 pytestmark = pytest.mark.trees
@@ -95,14 +99,9 @@ def test_patch_definitions_load_from_an_uninstalled_checkout():
     """``python -m patchkit`` in a checkout that was never pip-installed (as
     ``scripts/gpu_e2e.py bundle`` runs it) finds the repo's ``patches/``: no
     site-packages, so no ``patchkit.patches`` package mapped by an install."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parent.parent
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from patchkit import registry; "
             "print(' '.join(p.id for p in registry.all_patches()))")
     out = subprocess.run([sys.executable, "-S", "-c", code, str(root)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    from patchkit import registry
     assert out.stdout.split() == [p.id for p in registry.all_patches()]
