@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Iterable, Optional
 from patchkit.errors import PatchkitError
 
 if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
     from patchkit.codemods.base import PatchCodemod
 
 
@@ -139,7 +141,7 @@ def _parse(text: str, source: str) -> Patch:
     )
 
 
-def definition_files() -> list[importlib.resources.abc.Traversable]:
+def definition_files() -> list[Traversable]:
     """The ``*.toml`` patch definitions, sorted by name.
 
     Installed, they are the ``patchkit.patches`` package; run from a source
