@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import patchkit
-from patchkit import vendoring
+from patchkit import git, vendoring
 from patchkit.commit import check_writable, commit, sync_runtime
 from patchkit.engine import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Outcome, PatchReport, Session
 from patchkit.errors import PatchkitError
@@ -53,9 +53,13 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         if mode != session.runtime_mode and session.state["applied"]:
             outcome.messages.append(f"runtime: {session.runtime_mode} -> {mode}")
         state["runtime"], state["runtime_api"], state["patchkit"] = mode, vendoring.RUNTIME_API, patchkit.__version__
+        # What the record was made on: a record of another release is never believed (patchkit.reconcile).
+        state["sglang"] = session.tree.version
+        if not state.get("base_commit"):
+            state["base_commit"] = git.head(session.tree.package)
         sync_runtime(session, state, session.applied_patches(state["applied"]), mode, outcome, force=True)
     if not dry_run and outcome.changed:
-        commit(session, outcome, state)
+        commit(session, "apply", outcome, state)
     session.save_cache()
     return outcome
 

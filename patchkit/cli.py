@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import Optional
 
 import click
 
-from patchkit import __version__, output, registry
+from patchkit import __version__, output, registry, settings
 from patchkit.engine import Outcome, locked_session
 from patchkit.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_OK, PatchkitError
+from patchkit.state import Interrupted
 
 EXIT_CODES = """\b
 Exit codes:
@@ -40,8 +42,12 @@ class PatchkitGroup(click.Group):
             click.echo(f"patchkit: error: {exc}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("patchkit: interrupted", err=True)
+            click.echo("patchkit: interrupted (nothing was being written)", err=True)
             sys.exit(130)
+        except Interrupted as exc:
+            # Raised at the end of a transaction the signal waited for.
+            click.echo(f"patchkit: interrupted by {signal.Signals(exc.signum).name}", err=True)
+            sys.exit(128 + exc.signum)
 
 
 def _quiet_or_verbose(ctx: click.Context, param: click.Parameter, value: bool) -> None:
@@ -78,6 +84,21 @@ def main(ctx: click.Context, quiet: bool, verbose: bool) -> None:
     """Carry upstream sglang speculative-decoding and TRT-LLM attention changes
     onto older releases and forks, with libcst codemods that revert exactly."""
     ctx.obj = Ctx(quiet, verbose)
+    settings.check()
+    # SIGTERM ends a run like Ctrl-C does (exit 143, not a bare kill); inside
+    # a transaction both wait for its end (patchkit.state.held_signals).
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+def _terminate(signum: int, frame) -> None:
+    raise Interrupted(signum)
+
+
+def _refuse_pending(session) -> None:
+    """Commands that read the tree's content refuse a half-written one."""
+    if session.pending is not None:
+        raise PatchkitError(session.pending.line())
 
 
 @main.command("list", epilog=EXIT_CODES)
@@ -103,14 +124,15 @@ def list_cmd(fmt: str) -> None:
 def status(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
     """Show each patch's state on TREE: absent, applied, native, partial or
     not-applicable (with the reason)."""
-    with locked_session(tree, obj.say, write=False) as session:
+    with locked_session(tree, obj.say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
+    notes = [line for line in (session.pending and session.pending.line(), session.leftovers_line()) if line]
     if fmt == "json":
         locator = output.Locator(session.tree, tree)
-        click.echo(output.status_json(session.tree, reports, locator, ok=all(r.ok for r in reports),
-                                      runtime=session.runtime_info()))
+        click.echo(output.status_json(session.tree, reports, locator, ok=_ok(session, reports),
+                                      runtime=session.runtime_info(), notes=notes))
     else:
-        click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info()))
+        click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info(), notes))
 
 
 @main.command(epilog=EXIT_CODES)
@@ -136,7 +158,8 @@ def apply(obj: Ctx, tree: str, ids: tuple[str, ...], skip: tuple[str, ...], dry_
 
     selected = registry.select(ids, skip)
     write = not (dry_run or check)
-    with locked_session(tree, obj.say, write=write) as session:
+    with locked_session(tree, obj.say, "apply" if write else None) as session:
+        _refuse_pending(session)
         outcome = apply_patches(session, selected, dry_run=not write, runtime=runtime)
     _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write, tree)
 
@@ -154,7 +177,8 @@ def revert(obj: Ctx, tree: str, ids: tuple[str, ...], cascade: bool, force: bool
     made after apply are kept by a 3-way merge, or the revert stops."""
     from patchkit.revert import revert_patches
 
-    with locked_session(tree, obj.say) as session:
+    with locked_session(tree, obj.say, None if dry_run else "revert") as session:
+        _refuse_pending(session)
         outcome = revert_patches(session, list(ids), cascade=cascade, force=force, dry_run=dry_run)
     _finish(obj, session.tree, outcome, "revert", fmt, dry_run, False, dry_run, tree)
 
@@ -170,11 +194,18 @@ def verify(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
     """Check the postconditions of every patch (or the named ones and what they
     require) on TREE: each must be applied or native upstream (or superseded
     upstream). Exit 1 otherwise."""
-    with locked_session(tree, obj.say, write=False) as session:
+    with locked_session(tree, obj.say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
+    if session.pending is not None:
+        obj.say(f"verify: {session.pending.line()}")
     click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, tree), obj.verbose,
                              session.runtime_info()))
-    sys.exit(EXIT_OK if all(r.ok for r in reports) else EXIT_CHANGES)
+    sys.exit(EXIT_OK if _ok(session, reports) else EXIT_CHANGES)
+
+
+def _ok(session, reports) -> bool:
+    """Every patch applied or native, and no transaction half-done."""
+    return session.pending is None and all(r.ok for r in reports)
 
 
 @main.command(epilog=EXIT_CODES)
@@ -182,7 +213,8 @@ def verify(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
 @click.pass_obj
 def diff(obj: Ctx, tree: str) -> None:
     """Print the unified diff between the original files and TREE now."""
-    with locked_session(tree, obj.say, write=False) as session:
+    with locked_session(tree, obj.say) as session:
+        _refuse_pending(session)
         click.echo(session.diff_against_original(), nl=False)
 
 
@@ -204,7 +236,8 @@ def export(obj: Ctx, tree: str, out: Optional[str], to_stdout: bool, author: Opt
 
     if bool(out) == to_stdout:
         raise click.UsageError("give exactly one of --out DIR or --stdout")
-    with locked_session(tree, obj.say, write=False) as session:
+    with locked_session(tree, obj.say) as session:
+        _refuse_pending(session)
         series = build_series(session, author or DEFAULT_AUTHOR)
     for note in series.notes:
         obj.say(f"note: {note}")

@@ -33,18 +33,13 @@ def check_writable(tree: "Tree", files: Iterable[str]) -> None:
                 raise PatchkitError(f"{node}: read-only {what}, cannot write {path.name} (nothing was changed)")
 
 
-def commit(session: "Session", outcome: "Outcome", state: dict) -> None:
+def commit(session: "Session", verb: str, outcome: "Outcome", state: dict) -> None:
     """Store the outcome's blobs, then write ``outcome.changed`` and
-    ``state`` as one transaction."""
+    ``state`` as one transaction (``verb``: apply or revert, for the journal)."""
     check_writable(session.tree, outcome.changed)  # again: runtime files were planned after the first check
     for data in outcome.blobs.values():
         session.store.put_blob(data)
-    session.store.commit(
-        session.tree.package,
-        {rel: new for rel, (old, new) in outcome.changed.items()},
-        {rel: None if old is None else sha256(old) for rel, (old, new) in outcome.changed.items()},
-        state,
-    )
+    session.store.commit(verb, session.tree.package, outcome.changed, session.state, state)
     session.state, session.from_manifest = state, False
 
 
@@ -87,7 +82,8 @@ def sync_runtime(session: "Session", state: dict, patches: list["Patch"], mode: 
             state["files"][rel]["patched"] = sha256(target)
     manifest = None
     if patches:
-        manifest = vendoring.manifest_bytes(mode, session.tree.version, [p.id for p in patches], state["files"])
+        manifest = vendoring.manifest_bytes(mode, session.tree.version, [p.id for p in patches], state["files"],
+                                            state.get("base_commit"))
     current = session.read(vendoring.MANIFEST)
     if manifest != current:
         outcome.changed[vendoring.MANIFEST] = (current, manifest)

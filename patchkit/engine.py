@@ -20,6 +20,7 @@ import patchkit
 from patchkit import originals, registry, vendoring
 from patchkit.errors import PatchkitError
 from patchkit.findings import Finding, State
+from patchkit.reconcile import Believed, reconcile
 from patchkit.registry import Patch
 from patchkit.state import Store, sha256
 from patchkit.transform_cache import Entry, TransformCache
@@ -114,13 +115,13 @@ class Session:
         self._cache_key = f"patchkit {patchkit.__version__}"
         self._cache = self.store.load_cache(self._cache_key)
         self._cache_dirty = False
-        self.state = self.store.load()
+        self.pending = self.store.pending()
+        self.believed = self._believe()
+        self.state = self.believed.state
+        self.from_manifest = self.believed.source == "manifest"
         self.transform_cache = TransformCache.default()
         self._prepared: dict[str, tuple[str, Entry]] = {}  # rel -> (sha256 of its source, entry)
         self.last_transformed: list[str] = []  # codemods the last transform() ran, in order
-        self.from_manifest = False
-        if not self.store.has_state():
-            self._load_manifest()
 
     @classmethod
     def open(cls, path: str | Path, say: Callable[[str], None] = lambda s: None) -> "Session":
@@ -128,23 +129,36 @@ class Session:
 
     # -- reading ---------------------------------------------------------------
 
-    def _load_manifest(self) -> None:
-        """A clone of a patched fork: no ``.patchkit`` state, but the tracked
-        manifest says what patchkit applied. Backups are recovered on demand."""
+    def _believe(self) -> Believed:
+        """The record of what patchkit did that agrees with the tree (see
+        ``patchkit.reconcile``): the local state, else the tracked manifest
+        (a clone of a patched fork: backups are recovered on demand)."""
+        local = self.store.load() if self.store.has_state() else None
         data = self.read(vendoring.MANIFEST)
-        if data is None:
-            return
-        doc = vendoring.read_manifest(data, str(self.tree.path(vendoring.MANIFEST)))
-        state = vendoring.state_from_manifest(doc)
-        for patch in registry.all_patches():
-            if patch.id in state["applied"]:
-                state["applied"][patch.id]["files"] = [f for f in patch.files if f in state["files"]]
-        self.state, self.from_manifest = state, True
+        manifest = None if data is None else vendoring.read_manifest(data, str(self.tree.path(vendoring.MANIFEST)))
+        believed = reconcile(self.tree.version, local, manifest, self.current_sha)
+        if believed.source == "manifest":
+            for patch in registry.all_patches():
+                if patch.id in believed.state["applied"]:
+                    believed.state["applied"][patch.id]["files"] = [f for f in patch.files if f in believed.state["files"]]
+        return believed
+
+    def current_sha(self, rel: str) -> Optional[str]:
+        data = self.read(rel)
+        return None if data is None else sha256(data)
+
+    def leftovers_line(self) -> Optional[str]:
+        """What an earlier base left of patchkit's in the tree, for status."""
+        if self.believed.source != "leftovers":
+            return None
+        return (f"patchkit's files from sglang {self.believed.leftovers_of} are still here "
+                f"({len(self.believed.leftovers)} files: {vendoring.FOLDER}/, manifest included); "
+                "`patchkit revert` removes them, `patchkit apply` brings them up to date")
 
     def blob(self, digest: str, rel: str) -> bytes:
         """Backed-up bytes of ``rel``; in a clone (no backups travel through
         git) recovered from git history or the release, checked by sha256."""
-        if not self.store.has_blob(digest) and self.from_manifest:
+        if not self.store.has_blob(digest) and self.believed.source != "state":
             data = originals.find(self.tree.path(rel), rel, digest, self.tree.version)
             self.store.put_blob(data)
             return data
@@ -179,15 +193,7 @@ class Session:
 
     def module(self, rel: str) -> "cst.Module":
         if rel not in self._modules:
-            import libcst as cst
-
-            data = self.read(rel)
-            try:
-                self._modules[rel] = cst.parse_module(data)
-            except cst.ParserSyntaxError as exc:
-                raise PatchkitError(
-                    f"{self.tree.path(rel)}:{exc.raw_line}: syntax error, cannot patch ({exc.message})"
-                ) from None
+            self._modules[rel] = _parse(self.read(rel), self.tree.path(rel))
         return self._modules[rel]
 
     def detect(self, rel: str, codemod: "CodemodRef") -> Finding:
@@ -398,33 +404,55 @@ class Session:
 
 
 def _parse(source: bytes, path: Path) -> "cst.Module":
+    """One file's libcst tree; what cannot be parsed is one line naming the file."""
     import libcst as cst
 
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        raise PatchkitError(f"{path}:{exc.raw_line}: syntax error ({exc.message})") from None
+        raise PatchkitError(f"{path}:{exc.raw_line}: syntax error, cannot patch ({exc.message})") from None
+    except UnicodeDecodeError as exc:
+        line = source[: exc.start].count(b"\n") + 1
+        raise PatchkitError(
+            f"{path}:{line}: byte 0x{source[exc.start]:02x} is not {exc.encoding.upper()}, cannot patch "
+            "(fix the byte, or declare the file's encoding in a coding line; nothing was changed)"
+        ) from None
 
 
 class locked_session:
-    """Open a tree for one command: take its lock, finish any transaction a
-    killed run left behind, then load state. Read-only trees (an installed
-    site-packages one cannot write) are inspected without a lock."""
+    """Open a tree for one command. A command that writes (``verb``: apply or
+    revert) takes the tree's lock, settles a transaction a killed run left
+    behind (the same command finishes it, the other rolls it back) and sets
+    aside local state that disagrees with the tree. A read command (no verb)
+    writes nothing of the work tree: it reports what it finds instead, and
+    takes the lock only where ``.patchkit`` already exists (so that it reads
+    no half-written state)."""
 
-    def __init__(self, path: str | Path, say: Callable[[str], None], timeout: float = 60.0, write: bool = True) -> None:
+    def __init__(self, path: str | Path, say: Callable[[str], None], verb: Optional[str] = None) -> None:
+        from patchkit import settings
+
         self.tree = find_tree(path)
-        self.say, self.timeout, self.write = say, timeout, write
+        self.say, self.verb = say, verb
+        self.timeout = settings.lock_timeout()
         self._lock = None
 
     def __enter__(self) -> Session:
         store = Store(self.tree.state_dir)
-        # Read-only commands on a tree patchkit never touched need no lock (and
-        # must not create .patchkit there).
-        if self.write or (store.folder.is_dir() and os.access(store.folder, os.W_OK)):
-            self._lock = store.locked(float(os.environ.get("PATCHKIT_LOCK_TIMEOUT", self.timeout)))
+        if self.verb or (store.folder.is_dir() and os.access(store.folder, os.W_OK)):
+            self._lock = store.locked(self.timeout)
             self._lock.__enter__()
-            store.recover(self.tree.package, self.say)
-        return Session(self.tree, self.say)
+        if self.verb:
+            store.recover(self.verb, self.tree.package, self.say)
+        session = Session(self.tree, self.say)
+        why = session.believed.disbelieved
+        if why and self.verb and store.has_state():
+            kept = store.set_aside()
+            self.say(f"local state .patchkit/state.json set aside ({why}): kept as "
+                     f".patchkit/{kept.relative_to(store.folder)}; the tree was read afresh")
+        elif why:
+            self.say(f"note: local state .patchkit/state.json is not believed ({why}); the tree was read "
+                     "instead (the next apply or revert sets it aside)")
+        return session
 
     def __exit__(self, *exc) -> None:
         if self._lock is not None:

@@ -64,14 +64,14 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
             step = "status + apply"
             # apply's reports are the status before it wrote anything: one
             # parse and detection of every file serves both.
-            with locked_session(tree, messages.append) as session:
+            with locked_session(tree, messages.append, "apply") as session:
                 row["version"] = session.tree.version
                 outcome = apply_patches(session, patches)
             before = {r.patch.id: r for r in outcome.reports}
             row["changed_files"] = sorted(outcome.changed)
             row["skipped"] = [{"id": pid, "reason": why} for pid, why in outcome.skipped]
             step = "verify"
-            with locked_session(tree, messages.append, write=False) as session:
+            with locked_session(tree, messages.append) as session:
                 after = session.reports(patches)
             row["verify_ok"] = all(r.ok for r in after)
             step = "standalone"
@@ -93,11 +93,11 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
                     "files": sorted(set(files)),
                 }
             step = "apply again"
-            with locked_session(tree, messages.append) as session:
+            with locked_session(tree, messages.append, "apply") as session:
                 again = apply_patches(session, patches, dry_run=True)
             row["idempotent"] = not again.changed and not again.done
             step = "revert"
-            with locked_session(tree, messages.append) as session:
+            with locked_session(tree, messages.append, "revert") as session:
                 revert_patches(session, [])
             step = "compare"
             now = snapshot(tree)

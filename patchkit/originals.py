@@ -13,11 +13,10 @@ there, each original is looked up, and checked against the recorded sha256:
 from __future__ import annotations
 
 import hashlib
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Optional
 
+from patchkit import git
 from patchkit.errors import EXIT_CHANGES, PatchkitError
 
 
@@ -27,27 +26,16 @@ class OriginalNotFound(PatchkitError):
     exit_code = EXIT_CHANGES
 
 
-def _git(cwd: Path, *args: str) -> Optional[bytes]:
-    try:
-        proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True)
-    except OSError:
-        return None
-    return proc.stdout if proc.returncode == 0 else None
-
-
 def from_git_history(path: Path, digest: str) -> Optional[bytes]:
     """A version of ``path`` with this sha256 in the history of its repository."""
-    if shutil.which("git") is None or not path.parent.is_dir():
+    root = git.toplevel(path.parent)
+    if root is None:
         return None
-    top = _git(path.parent, "rev-parse", "--show-toplevel")
-    if top is None:
-        return None
-    root = Path(top.decode().strip())
     try:
         rel = path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return None
-    log = _git(root, "log", "--all", "--format=", "--raw", "--no-abbrev", "--no-renames", "--", rel)
+    log = git.run(root, "log", "--all", "--format=", "--raw", "--no-abbrev", "--no-renames", "--", rel)
     if not log:
         return None
     blobs: list[str] = []
@@ -58,7 +46,7 @@ def from_git_history(path: Path, digest: str) -> Optional[bytes]:
             if blob.strip("0") and blob not in blobs:
                 blobs.append(blob)
     for blob in blobs:
-        data = _git(root, "cat-file", "blob", blob)
+        data = git.run(root, "cat-file", "blob", blob)
         if data is not None and hashlib.sha256(data).hexdigest() == digest:
             return data
     return None
@@ -81,6 +69,12 @@ def find(path: Path, rel: str, digest: str, version: str) -> bytes:
     data = from_git_history(path, digest)
     if data is None:
         data = from_release(version, rel, digest)
+    if data is None and git.is_shallow(path.parent):
+        raise PatchkitError(
+            f"{path}: cannot restore it exactly: this clone is shallow and the version patchkit recorded "
+            f"(sha256 {digest[:12]}) is not in the history it has nor in the sglang {version} release; "
+            "`git fetch --unshallow` fetches the rest of the history, then run this again (nothing was changed)"
+        )
     if data is None:
         raise OriginalNotFound(
             f"{path}: cannot restore it exactly: the version patchkit recorded (sha256 {digest[:12]}) is "

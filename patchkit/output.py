@@ -217,10 +217,14 @@ def runtime_line(runtime: Optional[dict]) -> Optional[str]:
             f"recorded in {runtime['recorded_in']}")
 
 
-def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, runtime: Optional[dict] = None) -> str:
+def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, runtime: Optional[dict] = None,
+                notes: tuple[str, ...] = ()) -> str:
+    """``notes``: lines about the tree as a whole (a pending transaction,
+    leftovers of an earlier base), printed under its first line."""
     lines = [f"sglang {tree.version} at {tree.package} ({tree.layout} layout)"]
     if runtime_line(runtime):
         lines.append(runtime_line(runtime))
+    lines += [f"  {note}" for note in notes]
     width = max((len(r.patch.id) for r in reports), default=0)
     for r in reports:
         line = f"  {r.patch.id:<{width}}  {r.state}"

@@ -36,9 +36,11 @@ _SESSION: Optional["Session"] = None
 
 def jobs() -> int:
     """Worker processes: ``PATCHKIT_JOBS``, else the CPUs this process may use."""
-    configured = os.environ.get("PATCHKIT_JOBS", "").strip()
-    if configured.isdigit() and int(configured) > 0:
-        return int(configured)
+    from patchkit import settings
+
+    configured = settings.jobs()
+    if configured is not None:
+        return configured
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux

@@ -46,15 +46,20 @@ def revert_patches(session: Session, ids: list[str], cascade: bool = False, forc
             del state["files"][rel]
     for pid in chosen:
         del state["applied"][pid]
-    if chosen:
+    # Leftovers of an earlier base (a runtime folder and manifest, no patch
+    # applied to this release) go with a plain `revert` too.
+    leftovers = not ids and session.believed.source == "leftovers"
+    if chosen or leftovers:
         sync_runtime(session, state, remaining, session.runtime_mode, outcome, force=force)
         if not state["applied"]:
-            for key in ("runtime", "runtime_api", "patchkit"):
+            for key in ("runtime", "runtime_api", "patchkit", "base_commit"):
                 state.pop(key, None)
+    if leftovers:
+        outcome.messages.append(f"removed patchkit's files left from sglang {session.believed.leftovers_of}")
     order = [p.id for p in applied]
     outcome.done = sorted(chosen, key=order.index)
-    if not dry_run and chosen:
-        commit(session, outcome, state)
+    if not dry_run and (chosen or leftovers):
+        commit(session, "revert", outcome, state)
     return outcome
 
 

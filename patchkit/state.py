@@ -4,9 +4,13 @@
   its original and patched bytes.
 - ``blobs/<sha256>``: content-addressed bytes (originals for exact revert,
   patched versions for 3-way merges with user edits, staged writes).
-- ``journal.json``: present only while a transaction writes files. A later
-  command that finds it rolls the transaction forward (every blob it needs is
-  stored before the journal is written) and says so.
+- ``journal.json``: present only while a transaction writes files. It names
+  the command (apply or revert), each file's sha256 before and after, and the
+  state before and after; every blob either side needs is stored before it is
+  written. A later run of the same command finishes the transaction, a run of
+  the other one rolls it back; read commands only report it.
+- ``set-aside/``: local state that disagreed with the tree, moved out of the
+  way (never deleted) by a command that rebuilt it from the tree.
 - ``lock``: serialises patchkit processes on one tree.
 - ``cache.json``: detection results keyed by codemod and file sha256, so
   ``status`` and ``verify`` need not parse files that did not change.
@@ -20,8 +24,11 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -64,20 +71,27 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def crash_point(label: str) -> None:
-    """Fault injection for the crash-safety tests only: ``PATCHKIT_TEST_CRASH_AT``
+    """Fault injection for the crash-safety tests only. ``PATCHKIT_TEST_CRASH_AT``
     names a point (``label`` or ``label:N`` for its N-th pass); reaching it kills
-    the process as SIGKILL would, without cleanup."""
-    target = os.environ.get("PATCHKIT_TEST_CRASH_AT")
-    if not target:
-        return
-    name, _, nth = target.partition(":")
-    if name != label:
-        return
-    counter = f"_PATCHKIT_CRASH_COUNT_{label}"
-    count = int(os.environ.get(counter, "0")) + 1
-    os.environ[counter] = str(count)
-    if not nth or int(nth) == count:
-        os._exit(137)
+    the process as SIGKILL would, without cleanup. ``PATCHKIT_TEST_SIGNAL_AT``
+    (``label:N:SIGTERM``) sends the process that signal there instead."""
+    for variable in ("PATCHKIT_TEST_CRASH_AT", "PATCHKIT_TEST_SIGNAL_AT"):
+        target = os.environ.get(variable)
+        if not target:
+            continue
+        name, _, rest = target.partition(":")
+        nth, _, signame = rest.partition(":")
+        if name != label:
+            continue
+        counter = f"_PATCHKIT_{variable}_COUNT_{label}"
+        count = int(os.environ.get(counter, "0")) + 1
+        os.environ[counter] = str(count)
+        if nth and int(nth) != count:
+            continue
+        if signame:
+            os.kill(os.getpid(), getattr(signal, signame))
+        else:
+            os._exit(137)
 
 
 class Store:
@@ -101,7 +115,8 @@ class Store:
         digest = sha256(data)
         path = self.blobs / digest
         if not path.exists():
-            self.blobs.mkdir(parents=True, exist_ok=True)
+            self.ensure_folder()  # never a .patchkit/ without its .gitignore
+            self.blobs.mkdir(exist_ok=True)
             atomic_write(path, data)
         return digest
 
@@ -141,6 +156,16 @@ class Store:
         self.ensure_folder()
         atomic_write(self.folder / "state.json", _dumps(state))
 
+    def set_aside(self) -> Path:
+        """Move ``state.json`` out of the way (kept, never deleted), for a
+        command that found it disagreeing with the tree."""
+        folder = self.folder / "set-aside"
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f"state-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
+        os.replace(self.folder / "state.json", target)
+        _fsync_dir(self.folder)
+        return target
+
     # -- detection cache -----------------------------------------------------
 
     def load_cache(self, key: str) -> dict:
@@ -161,50 +186,70 @@ class Store:
     def journal(self) -> Path:
         return self.folder / "journal.json"
 
-    def commit(self, root: Path, writes: dict[str, Optional[bytes]], before: dict[str, Optional[str]],
-               state: dict) -> None:
+    def commit(self, verb: str, root: Path, changes: dict[str, tuple[Optional[bytes], Optional[bytes]]],
+               old_state: dict, state: dict) -> None:
         """Write files and the new state as one transaction.
 
-        writes: relpath -> new bytes (None: remove the file); before: relpath ->
-        sha256 expected on disk (None: the file does not exist yet).
-        """
+        changes: relpath -> (bytes on disk now, new bytes); None: no such
+        file (created / removed). Both sides are stored as blobs before the
+        journal, so an interrupted transaction can be finished or rolled back.
+        SIGINT and SIGTERM wait until it is committed."""
         self.ensure_folder()
-        entries = [{"file": rel, "before": before[rel], "after": None if data is None else self.put_blob(data)}
-                   for rel, data in writes.items()]
-        atomic_write(self.journal, _dumps({"files": entries, "state": state}))
-        crash_point("journal")
-        for entry in entries:
-            _write_or_remove(root, entry["file"], writes[entry["file"]])
-            crash_point("file")
-        self.save(state)
-        crash_point("state")
-        self.journal.unlink()
+        entries = [
+            {"file": rel, "before": None if old is None else self.put_blob(old),
+             "after": None if new is None else self.put_blob(new)}
+            for rel, (old, new) in changes.items()
+        ]
+        with held_signals():
+            atomic_write(self.journal, _dumps({"verb": verb, "files": entries, "old_state": old_state, "state": state}))
+            crash_point("journal")
+            for rel, (_, new) in changes.items():
+                _write_or_remove(root, rel, new)
+                crash_point("file")
+            self.save(state)
+            crash_point("state")
+            self.journal.unlink()
+            _fsync_dir(self.folder)
 
-    def recover(self, root: Path, say: Callable[[str], None]) -> None:
-        """Finish a transaction a killed process left behind."""
+    def pending(self) -> Optional["Pending"]:
+        """The transaction a killed run left behind, if any."""
         if not self.journal.exists():
-            return
+            return None
         try:
             journal = json.loads(self.journal.read_text(encoding="utf-8"))
             entries, state = journal["files"], journal["state"]
         except (OSError, ValueError, KeyError, TypeError):
             raise PatchkitError(f"{self.journal}: corrupt transaction journal; inspect it, then remove it") from None
-        finished = 0
-        for entry in entries:
-            path = root / entry["file"]
-            current = sha256(path.read_bytes()) if path.exists() else None
-            if current == entry["after"]:
-                continue
-            if current != entry["before"]:
-                raise PatchkitError(
-                    f"{path}: changed since an interrupted patchkit run; cannot finish its transaction "
-                    f"({self.journal})"
-                )
-            _write_or_remove(root, entry["file"], None if entry["after"] is None else self.get_blob(entry["after"]))
-            finished += 1
-        self.save(state)
-        self.journal.unlink()
-        say(f"recovered an interrupted patchkit run: finished its transaction ({finished} of {len(entries)} files were pending)")
+        return Pending(journal.get("verb", "apply"), entries, state, journal.get("old_state"))
+
+    def recover(self, verb: str, root: Path, say: Callable[[str], None]) -> None:
+        """Settle a transaction a killed run left behind: the same command
+        finishes it, the other rolls it back (every file back to its bytes
+        before, and the state before)."""
+        pending = self.pending()
+        if pending is None:
+            return
+        forward = pending.verb == verb or pending.old_state is None  # journals of patchkit 0.2.0 only go forward
+        side = "after" if forward else "before"
+        moved = 0
+        with held_signals():
+            for entry in pending.files:
+                path = root / entry["file"]
+                current = file_sha(path)
+                if current == entry[side]:
+                    continue
+                if current not in (entry["before"], entry["after"]):
+                    raise PatchkitError(
+                        f"{path}: changed since an interrupted patchkit {pending.verb}; cannot settle its "
+                        f"transaction ({self.journal}: restore the file, or remove the journal to leave the tree as it is)"
+                    )
+                _write_or_remove(root, entry["file"], None if entry[side] is None else self.get_blob(entry[side]))
+                moved += 1
+            self.save(pending.state if forward else pending.old_state)
+            self.journal.unlink()
+        done = "finished it" if forward else "rolled it back"
+        say(f"an interrupted {pending.verb} of {len(pending.files)} files was pending: {done} "
+            f"({moved} file(s) written)")
 
     @contextlib.contextmanager
     def locked(self, timeout: float) -> Iterator[None]:
@@ -231,6 +276,49 @@ class Store:
             yield
         finally:
             os.close(fd)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A transaction a killed run left behind."""
+
+    verb: str  # apply | revert
+    files: list[dict]  # {"file", "before", "after"}: sha256 or None
+    state: dict
+    old_state: Optional[dict]
+
+    def line(self) -> str:
+        other = "revert" if self.verb == "apply" else "apply"
+        return (f"an interrupted {self.verb} of {len(self.files)} files is pending: `patchkit {self.verb}` "
+                f"finishes it, `patchkit {other}` rolls it back")
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM, raised once the transaction it waited for is done."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM for the block (the write phase of a
+    transaction): the tree is all-or-nothing when the process exits. A signal
+    that arrived is raised as ``Interrupted`` when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise Interrupted(received[0])
 
 
 def _write_or_remove(root: Path, rel: str, data: Optional[bytes]) -> None:

@@ -210,10 +210,13 @@ def stale_reason(rel: str, on_disk: Optional[bytes], expected: bytes) -> Optiona
 # --- the manifest -----------------------------------------------------------------
 
 
-def manifest_bytes(mode: str, tree_version: str, applied: Iterable[str], files: dict[str, dict]) -> bytes:
-    """``files``: the state's file entries (rel -> original/patched sha256)."""
+def manifest_bytes(mode: str, tree_version: str, applied: Iterable[str], files: dict[str, dict],
+                   base_commit: Optional[str] = None) -> bytes:
+    """``files``: the state's file entries (rel -> original/patched sha256);
+    ``base_commit``: the fork's commit the patches were first applied on."""
     doc = {
         "schema": MANIFEST_SCHEMA,
+        "base_commit": base_commit,
         "patchkit": __version__,
         "runtime": mode,
         "runtime_api": RUNTIME_API,
@@ -245,7 +248,8 @@ def state_from_manifest(doc: dict) -> dict:
     files = {rel: {"original": f["before"], "patched": f["after"]} for rel, f in doc["files"].items()}
     applied = {pid: {"files": []} for pid in doc["patches"]}
     return {"format": 1, "applied": applied, "files": files, "runtime": doc["runtime"],
-            "runtime_api": doc.get("runtime_api"), "patchkit": doc.get("patchkit", "?")}
+            "runtime_api": doc.get("runtime_api"), "patchkit": doc.get("patchkit", "?"),
+            "sglang": doc.get("sglang"), "base_commit": doc.get("base_commit")}
 
 
 # --- does the tree stand on its own? ------------------------------------------------

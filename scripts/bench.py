@@ -171,7 +171,7 @@ class Bench:
         patches = list(registry.all_patches())
 
         def apply_in_process(tree: Path) -> None:
-            with locked_session(tree, quiet) as session:
+            with locked_session(tree, quiet, "apply") as session:
                 outcome = apply_patches(session, patches)
             assert outcome.changed, "apply changed nothing"
 
@@ -190,7 +190,7 @@ class Bench:
                 libcst.parse_module(sources[rel]).bytes
 
         def reports() -> None:
-            with locked_session(patched, quiet, write=False) as session:
+            with locked_session(patched, quiet) as session:
                 session.reports()
 
         cmd = patchkit_cmd()
@@ -308,7 +308,7 @@ class Bench:
 
         def profiled() -> None:
             prof.enable()
-            with locked_session(tree, quiet) as session:
+            with locked_session(tree, quiet, "apply") as session:
                 apply_patches(session, patches)
             prof.disable()
 

@@ -53,17 +53,26 @@ def assert_each_file_consistent(tree, reference):
         assert now[rel] in (orig[rel], reference[rel]), f"{rel} is half-written"
 
 
-def assert_recovered_and_coherent(tree, reference):
-    status = run(tree, "status")
-    assert status.returncode == 0, status.stderr
+def assert_settled(tree, reference, verb):
+    """Read commands report an interrupted run and leave every byte as they
+    found it; ``verb`` then finishes the transaction (the verb that was
+    interrupted) or rolls it back (the other one). Returns what it said."""
+    before = snapshot(tree)
+    pending = (tree / ".patchkit" / "journal.json").exists()
+    status, verify = run(tree, "status"), run(tree, "verify")
+    assert snapshot(tree) == before, "a read command wrote the tree"
+    assert (tree / ".patchkit" / "journal.json").exists() == pending
+    if pending:
+        assert "is pending: `patchkit " in status.stdout
+        assert verify.returncode == 1 and "is pending" in verify.stderr
+    settle = run(tree, verb)
+    assert settle.returncode == 0, settle.stderr
     assert not (tree / ".patchkit" / "journal.json").exists()
-    now = snapshot(tree)
-    assert now in (pristine_snapshot(PRIMARY), reference), "tree neither original nor fully patched"
-    if now == reference:
-        assert run(tree, "verify").returncode == 0
+    assert snapshot(tree) == (reference if verb == "apply" else pristine_snapshot(PRIMARY))
+    assert run(tree, "verify").returncode == (0 if verb == "apply" else 1)
     assert run(tree, "revert").returncode == 0
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
-    return status.stderr
+    return settle.stderr
 
 
 def crash_points(reference) -> list[str]:
@@ -75,18 +84,22 @@ def crash_points(reference) -> list[str]:
 
 
 @pytest.mark.parametrize("verb", ["apply", "revert"])
-def test_killed_at_every_point_recovers(make_tree, patched_reference, verb):
+def test_killed_at_every_point_is_finished_or_rolled_back(make_tree, patched_reference, verb):
+    other = "revert" if verb == "apply" else "apply"
     points = crash_points(patched_reference)
-    for point in points:
+    for i, point in enumerate(points):
         tree = make_tree(PRIMARY)
         if verb == "revert":
             assert run(tree, "apply").returncode == 0
         crashed = run(tree, verb, env={"PATCHKIT_TEST_CRASH_AT": point})
         assert crashed.returncode == 137, (point, crashed.stderr)
         assert_each_file_consistent(tree, patched_reference)
-        message = assert_recovered_and_coherent(tree, patched_reference)
-        assert "recovered an interrupted patchkit run" in message, point
-    print(f"{verb}: killed at {len(points)} points ({', '.join(points)}); all recovered")
+        # Every other point is settled by the other command: it rolls back.
+        settle = verb if i % 2 == 0 else other
+        message = assert_settled(tree, patched_reference, settle)
+        done = "finished it" if settle == verb else "rolled it back"
+        assert f"an interrupted {verb} of " in message and done in message, (point, message)
+    print(f"{verb}: killed at {len(points)} points ({', '.join(points)}); each finished or rolled back")
 
 
 def test_sigkill_at_random_moments(make_tree, patched_reference):
@@ -102,7 +115,45 @@ def test_sigkill_at_random_moments(make_tree, patched_reference):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert_each_file_consistent(tree, patched_reference)
-        assert_recovered_and_coherent(tree, patched_reference)
+        assert_settled(tree, patched_reference, "apply" if attempt % 4 < 2 else "revert")
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_signal_in_the_write_phase_waits_for_the_commit(make_tree, patched_reference, signame):
+    """A signal at any point of the transaction is held until it is
+    committed: the process exits 130 / 143 with the tree fully patched."""
+    points = crash_points(patched_reference)
+    for point in points:
+        tree = make_tree(PRIMARY)
+        at = point if ":" in point else f"{point}:"  # label:N:SIGNAL, N empty for a one-pass point
+        result = run(tree, "apply", env={"PATCHKIT_TEST_SIGNAL_AT": f"{at}:{signame}"})
+        assert result.returncode == 128 + getattr(signal, signame), (point, result.stderr)
+        assert f"interrupted by {signame}" in result.stderr
+        assert not (tree / ".patchkit" / "journal.json").exists()
+        assert snapshot(tree) == patched_reference, point
+
+
+def test_signals_at_random_moments_leave_all_or_nothing(make_tree, patched_reference):
+    """Real signals at random moments of warm-cache applies (a write window
+    of a few hundred milliseconds): the tree is pristine or fully patched."""
+    rng = random.Random(4321)
+    warm = make_tree(PRIMARY)
+    assert run(warm, "apply").returncode == 0  # fills the shared transform cache
+    outcomes = []
+    for attempt in range(10):
+        tree = make_tree(PRIMARY)
+        sig = signal.SIGINT if attempt % 2 else signal.SIGTERM
+        proc = subprocess.Popen([sys.executable, "-m", "patchkit", "apply", str(tree)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.1, 1.2))
+        proc.send_signal(sig)
+        proc.wait()
+        now = snapshot(tree)
+        assert now in (pristine_snapshot(PRIMARY), patched_reference), attempt
+        assert not (tree / ".patchkit" / "journal.json").exists()
+        assert proc.returncode in (0, 128 + sig, -sig), proc.returncode
+        outcomes.append("patched" if now == patched_reference else "pristine")
+    print("signal outcomes:", outcomes)
 
 
 def test_two_applies_at_once_are_serialised(make_tree, patched_reference):

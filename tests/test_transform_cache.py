@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def apply(tree: Path) -> None:
-    with locked_session(tree, lambda _: None) as session:
+    with locked_session(tree, lambda _: None, "apply") as session:
         outcome = apply_patches(session, list(registry.all_patches()))
     assert outcome.changed
 
@@ -79,7 +79,7 @@ def test_cold_and_warm_apply_are_byte_identical(version, tmp_path, cache_dir, re
         apply(warm)
     assert snapshot(cold) == snapshot(warm) == reference(version)
     # The applied trees verify and revert exactly.
-    with locked_session(warm, lambda _: None) as session:
+    with locked_session(warm, lambda _: None, "apply") as session:
         assert all(r.ok for r in session.reports())
         revert_patches(session, [])
     assert snapshot(warm) == snapshot(pristine(version))
