@@ -126,13 +126,12 @@ def status(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
     not-applicable (with the reason)."""
     with locked_session(tree, obj.say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
-    notes = [line for line in (session.pending and session.pending.line(), session.leftovers_line()) if line]
     if fmt == "json":
         locator = output.Locator(session.tree, tree)
         click.echo(output.status_json(session.tree, reports, locator, ok=_ok(session, reports),
-                                      runtime=session.runtime_info(), notes=notes))
+                                      runtime=session.runtime_info(), notes=session.notes()))
     else:
-        click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info(), notes))
+        click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info(), session.notes()))
 
 
 @main.command(epilog=EXIT_CODES)
@@ -199,7 +198,7 @@ def verify(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
     if session.pending is not None:
         obj.say(f"verify: {session.pending.line()}")
     click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, tree), obj.verbose,
-                             session.runtime_info()))
+                             session.runtime_info(), session.notes(), pending=session.pending is not None))
     sys.exit(EXIT_OK if _ok(session, reports) else EXIT_CHANGES)
 
 

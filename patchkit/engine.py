@@ -147,10 +147,15 @@ class Session:
         data = self.read(rel)
         return None if data is None else sha256(data)
 
-    def leftovers_line(self) -> Optional[str]:
-        """What an earlier base left of patchkit's in the tree, for status."""
-        if self.believed.source != "leftovers":
-            return None
+    def notes(self) -> list[str]:
+        """Lines about the tree as a whole, for status and verify: a
+        transaction a killed run left, leftovers of an earlier base."""
+        lines = [] if self.pending is None else [self.pending.line()]
+        if self.believed.source == "leftovers":
+            lines.append(self._leftovers_line())
+        return lines
+
+    def _leftovers_line(self) -> str:
         return (f"patchkit's files from sglang {self.believed.leftovers_of} are still here "
                 f"({len(self.believed.leftovers)} files: {vendoring.FOLDER}/, manifest included); "
                 "`patchkit revert` removes them, `patchkit apply` brings them up to date")

@@ -352,20 +352,23 @@ def status_github(tree: Tree, reports: list[PatchReport], locator: Locator) -> s
 
 
 def render(fmt: str, tree: Tree, reports: list[PatchReport], locator: Locator, verbose: bool = False,
-           runtime: Optional[dict] = None) -> str:
-    """verify's output in one of FORMATS."""
+           runtime: Optional[dict] = None, notes: tuple[str, ...] = (), pending: bool = False) -> str:
+    """verify's output in one of FORMATS; ``pending``: an interrupted
+    transaction (one of the ``notes``) fails the verdict."""
     failed = [r for r in reports if not r.ok]
     if fmt == "json":
-        return status_json(tree, reports, locator, ok=not failed, runtime=runtime)
+        return status_json(tree, reports, locator, ok=not failed and not pending, runtime=runtime, notes=list(notes))
     if fmt == "junit":
         return status_junit(tree, reports, locator)
     if fmt == "github":
         return status_github(tree, reports, locator)
-    text = status_text(tree, reports, verbose, runtime)
+    text = status_text(tree, reports, verbose, runtime, notes)
     # Where a partial or not-applicable patch breaks (an absent one is simply
     # not applied: its status line says all there is to say).
     broken = [r for r in failed if r.state != "absent"]
     if broken:
         text += "\n" + "\n".join(f"  {r.patch.id}: {line}" for r in broken
                                   for line in failure_text(r, locator).splitlines())
+    if pending:
+        return text + "\n" + "verify: FAILED (an interrupted transaction is pending)"
     return text + "\n" + ("verify: OK" if not failed else f"verify: FAILED ({', '.join(r.patch.id for r in failed)})")

@@ -6,6 +6,8 @@ a conftest of its own, and two modules named conftest collide)."""
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
 from functools import lru_cache
 from pathlib import Path
 
@@ -37,3 +39,19 @@ def _pristine_snapshot(version: str) -> tuple:
 def pristine_snapshot(version: str) -> dict[str, str]:
     """snapshot() of the pristine release, computed once per test session."""
     return dict(_pristine_snapshot(version))
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Run git with a fixed identity; its stdout."""
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def git_checkout(make_tree, version: str = PRIMARY) -> Path:
+    """A git checkout (ROOT/python/sglang) with the pristine release committed."""
+    root = make_tree(version, "checkout")
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "sglang release")
+    return root

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PRIMARY, pristine_snapshot, snapshot
+from support import PRIMARY, git, git_checkout, pristine_snapshot, snapshot
 from patchkit import vendoring
 
 pytestmark = pytest.mark.trees
@@ -40,21 +40,6 @@ def states(cli, tree) -> dict[str, str]:
 def patched_files(tree: Path) -> list[str]:
     state = json.loads((tree / ".patchkit" / "state.json").read_text())
     return [rel for rel, e in state["files"].items() if e["original"] is not None]
-
-
-def _git(cwd: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
-
-
-def _checkout(make_tree, version: str = PRIMARY) -> Path:
-    """A git checkout (ROOT/python/sglang) with the pristine release committed."""
-    root = make_tree(version, "checkout")
-    _git(root, "init", "-q")
-    _git(root, "add", "-A")
-    _git(root, "commit", "-qm", "sglang release")
-    return root
 
 
 @pytest.mark.parametrize("version", [PRIMARY, "0.5.10"])
@@ -163,8 +148,8 @@ def test_export_series_gives_a_tree_that_runs_without_patchkit(make_tree, cli, t
     assert cli("apply", patched).exit_code == 0
     out = tmp_path / "series"
     assert cli("export", patched, "--out", out).exit_code == 0
-    target = _checkout(make_tree)
-    _git(target, "am", "-q", *sorted(str(p) for p in out.glob("*.patch")))
+    target = git_checkout(make_tree)
+    git(target, "am", "-q", *sorted(str(p) for p in out.glob("*.patch")))
     package = target / "python" / "sglang"
     assert snapshot(package) == snapshot(patched / "python" / "sglang")
     ok, error = vendoring.import_in_isolation(package)
@@ -174,12 +159,12 @@ def test_export_series_gives_a_tree_that_runs_without_patchkit(make_tree, cli, t
 
 
 def test_clone_of_a_patched_fork_knows_what_was_applied(make_tree, cli, tmp_path):
-    origin = _checkout(make_tree)
+    origin = git_checkout(make_tree)
     assert cli("apply", origin).exit_code == 0
-    _git(origin, "add", "-A")
-    _git(origin, "commit", "-qm", "patchkit apply")
+    git(origin, "add", "-A")
+    git(origin, "commit", "-qm", "patchkit apply")
     clone = tmp_path / "clone"
-    _git(tmp_path, "clone", "-q", str(origin), str(clone))
+    git(tmp_path, "clone", "-q", str(origin), str(clone))
     assert not (clone / "python/sglang/.patchkit").exists()
 
     result = cli("status", clone)
@@ -193,7 +178,7 @@ def test_clone_of_a_patched_fork_knows_what_was_applied(make_tree, cli, tmp_path
     result = cli("revert", clone)
     assert result.exit_code == 0, result.output
     assert "12 file(s) changed, 7 removed" in result.output
-    assert _git(clone, "diff", "HEAD~1", "--stat").strip().endswith("1 file changed, 1 insertion(+)")
+    assert git(clone, "diff", "HEAD~1", "--stat").strip().endswith("1 file changed, 1 insertion(+)")
     assert not (clone / "python/sglang/srt/_patchkit").exists()
 
 
