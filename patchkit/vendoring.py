@@ -112,8 +112,9 @@ def require_runtime() -> None:
     except ImportError:
         raise ImportError(
             "this sglang tree was patched by patchkit in package mode and needs the patchkit runtime "
-            "(API {RUNTIME_API}), which is not installed (pip install patchkit-runtime, or re-apply with "
-            "--runtime vendored)"
+            "(API {RUNTIME_API}), which is not installed: install the runtime alone (sglang-patchkit-runtime: "
+            "`python scripts/build_runtime_wheel.py` in a patchkit checkout builds its wheel) or all of patchkit "
+            "(sglang-patchkit: `pip install .` in that checkout), or re-apply with --runtime vendored"
         ) from None
     if installed != RUNTIME_API:
         raise ImportError(

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build ``patchkit-runtime``: the runtime alone, for serving images of trees
+"""Build ``sglang-patchkit-runtime``: the runtime alone, for serving images of trees
 patched with ``--runtime package``.
 
 It holds ``patchkit/runtime/`` and ``patchkit/backends/`` and nothing else (no
@@ -37,7 +37,7 @@ requires = ["setuptools>=69"]
 build-backend = "setuptools.build_meta"
 
 [project]
-name = "patchkit-runtime"
+name = "sglang-patchkit-runtime"
 version = "{__version__}"
 description = "The runtime code sglang trees patched by patchkit (package mode) import: standard library and torch only"
 requires-python = ">=3.9"
@@ -58,7 +58,7 @@ def build(out: Path) -> Path:
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(stage)],
                        check=True)
-    wheel = out / f"patchkit_runtime-{__version__}-py3-none-any.whl"
+    wheel = out / f"sglang_patchkit_runtime-{__version__}-py3-none-any.whl"
     if not wheel.is_file():
         raise SystemExit(f"build_runtime_wheel: pip did not produce {wheel}")
     return wheel

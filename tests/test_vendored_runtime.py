@@ -74,6 +74,7 @@ def test_package_mode_forwards_and_checks_the_runtime_contract(make_tree, cli, t
     # Without any patchkit runtime: one line, naming the API the tree needs.
     ok, error = vendoring.import_in_isolation(tree)
     assert not ok and error.startswith("ImportError: ") and "(API 1)" in error and "not installed" in error
+    assert "sglang-patchkit-runtime" in error and "build_runtime_wheel.py" in error  # a name that exists, and how
     # With this repository's runtime on the path: imports.
     ok, error = vendoring.import_in_isolation(tree, str(ROOT))
     assert ok, error
@@ -220,7 +221,7 @@ def test_runtime_wheel_installs_without_cli_dependencies(tmp_path):
     out = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(site)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(vendoring.RUNTIME_API), "None", "None"]
-    metadata = next(site.glob("patchkit_runtime-*.dist-info")) / "METADATA"
+    metadata = next(site.glob("sglang_patchkit_runtime-*.dist-info")) / "METADATA"
     assert "Requires-Dist" not in metadata.read_text()
 
 
