@@ -2,7 +2,7 @@
 
 Tests, the demo, the matrix and the benchmark all work on real trees: a wheel is
 a zip whose ``sglang/`` folder is the package. Nothing from sglang is ever
-committed; trees live under ``$PATCHKIT_CACHE`` (default ``~/.cache/patchkit``).
+committed; trees live under ``$PATCHKIT_CACHE_DIR`` (``patchkit.settings.cache_dir``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from patchkit import settings
 from patchkit.errors import PatchkitError
 
 # Pure-Python parts are identical across platforms; pin one wheel flavour so the
@@ -31,7 +32,7 @@ _WHEEL_FLAGS = [
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PATCHKIT_CACHE", Path.home() / ".cache" / "patchkit"))
+    return settings.cache_dir()
 
 
 def download_wheel(version: str) -> Path:

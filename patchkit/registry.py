@@ -1,17 +1,30 @@
-"""The patch registry: one declarative TOML file per patch in ``patches/``.
+"""The registry: one declarative TOML file per patch, from patch sets.
 
-``patches/`` is installed as the ``patchkit.patches`` package (see
-pyproject.toml), so the definitions ship with patchkit. A patch names its
-upstream PRs, the patches it requires, and per target file the codemods
-(``module:Class`` under ``patchkit.codemods``) that carry it.
+patchkit's own set is ``patches/``, installed as the ``patchkit.patches``
+package (see pyproject.toml); its codemod references (``module:Class``)
+resolve under ``patchkit.codemods``. A vendor keeps patches of their own in
+their own repository, as a *patch set*: a folder of ``*.toml`` definitions
+beside the Python modules of their codemods, where a reference
+``module:Class`` names ``module.py`` of that folder. patchkit finds sets
+
+- named on the command line (``patchkit --patches DIR``, repeatable),
+- listed in a ``pyproject.toml`` above the tree or the current folder
+  (``[tool.patchkit] patches = ["path", ...]``, relative to that file),
+- installed: a distribution's entry point in the ``patchkit.patches`` group
+  names a package, which holds the definitions and codemod modules the same way.
+
+Ids are one namespace: a patch defined twice is refused, naming both places.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.resources
 import importlib.util
+import sys
 import tomllib
+import types
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -77,10 +90,34 @@ class Patch:
     # Runtime modules (under patchkit/, dotted: "runtime", "backends.trtllm_mha")
     # the patched code imports; written into the tree by patchkit.vendoring.
     runtime: tuple[str, ...] = ()
+    # The set the definition came from (``PatchSet.label``): "patchkit" for
+    # patchkit's own, else the folder or the entry point.
+    origin: str = "patchkit"
 
     @property
     def files(self) -> list[str]:
         return [t.file for t in self.targets]
+
+
+@dataclass(frozen=True)
+class ExternalRef:
+    """A codemod of a set outside patchkit: ``module:Class`` of the import
+    package ``package`` (a registered folder or an installed package).
+
+    A plain value (a fork-started worker receives it pickled). Its name
+    carries the set and a digest of the module's source, so the per-tree
+    detection cache, keyed by name and file bytes, never answers for an
+    edited codemod; and it is not a ``str``, so the shared transform cache
+    (whose fingerprint covers patchkit's own code only) leaves it alone."""
+
+    package: str
+    module: str
+    cls: str
+    label: str
+    digest: str
+
+    def name(self) -> str:
+        return f"{self.label}:{self.module}.{self.cls}@{self.digest}"
 
 
 def codemod_name(ref) -> str:
@@ -94,7 +131,9 @@ _LOADED: dict[str, type] = {}
 
 
 def load_codemod(ref) -> "type[PatchCodemod]":
-    """The codemod class of a ``module:Class`` reference (or ``name()``), imported on first use."""
+    """The codemod class of a reference (or a class, returned as it is), imported on first use."""
+    if isinstance(ref, ExternalRef):
+        return _load_external(ref)
     if not isinstance(ref, str):
         return ref
     key = codemod_name(ref)
@@ -109,58 +148,219 @@ def load_codemod(ref) -> "type[PatchCodemod]":
     return codemod
 
 
-def _check_codemod(ref: str, patch_id: str) -> str:
-    """A reference as written in a patch file: ``module:Class`` whose module
-    exists (found without importing it; the class is imported on first use)."""
-    module_name, sep, class_name = ref.partition(":")
-    if not sep or not module_name or not class_name or importlib.util.find_spec(f"patchkit.codemods.{module_name}") is None:
-        raise PatchkitError(f"patch {patch_id}: codemod {ref} cannot be loaded: no module patchkit.codemods.{module_name}")
-    return ref
+def _load_external(ref: ExternalRef) -> type:
+    key = ref.name()
+    codemod = _LOADED.get(key)
+    if codemod is None:
+        try:
+            found = getattr(importlib.import_module(f"{ref.package}.{ref.module}"), ref.cls)
+        except Exception as exc:  # noqa: BLE001 - a vendor's module may fail any way: one line
+            raise PatchkitError(f"codemod {ref.module}:{ref.cls} of {ref.label} cannot be loaded: "
+                                f"{type(exc).__name__}: {exc}") from None
+        # Reports and caches know a codemod by name(): the loaded class answers
+        # with its reference's name, never a bare module.Class that could be
+        # one of patchkit's own.
+        codemod = _LOADED[key] = type(found.__name__, (found,), {"name": classmethod(lambda cls: key),
+                                                                "__module__": found.__module__})
+    return codemod
 
 
-def _parse(text: str, source: str) -> Patch:
-    data = tomllib.loads(text)
-    pid = data["id"]
-    targets = tuple(
-        Target(
-            file=t["file"],
-            codemods=tuple(_check_codemod(ref, pid) for ref in t["codemods"]),
-            optional=t.get("optional", False),
-            when_missing=t.get("when_missing", ""),
+@dataclass(frozen=True)
+class PatchSet:
+    """Where patch definitions come from. ``folder`` holds the ``*.toml``;
+    ``package`` is the import package their ``module:Class`` references
+    resolve under; ``label`` names the set in ``list`` and in errors."""
+
+    label: str
+    folder: "Traversable"
+    package: str
+    builtin: bool = False
+
+    def definitions(self) -> list["Traversable"]:
+        try:
+            files = [f for f in self.folder.iterdir() if f.name.endswith(".toml")]
+        except OSError as exc:
+            raise PatchkitError(f"patch set {self.label}: cannot read it ({exc.strerror or exc})") from None
+        return sorted(files, key=lambda f: f.name)
+
+    def ref(self, ref: str, patch_id: str):
+        """A reference as written in a patch file, checked: ``module:Class``
+        whose module exists in this set (found without importing it; the class
+        is imported on first use)."""
+        module_name, sep, class_name = ref.partition(":")
+        if sep and module_name and class_name:
+            if self.builtin:
+                if importlib.util.find_spec(f"{self.package}.{module_name}") is not None:
+                    return ref
+            else:
+                source = self._module_source(module_name)
+                if source is not None:
+                    return ExternalRef(self.package, module_name, class_name, self.label,
+                                       hashlib.sha256(source).hexdigest()[:12])
+        raise PatchkitError(f"patch {patch_id}: codemod {ref} cannot be loaded: no module {module_name} in "
+                            f"{'patchkit.codemods' if self.builtin else self.label}")
+
+    def _module_source(self, module_name: str) -> Optional[bytes]:
+        """The source of ``module_name`` (a module or a package) of this set."""
+        *parents, last = module_name.split(".")
+        for candidate in (self.folder.joinpath(*parents, last + ".py"),
+                          self.folder.joinpath(*parents, last, "__init__.py")):
+            if candidate.is_file():
+                return candidate.read_bytes()
+        return None
+
+
+def _parse(text: str, source: str, patch_set: Optional[PatchSet] = None) -> Patch:
+    patch_set = patch_set or builtin_set()
+    try:
+        data = tomllib.loads(text)
+        pid = data["id"]
+        targets = tuple(
+            Target(
+                file=t["file"],
+                codemods=tuple(patch_set.ref(ref, pid) for ref in t["codemods"]),
+                optional=t.get("optional", False),
+                when_missing=t.get("when_missing", ""),
+            )
+            for t in data.get("targets", [])
         )
-        for t in data.get("targets", [])
-    )
-    return Patch(
-        id=pid,
-        title=data["title"],
-        upstream=tuple(data.get("upstream", [])),
-        requires=tuple(data.get("requires", [])),
-        description=data.get("description", "").strip(),
-        targets=targets,
-        runtime=tuple(data.get("runtime", [])),
-    )
+        return Patch(
+            id=pid,
+            title=data["title"],
+            upstream=tuple(data.get("upstream", [])),
+            requires=tuple(data.get("requires", [])),
+            description=data.get("description", "").strip(),
+            targets=targets,
+            runtime=tuple(data.get("runtime", [])),
+            origin=patch_set.label,
+        )
+    except tomllib.TOMLDecodeError as exc:
+        raise PatchkitError(f"{source}: not valid TOML ({exc})") from None
+    except KeyError as exc:
+        raise PatchkitError(f"{source}: a patch definition needs {exc.args[0]!r}") from None
 
 
-def definition_files() -> list[Traversable]:
-    """The ``*.toml`` patch definitions, sorted by name.
-
-    Installed, they are the ``patchkit.patches`` package; run from a source
-    checkout that was never installed (``python -m patchkit`` in the repo, or
-    ``scripts/gpu_e2e.py`` calling it), that package does not exist and the
-    definitions are the repository's own ``patches/`` folder beside ``patchkit/``.
-    """
+def builtin_set() -> PatchSet:
+    """patchkit's own set. Installed, it is the ``patchkit.patches`` package;
+    run from a source checkout that was never installed (``python -m
+    patchkit`` in the repo), that package does not exist and the definitions
+    are the repository's own ``patches/`` folder beside ``patchkit/``."""
     try:
         folder = importlib.resources.files("patchkit.patches")
     except ModuleNotFoundError:
         folder = Path(__file__).resolve().parent.parent / "patches"
-    return sorted((f for f in folder.iterdir() if f.name.endswith(".toml")), key=lambda f: f.name)
+    return PatchSet("patchkit", folder, "patchkit.codemods", builtin=True)
+
+
+def definition_files() -> list[Traversable]:
+    """patchkit's own ``*.toml`` patch definitions, sorted by name."""
+    return builtin_set().definitions()
+
+
+# --- sets outside patchkit ----------------------------------------------------------
+
+ENTRY_POINT_GROUP = "patchkit.patches"
+
+_FOLDERS: list[tuple[Path, str]] = []  # (folder, how it was named), in the order given
+
+
+def folder_set(folder: Path, how: str) -> PatchSet:
+    """A folder as a set, registered as an import package of its own so its
+    codemod modules import one another (``from . import helpers``) and a
+    fork-started worker finds them too."""
+    if not folder.is_dir():
+        raise PatchkitError(f"{how}: {folder}: no such folder of patch definitions")
+    package = "_patchkit_set_" + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+    if package not in sys.modules:
+        module = types.ModuleType(package, f"patch set {folder}")
+        module.__path__ = [str(folder)]
+        sys.modules[package] = module
+    return PatchSet(str(folder), folder, package)
+
+
+def use_folders(folders: Iterable[str | Path], how: str) -> None:
+    """Add folders of patch definitions (``--patches``, a pyproject); the
+    registry is read again on next use."""
+    known = {f for f, _ in _FOLDERS}
+    for folder in folders:
+        path = Path(folder).expanduser().resolve()
+        if path not in known:
+            _FOLDERS.append((path, how))
+            known.add(path)
+    all_patches.cache_clear()
+
+
+def reset() -> None:
+    """Back to patchkit's own set and the installed ones (tests, long-lived callers)."""
+    _FOLDERS.clear()
+    all_patches.cache_clear()
+
+
+def pyproject_folders(start: Path) -> tuple[Optional[Path], list[Path]]:
+    """The nearest ``pyproject.toml`` at or above ``start`` that has a
+    ``[tool.patchkit]`` table, and the folders its ``patches`` lists."""
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        config = folder / "pyproject.toml"
+        if not config.is_file():
+            continue
+        try:
+            data = tomllib.loads(config.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+            raise PatchkitError(f"{config}: cannot read it ({exc})") from None
+        table = data.get("tool", {}).get("patchkit")
+        if table is None:
+            continue
+        listed = table.get("patches", [])
+        if isinstance(listed, str):
+            listed = [listed]
+        if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
+            raise PatchkitError(f"{config}: [tool.patchkit] patches must be a list of folders")
+        return config, [folder / p for p in listed]
+    return None, []
+
+
+def use_pyproject(start: Path) -> None:
+    """The sets the nearest ``[tool.patchkit]`` above ``start`` lists."""
+    config, folders = pyproject_folders(start)
+    if config is not None:
+        use_folders(folders, str(config))
+
+
+def installed_sets() -> list[PatchSet]:
+    """Sets that installed distributions declare in the ``patchkit.patches``
+    entry-point group: ``name = "package"``, the package holding the set."""
+    from importlib.metadata import entry_points
+
+    out = []
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        label = f"{ep.name} (entry point of {ep.dist.name})" if ep.dist else f"{ep.name} (entry point)"
+        try:
+            folder = importlib.resources.files(ep.module)
+        except Exception as exc:  # noqa: BLE001 - a broken install: one line naming it
+            raise PatchkitError(f"patch set {label}: {ep.value!r} cannot be imported "
+                                f"({type(exc).__name__}: {exc})") from None
+        out.append(PatchSet(label, folder, ep.module))
+    return out
+
+
+def patch_sets() -> list[PatchSet]:
+    """patchkit's own set, the installed ones, then folders in the order named."""
+    return [builtin_set(), *installed_sets(), *(folder_set(f, how) for f, how in _FOLDERS)]
 
 
 @lru_cache(maxsize=1)
 def all_patches() -> tuple[Patch, ...]:
     """Every patch, ordered so that a patch comes after those it requires."""
-    files = definition_files()
-    patches = {p.id: p for p in (_parse(f.read_text(encoding="utf-8"), f.name) for f in files)}
+    patches: dict[str, Patch] = {}
+    for patch_set in patch_sets():
+        for f in patch_set.definitions():
+            where = f"patches/{f.name}" if patch_set.builtin else f"{patch_set.label}/{f.name}"
+            patch = _parse(f.read_text(encoding="utf-8"), where, patch_set)
+            if patch.id in patches:
+                raise PatchkitError(f"patch {patch.id} is defined twice: in {patches[patch.id].origin} and in "
+                                    f"{patch_set.label} (ids must be unique: rename one)")
+            patches[patch.id] = patch
     ordered: list[Patch] = []
 
     def visit(pid: str, chain: tuple[str, ...]) -> None:

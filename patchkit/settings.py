@@ -4,6 +4,7 @@ a bad value is one line and exit 2, never a traceback or a silent default."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Optional
 
 from patchkit.errors import PatchkitError
@@ -12,6 +13,16 @@ from patchkit.errors import PatchkitError
 VARIABLES = {
     "PATCHKIT_LOCK_TIMEOUT": "seconds to wait for another patchkit run on the same tree (default 60)",
     "PATCHKIT_JOBS": "worker processes for a cold apply (default: the CPUs this process may use)",
+    "PATCHKIT_CACHE_DIR": "patchkit's cache folder: downloaded sglang releases (fetch, matrix) and the transform "
+                          "cache (default $XDG_CACHE_HOME/patchkit, else ~/.cache/patchkit)",
+    "PATCHKIT_TRANSFORM_CACHE": "off to disable the transform cache, or a folder for it alone "
+                                "(default $PATCHKIT_CACHE_DIR/transforms)",
+}
+
+# old name -> (what replaced it, why it is read still). Each still works, with
+# one note on stderr, so scripts written against 0.2 keep running.
+DEPRECATED = {
+    "PATCHKIT_CACHE": "PATCHKIT_CACHE_DIR",
 }
 
 
@@ -43,8 +54,70 @@ def jobs() -> Optional[int]:
     return int(value)
 
 
+def _folder(name: str, value: str) -> Path:
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise PatchkitError(f"{name}={value!r}: not a folder; fix or unset it")
+    return path
+
+
+def _off(value: str) -> bool:
+    return value.lower() in ("off", "0", "none", "false", "no")
+
+
+def cache_dir() -> Path:
+    """The one folder patchkit caches into: ``wheels/`` and ``trees/`` (fetched
+    releases) and ``transforms/``. ``PATCHKIT_CACHE`` is its old name.
+    ``PATCHKIT_CACHE_DIR=off`` is the 0.2 spelling of "no transform cache"
+    (that variable named the transform cache alone then): downloads still need
+    a folder, so they go to the default one."""
+    for name in ("PATCHKIT_CACHE_DIR", "PATCHKIT_CACHE"):
+        value = _value(name)
+        if value is not None and not _off(value):
+            return _folder(name, value)
+    base = _value("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "patchkit"
+
+
+def transform_cache_dir() -> Optional[Path]:
+    """Where the transform cache lives; None when it is off."""
+    value = _value("PATCHKIT_TRANSFORM_CACHE")
+    if value is not None:
+        return None if _off(value) else _folder("PATCHKIT_TRANSFORM_CACHE", value)
+    legacy = os.environ.get("PATCHKIT_CACHE_DIR")
+    if legacy is not None and (not legacy.strip() or _off(legacy.strip())):
+        return None
+    return cache_dir() / "transforms"
+
+
+def deprecations() -> list[str]:
+    """One note per deprecated variable (or value) that is set."""
+    notes = []
+    for old, new in DEPRECATED.items():
+        if _value(old) is not None:
+            also = f" ({new} is set too and wins)" if _value(new) is not None else ""
+            notes.append(f"{old} is deprecated: use {new}{also}")
+    legacy = os.environ.get("PATCHKIT_CACHE_DIR")
+    if legacy is not None and (not legacy.strip() or _off(legacy.strip())):
+        notes.append(f"PATCHKIT_CACHE_DIR={legacy!r} to disable the transform cache is deprecated: "
+                     "use PATCHKIT_TRANSFORM_CACHE=off")
+    return notes
+
+
+def epilog() -> str:
+    """The variables, for ``patchkit --help`` (click keeps \b blocks as written)."""
+    lines = ["\b", "Environment variables:"]
+    for name, what in VARIABLES.items():
+        lines.append(f"  {name}")
+        lines.append(f"      {what}")
+    lines += [f"  {old}  deprecated name of {new}" for old, new in DEPRECATED.items()]
+    return "\n".join(lines)
+
+
 def check() -> None:
     """Read every variable once, so a bad value stops any command at its
     start, not only the one code path that happens to read it."""
     lock_timeout()
     jobs()
+    cache_dir()
+    transform_cache_dir()

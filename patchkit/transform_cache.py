@@ -9,9 +9,9 @@ file depends only on
 - patchkit itself: its version and a fingerprint of the code that decides the
   output (every ``patchkit/**/*.py``, ``patches/*.toml``, the installed libcst).
 
-One entry per key under ``$PATCHKIT_CACHE_DIR`` (default
-``$XDG_CACHE_HOME/patchkit/transforms``, i.e. ``~/.cache/patchkit/transforms``;
-``PATCHKIT_CACHE_DIR=off`` disables it). An entry holds what the engine would
+One entry per key under ``$PATCHKIT_TRANSFORM_CACHE`` (default
+``$PATCHKIT_CACHE_DIR/transforms``, i.e. ``~/.cache/patchkit/transforms``;
+``PATCHKIT_TRANSFORM_CACHE=off`` disables it; see ``patchkit.settings``). An entry holds what the engine would
 compute: the detector findings on the input, the patched bytes and the findings
 on them (the postcondition, already checked).
 
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Optional
 
 import patchkit
-from patchkit import registry
+from patchkit import registry, settings
 
 FORMAT = 1
 Findings = dict[str, list]  # codemod name -> [state, anchor, detail]
@@ -62,11 +62,7 @@ class Entry:
 
 
 def default_folder() -> Optional[Path]:
-    configured = os.environ.get("PATCHKIT_CACHE_DIR")
-    if configured is not None:
-        return None if configured.strip().lower() in ("", "off", "0", "none") else Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "patchkit" / "transforms"
+    return settings.transform_cache_dir()
 
 
 @lru_cache(maxsize=1)

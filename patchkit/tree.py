@@ -2,12 +2,14 @@
 
 Accepted layouts: a git checkout (``ROOT/python/sglang``), its ``python/``
 folder, the ``sglang/`` package folder itself, or an installed
-``site-packages/sglang``. patchkit state always lives next to the package's
+``site-packages/sglang``, named by that folder or any folder inside it (found
+upward, as git finds ``.git``); with no TREE, the current folder. patchkit state always lives next to the package's
 files (``<package>/.patchkit``), so every layout of one tree sees the same state.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,24 +44,58 @@ def _is_package(path: Path) -> bool:
     return path.name == "sglang" and (path / "__init__.py").is_file() and (path / _MARKER).is_file()
 
 
+def _layouts(path: Path):
+    yield "package", path
+    yield "python", path / "sglang"
+    yield "checkout", path / "python" / "sglang"
+
+
+def _at(path: Path) -> Tree | None:
+    for layout, package in _layouts(path):
+        if _is_package(package):
+            return Tree(given=path, package=package, layout=layout, version=_read_version(package))
+    return None
+
+
 def find_tree(given: str | Path) -> Tree:
+    """The tree at ``given`` or, as git finds ``.git``, at the nearest folder
+    above it that is one: a subfolder of the package (``python/sglang/srt``) or
+    of a checkout (``ROOT/docs``) names the tree it is in. ``Tree.given`` is
+    the folder where the tree was found."""
     path = Path(given)
     if not path.exists():
         raise PatchkitError(f"{given}: no such file or folder")
     if not path.is_dir():
         raise PatchkitError(f"{given}: not a folder (expected an sglang tree)")
     path = path.resolve()
-    for layout, package in (
-        ("package", path),
-        ("python", path / "sglang"),
-        ("checkout", path / "python" / "sglang"),
-    ):
-        if _is_package(package):
-            return Tree(given=path, package=package, layout=layout, version=_read_version(package))
+    for folder in (path, *path.parents):
+        found = _at(folder)
+        if found is not None:
+            return found
     raise PatchkitError(
-        f"{given}: not an sglang tree (looked for sglang/{_MARKER}, "
-        f"python/sglang/{_MARKER} and {_MARKER} under a folder named sglang)"
+        f"{given}: not an sglang tree, nor inside one (looked for sglang/{_MARKER}, "
+        f"python/sglang/{_MARKER} and {_MARKER} under a folder named sglang, here and in every folder above)"
     )
+
+
+def locate(given: str | None) -> tuple[str, Tree, bool]:
+    """The tree a command works on: ``given`` (a path as typed), or the
+    current folder when None. Returns the found folder as the user would type
+    it (``given`` itself, else relative to the current folder, or absolute when
+    ``given`` was), the tree, and whether it was found somewhere other than
+    exactly where ``given`` points (so the command says which tree it took)."""
+    start = "." if given is None else given
+    try:
+        tree = find_tree(start)
+    except PatchkitError as exc:
+        if given is None:
+            raise PatchkitError(f"{Path.cwd()}: no TREE given, and the current folder is "
+                                f"{str(exc).split(': ', 1)[1]}") from None
+        raise
+    if given is not None and tree.given == Path(given).resolve():
+        return given, tree, False
+    shown = str(tree.given) if Path(start).is_absolute() else os.path.relpath(tree.given)
+    return shown, tree, True
 
 
 def _read_version(package: Path) -> str:

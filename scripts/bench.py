@@ -160,7 +160,7 @@ class Bench:
 
     def empty_cache(self) -> dict:
         self._caches += 1
-        return {"PATCHKIT_CACHE_DIR": str(self.work / f"cold-cache-{self._caches}")}
+        return {"PATCHKIT_TRANSFORM_CACHE": str(self.work / f"cold-cache-{self._caches}")}
 
     def med(self, key: str, cpu: bool = False) -> float:
         return statistics.median((self.cpu if cpu else self.wall)[key])
@@ -175,7 +175,7 @@ class Bench:
                 outcome = apply_patches(session, patches)
             assert outcome.changed, "apply changed nothing"
 
-        warm = {"PATCHKIT_CACHE_DIR": str(self.warm_cache)}
+        warm = {"PATCHKIT_TRANSFORM_CACHE": str(self.warm_cache)}
         with_env(self.empty_cache(), apply_in_process, self.fresh())()  # warm-up: lazy imports, registry
         patched = self.fresh()
         with_env(warm, apply_in_process, patched)()  # also fills the warm cache
@@ -287,7 +287,7 @@ class Bench:
             fetch_tree(v)
         script = [sys.executable, str(ROOT / "scripts" / "matrix.py"), "-q", "--format", "json", *releases, "-j", "2"]
         k = len(releases)
-        mwarm = {**os.environ, "PATCHKIT_CACHE_DIR": str(self.work / "matrix-cache")}
+        mwarm = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": str(self.work / "matrix-cache")}
         run(script, (0, 1), mwarm)  # fills that cache
         steps = [
             (f"matrix x{k} -j 2, cold cache", " ".join(releases),

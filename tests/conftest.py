@@ -23,13 +23,13 @@ def _transform_cache(tmp_path_factory):
     import os
 
     folder = tmp_path_factory.mktemp("transform-cache")
-    old = os.environ.get("PATCHKIT_CACHE_DIR")
-    os.environ["PATCHKIT_CACHE_DIR"] = str(folder)
+    old = os.environ.get("PATCHKIT_TRANSFORM_CACHE")
+    os.environ["PATCHKIT_TRANSFORM_CACHE"] = str(folder)
     yield folder
     if old is None:
-        os.environ.pop("PATCHKIT_CACHE_DIR", None)
+        os.environ.pop("PATCHKIT_TRANSFORM_CACHE", None)
     else:
-        os.environ["PATCHKIT_CACHE_DIR"] = old
+        os.environ["PATCHKIT_TRANSFORM_CACHE"] = old
 
 
 @pytest.fixture

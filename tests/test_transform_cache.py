@@ -37,7 +37,7 @@ def apply(tree: Path) -> None:
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(folder))
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(folder))
     return folder
 
 
@@ -48,7 +48,7 @@ def entries(folder: Path) -> list[Path]:
 @lru_cache(maxsize=None)
 def _reference(version: str, base: str) -> tuple:
     """The plain engine's result: no cache, one process."""
-    env = {**os.environ, "PATCHKIT_CACHE_DIR": "off", "PATCHKIT_JOBS": "1"}
+    env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": "off", "PATCHKIT_JOBS": "1"}
     tree = copy_tree(version, Path(base) / f"ref-{version}")
     proc = subprocess.run([sys.executable, "-m", "patchkit", "-q", "apply", str(tree)], env=env, capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode()
@@ -96,7 +96,7 @@ def test_cold_and_warm_apply_under_drift(name, tmp_path, cache_dir, monkeypatch)
         trees.append(tree)
     serial, cold, warm = trees
     with monkeypatch.context() as patch:
-        patch.setenv("PATCHKIT_CACHE_DIR", "off")
+        patch.setenv("PATCHKIT_TRANSFORM_CACHE", "off")
         patch.setenv("PATCHKIT_JOBS", "1")
         apply(serial)
     apply(cold)
@@ -201,7 +201,7 @@ def test_edited_codemods_change_the_key(tmp_path, monkeypatch):
 
 def test_two_concurrent_applies_share_the_cache(tmp_path, cache_dir, reference):
     trees = [copy_tree(PRIMARY, tmp_path / f"t{i}") for i in range(2)]
-    env = {**os.environ, "PATCHKIT_CACHE_DIR": str(cache_dir)}
+    env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": str(cache_dir)}
     procs = [subprocess.Popen([sys.executable, "-m", "patchkit", "-q", "apply", str(t)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for t in trees]
     for proc in procs:
@@ -216,14 +216,14 @@ def test_two_concurrent_applies_share_the_cache(tmp_path, cache_dir, reference):
 
 
 def test_cache_off_and_read_only_cache(tmp_path, monkeypatch, reference):
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", "off")
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", "off")
     tree = copy_tree(PRIMARY, tmp_path / "off")
     apply(tree)
     assert snapshot(tree) == reference(PRIMARY)
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o500)
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(folder))
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(folder))
     try:
         tree = copy_tree(PRIMARY, tmp_path / "ro-tree")
         apply(tree)  # a cache it cannot write only costs speed
