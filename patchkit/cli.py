@@ -1,15 +1,18 @@
-"""The ``patchkit`` command line."""
+"""The ``patchkit`` command line: parse, call, render (documents are built in
+``patchkit.output``)."""
 
 from __future__ import annotations
 
-import json
+import os
 import signal
 import sys
+from pathlib import Path
 from typing import Optional
 
 import click
 
 from patchkit import __version__, output, registry, settings
+from patchkit import tree as trees
 from patchkit.engine import Outcome, locked_session
 from patchkit.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_OK, PatchkitError
 from patchkit.state import Interrupted
@@ -21,6 +24,17 @@ Exit codes:
      applied, or a matrix release failed
   2  bad input: not an sglang tree, unknown patch, syntax error, read-only
      file, corrupt state, lock timeout ... (one line on stderr, nothing changed)"""
+
+TREE_HELP = """\b
+TREE (optional; default: the current folder) is an sglang git checkout, its
+python/ folder, the sglang/ package folder, an installed site-packages/sglang,
+or any folder inside one: patchkit looks upward, as git looks for .git."""
+
+COMPLETION = """\b
+Shell completion (bash; zsh and fish alike, with zsh_source / fish_source):
+  eval "$(_PATCHKIT_COMPLETE=bash_source patchkit)\""""
+
+TREE_EPILOG = f"{EXIT_CODES}\n\n{TREE_HELP}"
 
 
 class Ctx:
@@ -56,35 +70,73 @@ def _quiet_or_verbose(ctx: click.Context, param: click.Parameter, value: bool) -
 
 
 class PatchkitCommand(click.Command):
-    """A subcommand that also takes ``-q``/``-v`` after its name, as
-    ``git commit -q`` and ``ruff check -q`` do (same meaning as before it)."""
+    """A subcommand that also takes ``-q`` (and ``-v`` where it changes the
+    output: ``verbose=True``) after its name, as ``git commit -q`` and
+    ``ruff check -q`` do (same meaning as before it)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, verbose: bool = False, **kwargs) -> None:
+        kwargs.setdefault("epilog", EXIT_CODES)
         super().__init__(*args, **kwargs)
-        self.params += [
-            click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_quiet_or_verbose,
-                         help="Print only results and errors."),
-            click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_quiet_or_verbose,
-                         help="Show every check of every patch."),
-        ]
+        self.params.append(click.Option(["-q", "--quiet"], is_flag=True, expose_value=False,
+                                        callback=_quiet_or_verbose, help="Print only results and errors."))
+        if verbose:
+            self.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False,
+                                            callback=_quiet_or_verbose, help="Show every check of every patch."))
 
 
 PatchkitGroup.command_class = PatchkitCommand
 
-tree_argument = click.argument("tree", type=click.Path(file_okay=True, dir_okay=True))
-ids_argument = click.argument("ids", nargs=-1, metavar="[PATCH]...")
+
+def _complete_patches(ctx: click.Context, param: click.Parameter, incomplete: str):
+    """Patch ids for shell completion (and folders, for a TREE)."""
+    from click.shell_completion import CompletionItem
+
+    try:
+        ids = [p.id for p in registry.all_patches()]
+    except PatchkitError:  # completion never prints an error
+        ids = []
+    return [CompletionItem(i) for i in ids if i.startswith(incomplete)] + [CompletionItem(incomplete, type="dir")]
 
 
-@click.group(cls=PatchkitGroup, epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]})
+def _split_tree(ctx: click.Context, param: click.Parameter, args: tuple[str, ...]):
+    """``[TREE] [PATCH]...``: the first argument is the TREE when it names
+    something on disk or reads as a path (``.``, ``~/x``, has a ``/``);
+    otherwise all are patch ids and the tree is found from the current folder."""
+    if args and (os.path.exists(args[0]) or os.sep in args[0] or args[0].startswith((".", "~"))):
+        return args[0], args[1:]
+    return None, args
+
+
+tree_and_patches = click.argument("args", nargs=-1, metavar="[TREE] [PATCH]...", callback=_split_tree,
+                                  shell_complete=_complete_patches)
+tree_only = click.argument("tree", required=False, metavar="[TREE]", type=click.Path())
+
+
+def format_option(schema: str):
+    return click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+                        help=f"text for people (default) or json: the patchkit.{schema}/1 document (docs/ci.md).")
+
+
+@click.group(cls=PatchkitGroup, epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-q", "--quiet", is_flag=True, help="Print only results and errors.")
-@click.option("-v", "--verbose", is_flag=True, help="Show every check of every patch.")
+@click.option("-v", "--verbose", is_flag=True, help="status, verify: show every check of every patch.")
+@click.option("--patches", "patch_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="Also load the patch set in DIR: its *.toml and their codemod modules (repeatable). Sets "
+                   "named by [tool.patchkit] patches in a pyproject.toml above the tree or the current folder, "
+                   "and installed ones (entry points in patchkit.patches), load too; see docs/writing-a-patch.md.")
 @click.version_option(__version__, prog_name="patchkit")
 @click.pass_context
-def main(ctx: click.Context, quiet: bool, verbose: bool) -> None:
+def main(ctx: click.Context, quiet: bool, verbose: bool, patch_dirs: tuple[str, ...]) -> None:
     """Carry upstream sglang speculative-decoding and TRT-LLM attention changes
     onto older releases and forks, with libcst codemods that revert exactly."""
     ctx.obj = Ctx(quiet, verbose)
     settings.check()
+    for note in settings.deprecations():
+        ctx.obj.say(f"patchkit: note: {note}")
+    registry.reset()
+    registry.use_folders(patch_dirs, "--patches")
+    registry.use_pyproject(Path.cwd())
     # SIGTERM ends a run like Ctrl-C does (exit 143, not a bare kill); inside
     # a transaction both wait for its end (patchkit.state.held_signals).
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -101,43 +153,51 @@ def _refuse_pending(session) -> None:
         raise PatchkitError(session.pending.line())
 
 
-@main.command("list", epilog=EXIT_CODES)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def _tree(obj: Ctx, given: Optional[str], announce: bool = True) -> str:
+    """The tree a command works on, as the path it hands the session and
+    prints paths from. Found elsewhere than exactly at ``given`` (no TREE, or
+    a folder inside one), the first line says which tree it took, unless the
+    command's own first line says it (``announce``). Patch sets that a
+    pyproject.toml above the tree names load too."""
+    shown, tree, found = trees.locate(given)
+    if found and announce:
+        obj.say(f"sglang {tree.version} at {tree.package} ({tree.layout} layout)")
+    registry.use_pyproject(tree.given)
+    return shown
+
+
+@main.command("list")
+@format_option("patches")
 def list_cmd(fmt: str) -> None:
-    """List the patches patchkit carries."""
+    """List the patches: patchkit's own and those of the patch sets it loads
+    (which name where they come from)."""
     patches = registry.all_patches()
-    if fmt == "json":
-        click.echo(json.dumps([output.patch_dict(p) for p in patches], indent=2))
-        return
-    width = max(len(p.id) for p in patches)
-    for p in patches:
-        req = f"  (requires {', '.join(p.requires)})" if p.requires else ""
-        click.echo(f"{p.id:<{width}}  {', '.join(p.upstream):<24} {p.title}{req}")
+    click.echo(output.list_json(patches) if fmt == "json" else output.list_text(patches))
 
 
-@main.command(epilog=EXIT_CODES)
-@tree_argument
-@ids_argument
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              help="json: the patchkit.status/1 document verify writes (docs/ci.md).")
+@main.command(verbose=True, epilog=TREE_EPILOG)
+@tree_and_patches
+@format_option("status")
 @click.pass_obj
-def status(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
+def status(obj: Ctx, args, fmt: str) -> None:
     """Show each patch's state on TREE: absent, applied, native, partial or
-    not-applicable (with the reason)."""
-    with locked_session(tree, obj.say) as session:
+    not-applicable (with the reason). The first line names the tree."""
+    given, ids = args
+    path = _tree(obj, given, announce=fmt != "text")
+    with locked_session(path, obj.say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
     if fmt == "json":
-        locator = output.Locator(session.tree, tree)
+        locator = output.Locator(session.tree, path)
         click.echo(output.status_json(session.tree, reports, locator, ok=_ok(session, reports),
                                       runtime=session.runtime_info(), notes=session.notes()))
     else:
         click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info(), session.notes()))
 
 
-@main.command(epilog=EXIT_CODES)
-@tree_argument
-@ids_argument
-@click.option("--skip", multiple=True, metavar="PATCH", help="Leave this patch out (repeatable).")
+@main.command(epilog=TREE_EPILOG)
+@tree_and_patches
+@click.option("--skip", multiple=True, metavar="PATCH", help="Leave this patch out (repeatable).",
+              shell_complete=_complete_patches)
 @click.option("--dry-run", is_flag=True, help="Write nothing; print the unified diff.")
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 if applying would change anything, listing the patches and files "
@@ -147,57 +207,61 @@ def status(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
               help="Where patched code finds its runtime: vendored (default on a new tree) writes it into the "
                    "tree as sglang/srt/_patchkit/, so the tree runs without patchkit; package forwards to the "
                    "installed patchkit.runtime. Default: the mode the tree was patched with.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@format_option("apply")
 @click.pass_obj
-def apply(obj: Ctx, tree: str, ids: tuple[str, ...], skip: tuple[str, ...], dry_run: bool, check: bool,
-          show_diff: bool, runtime: Optional[str], fmt: str) -> None:
+def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, show_diff: bool,
+          runtime: Optional[str], fmt: str) -> None:
     """Apply patches (all by default) to TREE. A patch pulls in those it requires.
     Also brings the tree's runtime folder up to date (a stale runtime is rewritten)."""
     from patchkit.apply import apply_patches
 
+    given, ids = args
+    path = _tree(obj, given)
     selected = registry.select(ids, skip)
     write = not (dry_run or check)
-    with locked_session(tree, obj.say, "apply" if write else None) as session:
+    with locked_session(path, obj.say, "apply" if write else None) as session:
         _refuse_pending(session)
         outcome = apply_patches(session, selected, dry_run=not write, runtime=runtime)
-    _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write, tree)
+    _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write, path)
 
 
-@main.command(epilog=EXIT_CODES)
-@tree_argument
-@ids_argument
+@main.command(epilog=TREE_EPILOG)
+@tree_and_patches
 @click.option("--cascade", is_flag=True, help="Also revert applied patches that require the named ones.")
 @click.option("--force", is_flag=True, help="Discard edits made after apply that conflict with the revert.")
 @click.option("--dry-run", is_flag=True, help="Write nothing; print the unified diff.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@format_option("revert")
 @click.pass_obj
-def revert(obj: Ctx, tree: str, ids: tuple[str, ...], cascade: bool, force: bool, dry_run: bool, fmt: str) -> None:
+def revert(obj: Ctx, args, cascade: bool, force: bool, dry_run: bool, fmt: str) -> None:
     """Revert patches patchkit applied (all by default), byte for byte. Edits
     made after apply are kept by a 3-way merge, or the revert stops."""
     from patchkit.revert import revert_patches
 
-    with locked_session(tree, obj.say, None if dry_run else "revert") as session:
+    given, ids = args
+    path = _tree(obj, given)
+    with locked_session(path, obj.say, None if dry_run else "revert") as session:
         _refuse_pending(session)
         outcome = revert_patches(session, list(ids), cascade=cascade, force=force, dry_run=dry_run)
-    _finish(obj, session.tree, outcome, "revert", fmt, dry_run, False, dry_run, tree)
+    _finish(obj, session.tree, outcome, "revert", fmt, dry_run, False, dry_run, path)
 
 
-@main.command(epilog=EXIT_CODES)
-@tree_argument
-@ids_argument
+@main.command(verbose=True, epilog=TREE_EPILOG)
+@tree_and_patches
 @click.option("--format", "fmt", type=click.Choice(output.FORMATS), default="text",
-              help="json (patchkit.status/1), junit (XML, one testcase per patch) or github "
+              help="text (default), json (patchkit.status/1), junit (XML, one testcase per patch) or github "
                    "(Actions annotations at the broken anchor); see docs/ci.md.")
 @click.pass_obj
-def verify(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
+def verify(obj: Ctx, args, fmt: str) -> None:
     """Check the postconditions of every patch (or the named ones and what they
     require) on TREE: each must be applied or native upstream (or superseded
-    upstream). Exit 1 otherwise."""
-    with locked_session(tree, obj.say) as session:
+    upstream). Exit 1 otherwise. The first line names the tree."""
+    given, ids = args
+    path = _tree(obj, given, announce=fmt != "text")
+    with locked_session(path, obj.say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
     if session.pending is not None:
         obj.say(f"verify: {session.pending.line()}")
-    click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, tree), obj.verbose,
+    click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, path), obj.verbose,
                              session.runtime_info(), session.notes(), pending=session.pending is not None))
     sys.exit(EXIT_OK if _ok(session, reports) else EXIT_CHANGES)
 
@@ -207,25 +271,85 @@ def _ok(session, reports) -> bool:
     return session.pending is None and all(r.ok for r in reports)
 
 
-@main.command(epilog=EXIT_CODES)
-@tree_argument
+@main.command(epilog=TREE_EPILOG)
+@tree_and_patches
+@click.option("--stat", is_flag=True, help="A diffstat per file and in all (as git diff --stat), not the diff.")
+@click.option("--name-only", is_flag=True, help="Only the paths of the changed files, one a line.")
 @click.pass_obj
-def diff(obj: Ctx, tree: str) -> None:
-    """Print the unified diff between the original files and TREE now."""
-    with locked_session(tree, obj.say) as session:
+def diff(obj: Ctx, args, stat: bool, name_only: bool) -> None:
+    """Print the unified diff between the original files and TREE now: every
+    file patchkit changed or added or, given PATCHes, the files those patches
+    change (a file several patches change shows all of their changes)."""
+    from patchkit.views import file_diffs
+
+    if stat and name_only:
+        raise click.UsageError("give at most one of --stat and --name-only")
+    given, ids = args
+    path = _tree(obj, given)
+    patches = [registry.get(i) for i in ids] if ids else None
+    with locked_session(path, obj.say) as session:
         _refuse_pending(session)
-        click.echo(session.diff_against_original(), nl=False)
+        diffs = file_diffs(session, patches)
+    if stat:
+        click.echo(output.diff_stat(diffs), nl=False)
+    else:
+        click.echo("".join(f"{d.path}\n" if name_only else d.text for d in diffs), nl=False)
 
 
-@main.command(epilog=EXIT_CODES)
-@tree_argument
-@click.option("-o", "--out", "out", type=click.Path(file_okay=False), help="Folder for NNNN-<patch>.patch files and a quilt series file.")
+@main.command(epilog=TREE_EPILOG)
+@click.argument("patch", shell_complete=_complete_patches)
+@tree_only
+@click.option("--diff", "show_diff", is_flag=True,
+              help="Also print, as a unified diff, what applying PATCH (and what it requires) changes on TREE; "
+                   "where patchkit applied it already, what it changed.")
+@format_option("show")
+@click.pass_obj
+def show(obj: Ctx, patch: str, tree: Optional[str], show_diff: bool, fmt: str) -> None:
+    """Show one patch: title, upstream PRs, what it requires, where it comes
+    from, its description, and per file what each codemod does. A TREE is
+    read (never written) only with --diff."""
+    from patchkit import views
+
+    if tree is not None and not show_diff:
+        raise click.UsageError("a TREE is read only with --diff")
+    found = registry.get(patch)
+    diff_text = _show_diff(obj, found, tree) if show_diff else None
+    codemods, runtime = views.codemods(found), views.runtime_modules(found)
+    if fmt == "json":
+        click.echo(output.show_json(found, codemods, runtime, diff_text))
+        return
+    click.echo(output.show_text(found, codemods, runtime))
+    if diff_text:
+        click.echo("")
+        click.echo(diff_text, nl=False)
+
+
+def _show_diff(obj: Ctx, patch, given: Optional[str]) -> str:
+    from patchkit.apply import apply_patches
+    from patchkit.views import file_diffs
+
+    path = _tree(obj, given)
+    with locked_session(path, obj.say) as session:
+        _refuse_pending(session)
+        if patch.id in session.state["applied"]:
+            return "".join(d.text for d in file_diffs(session, [patch]))
+        outcome = apply_patches(session, registry.select([patch.id]), dry_run=True, runtime=None)
+    if not outcome.changed:
+        obj.say(f"show: {patch.id} changes nothing on this tree (see `patchkit status`)")
+    return outcome.diff(session.tree)
+
+
+@main.command(epilog=TREE_EPILOG)
+@tree_only
+@click.option("-o", "--out", "out", type=click.Path(file_okay=False),
+              help="Folder for NNNN-<patch>.patch files and a quilt series file.")
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the series as one mbox on stdout instead.")
 @click.option("--author", default=None, metavar="'NAME <EMAIL>'",
               help="From: of every patch (default: patchkit <patchkit@invalid>).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@format_option("export")
 @click.pass_obj
-def export(obj: Ctx, tree: str, out: Optional[str], to_stdout: bool, author: Optional[str], fmt: str) -> None:
+def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, author: Optional[str],
+           fmt: str) -> None:
     """Write the change patchkit applied to TREE as a git format-patch series,
     one patch per patchkit patch in dependency order, with a/python/sglang/...
     paths: `git am DIR/*.patch` on a pristine checkout reproduces the patched
@@ -235,7 +359,8 @@ def export(obj: Ctx, tree: str, out: Optional[str], to_stdout: bool, author: Opt
 
     if bool(out) == to_stdout:
         raise click.UsageError("give exactly one of --out DIR or --stdout")
-    with locked_session(tree, obj.say) as session:
+    path = _tree(obj, tree)
+    with locked_session(path, obj.say) as session:
         _refuse_pending(session)
         series = build_series(session, author or DEFAULT_AUTHOR)
     for note in series.notes:
@@ -243,30 +368,21 @@ def export(obj: Ctx, tree: str, out: Optional[str], to_stdout: bool, author: Opt
     if to_stdout:
         click.echo(series.mbox(), nl=False)
         return
-    from pathlib import Path
-
     written = write_series(series, Path(out)) if series.patches else []
     if fmt == "json":
-        doc = {
-            "schema": "patchkit.export/1",
-            "tree": output.tree_dict(session.tree),
-            "out": out,
-            "patches": [{"id": p.patch.id, "number": p.number, "file": str(path), "files": p.files}
-                        for p, path in zip(series.patches, written)],
-            "notes": series.notes,
-        }
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(output.export_json(session.tree, out, series, written))
         return
     if not series.patches:
         obj.say("nothing to export: patchkit applied no patch to this tree")
-    for path in written:
-        click.echo(str(path))
+    for written_path in written:
+        click.echo(str(written_path))
 
 
-@main.command(epilog=EXIT_CODES)
+@main.command()
 @click.argument("releases", nargs=-1, metavar="[RELEASE]...")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, help="Releases run in parallel processes.")
-@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown")
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown",
+              help="markdown: the release x patch table (default); json: the whole result as one document.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the table here instead of stdout.")
 @click.pass_obj
 def matrix(obj: Ctx, releases: tuple[str, ...], jobs: int, fmt: str, output: Optional[str]) -> None:
@@ -287,11 +403,12 @@ def matrix(obj: Ctx, releases: tuple[str, ...], jobs: int, fmt: str, output: Opt
     sys.exit(EXIT_OK if doc["ok"] else EXIT_CHANGES)
 
 
-@main.command(epilog=EXIT_CODES)
+@main.command()
 @click.argument("version")
 def fetch(version: str) -> None:
-    """Download sglang==VERSION from the package registry into the cache and
-    print the path of its pristine package folder (copy it before patching)."""
+    """Download sglang==VERSION from the package registry into the cache
+    ($PATCHKIT_CACHE_DIR) and print the path of its pristine package folder
+    (copy it before patching)."""
     from patchkit.fetch import fetch_tree
 
     click.echo(fetch_tree(version))
@@ -315,17 +432,7 @@ def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bo
         obj.say(message)
     locator = output.Locator(tree, given)
     if fmt == "json":
-        doc = {
-            "schema": f"patchkit.{verb}/1",
-            "tree": output.tree_dict(tree),
-            "done": outcome.done,
-            "skipped": [{"id": pid, "reason": why} for pid, why in outcome.skipped],
-            "changed_files": sorted(outcome.changed),
-            "changed_paths": [locator.path(rel) for rel in sorted(outcome.changed)],
-            "dry_run": dry,
-            "diff": outcome.diff(tree),
-        }
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(output.outcome_json(verb, tree, outcome, locator, dry))
     elif check:
         # black --check style: the diff (if asked) on stdout, the verdict on stderr.
         if show_diff:

@@ -33,7 +33,108 @@ def patch_dict(patch: Patch) -> dict:
         "upstream": list(patch.upstream),
         "requires": list(patch.requires),
         "files": patch.files,
+        "origin": patch.origin,
     }
+
+
+# --- list, show, diff, and the documents of apply/revert/export ------------------
+
+
+def list_json(patches) -> str:
+    return json.dumps([patch_dict(p) for p in patches], indent=2)
+
+
+def list_text(patches) -> str:
+    """One line per patch; a patch from a set outside patchkit names it."""
+    width = max((len(p.id) for p in patches), default=0)
+    lines = []
+    for p in patches:
+        req = f"  (requires {', '.join(p.requires)})" if p.requires else ""
+        origin = f"  [from {p.origin}]" if p.origin != "patchkit" else ""
+        lines.append(f"{p.id:<{width}}  {', '.join(p.upstream) or '-':<24} {p.title}{req}{origin}")
+    return "\n".join(lines)
+
+
+def show_text(patch: Patch, codemods, runtime: list[str]) -> str:
+    """``patchkit show``: what a patch is and what each codemod does."""
+    lines = [f"{patch.id}: {patch.title}",
+             f"  upstream: {', '.join(patch.upstream) or '- (not an upstream change)'}",
+             f"  requires: {', '.join(patch.requires) or '-'}",
+             f"  from:     {patch.origin}"]
+    if runtime:
+        lines.append(f"  runtime:  {', '.join(runtime)}")
+    lines.append("")
+    lines += [f"  {line}" for line in patch.description.splitlines()]
+    for target in patch.targets:
+        lines.append("")
+        optional = f"  (optional: {target.when_missing or 'not in every release'})" if target.optional else ""
+        lines.append(f"  {target.file}{optional}")
+        for view in codemods:
+            if view.file == target.file:
+                lines.append(f"    - {view.description or view.name}")
+    return "\n".join(lines)
+
+
+def show_json(patch: Patch, codemods, runtime: list[str], diff: Optional[str] = None) -> str:
+    doc = {
+        "schema": "patchkit.show/1",
+        **patch_dict(patch),
+        "description": patch.description,
+        "runtime": runtime,
+        "targets": [{"file": t.file, "optional": t.optional, "when_missing": t.when_missing,
+                     "codemods": [{"name": v.name, "description": v.description} for v in codemods
+                                  if v.file == t.file]} for t in patch.targets],
+    }
+    if diff is not None:
+        doc["diff"] = diff
+    return json.dumps(doc, indent=2)
+
+
+def diff_stat(diffs) -> str:
+    """``git diff --stat``: one line per file, then the totals."""
+    if not diffs:
+        return ""
+    width = max(len(d.path) for d in diffs)
+    most = max(d.added + d.removed for d in diffs) or 1
+    bar = 50
+    lines = []
+    for d in diffs:
+        total = d.added + d.removed
+        plus = round(d.added * min(bar, most) / most)
+        minus = round(d.removed * min(bar, most) / most)
+        lines.append(f" {d.path:<{width}} | {total:>4} {'+' * plus}{'-' * minus}")
+    added, removed = sum(d.added for d in diffs), sum(d.removed for d in diffs)
+    lines.append(f" {len(diffs)} file{'s' if len(diffs) != 1 else ''} changed, "
+                 f"{added} insertion{'s' if added != 1 else ''}(+), {removed} deletion{'s' if removed != 1 else ''}(-)")
+    return "\n".join(lines) + "\n"
+
+
+def outcome_json(verb: str, tree: Tree, outcome, locator: "Locator", dry: bool) -> str:
+    """The ``patchkit.apply/1`` / ``patchkit.revert/1`` document (docs/ci.md)."""
+    doc = {
+        "schema": f"patchkit.{verb}/1",
+        "tree": tree_dict(tree),
+        "done": outcome.done,
+        "skipped": [{"id": pid, "reason": why} for pid, why in outcome.skipped],
+        "changed_files": sorted(outcome.changed),
+        "changed_paths": [locator.path(rel) for rel in sorted(outcome.changed)],
+        "dry_run": dry,
+        "diff": outcome.diff(tree),
+    }
+    return json.dumps(doc, indent=2)
+
+
+def export_json(tree: Tree, out: Optional[str], series, written) -> str:
+    """The ``patchkit.export/1`` document (docs/ci.md)."""
+    doc = {
+        "schema": "patchkit.export/1",
+        "tree": tree_dict(tree),
+        "out": out,
+        "patches": [{"id": p.patch.id, "number": p.number, "file": str(path), "files": p.files}
+                    for p, path in zip(series.patches, written)],
+        "notes": series.notes,
+    }
+    return json.dumps(doc, indent=2)
 
 
 # --- where a finding is, as the user sees it ----------------------------------

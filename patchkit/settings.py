@@ -4,6 +4,7 @@ a bad value is one line and exit 2, never a traceback or a silent default."""
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -109,7 +110,7 @@ def epilog() -> str:
     lines = ["\b", "Environment variables:"]
     for name, what in VARIABLES.items():
         lines.append(f"  {name}")
-        lines.append(f"      {what}")
+        lines += textwrap.wrap(what, 76, initial_indent="      ", subsequent_indent="      ")
     lines += [f"  {old}  deprecated name of {new}" for old, new in DEPRECATED.items()]
     return "\n".join(lines)
 
