@@ -4,12 +4,12 @@ For each release: fetch it (cached), copy it, then status + apply (all
 patches; apply's own reports are the status before it) -> verify -> apply
 again, dry (idempotence) -> revert, and compare the
 sha256 of every file with the pristine copy. ``-j N`` runs releases in
-parallel processes. Used by ``patchkit matrix`` and ``scripts/matrix.py``.
+parallel processes. Its one command line is ``patchkit matrix`` (``scripts/matrix.py``
+runs it from a checkout).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
@@ -211,31 +211,10 @@ def to_json(doc: dict) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
-# --- command line (scripts/matrix.py; `patchkit matrix` shares the logic) ------
+# --- progress (`patchkit matrix`; scripts/matrix.py calls it) ------------------
 
 
 def progress_printer(quiet: bool) -> Optional[Callable[[str], None]]:
     if quiet or not sys.stderr.isatty():
         return None
     return lambda line: print(line, file=sys.stderr, flush=True)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="matrix.py",
-        description="Run status/apply/verify/revert of every patch on sglang releases and print a table.",
-        epilog="Exit 0 when every release verifies, is idempotent and reverts exactly; 1 otherwise.",
-    )
-    parser.add_argument("releases", nargs="*", metavar="RELEASE", help=f"default: {' '.join(DEFAULT_RELEASES)}")
-    parser.add_argument("-j", "--jobs", type=int, default=1, help="releases run in parallel processes")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    parser.add_argument("--format", choices=["markdown", "json"], default="markdown")
-    parser.add_argument("-o", "--output", help="write the table here instead of stdout")
-    args = parser.parse_args(argv)
-    doc = run_matrix(args.releases or DEFAULT_RELEASES, args.jobs, progress_printer(args.quiet))
-    text = to_markdown(doc) if args.format == "markdown" else to_json(doc)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
-    return 0 if doc["ok"] else 1

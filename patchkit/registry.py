@@ -287,13 +287,23 @@ def use_folders(folders: Iterable[str | Path], how: str) -> None:
         if path not in known:
             _FOLDERS.append((path, how))
             known.add(path)
-    all_patches.cache_clear()
+            _forget()
 
 
 def reset() -> None:
-    """Back to patchkit's own set and the installed ones (tests, long-lived callers)."""
-    _FOLDERS.clear()
-    all_patches.cache_clear()
+    """Back to patchkit's own set and the installed ones (each command starts
+    there: one process may run several, as tests and long-lived callers do)."""
+    if _FOLDERS:
+        _FOLDERS.clear()
+        _forget()
+
+
+def _forget() -> None:
+    """Read the definitions again on next use (``all_patches`` may be
+    replaced by a test double without a cache)."""
+    clear = getattr(all_patches, "cache_clear", None)
+    if clear is not None:
+        clear()
 
 
 def pyproject_folders(start: Path) -> tuple[Optional[Path], list[Path]]:

@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
-"""Every patch on every sglang release: status / apply / verify / revert.
+"""Every patch on every sglang release, from a checkout without installing:
+the same as `patchkit matrix` (one command line, defined in patchkit/cli.py).
 
     python scripts/matrix.py [RELEASE ...] [-j N] [-q] [--format markdown|json] [-o FILE]
-
-Same as `patchkit matrix`; the logic lives in patchkit/matrix.py.
 """
 
 import sys
@@ -11,7 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from patchkit.matrix import main  # noqa: E402
+from patchkit.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # -q belongs after the command name (patchkit matrix -q), where the
+    # matrix command reads it; every other option is the command's own.
+    main(["matrix", *sys.argv[1:]], prog_name="patchkit")

@@ -102,4 +102,6 @@ def test_progress_only_on_a_terminal(monkeypatch):
 
 def test_script_help():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "matrix.py"), "--help"], capture_output=True, text=True)
-    assert proc.returncode == 0 and "-j JOBS" in proc.stdout and "markdown" in proc.stdout
+    # One command line: the script is `patchkit matrix`, options and all.
+    assert proc.returncode == 0 and "-j, --jobs" in proc.stdout and "markdown" in proc.stdout
+    assert "Usage: patchkit matrix [OPTIONS] [RELEASE]..." in proc.stdout
