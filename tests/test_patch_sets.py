@@ -1,0 +1,111 @@
+"""Patch sets outside patchkit (examples/acme-patches): loaded from a folder
+on the command line, from a pyproject.toml, and from an installed entry point;
+ids never collide."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from support import PRIMARY, pristine_snapshot, snapshot
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "acme-patches"
+SET = EXAMPLE / "acme_patches"
+PATCH = "acme-torch-native-spec-v2"
+
+
+def one_line_error(result, *needles) -> None:
+    out = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(out) == 1 and out[0].startswith("patchkit: error: "), result.output
+    for needle in needles:
+        assert needle in out[0], out[0]
+
+
+def test_folder_on_the_command_line(cli):
+    listed = cli("--patches", SET, "list").output
+    assert f"{PATCH}  " in listed and f"[from {SET}]" in listed
+    assert "needs-cpu-seq-lens" in listed  # next to patchkit's own
+    assert PATCH not in cli("list").output  # and only when named
+    assert f'"origin": "{SET}"' in cli("--patches", SET, "list", "--format", "json").output
+
+
+def test_pyproject_names_the_set_found_from_the_tree_or_cwd(make_tree, cli, monkeypatch, tmp_path):
+    fork = make_tree(PRIMARY, "checkout")
+    shutil.copytree(SET, fork / "acme")
+    (fork / "pyproject.toml").write_text('[tool.patchkit]\npatches = ["acme"]\n')
+    monkeypatch.chdir(tmp_path)  # outside the fork: found from the TREE
+    assert cli("apply", fork, PATCH).exit_code == 0
+    monkeypatch.chdir(fork / "python" / "sglang" / "srt")  # inside it, no TREE: found from here
+    assert f"[from {fork / 'acme'}]" in cli("list").output
+    assert [PATCH, "applied"] in [line.split() for line in cli("status").output.splitlines()]
+    assert cli("verify", PATCH).exit_code == 0
+    assert cli("revert").exit_code == 0
+    assert snapshot(fork / "python" / "sglang") == pristine_snapshot(PRIMARY)
+
+
+def _install_by_hand(target: Path) -> None:
+    """What `pip install --target` of examples/acme-patches leaves: the package
+    and a dist-info whose entry points are those its pyproject declares."""
+    project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
+    shutil.copytree(SET, target / "acme_patches")
+    info = target / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    points = project["entry-points"]["patchkit.patches"]
+    (info / "entry_points.txt").write_text("[patchkit.patches]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()))
+
+
+def test_installed_entry_point(make_tree, tmp_path):
+    site = tmp_path / "site"
+    _install_by_hand(site)
+    tree = make_tree(PRIMARY)
+
+    def patchkit(*args):
+        code = "import sys; sys.path.insert(0, sys.argv[1]); from patchkit.cli import main; main(sys.argv[2:])"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        return subprocess.run([sys.executable, "-c", code, str(site), *map(str, args)], capture_output=True,
+                              text=True, env=env, cwd=tmp_path)
+
+    assert "[from acme (entry point of acme-sglang-patches)]" in patchkit("list").stdout
+    applied = patchkit("apply", tree, PATCH)
+    assert applied.returncode == 0, applied.stderr
+    assert patchkit("verify", tree, PATCH).returncode == 0
+    assert patchkit("revert", tree).returncode == 0
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
+    # The same set named as a folder too: one id, two places.
+    twice = patchkit("--patches", SET, "list")
+    assert twice.returncode == 2 and "defined twice" in twice.stderr and twice.stderr.count("\n") == 1
+
+
+def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path):
+    clash = tmp_path / "clash"
+    clash.mkdir()
+    shutil.copy(SET / "torch_native.py", clash)
+    text = (SET / "torch-native-spec-v2.toml").read_text()
+    (clash / "mine.toml").write_text(text.replace(f'id = "{PATCH}"', 'id = "needs-cpu-seq-lens"'))
+    one_line_error(cli("--patches", clash, "list"), "patch needs-cpu-seq-lens is defined twice: in patchkit and in",
+                   str(clash))
+    (clash / "mine.toml").write_text(text.replace("torch_native:", "nowhere:"))
+    one_line_error(cli("--patches", clash, "list"), f"codemod nowhere:AddVerifyBuffersHook cannot be loaded",
+                   str(clash))
+    (clash / "mine.toml").write_text("id = [")
+    one_line_error(cli("--patches", clash, "list"), "mine.toml: not valid TOML")
+    one_line_error(cli("--patches", tmp_path / "nope", "list"), "no such folder of patch definitions")
+
+
+@pytest.mark.parametrize("config", ['[tool.patchkit]\npatches = "acme"\n', '[tool.patchkit]\npatches = [1]\n'])
+def test_pyproject_patches_must_name_folders(cli, monkeypatch, tmp_path, config):
+    (tmp_path / "pyproject.toml").write_text(config)
+    monkeypatch.chdir(tmp_path)
+    result = cli("list")
+    if '"acme"' in config:  # one folder as a string is accepted, and must exist
+        one_line_error(result, "no such folder of patch definitions")
+    else:
+        one_line_error(result, "[tool.patchkit] patches must be a list of folders")
