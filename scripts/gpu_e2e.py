@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from patchkit.gpu_e2e import bundle  # noqa: E402
+from gpu_e2e import bundle  # noqa: E402
 
 
 def main() -> int:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.gpu_e2e import models, report, syncs
-from patchkit.gpu_e2e.bundle import repo_root
+from gpu_e2e import models, report, syncs
+from gpu_e2e.bundle import repo_root
 
 RECORDED = repo_root() / "docs" / "gpu-e2e"
 PFD = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
@@ -47,7 +47,7 @@ def test_attribute_walks_to_the_nearest_sglang_frame(tmp_path):
     # sglang code -> a helper outside sglang -> attribute(): the sglang frame is named
     helper = _write(tmp_path / "lib" / "helper.py", """
         import sys
-        from patchkit.gpu_e2e import syncs
+        from gpu_e2e import syncs
         def where():
             return syncs.attribute(sys._getframe(0))
         """)
@@ -94,7 +94,7 @@ def test_aggregate_delta_and_calls():
 
 _CHILD = r"""
 import json, os, sys, torch
-from patchkit.gpu_e2e import syncs
+from gpu_e2e import syncs
 assert syncs.install()
 from sglang.srt.speculative import eagle_info_v2 as m   # probed at import
 
@@ -215,7 +215,7 @@ def test_fastest_run_over_processes():
 
 
 def test_rounds_alternate_which_variant_starts_first():
-    from patchkit.gpu_e2e.orchestrate import _schedule
+    from gpu_e2e.orchestrate import _schedule
 
     got = list(_schedule(["small"], ["pristine", "patched"], 3))
     assert [order for _, _, order in got] == [["pristine", "patched"], ["patched", "pristine"], ["pristine", "patched"]]
@@ -261,7 +261,7 @@ def test_model_configs(tmp_path):
 
 
 def test_prepare_trees_checks_the_overlay(tmp_path):
-    from patchkit.gpu_e2e import orchestrate
+    from gpu_e2e import orchestrate
 
     bundle = tmp_path / "bundle"
     tdir = bundle / "trees" / "9.9"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.gpu_e2e import bundle, coverage
+from gpu_e2e import bundle, coverage
 
 
 def test_pins_are_exact_and_never_twice():

@@ -160,7 +160,7 @@ def normalise(name: str) -> str:
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[1]
 
 
 def wheel_cache() -> Path:
