@@ -95,14 +95,15 @@ def diff_stat(diffs) -> str:
     if not diffs:
         return ""
     width = max(len(d.path) for d in diffs)
-    most = max(d.added + d.removed for d in diffs) or 1
-    bar = 50
+    scale = min(1.0, 50 / (max(d.added + d.removed for d in diffs) or 1))  # bars of at most 50 columns
+
+    def bar(count: int) -> int:
+        return max(1, round(count * scale)) if count else 0  # a change never draws as nothing
+
     lines = []
     for d in diffs:
-        total = d.added + d.removed
-        plus = round(d.added * min(bar, most) / most)
-        minus = round(d.removed * min(bar, most) / most)
-        lines.append(f" {d.path:<{width}} | {total:>4} {'+' * plus}{'-' * minus}")
+        graph = "+" * bar(d.added) + "-" * bar(d.removed)
+        lines.append(f" {d.path:<{width}} | {d.added + d.removed:>4} {graph}")
     added, removed = sum(d.added for d in diffs), sum(d.removed for d in diffs)
     lines.append(f" {len(diffs)} file{'s' if len(diffs) != 1 else ''} changed, "
                  f"{added} insertion{'s' if added != 1 else ''}(+), {removed} deletion{'s' if removed != 1 else ''}(-)")

@@ -4,7 +4,7 @@
     python scripts/gpu_e2e.py bundle --out DIR [--release 0.5.12.post1 ...]   # here, no GPU
     cd DIR && PYTHONPATH=e2e python3 -m pk_gpu_e2e.orchestrate --out OUT      # on the GPU
 
-See README.md, "Measured on a GPU".
+See docs/gpu.md.
 """
 
 import argparse

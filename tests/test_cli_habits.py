@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -109,7 +110,11 @@ def test_verbose_only_where_it_changes_output_and_every_option_has_help(cli):
 
 
 def test_environment_variables_in_help_and_checked(cli, make_tree, tmp_path):
+    from patchkit import settings
+
     text = cli("--help").output
+    documented = (Path(__file__).resolve().parent.parent / "docs" / "ci.md").read_text()
+    assert all(f"`{name}`" in documented for name in [*settings.VARIABLES, *settings.DEPRECATED])
     for name in ("PATCHKIT_LOCK_TIMEOUT", "PATCHKIT_JOBS", "PATCHKIT_CACHE_DIR", "PATCHKIT_TRANSFORM_CACHE",
                  "PATCHKIT_CACHE", "_PATCHKIT_COMPLETE=bash_source patchkit"):
         assert name in text

@@ -1,6 +1,6 @@
 """gpu_e2e on CPU: sync counting and attribution, the comparison, model configs, tree unpacking.
 
-The GPU run itself is scripts/gpu_e2e.py (see README "Measured on a GPU"); these tests
+The GPU run itself is scripts/gpu_e2e.py (see docs/gpu.md); these tests
 check its parts on recorded samples and on CPU tensors.
 """
 
