@@ -14,7 +14,7 @@ import click
 from patchkit import __version__, output, registry, settings
 from patchkit import tree as trees
 from patchkit.engine import Outcome, locked_session
-from patchkit.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_OK, PatchkitError
+from patchkit.errors import EXIT_CHANGES, EXIT_OK, PatchkitError
 from patchkit.state import Interrupted
 
 EXIT_CODES = """\b

@@ -93,7 +93,7 @@ def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path):
     one_line_error(cli("--patches", clash, "list"), "patch needs-cpu-seq-lens is defined twice: in patchkit and in",
                    str(clash))
     (clash / "mine.toml").write_text(text.replace("torch_native:", "nowhere:"))
-    one_line_error(cli("--patches", clash, "list"), f"codemod nowhere:AddVerifyBuffersHook cannot be loaded",
+    one_line_error(cli("--patches", clash, "list"), "codemod nowhere:AddVerifyBuffersHook cannot be loaded",
                    str(clash))
     (clash / "mine.toml").write_text("id = [")
     one_line_error(cli("--patches", clash, "list"), "mine.toml: not valid TOML")
