@@ -28,7 +28,9 @@ Exit codes:
 TREE_HELP = """\b
 TREE (optional; default: the current folder) is an sglang git checkout, its
 python/ folder, the sglang/ package folder, an installed site-packages/sglang,
-or any folder inside one: patchkit looks upward, as git looks for .git."""
+or any folder inside one: patchkit looks upward, as git looks for .git.
+A first argument that exists on disk or reads as a path (., ~/x, a/b) is the
+TREE; otherwise every argument is a PATCH id."""
 
 COMPLETION = """\b
 Shell completion (bash; zsh and fish alike, with zsh_source / fish_source):

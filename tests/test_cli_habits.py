@@ -5,6 +5,7 @@ environment variables."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,14 @@ def test_completion_script_names_the_commands():
                          env={**os.environ, "_PATCHKIT_COMPLETE": "bash_complete", "COMP_WORDS": "patchkit show trtllm-mha",
                               "COMP_CWORD": "2"})
     assert "plain,trtllm-mha-overlap-hook" in run.stdout and "plain,trtllm-mha-draft-extend-v2" in run.stdout
+
+
+def test_readme_shows_what_the_demo_and_ci_run():
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    transcript = readme.split("`bash scripts/demo.sh` prints exactly this")[1].split("```")[1]
+    demo = (root / "scripts" / "demo.sh").read_text()
+    assert re.findall(r"^\$ (patchkit .*)$", transcript, re.M) == re.findall(r"^say (patchkit .*)$", demo, re.M)
+    test_command = readme.split("Set up and run the tests")[1].split("\n\n")[1].strip()
+    assert test_command in (root / ".ci" / "run").read_text()
+    assert len(readme.encode()) <= 12_500  # a README for users; results live in docs/
