@@ -155,6 +155,31 @@ def _refuse_pending(session) -> None:
         raise PatchkitError(session.pending.line())
 
 
+def _unloaded(session) -> list[str]:
+    """Patches the tree records as applied that no loaded patch set defines
+    (applied with a set this run was not pointed at)."""
+    known = {p.id for p in registry.all_patches()}
+    return [pid for pid in session.state["applied"] if pid not in known]
+
+
+UNLOADED = ("{ids}: applied to this tree from a patch set that is not loaded now; name it (--patches DIR, "
+            "[tool.patchkit] patches in pyproject.toml, or install it)")
+
+
+def _refuse_unloaded(session) -> None:
+    """apply and revert rebuild files from their originals with the patches
+    that stay: they need the definition of every patch on the tree."""
+    missing = _unloaded(session)
+    if missing:
+        raise PatchkitError(UNLOADED.format(ids=", ".join(missing)) + ", then run this again; nothing was changed")
+
+
+def _note_unloaded(obj: Ctx, session) -> None:
+    missing = _unloaded(session)
+    if missing:
+        obj.say("note: " + UNLOADED.format(ids=", ".join(missing)) + " to check it too")
+
+
 def _tree(obj: Ctx, given: Optional[str], announce: bool = True) -> str:
     """The tree a command works on, as the path it hands the session and
     prints paths from. Found elsewhere than exactly at ``given`` (no TREE, or
@@ -188,6 +213,7 @@ def status(obj: Ctx, args, fmt: str) -> None:
     path = _tree(obj, given, announce=fmt != "text")
     with locked_session(path, obj.say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
+    _note_unloaded(obj, session)
     if fmt == "json":
         locator = output.Locator(session.tree, path)
         click.echo(output.status_json(session.tree, reports, locator, ok=_ok(session, reports),
@@ -223,6 +249,7 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
     write = not (dry_run or check)
     with locked_session(path, obj.say, "apply" if write else None) as session:
         _refuse_pending(session)
+        _refuse_unloaded(session)
         outcome = apply_patches(session, selected, dry_run=not write, runtime=runtime)
     _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write, path)
 
@@ -243,6 +270,7 @@ def revert(obj: Ctx, args, cascade: bool, force: bool, dry_run: bool, fmt: str) 
     path = _tree(obj, given)
     with locked_session(path, obj.say, None if dry_run else "revert") as session:
         _refuse_pending(session)
+        _refuse_unloaded(session)
         outcome = revert_patches(session, list(ids), cascade=cascade, force=force, dry_run=dry_run)
     _finish(obj, session.tree, outcome, "revert", fmt, dry_run, False, dry_run, path)
 
@@ -261,6 +289,7 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     path = _tree(obj, given, announce=fmt != "text")
     with locked_session(path, obj.say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
+    _note_unloaded(obj, session)
     if session.pending is not None:
         obj.say(f"verify: {session.pending.line()}")
     click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, path), obj.verbose,

@@ -109,3 +109,18 @@ def test_pyproject_patches_must_name_folders(cli, monkeypatch, tmp_path, config)
         one_line_error(result, "no such folder of patch definitions")
     else:
         one_line_error(result, "[tool.patchkit] patches must be a list of folders")
+
+
+def test_a_tree_patched_from_a_set_not_loaded_now(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    assert cli("--patches", SET, "apply", tree, PATCH).exit_code == 0
+    before = snapshot(tree)
+    status = cli("status", tree)
+    assert status.exit_code == 0 and f"note: {PATCH}: applied to this tree from a patch set that is not loaded" \
+        in status.output
+    for verb in ("revert", "apply"):  # both rebuild files with every patch on the tree: refused
+        one_line_error(cli(verb, tree), f"{PATCH}: applied to this tree from a patch set that is not loaded",
+                       "nothing was changed")
+    assert snapshot(tree) == before
+    assert cli("--patches", SET, "revert", tree).exit_code == 0
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
