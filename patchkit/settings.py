@@ -20,8 +20,8 @@ VARIABLES = {
                                 "(default $PATCHKIT_CACHE_DIR/transforms)",
 }
 
-# old name -> (what replaced it, why it is read still). Each still works, with
-# one note on stderr, so scripts written against 0.2 keep running.
+# old name -> the name that replaced it. The old one still works, with one
+# note on stderr, so scripts written against 0.2 keep running.
 DEPRECATED = {
     "PATCHKIT_CACHE": "PATCHKIT_CACHE_DIR",
 }
@@ -85,10 +85,13 @@ def transform_cache_dir() -> Optional[Path]:
     value = _value("PATCHKIT_TRANSFORM_CACHE")
     if value is not None:
         return None if _off(value) else _folder("PATCHKIT_TRANSFORM_CACHE", value)
+    return None if _legacy_off() else cache_dir() / "transforms"
+
+
+def _legacy_off() -> bool:
+    """``PATCHKIT_CACHE_DIR=off`` (or empty): 0.2's way to disable the transform cache."""
     legacy = os.environ.get("PATCHKIT_CACHE_DIR")
-    if legacy is not None and (not legacy.strip() or _off(legacy.strip())):
-        return None
-    return cache_dir() / "transforms"
+    return legacy is not None and (not legacy.strip() or _off(legacy.strip()))
 
 
 def deprecations() -> list[str]:
@@ -98,10 +101,9 @@ def deprecations() -> list[str]:
         if _value(old) is not None:
             also = f" ({new} is set too and wins)" if _value(new) is not None else ""
             notes.append(f"{old} is deprecated: use {new}{also}")
-    legacy = os.environ.get("PATCHKIT_CACHE_DIR")
-    if legacy is not None and (not legacy.strip() or _off(legacy.strip())):
-        notes.append(f"PATCHKIT_CACHE_DIR={legacy!r} to disable the transform cache is deprecated: "
-                     "use PATCHKIT_TRANSFORM_CACHE=off")
+    if _legacy_off():
+        notes.append(f"PATCHKIT_CACHE_DIR={os.environ['PATCHKIT_CACHE_DIR']!r} to disable the transform cache is "
+                     "deprecated: use PATCHKIT_TRANSFORM_CACHE=off")
     return notes
 
 

@@ -3,8 +3,9 @@
 Accepted layouts: a git checkout (``ROOT/python/sglang``), its ``python/``
 folder, the ``sglang/`` package folder itself, or an installed
 ``site-packages/sglang``, named by that folder or any folder inside it (found
-upward, as git finds ``.git``); with no TREE, the current folder. patchkit state always lives next to the package's
-files (``<package>/.patchkit``), so every layout of one tree sees the same state.
+upward, as git finds ``.git``); with no TREE, the current folder. patchkit
+state always lives next to the package's files (``<package>/.patchkit``), so
+every layout of one tree sees the same state.
 """
 
 from __future__ import annotations
