@@ -231,13 +231,26 @@ def _parse(text: str, source: str, patch_set: Optional[PatchSet] = None) -> Patc
             requires=tuple(data.get("requires", [])),
             description=data.get("description", "").strip(),
             targets=targets,
-            runtime=tuple(data.get("runtime", [])),
+            runtime=tuple(_check_runtime(module, pid) for module in data.get("runtime", [])),
             origin=patch_set.label,
         )
     except tomllib.TOMLDecodeError as exc:
         raise PatchkitError(f"{source}: not valid TOML ({exc})") from None
     except KeyError as exc:
         raise PatchkitError(f"{source}: a patch definition needs {exc.args[0]!r}") from None
+
+
+def _check_runtime(module: str, patch_id: str) -> str:
+    """A runtime module a patch needs vendored: one of patchkit's own
+    (``runtime``, ``backends.trtllm_mha`` ...). A set outside patchkit names
+    these too: vendoring modules of its own is not supported (yet)."""
+    parts = module.split(".")
+    root = importlib.resources.files("patchkit")
+    if not all(p.isidentifier() for p in parts) or not (
+            root.joinpath(*parts[:-1], parts[-1] + ".py").is_file() or root.joinpath(*parts, "__init__.py").is_file()):
+        raise PatchkitError(f"patch {patch_id}: runtime module {module!r} is not one of patchkit's "
+                            "(patchkit/runtime, patchkit/backends/...); a patch set cannot vendor modules of its own yet")
+    return module
 
 
 def builtin_set() -> PatchSet:

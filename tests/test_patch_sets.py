@@ -95,6 +95,8 @@ def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path):
     (clash / "mine.toml").write_text(text.replace("torch_native:", "nowhere:"))
     one_line_error(cli("--patches", clash, "list"), "codemod nowhere:AddVerifyBuffersHook cannot be loaded",
                    str(clash))
+    (clash / "mine.toml").write_text(text.replace("requires = []", 'requires = []\nruntime = ["acme_runtime"]'))
+    one_line_error(cli("--patches", clash, "list"), "runtime module 'acme_runtime' is not one of patchkit's")
     (clash / "mine.toml").write_text("id = [")
     one_line_error(cli("--patches", clash, "list"), "mine.toml: not valid TOML")
     one_line_error(cli("--patches", tmp_path / "nope", "list"), "no such folder of patch definitions")
