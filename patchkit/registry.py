@@ -254,14 +254,16 @@ def _check_runtime(module: str, patch_id: str) -> str:
 
 
 def builtin_set() -> PatchSet:
-    """patchkit's own set. Installed, it is the ``patchkit.patches`` package;
-    run from a source checkout that was never installed (``python -m
-    patchkit`` in the repo), that package does not exist and the definitions
-    are the repository's own ``patches/`` folder beside ``patchkit/``."""
-    try:
+    """patchkit's own set: the definitions that belong with this code. Run
+    from a source checkout (a ``pyproject.toml`` and ``patches/`` beside
+    ``patchkit/``), the checkout's own ``patches/``: never those an editable
+    install of another checkout maps ``patchkit.patches`` to, nor none when
+    it was never installed. Installed, the ``patchkit.patches`` package."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "patches" / "__init__.py").is_file():
+        folder = root / "patches"
+    else:
         folder = importlib.resources.files("patchkit.patches")
-    except ModuleNotFoundError:
-        folder = Path(__file__).resolve().parent.parent / "patches"
     return PatchSet("patchkit", folder, "patchkit.codemods", builtin=True)
 
 

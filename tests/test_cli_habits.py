@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from patchkit import registry
 from support import PRIMARY, pristine_snapshot, snapshot
 
 HOOK = "trtllm-mha-overlap-hook"
@@ -84,8 +85,11 @@ def test_show_says_what_a_patch_changes(make_tree, cli):
     text = result.output
     assert text.startswith("trtllm-mla-spec-v2: TRT-LLM MLA")
     assert "upstream: sglang#26824" in text and "requires: needs-cpu-seq-lens" in text and "from:     patchkit" in text
-    assert "srt/layers/attention/trtllm_mla_backend.py" in text
-    assert "get_verify_buffers_to_fill_after_draft returns [self.cuda_graph_custom_mask, None]" in text
+    patch = registry.get("trtllm-mla-spec-v2")
+    for target in patch.targets:  # every file, and what each of its codemods does
+        assert f"\n  {target.file}" in text
+        for codemod in target.codemods:
+            assert f"    - {' '.join(codemod.DESCRIPTION.split())}" in text
     tree = make_tree()
     before = snapshot(tree)
     diff = cli("show", HOOK, tree, "--diff")

@@ -43,7 +43,7 @@ def test_wheel_contents(wheel):
     assert tops == {"patchkit"}  # no gpu_e2e, tests, examples or scripts
     assert not any("gpu_e2e" in n for n in names)
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("patchkit/patches/") and n.endswith(".toml")}
-    assert shipped == {f.name for f in registry.definition_files()} and len(shipped) == 5
+    assert shipped == {f.name for f in registry.definition_files()} and shipped
     for module in ("patchkit/cli.py", "patchkit/registry.py", "patchkit/runtime/seq_lens.py",
                    "patchkit/backends/trtllm_mha.py", "patchkit/codemods/primitives/__init__.py"):
         assert module in names
