@@ -97,8 +97,8 @@ def _terminate(signum: int, frame) -> None:
 
 def _refuse_pending(session) -> None:
     """Commands that read the tree's content refuse a half-written one."""
-    if session.pending is not None:
-        raise PatchkitError(session.pending.line())
+    if session.snapshot.pending is not None:
+        raise PatchkitError(session.snapshot.pending.line())
 
 
 @main.command("list", epilog=EXIT_CODES)
@@ -129,9 +129,9 @@ def status(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
     if fmt == "json":
         locator = output.Locator(session.tree, tree)
         click.echo(output.status_json(session.tree, reports, locator, ok=_ok(session, reports),
-                                      runtime=session.runtime_info(), notes=session.notes()))
+                                      runtime=session.runtime_info(), notes=session.snapshot.notes()))
     else:
-        click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info(), session.notes()))
+        click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info(), session.snapshot.notes()))
 
 
 @main.command(epilog=EXIT_CODES)
@@ -195,16 +195,16 @@ def verify(obj: Ctx, tree: str, ids: tuple[str, ...], fmt: str) -> None:
     upstream). Exit 1 otherwise."""
     with locked_session(tree, obj.say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
-    if session.pending is not None:
-        obj.say(f"verify: {session.pending.line()}")
+    if session.snapshot.pending is not None:
+        obj.say(f"verify: {session.snapshot.pending.line()}")
     click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, tree), obj.verbose,
-                             session.runtime_info(), session.notes(), pending=session.pending is not None))
+                             session.runtime_info(), session.snapshot.notes(), pending=session.snapshot.pending is not None))
     sys.exit(EXIT_OK if _ok(session, reports) else EXIT_CHANGES)
 
 
 def _ok(session, reports) -> bool:
     """Every patch applied or native, and no transaction half-done."""
-    return session.pending is None and all(r.ok for r in reports)
+    return session.snapshot.pending is None and all(r.ok for r in reports)
 
 
 @main.command(epilog=EXIT_CODES)
