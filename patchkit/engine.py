@@ -124,12 +124,6 @@ class Session:
         self._prepared: dict[str, tuple[str, Entry]] = {}  # rel -> (sha256 of its source, entry)
         self.last_transformed: list[str] = []  # codemods the last transform() ran, in order
 
-    @classmethod
-    def open(cls, path: str | Path) -> "Session":
-        tree = find_tree(path)
-        store = Store(tree.state_dir)
-        return cls(read_snapshot(tree, store), store)
-
     # -- reading ---------------------------------------------------------------
 
     def read(self, rel: str) -> Optional[bytes]:

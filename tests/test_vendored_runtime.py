@@ -5,7 +5,6 @@ manifest that lets a clone of a patched fork status, verify and revert."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
