@@ -204,7 +204,10 @@ class Session:
         for needle in codemod.REQUIRED_TEXT:
             if needle.encode() not in data:
                 return Finding.missing(needle, f"{needle} does not occur in the file")
-        finding = codemod().detect(self.module(rel))
+        from libcst.codemod import CodemodContext
+
+        # The file name lets a finding say where it is (``PatchCodemod.where``).
+        finding = codemod(CodemodContext(filename=rel)).detect(self.module(rel))
         self._remember(key, finding)
         return finding
 
@@ -251,6 +254,12 @@ class Session:
             report.state = PARTIAL
             todo = [r for r in report.results if r.finding.state is State.TODO]
             report.reason = "still to do: " + ", ".join(f"{r.file}: {r.finding.anchor}" for r in todo)
+        if report.state != NOT_APPLICABLE:
+            # Parts this tree has no need for (a release without that code, a
+            # fork that does it its own way): said once, with their reason.
+            report.notes.extend(
+                dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in report.results if r.finding.state is State.SUPERSEDED)
+            )
         if applied_by_us and report.state != APPLIED:
             report.notes.append("recorded as applied by patchkit, but the tree no longer has all of it")
         if report.state == APPLIED:
