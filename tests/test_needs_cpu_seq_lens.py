@@ -10,6 +10,7 @@ import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext
 
+from codemod_testing import apply, assert_codemod, assert_state, code, detect
 from support import PRE_UPSTREAM, pristine, snapshot
 from patchkit import registry
 from patchkit.codemods import needs_cpu_seq_lens_flags as flags
@@ -21,29 +22,9 @@ from patchkit.codemods.primitives import add_needed_imports
 PID = "needs-cpu-seq-lens"
 
 
-def code(src: str) -> str:
-    return textwrap.dedent(src).lstrip("\n")
-
-
 def block(src: str, indent: int) -> str:
     """A snippet of a method body, at ``indent`` spaces."""
     return textwrap.indent(code(src), " " * indent)
-
-
-def detect(codemod, src: str):
-    return codemod().detect(cst.parse_module(code(src)))
-
-
-def apply(codemod, src: str) -> str:
-    """One codemod the way the engine runs it: TODO -> transform (+ imports)
-    -> DONE, and DONE again on the output (idempotent)."""
-    module = cst.parse_module(code(src))
-    assert codemod().detect(module).state is State.TODO
-    context = CodemodContext()
-    module = add_needed_imports(codemod(context).transform_module(module), context)
-    assert codemod().detect(module).state is State.DONE
-    assert codemod().detect(cst.parse_module(module.code)).state is State.DONE
-    return module.code
 
 
 # -- the flag -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext
 
+from codemod_testing import assert_codemod, assert_state, code, run
 from support import NATIVE, PRE_UPSTREAM, pristine, snapshot
 from patchkit.codemods import primitives
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2
@@ -21,28 +22,6 @@ MHA = "srt/layers/attention/trtllm_mha_backend.py"
 RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
 KIT = "test/kits/attention_unittest/runner_modes/speculative_draft_extend_runner.py"
 LATER = "0.5.17"  # whitelist as a list, V2-only metadata branches, runner `execute` without top-k
-
-
-def code(src: str) -> str:
-    return textwrap.dedent(src).lstrip("\n")
-
-
-def run(codemod: type, src: str) -> tuple[State, str, State]:
-    """(state before, code after, state after), as the engine runs a codemod:
-    detect, transform when TODO, add the requested imports, detect again."""
-    module = cst.parse_module(code(src))
-    before = codemod().detect(module).state
-    if before is State.TODO:
-        context = CodemodContext()
-        module = primitives.add_needed_imports(codemod(context).transform_module(module), context)
-    after = codemod().detect(module)
-    return before, module.code, after.state
-
-
-def assert_untouched(codemod: type, src: str, state: State) -> None:
-    before, after, again = run(codemod, src)
-    assert before is state and again is state
-    assert after == code(src)
 
 
 # --- whitelist -------------------------------------------------------------------------
@@ -98,10 +77,7 @@ class EagleDraftWorker(BaseDraftWorker):
 
 
 def test_whitelist_chain_becomes_one_tuple_and_import_sits_with_the_backends():
-    before, after, again = run(dev2.WhitelistTRTLLMHA, WORKER_PRE)
-    assert (before, again) == (State.TODO, State.DONE)
-    assert after == code(WORKER_POST)
-    assert_untouched(dev2.WhitelistTRTLLMHA, WORKER_POST, State.DONE)
+    assert_codemod(dev2.WhitelistTRTLLMHA, WORKER_PRE, WORKER_POST)
 
 
 def test_whitelist_fork_shapes():
@@ -176,7 +152,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
 
 @pytest.mark.parametrize("src", [UPSTREAM_0_5_13_WORKER, UPSTREAM_0_5_17_WORKER], ids=["0.5.13", "0.5.17"])
 def test_whitelist_upstream_shapes_are_done(src):
-    assert_untouched(dev2.WhitelistTRTLLMHA, src, State.DONE)
+    assert_state(dev2.WhitelistTRTLLMHA, src, State.DONE)
 
 
 @pytest.mark.parametrize(
@@ -381,7 +357,7 @@ class TRTLLMHAAttnBackend(FlashInferAttnBackend):
 @pytest.mark.parametrize("src", [UPSTREAM_0_5_13_APPLY, UPSTREAM_0_5_17_APPLY], ids=["0.5.13", "0.5.17"])
 @pytest.mark.parametrize("codemod", [dev2.CaptureIncludesDraftExtendV2, dev2.ReplayDraftExtendV2Stride])
 def test_mha_upstream_shapes_are_done(src, codemod):
-    assert_untouched(codemod, src, State.DONE)
+    assert_state(codemod, src, State.DONE)
 
 
 def test_mha_missing_anchors():
@@ -453,7 +429,7 @@ def test_runner_topk_copies_skipped_for_v2():
                 out.topk_index = out_copy.topk_index[:unpadding_bs]
 """,
     )
-    assert_untouched(dev2.RunnerReplaySkipsTopkForV2, after, State.DONE)
+    assert_state(dev2.RunnerReplaySkipsTopkForV2, after, State.DONE)
 
 
 def test_runner_adds_forward_mode_import_when_a_fork_lacks_it():
@@ -496,7 +472,7 @@ class EAGLEDraftExtendCudaGraphRunner(DecodeCudaGraphRunner):
     ids=["0.5.13", "else-of-v2", "0.5.17"],
 )
 def test_runner_upstream_shapes_are_done(src):
-    assert_untouched(dev2.RunnerReplaySkipsTopkForV2, src, State.DONE)
+    assert_state(dev2.RunnerReplaySkipsTopkForV2, src, State.DONE)
 
 
 def test_runner_missing_anchor():
@@ -558,7 +534,7 @@ def test_kit_adds_v2_assertion_and_hooks_the_v2_cases():
     # The V1 case keeps the default (top-k compared).
     v1 = module.code_for_node(primitives.find_function(module, "run_dense_eagle_draft_extend_cuda_graph_runner_case"))
     assert "assert_outputs_close" not in v1
-    assert_untouched(dev2.TestKitV2OutputsClose, after, State.DONE)
+    assert_state(dev2.TestKitV2OutputsClose, after, State.DONE)
 
 
 def test_kit_upstream_shape_done_and_missing_anchor():
@@ -571,7 +547,7 @@ def test_kit_upstream_shape_done_and_missing_anchor():
         "(build_fixture=build_mla_attention_fixture)",
         "(build_fixture=build_mla_attention_fixture, assert_outputs_close=_assert_draft_extend_v2_outputs_close)",
     )
-    assert_untouched(dev2.TestKitV2OutputsClose, done, State.DONE)
+    assert_state(dev2.TestKitV2OutputsClose, done, State.DONE)
     assert dev2.TestKitV2OutputsClose().detect(cst.parse_module("def _assert_draft_extend_other():\n    pass\n")).state is State.MISSING
 
 

@@ -233,7 +233,10 @@ class MethodGuards(MethodCodemod):
         for guard in left:
             if guard.context is not None and not primitives.find_all(fn, guard.context):
                 read = self._unguarded(fn, guard)[0]
-                return self.missing_in(fn, f"`{_code(read)}` is read without the statement the rewrite needs", f"a statement matching {guard.context!r}", read)
+                return self.missing_in(
+                    fn, f"`{_code(read)}` is read, but not the statement its rewrite takes names from",
+                    f"that statement too ({self.DESCRIPTION})", read,
+                )
         if left:
             count = sum(len(self._unguarded(fn, g)) for g in left)
             first = self._unguarded(fn, left[0])[0]
@@ -242,11 +245,28 @@ class MethodGuards(MethodCodemod):
             return Finding.done(anchor)
         if self.UPSTREAM is not None and primitives.contains(fn, self.UPSTREAM):
             return Finding.done(anchor, "upstream's own guard")
-        if any(self._reads(fn, g) for g in self.GUARDS):
-            return Finding.done(anchor, "this tree guards these reads itself (None tests)")
         if self.MOVED_OUT is not None and primitives.contains(fn, self.MOVED_OUT[0]):
             return Finding.superseded(anchor, self.MOVED_OUT[1])
-        return self.missing_in(fn, f"no read of {self.READS} of the shapes this change guards", "one of " + "; ".join(repr(g.site) for g in self.GUARDS))
+        reads = self._value_reads(fn)
+        if reads:
+            left = primitives.unguarded(fn, reads, self.VALUES)
+            if not left:
+                # A fork that tests the value itself, in a shape of its own.
+                return Finding.done(anchor, "this tree guards these reads itself (None tests)")
+            return self.missing_in(
+                fn,
+                f"`{_code(left[0])}` is read unguarded in a shape this change does not know",
+                f"a read of {self.READS} it can rewrite ({self.DESCRIPTION}) or a None test around it",
+                left[0],
+            )
+        return self.missing_in(fn, f"no read of {self.READS} here", f"the reads it rewrites ({self.DESCRIPTION})")
+
+    def _value_reads(self, fn: cst.FunctionDef) -> list[cst.CSTNode]:
+        """Every read of an attribute named in VALUES (assignment targets are writes)."""
+        written = {id(t.target) for t in primitives.find_all(fn, m.AssignTarget())}
+        written |= {id(a.target) for a in primitives.find_all(fn, m.AugAssign())}
+        attrs = primitives.find_all(fn, primitives.attr("|".join(self.VALUES)))
+        return [a for a in attrs if id(a) not in written]
 
     def _reads(self, fn: cst.FunctionDef, guard: Guard) -> list[cst.CSTNode]:
         return primitives.find_all(fn, guard.site, guard.within)

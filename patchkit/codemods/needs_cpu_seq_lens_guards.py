@@ -270,7 +270,7 @@ class GuardDecodePerfMetrics(MirrorGuards):
 
 
 class GuardDecodeStats(MirrorGuards):
-    DESCRIPTION = "SchedulerMetricsMixin.report_decode_stats: decode_sum_seq_lens -> decode_total_seq_lens"
+    DESCRIPTION = "SchedulerMetricsMixin.report_decode_stats: decode_sum_seq_lens = seq_lens_cpu.sum().item() -> decode_total_seq_lens"
     CLASS = "SchedulerMetricsMixin"
     METHOD = "report_decode_stats"
     GUARDS = (Guard(MIRROR_TOTAL, "decode_total_seq_lens(BATCH)", "decode_total_seq_lens"),)
