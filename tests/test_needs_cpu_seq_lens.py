@@ -189,13 +189,48 @@ def test_decode_sync_elsewhere_or_nested():
             batch.maybe_evict_swa()
     """
     assert detect(sync.GateDecodeSync, moved).state is State.SUPERSEDED
-    nested = """
+    # A fork's own version of the sync: in a block, another spelling of the copy: gated where it is.
+    assert_codemod(
+        sync.GateDecodeSync,
+        """
+        class EagleDraftInputV2Mixin:
+            def prepare_for_decode(self, batch):
+                if batch.reqs:
+                    # vendor: sync only when there is work
+                    batch.seq_lens_cpu = batch.seq_lens.to("cpu", non_blocking=False)
+                    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+                    log_step(batch)
+        """,
+        """
+        from sglang.srt._patchkit.runtime import needs_cpu_seq_lens
+        class EagleDraftInputV2Mixin:
+            def prepare_for_decode(self, batch):
+                if batch.reqs:
+                    # vendor: sync only when there is work
+                    if not needs_cpu_seq_lens():
+                        # patchkit (sglang #26128): no attention backend reads the CPU mirror;
+                        # the GPU seq_lens are already advanced, skip the D2H copy and sum.
+                        batch.seq_lens_cpu = None
+                        batch.seq_lens_sum = None
+                    else:
+                        batch.seq_lens_cpu = batch.seq_lens.to("cpu", non_blocking=False)
+                        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+                    log_step(batch)
+        """,
+    )
+
+
+@pytest.mark.parametrize("helper", ["materialize_seq_lens_cpu", "_vendor_fill_cpu_mirror"])
+def test_decode_sync_a_fork_already_dropped(helper):
+    fork = f"""
     class EagleDraftInputV2Mixin:
         def prepare_for_decode(self, batch):
-            if batch.reqs:
-                batch.seq_lens_cpu = batch.seq_lens.cpu()
+            batch.maybe_wait_verify_done()
+            # vendor: {helper}() fills the mirror on demand
+            batch.seq_lens_cpu = None
+            batch.seq_lens_sum = None
     """
-    assert detect(sync.GateDecodeSync, nested).state is State.MISSING
+    assert_state(sync.GateDecodeSync, fork, State.SUPERSEDED, detail="this tree already avoids the seq_lens sync at line 5;")
 
 
 # FutureMap.resolve_seq_lens_cpu as it was between the FutureMap rewrite and #26128.

@@ -301,6 +301,24 @@ def test_mha_each_codemod_alone():
     assert "from sglang.srt._patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q\n" in after
 
 
+def test_mha_draft_extend_test_in_a_fork_s_own_condition():
+    # A fork that tests more than the mode: the branch is found by the call, and
+    # only the call changes; the fork's terms stay.
+    src = MHA_PRE.replace(
+        "elif forward_mode.is_draft_extend():",
+        "elif (forward_mode.is_draft_extend() and self.vendor_graphs_enabled):",
+    )
+    after, states = _both_mha(src)
+    assert states == [State.DONE, State.DONE]
+    assert after == code(MHA_POST).replace(
+        "elif forward_mode.is_draft_extend(include_v2=True):",
+        "elif (forward_mode.is_draft_extend(include_v2=True) and self.vendor_graphs_enabled):",
+    )
+    # A negated test is not the draft-extend branch.
+    negated = MHA_PRE.replace("elif forward_mode.is_draft_extend():", "elif not forward_mode.is_draft_extend():")
+    assert_state(dev2.CaptureIncludesDraftExtendV2, negated, State.MISSING, detail="no draft-extend branch")
+
+
 def test_mha_renamed_methods_0_5_13_pre_change_shape():
     src = MHA_PRE.replace("init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata").replace(
         "init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata"

@@ -35,7 +35,7 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import AddMethodCodemod, Finding, MethodCodemod
-from patchkit.codemods.primitives import assigns_attr, call, line
+from patchkit.codemods.primitives import assigns_attr, attr, call, line
 from patchkit.vendoring import import_path
 
 RUNTIME = import_path("runtime")
@@ -101,12 +101,14 @@ class DecideInInitOverlap(MethodCodemod):
 
 GATE = "not needs_cpu_seq_lens()"
 GATED = call("needs_cpu_seq_lens") | m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Attribute(attr=m.Name("needs_cpu_seq_lens"))))
-# `batch.seq_lens_cpu = batch.seq_lens.cpu()`: the D2H copy.
+# `batch.seq_lens_cpu = batch.seq_lens.cpu()` (or a fork's `.to("cpu", ...)`): the D2H copy.
+_TO_CPU = m.Arg(value=m.SimpleString('"cpu"') | m.SimpleString("'cpu'"))
 D2H = line(
     assigns_attr(
         "seq_lens_cpu",
         receiver=m.SaveMatchedNode(m.Name(), "BATCH"),
-        value=m.Call(func=m.Attribute(value=m.Attribute(attr=m.Name("seq_lens")), attr=m.Name("cpu"))),
+        value=m.Call(func=m.Attribute(value=attr("seq_lens"), attr=m.Name("cpu")))
+        | m.Call(func=m.Attribute(value=attr("seq_lens"), attr=m.Name("to")), args=[_TO_CPU, m.ZeroOrMore()]),
     )
 )
 SUM = line(assigns_attr("seq_lens_sum"))
@@ -120,10 +122,16 @@ NO_MIRROR_COMMENT = (
 )
 
 
-def _sync_run(fn: cst.FunctionDef) -> Optional[tuple[int, int, str]]:
-    """(start, end, batch name) of the top-level D2H assignment and the
+def _sync_block(fn: cst.FunctionDef) -> Optional[cst.IndentedBlock]:
+    """The block holding the D2H assignment as one of its statements: the
+    method body, or the block a fork moved it into (outermost first)."""
+    return next((b for b in primitives.find_all(fn, m.IndentedBlock()) if _sync_run(b) is not None), None)
+
+
+def _sync_run(block: cst.IndentedBlock) -> Optional[tuple[int, int, str]]:
+    """(start, end, batch name) of the D2H assignment in ``block`` and the
     ``seq_lens_sum`` assignment right after it, if any."""
-    body = fn.body.body
+    body = block.body
     for i, stmt in enumerate(body):
         captures = m.extract(stmt, D2H)
         if captures is not None:
@@ -143,12 +151,13 @@ class GateDecodeSync(MethodCodemod):
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if primitives.contains(fn, GATED):
             return Finding.done(self.anchor)
-        if _sync_run(fn) is not None:
+        if _sync_block(fn) is not None:
             return Finding.todo(self.anchor, "`seq_lens_cpu = seq_lens.cpu()` runs every decode step")
-        nested = primitives.find_all(fn, D2H.body[0])
-        if nested:
+        copies = primitives.find_all(fn, D2H.body[0])
+        if copies:
             return self.missing_in(
-                fn, "the seq_lens .cpu() copy is nested in a block", "it at the method's top level to gate it", nested[0]
+                fn, "the seq_lens copy to the host shares its line with other statements",
+                "it as a statement of its own, to gate it", copies[0],
             )
         dropped = primitives.find_all(fn, MIRROR_DROPPED)
         if dropped:
@@ -160,11 +169,13 @@ class GateDecodeSync(MethodCodemod):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         self.require_import(RUNTIME, "needs_cpu_seq_lens")
-        start, end, batch = _sync_run(fn)
-        body = list(fn.body.body)
+        block = _sync_block(fn)
+        start, end, batch = _sync_run(block)
+        body = list(block.body)
         no_mirror = f"{NO_MIRROR_COMMENT}{batch}.seq_lens_cpu = None\n{batch}.seq_lens_sum = None\n"
         body[start:end] = [primitives.branch_statements(body[start:end], GATE, no_mirror)]
-        return fn.with_changes(body=fn.body.with_changes(body=body))
+        gated = block.with_changes(body=body)
+        return primitives.replace_expressions(fn, primitives.is_node(block), lambda _old, _found: gated)
 
 
 class GateFutureMapSync(MethodCodemod):

@@ -151,8 +151,15 @@ _IS_DRAFT_EXTEND_ANY = m.Call(
 _IS_DRAFT_EXTEND_V2 = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend_v2")), args=[])
 
 
-def _branches(fn: cst.FunctionDef, test: m.BaseMatcherNode) -> list[cst.If]:
-    return list(primitives.find_all(fn, m.If(test=test)))
+def _testing(call: m.BaseMatcherNode) -> m.If:
+    """An ``if`` / ``elif`` whose test holds ``call``, not negated: the mode
+    test alone or in a fork's own condition (``... and self.vendor_flag``)."""
+    negated = m.UnaryOperation(operator=m.Not(), expression=call)
+    return m.If(test=m.MatchIfTrue(lambda t: primitives.contains(t, call) and not primitives.contains(t, negated)))
+
+
+def _branches(fn: cst.CSTNode, call: m.BaseMatcherNode) -> list[cst.If]:
+    return list(primitives.find_all(fn, _testing(call)))
 
 
 def _draft_extend_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cst.FunctionDef]:
@@ -166,13 +173,11 @@ def _draft_extend_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cs
 
 
 def _with_include_v2(if_: cst.If) -> cst.If:
-    call = if_.test
-    arg = cst.Arg(
-        keyword=cst.Name("include_v2"),
-        value=cst.Name("True"),
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    """The V1-only mode test in the ``if``'s condition, with include_v2=True."""
+    test = primitives.replace_expressions(
+        if_.test, _IS_DRAFT_EXTEND_V1_ONLY, lambda call, _: primitives.set_keyword_argument(call, "include_v2", "True")
     )
-    return if_.with_changes(test=call.with_changes(args=[arg]))
+    return if_.with_changes(test=test)
 
 
 class _DraftExtendMetadataMethod(MethodCodemod):
@@ -202,7 +207,7 @@ class CaptureIncludesDraftExtendV2(_DraftExtendMetadataMethod):
         return self.missing_in(fn, "no draft-extend branch", "an `if forward_mode.is_draft_extend():` branch")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        return primitives.replace_statements(fn, m.If(test=_IS_DRAFT_EXTEND_V1_ONLY), _with_include_v2)
+        return primitives.replace_statements(fn, _testing(_IS_DRAFT_EXTEND_V1_ONLY), _with_include_v2)
 
 
 # The per-request accepted-token counts V1 reads, by release: 0.5.10 -
@@ -237,7 +242,7 @@ def _draft_extend_branch(fn: cst.FunctionDef) -> Optional[cst.If]:
 
 
 def _has_v2_split(branch: cst.If) -> bool:
-    return bool(primitives.find_all(branch.body, m.If(test=_IS_DRAFT_EXTEND_V2))) or primitives.contains(
+    return bool(_branches(branch.body, _IS_DRAFT_EXTEND_V2)) or primitives.contains(
         branch.body, m.Call(func=m.Name(HELPER))
     )
 
@@ -286,7 +291,7 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
                 first, last = _v1_run(if_)
                 body = list(if_.body.body)
                 run = body[first : last + 1]
-                receiver = _code(if_.test.func.value)
+                receiver = _code(primitives.find_all(if_.test, _IS_DRAFT_EXTEND)[0].func.value)
                 metadata = next(
                     _code(a.value) for a in primitives.find_all(cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q")))
                 )
@@ -302,12 +307,12 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
                     )
                 ]
                 if_ = if_.with_changes(body=if_.body.with_changes(body=body))
-            if m.matches(if_.test, _IS_DRAFT_EXTEND_V1_ONLY):
+            if primitives.contains(if_.test, _IS_DRAFT_EXTEND_V1_ONLY):
                 if_ = _with_include_v2(if_)
             return if_
 
-        if not _has_v2_split(_draft_extend_branch(fn)) or primitives.find_all(fn, m.If(test=_IS_DRAFT_EXTEND_V1_ONLY)):
-            fn = primitives.replace_statements(fn, m.If(test=_IS_DRAFT_EXTEND), edit_branch)
+        if not _has_v2_split(_draft_extend_branch(fn)) or _branches(fn, _IS_DRAFT_EXTEND_V1_ONLY):
+            fn = primitives.replace_statements(fn, _testing(_IS_DRAFT_EXTEND), edit_branch)
         return fn
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
