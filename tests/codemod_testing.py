@@ -4,7 +4,8 @@
 ``after``, DONE on it (and on its reparse), and a second run changes nothing.
 ``assert_state(cls, src, state)``: the detector says ``state`` and, unless it
 is TODO, running leaves ``src`` untouched. ``run``/``apply``/``detect`` for the
-tests that look at parts of the output. Snippets are dedented (``code``).
+tests that look at parts of the output; ``run_all`` for several codemods of one
+file. Snippets are dedented (``code``).
 
 Imported as ``from codemod_testing import ...`` (tests/ is on sys.path).
 """
@@ -26,8 +27,10 @@ def code(src: str) -> str:
     return textwrap.dedent(src).lstrip("\n")
 
 
-def detect(codemod: type, src: str) -> Finding:
-    return codemod().detect(cst.parse_module(code(src)))
+def detect(codemod: type, src: str, filename: Optional[str] = None) -> Finding:
+    """The finding on ``src``; with ``filename``, as the engine names the file
+    (messages then say FILE:LINE)."""
+    return codemod(CodemodContext(filename=filename)).detect(cst.parse_module(code(src)))
 
 
 def run(codemod: type, src: str) -> tuple[State, str, State]:
@@ -39,6 +42,19 @@ def run(codemod: type, src: str) -> tuple[State, str, State]:
         context = CodemodContext()
         module = add_needed_imports(codemod(context).transform_module(module), context)
     return before, module.code, codemod().detect(module).state
+
+
+def run_all(codemods: list[type], src: str) -> tuple[str, list[State]]:
+    """Several codemods of one file, as the engine runs them: each TODO one
+    transforms in order, the imports are added once, then every one detects.
+    Returns (code after, [state after of each])."""
+    module = cst.parse_module(code(src))
+    context = CodemodContext()
+    for codemod in codemods:
+        if codemod().detect(module).state is State.TODO:
+            module = codemod(context).transform_module(module)
+    module = add_needed_imports(module, context)
+    return module.code, [codemod().detect(module).state for codemod in codemods]
 
 
 def apply(codemod: type, src: str) -> str:

@@ -4,13 +4,11 @@ then the whole patch on the real trees."""
 from __future__ import annotations
 
 import json
-import textwrap
 
 import libcst as cst
 import pytest
-from libcst.codemod import CodemodContext
 
-from codemod_testing import assert_codemod, assert_state, code, run
+from codemod_testing import assert_codemod, assert_state, code, detect, run, run_all
 from support import NATIVE, PRE_UPSTREAM, pristine, snapshot
 from patchkit.codemods import primitives
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2
@@ -165,7 +163,7 @@ def test_whitelist_upstream_shapes_are_done(src):
     ids=["no-whitelist", "not-isinstance", "no-class"],
 )
 def test_whitelist_missing_anchor(src):
-    assert dev2.WhitelistTRTLLMHA().detect(cst.parse_module(src)).state is State.MISSING
+    assert_state(dev2.WhitelistTRTLLMHA, src, State.MISSING)
 
 
 # --- TRT-LLM MHA capture/replay metadata -----------------------------------------------
@@ -273,21 +271,14 @@ class TRTLLMHAAttnBackend(FlashInferAttnBackend):
 '''
 
 
-def _both_mha(src: str) -> tuple[str, list[State]]:
-    module = cst.parse_module(code(src))
-    context = CodemodContext()
-    for codemod in (dev2.CaptureIncludesDraftExtendV2, dev2.ReplayDraftExtendV2Stride):
-        if codemod().detect(module).state is State.TODO:
-            module = codemod(context).transform_module(module)
-    module = primitives.add_needed_imports(module, context)
-    return module.code, [c().detect(module).state for c in (dev2.CaptureIncludesDraftExtendV2, dev2.ReplayDraftExtendV2Stride)]
+MHA_CODEMODS = [dev2.CaptureIncludesDraftExtendV2, dev2.ReplayDraftExtendV2Stride]
 
 
 def test_mha_capture_and_replay_v2_branch():
-    after, states = _both_mha(MHA_PRE)
+    after, states = run_all(MHA_CODEMODS, MHA_PRE)
     assert states == [State.DONE, State.DONE]
     assert after == code(MHA_POST)
-    again, _ = _both_mha(MHA_POST)
+    again, _ = run_all(MHA_CODEMODS, MHA_POST)
     assert again == code(MHA_POST)
 
 
@@ -308,7 +299,7 @@ def test_mha_draft_extend_test_in_a_fork_s_own_condition():
         "elif forward_mode.is_draft_extend():",
         "elif (forward_mode.is_draft_extend() and self.vendor_graphs_enabled):",
     )
-    after, states = _both_mha(src)
+    after, states = run_all(MHA_CODEMODS, src)
     assert states == [State.DONE, State.DONE]
     assert after == code(MHA_POST).replace(
         "elif forward_mode.is_draft_extend(include_v2=True):",
@@ -323,7 +314,7 @@ def test_mha_renamed_methods_0_5_13_pre_change_shape():
     src = MHA_PRE.replace("init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata").replace(
         "init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata"
     )
-    after, states = _both_mha(src)
+    after, states = run_all(MHA_CODEMODS, src)
     assert states == [State.DONE, State.DONE]
     assert after == code(MHA_POST).replace("init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata").replace(
         "init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata"
@@ -333,8 +324,8 @@ def test_mha_renamed_methods_0_5_13_pre_change_shape():
 def test_mha_partial_include_v2_without_stride_path():
     # The closed first attempt (sglang #25791) only flipped include_v2=True.
     src = MHA_PRE.replace("is_draft_extend()", "is_draft_extend(include_v2=True)")
-    assert dev2.CaptureIncludesDraftExtendV2().detect(cst.parse_module(code(src))).state is State.DONE
-    after, states = _both_mha(src)
+    assert_state(dev2.CaptureIncludesDraftExtendV2, src, State.DONE)
+    after, states = run_all(MHA_CODEMODS, src)
     assert states == [State.DONE, State.DONE]
     assert after == code(MHA_POST)
 
@@ -381,17 +372,17 @@ def test_mha_upstream_shapes_are_done(src, codemod):
 def test_mha_missing_anchors():
     no_branch = "class TRTLLMHAAttnBackend:\n    def init_forward_metadata_replay_cuda_graph(self, bs, spec_info):\n        pass\n"
     for codemod in (dev2.CaptureIncludesDraftExtendV2, dev2.ReplayDraftExtendV2Stride):
-        assert codemod().detect(cst.parse_module("class TRTLLMHAAttnBackend:\n    x = 1\n")).state is State.MISSING
-    assert dev2.ReplayDraftExtendV2Stride().detect(cst.parse_module(no_branch)).state is State.MISSING
+        assert_state(codemod, "class TRTLLMHAAttnBackend:\n    x = 1\n", State.MISSING)
+    assert_state(dev2.ReplayDraftExtendV2Stride, no_branch, State.MISSING)
     # Something unrelated between the V1 statements: moving it under `else` would change V2, so refuse.
     interleaved = MHA_PRE.replace(
         "            else:\n                metadata.max_seq_len_q = 1\n",
         "            else:\n                metadata.max_seq_len_q = 1\n            self.vendor_hook(metadata)\n",
     )
-    finding = dev2.ReplayDraftExtendV2Stride().detect(cst.parse_module(code(interleaved)))
+    finding = detect(dev2.ReplayDraftExtendV2Stride, interleaved)
     assert finding.state is State.MISSING and "single run" in finding.detail
     renamed = MHA_PRE.replace("spec_info", "info")
-    assert dev2.ReplayDraftExtendV2Stride().detect(cst.parse_module(code(renamed))).state is State.MISSING
+    assert_state(dev2.ReplayDraftExtendV2Stride, renamed, State.MISSING)
 
 
 def test_mha_helper_call_without_import_is_todo():
@@ -494,12 +485,12 @@ def test_runner_upstream_shapes_are_done(src):
 
 
 def test_runner_missing_anchor():
-    assert dev2.RunnerReplaySkipsTopkForV2().detect(cst.parse_module("class EAGLEDraftExtendCudaGraphRunner:\n    pass\n")).state is State.MISSING
+    assert_state(dev2.RunnerReplaySkipsTopkForV2, "class EAGLEDraftExtendCudaGraphRunner:\n    pass\n", State.MISSING)
     scattered = RUNNER_PRE.replace(
         "            out.topk_index = out_copy.topk_index[:unpadding_bs]\n",
         "            log(out)\n            out.topk_index = out_copy.topk_index[:unpadding_bs]\n",
     )
-    assert dev2.RunnerReplaySkipsTopkForV2().detect(cst.parse_module(code(scattered))).state is State.MISSING
+    assert_state(dev2.RunnerReplaySkipsTopkForV2, scattered, State.MISSING)
 
 
 # --- test kit ---------------------------------------------------------------------------
@@ -566,7 +557,7 @@ def test_kit_upstream_shape_done_and_missing_anchor():
         "(build_fixture=build_mla_attention_fixture, assert_outputs_close=_assert_draft_extend_v2_outputs_close)",
     )
     assert_state(dev2.TestKitV2OutputsClose, done, State.DONE)
-    assert dev2.TestKitV2OutputsClose().detect(cst.parse_module("def _assert_draft_extend_other():\n    pass\n")).state is State.MISSING
+    assert_state(dev2.TestKitV2OutputsClose, "def _assert_draft_extend_other():\n    pass\n", State.MISSING)
 
 
 # --- real trees -------------------------------------------------------------------------
