@@ -9,8 +9,10 @@ mirror is there, and a GPU-only value or a static upper bound when it is not.
 Every site is the same kind of edit: one ``Guard`` (a matcher for the read,
 optionally limited to the inside of an enclosing node, and the expression that
 replaces it), applied with ``primitives.rewrite_expressions``. A codemod is one
-method and its guards. It is done when none of its reads is left unguarded and
-either a helper call (ours) or the method's upstream guard (0.5.13+) is there.
+method and its guards (``base.MethodGuards``, here ``MirrorGuards``). It is done
+when none of its reads is left unguarded and a helper call (ours), the method's
+upstream guard (0.5.13+) or a fork's own None tests (any form:
+``primitives.NoneGuards``) are there.
 
 The sites, found by reading 0.5.10 .. 0.5.12.post1 (see
 ``docs/research/needs-cpu-seq-lens.md`` and the patch description), are listed
