@@ -441,6 +441,31 @@ def test_runner_topk_copies_skipped_for_v2():
     assert_state(dev2.RunnerReplaySkipsTopkForV2, after, State.DONE)
 
 
+def test_runner_topk_copies_in_a_fork_s_own_block():
+    # A fork that copies top-k outside the unpadding branch, in a block of its own.
+    src = RUNNER_PRE.replace(
+        """            out.topk_p = out_copy.topk_p[:unpadding_bs]
+            out.topk_index = out_copy.topk_index[:unpadding_bs]
+        return out""",
+        """            out.topk_p = None
+        with vendor_profiler("topk"):
+            out.topk_p = out.topk_p[:raw_bs]
+            out.topk_index = out.topk_index[:raw_bs]
+        return out""",
+    ).replace("            out.topk_p = None\n", "")
+    assert_codemod(
+        dev2.RunnerReplaySkipsTopkForV2,
+        src,
+        src.replace(
+            """            out.topk_p = out.topk_p[:raw_bs]
+            out.topk_index = out.topk_index[:raw_bs]""",
+            """            if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:
+                out.topk_p = out.topk_p[:raw_bs]
+                out.topk_index = out.topk_index[:raw_bs]""",
+        ),
+    )
+
+
 def test_runner_adds_forward_mode_import_when_a_fork_lacks_it():
     src = RUNNER_PRE.replace("    ForwardMode,\n", "").replace("self.forward_mode == ForwardMode.DRAFT_EXTEND_V2", "self.forward_mode.is_draft_extend_v2()")
     before, after, again = run(dev2.RunnerReplaySkipsTopkForV2, src)

@@ -171,11 +171,10 @@ class GateDecodeSync(MethodCodemod):
         self.require_import(RUNTIME, "needs_cpu_seq_lens")
         block = _sync_block(fn)
         start, end, batch = _sync_run(block)
-        body = list(block.body)
         no_mirror = f"{NO_MIRROR_COMMENT}{batch}.seq_lens_cpu = None\n{batch}.seq_lens_sum = None\n"
-        body[start:end] = [primitives.branch_statements(body[start:end], GATE, no_mirror)]
-        gated = block.with_changes(body=body)
-        return primitives.replace_expressions(fn, primitives.is_node(block), lambda _old, _found: gated)
+        return primitives.replace_block_statements(
+            fn, block, start, end, lambda run: primitives.branch_statements(run, GATE, no_mirror)
+        )
 
 
 class GateFutureMapSync(MethodCodemod):

@@ -380,27 +380,30 @@ class RunnerReplaySkipsTopkForV2(MethodCodemod):
         return Finding.todo(anchor, "copies top-k slices into the DRAFT_EXTEND_V2 output")
 
     @staticmethod
-    def _topk_block(fn: cst.FunctionDef) -> Optional[m.BaseMatcherNode]:
-        """A matcher for the ``if`` whose body holds the top-k copies as one
-        uninterrupted run (``if unpadding_bs is not None:`` in these trees)."""
-        for if_ in primitives.find_all(fn, m.If()):
-            body = list(if_.body.body)
-            hits = [i for i, s in enumerate(body) if m.matches(s, _TOPK_ASSIGN)]
-            if hits and hits == list(range(hits[0], hits[-1] + 1)) and not m.matches(if_, _V2_TEST):
-                return m.If(test=primitives.is_node(if_.test))
-        return None
+    def _topk_block(fn: cst.FunctionDef) -> Optional[cst.IndentedBlock]:
+        """The block holding the top-k copies as one uninterrupted run of its
+        statements: the body of ``if unpadding_bs is not None:`` in these
+        trees, the method body or another block in a fork's."""
+        # Blocks a V2 test already confines to other modes are not candidates.
+        confined = {id(b) for g in primitives.find_all(fn, _V2_TEST) for b in (g.body, getattr(g.orelse, "body", None))}
+        return next((b for b in primitives.find_all(fn, m.IndentedBlock()) if id(b) not in confined and _topk_run(b)), None)
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        def edit(if_: cst.If) -> cst.If:
-            body = list(if_.body.body)
-            hits = [i for i, s in enumerate(body) if m.matches(s, _TOPK_ASSIGN)]
-            if not hits:
-                return if_
-            body[hits[0] : hits[-1] + 1] = [primitives.guard_statements(body[hits[0] : hits[-1] + 1], V2_GUARD)]
-            return if_.with_changes(body=if_.body.with_changes(body=body))
-
+        block = self._topk_block(fn)
+        first, last = _topk_run(block)
         self.require_import("sglang.srt.model_executor.forward_batch_info", "ForwardMode")
-        return primitives.replace_statements(fn, self._topk_block(fn), edit)
+        return primitives.replace_block_statements(
+            fn, block, first, last + 1, lambda run: primitives.guard_statements(run, V2_GUARD)
+        )
+
+
+def _topk_run(block: cst.IndentedBlock) -> Optional[tuple[int, int]]:
+    """[first, last] indices of the top-k copies in ``block``'s body, when they
+    are one run (else moving them under one guard would move code between)."""
+    hits = [i for i, s in enumerate(block.body) if m.matches(s, _TOPK_ASSIGN)]
+    if hits and hits == list(range(hits[0], hits[-1] + 1)):
+        return hits[0], hits[-1]
+    return None
 
 
 # --- the attention test kit ------------------------------------------------------------

@@ -88,6 +88,7 @@ from patchkit.codemods.primitives.function_body import (  # noqa: F401
     insert_at_end,
     find_statement_index,
     insert_before,
+    replace_block_statements,
 )
 from patchkit.codemods.primitives.matchers import (  # noqa: F401
     ANY,
