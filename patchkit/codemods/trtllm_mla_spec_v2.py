@@ -77,11 +77,11 @@ class _OptOutFlag(ClassCodemod):
         if found is None:
             return Finding.todo(anchor, "class attribute not declared (inherits True / treated as True)")
         if found.value is None:
-            return Finding.missing(anchor, f"this tree declares {FLAG} without a value; refusing to override it")
+            return Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} without a value; refusing to override it")
         if m.matches(found.value, m.Name("False")):
             return Finding.done(anchor)
         value = cst.Module([]).code_for_node(found.value)
-        return Finding.missing(anchor, f"this tree declares {FLAG} = {value}; refusing to override it")
+        return Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} = {value}; refusing to override it (the patch needs False)")
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = False")
@@ -189,7 +189,11 @@ class VerifyBuffersReturnCustomMask(ClassCodemod):
         if fn is not None:
             if primitives.contains(fn, SELF_MASK):
                 return Finding.done(anchor)
-            return Finding.missing(anchor, f"this tree overrides it without self.{MASK}; refusing to replace it")
+            return Finding.missing(
+                anchor,
+                f"{self.where(fn)}: this tree overrides it without self.{MASK}; refusing to replace it "
+                "(the patch needs it to return the mask)",
+            )
         if _mask_superseded(cls):
             return Finding.superseded(anchor, SUPERSEDED_WHY)
         return Finding.todo(anchor, "not overridden (the base returns [None, None])")
