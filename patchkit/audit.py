@@ -281,10 +281,12 @@ class _FileAudit:
         return False
 
     def _refreshes(self, node: ast.Attribute) -> bool:
-        """``buf.seq_lens_cpu[...].copy_(...)`` / ``.fill_(...)``: a write."""
+        """``buf.seq_lens_cpu[...].copy_(...)``, ``.fill_(...)``, ``buf.seq_lens_cpu[:n] = ...``: a write."""
         current = node
         parent = self.parents.get(current)
         if isinstance(parent, ast.Subscript) and parent.value is current:
+            if isinstance(parent.ctx, ast.Store):
+                return True
             current, parent = parent, self.parents.get(parent)
         return isinstance(parent, ast.Attribute) and parent.attr in ("copy_", "fill_", "zero_")
 
