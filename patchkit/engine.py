@@ -198,8 +198,7 @@ class Session:
         assert data is not None
         key = f"{registry.codemod_name(codemod)}|{sha256(data)}"
         if key in self._cache:
-            state, anchor, detail = self._cache[key]
-            return Finding(State(state), anchor, detail)
+            return Finding.from_list(self._cache[key])
         codemod = registry.load_codemod(codemod)
         for needle in codemod.REQUIRED_TEXT:
             if needle.encode() not in data:
@@ -212,7 +211,7 @@ class Session:
         return finding
 
     def _remember(self, key: str, finding: Finding) -> None:
-        self._cache[key] = [finding.state.value, finding.anchor, finding.detail]
+        self._cache[key] = finding.as_list()
         self._cache_dirty = True
 
     def save_cache(self) -> None:
@@ -254,12 +253,8 @@ class Session:
             report.state = PARTIAL
             todo = [r for r in report.results if r.finding.state is State.TODO]
             report.reason = "still to do: " + ", ".join(f"{r.file}: {r.finding.anchor}" for r in todo)
-        if report.state != NOT_APPLICABLE:
-            # Parts this tree has no need for (a release without that code, a
-            # fork that does it its own way): said once, with their reason.
-            report.notes.extend(
-                dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in report.results if r.finding.state is State.SUPERSEDED)
-            )
+        # Parts a fork does its own way: said once, with where and why.
+        report.notes.extend(dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in report.results if r.finding.by_tree))
         if applied_by_us and report.state != APPLIED:
             report.notes.append("recorded as applied by patchkit, but the tree no longer has all of it")
         if report.state == APPLIED:

@@ -60,7 +60,7 @@ def compute(session: "Session", rel: str, groups: Sequence[Sequence]) -> Optiona
         for group in groups:
             for ref in group:
                 f = session.detect(rel, ref)
-                before[registry.codemod_name(ref)] = [f.state.value, f.anchor, f.detail]
+                before[registry.codemod_name(ref)] = f.as_list()
         effective = [i for i, group in enumerate(names) if all(before[n][0] != State.MISSING.value for n in group)]
         entry = Entry(before, [names[i] for i in effective])
         if effective:

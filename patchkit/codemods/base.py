@@ -252,7 +252,7 @@ class MethodGuards(MethodCodemod):
             left = primitives.unguarded(fn, reads, self.VALUES)
             if not left:
                 # A fork that tests the value itself, in a shape of its own.
-                return Finding.done(anchor, "this tree guards these reads itself (None tests)")
+                return Finding.done(anchor, f"this tree guards these reads itself (None tests, first at {self.where(reads[0])})", by_tree=True)
             return self.missing_in(
                 fn,
                 f"`{_code(left[0])}` is read unguarded in a shape this change does not know",

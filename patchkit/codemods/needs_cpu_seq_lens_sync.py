@@ -164,6 +164,7 @@ class GateDecodeSync(MethodCodemod):
             return Finding.superseded(
                 self.anchor,
                 f"this tree already avoids the seq_lens sync at {self.where(dropped[0])}; patchkit does not gate it again",
+                by_tree=True,
             )
         return Finding.superseded(self.anchor, "prepare_for_decode copies no seq_lens to the host in this tree")
 
