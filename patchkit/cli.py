@@ -209,6 +209,28 @@ def _ok(session, reports) -> bool:
 
 @main.command(epilog=EXIT_CODES)
 @tree_argument
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              help="json: the patchkit.audit/1 document (docs/ci.md).")
+@click.option("--strict", is_flag=True, help="Exit 1 when a read is unguarded or stale.")
+@click.pass_obj
+def audit(obj: Ctx, tree: str, fmt: str, strict: bool) -> None:
+    """List every read of the CPU seq_lens mirror (seq_lens_cpu, seq_lens_sum and
+    the CUDA-graph runners' CPU buffers filled from them) on the spec-v2 paths of
+    TREE, each guarded, patched, safe, unguarded (reads None once the mirror is
+    dropped) or stale (reads a buffer no longer refreshed). Text shows the
+    unguarded and stale ones (-v: all). Works on any tree; writes nothing."""
+    from patchkit.audit import audit_tree, to_json, to_text
+    from patchkit.tree import find_tree
+
+    found = find_tree(tree)
+    result = audit_tree(found.package)
+    paths = output.Locator(found, tree).path
+    click.echo(to_json(result, output.tree_dict(found), paths) if fmt == "json" else to_text(result, paths, obj.verbose))
+    sys.exit(EXIT_CHANGES if strict and not result.ok else EXIT_OK)
+
+
+@main.command(epilog=EXIT_CODES)
+@tree_argument
 @click.pass_obj
 def diff(obj: Ctx, tree: str) -> None:
     """Print the unified diff between the original files and TREE now."""

@@ -167,14 +167,13 @@ class Session:
         assert data is not None
         key = f"{registry.codemod_name(codemod)}|{sha256(data)}"
         if key in self._cache:
-            state, anchor, detail = self._cache[key]
-            return Finding(State(state), anchor, detail)
-        finding = transform.detect(data, lambda: self.module(rel), registry.load_codemod(codemod))
+            return Finding.from_list(self._cache[key])
+        finding = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
         self._remember(key, finding)
         return finding
 
     def _remember(self, key: str, finding: Finding) -> None:
-        self._cache[key] = [finding.state.value, finding.anchor, finding.detail]
+        self._cache[key] = finding.as_list()
         self._cache_dirty = True
 
     def save_cache(self) -> None:
@@ -216,6 +215,8 @@ class Session:
             report.state = PARTIAL
             todo = [r for r in report.results if r.finding.state is State.TODO]
             report.reason = "still to do: " + ", ".join(f"{r.file}: {r.finding.anchor}" for r in todo)
+        # Parts a fork does its own way: said once, with where and why.
+        report.notes.extend(dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in report.results if r.finding.by_tree))
         if applied_by_us and report.state != APPLIED:
             report.notes.append("recorded as applied by patchkit, but the tree no longer has all of it")
         if report.state == APPLIED:

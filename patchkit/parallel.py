@@ -66,9 +66,9 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
             return module
 
         names = [[registry.codemod_name(r) for r in group] for group in groups]
-        found = {registry.codemod_name(r): transform.detect(source, parsed, registry.load_codemod(r))
+        found = {registry.codemod_name(r): transform.detect(rel, source, parsed, registry.load_codemod(r))
                  for group in groups for r in group}
-        before = {name: [f.state.value, f.anchor, f.detail] for name, f in found.items()}
+        before = {name: f.as_list() for name, f in found.items()}
         effective = [i for i, group in enumerate(names) if all(found[n].state is not State.MISSING for n in group)]
         entry = Entry(before, [names[i] for i in effective])
         if effective:
@@ -79,7 +79,7 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
             except PatchkitError:
                 return entry  # no usable transform: the serial path raises it
             entry.new = result.new
-            entry.after = {n: [f.state.value, f.anchor, f.detail] for n, f in result.after.items()}
+            entry.after = {n: f.as_list() for n, f in result.after.items()}
             entry.transformed = tuple(result.transformed)
         return entry
     except Exception:  # noqa: BLE001 - a worker never decides an error; the serial path does

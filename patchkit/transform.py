@@ -36,13 +36,16 @@ def parse(source: bytes, path: Path) -> "cst.Module":
         ) from None
 
 
-def detect(source: bytes, module: Callable[[], "cst.Module"], codemod: type["PatchCodemod"]) -> Finding:
-    """``codemod``'s finding on a file; ``module`` parses it, and is not
-    called when the bytes lack the codemod's REQUIRED_TEXT."""
+def detect(rel: str, source: bytes, module: Callable[[], "cst.Module"], codemod: type["PatchCodemod"]) -> Finding:
+    """``codemod``'s finding on the file ``rel``; ``module`` parses it, and
+    is not called when the bytes lack the codemod's REQUIRED_TEXT."""
+    from libcst.codemod import CodemodContext
+
     for needle in codemod.REQUIRED_TEXT:
         if needle.encode() not in source:
             return Finding.missing(needle, f"{needle} does not occur in the file")
-    return codemod().detect(module())
+    # The file name lets a finding say where it is (``PatchCodemod.where``).
+    return codemod(CodemodContext(filename=rel)).detect(module())
 
 
 @dataclass
