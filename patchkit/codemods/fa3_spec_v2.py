@@ -1,0 +1,509 @@
+"""FA3 (``FlashAttentionBackend``) opts out of the spec-v2 seq_lens D2H sync.
+
+Upstream: sglang #29343 (sync-free page table: built on the device over a
+static width), #29589 (preallocated FULL_MASK tree mask handed to
+``build_tree_kernel_efficient``; FA3 opts out for every spec algorithm),
+#31364 (the multi-step draft wrapper declares the flag; draft-extend q width
+from the config when the host lengths are unset; CUDA-graph replay passes
+``None`` instead of a stale pinned ``seq_lens_cpu`` buffer) and #31527 (the
+tree mask only on the target backend). All of them are in sglang 0.5.16 (the
+wheel on PyPI, whatever the changelog says), so 0.5.16+ is native.
+
+What FA3 read from the CPU mirror, and what it reads now (helpers in
+``patchkit.backends.fa3``, each exactly the old value when the mirror is there):
+
+* eager ``init_forward_metadata``: ``forward_batch.seq_lens_cpu.max().item()``
+  sized the page table gathered from ``req_to_token`` -> the static bound
+  ``max_context_len`` without the mirror (FA3's kernels stop every row at the
+  device ``cache_seqlens``; nothing else reads the value on the spec paths);
+  the draft-extend test ``any(extend_prefix_lens_cpu)`` and
+  ``max(extend_seq_lens_cpu)`` cope with the unset host lists of the GPU-only
+  draft extend (q width = the configured number of draft tokens). 0.5.15
+  already had a mirror-or-local-D2H variable: its fallback becomes None and its
+  reads bounded the same way.
+* CUDA-graph replay (``init_forward_metadata_replay_cuda_graph``, 0.5.13+
+  ``_apply_cuda_graph_metadata``): the slice ``seq_lens_cpu[:bs]`` and each
+  host max the same way; 0.5.15's local ``_host_max_seq_len`` syncs on the spec
+  branches as well; and the page count handed to the fused Triton page-table
+  writer (``normal_decode_set_metadata``, which masks only by that count) is
+  kept within the preallocated table.
+* the verify tree mask: ``__init__`` sets ``cuda_graph_custom_mask = None``
+  and records whether this instance is on the draft worker;
+  ``init_cuda_graph_state`` allocates the worst case on the target backend;
+  ``get_verify_buffers_to_fill_after_draft`` hands it to the worker, so
+  ``build_tree_kernel_efficient`` never needs ``seq_lens_sum``.
+* ``needs_cpu_seq_lens = False`` on ``FlashAttentionBackend`` (0.5.15's
+  dflash-only instance assignment becomes False too) and on
+  ``FlashAttentionMultiStepBackend``.
+
+The CUDA-graph runners' stale-buffer fix lives in the same patch, as codemods
+of their own (``ReplayPassesNoStaleMirror``): it only matters once a backend
+that opts out branches on ``seq_lens_cpu`` during replay, and FA3 is the first
+that does (Triton and TRT-LLM MLA never read it in replay).
+
+0.5.17 replaced ``cuda_graph_custom_mask`` with a ``verify_mask`` property:
+the tree-mask parts are superseded there, never re-added.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods import primitives
+from patchkit.codemods.base import ClassCodemod, Finding, PatchCodemod, State
+from patchkit.codemods.needs_cpu_seq_lens_guards import ANY, Guard, MethodGuards, attr, call, save
+from patchkit.vendoring import import_path
+
+BACKEND = "FlashAttentionBackend"
+DRAFT_BACKEND = "FlashAttentionMultiStepBackend"
+FLAG = "needs_cpu_seq_lens"
+MASK = "cuda_graph_custom_mask"
+GET_BUFFERS = "get_verify_buffers_to_fill_after_draft"
+HELPERS = import_path("backends.fa3")
+
+SELF_MASK = m.Attribute(value=m.Name("self"), attr=m.Name(MASK))
+ASSIGNS_MASK = m.Assign(targets=[m.AssignTarget(target=SELF_MASK)])
+SELF_FLAG = m.Attribute(value=m.Name("self"), attr=m.Name(FLAG))
+MASK_SUPERSEDED = "upstream replaced cuda_graph_custom_mask with the verify_mask property (sglang 0.5.17+)"
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def _mask_superseded(cls: cst.ClassDef) -> bool:
+    """Upstream's later shape: a ``verify_mask`` accessor and no custom mask."""
+    if primitives.find_method(cls, "verify_mask") is None:
+        return False
+    return not any(
+        (fn := primitives.find_method(cls, name)) is not None and primitives.contains(fn, ASSIGNS_MASK)
+        for name in ("__init__", "init_cuda_graph_state")
+    )
+
+
+# -- the flags -----------------------------------------------------------------------------
+
+
+def _flag_value(cls: cst.ClassDef) -> Optional[cst.BaseExpression]:
+    found = primitives.find_class_attribute(cls, FLAG)
+    if isinstance(found, (cst.Assign, cst.AnnAssign)):
+        return found.value
+    return None
+
+
+class _OptOut(ClassCodemod):
+    """``needs_cpu_seq_lens: bool = False`` as a class attribute, and no
+    instance assignment in ``__init__`` that sets anything else."""
+
+    WHY: ClassVar[str] = ""  # comment lines above the attribute, without "# "
+
+    def _instance_assignments(self, cls: cst.ClassDef) -> list[cst.Assign]:
+        init = primitives.find_method(cls, "__init__")
+        if init is None:
+            return []
+        return primitives.find_all(init, m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)]))
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.{FLAG}"
+        value = _flag_value(cls)
+        if value is not None and not m.matches(value, m.Name("False")):
+            return Finding.missing(anchor, f"this tree declares {FLAG} = {_code(value)}; refusing to override it")
+        others = [a for a in self._instance_assignments(cls) if not m.matches(a.value, m.Name("False"))]
+        if value is None:
+            return Finding.todo(anchor, "class attribute not declared (inherits True / treated as True)")
+        if others:
+            return Finding.todo(anchor, f"__init__ sets self.{FLAG} = {_code(others[0].value)}")
+        return Finding.done(anchor)
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        if _flag_value(cls) is None:
+            cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = False")
+            cls = primitives.space_class_attribute(cls, FLAG, self.WHY)
+        if any(not m.matches(a.value, m.Name("False")) for a in self._instance_assignments(cls)):
+            # 0.5.15 opted out for dflash only, per instance; the class-wide
+            # opt-out must win, so that assignment says False as well.
+            cls = primitives.replace_method(
+                cls,
+                "__init__",
+                lambda fn: primitives.replace_expressions(
+                    fn,
+                    m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)], value=~m.Name("False")),
+                    lambda node, _: node.with_changes(value=cst.Name("False")),
+                ),
+            )
+        return cls
+
+
+class BackendOptsOut(_OptOut):
+    DESCRIPTION = f"{BACKEND}.{FLAG} = False: no FA3 read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
+    CLASS = BACKEND
+    WHY = (
+        "Page tables use a static width without the CPU mirror and the verify tree\n"
+        "mask is preallocated, so no seq_lens_cpu / seq_lens_sum D2H is needed."
+    )
+
+
+class DraftWrapperOptsOut(_OptOut):
+    DESCRIPTION = f"{DRAFT_BACKEND}.{FLAG} = False: the draft steps are FA3 backends that opt out"
+    CLASS = DRAFT_BACKEND
+    WHY = (
+        "Read by decide_needs_cpu_seq_lens (a missing flag counts as True); the\n"
+        "per-step FA3 backends never read the CPU mirror."
+    )
+
+
+# -- the reads of the mirror --------------------------------------------------------------
+
+
+def _none_test(target: m.BaseMatcherNode, operator: m.BaseMatcherNode) -> m.Comparison:
+    return m.Comparison(left=target, comparisons=[m.ComparisonTarget(operator=operator, comparator=m.Name("None"))])
+
+
+MIRROR = attr("seq_lens_cpu", m.Name("forward_batch")) | m.Name("seq_lens_cpu")
+IS_NOT_NONE = _none_test(MIRROR, m.IsNot())
+IS_NONE = _none_test(MIRROR, m.Is())
+
+
+def _tests(node: cst.BaseExpression, comparison: m.BaseMatcherNode) -> bool:
+    """``node`` is ``comparison``, or an ``and`` chain holding it."""
+    if m.matches(node, comparison):
+        return True
+    if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
+        return _tests(node.left, comparison) or _tests(node.right, comparison)
+    return False
+
+
+def _guarded_regions(fn: cst.FunctionDef) -> list[cst.CSTNode]:
+    """The code upstream runs only with the mirror: the body of ``if mirror is
+    not None`` and of ``A if mirror is not None else B`` (and the else side of
+    the ``is None`` forms)."""
+    regions: list[cst.CSTNode] = []
+    for node in primitives.find_all(fn, m.If() | m.IfExp()):
+        if _tests(node.test, IS_NOT_NONE):
+            regions.append(node.body)
+        elif _tests(node.test, IS_NONE) and node.orelse is not None:
+            regions.append(node.orelse)
+    return regions
+
+
+def max_item(receiver: m.BaseMatcherNode) -> m.Call:
+    """``<receiver>.max().item()``."""
+    return m.Call(func=attr("item", m.Call(func=attr("max", receiver))), args=[])
+
+
+def _rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:
+    """``<value>[:ROWS]`` (the first rows)."""
+    return m.Subscript(
+        value=value,
+        slice=[m.SubscriptElement(slice=m.Slice(lower=None, upper=save(ANY, rows), step=None))],
+    )
+
+
+class _Fa3Guards(MethodGuards):
+    """MethodGuards where upstream's own guard is a None test on the mirror
+    around the read (an ``if`` or a conditional expression), anywhere in the
+    method, or an ``if`` matching UPSTREAM; such reads need nothing."""
+
+    def _unguarded(self, fn: cst.FunctionDef, guard: Guard) -> list[cst.CSTNode]:
+        found = primitives.find_all(fn, guard.site, guard.within)
+        if not found:
+            return found
+        regions = _guarded_regions(fn)
+        if self.UPSTREAM is not None:
+            regions += primitives.find_all(fn, self.UPSTREAM)
+        covered = {id(n) for region in regions for n in primitives.find_all(region, guard.site, guard.within)}
+        return [n for n in found if id(n) not in covered]
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        finding = super().detect_in_class(cls)
+        fn = self._method(cls)
+        if finding.state is State.MISSING and fn is not None and _guarded_regions(fn):
+            return Finding.done(self.anchor, "upstream's own None test on the mirror")
+        return finding
+
+
+BOUND = "self.max_context_len"
+
+
+class _Fa3HelperGuards(_Fa3Guards):
+    def require_import(self, module: str, obj: Optional[str] = None) -> None:
+        # MethodGuards imports its helpers from patchkit.runtime; FA3's live in
+        # backends.fa3.
+        super().require_import(HELPERS if module == import_path("runtime") else module, obj)
+
+
+class EagerMetadataWithoutMirror(_Fa3HelperGuards):
+    DESCRIPTION = (
+        f"{BACKEND}.init_forward_metadata: page-table width from the mirror or the static max_context_len; "
+        "draft-extend host lengths may be unset"
+    )
+    CLASS = BACKEND
+    METHOD = "init_forward_metadata"
+    GUARDS = (
+        # 0.5.10 .. 0.5.14: the mirror's max sizes the req_to_token gather.
+        Guard(max_item(save(attr("seq_lens_cpu", m.Name("forward_batch")), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+        # 0.5.15: a mirror-or-local-D2H variable; it becomes the mirror (None
+        # without), and its reads below are bounded like the others.
+        Guard(
+            m.IfExp(
+                test=IS_NOT_NONE,
+                body=save(attr("seq_lens_cpu", m.Name("forward_batch")), "M"),
+                orelse=m.Call(func=attr("cpu")),
+            ),
+            "M",
+        ),
+        Guard(max_item(_rows(save(m.Name("seq_lens_cpu"), "M"), "N")), "rows_max(M, forward_batch.seq_lens, N)", "rows_max"),
+        Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+        # The GPU-only draft extend leaves the prefix host list unset (the
+        # lengths stay a device tensor) and may leave the extend one unset.
+        Guard(call("any", m.Arg(save(attr("extend_prefix_lens_cpu", m.Name("forward_batch")), "L"))), "any_host_lens(L)", "any_host_lens"),
+        Guard(
+            call("max", m.Arg(save(attr("extend_seq_lens_cpu", m.Name("forward_batch")), "L"))),
+            "max_host_lens(L, self.speculative_num_draft_tokens)",
+            "max_host_lens",
+        ),
+    )
+    # 0.5.16+: the draft-extend branch comes first and reads the host lists
+    # only where they are set.
+    UPSTREAM = m.If(test=m.Call(func=attr("is_draft_extend_v2")))
+
+
+class ReplayMetadataWithoutMirror(_Fa3HelperGuards):
+    DESCRIPTION = (
+        f"{BACKEND} CUDA-graph replay metadata: seq_lens_cpu may be None; host max from the mirror "
+        "or the static max_context_len"
+    )
+    CLASS = BACKEND
+    METHOD = "init_forward_metadata_replay_cuda_graph"
+    RENAMED = ("_apply_cuda_graph_metadata",)  # 0.5.13+
+    GUARDS = (
+        Guard(_rows(save(m.Name("seq_lens_cpu"), "M"), "N"), "rows_or_none(M, N)", "rows_or_none"),
+        Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+        # 0.5.15: the spec branches fell back to a local D2H; the page-table
+        # width they feed takes the static bound instead, as in 0.5.16.
+        Guard(
+            m.Assign(
+                targets=[m.AssignTarget(target=save(attr("max_seq_len_k"), "T"))],
+                value=m.Call(func=attr("_host_max_seq_len", m.Name("self")), args=[m.Arg(save(ANY, "M")), m.Arg()]),
+            ),
+            f"T = host_max_seq_len(M, {BOUND})",
+            "host_max_seq_len",
+        ),
+    )
+
+
+#: ``normal_decode_set_metadata(cache_seqlens, cu_seqlens_k, page_table, req_to_token,
+#: req_pool_indices, strided_indices, max_seq_pages, ...)``: the fused Triton page-table
+#: writer of the decode and draft-decode replay.
+PAGE_WRITER = "normal_decode_set_metadata"
+PAGES_ARG, TABLE_ARG = 6, 2
+
+
+class ReplayPageTableFits(ClassCodemod):
+    DESCRIPTION = (
+        f"{BACKEND} CUDA-graph replay: the page count handed to {PAGE_WRITER} stays within the "
+        "preallocated page table (pages_within)"
+    )
+    CLASS = BACKEND
+    METHODS = ("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
+
+    def _writes(self, fn: cst.FunctionDef) -> list[cst.Call]:
+        return [c for c in primitives.find_all(fn, m.Call(func=m.Name(PAGE_WRITER))) if len(c.args) > PAGES_ARG]
+
+    @staticmethod
+    def _bounded(arg: cst.Arg) -> bool:
+        # Ours, or upstream's static width (0.5.15+: self.max_num_pages).
+        return m.matches(arg.value, call("pages_within") | attr("max_num_pages", m.Name("self")))
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        fn = primitives.find_first_method(cls, self.METHODS)
+        anchor = f"{self.CLASS}.{self.METHODS[0]}"
+        if fn is None:
+            return Finding.missing(anchor, "method not found")
+        writes = self._writes(fn)
+        if not writes:
+            return Finding.missing(anchor, f"no {PAGE_WRITER}(...) call with a page count")
+        left = [c for c in writes if not self._bounded(c.args[PAGES_ARG])]
+        if left:
+            return Finding.todo(anchor, f"{len(left)} {PAGE_WRITER} call(s) with an unbounded page count")
+        return Finding.done(anchor)
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        def bound(node: cst.Call, _) -> cst.Call:
+            args = list(node.args)
+            pages, table = args[PAGES_ARG], args[TABLE_ARG]
+            if self._bounded(pages):
+                return node
+            value = primitives.parse_expression(f"pages_within({_code(pages.value)}, {_code(table.value)})")
+            args[PAGES_ARG] = pages.with_changes(value=value)
+            return node.with_changes(args=args)
+
+        def edit(fn: cst.FunctionDef) -> cst.FunctionDef:
+            return primitives.replace_expressions(fn, m.Call(func=m.Name(PAGE_WRITER)), bound)
+
+        self.require_import(HELPERS, "pages_within")
+        name = primitives.find_first_method(cls, self.METHODS).name.value
+        return primitives.replace_method(cls, name, edit)
+
+
+# -- the verify tree mask -------------------------------------------------------------------
+
+
+class InitTreeMask(ClassCodemod):
+    DESCRIPTION = f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
+    CLASS = BACKEND
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.__init__"
+        init = primitives.find_method(cls, "__init__")
+        if init is None:
+            return Finding.missing(anchor, "method not defined")
+        if primitives.contains(init, ASSIGNS_MASK):
+            return Finding.done(anchor)
+        if _mask_superseded(cls):
+            return Finding.superseded(anchor, MASK_SUPERSEDED)
+        if "model_runner" not in {p.name.value for p in init.params.params}:
+            return Finding.missing(anchor, "no model_runner parameter to tell a draft-worker instance by")
+        return Finding.todo(anchor, f"self.{MASK} not initialised")
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        source = f"""
+            # Preallocated verify tree mask (init_cuda_graph_state); handed to
+            # build_tree_kernel_efficient so it needs no seq_lens_sum.
+            self.{MASK} = None
+            # The draft worker's FA3 instances never verify: no tree mask there.
+            self.is_draft_runner = getattr(model_runner, "is_draft_worker", False)
+        """
+        return primitives.replace_method(cls, "__init__", lambda fn: primitives.insert_at_end(fn, source))
+
+
+class AllocTreeMask(ClassCodemod):
+    DESCRIPTION = (
+        f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} (bool, max_num_tokens * "
+        "(max_context_len + num_draft_tokens)) on the target backend only"
+    )
+    CLASS = BACKEND
+    METHOD = "init_cuda_graph_state"
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.{self.METHOD}"
+        fn = primitives.find_method(cls, self.METHOD)
+        if fn is None:
+            return Finding.missing(anchor, "method not defined")
+        if primitives.contains(fn, ASSIGNS_MASK):
+            return Finding.done(anchor)
+        if _mask_superseded(cls):
+            return Finding.superseded(anchor, MASK_SUPERSEDED)
+        if "max_num_tokens" not in {p.name.value for p in fn.params.params}:
+            return Finding.missing(anchor, "no max_num_tokens parameter to size the mask with")
+        return Finding.todo(anchor, f"self.{MASK} not allocated")
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        source = f"""
+            # Worst-case FULL_MASK verify tree mask (bool), filled in place by
+            # build_tree_kernel_efficient: the GPU-only path needs no seq_lens_sum.
+            self.{MASK} = alloc_verify_tree_mask(
+                max_num_tokens=max_num_tokens,
+                max_context_len=self.max_context_len,
+                num_draft_tokens=self.speculative_num_draft_tokens,
+                skip_prefill=self.skip_prefill,
+                is_draft_runner=self.is_draft_runner,
+                device=self.device,
+            )
+        """
+        self.require_import(HELPERS, "alloc_verify_tree_mask")
+        return primitives.replace_method(cls, self.METHOD, lambda fn: primitives.insert_at_end(fn, source))
+
+
+class VerifyBuffersReturnTreeMask(ClassCodemod):
+    DESCRIPTION = f"{BACKEND}.{GET_BUFFERS} returns [self.{MASK}, None]"
+    CLASS = BACKEND
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.{GET_BUFFERS}"
+        fn = primitives.find_method(cls, GET_BUFFERS)
+        if fn is not None:
+            if primitives.contains(fn, SELF_MASK):
+                return Finding.done(anchor)
+            return Finding.missing(anchor, f"this tree overrides it without self.{MASK}; refusing to replace it")
+        if _mask_superseded(cls):
+            return Finding.superseded(anchor, MASK_SUPERSEDED)
+        return Finding.todo(anchor, "not overridden (the base returns [None, None])")
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        source = f'''
+            def {GET_BUFFERS}(self):
+                """[tree mask, positions] that build_tree_kernel_efficient fills after draft."""
+                return verify_buffers(self.{MASK})
+        '''
+        self.require_import(HELPERS, "verify_buffers")
+        after = primitives.find_first_method(cls, ("get_cuda_graph_seq_len_fill_value", "init_cuda_graph_state"))
+        return primitives.add_method(cls, source, after=after.name.value if after else None)
+
+
+# -- CUDA-graph replay hands over no stale mirror --------------------------------------------
+
+#: ``seq_lens_cpu=<buffers>.seq_lens_cpu`` or ``...seq_lens_cpu[:bs]``: the pinned replay buffer.
+PINNED = attr("seq_lens_cpu", m.Name()) | m.Subscript(value=attr("seq_lens_cpu", m.Name()))
+RAW_KWARG = m.Arg(keyword=m.Name("seq_lens_cpu"), value=PINNED)
+MIRROR_OF_BATCH = attr("seq_lens_cpu", m.Name("forward_batch"))
+FIXED_KWARG = m.Arg(
+    keyword=m.Name("seq_lens_cpu"),
+    value=call("mirror_or_none", m.Arg(MIRROR_OF_BATCH), m.Arg(PINNED))
+    # upstream (0.5.16+): `None if forward_batch.seq_lens_cpu is None else buffers.seq_lens_cpu[:bs]`
+    | m.IfExp(test=_none_test(MIRROR_OF_BATCH, m.Is()), body=m.Name("None")),
+)
+
+
+class ReplayPassesNoStaleMirror(PatchCodemod):
+    """In every function of the file that takes a ``forward_batch``, the
+    ``seq_lens_cpu=`` handed to the attention backend at replay is None when
+    the batch brought no mirror (the pinned buffer then holds an earlier
+    batch's lengths: #31364's NaN logits on FA3's topk > 1 verify)."""
+
+    DESCRIPTION = "CUDA-graph replay hands the backend seq_lens_cpu=None, not the stale pinned buffer, when the batch has no CPU mirror"
+    REQUIRED_TEXT = ("seq_lens_cpu",)
+
+    @staticmethod
+    def _functions(module: cst.Module) -> list[cst.FunctionDef]:
+        """Top-level functions and methods of top-level classes with a
+        ``forward_batch`` parameter."""
+        found = []
+        for stmt in module.body:
+            candidates = [stmt] if isinstance(stmt, cst.FunctionDef) else list(primitives.methods(stmt)) if isinstance(stmt, cst.ClassDef) else []
+            found += [fn for fn in candidates if "forward_batch" in {p.name.value for p in fn.params.params}]
+        return found
+
+    def detect(self, module: cst.Module) -> Finding:
+        anchor = "seq_lens_cpu= at CUDA-graph replay"
+        raw = fixed = 0
+        for fn in self._functions(module):
+            raw += len(primitives.find_all(fn, RAW_KWARG))
+            fixed += len(primitives.find_all(fn, FIXED_KWARG))
+        if raw:
+            return Finding.todo(anchor, f"{raw} replay call(s) hand over the pinned buffer unconditionally")
+        if fixed:
+            return Finding.done(anchor)
+        return Finding.missing(anchor, "no replay call hands the backend a pinned seq_lens_cpu buffer")
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        def fix(arg: cst.Arg, _) -> cst.Arg:
+            value = primitives.parse_expression(f"mirror_or_none(forward_batch.seq_lens_cpu, {_code(arg.value)})")
+            return arg.with_changes(value=value)
+
+        def edit(fn: cst.FunctionDef) -> cst.FunctionDef:
+            return primitives.replace_expressions(fn, RAW_KWARG, fix)
+
+        for fn in self._functions(tree):
+            if not primitives.contains(fn, RAW_KWARG):
+                continue
+            owner = next((c for c in tree.body if isinstance(c, cst.ClassDef) and any(x is fn for x in primitives.methods(c))), None)
+            if owner is None:
+                tree = primitives.replace_function(tree, fn.name.value, edit)
+            else:
+                tree = primitives.replace_class(tree, owner.name.value, lambda c, name=fn.name.value: primitives.replace_method(c, name, edit))
+        self.require_import(HELPERS, "mirror_or_none")
+        return tree
