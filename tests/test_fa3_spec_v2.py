@@ -219,6 +219,33 @@ def test_replay_page_count_stays_in_the_table():
     assert detect(fa3.ReplayPageTableFits, upstream).state is State.DONE
 
 
+def test_replay_page_writer_later_upstream_shapes_are_done():
+    # 0.5.19: no strided indices, the static width moved up one argument.
+    src = REPLAY.replace(
+        "                self.decode_cuda_graph_metadata[\"strided_indices\"],\n                max_seq_pages,\n",
+        "                self.max_num_pages,\n",
+    )
+    assert detect(fa3.ReplayPageTableFits, src).state is State.DONE
+    # 0.5.20+: the call moved to a helper method of the class.
+    moved = code(REPLAY).replace("normal_decode_set_metadata(", "self._set_decode_page_metadata(")
+    moved += (
+        "\n    def _set_decode_page_metadata(self, metadata, req_pool_indices, seq_lens, delta):\n"
+        "        normal_decode_set_metadata(metadata.cache_seqlens_int32, metadata.cu_seqlens_k, metadata.page_table,\n"
+        "                                   self.req_to_token, req_pool_indices, self.max_num_pages, seq_lens, delta)\n"
+    )
+    assert detect(fa3.ReplayPageTableFits, moved).state is State.DONE
+
+
+def test_later_upstream_flag_refinement_is_kept():
+    """0.5.21+: opted out, then refined (KV-shard pools keep the mirror)."""
+    src = BACKEND_CLASS.replace('implementation."""\n', 'implementation."""\n\n    needs_cpu_seq_lens: bool = False\n').replace(
+        "        self.skip_prefill = skip_prefill\n",
+        "        self.skip_prefill = skip_prefill\n        self.needs_cpu_seq_lens = False\n"
+        "        self.needs_cpu_seq_lens = self._kv_shard_pool is not None\n",
+    )
+    assert detect(fa3.BackendOptsOut, src).state is State.DONE
+
+
 def test_replay_renamed_method_and_015_local_sync():
     src = REPLAY.replace("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata").replace(
         "        seq_lens_cpu = seq_lens_cpu[:bs]\n",
@@ -394,7 +421,7 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
 
 
 @pytest.mark.trees
-@pytest.mark.parametrize("version", ["0.5.16", "0.5.17"])
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.17", "0.5.19", "0.5.20", "0.5.23"])
 def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
     tree = make_tree(version)
     before = snapshot(tree)

@@ -111,18 +111,28 @@ class _OptOut(ClassCodemod):
         value = _flag_value(cls)
         if value is not None and not m.matches(value, m.Name("False")):
             return Finding.missing(anchor, f"this tree declares {FLAG} = {_code(value)}; refusing to override it")
-        others = [a for a in self._instance_assignments(cls) if not m.matches(a.value, m.Name("False"))]
         if value is None:
             return Finding.todo(anchor, "class attribute not declared (inherits True / treated as True)")
+        others = self._overriding_assignments(cls)
         if others:
             return Finding.todo(anchor, f"__init__ sets self.{FLAG} = {_code(others[0].value)}")
         return Finding.done(anchor)
+
+    def _overriding_assignments(self, cls: cst.ClassDef) -> list[cst.Assign]:
+        """0.5.15's per-instance value (dflash only) that shadows the class
+        attribute. Upstream from 0.5.16 assigns False in __init__ and 0.5.21+
+        refines it afterwards (KV-shard pools keep the mirror): with a False
+        assignment there, the other ones are upstream's later rules, kept."""
+        assignments = self._instance_assignments(cls)
+        if any(m.matches(a.value, m.Name("False")) for a in assignments):
+            return []
+        return assignments
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         if _flag_value(cls) is None:
             cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = False")
             cls = primitives.space_class_attribute(cls, FLAG, self.WHY)
-        if any(not m.matches(a.value, m.Name("False")) for a in self._instance_assignments(cls)):
+        if self._overriding_assignments(cls):
             # 0.5.15 opted out for dflash only, per instance; the class-wide
             # opt-out must win, so that assignment says False as well.
             cls = primitives.replace_method(
@@ -296,13 +306,21 @@ class ReplayMetadataWithoutMirror(_Fa3HelperGuards):
 
 
 #: ``normal_decode_set_metadata(cache_seqlens, cu_seqlens_k, page_table, req_to_token,
-#: req_pool_indices, strided_indices, max_seq_pages, ...)``: the fused Triton page-table
-#: writer of the decode and draft-decode replay.
+#: req_pool_indices, strided_indices, max_seq_pages, ...)`` (0.5.10 .. 0.5.14): the fused
+#: Triton page-table writer of the decode and draft-decode replay.
 PAGE_WRITER = "normal_decode_set_metadata"
 PAGES_ARG, TABLE_ARG = 6, 2
+#: A page count that cannot pass the table: ours, or upstream's static width
+#: (0.5.15+ pass ``self.max_num_pages``, wherever the signature puts it).
+BOUNDED_PAGES = call("pages_within") | attr("max_num_pages", m.Name("self"))
 
 
 class ReplayPageTableFits(ClassCodemod):
+    """Every call of the page-table writer in the class passes a bounded page
+    count. Upstream later moved the calls (0.5.20: a ``_set_decode_page_metadata``
+    helper) and changed the signature (0.5.19: no strided indices), always
+    with ``self.max_num_pages``: any bounded argument makes a call done."""
+
     DESCRIPTION = (
         f"{BACKEND} CUDA-graph replay: the page count handed to {PAGE_WRITER} stays within the "
         "preallocated page table (pages_within)"
@@ -310,33 +328,37 @@ class ReplayPageTableFits(ClassCodemod):
     CLASS = BACKEND
     METHODS = ("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
 
-    def _writes(self, fn: cst.FunctionDef) -> list[cst.Call]:
-        return [c for c in primitives.find_all(fn, m.Call(func=m.Name(PAGE_WRITER))) if len(c.args) > PAGES_ARG]
+    @staticmethod
+    def _writes(node: cst.CSTNode) -> list[cst.Call]:
+        return primitives.find_all(node, m.Call(func=m.Name(PAGE_WRITER)))
 
     @staticmethod
-    def _bounded(arg: cst.Arg) -> bool:
-        # Ours, or upstream's static width (0.5.15+: self.max_num_pages).
-        return m.matches(arg.value, call("pages_within") | attr("max_num_pages", m.Name("self")))
+    def _bounded(write: cst.Call) -> bool:
+        return any(m.matches(arg.value, BOUNDED_PAGES) for arg in write.args)
+
+    @staticmethod
+    def _fixable(write: cst.Call) -> bool:
+        # The old signature, the page count a local name computed from the host max.
+        return len(write.args) > PAGES_ARG and m.matches(write.args[PAGES_ARG], m.Arg(keyword=None, value=m.Name()))
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        fn = primitives.find_first_method(cls, self.METHODS)
         anchor = f"{self.CLASS}.{self.METHODS[0]}"
-        if fn is None:
-            return Finding.missing(anchor, "method not found")
-        writes = self._writes(fn)
+        writes = self._writes(cls)
         if not writes:
-            return Finding.missing(anchor, f"no {PAGE_WRITER}(...) call with a page count")
-        left = [c for c in writes if not self._bounded(c.args[PAGES_ARG])]
-        if left:
-            return Finding.todo(anchor, f"{len(left)} {PAGE_WRITER} call(s) with an unbounded page count")
-        return Finding.done(anchor)
+            return Finding.missing(anchor, f"no {PAGE_WRITER}(...) call in the class")
+        left = [w for w in writes if not self._bounded(w)]
+        if not left:
+            return Finding.done(anchor)
+        if not all(self._fixable(w) for w in left):
+            return Finding.missing(anchor, f"a {PAGE_WRITER}(...) call of an unknown signature")
+        return Finding.todo(anchor, f"{len(left)} {PAGE_WRITER} call(s) with an unbounded page count")
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         def bound(node: cst.Call, _) -> cst.Call:
+            if self._bounded(node) or not self._fixable(node):
+                return node
             args = list(node.args)
             pages, table = args[PAGES_ARG], args[TABLE_ARG]
-            if self._bounded(pages):
-                return node
             value = primitives.parse_expression(f"pages_within({_code(pages.value)}, {_code(table.value)})")
             args[PAGES_ARG] = pages.with_changes(value=value)
             return node.with_changes(args=args)
@@ -345,8 +367,10 @@ class ReplayPageTableFits(ClassCodemod):
             return primitives.replace_expressions(fn, m.Call(func=m.Name(PAGE_WRITER)), bound)
 
         self.require_import(HELPERS, "pages_within")
-        name = primitives.find_first_method(cls, self.METHODS).name.value
-        return primitives.replace_method(cls, name, edit)
+        for fn in list(primitives.methods(cls)):
+            if any(not self._bounded(w) for w in self._writes(fn)):
+                cls = primitives.replace_method(cls, fn.name.value, edit)
+        return cls
 
 
 # -- the verify tree mask -------------------------------------------------------------------
