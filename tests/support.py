@@ -39,3 +39,49 @@ def _pristine_snapshot(version: str) -> tuple:
 def pristine_snapshot(version: str) -> dict[str, str]:
     """snapshot() of the pristine release, computed once per test session."""
     return dict(_pristine_snapshot(version))
+
+
+# -- codemod snippets ------------------------------------------------------------------------
+
+
+def code(src: str) -> str:
+    """A snippet written indented in a test, as a module."""
+    import textwrap
+
+    return textwrap.dedent(src).lstrip("\n")
+
+
+def detect(codemod, src: str):
+    """What a codemod finds in a snippet."""
+    import libcst as cst
+
+    return codemod().detect(cst.parse_module(code(src)))
+
+
+def apply(codemod, src: str) -> str:
+    """Run one codemod on a snippet the way the engine does: TODO -> transform -> DONE."""
+    import libcst as cst
+
+    from patchkit.codemods.base import State
+
+    module = cst.parse_module(code(src))
+    assert codemod().detect(module).state is State.TODO
+    module = codemod().transform_module(module)
+    assert codemod().detect(module).state is State.DONE
+    return module.code
+
+
+def import_cost(module: str) -> tuple[list[str], float]:
+    """Import ``module`` in a fresh interpreter: which of libcst, click and
+    torch it pulled in, and how long it took (runtime modules imported by
+    patched sglang must stay stdlib-only at import time)."""
+    import subprocess
+    import sys
+
+    probe = (
+        f"import sys, time; t = time.perf_counter(); import {module}; dt = time.perf_counter() - t; "
+        "print(','.join(m for m in ('libcst', 'click', 'torch') if m in sys.modules), dt)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    heavy, seconds = out.rsplit(" ", 1)
+    return [m for m in heavy.split(",") if m], float(seconds)

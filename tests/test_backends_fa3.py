@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from support import import_cost
 from patchkit.backends import fa3
 
 torch = pytest.importorskip("torch")
@@ -14,16 +15,8 @@ torch = pytest.importorskip("torch")
 
 def test_module_imports_fast_and_light():
     """Patched sglang imports it: stdlib only at import time (torch lazily)."""
-    code = (
-        "import sys, time; t = time.perf_counter(); import patchkit.backends.fa3; "
-        "dt = time.perf_counter() - t; "
-        "heavy = [m for m in ('libcst', 'click', 'torch') if m in sys.modules]; "
-        "print(heavy, dt)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    heavy, seconds = out.rsplit(" ", 1)
-    assert heavy == "[]"
-    assert float(seconds) < 0.5
+    heavy, seconds = import_cost("patchkit.backends.fa3")
+    assert heavy == [] and seconds < 0.5
 
 
 # -- reads of the mirror ------------------------------------------------------------------

@@ -5,35 +5,16 @@ patched; 0.5.16 and 0.5.17 native)."""
 from __future__ import annotations
 
 import json
-import textwrap
 
-import libcst as cst
 import pytest
 
-from support import PRIMARY, snapshot
+from support import PRIMARY, apply, code, detect, snapshot
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods.base import State
 
 FA3 = "srt/layers/attention/flashattention_backend.py"
 PATCH = "fa3-spec-v2"
 HELPERS = "from sglang.srt._patchkit.backends.fa3 import"
-
-
-def code(src: str) -> str:
-    return textwrap.dedent(src).lstrip("\n")
-
-
-def detect(codemod, src: str):
-    return codemod().detect(cst.parse_module(code(src)))
-
-
-def apply(codemod, src: str) -> str:
-    """Run one codemod the way the engine does: TODO -> transform -> DONE."""
-    module = cst.parse_module(code(src))
-    assert codemod().detect(module).state is State.TODO
-    module = codemod().transform_module(module)
-    assert codemod().detect(module).state is State.DONE
-    return module.code
 
 
 # -- flags ---------------------------------------------------------------------------------

@@ -53,35 +53,20 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods import primitives
+from patchkit.codemods import trtllm_mla_spec_v2 as mla
 from patchkit.codemods.base import ClassCodemod, Finding, PatchCodemod, State
 from patchkit.codemods.needs_cpu_seq_lens_guards import ANY, Guard, MethodGuards, attr, call, save
 from patchkit.vendoring import import_path
 
 BACKEND = "FlashAttentionBackend"
 DRAFT_BACKEND = "FlashAttentionMultiStepBackend"
-FLAG = "needs_cpu_seq_lens"
-MASK = "cuda_graph_custom_mask"
-GET_BUFFERS = "get_verify_buffers_to_fill_after_draft"
+FLAG, MASK, GET_BUFFERS = mla.FLAG, mla.MASK, mla.GET_BUFFERS
 HELPERS = import_path("backends.fa3")
-
-SELF_MASK = m.Attribute(value=m.Name("self"), attr=m.Name(MASK))
-ASSIGNS_MASK = m.Assign(targets=[m.AssignTarget(target=SELF_MASK)])
 SELF_FLAG = m.Attribute(value=m.Name("self"), attr=m.Name(FLAG))
-MASK_SUPERSEDED = "upstream replaced cuda_graph_custom_mask with the verify_mask property (sglang 0.5.17+)"
 
 
 def _code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
-
-
-def _mask_superseded(cls: cst.ClassDef) -> bool:
-    """Upstream's later shape: a ``verify_mask`` accessor and no custom mask."""
-    if primitives.find_method(cls, "verify_mask") is None:
-        return False
-    return not any(
-        (fn := primitives.find_method(cls, name)) is not None and primitives.contains(fn, ASSIGNS_MASK)
-        for name in ("__init__", "init_cuda_graph_state")
-    )
 
 
 # -- the flags -----------------------------------------------------------------------------
@@ -376,22 +361,32 @@ class ReplayPageTableFits(ClassCodemod):
 # -- the verify tree mask -------------------------------------------------------------------
 
 
-class InitTreeMask(ClassCodemod):
+# The detection is the TRT-LLM MLA patch's (sglang #26824 gave TRT-LLM MLA the same
+# cuda_graph_custom_mask; 0.5.17 replaced both with the verify_mask property): the
+# classes below keep it and write FA3's own code, from patchkit.backends.fa3. Its
+# transforms import TRT-LLM MLA helpers, so these go through ClassCodemod's.
+
+
+class _TreeMaskPart:
+    """Mixin: the FA3 transform, with FA3's helpers imported by the engine."""
+
+    HELPER: ClassVar[str]
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self.require_import(HELPERS, self.HELPER)
+        return ClassCodemod.transform_module_impl(self, tree)
+
+
+class InitTreeMask(mla.InitCustomMask):
     DESCRIPTION = f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
     CLASS = BACKEND
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.__init__"
+        finding = super().detect_in_class(cls)
         init = primitives.find_method(cls, "__init__")
-        if init is None:
-            return Finding.missing(anchor, "method not defined")
-        if primitives.contains(init, ASSIGNS_MASK):
-            return Finding.done(anchor)
-        if _mask_superseded(cls):
-            return Finding.superseded(anchor, MASK_SUPERSEDED)
-        if "model_runner" not in {p.name.value for p in init.params.params}:
-            return Finding.missing(anchor, "no model_runner parameter to tell a draft-worker instance by")
-        return Finding.todo(anchor, f"self.{MASK} not initialised")
+        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in init.params.params}:
+            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by")
+        return finding
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         source = f"""
@@ -404,28 +399,16 @@ class InitTreeMask(ClassCodemod):
         return primitives.replace_method(cls, "__init__", lambda fn: primitives.insert_at_end(fn, source))
 
 
-class AllocTreeMask(ClassCodemod):
+class AllocTreeMask(_TreeMaskPart, mla.AllocCustomMask):
     DESCRIPTION = (
         f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} (bool, max_num_tokens * "
         "(max_context_len + num_draft_tokens)) on the target backend only"
     )
     CLASS = BACKEND
-    METHOD = "init_cuda_graph_state"
-
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.{self.METHOD}"
-        fn = primitives.find_method(cls, self.METHOD)
-        if fn is None:
-            return Finding.missing(anchor, "method not defined")
-        if primitives.contains(fn, ASSIGNS_MASK):
-            return Finding.done(anchor)
-        if _mask_superseded(cls):
-            return Finding.superseded(anchor, MASK_SUPERSEDED)
-        if "max_num_tokens" not in {p.name.value for p in fn.params.params}:
-            return Finding.missing(anchor, "no max_num_tokens parameter to size the mask with")
-        return Finding.todo(anchor, f"self.{MASK} not allocated")
+    HELPER = "alloc_verify_tree_mask"
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        # At the end: FA3's init_cuda_graph_state does not hand over to a parent.
         source = f"""
             # Worst-case FULL_MASK verify tree mask (bool), filled in place by
             # build_tree_kernel_efficient: the GPU-only path needs no seq_lens_sum.
@@ -438,24 +421,13 @@ class AllocTreeMask(ClassCodemod):
                 device=self.device,
             )
         """
-        self.require_import(HELPERS, "alloc_verify_tree_mask")
         return primitives.replace_method(cls, self.METHOD, lambda fn: primitives.insert_at_end(fn, source))
 
 
-class VerifyBuffersReturnTreeMask(ClassCodemod):
+class VerifyBuffersReturnTreeMask(_TreeMaskPart, mla.VerifyBuffersReturnCustomMask):
     DESCRIPTION = f"{BACKEND}.{GET_BUFFERS} returns [self.{MASK}, None]"
     CLASS = BACKEND
-
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.{GET_BUFFERS}"
-        fn = primitives.find_method(cls, GET_BUFFERS)
-        if fn is not None:
-            if primitives.contains(fn, SELF_MASK):
-                return Finding.done(anchor)
-            return Finding.missing(anchor, f"this tree overrides it without self.{MASK}; refusing to replace it")
-        if _mask_superseded(cls):
-            return Finding.superseded(anchor, MASK_SUPERSEDED)
-        return Finding.todo(anchor, "not overridden (the base returns [None, None])")
+    HELPER = "verify_buffers"
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         source = f'''
@@ -463,7 +435,6 @@ class VerifyBuffersReturnTreeMask(ClassCodemod):
                 """[tree mask, positions] that build_tree_kernel_efficient fills after draft."""
                 return verify_buffers(self.{MASK})
         '''
-        self.require_import(HELPERS, "verify_buffers")
         after = primitives.find_first_method(cls, ("get_cuda_graph_seq_len_fill_value", "init_cuda_graph_state"))
         return primitives.add_method(cls, source, after=after.name.value if after else None)
 
