@@ -4,14 +4,13 @@ before/after snippets for every codemod, then the real trees."""
 from __future__ import annotations
 
 import json
-import textwrap
 from types import SimpleNamespace
 from unittest import mock
 
 import libcst as cst
 import pytest
 
-from support import NATIVE, PRE_UPSTREAM, snapshot
+from support import NATIVE, PRE_UPSTREAM, apply, code, detect, snapshot
 from patchkit.codemods import trtllm_mla_draft_skip_template as skip
 from patchkit.codemods import trtllm_mla_spec_v2 as spec
 from patchkit.codemods.base import State
@@ -19,24 +18,6 @@ from patchkit.codemods.base import State
 MLA = "srt/layers/attention/trtllm_mla_backend.py"
 SPEC = "trtllm-mla-spec-v2"
 SKIP = "trtllm-mla-draft-skip-template"
-
-
-def code(src: str) -> str:
-    return textwrap.dedent(src).lstrip("\n")
-
-
-def detect(codemod, src: str):
-    return codemod().detect(cst.parse_module(code(src)))
-
-
-def apply(codemod, src: str) -> str:
-    """Run one codemod the way the engine does: TODO -> transform -> DONE."""
-    module = cst.parse_module(code(src))
-    assert codemod().detect(module).state is State.TODO
-    module = codemod().transform_module(module)
-    assert codemod().detect(module).state is State.DONE
-    return module.code
-
 
 HEADER = """\
 from __future__ import annotations
