@@ -1,4 +1,5 @@
-"""patchkit.backends.fa3 on CPU tensors (the GPU twin is tests/gpu/test_gpu_fa3.py)."""
+"""patchkit.backends.mirror_reads and patchkit.backends.fa3 on CPU tensors (the GPU
+twin is tests/gpu/test_gpu_fa3.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import sys
 import pytest
 
 from support import import_cost
-from patchkit.backends import fa3
+from patchkit.backends import fa3, mirror_reads
 
 torch = pytest.importorskip("torch")
 
 
-def test_module_imports_fast_and_light():
-    """Patched sglang imports it: stdlib only at import time (torch lazily)."""
-    heavy, seconds = import_cost("patchkit.backends.fa3")
+@pytest.mark.parametrize("module", ["patchkit.backends.fa3", "patchkit.backends.mirror_reads"])
+def test_modules_import_fast_and_light(module):
+    """Patched sglang imports them: stdlib only at import time (torch lazily)."""
+    heavy, seconds = import_cost(module)
     assert heavy == [] and seconds < 0.5
 
 
@@ -23,42 +25,42 @@ def test_module_imports_fast_and_light():
 
 
 def test_host_max_is_the_mirror_max_when_there():
-    value = fa3.host_max_seq_len(torch.tensor([5, 17, 3]), bound=4096)
+    value = mirror_reads.host_max_seq_len(torch.tensor([5, 17, 3]), bound=4096)
     assert value == 17 and isinstance(value, int)
 
 
 def test_host_max_is_the_static_bound_without_the_mirror():
-    assert fa3.host_max_seq_len(None, bound=4096) == 4096
+    assert mirror_reads.host_max_seq_len(None, bound=4096) == 4096
 
 
 def test_rows_or_none():
     mirror = torch.tensor([1, 2, 3, 4])
-    assert fa3.rows_or_none(mirror, 2).tolist() == [1, 2]
-    assert fa3.rows_or_none(None, 2) is None
+    assert mirror_reads.rows_or_none(mirror, 2).tolist() == [1, 2]
+    assert mirror_reads.rows_or_none(None, 2) is None
 
 
 def test_rows_max_from_the_mirror_or_the_device_lengths():
     device_lens = torch.tensor([9, 40, 2])
-    assert fa3.rows_max(torch.tensor([7, 8, 99]), device_lens, 2) == 8
-    assert fa3.rows_max(None, device_lens, 2) == 40
-    assert fa3.rows_max(None, device_lens, 3) == 40
+    assert mirror_reads.rows_max(torch.tensor([7, 8, 99]), device_lens, 2) == 8
+    assert mirror_reads.rows_max(None, device_lens, 2) == 40
+    assert mirror_reads.rows_max(None, device_lens, 3) == 40
 
 
 @pytest.mark.parametrize("lens, expected", [([0, 0], False), ([0, 3], True), ([], False), (None, False)])
 def test_any_host_lens(lens, expected):
-    assert fa3.any_host_lens(lens) is expected
+    assert mirror_reads.any_host_lens(lens) is expected
 
 
 def test_max_host_lens():
-    assert fa3.max_host_lens([2, 5, 1], fixed=4) == 5
-    assert fa3.max_host_lens(None, fixed=4) == 4
+    assert mirror_reads.max_host_lens([2, 5, 1], fixed=4) == 5
+    assert mirror_reads.max_host_lens(None, fixed=4) == 4
 
 
 def test_mirror_or_none_hides_the_stale_pinned_buffer():
     pinned = torch.tensor([111, 222])  # lengths of an earlier batch
-    assert fa3.mirror_or_none(None, pinned) is None
+    assert mirror_reads.mirror_or_none(None, pinned) is None
     fresh = torch.tensor([3, 4])
-    assert fa3.mirror_or_none(fresh, pinned) is pinned
+    assert mirror_reads.mirror_or_none(fresh, pinned) is pinned
 
 
 # -- page-table width ----------------------------------------------------------------------
@@ -66,10 +68,10 @@ def test_mirror_or_none_hides_the_stale_pinned_buffer():
 
 def test_pages_within_keeps_the_count_inside_the_table():
     table = torch.zeros(4, 256, dtype=torch.int32)  # ceil(4096 / 16) pages
-    assert fa3.pages_within(10, table) == 10
-    assert fa3.pages_within(256, table) == 256
+    assert mirror_reads.pages_within(10, table) == 10
+    assert mirror_reads.pages_within(256, table) == 256
     # static bound 4096 + 1 draft step, page size 16: 257 pages, the table has 256
-    assert fa3.pages_within((4096 + 1 + 15) // 16, table) == 256
+    assert mirror_reads.pages_within((4096 + 1 + 15) // 16, table) == 256
 
 
 # -- the verify tree mask ------------------------------------------------------------------

@@ -383,8 +383,9 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
     assert "needs_cpu_seq_lens: bool = False" in section(text, "FlashAttentionMultiStepBackend")
     for rel in RUNNERS[version]:
         assert "mirror_or_none(forward_batch.seq_lens_cpu, buffers.seq_lens_cpu" in (tree / rel).read_text(), rel
-    assert (tree / "srt/_patchkit/backends/fa3.py").is_file()
-    assert f"{HELPERS} " in text and "mirror_or_none" not in text
+    assert (tree / "srt/_patchkit/backends/fa3.py").is_file() and (tree / "srt/_patchkit/backends/mirror_reads.py").is_file()
+    assert f"{HELPERS} alloc_verify_tree_mask, verify_buffers\n" in text and "mirror_or_none" not in text
+    assert "from sglang.srt._patchkit.backends.mirror_reads import" in text
 
     st = states(cli, tree, PATCH)
     assert st[PATCH]["state"] == "applied", st[PATCH]

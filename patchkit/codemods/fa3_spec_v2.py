@@ -10,7 +10,7 @@ tree mask only on the target backend). All of them are in sglang 0.5.16 (the
 wheel on PyPI, whatever the changelog says), so 0.5.16+ is native.
 
 What FA3 read from the CPU mirror, and what it reads now (helpers in
-``patchkit.backends.fa3``, each exactly the old value when the mirror is there):
+``patchkit.backends.mirror_reads``, each exactly the old value when the mirror is there):
 
 * eager ``init_forward_metadata``: ``forward_batch.seq_lens_cpu.max().item()``
   sized the page table gathered from ``req_to_token`` -> the static bound
@@ -61,7 +61,8 @@ from patchkit.vendoring import import_path
 BACKEND = "FlashAttentionBackend"
 DRAFT_BACKEND = "FlashAttentionMultiStepBackend"
 FLAG, MASK, GET_BUFFERS = mla.FLAG, mla.MASK, mla.GET_BUFFERS
-HELPERS = import_path("backends.fa3")
+HELPERS = import_path("backends.fa3")  # the verify tree mask
+MIRROR_READS = import_path("backends.mirror_reads")  # reads of the CPU mirror, replay hand-over
 SELF_FLAG = m.Attribute(value=m.Name("self"), attr=m.Name(FLAG))
 
 
@@ -225,9 +226,9 @@ BOUND = "self.max_context_len"
 
 class _Fa3HelperGuards(_Fa3Guards):
     def require_import(self, module: str, obj: Optional[str] = None) -> None:
-        # MethodGuards imports its helpers from patchkit.runtime; FA3's live in
-        # backends.fa3.
-        super().require_import(HELPERS if module == import_path("runtime") else module, obj)
+        # MethodGuards imports its helpers from patchkit.runtime; these live in
+        # backends.mirror_reads.
+        super().require_import(MIRROR_READS if module == import_path("runtime") else module, obj)
 
 
 class EagerMetadataWithoutMirror(_Fa3HelperGuards):
@@ -351,7 +352,7 @@ class ReplayPageTableFits(ClassCodemod):
         def edit(fn: cst.FunctionDef) -> cst.FunctionDef:
             return primitives.replace_expressions(fn, m.Call(func=m.Name(PAGE_WRITER)), bound)
 
-        self.require_import(HELPERS, "pages_within")
+        self.require_import(MIRROR_READS, "pages_within")
         for fn in list(primitives.methods(cls)):
             if any(not self._bounded(w) for w in self._writes(fn)):
                 cls = primitives.replace_method(cls, fn.name.value, edit)
@@ -500,5 +501,5 @@ class ReplayPassesNoStaleMirror(PatchCodemod):
                 tree = primitives.replace_function(tree, fn.name.value, edit)
             else:
                 tree = primitives.replace_class(tree, owner.name.value, lambda c, name=fn.name.value: primitives.replace_method(c, name, edit))
-        self.require_import(HELPERS, "mirror_or_none")
+        self.require_import(MIRROR_READS, "mirror_or_none")
         return tree

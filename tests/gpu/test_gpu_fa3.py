@@ -1,4 +1,4 @@
-"""patchkit.backends.fa3 on CUDA tensors: the helpers FA3's CUDA-graph replay
+"""patchkit.backends.mirror_reads and .fa3 on CUDA tensors: the helpers FA3's CUDA-graph replay
 calls, inside a captured graph, and the verify tree mask as the static buffer
 a graph reads (skips cleanly without CUDA)."""
 
@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from patchkit.backends import fa3  # noqa: E402
+from patchkit.backends import fa3, mirror_reads  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,15 +61,15 @@ def _no_sync(fn):
 
 def test_without_the_mirror_nothing_syncs():
     seq_lens = torch.tensor([5, 9], device=DEVICE)
-    assert _no_sync(lambda: fa3.host_max_seq_len(None, 4096)) == 4096
-    assert _no_sync(lambda: fa3.rows_or_none(None, 2)) is None
-    assert _no_sync(lambda: fa3.mirror_or_none(None, torch.zeros(4, dtype=torch.int32))) is None
+    assert _no_sync(lambda: mirror_reads.host_max_seq_len(None, 4096)) == 4096
+    assert _no_sync(lambda: mirror_reads.rows_or_none(None, 2)) is None
+    assert _no_sync(lambda: mirror_reads.mirror_or_none(None, torch.zeros(4, dtype=torch.int32))) is None
     table = torch.zeros(2, 256, dtype=torch.int32, device=DEVICE)
-    assert _no_sync(lambda: fa3.pages_within(257, table)) == 256
+    assert _no_sync(lambda: mirror_reads.pages_within(257, table)) == 256
     # The one helper that keeps a local sync without the mirror (the
     # prefill-aware sliding-window ratchet) does sync, by design.
     with pytest.raises(RuntimeError):
-        _no_sync(lambda: fa3.rows_max(None, seq_lens, 2))
+        _no_sync(lambda: mirror_reads.rows_max(None, seq_lens, 2))
 
 
 def test_static_width_page_table_inside_a_captured_graph():
@@ -81,7 +81,7 @@ def test_static_width_page_table_inside_a_captured_graph():
     pool = torch.zeros(bs, dtype=torch.int64, device=DEVICE)
     strided = torch.arange(0, ctx, 1, device=DEVICE)
     table = torch.zeros(bs, ctx, dtype=torch.int32, device=DEVICE)
-    pages = fa3.pages_within(fa3.host_max_seq_len(None, ctx) + 1, table)  # bound + a draft step, capped
+    pages = mirror_reads.pages_within(mirror_reads.host_max_seq_len(None, ctx) + 1, table)  # bound + a draft step, capped
 
     def body():
         table[:, :pages].copy_(req_to_token[pool[:, None], strided[None, :pages]])
