@@ -36,10 +36,11 @@ What FA3 read from the CPU mirror, and what it reads now (helpers in
   dflash-only instance assignment becomes False too) and on
   ``FlashAttentionMultiStepBackend``.
 
-The CUDA-graph runners' stale-buffer fix lives in the same patch, as codemods
-of their own (``ReplayPassesNoStaleMirror``): it only matters once a backend
-that opts out branches on ``seq_lens_cpu`` during replay, and FA3 is the first
-that does (Triton and TRT-LLM MLA never read it in replay).
+The CUDA-graph runners' stale-buffer fix (#31364's other half) is a patch of
+its own, ``replay-no-stale-mirror``, which this one requires: it only matters
+once a backend that opts out reads ``seq_lens_cpu`` during replay, and FA3 is
+the first that does (Triton and TRT-LLM MLA never read it there);
+trtllm-mha-spec-v2 needs it too.
 
 0.5.17 replaced ``cuda_graph_custom_mask`` with a ``verify_mask`` property:
 the tree-mask parts are superseded there, never re-added.
@@ -54,7 +55,8 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods import trtllm_mla_spec_v2 as mla
-from patchkit.codemods.base import ClassCodemod, Finding, PatchCodemod, State
+from patchkit.codemods.replay_no_stale_mirror import MIRROR_READS, code_of, none_comparison
+from patchkit.codemods.base import ClassCodemod, Finding, State
 from patchkit.codemods.needs_cpu_seq_lens_guards import ANY, Guard, MethodGuards, attr, call, save
 from patchkit.vendoring import import_path
 
@@ -62,12 +64,7 @@ BACKEND = "FlashAttentionBackend"
 DRAFT_BACKEND = "FlashAttentionMultiStepBackend"
 FLAG, MASK, GET_BUFFERS = mla.FLAG, mla.MASK, mla.GET_BUFFERS
 HELPERS = import_path("backends.fa3")  # the verify tree mask
-MIRROR_READS = import_path("backends.mirror_reads")  # reads of the CPU mirror, replay hand-over
 SELF_FLAG = m.Attribute(value=m.Name("self"), attr=m.Name(FLAG))
-
-
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
 
 
 # -- the flags -----------------------------------------------------------------------------
@@ -80,7 +77,7 @@ def _flag_value(cls: cst.ClassDef) -> Optional[cst.BaseExpression]:
     return None
 
 
-class _OptOut(ClassCodemod):
+class OptOutFlag(ClassCodemod):
     """``needs_cpu_seq_lens: bool = False`` as a class attribute, and no
     instance assignment in ``__init__`` that sets anything else."""
 
@@ -96,12 +93,12 @@ class _OptOut(ClassCodemod):
         anchor = f"{self.CLASS}.{FLAG}"
         value = _flag_value(cls)
         if value is not None and not m.matches(value, m.Name("False")):
-            return Finding.missing(anchor, f"this tree declares {FLAG} = {_code(value)}; refusing to override it")
+            return Finding.missing(anchor, f"this tree declares {FLAG} = {code_of(value)}; refusing to override it")
         if value is None:
             return Finding.todo(anchor, "class attribute not declared (inherits True / treated as True)")
         others = self._overriding_assignments(cls)
         if others:
-            return Finding.todo(anchor, f"__init__ sets self.{FLAG} = {_code(others[0].value)}")
+            return Finding.todo(anchor, f"__init__ sets self.{FLAG} = {code_of(others[0].value)}")
         return Finding.done(anchor)
 
     def _overriding_assignments(self, cls: cst.ClassDef) -> list[cst.Assign]:
@@ -133,7 +130,7 @@ class _OptOut(ClassCodemod):
         return cls
 
 
-class BackendOptsOut(_OptOut):
+class BackendOptsOut(OptOutFlag):
     DESCRIPTION = f"{BACKEND}.{FLAG} = False: no FA3 read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
     CLASS = BACKEND
     WHY = (
@@ -142,7 +139,7 @@ class BackendOptsOut(_OptOut):
     )
 
 
-class DraftWrapperOptsOut(_OptOut):
+class DraftWrapperOptsOut(OptOutFlag):
     DESCRIPTION = f"{DRAFT_BACKEND}.{FLAG} = False: the draft steps are FA3 backends that opt out"
     CLASS = DRAFT_BACKEND
     WHY = (
@@ -154,13 +151,9 @@ class DraftWrapperOptsOut(_OptOut):
 # -- the reads of the mirror --------------------------------------------------------------
 
 
-def _none_test(target: m.BaseMatcherNode, operator: m.BaseMatcherNode) -> m.Comparison:
-    return m.Comparison(left=target, comparisons=[m.ComparisonTarget(operator=operator, comparator=m.Name("None"))])
-
-
 MIRROR = attr("seq_lens_cpu", m.Name("forward_batch")) | m.Name("seq_lens_cpu")
-IS_NOT_NONE = _none_test(MIRROR, m.IsNot())
-IS_NONE = _none_test(MIRROR, m.Is())
+IS_NOT_NONE = none_comparison(MIRROR, m.IsNot())
+IS_NONE = none_comparison(MIRROR, m.Is())
 
 
 def _tests(node: cst.BaseExpression, comparison: m.BaseMatcherNode) -> bool:
@@ -198,7 +191,7 @@ def _rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:
     )
 
 
-class _Fa3Guards(MethodGuards):
+class _NoneTestGuards(MethodGuards):
     """MethodGuards where upstream's own guard is a None test on the mirror
     around the read (an ``if`` or a conditional expression), anywhere in the
     method, or an ``if`` matching UPSTREAM; such reads need nothing."""
@@ -224,50 +217,73 @@ class _Fa3Guards(MethodGuards):
 BOUND = "self.max_context_len"
 
 
-class _Fa3HelperGuards(_Fa3Guards):
+class MirrorReadGuards(_NoneTestGuards):
+    """Guards whose helpers come from ``backends.mirror_reads`` (FA3 and TRT-LLM MHA)."""
+
     def require_import(self, module: str, obj: Optional[str] = None) -> None:
         # MethodGuards imports its helpers from patchkit.runtime; these live in
         # backends.mirror_reads.
         super().require_import(MIRROR_READS if module == import_path("runtime") else module, obj)
 
 
-class EagerMetadataWithoutMirror(_Fa3HelperGuards):
+#: The eager metadata reads (FA3 and TRT-LLM MHA share their shape).
+EAGER_GUARDS = (
+    # 0.5.10 .. 0.5.14: the mirror's max sizes the req_to_token gather.
+    Guard(max_item(save(attr("seq_lens_cpu", m.Name("forward_batch")), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+    # 0.5.15: a mirror-or-local-D2H variable; it becomes the mirror (None
+    # without), and its reads below are bounded like the others.
+    Guard(
+        m.IfExp(
+            test=IS_NOT_NONE,
+            body=save(attr("seq_lens_cpu", m.Name("forward_batch")), "M"),
+            orelse=m.Call(func=attr("cpu")),
+        ),
+        "M",
+    ),
+    Guard(max_item(_rows(save(m.Name("seq_lens_cpu"), "M"), "N")), "rows_max(M, forward_batch.seq_lens, N)", "rows_max"),
+    Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+    # The GPU-only draft extend leaves the prefix host list unset (the
+    # lengths stay a device tensor) and may leave the extend one unset.
+    Guard(call("any", m.Arg(save(attr("extend_prefix_lens_cpu", m.Name("forward_batch")), "L"))), "any_host_lens(L)", "any_host_lens"),
+    Guard(
+        call("max", m.Arg(save(attr("extend_seq_lens_cpu", m.Name("forward_batch")), "L"))),
+        "max_host_lens(L, self.speculative_num_draft_tokens)",
+        "max_host_lens",
+    ),
+)
+
+
+class EagerMetadataWithoutMirror(MirrorReadGuards):
     DESCRIPTION = (
         f"{BACKEND}.init_forward_metadata: page-table width from the mirror or the static max_context_len; "
         "draft-extend host lengths may be unset"
     )
     CLASS = BACKEND
     METHOD = "init_forward_metadata"
-    GUARDS = (
-        # 0.5.10 .. 0.5.14: the mirror's max sizes the req_to_token gather.
-        Guard(max_item(save(attr("seq_lens_cpu", m.Name("forward_batch")), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
-        # 0.5.15: a mirror-or-local-D2H variable; it becomes the mirror (None
-        # without), and its reads below are bounded like the others.
-        Guard(
-            m.IfExp(
-                test=IS_NOT_NONE,
-                body=save(attr("seq_lens_cpu", m.Name("forward_batch")), "M"),
-                orelse=m.Call(func=attr("cpu")),
-            ),
-            "M",
-        ),
-        Guard(max_item(_rows(save(m.Name("seq_lens_cpu"), "M"), "N")), "rows_max(M, forward_batch.seq_lens, N)", "rows_max"),
-        Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
-        # The GPU-only draft extend leaves the prefix host list unset (the
-        # lengths stay a device tensor) and may leave the extend one unset.
-        Guard(call("any", m.Arg(save(attr("extend_prefix_lens_cpu", m.Name("forward_batch")), "L"))), "any_host_lens(L)", "any_host_lens"),
-        Guard(
-            call("max", m.Arg(save(attr("extend_seq_lens_cpu", m.Name("forward_batch")), "L"))),
-            "max_host_lens(L, self.speculative_num_draft_tokens)",
-            "max_host_lens",
-        ),
-    )
+    GUARDS = EAGER_GUARDS
     # 0.5.16+: the draft-extend branch comes first and reads the host lists
     # only where they are set.
     UPSTREAM = m.If(test=m.Call(func=attr("is_draft_extend_v2")))
 
 
-class ReplayMetadataWithoutMirror(_Fa3HelperGuards):
+#: The CUDA-graph replay reads (FA3 and TRT-LLM MHA share their shape).
+REPLAY_GUARDS = (
+    Guard(_rows(save(m.Name("seq_lens_cpu"), "M"), "N"), "rows_or_none(M, N)", "rows_or_none"),
+    Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+    # 0.5.15: the spec branches fell back to a local D2H; the page-table
+    # width they feed takes the static bound instead, as in 0.5.16.
+    Guard(
+        m.Assign(
+            targets=[m.AssignTarget(target=save(attr("max_seq_len_k"), "T"))],
+            value=m.Call(func=attr("_host_max_seq_len", m.Name("self")), args=[m.Arg(save(ANY, "M")), m.Arg()]),
+        ),
+        f"T = host_max_seq_len(M, {BOUND})",
+        "host_max_seq_len",
+    ),
+)
+
+
+class ReplayMetadataWithoutMirror(MirrorReadGuards):
     DESCRIPTION = (
         f"{BACKEND} CUDA-graph replay metadata: seq_lens_cpu may be None; host max from the mirror "
         "or the static max_context_len"
@@ -275,20 +291,7 @@ class ReplayMetadataWithoutMirror(_Fa3HelperGuards):
     CLASS = BACKEND
     METHOD = "init_forward_metadata_replay_cuda_graph"
     RENAMED = ("_apply_cuda_graph_metadata",)  # 0.5.13+
-    GUARDS = (
-        Guard(_rows(save(m.Name("seq_lens_cpu"), "M"), "N"), "rows_or_none(M, N)", "rows_or_none"),
-        Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
-        # 0.5.15: the spec branches fell back to a local D2H; the page-table
-        # width they feed takes the static bound instead, as in 0.5.16.
-        Guard(
-            m.Assign(
-                targets=[m.AssignTarget(target=save(attr("max_seq_len_k"), "T"))],
-                value=m.Call(func=attr("_host_max_seq_len", m.Name("self")), args=[m.Arg(save(ANY, "M")), m.Arg()]),
-            ),
-            f"T = host_max_seq_len(M, {BOUND})",
-            "host_max_seq_len",
-        ),
-    )
+    GUARDS = REPLAY_GUARDS
 
 
 #: ``normal_decode_set_metadata(cache_seqlens, cu_seqlens_k, page_table, req_to_token,
@@ -345,7 +348,7 @@ class ReplayPageTableFits(ClassCodemod):
                 return node
             args = list(node.args)
             pages, table = args[PAGES_ARG], args[TABLE_ARG]
-            value = primitives.parse_expression(f"pages_within({_code(pages.value)}, {_code(table.value)})")
+            value = primitives.parse_expression(f"pages_within({code_of(pages.value)}, {code_of(table.value)})")
             args[PAGES_ARG] = pages.with_changes(value=value)
             return node.with_changes(args=args)
 
@@ -438,68 +441,3 @@ class VerifyBuffersReturnTreeMask(_TreeMaskPart, mla.VerifyBuffersReturnCustomMa
         '''
         after = primitives.find_first_method(cls, ("get_cuda_graph_seq_len_fill_value", "init_cuda_graph_state"))
         return primitives.add_method(cls, source, after=after.name.value if after else None)
-
-
-# -- CUDA-graph replay hands over no stale mirror --------------------------------------------
-
-#: ``seq_lens_cpu=<buffers>.seq_lens_cpu`` or ``...seq_lens_cpu[:bs]``: the pinned replay buffer.
-PINNED = attr("seq_lens_cpu", m.Name()) | m.Subscript(value=attr("seq_lens_cpu", m.Name()))
-RAW_KWARG = m.Arg(keyword=m.Name("seq_lens_cpu"), value=PINNED)
-MIRROR_OF_BATCH = attr("seq_lens_cpu", m.Name("forward_batch"))
-FIXED_KWARG = m.Arg(
-    keyword=m.Name("seq_lens_cpu"),
-    value=call("mirror_or_none", m.Arg(MIRROR_OF_BATCH), m.Arg(PINNED))
-    # upstream (0.5.16+): `None if forward_batch.seq_lens_cpu is None else buffers.seq_lens_cpu[:bs]`
-    | m.IfExp(test=_none_test(MIRROR_OF_BATCH, m.Is()), body=m.Name("None")),
-)
-
-
-class ReplayPassesNoStaleMirror(PatchCodemod):
-    """In every function of the file that takes a ``forward_batch``, the
-    ``seq_lens_cpu=`` handed to the attention backend at replay is None when
-    the batch brought no mirror (the pinned buffer then holds an earlier
-    batch's lengths: #31364's NaN logits on FA3's topk > 1 verify)."""
-
-    DESCRIPTION = "CUDA-graph replay hands the backend seq_lens_cpu=None, not the stale pinned buffer, when the batch has no CPU mirror"
-    REQUIRED_TEXT = ("seq_lens_cpu",)
-
-    @staticmethod
-    def _functions(module: cst.Module) -> list[cst.FunctionDef]:
-        """Top-level functions and methods of top-level classes with a
-        ``forward_batch`` parameter."""
-        found = []
-        for stmt in module.body:
-            candidates = [stmt] if isinstance(stmt, cst.FunctionDef) else list(primitives.methods(stmt)) if isinstance(stmt, cst.ClassDef) else []
-            found += [fn for fn in candidates if "forward_batch" in {p.name.value for p in fn.params.params}]
-        return found
-
-    def detect(self, module: cst.Module) -> Finding:
-        anchor = "seq_lens_cpu= at CUDA-graph replay"
-        raw = fixed = 0
-        for fn in self._functions(module):
-            raw += len(primitives.find_all(fn, RAW_KWARG))
-            fixed += len(primitives.find_all(fn, FIXED_KWARG))
-        if raw:
-            return Finding.todo(anchor, f"{raw} replay call(s) hand over the pinned buffer unconditionally")
-        if fixed:
-            return Finding.done(anchor)
-        return Finding.missing(anchor, "no replay call hands the backend a pinned seq_lens_cpu buffer")
-
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        def fix(arg: cst.Arg, _) -> cst.Arg:
-            value = primitives.parse_expression(f"mirror_or_none(forward_batch.seq_lens_cpu, {_code(arg.value)})")
-            return arg.with_changes(value=value)
-
-        def edit(fn: cst.FunctionDef) -> cst.FunctionDef:
-            return primitives.replace_expressions(fn, RAW_KWARG, fix)
-
-        for fn in self._functions(tree):
-            if not primitives.contains(fn, RAW_KWARG):
-                continue
-            owner = next((c for c in tree.body if isinstance(c, cst.ClassDef) and any(x is fn for x in primitives.methods(c))), None)
-            if owner is None:
-                tree = primitives.replace_function(tree, fn.name.value, edit)
-            else:
-                tree = primitives.replace_class(tree, owner.name.value, lambda c, name=fn.name.value: primitives.replace_method(c, name, edit))
-        self.require_import(MIRROR_READS, "mirror_or_none")
-        return tree
