@@ -289,47 +289,6 @@ def test_foreign_verify_buffers_override_is_refused():
     assert detect(fa3.VerifyBuffersReturnTreeMask, src).state is State.MISSING
 
 
-# -- replay hands over no stale mirror ----------------------------------------------------
-
-RUNNER = '''
-class CudaGraphRunner:
-    def capture_one_batch_size(self, bs, forward):
-        seq_lens_cpu = buffers.seq_lens_cpu[:bs]
-        return ForwardBatch(seq_lens_cpu=seq_lens_cpu)
-
-    def replay_prepare(self, forward_batch, pp_proxy_tensors=None):
-        attn_backend.init_forward_metadata_replay_cuda_graph(
-            bs,
-            buffers.req_pool_indices[:bs],
-            seq_lens_cpu=buffers.seq_lens_cpu[:bs],
-        )
-
-
-def build_replay_fb_view(forward_batch, buffers, bs):
-    return SimpleNamespace(seq_lens_cpu=buffers.seq_lens_cpu)
-'''
-
-
-def test_runner_replay_passes_none_without_a_mirror():
-    out = apply(fa3.ReplayPassesNoStaleMirror, RUNNER)
-    assert "seq_lens_cpu=mirror_or_none(forward_batch.seq_lens_cpu, buffers.seq_lens_cpu[:bs])," in out
-    assert "SimpleNamespace(seq_lens_cpu=mirror_or_none(forward_batch.seq_lens_cpu, buffers.seq_lens_cpu))" in out
-    # Capture builds its batch from a local: untouched.
-    assert "return ForwardBatch(seq_lens_cpu=seq_lens_cpu)" in out
-
-
-def test_runner_upstream_016_shape_is_done():
-    src = RUNNER.replace(
-        "seq_lens_cpu=buffers.seq_lens_cpu[:bs],",
-        "seq_lens_cpu=(\n                None if forward_batch.seq_lens_cpu is None else buffers.seq_lens_cpu[:bs]\n            ),",
-    ).replace(
-        "SimpleNamespace(seq_lens_cpu=buffers.seq_lens_cpu)",
-        "SimpleNamespace(seq_lens_cpu=None if forward_batch.seq_lens_cpu is None else buffers.seq_lens_cpu)",
-    )
-    assert detect(fa3.ReplayPassesNoStaleMirror, src).state is State.DONE
-    assert detect(fa3.ReplayPassesNoStaleMirror, "def f(forward_batch):\n    return 1\n").state is State.MISSING
-
-
 # -- real trees ----------------------------------------------------------------------------
 
 
@@ -429,59 +388,3 @@ def test_every_patch_together_on_the_primary_release(make_tree, cli):
     assert "add_or_none(forward_batch.seq_lens_sum" in runner and "mirror_or_none(forward_batch.seq_lens_cpu" in runner
     assert cli("revert", tree).exit_code == 0
     assert snapshot(tree) == before
-
-
-# -- the stale pinned buffer without fa3-spec-v2 ---------------------------------------------
-
-#: The backends that opt out with the first five patches, and their replay hooks.
-OPTED_OUT = {
-    "srt/layers/attention/triton_backend.py": ("TritonAttnBackend", "TritonMultiStepDraftBackend"),
-    "srt/layers/attention/trtllm_mla_backend.py": ("TRTLLMMLABackend", "TRTLLMMLAMultiStepDraftBackend"),
-}
-
-
-def _replay_reads_of_the_mirror(source: str, classes) -> dict[str, list]:
-    """Per replay method of ``classes``: the lines reading ``seq_lens_cpu``
-    outside a hand-over to the parent (``super().<same method>(...)``)."""
-    import ast
-
-    found = {}
-    for node in ast.parse(source).body:
-        if not (isinstance(node, ast.ClassDef) and node.name in classes):
-            continue
-        for fn in node.body:
-            if not (isinstance(fn, ast.FunctionDef) and "replay" in fn.name):
-                continue
-            handed_to_parent = {
-                id(n)
-                for call in ast.walk(fn)
-                if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == fn.name
-                for n in ast.walk(call)
-            }
-            reads = [
-                n.lineno
-                for n in ast.walk(fn)
-                if id(n) not in handed_to_parent
-                and ((isinstance(n, ast.Name) and n.id == "seq_lens_cpu" and isinstance(n.ctx, ast.Load))
-                     or (isinstance(n, ast.Attribute) and n.attr == "seq_lens_cpu"))
-            ]
-            found[f"{node.name}.{fn.name}"] = reads
-    return found
-
-
-@pytest.mark.trees
-@pytest.mark.parametrize("version", ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"])
-def test_five_patch_trees_never_read_the_stale_buffer(version):
-    """Why the runners' None hand-over lives with fa3-spec-v2: before it, the
-    replay of every backend that can opt out (Triton, TRT-LLM MLA) reads no
-    ``seq_lens_cpu`` (TRT-LLM MLA only passes it on to its parent for modes the
-    spec-v2 graph runners never replay), so the stale pinned buffer reaches no
-    reader; FA3's replay does read it."""
-    from support import pristine
-
-    tree = pristine(version)
-    for rel, classes in OPTED_OUT.items():
-        reads = _replay_reads_of_the_mirror((tree / rel).read_text(), classes)
-        assert reads and all(lines == [] for lines in reads.values()), (rel, reads)
-    fa3_reads = _replay_reads_of_the_mirror((tree / FA3).read_text(), ("FlashAttentionBackend",))
-    assert fa3_reads["FlashAttentionBackend.init_forward_metadata_replay_cuda_graph"]

@@ -1,14 +1,15 @@
 """CUDA-graph replay and the pinned ``seq_lens_cpu`` buffer (sglang #31364),
 on 0.5.12.post1 imported on CPU: a tree with the first five patches (``five``)
-and the same tree with fa3-spec-v2 too (``six``).
+and the same tree with every patch (``six``: replay-no-stale-mirror, which
+fa3-spec-v2 and trtllm-mha-spec-v2 require, among them).
 
 The runners keep a pinned ``seq_lens_cpu`` buffer and refresh it only when the
 batch brings a CPU mirror. With the mirror skipped (needs-cpu-seq-lens), the
 five-patch tree still hands that buffer to the attention backend: lengths of
 an earlier batch. Harmless there (no opted-out backend reads it at replay:
-``tests/test_fa3_spec_v2.py`` checks that in the source of every release);
-FA3 reads it to size its page tables, so fa3-spec-v2 makes replay hand over
-None instead. Shown here on the verify runner (``CudaGraphRunner.replay_prepare``)
+``tests/test_replay_no_stale_mirror.py`` checks that in the source of every release);
+FA3 (and TRT-LLM MHA) read it to size their page tables, so
+replay-no-stale-mirror makes replay hand over None instead. Shown here on the verify runner (``CudaGraphRunner.replay_prepare``)
 and the draft-extend runner (``EAGLEDraftExtendCudaGraphRunner.replay``).
 """
 
@@ -39,7 +40,8 @@ EARLIER = [33, 44, 55, 66]  # what the pinned buffer holds from an earlier batch
 @pytest.fixture(scope="module", params=["five", "six"])
 def tree(request, tmp_path_factory, load_sglang):
     package = copy_tree(VERSION, tmp_path_factory.mktemp(f"fa3-stale-{request.param}"), "package")
-    args = ["apply", str(package)] + (["--skip", PATCH] if request.param == "five" else [])
+    skipped = ["--skip", PATCH, "--skip", "trtllm-mha-spec-v2", "--skip", "replay-no-stale-mirror"]
+    args = ["apply", str(package)] + (skipped if request.param == "five" else [])
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     sglang = load_sglang(package)
