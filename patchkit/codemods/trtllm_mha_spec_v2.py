@@ -9,7 +9,7 @@ in the eager ``init_forward_metadata`` and in CUDA-graph replay
 and the draft extend read the host length lists. The kernels get
 ``max_seq_len=self.max_context_len`` and stop each row at the device
 ``cache_seqlens``, so the static bound is correct without the mirror: the
-guards are FA3's (``fa3_spec_v2.EAGER_GUARDS`` / ``REPLAY_GUARDS``, helpers in
+guards are FA3's codemods on this class (helpers in
 ``patchkit.backends.mirror_reads``). Replay writes the page table with torch
 slicing, which stops at the preallocated width by itself (no Triton writer to
 bound). Upstream instead builds the table on the device with a Triton kernel
@@ -29,7 +29,8 @@ import libcst as cst
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import Finding
-from patchkit.codemods.fa3_spec_v2 import EAGER_GUARDS, REPLAY_GUARDS, MirrorReadGuards, OptOutFlag
+from patchkit.codemods import fa3_spec_v2 as fa3
+from patchkit.codemods.fa3_spec_v2 import OptOutFlag
 
 BACKEND = "TRTLLMHAAttnBackend"
 DRAFT_BACKEND = "TRTLLMHAAttnMultiStepDraftBackend"
@@ -38,7 +39,9 @@ DRAFT_BACKEND = "TRTLLMHAAttnMultiStepDraftBackend"
 DEVICE_PAGE_TABLE = "_fill_page_table_device"
 
 
-class _MhaGuards(MirrorReadGuards):
+class _DevicePageTable:
+    """Mixin: a class with upstream's on-device page-table build is done."""
+
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         if primitives.find_method(cls, DEVICE_PAGE_TABLE) is not None:
             return Finding.done(self.anchor, f"upstream's device-side page table ({DEVICE_PAGE_TABLE})")
@@ -63,22 +66,14 @@ class DraftWrapperOptsOut(OptOutFlag):
     )
 
 
-class EagerMetadataWithoutMirror(_MhaGuards):
-    DESCRIPTION = (
-        f"{BACKEND}.init_forward_metadata: page-table width from the mirror or the static max_context_len; "
-        "draft-extend host lengths may be unset"
-    )
-    CLASS = BACKEND
-    METHOD = "init_forward_metadata"
-    GUARDS = EAGER_GUARDS
+# FA3's guards, on TRT-LLM MHA (same reads, same helpers).
 
 
-class ReplayMetadataWithoutMirror(_MhaGuards):
-    DESCRIPTION = (
-        f"{BACKEND} CUDA-graph replay metadata: seq_lens_cpu may be None; host max from the mirror "
-        "or the static max_context_len"
-    )
+class EagerMetadataWithoutMirror(_DevicePageTable, fa3.EagerMetadataWithoutMirror):
+    DESCRIPTION = fa3.EagerMetadataWithoutMirror.DESCRIPTION.replace(fa3.BACKEND, BACKEND)
     CLASS = BACKEND
-    METHOD = "init_forward_metadata_replay_cuda_graph"
-    RENAMED = ("_apply_cuda_graph_metadata",)  # 0.5.13+
-    GUARDS = REPLAY_GUARDS
+
+
+class ReplayMetadataWithoutMirror(_DevicePageTable, fa3.ReplayMetadataWithoutMirror):
+    DESCRIPTION = fa3.ReplayMetadataWithoutMirror.DESCRIPTION.replace(fa3.BACKEND, BACKEND)
+    CLASS = BACKEND
