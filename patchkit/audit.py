@@ -125,9 +125,12 @@ def audit_tree(package: Path) -> Audit:
 
 
 def _runtime_helpers() -> frozenset[str]:
-    import patchkit.runtime as runtime  # stdlib only at import: cheap
+    """The None-aware helpers patched code calls on the mirror (the runtime's
+    and the backends' mirror reads); both modules import the stdlib only."""
+    import patchkit.runtime as runtime
+    from patchkit.backends import mirror_reads
 
-    return frozenset(runtime.__all__)
+    return frozenset(runtime.__all__) | frozenset(mirror_reads.__all__)
 
 
 class _FileAudit:

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from typing import Any, Optional, Sequence
 
 
+__all__ = ["host_max_seq_len", "rows_or_none", "rows_max", "any_host_lens", "max_host_lens", "mirror_or_none",
+           "pages_within"]
+
+
 # -- reads of the CPU mirror ----------------------------------------------------------------
 
 

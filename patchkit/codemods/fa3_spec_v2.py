@@ -57,7 +57,7 @@ from patchkit.codemods import primitives
 from patchkit.codemods import trtllm_mla_spec_v2 as mla
 from patchkit.codemods.replay_no_stale_mirror import MIRROR_READS, code_of, none_comparison
 from patchkit.codemods.base import ClassCodemod, Finding, State
-from patchkit.codemods.needs_cpu_seq_lens_guards import ANY, Guard, MethodGuards, attr, call, save
+from patchkit.codemods.needs_cpu_seq_lens_guards import ANY, Guard, MethodGuards, MirrorGuards, attr, call, save
 from patchkit.vendoring import import_path
 
 BACKEND = "FlashAttentionBackend"
@@ -208,7 +208,7 @@ class _NoneTestGuards(MethodGuards):
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         finding = super().detect_in_class(cls)
-        fn = self._method(cls)
+        fn = self.find_method(cls)
         if finding.state is State.MISSING and fn is not None and _guarded_regions(fn):
             return Finding.done(self.anchor, "upstream's own None test on the mirror")
         return finding
@@ -220,10 +220,9 @@ BOUND = "self.max_context_len"
 class MirrorReadGuards(_NoneTestGuards):
     """Guards whose helpers come from ``backends.mirror_reads`` (FA3 and TRT-LLM MHA)."""
 
-    def require_import(self, module: str, obj: Optional[str] = None) -> None:
-        # MethodGuards imports its helpers from patchkit.runtime; these live in
-        # backends.mirror_reads.
-        super().require_import(MIRROR_READS if module == import_path("runtime") else module, obj)
+    VALUES = MirrorGuards.VALUES
+    READS = MirrorGuards.READS
+    HELPER_MODULE = MIRROR_READS
 
 
 #: The eager metadata reads (FA3 and TRT-LLM MHA share their shape).
