@@ -10,7 +10,6 @@ manifest, written as one transaction.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -20,6 +19,7 @@ from patchkit.commit import check_writable, commit, sync_runtime
 from patchkit.engine import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Outcome, PatchReport, Session
 from patchkit.errors import PatchkitError
 from patchkit.merge import original_with_user_edits
+from patchkit.record import FileRecord, Record
 from patchkit.registry import Patch
 from patchkit.state import sha256
 
@@ -38,7 +38,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     mode = runtime or session.runtime_mode
     if mode not in vendoring.MODES:
         raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
-    if session.legacy():
+    if session.record.legacy:
         raise PatchkitError(f"{session.tree.package}: {LEGACY}")
     plan = plan_apply(session, selected)
     check_writable(session.tree, plan.files)
@@ -48,18 +48,17 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         new = session.transform(rel, old, session.codemods_for(rel, plan.todo))
         if new != old:
             outcome.changed[rel] = (old, new)
-    state = _record(session, plan, outcome)
-    if state["applied"]:
-        if mode != session.runtime_mode and session.state["applied"]:
+    record = _record(session, plan, outcome)
+    if record.applied:
+        if mode != session.runtime_mode and session.record.applied:
             outcome.messages.append(f"runtime: {session.runtime_mode} -> {mode}")
-        state["runtime"], state["runtime_api"], state["patchkit"] = mode, vendoring.RUNTIME_API, patchkit.__version__
+        record.runtime, record.runtime_api, record.patchkit = mode, vendoring.RUNTIME_API, patchkit.__version__
         # What the record was made on: a record of another release is never believed (patchkit.reconcile).
-        state["sglang"] = session.tree.version
-        if not state.get("base_commit"):
-            state["base_commit"] = git.head(session.tree.package)
-        sync_runtime(session, state, session.applied_patches(state["applied"]), mode, outcome, force=True)
+        record.sglang = session.tree.version
+        record.base_commit = record.base_commit or git.head(session.tree.package)
+        sync_runtime(session.snapshot, record, session.applied_patches(record.applied), outcome, force=True)
     if not dry_run and outcome.changed:
-        commit(session, "apply", outcome, state)
+        commit(session, "apply", outcome, record)
     session.save_cache()
     return outcome
 
@@ -68,7 +67,7 @@ def plan_apply(session: Session, selected: list[Patch]) -> Plan:
     """Which of ``selected`` to apply now, which to skip and why."""
     session.prepare(selected)  # every file's detection and transform, in parallel or from the cache
     plan = Plan({r.patch.id: r for r in session.reports(selected)})
-    usable = {pid for pid, r in plan.reports.items() if r.state in (APPLIED, NATIVE)} | set(session.state["applied"])
+    usable = {pid for pid, r in plan.reports.items() if r.state in (APPLIED, NATIVE)} | set(session.record.applied)
     for patch in selected:
         report = plan.reports[patch.id]
         if report.state in (APPLIED, NATIVE, STALE):  # STALE: the runtime sync repairs it
@@ -87,20 +86,22 @@ def plan_apply(session: Session, selected: list[Patch]) -> Plan:
     return plan
 
 
-def _record(session: Session, plan: Plan, outcome: Outcome) -> dict:
-    """The state after this apply: patches applied, and per changed file its
+def _record(session: Session, plan: Plan, outcome: Outcome) -> Record:
+    """The record after this apply: patches applied, and per changed file its
     backup and what patchkit wrote (stored as blobs at commit)."""
-    state = copy.deepcopy(session.state)
+    record = session.record.copy()
     keep = outcome.keep
     for patch in plan.todo:
-        state["applied"][patch.id] = {"files": [t.file for t in patch.targets if session.read(t.file) is not None]}
+        record.applied[patch.id] = [t.file for t in patch.targets if session.read(t.file) is not None]
     for rel, (old, new) in outcome.changed.items():
-        entry = state["files"].get(rel)
+        entry = record.files.get(rel)
         if entry is None:
-            entry = state["files"][rel] = {"original": keep(old)}
-        elif sha256(old) != entry["patched"]:
+            entry = record.files[rel] = FileRecord(keep(old), None)
+        elif sha256(old) != entry.patched:
             # Edited since an earlier apply: carry those edits onto the
             # backup too, or a later revert would silently drop them.
-            entry["original"] = keep(original_with_user_edits(session, rel, old, entry))
-        entry["patched"] = keep(new)
-    return state
+            merged = original_with_user_edits(session.tree.path(rel), old, session.blob(entry.patched, rel),
+                                              session.blob(entry.original, rel))
+            entry.original = keep(merged)
+        entry.patched = keep(new)
+    return record

@@ -151,15 +151,15 @@ def _terminate(signum: int, frame) -> None:
 
 def _refuse_pending(session) -> None:
     """Commands that read the tree's content refuse a half-written one."""
-    if session.pending is not None:
-        raise PatchkitError(session.pending.line())
+    if session.snapshot.pending is not None:
+        raise PatchkitError(session.snapshot.pending.line())
 
 
 def _unloaded(session) -> list[str]:
     """Patches the tree records as applied that no loaded patch set defines
     (applied with a set this run was not pointed at)."""
     known = {p.id for p in registry.all_patches()}
-    return [pid for pid in session.state["applied"] if pid not in known]
+    return [pid for pid in session.record.applied if pid not in known]
 
 
 UNLOADED = ("{ids}: applied to this tree from a patch set that is not loaded now; name it (--patches DIR, "
@@ -217,9 +217,9 @@ def status(obj: Ctx, args, fmt: str) -> None:
     if fmt == "json":
         locator = output.Locator(session.tree, path)
         click.echo(output.status_json(session.tree, reports, locator, ok=_ok(session, reports),
-                                      runtime=session.runtime_info(), notes=session.notes()))
+                                      runtime=session.runtime_info(), notes=session.snapshot.notes()))
     else:
-        click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info(), session.notes()))
+        click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info(), session.snapshot.notes()))
 
 
 @main.command(epilog=TREE_EPILOG)
@@ -290,16 +290,38 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     with locked_session(path, obj.say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
     _note_unloaded(obj, session)
-    if session.pending is not None:
-        obj.say(f"verify: {session.pending.line()}")
+    if session.snapshot.pending is not None:
+        obj.say(f"verify: {session.snapshot.pending.line()}")
     click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, path), obj.verbose,
-                             session.runtime_info(), session.notes(), pending=session.pending is not None))
+                             session.runtime_info(), session.snapshot.notes(),
+                             pending=session.snapshot.pending is not None))
     sys.exit(EXIT_OK if _ok(session, reports) else EXIT_CHANGES)
 
 
 def _ok(session, reports) -> bool:
     """Every patch applied or native, and no transaction half-done."""
-    return session.pending is None and all(r.ok for r in reports)
+    return session.snapshot.pending is None and all(r.ok for r in reports)
+
+
+@main.command(verbose=True, epilog=TREE_EPILOG)
+@tree_only
+@format_option("audit")
+@click.option("--strict", is_flag=True, help="Exit 1 when a read is unguarded or stale.")
+@click.pass_obj
+def audit(obj: Ctx, tree: Optional[str], fmt: str, strict: bool) -> None:
+    """List every read of the CPU seq_lens mirror (seq_lens_cpu, seq_lens_sum and
+    the CUDA-graph runners' CPU buffers filled from them) on the spec-v2 paths of
+    TREE, each guarded, patched, safe, unguarded (reads None once the mirror is
+    dropped) or stale (reads a buffer no longer refreshed). Text shows the
+    unguarded and stale ones (-v: all). Works on any tree; writes nothing."""
+    from patchkit.audit import audit_tree, to_json, to_text
+
+    path = _tree(obj, tree)
+    found = trees.find_tree(path)
+    result = audit_tree(found.package)
+    paths = output.Locator(found, path).path
+    click.echo(to_json(result, output.tree_dict(found), paths) if fmt == "json" else to_text(result, paths, obj.verbose))
+    sys.exit(EXIT_CHANGES if strict and not result.ok else EXIT_OK)
 
 
 @main.command(epilog=TREE_EPILOG)
@@ -362,7 +384,7 @@ def _show_diff(obj: Ctx, patch, given: Optional[str]) -> str:
     path = _tree(obj, given)
     with locked_session(path, obj.say) as session:
         _refuse_pending(session)
-        if patch.id in session.state["applied"]:
+        if patch.id in session.record.applied:
             return "".join(d.text for d in file_diffs(session, [patch]))
         outcome = apply_patches(session, registry.select([patch.id]), dry_run=True, runtime=None)
     if not outcome.changed:

@@ -9,11 +9,14 @@ from typing import TYPE_CHECKING, Iterable
 
 from patchkit import vendoring
 from patchkit.errors import PatchkitError
+from patchkit.record import FileRecord
 from patchkit.state import sha256
 
 if TYPE_CHECKING:
     from patchkit.engine import Outcome, Session
+    from patchkit.record import Record
     from patchkit.registry import Patch
+    from patchkit.snapshot import Snapshot
     from patchkit.tree import Tree
 
 
@@ -33,39 +36,41 @@ def check_writable(tree: "Tree", files: Iterable[str]) -> None:
                 raise PatchkitError(f"{node}: read-only {what}, cannot write {path.name} (nothing was changed)")
 
 
-def commit(session: "Session", verb: str, outcome: "Outcome", state: dict) -> None:
+def commit(session: "Session", verb: str, outcome: "Outcome", record: "Record") -> None:
     """Store the outcome's blobs, then write ``outcome.changed`` and
-    ``state`` as one transaction (``verb``: apply or revert, for the journal)."""
+    ``record`` as one transaction (``verb``: apply or revert, for the journal)."""
     check_writable(session.tree, outcome.changed)  # again: runtime files were planned after the first check
     for data in outcome.blobs.values():
         session.store.put_blob(data)
-    session.store.commit(verb, session.tree.package, outcome.changed, session.state, state)
-    session.state, session.from_manifest = state, False
+    session.store.commit(verb, session.tree.package, outcome.changed, session.record, record)
 
 
-def sync_runtime(session: "Session", state: dict, patches: list["Patch"], mode: str, outcome: "Outcome", force: bool) -> None:
+def sync_runtime(snapshot: "Snapshot", record: "Record", patches: list["Patch"], outcome: "Outcome",
+                 force: bool) -> None:
     """Plan the runtime folder and manifest for ``patches`` (those applied
-    once this command is done) into ``outcome.changed`` and ``state``.
+    once this command is done, in the record's runtime mode) into
+    ``outcome.changed`` and ``record``.
 
     A runtime file the user edited is replaced only with ``force`` (apply
     repairs a stale runtime; a copy of the edited file is kept), else the
     command stops, as for edits that overlap a patch."""
+    mode = record.runtime or vendoring.DEFAULT_MODE
     wanted = vendoring.runtime_files(patches, mode)
-    ours = [rel for rel, e in state["files"].items() if e["original"] is None]  # runtime files, manifest
+    ours = record.created()  # runtime files, manifest
     created = [rel for rel in ours if rel != vendoring.MANIFEST]
-    folder = session.tree.path(vendoring.FOLDER)
+    folder = snapshot.tree.path(vendoring.FOLDER)
     if not ours and folder.exists():
         raise PatchkitError(
             f"{folder}: exists and was not written by patchkit; refusing to vendor the runtime there "
             "(nothing was changed)"
         )
     for rel in dict.fromkeys([*created, *wanted]):
-        current, target = session.read(rel), wanted.get(rel)
+        current, target = snapshot.read(rel), wanted.get(rel)
         if target is not None and vendoring.stale_reason(rel, current, target) is None:
             continue  # same code (perhaps written by another patchkit version): leave it
-        entry = state["files"].get(rel)
-        if current is not None and entry is not None and sha256(current) != entry["patched"]:
-            path = session.tree.path(rel)
+        entry = record.files.get(rel)
+        if current is not None and entry is not None and sha256(current) != entry.patched:
+            path = snapshot.tree.path(rel)
             if not force:
                 raise PatchkitError(
                     f"{path}: runtime file edited after apply; nothing was reverted "
@@ -76,18 +81,16 @@ def sync_runtime(session: "Session", state: dict, patches: list["Patch"], mode: 
         if current != target:
             outcome.changed[rel] = (current, target)
         if target is None:
-            state["files"].pop(rel, None)
+            record.files.pop(rel, None)
         else:
-            state["files"].setdefault(rel, {"original": None, "patched": None})
-            state["files"][rel]["patched"] = sha256(target)
-    manifest = None
-    if patches:
-        manifest = vendoring.manifest_bytes(mode, session.tree.version, [p.id for p in patches], state["files"],
-                                            state.get("base_commit"))
-    current = session.read(vendoring.MANIFEST)
+            record.files[rel] = FileRecord(None, sha256(target))
+    # Patches in registry order (the state's JSON sorts keys): the manifest's bytes do not depend on history.
+    record.applied = {p.id: record.applied[p.id] for p in patches if p.id in record.applied}
+    manifest = vendoring.manifest_bytes(record) if patches else None
+    current = snapshot.read(vendoring.MANIFEST)
     if manifest != current:
         outcome.changed[vendoring.MANIFEST] = (current, manifest)
     if manifest is None:
-        state["files"].pop(vendoring.MANIFEST, None)
+        record.files.pop(vendoring.MANIFEST, None)
     else:
-        state["files"][vendoring.MANIFEST] = {"original": None, "patched": sha256(manifest)}
+        record.files[vendoring.MANIFEST] = FileRecord(None, sha256(manifest))

@@ -1,12 +1,17 @@
-"""Reading one sglang tree: what each patch's state is, and what a file becomes.
+"""Reading one sglang tree for one command: what each patch's state is, and
+what a file becomes.
 
-A ``Session`` holds one tree for one command: it reads and parses each target
-file at most once, detects each codemod's state (cached by file hash), and
-computes new file contents (``transform``, checked against every codemod's
-postcondition). It never writes the tree. The commands that change it are
-beside it, each one plan -> transform -> check -> commit: ``patchkit.apply``
-and ``patchkit.revert``, with ``patchkit.commit`` (the runtime folder, the
-write check, the transaction) and ``patchkit.merge`` (a user's edits).
+A command runs as read -> plan -> transform -> commit. ``locked_session``
+reads the tree once into a ``Snapshot`` (``patchkit.snapshot``: its files, the
+record of what patchkit did that agrees with the tree, a pending transaction)
+and wraps it in a ``Session``, which adds what a command computes from it:
+each codemod's finding (cached by file hash in ``.patchkit/cache.json``), the
+patch reports, and new file contents (``transform``, per file by the pure
+``patchkit.transform``, prepared in parallel by ``patchkit.parallel``). A
+session never writes the tree. The commands that change it plan and commit
+beside it: ``patchkit.apply`` and ``patchkit.revert``, with
+``patchkit.commit`` (the runtime folder, the write check, the transaction)
+and ``patchkit.merge`` (a user's edits).
 """
 
 from __future__ import annotations
@@ -17,11 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 import patchkit
-from patchkit import originals, registry, vendoring
-from patchkit.errors import PatchkitError
+from patchkit import originals, registry, transform, vendoring
 from patchkit.findings import Finding, State
-from patchkit.reconcile import Believed, reconcile
+from patchkit.record import Record
 from patchkit.registry import Patch
+from patchkit.snapshot import Snapshot, read_snapshot
 from patchkit.state import Store, sha256
 from patchkit.transform_cache import Entry, TransformCache
 from patchkit.tree import Tree, find_tree
@@ -106,64 +111,28 @@ def unified_diff(tree: Tree, rel: str, old: Optional[bytes], new: Optional[bytes
 
 
 class Session:
-    def __init__(self, tree: Tree, say: Callable[[str], None] = lambda s: None) -> None:
-        self.tree = tree
-        self.store = Store(tree.state_dir)
-        self.say = say
-        self._bytes: dict[str, Optional[bytes]] = {}
+    def __init__(self, snapshot: Snapshot, store: Store) -> None:
+        self.snapshot = snapshot
+        self.tree = snapshot.tree
+        self.record: Record = snapshot.record
+        self.store = store
         self._modules: dict[str, cst.Module] = {}
         self._cache_key = f"patchkit {patchkit.__version__}"
-        self._cache = self.store.load_cache(self._cache_key)
+        self._cache = store.load_cache(self._cache_key)
         self._cache_dirty = False
-        self.pending = self.store.pending()
-        self.believed = self._believe()
-        self.state = self.believed.state
-        self.from_manifest = self.believed.source == "manifest"
         self.transform_cache = TransformCache.default()
         self._prepared: dict[str, tuple[str, Entry]] = {}  # rel -> (sha256 of its source, entry)
         self.last_transformed: list[str] = []  # codemods the last transform() ran, in order
 
-    @classmethod
-    def open(cls, path: str | Path, say: Callable[[str], None] = lambda s: None) -> "Session":
-        return cls(find_tree(path), say)
-
     # -- reading ---------------------------------------------------------------
 
-    def _believe(self) -> Believed:
-        """The record of what patchkit did that agrees with the tree (see
-        ``patchkit.reconcile``): the local state, else the tracked manifest
-        (a clone of a patched fork: backups are recovered on demand)."""
-        local = self.store.load() if self.store.has_state() else None
-        data = self.read(vendoring.MANIFEST)
-        manifest = None if data is None else vendoring.read_manifest(data, str(self.tree.path(vendoring.MANIFEST)))
-        believed = reconcile(self.tree.version, local, manifest, self.current_sha)
-        if believed.source == "manifest":
-            for patch in registry.all_patches():
-                if patch.id in believed.state["applied"]:
-                    believed.state["applied"][patch.id]["files"] = [f for f in patch.files if f in believed.state["files"]]
-        return believed
-
-    def current_sha(self, rel: str) -> Optional[str]:
-        data = self.read(rel)
-        return None if data is None else sha256(data)
-
-    def notes(self) -> list[str]:
-        """Lines about the tree as a whole, for status and verify: a
-        transaction a killed run left, leftovers of an earlier base."""
-        lines = [] if self.pending is None else [self.pending.line()]
-        if self.believed.source == "leftovers":
-            lines.append(self._leftovers_line())
-        return lines
-
-    def _leftovers_line(self) -> str:
-        return (f"patchkit's files from sglang {self.believed.leftovers_of} are still here "
-                f"({len(self.believed.leftovers)} files: {vendoring.FOLDER}/, manifest included); "
-                "`patchkit revert` removes them, `patchkit apply` brings them up to date")
+    def read(self, rel: str) -> Optional[bytes]:
+        return self.snapshot.read(rel)
 
     def blob(self, digest: str, rel: str) -> bytes:
         """Backed-up bytes of ``rel``; in a clone (no backups travel through
         git) recovered from git history or the release, checked by sha256."""
-        if not self.store.has_blob(digest) and self.believed.source != "state":
+        if not self.store.has_blob(digest) and self.snapshot.believed.source != "state":
             data = originals.find(self.tree.path(rel), rel, digest, self.tree.version)
             self.store.put_blob(data)
             return data
@@ -171,34 +140,23 @@ class Session:
 
     @property
     def runtime_mode(self) -> str:
-        return self.state.get("runtime", vendoring.DEFAULT_MODE)
+        return self.record.runtime or vendoring.DEFAULT_MODE
 
     def runtime_info(self) -> Optional[dict]:
         """The runtime the applied patches use, for status and verify."""
-        if not self.state["applied"]:
+        if not self.record.applied:
             return None
         return {
             "mode": self.runtime_mode,
-            "api": self.state.get("runtime_api"),
-            "patchkit": self.state.get("patchkit", "?"),
+            "api": self.record.runtime_api,
+            "patchkit": self.record.patchkit or "?",
             "folder": vendoring.FOLDER,
-            "recorded_in": vendoring.MANIFEST if self.from_manifest else ".patchkit/state.json",
+            "recorded_in": ".patchkit/state.json" if self.snapshot.believed.source == "state" else vendoring.MANIFEST,
         }
-
-    def read(self, rel: str) -> Optional[bytes]:
-        if rel not in self._bytes:
-            path = self.tree.path(rel)
-            try:
-                self._bytes[rel] = path.read_bytes()
-            except FileNotFoundError:
-                self._bytes[rel] = None
-            except OSError as exc:
-                raise PatchkitError(f"{path}: cannot read ({exc.strerror})") from None
-        return self._bytes[rel]
 
     def module(self, rel: str) -> "cst.Module":
         if rel not in self._modules:
-            self._modules[rel] = _parse(self.read(rel), self.tree.path(rel))
+            self._modules[rel] = transform.parse(self.read(rel), self.tree.path(rel))
         return self._modules[rel]
 
     def detect(self, rel: str, codemod: "CodemodRef") -> Finding:
@@ -209,18 +167,13 @@ class Session:
         assert data is not None
         key = f"{registry.codemod_name(codemod)}|{sha256(data)}"
         if key in self._cache:
-            state, anchor, detail = self._cache[key]
-            return Finding(State(state), anchor, detail)
-        codemod = registry.load_codemod(codemod)
-        for needle in codemod.REQUIRED_TEXT:
-            if needle.encode() not in data:
-                return Finding.missing(needle, f"{needle} does not occur in the file")
-        finding = codemod().detect(self.module(rel))
+            return Finding.from_list(self._cache[key])
+        finding = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
         self._remember(key, finding)
         return finding
 
     def _remember(self, key: str, finding: Finding) -> None:
-        self._cache[key] = [finding.state.value, finding.anchor, finding.detail]
+        self._cache[key] = finding.as_list()
         self._cache_dirty = True
 
     def save_cache(self) -> None:
@@ -246,7 +199,7 @@ class Session:
                 name = registry.codemod_name(ref)
                 report.results.append(CodemodResult(target.file, name, self.detect(target.file, ref)))
         states = {r.finding.state for r in report.results}
-        applied_by_us = patch.id in self.state["applied"]
+        applied_by_us = patch.id in self.record.applied
         if State.MISSING in states:
             first = report.missing[0]
             report.state = NOT_APPLICABLE
@@ -262,6 +215,8 @@ class Session:
             report.state = PARTIAL
             todo = [r for r in report.results if r.finding.state is State.TODO]
             report.reason = "still to do: " + ", ".join(f"{r.file}: {r.finding.anchor}" for r in todo)
+        # Parts a fork does its own way: said once, with where and why.
+        report.notes.extend(dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in report.results if r.finding.by_tree))
         if applied_by_us and report.state != APPLIED:
             report.notes.append("recorded as applied by patchkit, but the tree no longer has all of it")
         if report.state == APPLIED:
@@ -274,7 +229,7 @@ class Session:
         """Runtime files of ``patch`` that differ from what this patchkit writes."""
         if not patch.runtime:
             return []
-        if self.legacy():
+        if self.record.legacy:
             return [LEGACY]
         mine = vendoring.runtime_files([patch], self.runtime_mode)
         # Shared files (package __init__s) carry every applied patch's name.
@@ -282,18 +237,14 @@ class Session:
         reasons = [why for rel in mine if (why := vendoring.stale_reason(rel, self.read(rel), wanted[rel]))]
         if self.runtime_mode == "package":
             installed = vendoring.installed_runtime_api()
-            recorded = self.state.get("runtime_api")
+            recorded = self.record.runtime_api
             if installed != recorded:
                 reasons.append(f"patched against runtime API {recorded}; the installed patchkit runtime provides "
                                + (f"API {installed}" if installed is not None else "none (not importable)"))
         return reasons
 
-    def legacy(self) -> bool:
-        """Patched by patchkit 0.1, whose patched code imports patchkit.runtime."""
-        return bool(self.state["applied"]) and "runtime" not in self.state
-
     def applied_patches(self, ids: Optional[Iterable[str]] = None) -> list[Patch]:
-        ids = set(self.state["applied"] if ids is None else ids)
+        ids = set(self.record.applied if ids is None else ids)
         return [p for p in registry.all_patches() if p.id in ids]
 
     def reports(self, patches: Optional[Iterable[Patch]] = None) -> list[PatchReport]:
@@ -308,39 +259,17 @@ class Session:
         prepared = self.prepared(rel, source, codemods)
         if prepared is not None:
             return prepared
-        from libcst.codemod import CodemodContext
-
-        from patchkit.codemods.primitives import add_needed_imports
-
-        self.last_transformed = []
         on_disk = source == self.read(rel)
-        module = self.module(rel) if on_disk else _parse(source, self.tree.path(rel))
-        context = CodemodContext(filename=rel)
-        instances = [registry.load_codemod(codemod)(context) for codemod in codemods]
-        for inst in instances:
-            # Until a codemod changes the tree, `status` already detected (and
-            # cached) each finding for these very bytes: don't detect twice.
-            finding = self.detect(rel, type(inst)) if on_disk else inst.detect(module)
-            if finding.state is State.MISSING:
-                raise PatchkitError(f"{self.tree.path(rel)}: anchor {finding.anchor} missing: {finding.detail}")
-            if finding.state is State.TODO:
-                module = inst.transform_module(module)
-                self.last_transformed.append(inst.name())
-                on_disk = False
-        module = add_needed_imports(module, context)
-        new = module.bytes
-        for inst in instances:
-            after = inst.detect(module)
-            if after.state not in (State.DONE, State.SUPERSEDED):
-                raise PatchkitError(
-                    f"{self.tree.path(rel)}: {inst.name()} did not reach its postcondition ({after.anchor}: {after.detail})"
-                )
-            self._remember(f"{inst.name()}|{sha256(new)}", after)
-        try:
-            compile(new, str(self.tree.path(rel)), "exec", dont_inherit=True)
-        except SyntaxError as exc:  # a codemod bug, never the user's input
-            raise PatchkitError(f"{self.tree.path(rel)}:{exc.lineno}: patched code does not compile: {exc.msg}") from None
-        return new
+        module = self.module(rel) if on_disk else transform.parse(source, self.tree.path(rel))
+        classes = [registry.load_codemod(codemod) for codemod in codemods]
+        # `status` already detected (and cached) each finding for the bytes on disk: don't detect twice.
+        known = [self.detect(rel, c) for c in classes] if on_disk else []
+        result = transform.run(rel, self.tree.path(rel), module, classes, known)
+        digest = sha256(result.new)
+        for name, finding in result.after.items():
+            self._remember(f"{name}|{digest}", finding)
+        self.last_transformed = result.transformed
+        return result.new
 
     def codemods_for(self, rel: str, patches: Iterable[Patch]) -> list["CodemodRef"]:
         """The codemods (classes or ``module:Class`` references, imported when
@@ -369,7 +298,8 @@ class Session:
             known = [self._cache.get(f"{registry.codemod_name(r)}|{digest}") for g in groups for r in g]
             if any(k is None or k[0] == State.TODO.value for k in known):
                 need[rel] = groups
-        for rel, entry in parallel.prepare(self, need).items():
+        jobs = {rel: (self.tree.path(rel), self.read(rel), groups) for rel, groups in need.items()}
+        for rel, entry in parallel.prepare(jobs, self.transform_cache).items():
             digest = sha256(self.read(rel))
             for name, finding in entry.before.items():
                 self._cache.setdefault(f"{name}|{digest}", finding)
@@ -402,26 +332,10 @@ class Session:
     def diff_against_original(self) -> str:
         out = []
         # Changed files first, then the ones patchkit added (as apply lists them).
-        for rel, entry in sorted(self.state["files"].items(), key=lambda item: (item[1]["original"] is None, item[0])):
-            original = None if entry["original"] is None else self.blob(entry["original"], rel)
+        for rel, entry in sorted(self.record.files.items(), key=lambda item: (item[1].original is None, item[0])):
+            original = None if entry.original is None else self.blob(entry.original, rel)
             out.append(unified_diff(self.tree, rel, original, self.read(rel)))
         return "".join(out)
-
-
-def _parse(source: bytes, path: Path) -> "cst.Module":
-    """One file's libcst tree; what cannot be parsed is one line naming the file."""
-    import libcst as cst
-
-    try:
-        return cst.parse_module(source)
-    except cst.ParserSyntaxError as exc:
-        raise PatchkitError(f"{path}:{exc.raw_line}: syntax error, cannot patch ({exc.message})") from None
-    except UnicodeDecodeError as exc:
-        line = source[: exc.start].count(b"\n") + 1
-        raise PatchkitError(
-            f"{path}:{line}: byte 0x{source[exc.start]:02x} is not {exc.encoding.upper()}, cannot patch "
-            "(fix the byte, or declare the file's encoding in a coding line; nothing was changed)"
-        ) from None
 
 
 class locked_session:
@@ -448,8 +362,8 @@ class locked_session:
             self._lock.__enter__()
         if self.verb:
             store.recover(self.verb, self.tree.package, self.say)
-        session = Session(self.tree, self.say)
-        why = session.believed.disbelieved
+        session = Session(read_snapshot(self.tree, store), store)
+        why = session.snapshot.believed.disbelieved
         if why and self.verb and store.has_state():
             kept = store.set_aside()
             self.say(f"local state .patchkit/state.json set aside ({why}): kept as "

@@ -52,25 +52,25 @@ class Series:
 
 def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[float] = None) -> Series:
     """The series for the patches patchkit applied to ``session``'s tree."""
-    state = session.state
+    record = session.record
     series = Series()
     applied: list[Patch] = []
     for patch in registry.all_patches():
-        if patch.id in state["applied"]:
+        if patch.id in record.applied:
             applied.append(patch)
     # Notes for what is not exported (native upstream, not applied, ...).
-    reports = {r.patch.id: r for r in session.reports([p for p in registry.all_patches() if p.id not in state["applied"]])}
+    reports = {r.patch.id: r for r in session.reports([p for p in registry.all_patches() if p.id not in record.applied])}
     for pid, report in reports.items():
         why = "native upstream in this tree" if report.state == NATIVE else f"{report.state}, not applied by patchkit"
         series.notes.append(f"skipped {pid}: {why}")
-    for pid in state["applied"]:
+    for pid in record.applied:
         if all(p.id != pid for p in registry.all_patches()):
             series.notes.append(f"skipped {pid}: applied by patchkit but unknown to this version (not exported)")
 
     # Files patchkit changed; the ones it created (runtime folder, manifest) follow below.
-    files = {rel: entry for rel, entry in state["files"].items() if entry["original"] is not None}
+    files = record.changed()
     # Current (cumulative) text of each touched file as the series goes.
-    current: dict[str, Optional[bytes]] = {rel: session.blob(entry["original"], rel) for rel, entry in files.items()}
+    current: dict[str, Optional[bytes]] = {rel: session.blob(entry.original, rel) for rel, entry in files.items()}
     originals = dict(current)
     last_touch: dict[str, int] = {}
     for k, patch in enumerate(applied):
@@ -82,7 +82,7 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
         diffs, paths = [], []
         for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files):
             if last_touch[rel] == k:
-                new = session.blob(files[rel]["patched"], rel)
+                new = session.blob(files[rel].patched, rel)
                 computed = session.transform(rel, originals[rel], session.codemods_for(rel, applied[: k + 1]))
                 if computed != new:
                     series.notes.append(
@@ -129,11 +129,9 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
 def _as_written(session: Session, computed: dict[str, bytes], series: Series) -> dict[str, bytes]:
     """The runtime files and manifest as patchkit wrote them into the tree."""
     out = dict(computed)
-    for rel, entry in session.state["files"].items():
-        if entry["original"] is not None:
-            continue
+    for rel in session.record.created():
         on_disk = session.read(rel)
-        if on_disk is not None and hashlib.sha256(on_disk).hexdigest() == entry["patched"]:
+        if on_disk is not None and hashlib.sha256(on_disk).hexdigest() == session.record.files[rel].patched:
             out[rel] = on_disk
         elif rel not in out:
             series.notes.append(f"{session.tree.repo_path(rel)}: edited or missing since apply; not exported")

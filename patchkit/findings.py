@@ -23,18 +23,30 @@ class Finding:
     state: State
     anchor: str = ""
     detail: str = ""
+    # Done or superseded by this tree's own code (a fork that does it its own
+    # way), not by patchkit or upstream: the patch's report says so in a note.
+    by_tree: bool = False
 
     @classmethod
     def todo(cls, anchor: str, detail: str = "") -> "Finding":
         return cls(State.TODO, anchor, detail)
 
     @classmethod
-    def done(cls, anchor: str, detail: str = "") -> "Finding":
-        return cls(State.DONE, anchor, detail)
+    def done(cls, anchor: str, detail: str = "", by_tree: bool = False) -> "Finding":
+        return cls(State.DONE, anchor, detail, by_tree)
 
     @classmethod
-    def superseded(cls, anchor: str, detail: str) -> "Finding":
-        return cls(State.SUPERSEDED, anchor, detail)
+    def superseded(cls, anchor: str, detail: str, by_tree: bool = False) -> "Finding":
+        return cls(State.SUPERSEDED, anchor, detail, by_tree)
+
+    def as_list(self) -> list:
+        """The cached form (detection and transform caches)."""
+        return [self.state.value, self.anchor, self.detail, self.by_tree]
+
+    @classmethod
+    def from_list(cls, cached: list) -> "Finding":
+        # Entries written before ``by_tree`` existed have three items.
+        return cls(State(cached[0]), *cached[1:])
 
     @classmethod
     def missing(cls, anchor: str, detail: str) -> "Finding":

@@ -77,7 +77,7 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
             step = "standalone"
             # The patched tree imports without patchkit: nothing imports it, and
             # the runtime folder imports with the standard library alone.
-            found = vendoring.patchkit_imports(tree, [rel for rel in session.state["files"] if rel.endswith(".py")])
+            found = vendoring.patchkit_imports(tree, [rel for rel in session.record.files if rel.endswith(".py")])
             ok, error = (vendoring.import_in_isolation(tree) if (tree / vendoring.FOLDER / "__init__.py").exists()
                          else (True, ""))
             row["standalone"] = not found and ok

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from patchkit.errors import PatchkitError
 
 if TYPE_CHECKING:
-    from patchkit.engine import Outcome, Session
+    from patchkit.engine import Outcome
 
 
 def three_way_merge(ours: bytes, base: bytes, theirs: bytes) -> tuple[bytes, bool]:
@@ -35,25 +35,25 @@ def three_way_merge(ours: bytes, base: bytes, theirs: bytes) -> tuple[bytes, boo
     return proc.stdout, proc.returncode == 0
 
 
-def original_with_user_edits(session: "Session", rel: str, current: bytes, entry: dict) -> bytes:
-    """Apply over a file edited since an earlier apply: the backup with those edits."""
-    original = session.blob(entry["original"], rel)
-    merged, clean = three_way_merge(current, session.blob(entry["patched"], rel), original)
+def original_with_user_edits(path: Path, current: bytes, patched: bytes, original: bytes) -> bytes:
+    """Apply over a file edited since an earlier apply (``current``, where
+    patchkit wrote ``patched``): the backup ``original`` with those edits."""
+    merged, clean = three_way_merge(current, patched, original)
     if not clean:
         raise PatchkitError(
-            f"{session.tree.path(rel)}: edited after an earlier apply, overlapping patched code; "
+            f"{path}: edited after an earlier apply, overlapping patched code; "
             "revert (or undo the edits) before applying more patches to it"
         )
     return merged
 
 
-def keep_user_edits(session: "Session", rel: str, current: bytes, entry: dict, target: bytes, force: bool,
+def keep_user_edits(path: Path, current: bytes, patched: bytes, target: bytes, force: bool,
                     outcome: "Outcome") -> bytes:
-    """Revert over a file edited since apply: ``target`` (the reverted text)
-    with the user's edits, or, where they overlap the patch, an error (with
-    ``force``: ``target``, the edited file kept as a blob)."""
-    path = session.tree.path(rel)
-    merged, clean = three_way_merge(current, session.blob(entry["patched"], rel), target)
+    """Revert over a file edited since apply (``current``, where patchkit
+    wrote ``patched``): ``target`` (the reverted text) with the user's edits,
+    or, where they overlap the patch, an error (with ``force``: ``target``,
+    the edited file kept as a blob)."""
+    merged, clean = three_way_merge(current, patched, target)
     if clean:
         outcome.messages.append(f"{path}: kept your edits made after apply (3-way merge)")
         return merged

@@ -471,6 +471,15 @@ def render(fmt: str, tree: Tree, reports: list[PatchReport], locator: Locator, v
     if broken:
         text += "\n" + "\n".join(f"  {r.patch.id}: {line}" for r in broken
                                   for line in failure_text(r, locator).splitlines())
+    text += "\n" + audit_line(tree, reports)
     if pending:
         return text + "\n" + "verify: FAILED (an interrupted transaction is pending)"
     return text + "\n" + ("verify: OK" if not failed else f"verify: FAILED ({', '.join(r.patch.id for r in failed)})")
+
+
+def audit_line(tree: Tree, reports: list[PatchReport]) -> str:
+    """verify's one line about ``patchkit audit``: how many reads of the CPU
+    mirror would read None or stale numbers once the mirror is dropped."""
+    from patchkit.audit import audit_tree, verify_line
+
+    return "  " + verify_line(audit_tree(tree.package))

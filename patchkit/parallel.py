@@ -4,10 +4,11 @@ shared transform cache (``patchkit.transform_cache``).
 
 Files are independent: the engine parses each once and runs every codemod for
 it on that one tree. So before ``apply`` decides what to do, ``prepare`` runs,
-per file, exactly the engine's own code (``Session.detect`` then
-``Session.transform``, in a forked copy of the session) with the codemods of
-every selected patch, grouped by patch; a patch group with a missing anchor in
-the file is left out (that patch will be reported not applicable). The plan
+per file, exactly the engine's own per-file code (``patchkit.transform``:
+detect, then run) with the codemods of every selected patch, grouped by
+patch; a patch group with a missing anchor in the file is left out (that
+patch will be reported not applicable). It is handed values (each file's
+path, bytes and codemods) and hands back values: it knows no session. The plan
 then uses a prepared result only where it is provably what the serial engine
 would compute (see ``Session.prepared``); anything else, and every error, goes
 through the serial path, which raises the precise message. The commit stays
@@ -20,21 +21,21 @@ import contextlib
 import gc
 import os
 import sys
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
 
-from patchkit.findings import State
 from patchkit.state import sha256
 from patchkit.transform_cache import Entry, TransformCache, cacheable
 
-if TYPE_CHECKING:
-    from patchkit.engine import Session
+# A file to prepare: its path (for messages), bytes and codemod refs grouped by patch.
+Job = tuple[Path, bytes, Sequence[Sequence]]
 
-# The session the forked workers compute with (set in the parent just before
-# the pool forks; each worker has its own copy-on-write copy of it).
-_SESSION: Optional["Session"] = None
+# The jobs the forked workers compute (set in the parent just before the pool
+# forks; each worker has its own copy-on-write copy of them).
+_JOBS: dict[str, Job] = {}
 
 
-def jobs() -> int:
+def jobs_wanted() -> int:
     """Worker processes: ``PATCHKIT_JOBS``, else the CPUs this process may use."""
     from patchkit import settings
 
@@ -47,41 +48,46 @@ def jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def compute(session: "Session", rel: str, groups: Sequence[Sequence]) -> Optional[Entry]:
+def compute(rel: str, job: Job) -> Optional[Entry]:
     """Detection and transform of one file as the serial engine does them.
     None if anything fails (the serial path will raise the precise error)."""
-    from patchkit import registry
+    from patchkit import registry, transform
     from patchkit.errors import PatchkitError
+    from patchkit.findings import State
 
+    path, source, groups = job
     try:
-        source = session.read(rel)
-        if source is None:
-            return None
+        module = None
+
+        def parsed():
+            nonlocal module
+            if module is None:
+                module = transform.parse(source, path)
+            return module
+
         names = [[registry.codemod_name(r) for r in group] for group in groups]
-        before: dict[str, list] = {}
-        for group in groups:
-            for ref in group:
-                f = session.detect(rel, ref)
-                before[registry.codemod_name(ref)] = [f.state.value, f.anchor, f.detail]
-        effective = [i for i, group in enumerate(names) if all(before[n][0] != State.MISSING.value for n in group)]
+        found = {registry.codemod_name(r): transform.detect(rel, source, parsed, registry.load_codemod(r))
+                 for group in groups for r in group}
+        before = {name: f.as_list() for name, f in found.items()}
+        effective = [i for i, group in enumerate(names) if all(found[n].state is not State.MISSING for n in group)]
         entry = Entry(before, [names[i] for i in effective])
         if effective:
+            refs = [r for i in effective for r in groups[i]]
             try:
-                new = session.transform(rel, source, [registry.load_codemod(r) for i in effective for r in groups[i]])
+                result = transform.run(rel, path, parsed(), [registry.load_codemod(r) for r in refs],
+                                       [found[registry.codemod_name(r)] for r in refs])
             except PatchkitError:
                 return entry  # no usable transform: the serial path raises it
-            digest = sha256(new)
-            entry.new = new
-            entry.after = {n: session._cache[f"{n}|{digest}"] for g in entry.groups for n in g}
-            entry.transformed = tuple(session.last_transformed)
+            entry.new = result.new
+            entry.after = {n: f.as_list() for n, f in result.after.items()}
+            entry.transformed = tuple(result.transformed)
         return entry
     except Exception:  # noqa: BLE001 - a worker never decides an error; the serial path does
         return None
 
 
-def _work(rel: str, groups: Sequence[Sequence]) -> Optional[Entry]:
-    assert _SESSION is not None
-    return compute(_SESSION, rel, groups)
+def _work(rel: str) -> Optional[Entry]:
+    return compute(rel, _JOBS[rel])
 
 
 @contextlib.contextmanager
@@ -98,20 +104,17 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def prepare(session: "Session", files: dict[str, list[list]]) -> dict[str, Entry]:
-    """Entries for ``files`` (rel -> codemod refs grouped by patch): from the
-    transform cache where it has them, else computed (in parallel when more
-    than one file needs it). New results are stored in the cache."""
-    global _SESSION
-    cache = session.transform_cache
-    out: dict[str, Entry] = {}
-    todo: list[tuple[str, list[list], Optional[str]]] = []
+def prepare(jobs: dict[str, Job], cache: TransformCache) -> dict[str, Entry]:
+    """Entries for ``jobs`` (rel -> path, bytes, codemod refs grouped by
+    patch): from the transform cache where it has them, else computed (in
+    parallel when more than one file needs it). New results are stored in the
+    cache."""
+    global _JOBS
     from patchkit import registry
 
-    for rel, groups in files.items():
-        source = session.read(rel)
-        if source is None:
-            continue
+    out: dict[str, Entry] = {}
+    todo: list[tuple[str, Optional[str]]] = []
+    for rel, (_, source, groups) in jobs.items():
         key = None
         if cache.enabled and cacheable([r for g in groups for r in g]):
             key = cache.key(sha256(source), [[registry.codemod_name(r) for r in g] for g in groups])
@@ -119,51 +122,51 @@ def prepare(session: "Session", files: dict[str, list[list]]) -> dict[str, Entry
             if entry is not None:
                 out[rel] = entry
                 continue
-        todo.append((rel, groups, key))
+        todo.append((rel, key))
     if not todo:
         return out
     # Biggest files first: the pool ends when its longest file does.
-    todo.sort(key=lambda job: -len(session.read(job[0]) or b""))
+    todo.sort(key=lambda job: -len(jobs[job[0]][1]))
     import multiprocessing
 
-    workers = min(jobs(), len(todo))
+    workers = min(jobs_wanted(), len(todo))
     if multiprocessing.current_process().daemon:
         workers = 1  # a daemonic worker (e.g. of a multiprocessing.Pool) may not fork workers of its own
     if "fork" not in multiprocessing.get_all_start_methods() or sys.platform == "darwin":
-        workers = 1  # workers inherit the session by fork; macOS's system libraries are not fork-safe
+        workers = 1  # workers inherit the jobs by fork; macOS's system libraries are not fork-safe
     results: dict[str, Optional[Entry]] = {}
     if workers <= 1:
         with _no_gc():
-            for rel, groups, _ in todo:
-                results[rel] = compute(session, rel, groups)
+            for rel, _ in todo:
+                results[rel] = compute(rel, jobs[rel])
     else:
         from concurrent.futures import ProcessPoolExecutor
 
         # Import what the workers need once, here, so every fork inherits it.
-        for _, groups, _ in todo:
-            for group in groups:
+        for rel, _ in todo:
+            for group in jobs[rel][2]:
                 for ref in group:
                     registry.load_codemod(ref)
         import libcst  # noqa: F401
 
-        _SESSION = session
+        _JOBS = jobs
         # What the parent holds stays out of every collection in the workers
         # (no copy-on-write of its pages for the GC's bookkeeping).
         gc.freeze()
         try:
             with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                      initializer=gc.disable) as pool:
-                futures = {rel: pool.submit(_work, rel, groups) for rel, groups, _ in todo}
+                futures = {rel: pool.submit(_work, rel) for rel, _ in todo}
                 for rel, future in futures.items():
                     try:
                         results[rel] = future.result()
                     except Exception:  # noqa: BLE001 - a dead worker: compute it here
                         with _no_gc():
-                            results[rel] = compute(session, rel, [g for r, g, _ in todo if r == rel][0])
+                            results[rel] = compute(rel, jobs[rel])
         finally:
-            _SESSION = None
+            _JOBS = {}
             gc.unfreeze()
-    for rel, groups, key in todo:
+    for rel, key in todo:
         entry = results.get(rel)
         if entry is None:
             continue

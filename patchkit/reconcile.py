@@ -25,67 +25,54 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from patchkit import vendoring
-from patchkit.state import STATE_FORMAT
-
-
-def empty_state(version: str) -> dict:
-    return {"format": STATE_FORMAT, "applied": {}, "files": {}, "sglang": version}
+from patchkit.record import FileRecord, Record
 
 
 @dataclass(frozen=True)
 class Believed:
-    state: dict
+    record: Record
     source: str  # state | manifest | leftovers | none
     disbelieved: Optional[str] = None  # why the local state is not believed
     leftovers_of: Optional[str] = None  # the release a leftover manifest was made on
     leftovers: list[str] = field(default_factory=list)
 
 
-def reconcile(version: str, local: Optional[dict], manifest: Optional[dict],
+def reconcile(version: str, local: Optional[Record], manifest: Optional[Record],
               current_sha: Callable[[str], Optional[str]]) -> Believed:
     """The record to believe for a tree of sglang ``version``; ``current_sha``
     gives the sha256 of a file of the tree now (None: absent)."""
-    if manifest is not None and manifest.get("sglang") not in (None, version):
-        leftovers = [rel for rel, f in manifest["files"].items() if f["before"] is None and current_sha(rel)]
+    if manifest is not None and manifest.sglang not in (None, version):
+        leftovers = [rel for rel, f in manifest.files.items() if f.original is None and current_sha(rel)]
         leftovers.append(vendoring.MANIFEST)
-        state = empty_state(version)
-        state["files"] = {rel: {"original": None, "patched": current_sha(rel)} for rel in leftovers}
-        why = None
-        if _nonempty(local):
-            why = _disbelief(version, local, manifest, current_sha)
-        return Believed(state, "leftovers", why, manifest["sglang"], sorted(leftovers))
+        record = Record(sglang=version, files={rel: FileRecord(None, current_sha(rel)) for rel in leftovers})
+        why = _disbelief(version, local, manifest, current_sha) if local is not None and not local.empty else None
+        return Believed(record, "leftovers", why, manifest.sglang, sorted(leftovers))
     why = _disbelief(version, local, manifest, current_sha) if local is not None else None
     if local is not None and why is None:
         return Believed(local, "state")
     if manifest is not None:
-        return Believed(vendoring.state_from_manifest(manifest), "manifest", why)
-    return Believed(empty_state(version), "none", why)
+        return Believed(manifest, "manifest", why)
+    return Believed(Record(sglang=version), "none", why)
 
 
-def _nonempty(state: Optional[dict]) -> bool:
-    return bool(state and (state["applied"] or state["files"]))
-
-
-def _disbelief(version: str, local: dict, manifest: Optional[dict],
+def _disbelief(version: str, local: Record, manifest: Optional[Record],
                current_sha: Callable[[str], Optional[str]]) -> Optional[str]:
     """Why ``local`` does not describe the tree, or None when it does."""
-    made_on = local.get("sglang")
-    if made_on and made_on != version:
-        return f"it was made on sglang {made_on} and the tree is now sglang {version}"
+    if local.sglang and local.sglang != version:
+        return f"it was made on sglang {local.sglang} and the tree is now sglang {version}"
     if manifest is not None:
-        if manifest.get("sglang") not in (None, version):
-            return f"it was made on sglang {manifest['sglang']} and the tree is now sglang {version}"
+        if manifest.sglang not in (None, version):
+            return f"it was made on sglang {manifest.sglang} and the tree is now sglang {version}"
         if not agrees(local, manifest):
             return "it disagrees with the tree's manifest (srt/_patchkit/manifest.json), which is tracked by git"
         return None
-    changed = {rel: e for rel, e in local["files"].items() if e["original"] is not None}
-    if local["applied"] and changed and not any(current_sha(rel) == e["patched"] for rel, e in changed.items()):
+    changed = local.changed()
+    if local.applied and changed and not any(current_sha(rel) == f.patched for rel, f in changed.items()):
         return "the tree holds none of the patched bytes it records, and no manifest"
     return None
 
 
-def agrees(local: dict, manifest: dict) -> bool:
+def agrees(local: Record, manifest: Record) -> bool:
     """Do the local state and the manifest record the same patches and bytes?"""
-    mine = {rel: (e["original"], e["patched"]) for rel, e in local["files"].items() if rel != vendoring.MANIFEST}
-    theirs = {rel: (f["before"], f["after"]) for rel, f in manifest["files"].items()}
-    return set(local["applied"]) == set(manifest["patches"]) and mine == theirs
+    mine = {rel: f for rel, f in local.files.items() if rel != vendoring.MANIFEST}
+    return set(local.applied) == set(manifest.applied) and mine == manifest.files

@@ -9,13 +9,12 @@ transaction; nothing of patchkit's is left once the last patch goes.
 
 from __future__ import annotations
 
-import copy
-
 from patchkit import registry
 from patchkit.commit import check_writable, commit, sync_runtime
 from patchkit.engine import Outcome, Session
 from patchkit.errors import PatchkitError
 from patchkit.merge import keep_user_edits
+from patchkit.record import Record
 from patchkit.state import sha256
 
 
@@ -23,50 +22,50 @@ def revert_patches(session: Session, ids: list[str], cascade: bool = False, forc
                    dry_run: bool = False) -> Outcome:
     """Revert ``ids`` (every applied patch when empty)."""
     outcome = Outcome([])
-    chosen = plan_revert(session, ids, cascade, outcome)
+    chosen = plan_revert(session.record, ids, cascade, outcome)
     applied = session.applied_patches()
     remaining = [p for p in applied if p.id not in chosen]
-    files = [f for pid in chosen for f in session.state["applied"][pid]["files"] if f in session.state["files"]]
+    files = [f for pid in chosen for f in session.record.applied[pid] if f in session.record.files]
     files = list(dict.fromkeys(files))
     check_writable(session.tree, files)
-    state = copy.deepcopy(session.state)
+    record = session.record.copy()
     for rel in files:
-        entry = session.state["files"][rel]
+        entry = session.record.files[rel]
         current = session.read(rel) or b""
-        original = session.blob(entry["original"], rel)
+        original = session.blob(entry.original, rel)
         still = session.codemods_for(rel, remaining)
         target = session.transform(rel, original, still) if still else original
-        if sha256(current) != entry["patched"]:
-            target = keep_user_edits(session, rel, current, entry, target, force, outcome)
+        if sha256(current) != entry.patched:
+            target = keep_user_edits(session.tree.path(rel), current, session.blob(entry.patched, rel), target,
+                                     force, outcome)
         if target != current:
             outcome.changed[rel] = (current, target)
         if still:
-            state["files"][rel]["patched"] = outcome.keep(target)
+            record.files[rel].patched = outcome.keep(target)
         else:
-            del state["files"][rel]
+            del record.files[rel]
     for pid in chosen:
-        del state["applied"][pid]
+        del record.applied[pid]
     # Leftovers of an earlier base (a runtime folder and manifest, no patch
     # applied to this release) go with a plain `revert` too.
-    leftovers = not ids and session.believed.source == "leftovers"
+    leftovers = not ids and session.snapshot.believed.source == "leftovers"
     if chosen or leftovers:
-        sync_runtime(session, state, remaining, session.runtime_mode, outcome, force=force)
-        if not state["applied"]:
-            for key in ("runtime", "runtime_api", "patchkit", "base_commit"):
-                state.pop(key, None)
+        sync_runtime(session.snapshot, record, remaining, outcome, force=force)
+        if not record.applied:
+            record.forget_runtime()
     if leftovers:
-        outcome.messages.append(f"removed patchkit's files left from sglang {session.believed.leftovers_of}")
+        outcome.messages.append(f"removed patchkit's files left from sglang {session.snapshot.believed.leftovers_of}")
     order = [p.id for p in applied]
     outcome.done = sorted(chosen, key=order.index)
     if not dry_run and (chosen or leftovers):
-        commit(session, "revert", outcome, state)
+        commit(session, "revert", outcome, record)
     return outcome
 
 
-def plan_revert(session: Session, ids: list[str], cascade: bool, outcome: Outcome) -> set[str]:
+def plan_revert(record: Record, ids: list[str], cascade: bool, outcome: Outcome) -> set[str]:
     """The patch ids to revert: those asked for that patchkit applied, plus
     (with ``cascade``) the applied patches that require them."""
-    applied = session.state["applied"]
+    applied = record.applied
     chosen = {registry.get(i).id for i in ids} if ids else set(applied)
     for pid in sorted(chosen - set(applied)):
         outcome.skipped.append((pid, "not applied by patchkit"))

@@ -33,9 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from patchkit.errors import PatchkitError
-
-STATE_FORMAT = 1
-
+from patchkit.record import Record
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -138,23 +136,22 @@ class Store:
     def has_state(self) -> bool:
         return (self.folder / "state.json").exists()
 
-    def load(self) -> dict:
+    def load(self) -> Optional[Record]:
+        """The local record, or None where there is none."""
         path = self.folder / "state.json"
         if not path.exists():
-            return {"format": STATE_FORMAT, "applied": {}, "files": {}}
+            return None
         try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-            fmt = state["format"]
-            state["applied"], state["files"]  # noqa: B018 - shape check
-        except (ValueError, KeyError, TypeError):
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
             raise PatchkitError(f"{path}: corrupt patchkit state (not the expected JSON)") from None
-        if fmt > STATE_FORMAT:
-            raise PatchkitError(f"{path}: written by a newer patchkit (state format {fmt}); upgrade patchkit")
-        return state
+        if not isinstance(doc, dict):
+            raise PatchkitError(f"{path}: corrupt patchkit state (not the expected JSON)")
+        return Record.from_state(doc, str(path))
 
-    def save(self, state: dict) -> None:
+    def save(self, record: Record) -> None:
         self.ensure_folder()
-        atomic_write(self.folder / "state.json", _dumps(state))
+        atomic_write(self.folder / "state.json", _dumps(record.to_state()))
 
     def set_aside(self) -> Path:
         """Move ``state.json`` out of the way (kept, never deleted), for a
@@ -187,7 +184,7 @@ class Store:
         return self.folder / "journal.json"
 
     def commit(self, verb: str, root: Path, changes: dict[str, tuple[Optional[bytes], Optional[bytes]]],
-               old_state: dict, state: dict) -> None:
+               old_record: Record, new_record: Record) -> None:
         """Write files and the new state as one transaction.
 
         changes: relpath -> (bytes on disk now, new bytes); None: no such
@@ -201,12 +198,13 @@ class Store:
             for rel, (old, new) in changes.items()
         ]
         with held_signals():
-            atomic_write(self.journal, _dumps({"verb": verb, "files": entries, "old_state": old_state, "state": state}))
+            atomic_write(self.journal, _dumps({"verb": verb, "files": entries, "old_state": old_record.to_state(),
+                                               "state": new_record.to_state()}))
             crash_point("journal")
-            for rel, (_, new) in changes.items():
-                _write_or_remove(root, rel, new)
+            for rel, (_, data) in changes.items():
+                _write_or_remove(root, rel, data)
                 crash_point("file")
-            self.save(state)
+            self.save(new_record)
             crash_point("state")
             self.journal.unlink()
             _fsync_dir(self.folder)
@@ -215,12 +213,14 @@ class Store:
         """The transaction a killed run left behind, if any."""
         if not self.journal.exists():
             return None
+        where = str(self.journal)
         try:
             journal = json.loads(self.journal.read_text(encoding="utf-8"))
-            entries, state = journal["files"], journal["state"]
-        except (OSError, ValueError, KeyError, TypeError):
+            entries, state, old = journal["files"], journal["state"], journal.get("old_state")
+            return Pending(journal.get("verb", "apply"), entries, Record.from_state(state, where),
+                           None if old is None else Record.from_state(old, where))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, PatchkitError):
             raise PatchkitError(f"{self.journal}: corrupt transaction journal; inspect it, then remove it") from None
-        return Pending(journal.get("verb", "apply"), entries, state, journal.get("old_state"))
 
     def recover(self, verb: str, root: Path, say: Callable[[str], None]) -> None:
         """Settle a transaction a killed run left behind: the same command
@@ -284,8 +284,8 @@ class Pending:
 
     verb: str  # apply | revert
     files: list[dict]  # {"file", "before", "after"}: sha256 or None
-    state: dict
-    old_state: Optional[dict]
+    state: Record
+    old_state: Optional[Record]
 
     def line(self) -> str:
         other = "revert" if self.verb == "apply" else "apply"

@@ -31,6 +31,7 @@ from typing import Iterable, Optional
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError
+from patchkit.record import Record
 
 MODES = ("vendored", "package")
 DEFAULT_MODE = "vendored"
@@ -38,7 +39,6 @@ DEFAULT_MODE = "vendored"
 FOLDER = "srt/_patchkit"  # relative to the sglang package folder
 IMPORT_ROOT = "sglang.srt._patchkit"
 MANIFEST = f"{FOLDER}/manifest.json"
-MANIFEST_SCHEMA = "patchkit.manifest/1"
 
 _HEADER_END = "# --- end of patchkit header ---\n"
 _HASH_RE = re.compile(r"^# content sha256: ([0-9a-f]{64})$", re.M)
@@ -211,46 +211,19 @@ def stale_reason(rel: str, on_disk: Optional[bytes], expected: bytes) -> Optiona
 # --- the manifest -----------------------------------------------------------------
 
 
-def manifest_bytes(mode: str, tree_version: str, applied: Iterable[str], files: dict[str, dict],
-                   base_commit: Optional[str] = None) -> bytes:
-    """``files``: the state's file entries (rel -> original/patched sha256);
-    ``base_commit``: the fork's commit the patches were first applied on."""
-    doc = {
-        "schema": MANIFEST_SCHEMA,
-        "base_commit": base_commit,
-        "patchkit": __version__,
-        "runtime": mode,
-        "runtime_api": RUNTIME_API,
-        "sglang": tree_version,
-        "patches": list(applied),
-        "files": {
-            rel: {"before": entry["original"], "after": entry["patched"]}
-            for rel, entry in sorted(files.items())
-            if rel != MANIFEST
-        },
-    }
-    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+def manifest_bytes(record: Record) -> bytes:
+    """The tracked manifest of what ``record`` says patchkit did."""
+    return (json.dumps(record.to_manifest(MANIFEST), indent=1, sort_keys=True) + "\n").encode()
 
 
-def read_manifest(data: bytes, where: str) -> dict:
+def read_manifest(data: bytes, where: str) -> Record:
     try:
         doc = json.loads(data)
-        if doc["schema"] != MANIFEST_SCHEMA:
-            raise PatchkitError(f"{where}: unknown manifest schema {doc['schema']!r}; upgrade patchkit")
-        doc["patches"], doc["files"], doc["runtime"]  # noqa: B018 - shape check
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         raise PatchkitError(f"{where}: corrupt patchkit manifest (not the expected JSON)") from None
-    return doc
-
-
-def state_from_manifest(doc: dict) -> dict:
-    """The state a clone of a patched fork starts from: blobs are referenced
-    by sha256 and recovered on demand (see ``originals``)."""
-    files = {rel: {"original": f["before"], "patched": f["after"]} for rel, f in doc["files"].items()}
-    applied = {pid: {"files": []} for pid in doc["patches"]}
-    return {"format": 1, "applied": applied, "files": files, "runtime": doc["runtime"],
-            "runtime_api": doc.get("runtime_api"), "patchkit": doc.get("patchkit", "?"),
-            "sglang": doc.get("sglang"), "base_commit": doc.get("base_commit")}
+    if not isinstance(doc, dict):
+        raise PatchkitError(f"{where}: corrupt patchkit manifest (not the expected JSON)")
+    return Record.from_manifest(doc, where)
 
 
 # --- does the tree stand on its own? ------------------------------------------------

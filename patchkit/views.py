@@ -41,11 +41,11 @@ def file_diffs(session: Session, patches: Optional[Iterable[Patch]] = None) -> l
     runtime folder and manifest belong to no single patch)."""
     wanted = None if patches is None else {f for p in patches for f in p.files}
     out = []
-    files = session.state["files"]
-    for rel, entry in sorted(files.items(), key=lambda item: (item[1]["original"] is None, item[0])):
+    files = session.record.files
+    for rel, entry in sorted(files.items(), key=lambda item: (item[1].original is None, item[0])):
         if wanted is not None and rel not in wanted:
             continue
-        original = None if entry["original"] is None else session.blob(entry["original"], rel)
+        original = None if entry.original is None else session.blob(entry.original, rel)
         now = session.read(rel)
         text = unified_diff(session.tree, rel, original, now)
         if not text:

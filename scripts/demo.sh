@@ -22,5 +22,4 @@ printf '$ cd %s\n' "$work/sglang"
 say patchkit list
 say patchkit apply
 say patchkit verify
-say patchkit diff --stat
 echo "demo: patchkit is installed in .venv: \`. .venv/bin/activate\` puts it on PATH" >&2

@@ -16,6 +16,8 @@ from patchkit.fetch import fetch_tree
 PRE_UPSTREAM = ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"]
 PRIMARY = "0.5.12.post1"
 NATIVE = "0.5.13"
+#: The first release with every patch upstream (FA3's sync-free spec v2 came with 0.5.16).
+ALL_NATIVE = "0.5.16"
 
 
 def snapshot(package: Path) -> dict[str, str]:
@@ -55,3 +57,19 @@ def git_checkout(make_tree, version: str = PRIMARY) -> Path:
     git(root, "add", "-A")
     git(root, "commit", "-qm", "sglang release")
     return root
+
+
+def import_cost(module: str) -> tuple[list[str], float]:
+    """Import ``module`` in a fresh interpreter: which of libcst, click and
+    torch it pulled in, and how long it took (runtime modules imported by
+    patched sglang must stay stdlib-only at import time)."""
+    import subprocess
+    import sys
+
+    probe = (
+        f"import sys, time; t = time.perf_counter(); import {module}; dt = time.perf_counter() - t; "
+        "print(','.join(m for m in ('libcst', 'click', 'torch') if m in sys.modules), dt)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    heavy, seconds = out.rsplit(" ", 1)
+    return [m for m in heavy.split(",") if m], float(seconds)

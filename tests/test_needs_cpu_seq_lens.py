@@ -8,42 +8,21 @@ import textwrap
 
 import libcst as cst
 import pytest
-from libcst.codemod import CodemodContext
 
+from codemod_testing import apply, assert_codemod, assert_state, code, detect
 from support import PRE_UPSTREAM, pristine, snapshot
 from patchkit import registry
 from patchkit.codemods import needs_cpu_seq_lens_flags as flags
 from patchkit.codemods import needs_cpu_seq_lens_guards as guards
 from patchkit.codemods import needs_cpu_seq_lens_sync as sync
 from patchkit.codemods.base import State
-from patchkit.codemods.primitives import add_needed_imports
 
 PID = "needs-cpu-seq-lens"
-
-
-def code(src: str) -> str:
-    return textwrap.dedent(src).lstrip("\n")
 
 
 def block(src: str, indent: int) -> str:
     """A snippet of a method body, at ``indent`` spaces."""
     return textwrap.indent(code(src), " " * indent)
-
-
-def detect(codemod, src: str):
-    return codemod().detect(cst.parse_module(code(src)))
-
-
-def apply(codemod, src: str) -> str:
-    """One codemod the way the engine runs it: TODO -> transform (+ imports)
-    -> DONE, and DONE again on the output (idempotent)."""
-    module = cst.parse_module(code(src))
-    assert codemod().detect(module).state is State.TODO
-    context = CodemodContext()
-    module = add_needed_imports(codemod(context).transform_module(module), context)
-    assert codemod().detect(module).state is State.DONE
-    assert codemod().detect(cst.parse_module(module.code)).state is State.DONE
-    return module.code
 
 
 # -- the flag -----------------------------------------------------------------------------
@@ -89,7 +68,7 @@ def test_upstream_flag_anywhere_in_the_class_is_done():
         # Opt out only when this backend never reads seq_lens_cpu / seq_lens_sum.
         needs_cpu_seq_lens: bool = True
     """
-    assert detect(flags.BaseBackendFlag, src).state is State.DONE
+    assert_state(flags.BaseBackendFlag, src, State.DONE)
 
 
 # -- the worker, the scheduler, the sync -------------------------------------------------------
@@ -165,7 +144,7 @@ def test_scheduler_upstream_decision_is_done_and_no_future_map_is_missing():
             needs_cpu_seq_lens = decide_needs_cpu_seq_lens(attn_backends)
             self.future_map = self.spec_algorithm.create_future_map(self.device, needs_cpu_seq_lens=needs_cpu_seq_lens)
     """
-    assert detect(sync.DecideInInitOverlap, upstream).state is State.DONE
+    assert_state(sync.DecideInInitOverlap, upstream, State.DONE)
     finding = detect(sync.DecideInInitOverlap, "class Scheduler:\n    def init_overlap(self):\n        pass\n")
     assert finding.state is State.MISSING and "future_map" in finding.detail
 
@@ -207,14 +186,49 @@ def test_decode_sync_elsewhere_or_nested():
         def prepare_for_decode(self, batch):
             batch.maybe_evict_swa()
     """
-    assert detect(sync.GateDecodeSync, moved).state is State.SUPERSEDED
-    nested = """
+    assert_state(sync.GateDecodeSync, moved, State.SUPERSEDED)
+    # A fork's own version of the sync: in a block, another spelling of the copy: gated where it is.
+    assert_codemod(
+        sync.GateDecodeSync,
+        """
+        class EagleDraftInputV2Mixin:
+            def prepare_for_decode(self, batch):
+                if batch.reqs:
+                    # vendor: sync only when there is work
+                    batch.seq_lens_cpu = batch.seq_lens.to("cpu", non_blocking=False)
+                    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+                    log_step(batch)
+        """,
+        """
+        from sglang.srt._patchkit.runtime import needs_cpu_seq_lens
+        class EagleDraftInputV2Mixin:
+            def prepare_for_decode(self, batch):
+                if batch.reqs:
+                    # vendor: sync only when there is work
+                    if not needs_cpu_seq_lens():
+                        # patchkit (sglang #26128): no attention backend reads the CPU mirror;
+                        # the GPU seq_lens are already advanced, skip the D2H copy and sum.
+                        batch.seq_lens_cpu = None
+                        batch.seq_lens_sum = None
+                    else:
+                        batch.seq_lens_cpu = batch.seq_lens.to("cpu", non_blocking=False)
+                        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+                    log_step(batch)
+        """,
+    )
+
+
+@pytest.mark.parametrize("helper", ["materialize_seq_lens_cpu", "_vendor_fill_cpu_mirror"])
+def test_decode_sync_a_fork_already_dropped(helper):
+    fork = f"""
     class EagleDraftInputV2Mixin:
         def prepare_for_decode(self, batch):
-            if batch.reqs:
-                batch.seq_lens_cpu = batch.seq_lens.cpu()
+            batch.maybe_wait_verify_done()
+            # vendor: {helper}() fills the mirror on demand
+            batch.seq_lens_cpu = None
+            batch.seq_lens_sum = None
     """
-    assert detect(sync.GateDecodeSync, nested).state is State.MISSING
+    assert_state(sync.GateDecodeSync, fork, State.SUPERSEDED, detail="this tree already avoids the seq_lens sync at line 5;")
 
 
 # FutureMap.resolve_seq_lens_cpu as it was between the FutureMap rewrite and #26128.
@@ -258,12 +272,12 @@ def test_future_map_sync_is_gated_when_the_tree_has_it():
     ) in out
     # The old circular-buffer FutureMap (0.5.10 .. 0.5.12.post1) has no such method.
     old = "class FutureMap:\n    def resolve_future(self, model_worker_batch):\n        pass\n"
-    assert detect(sync.GateFutureMapSync, old).state is State.SUPERSEDED
+    assert_state(sync.GateFutureMapSync, old, State.SUPERSEDED)
     upstream = FUTURE_MAP.replace(
         "        batch.seq_lens = self.new_seq_lens_buf[fi]\n",
         "        batch.seq_lens = self.new_seq_lens_buf[fi]\n        if not self.needs_cpu_seq_lens:\n            return\n",
     )
-    assert detect(sync.GateFutureMapSync, upstream).state is State.DONE
+    assert_state(sync.GateFutureMapSync, upstream, State.DONE)
 
 
 # -- the guards --------------------------------------------------------------------------------
@@ -308,8 +322,8 @@ def test_upstream_guards_in_schedule_batch_are_done():
                 self.seq_lens_cpu = torch.cat([self.seq_lens_cpu, other.seq_lens_cpu])
             self.seq_lens_sum = None
     """
-    assert detect(guards.GuardFilterBatch, upstream).state is State.DONE
-    assert detect(guards.GuardMergeBatch, upstream).state is State.DONE
+    assert_state(guards.GuardFilterBatch, upstream, State.DONE)
+    assert_state(guards.GuardMergeBatch, upstream, State.DONE)
 
 
 def test_an_unrelated_none_test_does_not_count_as_a_guard():
@@ -320,7 +334,7 @@ def test_an_unrelated_none_test_does_not_count_as_a_guard():
                 log("no mirror")
             self.seq_lens_cpu = self.seq_lens_cpu[keep_indices]
     """
-    assert detect(guards.GuardFilterBatch, src).state is State.TODO
+    assert_state(guards.GuardFilterBatch, src, State.TODO)
 
 
 def test_a_method_without_the_reads_is_missing():
@@ -400,8 +414,8 @@ def test_upstream_init_new_and_pad_are_done():
             if self.seq_lens_sum is not None:
                 self.seq_lens_sum = self.seq_lens_sum + fill * (bs - self.seq_lens.shape[0])
     """
-    assert detect(guards.GuardInitNewExtendLens, upstream).state is State.DONE
-    assert detect(guards.GuardPadInputs, upstream).state is State.DONE
+    assert_state(guards.GuardInitNewExtendLens, upstream, State.DONE)
+    assert_state(guards.GuardPadInputs, upstream, State.DONE)
 
 
 GRAPH_RUNNER = """
@@ -461,7 +475,7 @@ def test_draft_extend_graph_replay_and_its_later_name():
             if seq_lens_sum is not None:
                 seq_lens_sum = seq_lens_sum + (bs - raw_bs) * self.seq_len_fill_value
     """
-    assert detect(guards.GuardDraftExtendGraphReplay, renamed).state is State.DONE
+    assert_state(guards.GuardDraftExtendGraphReplay, renamed, State.DONE)
 
 
 DRAFT_WORKER = """
@@ -502,9 +516,9 @@ def test_draft_tree_mask_upstream_and_moved_out():
                 seq_lens_sum = 0
             build_tree_kernel_efficient(batch.seq_lens, seq_lens_sum)
     """
-    assert detect(guards.GuardDraftTreeMask, upstream).state is State.DONE
+    assert_state(guards.GuardDraftTreeMask, upstream, State.DONE)
     moved = "class EagleDraftWorker:\n    def draft(self, batch):\n        return build_eagle_verify_input(batch)\n"
-    assert detect(guards.GuardDraftTreeMask, moved).state is State.SUPERSEDED
+    assert_state(guards.GuardDraftTreeMask, moved, State.SUPERSEDED)
 
 
 DRAFT_EXTEND_PREP = """
@@ -604,8 +618,8 @@ def test_triton_upstream_shapes_are_done():
             if seq_lens_sum is None:
                 seq_lens_sum = num_seqs * self.max_context_len
     """
-    assert detect(guards.GuardTritonMetadata, upstream).state is State.DONE
-    assert detect(guards.GuardTritonDraftTemplate, upstream).state is State.DONE
+    assert_state(guards.GuardTritonMetadata, upstream, State.DONE)
+    assert_state(guards.GuardTritonDraftTemplate, upstream, State.DONE)
 
 
 METRICS = """
@@ -635,7 +649,7 @@ def test_decode_metrics_without_device_sync():
     out = apply(guards.GuardScheduledRequestMetrics, out)
     assert "            for sl in decode_seq_lens(batch):\n                decode_kv.add(int(sl))\n" in out
     older = METRICS.replace("_build_scheduled_request_metrics", "_other")
-    assert detect(guards.GuardScheduledRequestMetrics, older).state is State.SUPERSEDED
+    assert_state(guards.GuardScheduledRequestMetrics, older, State.SUPERSEDED)
 
 
 # -- the declaration --------------------------------------------------------------------------

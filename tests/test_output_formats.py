@@ -11,7 +11,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from support import NATIVE, PRIMARY, snapshot
+from support import ALL_NATIVE, PRIMARY, snapshot
 from patchkit import registry
 from patchkit.codemods import primitives
 from patchkit.codemods.base import ClassCodemod, Finding
@@ -230,7 +230,7 @@ def test_json_is_status_1_and_status_matches_verify(make_tree, cli):
 
 @pytestmark_trees
 def test_native_tree_all_formats_pass(make_tree, cli):
-    tree = make_tree(NATIVE)
+    tree = make_tree(ALL_NATIVE)
     for fmt in ("text", "json", "junit", "github"):
         result = cli("verify", tree, "--format", fmt)
         assert result.exit_code == 0, (fmt, result.output)

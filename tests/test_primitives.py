@@ -237,3 +237,12 @@ def test_add_imports_matches_libcst_on_real_target_files(version):
     for rel in files:
         module = cst.parse_module((tree / rel).read_bytes())
         assert p.add_imports(module, wanted).code == _libcst_reference(module, wanted).code, rel
+
+
+def test_replace_block_statements_in_a_nested_block():
+    fn = cst.parse_module("def f(x):\n    a()\n    if x:\n        b()\n        c()\n        d()\n").body[0]
+    block = p.find_all(fn, m.IndentedBlock())[1]  # the `if x:` body
+    out = p.replace_block_statements(fn, block, 0, 2, lambda run: p.guard_statements(run, "ready"))
+    assert cst.Module(body=[out]).code == (
+        "def f(x):\n    a()\n    if x:\n        if ready:\n            b()\n            c()\n        d()\n"
+    )

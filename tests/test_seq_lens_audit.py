@@ -1,207 +1,51 @@
-"""Static audit of the patched tree: every read of ``seq_lens_cpu`` /
-``seq_lens_sum`` in the modules of the spec-v2 decode, draft, draft-extend and
-verify paths is either guarded (a None-aware patchkit.runtime helper, an
-``is None`` test around it, the decision's own branch), a plain copy of the
-value (its uses are audited in turn), or on a path where the CPU mirror always
-exists (listed below, each with the reason). Anything else fails.
-
-Only parses files (ast); no sglang import. Run with ``-rP`` to see the list.
+"""``patchkit audit`` (patchkit/audit.py) on real trees: every read of the CPU
+seq_lens mirror on the spec-v2 paths of the patched tree is guarded, patched or
+safe; the pristine tree has the unguarded ones the patch exists for; reads a
+vendor plants where no patch knows about them are found and classified, each
+once. Run with ``-rP`` to see the list.
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
-from pathlib import Path
+import json
+from collections import Counter
 
+import libcst as cst
 import pytest
 
-import patchkit.runtime as runtime
+from support import PRIMARY
+from patchkit.audit import MODULES, audit_tree, to_text
+from patchkit.codemods import primitives
 
 pytestmark = pytest.mark.trees
 
 PID = "needs-cpu-seq-lens"
-MIRROR = ("seq_lens_cpu", "seq_lens_sum")
-HELPERS = set(runtime.__all__)
 
-# The modules of the spec-v2 paths (scheduler -> batch -> worker -> runners -> backend -> metrics).
-MODULES = [
-    "srt/managers/scheduler.py",
-    "srt/managers/overlap_utils.py",
-    "srt/managers/schedule_batch.py",
-    "srt/managers/tp_worker.py",
-    "srt/speculative/eagle_info_v2.py",
-    "srt/speculative/eagle_worker_v2.py",
-    "srt/speculative/eagle_utils.py",
-    "srt/speculative/spec_utils.py",
-    "srt/speculative/eagle_draft_cuda_graph_runner.py",
-    "srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
-    "srt/model_executor/forward_batch_info.py",
-    "srt/model_executor/cuda_graph_runner.py",
-    "srt/layers/attention/triton_backend.py",
-    "srt/observability/scheduler_metrics_mixin.py",
-]
-
-# Functions whose reads only run where the mirror always exists.
-MIRROR_ALWAYS = {
-    "ScheduleBatch.prepare_for_decode": "after `if not self.spec_algorithm.is_none(): return` (spec v2 decodes in "
-    "EagleDraftInputV2Mixin.prepare_for_decode)",
-    "ForwardBatch._compute_mrope_positions": "mrope models only; configure_needs_cpu_seq_lens keeps the mirror for them",
-    "ForwardBatch.post_forward_mlp_sync_batch": "non-spec extend branch only (spec_info is None)",
-    "CudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
-    "EAGLEDraftCudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
-    "EAGLEDraftExtendCudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
-    "TpModelWorker.forward_batch_split_prefill": "PD-multiplexing split prefill: never speculative",
+# The patch's own sites: on the patched tree, handled by it.
+PATCH_SITES = {
+    "ScheduleBatch.filter_batch",
+    "ScheduleBatch.merge_batch",
+    "ForwardBatch._pad_inputs_to_size",
+    "CudaGraphRunner.replay_prepare",
+    "EAGLEDraftExtendCudaGraphRunner.replay",
+    "EagleDraftWorker.draft",
+    "EagleDraftInputV2Mixin.prepare_for_decode",
+    "EagleDraftInputV2Mixin.prepare_for_extend_to_fill_draft_kvcache",
+    "TritonAttnBackend.init_forward_metadata",
+    "TritonMultiStepDraftBackend.common_template",
 }
 
 
-@dataclass
-class Read:
-    file: str
-    line: int
-    where: str
-    code: str
-    verdict: str = ""
-    why: str = ""
-
-
-def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
-    return {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-
-
-def _qualname(node: ast.AST, parents) -> str:
-    names = []
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.append(node.name)
-    return ".".join(reversed(names))
-
-
-def _none_test(test: ast.AST) -> bool:
-    """Does ``test`` compare a mirror attribute (or a name holding it) with None?"""
-    for node in ast.walk(test):
-        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
-            if any(isinstance(c, ast.Constant) and c.value is None for c in node.comparators):
-                left = node.left
-                if (isinstance(left, ast.Attribute) and left.attr in MIRROR) or (
-                    isinstance(left, ast.Name) and left.id in MIRROR
-                ):
-                    return True
-    return False
-
-
-def _decision_test(test: ast.AST) -> bool:
-    return any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "needs_cpu_seq_lens"
-        for n in ast.walk(test)
-    )
-
-
-def _ancestors(node: ast.AST, parents, function: ast.AST):
-    """(ancestor, the child of it on the way up) pairs, up to the function."""
-    child, parent = node, parents.get(node)
-    while parent is not None and parent is not function:
-        yield parent, child
-        child, parent = parent, parents.get(parent)
-
-
-def classify(node: ast.AST, parents, function: ast.AST) -> tuple[str, str]:
-    """(verdict, why) of one read; verdict '' = not accounted for."""
-    for parent, child in _ancestors(node, parents, function):
-        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in HELPERS:
-            if child is not parent.func:
-                return "guarded", f"argument of patchkit.runtime.{parent.func.id}()"
-        if isinstance(parent, ast.Compare) and child is parent.left and _none_test(parent):
-            return "guarded", "the None test itself"
-    for parent, child in _ancestors(node, parents, function):
-        if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
-            if _none_test(parent.test):
-                return "guarded", "inside an `is None` / `is not None` test"
-            if _decision_test(parent.test):
-                return "guarded", "in the branch where needs_cpu_seq_lens() is True"
-    # A plain copy of the value (possibly one branch of `a if c else b`).
-    value, parent = node, parents.get(node)
-    while isinstance(parent, ast.IfExp) and value is not parent.test:
-        value, parent = parent, parents.get(parent)
-    if isinstance(parent, ast.keyword) and parent.arg in MIRROR and value is parent.value:
-        return "copy", f"passed on as {parent.arg}="
-    if isinstance(parent, ast.Assign) and value is parent.value:
-        targets = parent.targets
-        if all(isinstance(t, ast.Attribute) and t.attr in MIRROR for t in targets):
-            return "copy", "copied to " + ", ".join(ast.unparse(t) for t in targets)
-        if all(isinstance(t, ast.Name) for t in targets):
-            return "alias", ", ".join(t.id for t in targets)
-    return "", ""
-
-
-def audit(package: Path) -> list[Read]:
-    reads: list[Read] = []
-    for rel in MODULES:
-        path = package / rel
-        if not path.exists():
-            continue
-        source = path.read_text()
-        tree = ast.parse(source)
-        parents = _parents(tree)
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Attribute) and node.attr in MIRROR and isinstance(node.ctx, ast.Load)):
-                continue
-            function = node
-            while function in parents and not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                function = parents[function]
-            where = _qualname(node, parents)
-            read = Read(rel, node.lineno, where, ast.get_source_segment(source, node))
-            verdict, why = classify(node, parents, function)
-            if verdict == "alias":
-                # A local holding the value: each use of it must be accounted for.
-                uses = [
-                    n
-                    for n in ast.walk(function)
-                    if isinstance(n, ast.Name) and n.id in why.split(", ") and isinstance(n.ctx, ast.Load)
-                ]
-                verdicts = [classify(n, parents, function) for n in uses]
-                if uses and all(v and v != "alias" for v, _ in verdicts):
-                    verdict, why = "guarded", f"held in {why}; its uses: " + "; ".join(w for _, w in verdicts)
-                else:
-                    verdict, why = "", f"held in {why}, used unguarded"
-            if not verdict and isinstance(node.value, ast.Name) and node.value.id == "buffers":
-                verdict, why = "mirror-always", "a CUDA-graph runner's static input buffer, not the batch's mirror"
-            if not verdict and where in MIRROR_ALWAYS:
-                verdict, why = "mirror-always", MIRROR_ALWAYS[where]
-            read.verdict, read.why = verdict, why
-            reads.append(read)
-    return reads
-
-
-def report(version: str, reads: list[Read]) -> str:
-    lines = [f"seq_lens_cpu / seq_lens_sum reads in the spec-v2 modules of patched {version}: {len(reads)}"]
-    for r in sorted(reads, key=lambda r: (r.file, r.line)):
-        lines.append(f"  {r.file}:{r.line} {r.where}: {r.code}  [{r.verdict or 'UNGUARDED'}: {r.why}]")
-    return "\n".join(lines)
-
-
-@pytest.mark.parametrize("version", ["0.5.10", "0.5.11", "0.5.12.post1"])
-def test_every_mirror_read_is_guarded_or_safe(make_tree, cli, version):
+@pytest.mark.parametrize("version", ["0.5.10", PRIMARY])
+def test_every_mirror_read_of_the_patched_tree_is_accounted_for(make_tree, cli, version):
     tree = make_tree(version)
     assert cli("apply", tree, PID).exit_code == 0
-    reads = audit(tree)
-    print(report(version, reads))
-    unguarded = [r for r in reads if not r.verdict]
-    assert not unguarded, report(version, unguarded)
-    # The patch's own sites are among the guarded reads.
-    helpers = {r.where for r in reads if "patchkit.runtime" in r.why}
-    assert {
-        "ScheduleBatch.filter_batch",
-        "ScheduleBatch.merge_batch",
-        "ForwardBatch._pad_inputs_to_size",
-        "CudaGraphRunner.replay_prepare",
-        "EAGLEDraftExtendCudaGraphRunner.replay",
-        "EagleDraftWorker.draft",
-        "EagleDraftInputV2Mixin.prepare_for_extend_to_fill_draft_kvcache",
-        "TritonAttnBackend.init_forward_metadata",
-        "TritonMultiStepDraftBackend.common_template",
-    } <= helpers
+    result = audit_tree(tree)
+    print(to_text(result, str, verbose=True))
+    assert result.ok, to_text(result, str)
+    assert PATCH_SITES <= {r.function for r in result.reads if r.verdict == "patched"}
+    assert all(r.patch == PID for r in result.reads if r.verdict == "patched")
     # The premise of the first MIRROR_ALWAYS entry: spec returns before any read.
     source = (tree / "srt/managers/schedule_batch.py").read_text()
     method = next(
@@ -212,19 +56,106 @@ def test_every_mirror_read_is_guarded_or_safe(make_tree, cli, version):
         for s in method.body
         if isinstance(s, ast.If) and "spec_algorithm.is_none()" in ast.unparse(s.test) and isinstance(s.body[-1], ast.Return)
     )
-    first_read = min(r.line for r in reads if r.where == "ScheduleBatch.prepare_for_decode")
-    assert spec_return < first_read
+    assert spec_return < min(r.line for r in result.reads if r.function == "ScheduleBatch.prepare_for_decode")
+    # verify names the count and points to the audit.
+    verified = cli("verify", tree)
+    assert "audit: 0 read(s) of the CPU seq_lens mirror unguarded or stale" in verified.output
 
 
-def test_the_pristine_tree_fails_the_audit(make_tree):
+def test_the_pristine_tree_has_the_reads_the_patch_guards(make_tree, cli):
     """The audit has teeth: without the patch, the known consumers are unguarded."""
-    tree = make_tree("0.5.12.post1")
-    unguarded = {r.where for r in audit(tree) if not r.verdict}
-    assert {
-        "ScheduleBatch.filter_batch",
-        "ScheduleBatch.merge_batch",
-        "EagleDraftWorker.draft",
-        "EagleDraftInputV2Mixin.prepare_for_extend_to_fill_draft_kvcache",
-        "EagleDraftInputV2Mixin.prepare_for_decode",
-        "TritonMultiStepDraftBackend.common_template",
-    } <= unguarded
+    tree = make_tree(PRIMARY)
+    result = audit_tree(tree)
+    assert {r.function for r in result.reads if r.verdict == "unguarded"} >= PATCH_SITES - {
+        "EagleDraftInputV2Mixin.prepare_for_decode"  # the sync itself: the mirror was just set
+    }
+    assert not any(r.verdict == "patched" for r in result.reads)
+    strict = cli("audit", tree, "--strict")
+    assert strict.exit_code == 1 and "unguarded: ScheduleBatch.filter_batch" in strict.output
+    assert cli("audit", tree).exit_code == 0
+
+
+# A vendor's own reads: (module, class, method, statements, {marker: verdict}).
+# Each statement carries `# planted:<marker>`; the reads on that line get the verdict (None: no read there).
+PLANTED = [
+    (
+        "srt/model_executor/cuda_graph_runner.py", "CudaGraphRunner", "replay_prepare",
+        # NVTX labels from the runner's CPU buffer: stale once the mirror is dropped.
+        "nvtx_label = f'bs={raw_bs} seq_lens={self.buffers.seq_lens_cpu[:raw_bs].tolist()}'  # planted:nvtx\n"
+        # Filling the buffer is a write, not a read.
+        "self.buffers.seq_lens_cpu[:raw_bs] = 0  # planted:buffer-write\n",
+        {"nvtx": "stale", "buffer-write": None},
+    ),
+    (
+        "srt/speculative/eagle_worker_v2.py", "EagleDraftWorker", "draft",
+        "logger.debug('draft seq lens %s', model_worker_batch.seq_lens_cpu.tolist())  # planted:log\n"
+        "if model_worker_batch.seq_lens_sum is None:  # planted:early-test\n"
+        "    return None\n"
+        "profile_tokens = model_worker_batch.seq_lens_sum  # planted:after-early-return\n",
+        {"log": "unguarded", "early-test": "guarded", "after-early-return": "guarded"},
+    ),
+    (
+        "srt/observability/scheduler_metrics_mixin.py", "SchedulerMetricsMixin", "report_decode_stats",
+        "if batch.seq_lens_cpu is not None:  # planted:metrics-if\n"
+        "    self.stats.max_seq_len = int(batch.seq_lens_cpu.max())  # planted:metrics-guarded\n"
+        "total = batch.seq_lens_sum if batch.seq_lens_sum is not None else 0  # planted:ifexp\n"
+        "longest = batch.seq_lens_cpu is not None and batch.seq_lens_cpu.max()  # planted:and\n"
+        "for req_batch in [batch]:  # planted:loop\n"
+        "    if req_batch.seq_lens_cpu is None:  # planted:loop-test\n"
+        "        continue\n"
+        "    self.stats.min_seq_len = int(req_batch.seq_lens_cpu.min())  # planted:after-continue\n"
+        "self.stats.last_sum = batch.seq_lens_sum  # planted:metrics-unguarded\n",
+        {
+            "metrics-if": "guarded", "metrics-guarded": "guarded", "ifexp": "guarded", "and": "guarded",
+            "loop-test": "guarded", "after-continue": "guarded", "metrics-unguarded": "unguarded",
+        },
+    ),
+]
+
+
+def _plant(package, rel: str, cls: str, method: str, source: str) -> None:
+    path = package / rel
+    module = cst.parse_module(path.read_bytes())
+    module = primitives.replace_class(
+        module, cls, lambda c: primitives.replace_method(c, method, lambda fn: primitives.insert_at_start(fn, source))
+    )
+    path.write_bytes(module.bytes)
+
+
+def test_planted_vendor_reads_are_found_and_classified_once(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    assert cli("apply", tree).exit_code == 0
+    before = audit_tree(tree)
+    assert before.ok
+    for rel, cls, method, source, _ in PLANTED:
+        _plant(tree, rel, cls, method, source)
+    result = audit_tree(tree)
+    print(to_text(result, str, verbose=True))
+
+    expected = {}
+    for rel, _, _, _, verdicts in PLANTED:
+        lines = (tree / rel).read_text().splitlines()
+        for marker, verdict in verdicts.items():
+            line = next(i for i, text in enumerate(lines, 1) if text.endswith(f"# planted:{marker}"))
+            expected[(rel, line)] = verdict
+    planted = [r for r in result.reads if (r.file, r.line) in expected]
+    assert {(r.file, r.line) for r in planted} == {k for k, v in expected.items() if v is not None}
+    for r in planted:
+        assert r.verdict == expected[(r.file, r.line)], (r, expected[(r.file, r.line)])
+    # Nothing reported twice, nothing else changed verdict.
+    assert not [k for k, n in Counter((r.file, r.line, r.column) for r in result.reads).items() if n > 1]
+    assert len(result.reads) == len(before.reads) + len(planted)
+    assert Counter(r.verdict for r in result.reads if (r.file, r.line) not in expected) == Counter(
+        r.verdict for r in before.reads
+    )
+    # The CLI: text lists exactly the problems; json carries every read; --strict fails.
+    text = cli("audit", tree)
+    problems = [line for line in text.output.splitlines() if ": unguarded: " in line or ": stale: " in line]
+    assert len(problems) == sum(v in ("unguarded", "stale") for v in expected.values())
+    assert any("stale: CudaGraphRunner.replay_prepare: self.buffers.seq_lens_cpu" in line for line in problems)
+    doc = json.loads(cli("audit", tree, "--format", "json").output)
+    assert doc["schema"] == "patchkit.audit/1" and doc["ok"] is False
+    assert doc["summary"]["total"] == len(result.reads) and doc["summary"]["stale"] == 1
+    assert set(doc["modules"]) <= set(MODULES)
+    assert cli("audit", tree, "--strict").exit_code == 1
+    assert "audit: 3 read(s) of the CPU seq_lens mirror unguarded or stale" in cli("verify", tree).output

@@ -17,7 +17,7 @@ import pytest
 
 from drift import DRIFTS, drift
 from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
-from patchkit import engine, registry, transform_cache
+from patchkit import registry, transform, transform_cache
 from patchkit.apply import apply_patches
 from patchkit.engine import locked_session
 from patchkit.fetch import copy_tree
@@ -62,10 +62,10 @@ def reference(tmp_path_factory):
 
 
 def no_parsing(monkeypatch) -> None:
-    def refuse(self, rel):
-        raise AssertionError(f"warm apply parsed {rel}")
+    def refuse(source, path):
+        raise AssertionError(f"warm apply parsed {path}")
 
-    monkeypatch.setattr(engine.Session, "module", refuse)
+    monkeypatch.setattr(transform, "parse", refuse)
 
 
 @pytest.mark.parametrize("version", PRE_UPSTREAM)

@@ -1,5 +1,6 @@
 """The tree is the truth, through the life of a fork in git: clones (shallow
-too), checkouts, hand edits, moving to a new release and past 0.5.13.
+too), checkouts, hand edits, moving to a new release and to one that has
+every patch upstream.
 
 Each test runs on a git checkout (ROOT/python/sglang) and asserts the tree's
 bytes, the exit code and what patchkit said.
@@ -16,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from support import PRIMARY, git, git_checkout, pristine, snapshot
+from support import ALL_NATIVE, PRIMARY, git, git_checkout, pristine, snapshot
 
 pytestmark = pytest.mark.trees
 
 TRITON = "srt/layers/attention/triton_backend.py"
 MHA = "srt/layers/attention/trtllm_mha_backend.py"
 VENDOR_EDIT = "\n# vendor: tuned for our cluster\n"
+# What a full apply on the primary release changes and adds (the runtime folder and manifest).
+CHANGED, ADDED = 13, 9
 
 
 def states(cli, tree) -> dict[str, str]:
@@ -83,7 +86,7 @@ def test_checkout_after_revert_brings_the_patch_back_and_status_believes_the_tre
 
     result = cli("revert", root)
     assert result.exit_code == 0, result.output
-    assert "set aside" in result.output and "12 file(s) changed, 7 removed" in result.output
+    assert "set aside" in result.output and f"{CHANGED} file(s) changed, {ADDED} removed" in result.output
     assert snapshot(package(root)) == snapshot(pristine(PRIMARY))
     kept = list((package(root) / ".patchkit" / "set-aside").iterdir())
     assert len(kept) == 1 and json.loads(kept[0].read_text())["applied"] == {}
@@ -145,7 +148,7 @@ def test_read_commands_never_settle_an_interrupted_apply(make_tree, cli):
     before = snapshot(package(root))
     for command in ("status", "verify", "diff", "export"):
         result = cli(command, root, *(["--stdout"] if command == "export" else []))
-        assert "an interrupted apply of 19 files is pending" in result.output, command
+        assert f"an interrupted apply of {CHANGED + ADDED} files is pending" in result.output, command
         assert result.exit_code == {"status": 0, "verify": 1}.get(command, 2), (command, result.output)
         assert snapshot(package(root)) == before, f"{command} wrote the tree"
     result = cli("revert", root)
@@ -203,7 +206,8 @@ def test_shallow_clone_says_how_to_get_the_originals(make_tree, cli, tmp_path):
 
 def test_the_life_of_a_fork(make_tree, cli, tmp_path):
     """0.5.11 fork with a vendor edit -> apply -> commit -> clone -> verify ->
-    hand edit -> move to 0.5.12.post1 -> re-apply -> move to 0.5.13 ->
+    hand edit -> move to 0.5.12.post1 -> re-apply -> move to a release with
+    every patch upstream (ALL_NATIVE) ->
     leftovers removed. At every step status is true to the bytes, and no
     file holds bytes of another release."""
     origin = git_checkout(make_tree, "0.5.11")
@@ -243,13 +247,13 @@ def test_the_life_of_a_fork(make_tree, cli, tmp_path):
     assert cli("verify", fork).exit_code == 0
     commit_all(fork, "patchkit apply")
 
-    # Moving past 0.5.13 without reverting first: the code is upstream now;
+    # Moving to a release with every patch upstream, without reverting first:
     # patchkit names its leftovers, and one revert removes them exactly.
-    move_to_release(fork, PRIMARY, "0.5.13")
+    move_to_release(fork, PRIMARY, ALL_NATIVE)
     result = cli("status", fork)
     assert set(states(cli, fork).values()) == {"native"}, result.output
     assert "files from sglang 0.5.12.post1 are still here" in result.output
     result = cli("revert", fork)
-    assert result.exit_code == 0 and "0 file(s) changed, 7 removed" in result.output, result.output
-    assert snapshot(package(fork)) == release_with_edit("0.5.13")
+    assert result.exit_code == 0 and f"0 file(s) changed, {ADDED} removed" in result.output, result.output
+    assert snapshot(package(fork)) == release_with_edit(ALL_NATIVE)
     assert cli("verify", fork).exit_code == 0

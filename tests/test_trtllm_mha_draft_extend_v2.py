@@ -4,12 +4,11 @@ then the whole patch on the real trees."""
 from __future__ import annotations
 
 import json
-import textwrap
 
 import libcst as cst
 import pytest
-from libcst.codemod import CodemodContext
 
+from codemod_testing import assert_codemod, assert_state, code, detect, run, run_all
 from support import NATIVE, PRE_UPSTREAM, pristine, snapshot
 from patchkit.codemods import primitives
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2
@@ -21,28 +20,6 @@ MHA = "srt/layers/attention/trtllm_mha_backend.py"
 RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
 KIT = "test/kits/attention_unittest/runner_modes/speculative_draft_extend_runner.py"
 LATER = "0.5.17"  # whitelist as a list, V2-only metadata branches, runner `execute` without top-k
-
-
-def code(src: str) -> str:
-    return textwrap.dedent(src).lstrip("\n")
-
-
-def run(codemod: type, src: str) -> tuple[State, str, State]:
-    """(state before, code after, state after), as the engine runs a codemod:
-    detect, transform when TODO, add the requested imports, detect again."""
-    module = cst.parse_module(code(src))
-    before = codemod().detect(module).state
-    if before is State.TODO:
-        context = CodemodContext()
-        module = primitives.add_needed_imports(codemod(context).transform_module(module), context)
-    after = codemod().detect(module)
-    return before, module.code, after.state
-
-
-def assert_untouched(codemod: type, src: str, state: State) -> None:
-    before, after, again = run(codemod, src)
-    assert before is state and again is state
-    assert after == code(src)
 
 
 # --- whitelist -------------------------------------------------------------------------
@@ -98,10 +75,7 @@ class EagleDraftWorker(BaseDraftWorker):
 
 
 def test_whitelist_chain_becomes_one_tuple_and_import_sits_with_the_backends():
-    before, after, again = run(dev2.WhitelistTRTLLMHA, WORKER_PRE)
-    assert (before, again) == (State.TODO, State.DONE)
-    assert after == code(WORKER_POST)
-    assert_untouched(dev2.WhitelistTRTLLMHA, WORKER_POST, State.DONE)
+    assert_codemod(dev2.WhitelistTRTLLMHA, WORKER_PRE, WORKER_POST)
 
 
 def test_whitelist_fork_shapes():
@@ -176,7 +150,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
 
 @pytest.mark.parametrize("src", [UPSTREAM_0_5_13_WORKER, UPSTREAM_0_5_17_WORKER], ids=["0.5.13", "0.5.17"])
 def test_whitelist_upstream_shapes_are_done(src):
-    assert_untouched(dev2.WhitelistTRTLLMHA, src, State.DONE)
+    assert_state(dev2.WhitelistTRTLLMHA, src, State.DONE)
 
 
 @pytest.mark.parametrize(
@@ -189,7 +163,7 @@ def test_whitelist_upstream_shapes_are_done(src):
     ids=["no-whitelist", "not-isinstance", "no-class"],
 )
 def test_whitelist_missing_anchor(src):
-    assert dev2.WhitelistTRTLLMHA().detect(cst.parse_module(src)).state is State.MISSING
+    assert_state(dev2.WhitelistTRTLLMHA, src, State.MISSING)
 
 
 # --- TRT-LLM MHA capture/replay metadata -----------------------------------------------
@@ -297,21 +271,14 @@ class TRTLLMHAAttnBackend(FlashInferAttnBackend):
 '''
 
 
-def _both_mha(src: str) -> tuple[str, list[State]]:
-    module = cst.parse_module(code(src))
-    context = CodemodContext()
-    for codemod in (dev2.CaptureIncludesDraftExtendV2, dev2.ReplayDraftExtendV2Stride):
-        if codemod().detect(module).state is State.TODO:
-            module = codemod(context).transform_module(module)
-    module = primitives.add_needed_imports(module, context)
-    return module.code, [c().detect(module).state for c in (dev2.CaptureIncludesDraftExtendV2, dev2.ReplayDraftExtendV2Stride)]
+MHA_CODEMODS = [dev2.CaptureIncludesDraftExtendV2, dev2.ReplayDraftExtendV2Stride]
 
 
 def test_mha_capture_and_replay_v2_branch():
-    after, states = _both_mha(MHA_PRE)
+    after, states = run_all(MHA_CODEMODS, MHA_PRE)
     assert states == [State.DONE, State.DONE]
     assert after == code(MHA_POST)
-    again, _ = _both_mha(MHA_POST)
+    again, _ = run_all(MHA_CODEMODS, MHA_POST)
     assert again == code(MHA_POST)
 
 
@@ -325,11 +292,29 @@ def test_mha_each_codemod_alone():
     assert "from sglang.srt._patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q\n" in after
 
 
+def test_mha_draft_extend_test_in_a_fork_s_own_condition():
+    # A fork that tests more than the mode: the branch is found by the call, and
+    # only the call changes; the fork's terms stay.
+    src = MHA_PRE.replace(
+        "elif forward_mode.is_draft_extend():",
+        "elif (forward_mode.is_draft_extend() and self.vendor_graphs_enabled):",
+    )
+    after, states = run_all(MHA_CODEMODS, src)
+    assert states == [State.DONE, State.DONE]
+    assert after == code(MHA_POST).replace(
+        "elif forward_mode.is_draft_extend(include_v2=True):",
+        "elif (forward_mode.is_draft_extend(include_v2=True) and self.vendor_graphs_enabled):",
+    )
+    # A negated test is not the draft-extend branch.
+    negated = MHA_PRE.replace("elif forward_mode.is_draft_extend():", "elif not forward_mode.is_draft_extend():")
+    assert_state(dev2.CaptureIncludesDraftExtendV2, negated, State.MISSING, detail="no draft-extend branch")
+
+
 def test_mha_renamed_methods_0_5_13_pre_change_shape():
     src = MHA_PRE.replace("init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata").replace(
         "init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata"
     )
-    after, states = _both_mha(src)
+    after, states = run_all(MHA_CODEMODS, src)
     assert states == [State.DONE, State.DONE]
     assert after == code(MHA_POST).replace("init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata").replace(
         "init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata"
@@ -339,8 +324,8 @@ def test_mha_renamed_methods_0_5_13_pre_change_shape():
 def test_mha_partial_include_v2_without_stride_path():
     # The closed first attempt (sglang #25791) only flipped include_v2=True.
     src = MHA_PRE.replace("is_draft_extend()", "is_draft_extend(include_v2=True)")
-    assert dev2.CaptureIncludesDraftExtendV2().detect(cst.parse_module(code(src))).state is State.DONE
-    after, states = _both_mha(src)
+    assert_state(dev2.CaptureIncludesDraftExtendV2, src, State.DONE)
+    after, states = run_all(MHA_CODEMODS, src)
     assert states == [State.DONE, State.DONE]
     assert after == code(MHA_POST)
 
@@ -381,23 +366,23 @@ class TRTLLMHAAttnBackend(FlashInferAttnBackend):
 @pytest.mark.parametrize("src", [UPSTREAM_0_5_13_APPLY, UPSTREAM_0_5_17_APPLY], ids=["0.5.13", "0.5.17"])
 @pytest.mark.parametrize("codemod", [dev2.CaptureIncludesDraftExtendV2, dev2.ReplayDraftExtendV2Stride])
 def test_mha_upstream_shapes_are_done(src, codemod):
-    assert_untouched(codemod, src, State.DONE)
+    assert_state(codemod, src, State.DONE)
 
 
 def test_mha_missing_anchors():
     no_branch = "class TRTLLMHAAttnBackend:\n    def init_forward_metadata_replay_cuda_graph(self, bs, spec_info):\n        pass\n"
     for codemod in (dev2.CaptureIncludesDraftExtendV2, dev2.ReplayDraftExtendV2Stride):
-        assert codemod().detect(cst.parse_module("class TRTLLMHAAttnBackend:\n    x = 1\n")).state is State.MISSING
-    assert dev2.ReplayDraftExtendV2Stride().detect(cst.parse_module(no_branch)).state is State.MISSING
+        assert_state(codemod, "class TRTLLMHAAttnBackend:\n    x = 1\n", State.MISSING)
+    assert_state(dev2.ReplayDraftExtendV2Stride, no_branch, State.MISSING)
     # Something unrelated between the V1 statements: moving it under `else` would change V2, so refuse.
     interleaved = MHA_PRE.replace(
         "            else:\n                metadata.max_seq_len_q = 1\n",
         "            else:\n                metadata.max_seq_len_q = 1\n            self.vendor_hook(metadata)\n",
     )
-    finding = dev2.ReplayDraftExtendV2Stride().detect(cst.parse_module(code(interleaved)))
+    finding = detect(dev2.ReplayDraftExtendV2Stride, interleaved)
     assert finding.state is State.MISSING and "single run" in finding.detail
     renamed = MHA_PRE.replace("spec_info", "info")
-    assert dev2.ReplayDraftExtendV2Stride().detect(cst.parse_module(code(renamed))).state is State.MISSING
+    assert_state(dev2.ReplayDraftExtendV2Stride, renamed, State.MISSING)
 
 
 def test_mha_helper_call_without_import_is_todo():
@@ -453,7 +438,32 @@ def test_runner_topk_copies_skipped_for_v2():
                 out.topk_index = out_copy.topk_index[:unpadding_bs]
 """,
     )
-    assert_untouched(dev2.RunnerReplaySkipsTopkForV2, after, State.DONE)
+    assert_state(dev2.RunnerReplaySkipsTopkForV2, after, State.DONE)
+
+
+def test_runner_topk_copies_in_a_fork_s_own_block():
+    # A fork that copies top-k outside the unpadding branch, in a block of its own.
+    src = RUNNER_PRE.replace(
+        """            out.topk_p = out_copy.topk_p[:unpadding_bs]
+            out.topk_index = out_copy.topk_index[:unpadding_bs]
+        return out""",
+        """            out.topk_p = None
+        with vendor_profiler("topk"):
+            out.topk_p = out.topk_p[:raw_bs]
+            out.topk_index = out.topk_index[:raw_bs]
+        return out""",
+    ).replace("            out.topk_p = None\n", "")
+    assert_codemod(
+        dev2.RunnerReplaySkipsTopkForV2,
+        src,
+        src.replace(
+            """            out.topk_p = out.topk_p[:raw_bs]
+            out.topk_index = out.topk_index[:raw_bs]""",
+            """            if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:
+                out.topk_p = out.topk_p[:raw_bs]
+                out.topk_index = out.topk_index[:raw_bs]""",
+        ),
+    )
 
 
 def test_runner_adds_forward_mode_import_when_a_fork_lacks_it():
@@ -496,16 +506,16 @@ class EAGLEDraftExtendCudaGraphRunner(DecodeCudaGraphRunner):
     ids=["0.5.13", "else-of-v2", "0.5.17"],
 )
 def test_runner_upstream_shapes_are_done(src):
-    assert_untouched(dev2.RunnerReplaySkipsTopkForV2, src, State.DONE)
+    assert_state(dev2.RunnerReplaySkipsTopkForV2, src, State.DONE)
 
 
 def test_runner_missing_anchor():
-    assert dev2.RunnerReplaySkipsTopkForV2().detect(cst.parse_module("class EAGLEDraftExtendCudaGraphRunner:\n    pass\n")).state is State.MISSING
+    assert_state(dev2.RunnerReplaySkipsTopkForV2, "class EAGLEDraftExtendCudaGraphRunner:\n    pass\n", State.MISSING)
     scattered = RUNNER_PRE.replace(
         "            out.topk_index = out_copy.topk_index[:unpadding_bs]\n",
         "            log(out)\n            out.topk_index = out_copy.topk_index[:unpadding_bs]\n",
     )
-    assert dev2.RunnerReplaySkipsTopkForV2().detect(cst.parse_module(code(scattered))).state is State.MISSING
+    assert_state(dev2.RunnerReplaySkipsTopkForV2, scattered, State.MISSING)
 
 
 # --- test kit ---------------------------------------------------------------------------
@@ -558,7 +568,7 @@ def test_kit_adds_v2_assertion_and_hooks_the_v2_cases():
     # The V1 case keeps the default (top-k compared).
     v1 = module.code_for_node(primitives.find_function(module, "run_dense_eagle_draft_extend_cuda_graph_runner_case"))
     assert "assert_outputs_close" not in v1
-    assert_untouched(dev2.TestKitV2OutputsClose, after, State.DONE)
+    assert_state(dev2.TestKitV2OutputsClose, after, State.DONE)
 
 
 def test_kit_upstream_shape_done_and_missing_anchor():
@@ -571,8 +581,8 @@ def test_kit_upstream_shape_done_and_missing_anchor():
         "(build_fixture=build_mla_attention_fixture)",
         "(build_fixture=build_mla_attention_fixture, assert_outputs_close=_assert_draft_extend_v2_outputs_close)",
     )
-    assert_untouched(dev2.TestKitV2OutputsClose, done, State.DONE)
-    assert dev2.TestKitV2OutputsClose().detect(cst.parse_module("def _assert_draft_extend_other():\n    pass\n")).state is State.MISSING
+    assert_state(dev2.TestKitV2OutputsClose, done, State.DONE)
+    assert_state(dev2.TestKitV2OutputsClose, "def _assert_draft_extend_other():\n    pass\n", State.MISSING)
 
 
 # --- real trees -------------------------------------------------------------------------

@@ -4,13 +4,12 @@ before/after snippets for every codemod, then the real trees."""
 from __future__ import annotations
 
 import json
-import textwrap
 from types import SimpleNamespace
 from unittest import mock
 
-import libcst as cst
 import pytest
 
+from codemod_testing import apply, assert_codemod, assert_state, code, detect, run_all
 from support import NATIVE, PRE_UPSTREAM, snapshot
 from patchkit.codemods import trtllm_mla_draft_skip_template as skip
 from patchkit.codemods import trtllm_mla_spec_v2 as spec
@@ -19,23 +18,6 @@ from patchkit.codemods.base import State
 MLA = "srt/layers/attention/trtllm_mla_backend.py"
 SPEC = "trtllm-mla-spec-v2"
 SKIP = "trtllm-mla-draft-skip-template"
-
-
-def code(src: str) -> str:
-    return textwrap.dedent(src).lstrip("\n")
-
-
-def detect(codemod, src: str):
-    return codemod().detect(cst.parse_module(code(src)))
-
-
-def apply(codemod, src: str) -> str:
-    """Run one codemod the way the engine does: TODO -> transform -> DONE."""
-    module = cst.parse_module(code(src))
-    assert codemod().detect(module).state is State.TODO
-    module = codemod().transform_module(module)
-    assert codemod().detect(module).state is State.DONE
-    return module.code
 
 
 HEADER = """\
@@ -133,7 +115,7 @@ def test_draft_flag_added_without_docstring():
 @pytest.mark.parametrize("line", ["needs_cpu_seq_lens: bool = False", "needs_cpu_seq_lens = False"])
 def test_flag_upstream_shapes_are_done(line):
     src = f"class TRTLLMMLAMultiStepDraftBackend(Base):\n    {line}\n"
-    assert detect(spec.DraftBackendOptsOutOfCpuSeqLens, src).state is State.DONE
+    assert_state(spec.DraftBackendOptsOutOfCpuSeqLens, src, State.DONE)
 
 
 def test_flag_set_otherwise_by_a_fork_is_not_overridden():
@@ -153,7 +135,6 @@ def test_init_sets_mask_to_none_last():
 
 
 def test_alloc_goes_just_above_the_parent_call_and_imports_the_helper():
-    out = apply(spec.AllocCustomMask, BACKEND)
     expected = BACKEND.replace(
         """\
         self.padded_q_buffer = torch.zeros((max_bs,))
@@ -179,7 +160,7 @@ def test_alloc_goes_just_above_the_parent_call_and_imports_the_helper():
         "from sglang.srt._patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask\n"
         "from sglang.srt.model_executor.forward_batch_info import",
     )
-    assert out == expected
+    assert_codemod(spec.AllocCustomMask, BACKEND, expected)
 
 
 def test_alloc_without_parent_call_goes_at_the_end():
@@ -206,7 +187,7 @@ def test_alloc_upstream_shape_is_done():
                     )
                 super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
     """
-    assert detect(spec.AllocCustomMask, src).state is State.DONE
+    assert_state(spec.AllocCustomMask, src, State.DONE)
 
 
 def test_alloc_needs_max_num_tokens():
@@ -220,7 +201,6 @@ def test_alloc_needs_max_num_tokens():
 
 
 def test_verify_buffers_method_after_init_cuda_graph_state():
-    out = apply(spec.VerifyBuffersReturnCustomMask, BACKEND)
     expected = BACKEND.replace(
         """\
         super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
@@ -237,7 +217,7 @@ def test_verify_buffers_method_after_init_cuda_graph_state():
         "from sglang.srt._patchkit.backends.trtllm_mla import verify_buffers_to_fill_after_draft\n"
         "from sglang.srt.model_executor.forward_batch_info import",
     )
-    assert out == expected
+    assert_codemod(spec.VerifyBuffersReturnCustomMask, BACKEND, expected)
 
 
 def test_verify_buffers_upstream_shape_done_and_foreign_override_refused():
@@ -246,9 +226,9 @@ def test_verify_buffers_upstream_shape_done_and_foreign_override_refused():
             def get_verify_buffers_to_fill_after_draft(self):
                 return [self.cuda_graph_custom_mask, None]
     """
-    assert detect(spec.VerifyBuffersReturnCustomMask, upstream).state is State.DONE
+    assert_state(spec.VerifyBuffersReturnCustomMask, upstream, State.DONE)
     foreign = upstream.replace("self.cuda_graph_custom_mask", "self.my_mask")
-    assert detect(spec.VerifyBuffersReturnCustomMask, foreign).state is State.MISSING
+    assert_state(spec.VerifyBuffersReturnCustomMask, foreign, State.MISSING)
 
 
 @pytest.mark.parametrize(
@@ -268,7 +248,6 @@ def test_later_upstream_verify_mask_supersedes_the_custom_mask(codemod, state):
 
 
 def test_all_spec_codemods_together_then_idempotent():
-    module = cst.parse_module(BACKEND + DRAFT.replace(HEADER, ""))
     codemods = [
         spec.BackendOptsOutOfCpuSeqLens,
         spec.DraftBackendOptsOutOfCpuSeqLens,
@@ -276,10 +255,9 @@ def test_all_spec_codemods_together_then_idempotent():
         spec.AllocCustomMask,
         spec.VerifyBuffersReturnCustomMask,
     ]
-    for c in codemods:
-        module = c().transform_module(module)
-    assert all(c().detect(module).state is State.DONE for c in codemods)
-    compile(module.code, "patched", "exec")
+    out, states = run_all(codemods, BACKEND + DRAFT.replace(HEADER, ""))
+    assert states == [State.DONE] * len(codemods)
+    compile(out, "patched", "exec")
 
 
 # --- trtllm-mla-draft-skip-template: snippets ---------------------------------------
@@ -342,7 +320,7 @@ def test_draft_upstream_shapes_are_done():
                 for i in range(self.speculative_num_steps - 1):
                     self.attn_backends[i].init_forward_metadata_out_graph(forward_batch)
     """
-    assert detect(skip.DraftInitMetadataSkipsTemplate, src).state is State.DONE
+    assert_state(skip.DraftInitMetadataSkipsTemplate, src, State.DONE)
     finding = detect(skip.DraftReplaySkipsTemplate, src)
     assert finding.state is State.DONE and finding.anchor.endswith("init_forward_metadata_out_graph")
 
@@ -358,13 +336,13 @@ def test_draft_override_through_common_template_is_refused():
             def init_forward_metadata_replay_cuda_graph(self, forward_batch, bs):
                 super().init_forward_metadata_replay_cuda_graph(forward_batch, bs)
     """
-    assert detect(skip.DraftInitMetadataSkipsTemplate, src).state is State.MISSING
-    assert detect(skip.DraftReplaySkipsTemplate, src).state is State.MISSING
+    assert_state(skip.DraftInitMetadataSkipsTemplate, src, State.MISSING)
+    assert_state(skip.DraftReplaySkipsTemplate, src, State.MISSING)
 
 
 def test_missing_classes_are_reported_missing():
     for codemod in (spec.BackendOptsOutOfCpuSeqLens, spec.DraftBackendOptsOutOfCpuSeqLens, skip.DraftInitMetadataSkipsTemplate):
-        assert detect(codemod, "x = 1\n").state is State.MISSING
+        assert_state(codemod, "x = 1\n", State.MISSING)
 
 
 def test_patched_draft_overrides_call_each_step_once_without_common_template():

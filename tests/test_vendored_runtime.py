@@ -5,7 +5,6 @@ manifest that lets a clone of a patched fork status, verify and revert."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,8 @@ RUNTIME_FILES = {
     "srt/_patchkit/runtime/__init__.py",
     "srt/_patchkit/runtime/seq_lens.py",
     "srt/_patchkit/backends/__init__.py",
+    "srt/_patchkit/backends/fa3.py",
+    "srt/_patchkit/backends/mirror_reads.py",
     "srt/_patchkit/backends/trtllm_mha.py",
     "srt/_patchkit/backends/trtllm_mla.py",
 }
@@ -178,7 +179,7 @@ def test_clone_of_a_patched_fork_knows_what_was_applied(make_tree, cli, tmp_path
     scheduler.write_text(scheduler.read_text() + "# vendor note\n")
     result = cli("revert", clone)
     assert result.exit_code == 0, result.output
-    assert "12 file(s) changed, 7 removed" in result.output
+    assert "13 file(s) changed, 9 removed" in result.output
     assert git(clone, "diff", "HEAD~1", "--stat").strip().endswith("1 file changed, 1 insertion(+)")
     assert not (clone / "python/sglang/srt/_patchkit").exists()
 

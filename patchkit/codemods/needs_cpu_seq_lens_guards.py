@@ -9,8 +9,10 @@ mirror is there, and a GPU-only value or a static upper bound when it is not.
 Every site is the same kind of edit: one ``Guard`` (a matcher for the read,
 optionally limited to the inside of an enclosing node, and the expression that
 replaces it), applied with ``primitives.rewrite_expressions``. A codemod is one
-method and its guards. It is done when none of its reads is left unguarded and
-either a helper call (ours) or the method's upstream guard (0.5.13+) is there.
+method and its guards (``base.MethodGuards``, here ``MirrorGuards``). It is done
+when none of its reads is left unguarded and a helper call (ours), the method's
+upstream guard (0.5.13+) or a fork's own None tests (any form:
+``primitives.NoneGuards``) are there.
 
 The sites, found by reading 0.5.10 .. 0.5.12.post1 (see
 ``docs/research/needs-cpu-seq-lens.md`` and the patch description), are listed
@@ -19,76 +21,15 @@ in the codemod classes below, in the order a decode step reaches them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
-import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding, State
+from patchkit.codemods.base import Guard, MethodGuards
+from patchkit.codemods.primitives import ANY, attr, call, none_test, plus, save
 from patchkit.vendoring import import_path
 
 RUNTIME = import_path("runtime")
-
-
-@dataclass(frozen=True)
-class Guard:
-    """Rewrite each ``site`` (inside a ``within`` node, when given) as
-    ``template``, whose UPPERCASE names are the site's captures plus those of
-    the method's first ``context`` match. ``helper`` is the patchkit.runtime
-    function the template calls (imported by the patched file)."""
-
-    site: m.BaseMatcherNode
-    template: str
-    helper: Optional[str] = None
-    within: Optional[m.BaseMatcherNode] = None
-    context: Optional[m.BaseMatcherNode] = None
-
-
-# -- matcher vocabulary --------------------------------------------------------------------
-
-
-def attr(name: str, receiver: m.BaseMatcherNode = m.DoNotCare()) -> m.Attribute:
-    """``<receiver>.<name>``; ``name`` may be ``a|b`` for either."""
-    names = [m.Name(n) for n in name.split("|")]
-    one = names[0]
-    for other in names[1:]:
-        one = one | other
-    return m.Attribute(value=receiver, attr=one)
-
-
-def save(matcher: m.BaseMatcherNode, key: str) -> m.SaveMatchedNode:
-    return m.SaveMatchedNode(matcher, key)
-
-
-ANY = m.DoNotCare()
-
-
-def call(func: str, *args: m.BaseMatcherNode) -> m.Call:
-    """``func(args...)`` (``func`` dotted, e.g. ``torch.cat``); without args: any arguments."""
-    parts = func.split(".")
-    matcher: m.BaseMatcherNode = m.Name(parts[0])
-    for part in parts[1:]:
-        matcher = m.Attribute(value=matcher, attr=m.Name(part))
-    if not args:
-        return m.Call(func=matcher)
-    return m.Call(func=matcher, args=list(args))
-
-
-def plus(left: m.BaseMatcherNode) -> m.BinaryOperation:
-    """``LEFT + RIGHT`` where the left operand matches ``left``."""
-    return m.BinaryOperation(left=save(left, "LEFT"), operator=m.Add(), right=save(ANY, "RIGHT"))
-
-
-def none_test(target: m.BaseMatcherNode) -> m.If:
-    """``if <target> is None`` / ``is not None`` (alone or within and/or)."""
-    comparison = m.Comparison(
-        left=target,
-        comparisons=[m.ComparisonTarget(operator=m.Is() | m.IsNot(), comparator=m.Name("None"))],
-    )
-    return m.If(test=comparison | m.BooleanOperation(left=comparison) | m.BooleanOperation(right=comparison))
-
 
 # `A + B` where A is the mirror: None-aware addition (an AugAssign becomes an Assign).
 ADD_TEMPLATE = "add_or_none(LEFT, RIGHT)"
@@ -103,107 +44,20 @@ def aug_add_guard(target: m.BaseMatcherNode) -> Guard:
     return Guard(site, "T = add_or_none(T, V)", "add_or_none")
 
 
-# -- the codemod ------------------------------------------------------------------------------------
+class MirrorGuards(MethodGuards):
+    """The reads of the CPU seq_lens mirror in one method; helpers from the
+    vendored patchkit.runtime. A None test of any mirror value guards a read
+    of any of them: the sync owner sets them None together."""
 
-
-class MethodGuards(ClassCodemod):
-    """The guards of one method. Subclasses set CLASS, METHOD, GUARDS and,
-    where upstream guards the same reads its own way (0.5.13+), either
-    UPSTREAM (a matcher for upstream's ``if``: reads inside one are guarded)
-    or UPSTREAM_MARKER (a matcher for upstream's shape of the whole method,
-    e.g. a None fallback on a local after the read: its presence means done).
-    Where upstream reworked the code later:
-
-    * RENAMED: later names of the method;
-    * WHY_ABSENT: some releases lack the method (before it came, or after
-      upstream moved it away): that part is superseded there, with this reason;
-    * UPSTREAM_FUNCTION: a module function of the same file that upstream moved
-      the read to (done when it has the UPSTREAM_MARKER);
-    * MOVED_OUT: (matcher, reason): the method now delegates the read to code
-      in another file (superseded when the method matches).
-    """
-
-    METHOD: ClassVar[str]
-    GUARDS: ClassVar[tuple[Guard, ...]]
-    UPSTREAM: ClassVar[Optional[m.BaseMatcherNode]] = None
-    UPSTREAM_MARKER: ClassVar[Optional[m.BaseMatcherNode]] = None
-    RENAMED: ClassVar[tuple[str, ...]] = ()
-    WHY_ABSENT: ClassVar[str] = ""
-    UPSTREAM_FUNCTION: ClassVar[str] = ""
-    MOVED_OUT: ClassVar[Optional[tuple[m.BaseMatcherNode, str]]] = None
-
-    @property
-    def anchor(self) -> str:
-        return f"{self.CLASS}.{self.METHOD}"
-
-    def detect(self, module: cst.Module) -> Finding:
-        finding = super().detect(module)
-        if finding.state is State.MISSING and self.UPSTREAM_FUNCTION:
-            moved = primitives.find_function(module, self.UPSTREAM_FUNCTION)
-            if moved is not None and self.UPSTREAM_MARKER is not None and primitives.contains(moved, self.UPSTREAM_MARKER):
-                return Finding.done(self.anchor, f"upstream's own guard, in {self.UPSTREAM_FUNCTION}()")
-        return finding
-
-    def _method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
-        return primitives.find_first_method(cls, (self.METHOD, *self.RENAMED))
-
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        fn = self._method(cls)
-        if fn is None:
-            if self.WHY_ABSENT:
-                return Finding.superseded(self.anchor, self.WHY_ABSENT)
-            return Finding.missing(self.anchor, "method not found")
-        if self.UPSTREAM_MARKER is not None and primitives.contains(fn, self.UPSTREAM_MARKER):
-            return Finding.done(self.anchor, "upstream's own guard")
-        left = [g for g in self.GUARDS if self._unguarded(fn, g)]
-        for guard in left:
-            if guard.context is not None and not primitives.find_all(fn, guard.context):
-                return Finding.missing(self.anchor, f"no statement matching {guard.context!r}")
-        if left:
-            count = sum(len(self._unguarded(fn, g)) for g in left)
-            return Finding.todo(self.anchor, f"{count} unguarded read(s) of the CPU seq_lens mirror")
-        if any(primitives.contains(fn, call(g.helper)) for g in self.GUARDS if g.helper):
-            return Finding.done(self.anchor)
-        if self.UPSTREAM is not None and primitives.contains(fn, self.UPSTREAM):
-            return Finding.done(self.anchor, "upstream's own guard")
-        if self.MOVED_OUT is not None and primitives.contains(fn, self.MOVED_OUT[0]):
-            return Finding.superseded(self.anchor, self.MOVED_OUT[1])
-        return Finding.missing(self.anchor, "the reads of seq_lens_cpu / seq_lens_sum this change guards are not there")
-
-    def _unguarded(self, fn: cst.FunctionDef, guard: Guard) -> list[cst.CSTNode]:
-        """The reads ``guard`` is for, less those upstream's guard (an ``if``
-        matching UPSTREAM) already encloses."""
-        found = primitives.find_all(fn, guard.site, guard.within)
-        if found and self.UPSTREAM is not None:
-            covered = {
-                id(n) for outer in primitives.find_all(fn, self.UPSTREAM) for n in primitives.find_all(outer, guard.site, guard.within)
-            }
-            found = [n for n in found if id(n) not in covered]
-        return found
-
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        return primitives.replace_method(cls, self._method(cls).name.value, self._guard)
-
-    def _guard(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        # Guards with an unguarded read are applied to all their reads; one
-        # inside an upstream-style guard is rewritten too, harmlessly (the
-        # helper computes the same value there).
-        for guard in self.GUARDS:
-            if not self._unguarded(fn, guard):
-                continue
-            nodes = {}
-            if guard.context is not None:
-                nodes = m.extract(primitives.find_all(fn, guard.context)[0], guard.context)
-            fn = primitives.rewrite_expressions(fn, guard.site, guard.template, within=guard.within, **nodes)
-            if guard.helper:
-                self.require_import(RUNTIME, guard.helper)
-        return fn
+    VALUES: ClassVar[tuple[str, ...]] = ("seq_lens_cpu", "seq_lens_sum", "extend_prefix_lens_cpu", "extend_seq_lens_cpu")
+    READS = "the CPU seq_lens mirror"
+    HELPER_MODULE = RUNTIME
 
 
 # -- managers/schedule_batch.py: ScheduleBatch ---------------------------------------------------------
 
 
-class GuardFilterBatch(MethodGuards):
+class GuardFilterBatch(MirrorGuards):
     DESCRIPTION = "ScheduleBatch.filter_batch: seq_lens_cpu[keep_indices] -> index_or_none(...)"
     CLASS = "ScheduleBatch"
     METHOD = "filter_batch"
@@ -217,7 +71,7 @@ class GuardFilterBatch(MethodGuards):
     UPSTREAM = none_test(attr("seq_lens_cpu"))
 
 
-class GuardMergeBatch(MethodGuards):
+class GuardMergeBatch(MirrorGuards):
     DESCRIPTION = "ScheduleBatch.merge_batch: torch.cat of the mirrors -> cat_or_none; seq_lens_sum += -> add_or_none"
     CLASS = "ScheduleBatch"
     METHOD = "merge_batch"
@@ -237,7 +91,7 @@ class GuardMergeBatch(MethodGuards):
 EXTEND_LENS = "extend_seq_lens|extend_prefix_lens"
 
 
-class GuardInitNewExtendLens(MethodGuards):
+class GuardInitNewExtendLens(MirrorGuards):
     DESCRIPTION = (
         "ForwardBatch.init_new (extend branch, where DRAFT_EXTEND_V2 lands): extend lens may be "
         "device tensors (GPU-only draft extend): isinstance accepts them, torch.as_tensor keeps "
@@ -265,7 +119,7 @@ class GuardInitNewExtendLens(MethodGuards):
     UPSTREAM_MARKER = m.If(test=call("isinstance", m.Arg(), m.Arg(value=m.Name("list"))))
 
 
-class GuardPadInputs(MethodGuards):
+class GuardPadInputs(MirrorGuards):
     DESCRIPTION = "ForwardBatch._pad_inputs_to_size (DP attention padding): seq_lens_sum + pad -> add_or_none"
     CLASS = "ForwardBatch"
     METHOD = "_pad_inputs_to_size"
@@ -276,7 +130,7 @@ class GuardPadInputs(MethodGuards):
 # -- model_executor/cuda_graph_runner.py and the draft-extend graph runner ----------------------------------
 
 
-class GuardGraphReplay(MethodGuards):
+class GuardGraphReplay(MirrorGuards):
     DESCRIPTION = "CudaGraphRunner.replay_prepare (verify graph): padded seq_lens_sum -> add_or_none"
     CLASS = "CudaGraphRunner"
     METHOD = "replay_prepare"
@@ -286,7 +140,7 @@ class GuardGraphReplay(MethodGuards):
     UPSTREAM_FUNCTION = "build_replay_fb_view"
 
 
-class GuardDraftExtendGraphReplay(MethodGuards):
+class GuardDraftExtendGraphReplay(MirrorGuards):
     DESCRIPTION = "EAGLEDraftExtendCudaGraphRunner.replay: padded seq_lens_sum -> add_or_none"
     CLASS = "EAGLEDraftExtendCudaGraphRunner"
     METHOD = "replay"
@@ -300,7 +154,7 @@ class GuardDraftExtendGraphReplay(MethodGuards):
 TREE_KERNEL = "build_tree_kernel_efficient"
 
 
-class GuardDraftTreeMask(MethodGuards):
+class GuardDraftTreeMask(MirrorGuards):
     DESCRIPTION = (
         f"EagleDraftWorker.draft: {TREE_KERNEL}'s seq_lens_sum -> tree_mask_seq_lens_sum "
         "(no mirror: 0 with a preallocated tree mask, else bs * max_context_len)"
@@ -330,7 +184,7 @@ class GuardDraftTreeMask(MethodGuards):
 # -- speculative/eagle_info_v2.py: the draft extend after verify ----------------------------------------
 
 
-class GuardDraftExtendPrep(MethodGuards):
+class GuardDraftExtendPrep(MirrorGuards):
     DESCRIPTION = (
         "EagleDraftInputV2Mixin.prepare_for_extend_to_fill_draft_kvcache: GPU-only draft extend "
         "(mirror and sum advance only when present; prefix lens from the device seq_lens, no copy; "
@@ -362,7 +216,7 @@ class GuardDraftExtendPrep(MethodGuards):
 SEQ_LENS_SUM_BOUND = "seq_lens_sum_or_bound(SUM, BATCH.batch_size, self.max_context_len)"
 
 
-class GuardTritonMetadata(MethodGuards):
+class GuardTritonMetadata(MirrorGuards):
     DESCRIPTION = (
         "TritonAttnBackend.init_forward_metadata: kv_indices sized by an upper bound without the mirror; "
         "extend branch (draft extend): prefix sum and max extend len fall back when the host lists are None"
@@ -390,7 +244,7 @@ class GuardTritonMetadata(MethodGuards):
     UPSTREAM = none_test(attr("seq_lens_sum|extend_prefix_lens_cpu|extend_seq_lens_cpu"))
 
 
-class GuardTritonDraftTemplate(MethodGuards):
+class GuardTritonDraftTemplate(MirrorGuards):
     DESCRIPTION = "TritonMultiStepDraftBackend.common_template: kv_indices slice bounded by bs * max_context_len without the mirror"
     CLASS = "TritonMultiStepDraftBackend"
     METHOD = "common_template"
@@ -410,21 +264,21 @@ class GuardTritonDraftTemplate(MethodGuards):
 MIRROR_TOTAL = m.Call(func=attr("item", m.Call(func=attr("sum", attr("seq_lens_cpu", save(ANY, "BATCH"))))))
 
 
-class GuardDecodePerfMetrics(MethodGuards):
+class GuardDecodePerfMetrics(MirrorGuards):
     DESCRIPTION = "SchedulerMetricsMixin._estimate_decode_perf: seq_lens_cpu.sum() -> decode_total_seq_lens (sum of req.seqlen without the mirror)"
     CLASS = "SchedulerMetricsMixin"
     METHOD = "_estimate_decode_perf"
     GUARDS = (Guard(MIRROR_TOTAL, "decode_total_seq_lens(BATCH)", "decode_total_seq_lens"),)
 
 
-class GuardDecodeStats(MethodGuards):
-    DESCRIPTION = "SchedulerMetricsMixin.report_decode_stats: decode_sum_seq_lens -> decode_total_seq_lens"
+class GuardDecodeStats(MirrorGuards):
+    DESCRIPTION = "SchedulerMetricsMixin.report_decode_stats: decode_sum_seq_lens = seq_lens_cpu.sum().item() -> decode_total_seq_lens"
     CLASS = "SchedulerMetricsMixin"
     METHOD = "report_decode_stats"
     GUARDS = (Guard(MIRROR_TOTAL, "decode_total_seq_lens(BATCH)", "decode_total_seq_lens"),)
 
 
-class GuardScheduledRequestMetrics(MethodGuards):
+class GuardScheduledRequestMetrics(MirrorGuards):
     DESCRIPTION = "SchedulerMetricsMixin._build_scheduled_request_metrics: for sl in seq_lens_cpu -> decode_seq_lens"
     CLASS = "SchedulerMetricsMixin"
     METHOD = "_build_scheduled_request_metrics"

@@ -12,9 +12,14 @@
   ``EagleDraftInputV2Mixin.prepare_for_decode`` (under ``FIXME(lsyin): make
   this sync optional``); on trees with the FutureMap rewrite it is
   ``FutureMap.resolve_seq_lens_cpu``. Both are found by their shape (an
-  assignment to ``<batch>.seq_lens_cpu``), and whichever the tree lacks is
-  reported superseded. When the decision is False the GPU ``seq_lens`` still
-  advance; ``seq_lens_cpu`` and ``seq_lens_sum`` become None.
+  assignment to ``<batch>.seq_lens_cpu``); the one a release lacks is
+  superseded there, each saying only what its own file holds (a codemod sees
+  one file). When the decision is False the GPU ``seq_lens`` still advance;
+  ``seq_lens_cpu`` and ``seq_lens_sum`` become None.
+* A vendor fork may have removed the sync its own way: ``prepare_for_decode``
+  sets ``seq_lens_cpu = None`` and a helper of its own fills the mirror
+  later. There is nothing to gate: that part is superseded, naming the line,
+  and the rest of the patch (flags, decision, guards) still applies.
 
 Upstream shapes (0.5.13+) count as done: the property exists,
 ``init_overlap`` calls ``decide_needs_cpu_seq_lens``, and
@@ -29,23 +34,11 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods import primitives
-from patchkit.codemods.base import AddMethodCodemod, ClassCodemod, Finding
+from patchkit.codemods.base import AddMethodCodemod, Finding, MethodCodemod
+from patchkit.codemods.primitives import assigns_attr, attr, call, line
 from patchkit.vendoring import import_path
 
 RUNTIME = import_path("runtime")
-
-
-def _calls(name: str) -> m.Call:
-    return m.Call(func=m.Name(name))
-
-
-def _assigns_attr(attr: str, value: m.BaseMatcherNode = m.DoNotCare(), receiver: m.BaseMatcherNode = m.DoNotCare()):
-    """``<receiver>.<attr> = <value>``, as a small statement."""
-    return m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=receiver, attr=m.Name(attr)))], value=value)
-
-
-def _line(small: m.BaseMatcherNode) -> m.SimpleStatementLine:
-    return m.SimpleStatementLine(body=[small])
 
 
 # -- the worker lists its backends ------------------------------------------------------
@@ -77,8 +70,8 @@ class ExposeSpecV2AttnBackends(AddMethodCodemod):
 
 # -- the scheduler decides ---------------------------------------------------------------
 
-FUTURE_MAP_BUILT = _line(_assigns_attr("future_map", value=m.Call()))
-DECISION_CALL = _calls("configure_needs_cpu_seq_lens") | _calls("decide_needs_cpu_seq_lens")
+FUTURE_MAP_BUILT = line(assigns_attr("future_map", value=m.Call()))
+DECISION_CALL = call("configure_needs_cpu_seq_lens") | call("decide_needs_cpu_seq_lens")
 DECISION_SOURCE = """
 # patchkit (sglang #26128): decide once whether spec-v2 decode needs the CPU
 # mirror of seq_lens; the code that owns the seq_lens D2H sync reads it.
@@ -86,43 +79,42 @@ configure_needs_cpu_seq_lens(self.server_args, self.draft_worker, self.tp_worker
 """
 
 
-class DecideInInitOverlap(ClassCodemod):
+class DecideInInitOverlap(MethodCodemod):
     DESCRIPTION = "Scheduler.init_overlap: take the needs_cpu_seq_lens decision before building the FutureMap"
     CLASS = "Scheduler"
+    METHOD = "init_overlap"
     REQUIRED_TEXT = ("init_overlap",)
 
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.init_overlap"
-        fn = primitives.find_method(cls, "init_overlap")
-        if fn is None:
-            return Finding.missing(anchor, "method not found")
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if primitives.contains(fn, DECISION_CALL):
-            return Finding.done(anchor)
+            return Finding.done(self.anchor)
         if primitives.find_statement_index(fn, FUTURE_MAP_BUILT) is None:
-            return Finding.missing(anchor, "no `self.future_map = ...(...)` construction to decide before")
-        return Finding.todo(anchor, "needs_cpu_seq_lens not decided")
+            return self.missing_in(fn, "init_overlap builds no FutureMap", "a `self.future_map = ...(...)` construction to decide before")
+        return Finding.todo(self.anchor, "needs_cpu_seq_lens not decided")
 
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         self.require_import(RUNTIME, "configure_needs_cpu_seq_lens")
-        return primitives.replace_method(
-            cls, "init_overlap", lambda fn: primitives.insert_before(fn, FUTURE_MAP_BUILT, DECISION_SOURCE)
-        )
+        return primitives.insert_before(fn, FUTURE_MAP_BUILT, DECISION_SOURCE)
 
 
 # -- the sync owner reads the decision -----------------------------------------------------
 
 GATE = "not needs_cpu_seq_lens()"
-GATED = _calls("needs_cpu_seq_lens") | m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Attribute(attr=m.Name("needs_cpu_seq_lens"))))
-# `batch.seq_lens_cpu = batch.seq_lens.cpu()`: the D2H copy.
-D2H = _line(
-    _assigns_attr(
+GATED = call("needs_cpu_seq_lens") | m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Attribute(attr=m.Name("needs_cpu_seq_lens"))))
+# `batch.seq_lens_cpu = batch.seq_lens.cpu()` (or a fork's `.to("cpu", ...)`): the D2H copy.
+_TO_CPU = m.Arg(value=m.SimpleString('"cpu"') | m.SimpleString("'cpu'"))
+D2H = line(
+    assigns_attr(
         "seq_lens_cpu",
         receiver=m.SaveMatchedNode(m.Name(), "BATCH"),
-        value=m.Call(func=m.Attribute(value=m.Attribute(attr=m.Name("seq_lens")), attr=m.Name("cpu"))),
+        value=m.Call(func=m.Attribute(value=attr("seq_lens"), attr=m.Name("cpu")))
+        | m.Call(func=m.Attribute(value=attr("seq_lens"), attr=m.Name("to")), args=[_TO_CPU, m.ZeroOrMore()]),
     )
 )
-SUM = _line(_assigns_attr("seq_lens_sum"))
-MIRROR_WRITE = _assigns_attr("seq_lens_cpu", receiver=m.SaveMatchedNode(m.Name(), "BATCH"))
+SUM = line(assigns_attr("seq_lens_sum"))
+MIRROR_WRITE = assigns_attr("seq_lens_cpu", receiver=m.SaveMatchedNode(m.Name(), "BATCH"))
+# A fork that dropped the sync itself: `<batch>.seq_lens_cpu = None` (filled later, if at all, by its own code).
+MIRROR_DROPPED = assigns_attr("seq_lens_cpu", value=m.Name("None"))
 
 NO_MIRROR_COMMENT = (
     "# patchkit (sglang #26128): no attention backend reads the CPU mirror;\n"
@@ -130,10 +122,16 @@ NO_MIRROR_COMMENT = (
 )
 
 
-def _sync_run(fn: cst.FunctionDef) -> Optional[tuple[int, int, str]]:
-    """(start, end, batch name) of the top-level D2H assignment and the
+def _sync_block(fn: cst.FunctionDef) -> Optional[cst.IndentedBlock]:
+    """The block holding the D2H assignment as one of its statements: the
+    method body, or the block a fork moved it into (outermost first)."""
+    return next((b for b in primitives.find_all(fn, m.IndentedBlock()) if _sync_run(b) is not None), None)
+
+
+def _sync_run(block: cst.IndentedBlock) -> Optional[tuple[int, int, str]]:
+    """(start, end, batch name) of the D2H assignment in ``block`` and the
     ``seq_lens_sum`` assignment right after it, if any."""
-    body = fn.body.body
+    body = block.body
     for i, stmt in enumerate(body):
         captures = m.extract(stmt, D2H)
         if captures is not None:
@@ -142,7 +140,7 @@ def _sync_run(fn: cst.FunctionDef) -> Optional[tuple[int, int, str]]:
     return None
 
 
-class GateDecodeSync(ClassCodemod):
+class GateDecodeSync(MethodCodemod):
     DESCRIPTION = (
         "EagleDraftInputV2Mixin.prepare_for_decode: the seq_lens D2H copy and sum run only "
         "when needs_cpu_seq_lens(); else seq_lens_cpu / seq_lens_sum are None"
@@ -150,61 +148,58 @@ class GateDecodeSync(ClassCodemod):
     CLASS = "EagleDraftInputV2Mixin"
     METHOD = "prepare_for_decode"
 
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.{self.METHOD}"
-        fn = primitives.find_method(cls, self.METHOD)
-        if fn is None:
-            return Finding.missing(anchor, "method not found")
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if primitives.contains(fn, GATED):
-            return Finding.done(anchor)
-        if _sync_run(fn) is not None:
-            return Finding.todo(anchor, "`seq_lens_cpu = seq_lens.cpu()` runs every decode step")
-        if primitives.contains(fn, D2H.body[0]):
-            return Finding.missing(anchor, "the seq_lens .cpu() assignment is nested; expected it in the method body")
-        return Finding.superseded(anchor, "no seq_lens D2H here (FutureMap.resolve_seq_lens_cpu owns it)")
+            return Finding.done(self.anchor)
+        if _sync_block(fn) is not None:
+            return Finding.todo(self.anchor, "`seq_lens_cpu = seq_lens.cpu()` runs every decode step")
+        copies = primitives.find_all(fn, D2H.body[0])
+        if copies:
+            return self.missing_in(
+                fn, "the seq_lens copy to the host shares its line with other statements",
+                "it as a statement of its own, to gate it", copies[0],
+            )
+        dropped = primitives.find_all(fn, MIRROR_DROPPED)
+        if dropped:
+            return Finding.superseded(
+                self.anchor,
+                f"this tree already avoids the seq_lens sync at {self.where(dropped[0])}; patchkit does not gate it again",
+                by_tree=True,
+            )
+        return Finding.superseded(self.anchor, "prepare_for_decode copies no seq_lens to the host in this tree")
 
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         self.require_import(RUNTIME, "needs_cpu_seq_lens")
-
-        def gate(fn: cst.FunctionDef) -> cst.FunctionDef:
-            start, end, batch = _sync_run(fn)
-            body = list(fn.body.body)
-            no_mirror = f"{NO_MIRROR_COMMENT}{batch}.seq_lens_cpu = None\n{batch}.seq_lens_sum = None\n"
-            body[start:end] = [primitives.branch_statements(body[start:end], GATE, no_mirror)]
-            return fn.with_changes(body=fn.body.with_changes(body=body))
-
-        return primitives.replace_method(cls, self.METHOD, gate)
+        block = _sync_block(fn)
+        start, end, batch = _sync_run(block)
+        no_mirror = f"{NO_MIRROR_COMMENT}{batch}.seq_lens_cpu = None\n{batch}.seq_lens_sum = None\n"
+        return primitives.replace_block_statements(
+            fn, block, start, end, lambda run: primitives.branch_statements(run, GATE, no_mirror)
+        )
 
 
-class GateFutureMapSync(ClassCodemod):
+class GateFutureMapSync(MethodCodemod):
     DESCRIPTION = (
         "FutureMap.resolve_seq_lens_cpu (trees with the FutureMap rewrite): return before the "
         "D2H with seq_lens_cpu / seq_lens_sum None unless needs_cpu_seq_lens()"
     )
     CLASS = "FutureMap"
     METHOD = "resolve_seq_lens_cpu"
+    WHY_ABSENT = "FutureMap has no resolve_seq_lens_cpu in this tree (it came with upstream's FutureMap rewrite)"
 
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.{self.METHOD}"
-        fn = primitives.find_method(cls, self.METHOD)
-        if fn is None:
-            return Finding.superseded(anchor, "no FutureMap.resolve_seq_lens_cpu (prepare_for_decode owns the sync)")
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if primitives.contains(fn, GATED):
-            return Finding.done(anchor)
+            return Finding.done(self.anchor)
         if primitives.find_statement_index(fn, MIRROR_WRITE) is None:
-            return Finding.missing(anchor, "no assignment to <batch>.seq_lens_cpu")
-        return Finding.todo(anchor, "the seq_lens D2H runs every decode step")
+            return self.missing_in(fn, "no assignment to <batch>.seq_lens_cpu", "the mirror write to gate")
+        return Finding.todo(self.anchor, "the seq_lens D2H runs every decode step")
 
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         self.require_import(RUNTIME, "needs_cpu_seq_lens")
-
-        def gate(fn: cst.FunctionDef) -> cst.FunctionDef:
-            write = primitives.find_all(fn, MIRROR_WRITE)[0]
-            batch = m.extract(write, MIRROR_WRITE)["BATCH"].value
-            source = (
-                f"{NO_MIRROR_COMMENT}if {GATE}:\n"
-                f"    {batch}.seq_lens_cpu = None\n    {batch}.seq_lens_sum = None\n    return\n"
-            )
-            return primitives.insert_before(fn, MIRROR_WRITE, source)
-
-        return primitives.replace_method(cls, self.METHOD, gate)
+        write = primitives.find_all(fn, MIRROR_WRITE)[0]
+        batch = m.extract(write, MIRROR_WRITE)["BATCH"].value
+        source = (
+            f"{NO_MIRROR_COMMENT}if {GATE}:\n"
+            f"    {batch}.seq_lens_cpu = None\n    {batch}.seq_lens_sum = None\n    return\n"
+        )
+        return primitives.insert_before(fn, MIRROR_WRITE, source)

@@ -34,7 +34,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding, PatchCodemod
+from patchkit.codemods.base import Finding, MethodCodemod, PatchCodemod
 from patchkit.vendoring import import_path
 
 _code = cst.Module(body=[]).code_for_node
@@ -48,29 +48,20 @@ SUBJECT = "self.draft_extend_attn_backend"
 
 
 def _whitelist_assign(fn: cst.FunctionDef) -> Optional[cst.Assign]:
-    found = primitives.find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name(WHITELIST))]))
+    found = primitives.find_all(fn, primitives.assigns_name(WHITELIST))
     return found[0] if found else None
 
 
-def _isinstance_check(expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
-    """The isinstance check (or or-chain of them) on the draft-extend backend
-    inside the whitelist expression: the expression itself or an operand of
-    its ``and`` chain."""
-    names = primitives.isinstance_class_names(expr)
-    if names is not None and names[0] == SUBJECT:
-        return expr
-    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
-        return _isinstance_check(expr.right) or _isinstance_check(expr.left)
+def _whitelist_site(fn: cst.FunctionDef) -> Optional[tuple[cst.Assign, cst.BaseExpression]]:
+    """(assignment, disjunction): the ``or`` holding the isinstance checks of
+    the draft-extend backend, in the whitelist assignment or, where a fork
+    computes it beforehand into a local, in the first assignment that has it."""
+    whitelist = _whitelist_assign(fn)
+    for assign in [whitelist, *primitives.find_all(fn, m.Assign())]:
+        found = primitives.find_isinstance_disjunction(assign.value, SUBJECT) if assign is not None else None
+        if found is not None:
+            return assign, found
     return None
-
-
-def _swap(expr: cst.BaseExpression, old: cst.BaseExpression, new: cst.BaseExpression) -> cst.BaseExpression:
-    """``expr`` with ``old`` (itself or an operand of its ``and`` chain) replaced."""
-    if expr is old:
-        return new
-    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
-        return expr.with_changes(left=_swap(expr.left, old, new), right=_swap(expr.right, old, new))
-    return expr
 
 
 def _mentions(node: cst.CSTNode, name: str) -> bool:
@@ -81,57 +72,65 @@ def _mentions(node: cst.CSTNode, name: str) -> bool:
 _LOCAL_IMPORT = m.ImportFrom(names=[m.ZeroOrMore(), m.ImportAlias(name=m.Name(MHA_BACKEND)), m.ZeroOrMore()])
 
 
-class WhitelistTRTLLMHA(PatchCodemod):
+class WhitelistTRTLLMHA(MethodCodemod):
     DESCRIPTION = (
         f"EagleDraftWorker: the draft-extend CUDA-graph whitelist ({WHITELIST}) accepts {MHA_BACKEND}, "
         "written as one isinstance(backend, (...)) tuple; import it beside the other backends"
     )
     CLASS = "EagleDraftWorker"
+    METHOD = "init_cuda_graphs"
+    RENAMED = ("_capture_cuda_graphs",)  # 0.5.17+
     REQUIRED_TEXT = (CLASS, WHITELIST)
 
-    def _method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
-        # 0.5.10 - 0.5.13: init_cuda_graphs; 0.5.17+: _capture_cuda_graphs.
+    @property
+    def anchor(self) -> str:
+        return f"{self.CLASS}.{WHITELIST}"
+
+    def anchor_of(self, fn: cst.FunctionDef) -> str:
+        return f"{self.CLASS}.{fn.name.value}: {WHITELIST}"
+
+    def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
+        # Whichever method assigns the whitelist (its name changed across releases).
         return next((f for f in primitives.methods(cls) if _whitelist_assign(f) is not None), None)
 
+    def detect_absent(self, cls: cst.ClassDef) -> Finding:
+        return Finding.missing(self.anchor, f"{self.where(cls)}: no method of {self.CLASS} assigns {WHITELIST}")
+
     def detect(self, module: cst.Module) -> Finding:
-        cls = primitives.find_class(module, self.CLASS)
-        if cls is None:
-            return Finding.missing(self.CLASS, f"class {self.CLASS} not found")
-        fn = self._method(cls)
-        if fn is None:
-            return Finding.missing(f"{self.CLASS}.{WHITELIST}", f"no method assigns {WHITELIST}")
-        anchor = f"{self.CLASS}.{fn.name.value}: {WHITELIST}"
-        imported = primitives.imports_name(module, MHA_MODULE, MHA_BACKEND) or primitives.contains(fn, _LOCAL_IMPORT)
+        self._imported = primitives.imports_name(module, MHA_MODULE, MHA_BACKEND)
+        return super().detect(module)
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        anchor = self.anchor_of(fn)
         if _mentions(fn, MHA_BACKEND):
             # Ours and 0.5.13's tuple; 0.5.17's list of supported backend types.
-            if imported:
+            if self._imported or primitives.contains(fn, _LOCAL_IMPORT):
                 return Finding.done(anchor)
             return Finding.todo(anchor, f"{MHA_BACKEND} is whitelisted but not imported")
-        if _isinstance_check(_whitelist_assign(fn).value) is None:
-            return Finding.missing(anchor, f"not an isinstance check on {SUBJECT}")
+        if _whitelist_site(fn) is None:
+            assign = _whitelist_assign(fn)
+            return self.missing_in(
+                fn,
+                f"`{WHITELIST} = {_code(assign.value)}` has no `or` of isinstance({SUBJECT}, ...) checks",
+                f"one (or a single isinstance({SUBJECT}, (...)) check) to add {MHA_BACKEND} to",
+                assign,
+            )
         return Finding.todo(anchor, f"{MHA_BACKEND} is not whitelisted")
 
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        if _mentions(fn, MHA_BACKEND):
+            return fn
+        assign, _disjunction = _whitelist_site(fn)
+        new_value = primitives.add_isinstance_classes(assign.value, SUBJECT, [MHA_BACKEND], after="TRTLLMMLABackend")
+        return primitives.replace_statements(
+            fn,
+            primitives.line(primitives.is_node(assign)),
+            lambda stmt: stmt.with_changes(body=[stmt.body[0].with_changes(value=new_value)]),
+        )
+
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        def edit_method(fn: cst.FunctionDef) -> cst.FunctionDef:
-            if _mentions(fn, MHA_BACKEND):
-                return fn
-            assign = _whitelist_assign(fn)
-            check = _isinstance_check(assign.value)
-            new_check = primitives.isinstance_tuple(check, add=[MHA_BACKEND], after="TRTLLMMLABackend")
-            new_value = _swap(assign.value, check, new_check)
-            return primitives.replace_statements(
-                fn,
-                m.SimpleStatementLine(body=[m.MatchIfTrue(lambda small: small is assign)]),
-                lambda line: line.with_changes(body=[line.body[0].with_changes(value=new_value)]),
-            )
-
-        def edit_class(cls: cst.ClassDef) -> cst.ClassDef:
-            return primitives.replace_method(cls, self._method(cls).name.value, edit_method)
-
-        tree = primitives.replace_class(tree, self.CLASS, edit_class)
-        cls = primitives.find_class(tree, self.CLASS)
-        fn = self._method(cls)
-        if not primitives.contains(fn, _LOCAL_IMPORT):
+        tree = super().transform_module_impl(tree)
+        if not primitives.contains(self.find_method(primitives.find_class(tree, self.CLASS)), _LOCAL_IMPORT):
             tree = primitives.add_import_sorted(tree, MHA_MODULE, MHA_BACKEND)
         return tree
 
@@ -152,8 +151,15 @@ _IS_DRAFT_EXTEND_ANY = m.Call(
 _IS_DRAFT_EXTEND_V2 = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend_v2")), args=[])
 
 
-def _branches(fn: cst.FunctionDef, test: m.BaseMatcherNode) -> list[cst.If]:
-    return list(primitives.find_all(fn, m.If(test=test)))
+def _testing(call: m.BaseMatcherNode) -> m.If:
+    """An ``if`` / ``elif`` whose test holds ``call``, not negated: the mode
+    test alone or in a fork's own condition (``... and self.vendor_flag``)."""
+    negated = m.UnaryOperation(operator=m.Not(), expression=call)
+    return m.If(test=m.MatchIfTrue(lambda t: primitives.contains(t, call) and not primitives.contains(t, negated)))
+
+
+def _branches(fn: cst.CSTNode, call: m.BaseMatcherNode) -> list[cst.If]:
+    return list(primitives.find_all(fn, _testing(call)))
 
 
 def _draft_extend_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cst.FunctionDef]:
@@ -167,40 +173,41 @@ def _draft_extend_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cs
 
 
 def _with_include_v2(if_: cst.If) -> cst.If:
-    call = if_.test
-    arg = cst.Arg(
-        keyword=cst.Name("include_v2"),
-        value=cst.Name("True"),
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    """The V1-only mode test in the ``if``'s condition, with include_v2=True."""
+    test = primitives.replace_expressions(
+        if_.test, _IS_DRAFT_EXTEND_V1_ONLY, lambda call, _: primitives.set_keyword_argument(call, "include_v2", "True")
     )
-    return if_.with_changes(test=call.with_changes(args=[arg]))
+    return if_.with_changes(test=test)
 
 
-class CaptureIncludesDraftExtendV2(ClassCodemod):
+class _DraftExtendMetadataMethod(MethodCodemod):
+    """A TRT-LLM MHA CUDA-graph metadata method, under its 0.5.10 - 0.5.12
+    name or its 0.5.13 one; where a fork keeps both, the one with the
+    draft-extend branch."""
+
+    CLASS = "TRTLLMHAAttnBackend"
+
+    def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
+        return _draft_extend_method(cls, (self.METHOD, *self.RENAMED))
+
+
+class CaptureIncludesDraftExtendV2(_DraftExtendMetadataMethod):
     DESCRIPTION = (
         "TRTLLMHAAttnBackend CUDA-graph capture metadata: the draft-extend branch matches V1 and V2 "
         "(is_draft_extend(include_v2=True))"
     )
-    CLASS = "TRTLLMHAAttnBackend"
+    METHOD, RENAMED = CAPTURE_METHODS[0], CAPTURE_METHODS[1:]
 
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        fn = _draft_extend_method(cls, CAPTURE_METHODS)
-        if fn is None:
-            return Finding.missing(f"{self.CLASS}.{CAPTURE_METHODS[0]}", f"none of {', '.join(CAPTURE_METHODS)} is defined")
-        anchor = f"{self.CLASS}.{fn.name.value}"
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        anchor = self.anchor_of(fn)
         if _branches(fn, _IS_DRAFT_EXTEND_ANY | _IS_DRAFT_EXTEND_V2):
             return Finding.done(anchor)
         if _branches(fn, _IS_DRAFT_EXTEND_V1_ONLY):
             return Finding.todo(anchor, "draft-extend branch matches V1 only")
-        return Finding.missing(anchor, "no `if forward_mode.is_draft_extend()` branch")
+        return self.missing_in(fn, "no draft-extend branch", "an `if forward_mode.is_draft_extend():` branch")
 
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        fn = _draft_extend_method(cls, CAPTURE_METHODS)
-        return primitives.replace_method(
-            cls,
-            fn.name.value,
-            lambda f: primitives.replace_statements(f, m.If(test=_IS_DRAFT_EXTEND_V1_ONLY), _with_include_v2),
-        )
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        return primitives.replace_statements(fn, _testing(_IS_DRAFT_EXTEND_V1_ONLY), _with_include_v2)
 
 
 # The per-request accepted-token counts V1 reads, by release: 0.5.10 -
@@ -235,58 +242,56 @@ def _draft_extend_branch(fn: cst.FunctionDef) -> Optional[cst.If]:
 
 
 def _has_v2_split(branch: cst.If) -> bool:
-    return bool(primitives.find_all(branch.body, m.If(test=_IS_DRAFT_EXTEND_V2))) or primitives.contains(
+    return bool(_branches(branch.body, _IS_DRAFT_EXTEND_V2)) or primitives.contains(
         branch.body, m.Call(func=m.Name(HELPER))
     )
 
 
-class ReplayDraftExtendV2Stride(ClassCodemod):
+class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
     DESCRIPTION = (
         "TRTLLMHAAttnBackend CUDA-graph replay metadata: the draft-extend branch matches V1 and V2; "
         "DRAFT_EXTEND_V2 uses spec_info.num_tokens_per_req as a fixed stride for cu_seqlens_q / "
         f"max_seq_len_q ({HELPER_MODULE}.{HELPER}); V1 keeps its cumsum path"
     )
-    CLASS = "TRTLLMHAAttnBackend"
+    METHOD, RENAMED = REPLAY_METHODS[0], REPLAY_METHODS[1:]
 
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        fn = _draft_extend_method(cls, REPLAY_METHODS)
-        if fn is None:
-            return Finding.missing(f"{self.CLASS}.{REPLAY_METHODS[0]}", f"none of {', '.join(REPLAY_METHODS)} is defined")
-        anchor = f"{self.CLASS}.{fn.name.value}"
+    def detect(self, module: cst.Module) -> Finding:
+        self._helper_imported = primitives.imports_name(module, HELPER_MODULE, HELPER)
+        return super().detect(module)
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        anchor = self.anchor_of(fn)
         v1_only = _branches(fn, _IS_DRAFT_EXTEND_V1_ONLY)
         both = _branches(fn, _IS_DRAFT_EXTEND_ANY)
         if not v1_only and not both:
             if _branches(fn, _IS_DRAFT_EXTEND_V2):
                 return Finding.done(anchor, "V2 has its own branch (upstream 0.5.17+ shape)")
-            return Finding.missing(anchor, "no `if forward_mode.is_draft_extend()` branch")
+            return self.missing_in(fn, "no draft-extend branch", "an `if forward_mode.is_draft_extend():` branch")
         branch = (v1_only + both)[0]
         if not v1_only and _has_v2_split(branch):
             if primitives.contains(branch.body, m.Call(func=m.Name(HELPER))) and not self._helper_imported:
                 return Finding.todo(anchor, f"{HELPER} is called but not imported")
             return Finding.done(anchor)
         if not _has_v2_split(branch):
-            params = {p.name.value for p in fn.params.params}
-            if not {"bs", "spec_info"} <= params:
-                return Finding.missing(anchor, "expected parameters `bs` and `spec_info`")
+            params = [p.name.value for p in fn.params.params]
+            if not {"bs", "spec_info"} <= set(params):
+                return self.missing_in(fn, f"parameters ({', '.join(params)})", "parameters `bs` and `spec_info`")
             if _v1_run(branch) is None:
-                return Finding.missing(
-                    anchor, "draft-extend branch: no single run of statements filling cu_seqlens_q from num_accept_tokens"
+                return self.missing_in(
+                    fn,
+                    "the draft-extend branch fills cu_seqlens_q in no single run of statements",
+                    "one run of statements filling cu_seqlens_q from num_accept_tokens, to keep as the V1 path",
+                    branch,
                 )
         return Finding.todo(anchor, "draft-extend replay has no DRAFT_EXTEND_V2 fixed-stride path")
 
-    def detect(self, module: cst.Module) -> Finding:
-        self._helper_imported = primitives.imports_name(module, HELPER_MODULE, HELPER)
-        return super().detect(module)
-
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        fn = _draft_extend_method(cls, REPLAY_METHODS)
-
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         def edit_branch(if_: cst.If) -> cst.If:
             if not _has_v2_split(if_):
                 first, last = _v1_run(if_)
                 body = list(if_.body.body)
                 run = body[first : last + 1]
-                receiver = _code(if_.test.func.value)
+                receiver = _code(primitives.find_all(if_.test, _IS_DRAFT_EXTEND)[0].func.value)
                 metadata = next(
                     _code(a.value) for a in primitives.find_all(cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q")))
                 )
@@ -302,13 +307,13 @@ class ReplayDraftExtendV2Stride(ClassCodemod):
                     )
                 ]
                 if_ = if_.with_changes(body=if_.body.with_changes(body=body))
-            if m.matches(if_.test, _IS_DRAFT_EXTEND_V1_ONLY):
+            if primitives.contains(if_.test, _IS_DRAFT_EXTEND_V1_ONLY):
                 if_ = _with_include_v2(if_)
             return if_
 
-        if not _has_v2_split(_draft_extend_branch(fn)) or primitives.find_all(fn, m.If(test=_IS_DRAFT_EXTEND_V1_ONLY)):
-            fn = primitives.replace_statements(fn, m.If(test=_IS_DRAFT_EXTEND), edit_branch)
-        return primitives.replace_method(cls, fn.name.value, lambda _old: fn)
+        if not _has_v2_split(_draft_extend_branch(fn)) or _branches(fn, _IS_DRAFT_EXTEND_V1_ONLY):
+            fn = primitives.replace_statements(fn, _testing(_IS_DRAFT_EXTEND), edit_branch)
+        return fn
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         tree = super().transform_module_impl(tree)
@@ -353,50 +358,52 @@ def _unguarded_topk(fn: cst.FunctionDef) -> int:
     return total - guarded
 
 
-class RunnerReplaySkipsTopkForV2(ClassCodemod):
+class RunnerReplaySkipsTopkForV2(MethodCodemod):
     DESCRIPTION = (
         "EAGLEDraftExtendCudaGraphRunner.replay: for DRAFT_EXTEND_V2 the unpadded output carries logits and "
         "hidden states only; top-k slices are copied for the other modes"
     )
     CLASS = "EAGLEDraftExtendCudaGraphRunner"
-    METHODS = ("replay", "execute")  # 0.5.17 renamed replay -> execute
+    METHOD = "replay"
+    RENAMED = ("execute",)  # 0.5.17
 
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        fn = primitives.find_first_method(cls, self.METHODS)
-        if fn is None:
-            return Finding.missing(f"{self.CLASS}.replay", "method not defined")
-        anchor = f"{self.CLASS}.{fn.name.value}"
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        anchor = self.anchor_of(fn)
         if _unguarded_topk(fn) == 0:
             return Finding.done(anchor)
         if self._topk_block(fn) is None:
-            return Finding.missing(anchor, "top-k copies into the output are not one run of statements")
+            first = primitives.find_all(fn, _TOPK_ASSIGN)[0]
+            return self.missing_in(
+                fn, "the top-k copies into the output are not one run of statements in one block",
+                "them as one run, to guard it for non-V2 modes", first,
+            )
         return Finding.todo(anchor, "copies top-k slices into the DRAFT_EXTEND_V2 output")
 
     @staticmethod
-    def _topk_block(fn: cst.FunctionDef) -> Optional[m.BaseMatcherNode]:
-        """A matcher for the ``if`` whose body holds the top-k copies as one
-        uninterrupted run (``if unpadding_bs is not None:`` in these trees)."""
-        for if_ in primitives.find_all(fn, m.If()):
-            body = list(if_.body.body)
-            hits = [i for i, s in enumerate(body) if m.matches(s, _TOPK_ASSIGN)]
-            if hits and hits == list(range(hits[0], hits[-1] + 1)) and not m.matches(if_, _V2_TEST):
-                return m.If(test=m.MatchIfTrue(lambda test, target=if_.test: test is target))
-        return None
+    def _topk_block(fn: cst.FunctionDef) -> Optional[cst.IndentedBlock]:
+        """The block holding the top-k copies as one uninterrupted run of its
+        statements: the body of ``if unpadding_bs is not None:`` in these
+        trees, the method body or another block in a fork's."""
+        # Blocks a V2 test already confines to other modes are not candidates.
+        confined = {id(b) for g in primitives.find_all(fn, _V2_TEST) for b in (g.body, getattr(g.orelse, "body", None))}
+        return next((b for b in primitives.find_all(fn, m.IndentedBlock()) if id(b) not in confined and _topk_run(b)), None)
 
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        fn = primitives.find_first_method(cls, self.METHODS)
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         block = self._topk_block(fn)
-
-        def edit(if_: cst.If) -> cst.If:
-            body = list(if_.body.body)
-            hits = [i for i, s in enumerate(body) if m.matches(s, _TOPK_ASSIGN)]
-            if not hits:
-                return if_
-            body[hits[0] : hits[-1] + 1] = [primitives.guard_statements(body[hits[0] : hits[-1] + 1], V2_GUARD)]
-            return if_.with_changes(body=if_.body.with_changes(body=body))
-
+        first, last = _topk_run(block)
         self.require_import("sglang.srt.model_executor.forward_batch_info", "ForwardMode")
-        return primitives.replace_method(cls, fn.name.value, lambda f: primitives.replace_statements(f, block, edit))
+        return primitives.replace_block_statements(
+            fn, block, first, last + 1, lambda run: primitives.guard_statements(run, V2_GUARD)
+        )
+
+
+def _topk_run(block: cst.IndentedBlock) -> Optional[tuple[int, int]]:
+    """[first, last] indices of the top-k copies in ``block``'s body, when they
+    are one run (else moving them under one guard would move code between)."""
+    hits = [i for i, s in enumerate(block.body) if m.matches(s, _TOPK_ASSIGN)]
+    if hits and hits == list(range(hits[0], hits[-1] + 1)):
+        return hits[0], hits[-1]
+    return None
 
 
 # --- the attention test kit ------------------------------------------------------------

@@ -27,7 +27,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding
+from patchkit.codemods.base import ClassCodemod, Finding, MethodCodemod
 from patchkit.vendoring import import_path
 
 BACKEND = "TRTLLMMLABackend"
@@ -77,11 +77,11 @@ class _OptOutFlag(ClassCodemod):
         if found is None:
             return Finding.todo(anchor, "class attribute not declared (inherits True / treated as True)")
         if found.value is None:
-            return Finding.missing(anchor, f"this tree declares {FLAG} without a value; refusing to override it")
+            return Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} without a value; refusing to override it")
         if m.matches(found.value, m.Name("False")):
             return Finding.done(anchor)
         value = cst.Module([]).code_for_node(found.value)
-        return Finding.missing(anchor, f"this tree declares {FLAG} = {value}; refusing to override it")
+        return Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} = {value}; refusing to override it (the patch needs False)")
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = False")
@@ -113,53 +113,55 @@ class DraftBackendOptsOutOfCpuSeqLens(_OptOutFlag):
     )
 
 
-class InitCustomMask(ClassCodemod):
-    DESCRIPTION = f"{BACKEND}.__init__ sets self.{MASK} = None"
+class _MaskMethod(MethodCodemod):
+    """A method of the target backend that gets a part of the custom mask;
+    superseded where upstream replaced the mask (:func:`_mask_superseded`)."""
+
     CLASS = BACKEND
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.__init__"
-        init = primitives.find_method(cls, "__init__")
-        if init is None:
-            return Finding.missing(anchor, "method not defined")
-        if _assigns_mask(init):
-            return Finding.done(anchor)
-        if _mask_superseded(cls):
-            return Finding.superseded(anchor, SUPERSEDED_WHY)
-        return Finding.todo(anchor, f"self.{MASK} not initialised")
+        self._superseded = _mask_superseded(cls)
+        return super().detect_in_class(cls)
 
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        return primitives.replace_method(
-            cls, "__init__", lambda fn: primitives.insert_at_end(fn, f"self.{MASK} = None")
-        )
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        if _assigns_mask(fn):
+            return Finding.done(self.anchor)
+        if self._superseded:
+            return Finding.superseded(self.anchor, SUPERSEDED_WHY)
+        return self.detect_todo(fn)
+
+    def detect_todo(self, fn: cst.FunctionDef) -> Finding:
+        raise NotImplementedError
 
 
-class AllocCustomMask(ClassCodemod):
+class InitCustomMask(_MaskMethod):
+    DESCRIPTION = f"{BACKEND}.__init__ sets self.{MASK} = None"
+    METHOD = "__init__"
+
+    def detect_todo(self, fn: cst.FunctionDef) -> Finding:
+        return Finding.todo(self.anchor, f"self.{MASK} not initialised")
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        return primitives.insert_at_end(fn, f"self.{MASK} = None")
+
+
+class AllocCustomMask(_MaskMethod):
     DESCRIPTION = (
         f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} (bool, max_num_tokens * "
         "(max_context_len + num_draft_tokens)) when draft tokens are configured and prefill is not skipped"
     )
-    CLASS = BACKEND
     METHOD = "init_cuda_graph_state"
 
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.{self.METHOD}"
-        fn = primitives.find_method(cls, self.METHOD)
-        if fn is None:
-            return Finding.missing(anchor, "method not defined")
-        if _assigns_mask(fn):
-            return Finding.done(anchor)
-        if _mask_superseded(cls):
-            return Finding.superseded(anchor, SUPERSEDED_WHY)
-        params = {p.name.value for p in fn.params.params}
+    def detect_todo(self, fn: cst.FunctionDef) -> Finding:
+        params = [p.name.value for p in fn.params.params]
         if "max_num_tokens" not in params:
-            return Finding.missing(anchor, "no max_num_tokens parameter to size the mask with")
-        return Finding.todo(anchor, f"self.{MASK} not allocated")
+            return self.missing_in(fn, f"parameters ({', '.join(params)})", "a max_num_tokens parameter to size the mask with")
+        return Finding.todo(self.anchor, f"self.{MASK} not allocated")
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         return _import_helper(super().transform_module_impl(tree), "alloc_cuda_graph_custom_mask")
 
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         source = f"""
             # Worst-case FULL_MASK tree mask (bool) for verify; build_tree fills it
             # in place, so the GPU-only spec-v2 path needs no seq_lens_sum.
@@ -171,14 +173,10 @@ class AllocCustomMask(ClassCodemod):
                 device=self.device,
             )
         """
-
-        def edit(fn: cst.FunctionDef) -> cst.FunctionDef:
-            # Before handing over to the parent, as upstream; else at the end.
-            if primitives.find_statement_index(fn, PARENT_CUDA_GRAPH_STATE) is not None:
-                return primitives.insert_before(fn, PARENT_CUDA_GRAPH_STATE, source)
-            return primitives.insert_at_end(fn, source)
-
-        return primitives.replace_method(cls, self.METHOD, edit)
+        # Before handing over to the parent, as upstream; else at the end.
+        if primitives.find_statement_index(fn, PARENT_CUDA_GRAPH_STATE) is not None:
+            return primitives.insert_before(fn, PARENT_CUDA_GRAPH_STATE, source)
+        return primitives.insert_at_end(fn, source)
 
 
 class VerifyBuffersReturnCustomMask(ClassCodemod):
@@ -191,7 +189,11 @@ class VerifyBuffersReturnCustomMask(ClassCodemod):
         if fn is not None:
             if primitives.contains(fn, SELF_MASK):
                 return Finding.done(anchor)
-            return Finding.missing(anchor, f"this tree overrides it without self.{MASK}; refusing to replace it")
+            return Finding.missing(
+                anchor,
+                f"{self.where(fn)}: this tree overrides it without self.{MASK}; refusing to replace it "
+                "(the patch needs it to return the mask)",
+            )
         if _mask_superseded(cls):
             return Finding.superseded(anchor, SUPERSEDED_WHY)
         return Finding.todo(anchor, "not overridden (the base returns [None, None])")

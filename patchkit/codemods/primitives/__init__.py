@@ -17,7 +17,10 @@ Find a primitive by where it acts:
   ``set_keyword_argument`` ...)
 - ``imports``: what is imported, and adding imports (``require_import`` /
   ``add_imports``, ``add_import_sorted``)
-- ``search``: ``find_all`` and ``contains``
+- ``search``: ``find_all``, ``contains`` and ``line_of``
+- ``matchers``: what codemods look for: ``attr``, ``call``, ``assigns_attr``, ``none_test``,
+  ``find_isinstance_disjunction``, and ``NoneGuards`` / ``unguarded`` (is a read only reached
+  when its value is not None?)
 
 Codemods use them as ``from patchkit.codemods import primitives`` +
 ``primitives.name``; every per-patch codemod is written with these, none
@@ -38,6 +41,7 @@ from patchkit.codemods.primitives.search import (  # noqa: F401
     paths_to,
     contains,
     find_all,
+    line_of,
     _INDEX,
     _index,
     _ChildOrder,
@@ -84,13 +88,36 @@ from patchkit.codemods.primitives.function_body import (  # noqa: F401
     insert_at_end,
     find_statement_index,
     insert_before,
+    replace_block_statements,
+)
+from patchkit.codemods.primitives.matchers import (  # noqa: F401
+    ANY,
+    save,
+    names,
+    attr,
+    dotted,
+    call,
+    method_call,
+    plus,
+    assigns_attr,
+    assigns_name,
+    line,
+    is_node,
+    none_comparison,
+    none_test,
+    _strip_parens,
+    _isinstance_parts,
+    isinstance_subject,
+    or_terms,
+    find_isinstance_disjunction,
+    NoneGuards,
+    unguarded,
 )
 from patchkit.codemods.primitives.expressions import (  # noqa: F401
     replace_expressions,
-    _strip_parens,
-    _isinstance_parts,
     isinstance_class_names,
     isinstance_tuple,
+    add_isinstance_classes,
     set_keyword_argument,
     _TemplateFiller,
     fill_template,

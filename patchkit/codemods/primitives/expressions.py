@@ -3,11 +3,13 @@ call keyword arguments."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Optional, Sequence
 
 import libcst as cst
 import libcst.matchers as m
 
+from patchkit.codemods.primitives.matchers import _isinstance_parts, _strip_parens, find_isinstance_disjunction, is_node, isinstance_subject, or_terms
 from patchkit.codemods.primitives.search import find_all, paths_to
 from patchkit.codemods.primitives.snippets import AnchorError, parse_expression, parse_statement
 
@@ -15,20 +17,6 @@ from patchkit.codemods.primitives.snippets import AnchorError, parse_expression,
 def replace_expressions(node: cst.CSTNode, matcher: m.BaseMatcherNode, replacement) -> cst.CSTNode:
     """libcst's own matcher replace, re-exported so codemods use one spelling."""
     return m.replace(node, matcher, replacement)
-
-
-def _strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
-    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
-
-
-def _isinstance_parts(node: cst.BaseExpression) -> Optional[tuple[cst.BaseExpression, list[cst.BaseExpression]]]:
-    """(subject, classes) of ``isinstance(s, C)`` / ``isinstance(s, (C, D))``."""
-    if not m.matches(node, m.Call(func=m.Name("isinstance"), args=[m.Arg(keyword=None), m.Arg(keyword=None)])):
-        return None
-    subject, classes = node.args[0].value, node.args[1].value
-    if isinstance(classes, cst.Tuple):
-        return subject, [e.value for e in classes.elements if not isinstance(e, cst.StarredElement)]
-    return subject, [classes]
 
 
 def isinstance_class_names(node: cst.BaseExpression) -> Optional[tuple[str, list[str]]]:
@@ -62,6 +50,32 @@ def isinstance_tuple(node: cst.BaseExpression, add: Sequence[str] = (), after: O
     classes = classes[:index] + new + classes[index:]
     lines = "".join(f"        {c},\n" for c in classes)
     return parse_expression(f"isinstance(\n    {subject},\n    (\n{lines}    ),\n)")
+
+
+def add_isinstance_classes(expr: cst.BaseExpression, subject: str, add: Sequence[str], after: Optional[str] = None) -> cst.BaseExpression:
+    """``expr`` with the ``add`` classes accepted by its isinstance disjunction
+    on ``subject`` (see :func:`find_isinstance_disjunction`), wherever that sits.
+    The isinstance checks of ``subject`` in it become one ``isinstance(s, (A,
+    B, ...))`` tuple (see :func:`isinstance_tuple`) at the place of the first;
+    other terms (plain names, calls) stay, in order."""
+    found = find_isinstance_disjunction(expr, subject)
+    if found is None:
+        raise AnchorError(f"no isinstance check of {subject} in an `or`")
+    terms = or_terms(found)
+    checks = [t for t in terms if isinstance_subject(t) == subject]
+    chain = checks[0]
+    for check in checks[1:]:
+        chain = cst.BooleanOperation(left=chain, operator=cst.Or(), right=check)
+    merged = isinstance_tuple(chain, add=add, after=after)
+    if len(checks) == len(terms):
+        new = merged  # the tuple alone: its own parentheses are enough
+    else:
+        # Black's layout of a parenthesised `or`: one term a line.
+        code = cst.Module(body=[]).code_for_node
+        kept = [merged if t is checks[0] else t for t in terms if not any(t is c for c in checks[1:])]
+        lines = [textwrap.indent(code(t), "    ")[4:] for t in kept]
+        new = parse_expression("(\n    " + "\n    or ".join(lines) + "\n)")
+    return replace_expressions(expr, is_node(found), lambda _node, _found: new)
 
 
 def set_keyword_argument(call: cst.Call, name: str, value_source: str) -> cst.Call:

@@ -133,3 +133,15 @@ def insert_before(fn: cst.FunctionDef, matcher: m.BaseMatcherNode, source: str) 
     body[index] = anchor.with_changes(leading_lines=[cst.EmptyLine(indent=False)] + lines[first_comment:])
     body[index:index] = new
     return fn.with_changes(body=fn.body.with_changes(body=body))
+
+
+def replace_block_statements(
+    node: cst.CSTNode, block: cst.IndentedBlock, start: int, end: int, edit: Callable[[list[cst.BaseStatement]], cst.BaseStatement]
+) -> cst.CSTNode:
+    """``node`` with statements ``start:end`` of ``block`` (a block somewhere
+    under ``node``: a method body, or the block a fork moved them into)
+    replaced by ``edit(statements)``, e.g. :func:`guard_statements`."""
+    body = list(block.body)
+    body[start:end] = [edit(body[start:end])]
+    edited = block.with_changes(body=body)
+    return m.replace(node, m.MatchIfTrue(lambda candidate: candidate is block), lambda _old, _found: edited)

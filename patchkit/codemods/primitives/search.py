@@ -128,3 +128,16 @@ def paths_to(node: cst.CSTNode, hits: list[cst.CSTNode]) -> set[int]:
     if targets:
         visit(node)
     return keep
+
+
+def line_of(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
+    """1-based line where ``node`` (a node of ``module``) starts. Positions
+    cost a code generation pass over the whole module, so codemods ask only
+    when they report (a missing anchor, a tree that does it its own way)."""
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    # unsafe_skip_copy: the wrapper keeps our very nodes (no deep copy), so
+    # ``node`` is a key of the position map.
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    position = positions.get(node)
+    return position.start.line if position is not None else None

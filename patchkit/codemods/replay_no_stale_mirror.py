@@ -1,0 +1,104 @@
+"""sglang #31364, the runners' half: CUDA-graph replay hands the attention
+backend ``seq_lens_cpu=None``, not the pinned replay buffer, when the batch has
+no CPU mirror.
+
+The verify and draft-extend CUDA-graph runners keep a pinned ``seq_lens_cpu``
+buffer, refresh it only when the batch brings a mirror, and handed it to the
+backend every time: with needs-cpu-seq-lens skipping the mirror, that is a
+tensor of an earlier batch's lengths. No backend of the first five patches
+reads it at replay (Triton, TRT-LLM MLA); FA3 and TRT-LLM MHA size their page
+tables from it, which is where upstream saw NaN logits. Upstream fixed it in
+0.5.16 (``None if forward_batch.seq_lens_cpu is None else buffers.seq_lens_cpu[:bs]``).
+
+Sites: ``CudaGraphRunner.replay_prepare`` (0.5.10 .. 0.5.12.post1) /
+``build_replay_fb_view`` (0.5.13 ``model_executor/cuda_graph_runner.py``,
+0.5.14 and 0.5.15 ``model_executor/runner/decode_cuda_graph_runner.py``) and
+``EAGLEDraftExtendCudaGraphRunner.replay`` (every release). The multi-layer
+EAGLE worker does not list its attention backends, so needs-cpu-seq-lens keeps
+its mirror: its runner is left alone.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods import primitives
+from patchkit.codemods.base import Finding, PatchCodemod
+from patchkit.codemods.needs_cpu_seq_lens_guards import attr, call
+from patchkit.vendoring import import_path
+
+MIRROR_READS = import_path("backends.mirror_reads")
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """The source of one node."""
+    return cst.Module([]).code_for_node(node)
+
+
+def none_comparison(target: m.BaseMatcherNode, operator: m.BaseMatcherNode) -> m.Comparison:
+    """``<target> is None`` (operator ``m.Is()``) or ``is not None`` (``m.IsNot()``)."""
+    return m.Comparison(left=target, comparisons=[m.ComparisonTarget(operator=operator, comparator=m.Name("None"))])
+
+
+#: ``seq_lens_cpu=<buffers>.seq_lens_cpu`` or ``...seq_lens_cpu[:bs]``: the pinned replay buffer.
+PINNED = attr("seq_lens_cpu", m.Name()) | m.Subscript(value=attr("seq_lens_cpu", m.Name()))
+RAW_KWARG = m.Arg(keyword=m.Name("seq_lens_cpu"), value=PINNED)
+MIRROR_OF_BATCH = attr("seq_lens_cpu", m.Name("forward_batch"))
+FIXED_KWARG = m.Arg(
+    keyword=m.Name("seq_lens_cpu"),
+    value=call("mirror_or_none", m.Arg(MIRROR_OF_BATCH), m.Arg(PINNED))
+    # upstream (0.5.16+): `None if forward_batch.seq_lens_cpu is None else buffers.seq_lens_cpu[:bs]`
+    | m.IfExp(test=none_comparison(MIRROR_OF_BATCH, m.Is()), body=m.Name("None")),
+)
+
+
+class ReplayPassesNoStaleMirror(PatchCodemod):
+    """In every function of the file that takes a ``forward_batch``, the
+    ``seq_lens_cpu=`` handed to the attention backend at replay is None when
+    the batch brought no mirror (the pinned buffer then holds an earlier
+    batch's lengths: #31364's NaN logits on FA3's topk > 1 verify)."""
+
+    DESCRIPTION = "CUDA-graph replay hands the backend seq_lens_cpu=None, not the stale pinned buffer, when the batch has no CPU mirror"
+    REQUIRED_TEXT = ("seq_lens_cpu",)
+
+    @staticmethod
+    def _functions(module: cst.Module) -> list[cst.FunctionDef]:
+        """Top-level functions and methods of top-level classes with a
+        ``forward_batch`` parameter."""
+        found = []
+        for stmt in module.body:
+            candidates = [stmt] if isinstance(stmt, cst.FunctionDef) else list(primitives.methods(stmt)) if isinstance(stmt, cst.ClassDef) else []
+            found += [fn for fn in candidates if "forward_batch" in {p.name.value for p in fn.params.params}]
+        return found
+
+    def detect(self, module: cst.Module) -> Finding:
+        anchor = "seq_lens_cpu= at CUDA-graph replay"
+        raw = fixed = 0
+        for fn in self._functions(module):
+            raw += len(primitives.find_all(fn, RAW_KWARG))
+            fixed += len(primitives.find_all(fn, FIXED_KWARG))
+        if raw:
+            return Finding.todo(anchor, f"{raw} replay call(s) hand over the pinned buffer unconditionally")
+        if fixed:
+            return Finding.done(anchor)
+        return Finding.missing(anchor, "no replay call hands the backend a pinned seq_lens_cpu buffer")
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        def fix(arg: cst.Arg, _) -> cst.Arg:
+            value = primitives.parse_expression(f"mirror_or_none(forward_batch.seq_lens_cpu, {code_of(arg.value)})")
+            return arg.with_changes(value=value)
+
+        def edit(fn: cst.FunctionDef) -> cst.FunctionDef:
+            return primitives.replace_expressions(fn, RAW_KWARG, fix)
+
+        for fn in self._functions(tree):
+            if not primitives.contains(fn, RAW_KWARG):
+                continue
+            owner = next((c for c in tree.body if isinstance(c, cst.ClassDef) and any(x is fn for x in primitives.methods(c))), None)
+            if owner is None:
+                tree = primitives.replace_function(tree, fn.name.value, edit)
+            else:
+                tree = primitives.replace_class(tree, owner.name.value, lambda c, name=fn.name.value: primitives.replace_method(c, name, edit))
+        self.require_import(MIRROR_READS, "mirror_or_none")
+        return tree

@@ -1,0 +1,79 @@
+"""TRT-LLM MHA (``TRTLLMHAAttnBackend``, the default attention backend on
+Blackwell) opts out of the spec-v2 seq_lens D2H sync: sglang #28106, native
+from 0.5.14 (the wheel; the changelog says 0.5.15).
+
+TRT-LLM MHA's metadata has FA3's shape (the backend was written from it): the
+host max of the mirror sized the page table gathered from ``req_to_token``,
+in the eager ``init_forward_metadata`` and in CUDA-graph replay
+(``init_forward_metadata_replay_cuda_graph``; 0.5.13 ``_apply_cuda_graph_metadata``),
+and the draft extend read the host length lists. The kernels get
+``max_seq_len=self.max_context_len`` and stop each row at the device
+``cache_seqlens``, so the static bound is correct without the mirror: the
+guards are FA3's codemods on this class (helpers in
+``patchkit.backends.mirror_reads``). Replay writes the page table with torch
+slicing, which stops at the preallocated width by itself (no Triton writer to
+bound). Upstream instead builds the table on the device with a Triton kernel
+over the static width (``_fill_page_table_device``); that is what makes a
+0.5.14+ tree native here.
+
+Both ``TRTLLMHAAttnBackend`` and ``TRTLLMHAAttnMultiStepDraftBackend`` declare
+``needs_cpu_seq_lens = False``. The verify tree mask is not preallocated:
+TRT-LLM MHA runs spec v2 with topk 1 only and never reads the mask, and
+without a preallocated one the worker sizes it from a static bound
+(needs-cpu-seq-lens' ``tree_mask_seq_lens_sum``), without a sync.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from patchkit.codemods import primitives
+from patchkit.codemods.base import Finding
+from patchkit.codemods import fa3_spec_v2 as fa3
+from patchkit.codemods.fa3_spec_v2 import OptOutFlag
+
+BACKEND = "TRTLLMHAAttnBackend"
+DRAFT_BACKEND = "TRTLLMHAAttnMultiStepDraftBackend"
+#: 0.5.14+: the class builds its page tables on the device (the calls moved
+#: between methods from release to release; the method is the stable mark).
+DEVICE_PAGE_TABLE = "_fill_page_table_device"
+
+
+class _DevicePageTable:
+    """Mixin: a class with upstream's on-device page-table build is done."""
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        if primitives.find_method(cls, DEVICE_PAGE_TABLE) is not None:
+            return Finding.done(self.anchor, f"upstream's device-side page table ({DEVICE_PAGE_TABLE})")
+        return super().detect_in_class(cls)
+
+
+class BackendOptsOut(OptOutFlag):
+    DESCRIPTION = f"{BACKEND}.needs_cpu_seq_lens = False: no read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
+    CLASS = BACKEND
+    WHY = (
+        "Page tables use a static width without the CPU mirror (the kernels stop\n"
+        "at the device cache_seqlens), so no seq_lens_cpu D2H sync is needed."
+    )
+
+
+class DraftWrapperOptsOut(OptOutFlag):
+    DESCRIPTION = f"{DRAFT_BACKEND}.needs_cpu_seq_lens = False: its step backends opt out"
+    CLASS = DRAFT_BACKEND
+    WHY = (
+        "Read by decide_needs_cpu_seq_lens (a missing flag counts as True); the\n"
+        "per-step TRT-LLM MHA backends never read the CPU mirror."
+    )
+
+
+# FA3's guards, on TRT-LLM MHA (same reads, same helpers).
+
+
+class EagerMetadataWithoutMirror(_DevicePageTable, fa3.EagerMetadataWithoutMirror):
+    DESCRIPTION = fa3.EagerMetadataWithoutMirror.DESCRIPTION.replace(fa3.BACKEND, BACKEND)
+    CLASS = BACKEND
+
+
+class ReplayMetadataWithoutMirror(_DevicePageTable, fa3.ReplayMetadataWithoutMirror):
+    DESCRIPTION = fa3.ReplayMetadataWithoutMirror.DESCRIPTION.replace(fa3.BACKEND, BACKEND)
+    CLASS = BACKEND

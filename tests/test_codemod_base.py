@@ -1,0 +1,72 @@
+"""The method-level codemod base (MethodCodemod): finding the method under any
+of its names, why it may be absent, and messages that say where."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from codemod_testing import assert_codemod, assert_state, detect
+from patchkit.codemods import primitives
+from patchkit.codemods.base import Finding, MethodCodemod, State
+
+
+class AddsReturnNone(MethodCodemod):
+    """A toy change: ``step`` (``run`` in older releases) ends with ``return None``."""
+
+    DESCRIPTION = "Worker.step ends with return None"
+    CLASS = "Worker"
+    METHOD = "step"
+    RENAMED = ("run",)
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        if primitives.contains(fn, cst.matchers.Return()):
+            return Finding.done(self.anchor_of(fn))
+        if primitives.contains(fn, cst.matchers.Pass()):
+            return self.missing_in(fn, "a bare `pass`", "a statement to append to", fn.body.body[0])
+        return Finding.todo(self.anchor_of(fn), "no return")
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        return primitives.insert_at_end(fn, "return None")
+
+
+class OptionalStep(AddsReturnNone):
+    WHY_ABSENT = "no step in releases before 1.0"
+
+
+def test_the_method_under_its_older_name():
+    assert_codemod(
+        AddsReturnNone,
+        """
+        class Worker:
+            def run(self):
+                self.go()
+        """,
+        """
+        class Worker:
+            def run(self):
+                self.go()
+                return None
+        """,
+    )
+
+
+def test_an_absent_method_is_missing_or_superseded_with_its_reason():
+    src = "import os\n\nclass Worker:\n    def other(self):\n        pass\n"
+    finding = detect(AddsReturnNone, src, filename="srt/worker.py")
+    assert finding == Finding.missing("Worker.step", "srt/worker.py:3: class Worker defines none of step, run")
+    assert_state(OptionalStep, src, State.SUPERSEDED, detail="no step in releases before 1.0")
+    assert detect(AddsReturnNone, "class Other:\n    pass\n").detail == "class Worker not found"
+
+
+def test_missing_inside_the_method_names_file_line_shape_and_need():
+    src = "class Worker:\n    def step(self):\n        pass\n"
+    assert detect(AddsReturnNone, src, filename="srt/worker.py").detail == (
+        "srt/worker.py:3: a bare `pass`; the patch needs a statement to append to"
+    )
+    assert detect(AddsReturnNone, src).detail == "line 3: a bare `pass`; the patch needs a statement to append to"
+
+
+def test_cached_findings_of_earlier_versions_still_read():
+    assert Finding.from_list(["done", "A.b", "why"]) == Finding.done("A.b", "why")
+    finding = Finding.superseded("A.b", "fork", by_tree=True)
+    assert Finding.from_list(finding.as_list()) == finding
