@@ -35,7 +35,7 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import AddMethodCodemod, Finding, MethodCodemod
-from patchkit.codemods.primitives import assigns_attr, attr, call, line
+from patchkit.codemods.primitives import assigns_attr, attr, call, line, save
 from patchkit.vendoring import import_path
 
 RUNTIME = import_path("runtime")
@@ -106,13 +106,13 @@ _TO_CPU = m.Arg(value=m.SimpleString('"cpu"') | m.SimpleString("'cpu'"))
 D2H = line(
     assigns_attr(
         "seq_lens_cpu",
-        receiver=m.SaveMatchedNode(m.Name(), "BATCH"),
+        receiver=save(m.Name(), "BATCH"),
         value=m.Call(func=m.Attribute(value=attr("seq_lens"), attr=m.Name("cpu")))
         | m.Call(func=m.Attribute(value=attr("seq_lens"), attr=m.Name("to")), args=[_TO_CPU, m.ZeroOrMore()]),
     )
 )
 SUM = line(assigns_attr("seq_lens_sum"))
-MIRROR_WRITE = assigns_attr("seq_lens_cpu", receiver=m.SaveMatchedNode(m.Name(), "BATCH"))
+MIRROR_WRITE = assigns_attr("seq_lens_cpu", receiver=save(m.Name(), "BATCH"))
 # A fork that dropped the sync itself: `<batch>.seq_lens_cpu = None` (filled later, if at all, by its own code).
 MIRROR_DROPPED = assigns_attr("seq_lens_cpu", value=m.Name("None"))
 

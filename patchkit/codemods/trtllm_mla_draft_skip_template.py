@@ -40,10 +40,6 @@ COMMON_TEMPLATE = m.Attribute(value=m.Name("self"), attr=m.Name("common_template
 STEP_BACKENDS = m.Attribute(value=m.Name("self"), attr=m.Name("attn_backends"))
 
 
-def _super_call(name: str) -> m.Call:
-    return m.Call(func=m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name(name)))
-
-
 INIT_SOURCE = f'''
 def {INIT}(self, forward_batch: ForwardBatch):
     # Skip common_template: each TRT-LLM MLA step backend builds its own
@@ -80,7 +76,7 @@ def _direct_override(fn: cst.FunctionDef, name: str, allow_super: bool = False) 
     return (
         primitives.contains(fn, STEP_BACKENDS)
         and not primitives.contains(fn, COMMON_TEMPLATE)
-        and (allow_super or not primitives.contains(fn, _super_call(name)))
+        and (allow_super or not primitives.contains(fn, primitives.super_call(name)))
     )
 
 

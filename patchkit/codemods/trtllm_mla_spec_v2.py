@@ -39,9 +39,7 @@ HELPERS = import_path("backends.trtllm_mla")
 
 SELF_MASK = m.Attribute(value=m.Name("self"), attr=m.Name(MASK))
 ASSIGNS_MASK = m.Assign(targets=[m.AssignTarget(target=SELF_MASK)]) | m.AnnAssign(target=SELF_MASK)
-PARENT_CUDA_GRAPH_STATE = m.Call(
-    func=m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("init_cuda_graph_state"))
-)
+PARENT_CUDA_GRAPH_STATE = primitives.super_call("init_cuda_graph_state")
 
 SUPERSEDED_WHY = f"upstream replaced {MASK} with the verify_mask property (sglang 0.5.17+)"
 

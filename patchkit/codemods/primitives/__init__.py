@@ -98,6 +98,7 @@ from patchkit.codemods.primitives.matchers import (  # noqa: F401
     dotted,
     call,
     method_call,
+    super_call,
     plus,
     assigns_attr,
     assigns_name,

@@ -58,6 +58,11 @@ def method_call(name: str, receiver: m.BaseMatcherNode = ANY) -> m.Call:
     return m.Call(func=attr(name, receiver))
 
 
+def super_call(name: str) -> m.Call:
+    """``super().<name>(...)``: handing over to the parent's method."""
+    return method_call(name, m.Call(func=m.Name("super")))
+
+
 def plus(left: m.BaseMatcherNode) -> m.BinaryOperation:
     """``LEFT + RIGHT`` where the left operand matches ``left``."""
     return m.BinaryOperation(left=save(left, "LEFT"), operator=m.Add(), right=save(ANY, "RIGHT"))
