@@ -20,7 +20,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import report
+from . import fa3_kernel, report
 
 
 def log(msg: str) -> None:
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--attention-backend", default="triton")
+    ap.add_argument("--fa3-lib", type=Path, default=None,
+                    help="FA3's flash_ops.abi3.so unpacked by fa3_kernel.py (checked, then put beside sgl_kernel)")
     ap.add_argument("--run-timeout", type=int, default=420)
     ap.add_argument("--rounds", type=int, default=1,
                     help="engine processes per variant, alternating which starts first (ABBA...): "
@@ -83,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     if not site_common.exists():
         unpack(bundle / "site" / "common.tar.gz", site_common)
     log(f"site unpacked in {time.perf_counter() - t0:.0f} s")
+    if args.fa3_lib is not None:
+        fa3 = fa3_kernel.install(args.fa3_lib, site_common)
+        log(f"FA3 kernels installed from {args.fa3_lib} (sglang-kernel {fa3['sglang_kernel']}, sha256 checked)")
 
     results_path = out / "results.json"
     engine_log = out / "engine.log"
@@ -152,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows = report.compare(release, got["pristine"], got["patched"])
                 all_results["rows"].extend(rows)
                 all_results["problems"].extend(
-                    report.verdict(rows, mirror_kept=args.attention_backend != "triton"))
+                    report.verdict(rows, mirror_kept=args.attention_backend not in report.SYNC_FREE_BACKENDS))
                 (out / "table.md").write_text(report.markdown(all_results["rows"]))
                 if args.rounds > 1:
                     (out / "speed.md").write_text(report.speed_markdown(all_results["rows"]))

@@ -4,6 +4,13 @@
     python scripts/gpu_e2e.py bundle --out DIR [--release 0.5.12.post1 ...]   # here, no GPU
     cd DIR && PYTHONPATH=e2e python3 -m pk_gpu_e2e.orchestrate --out OUT      # on the GPU
 
+FA3 (attention_backend="fa3") needs sglang-kernel's FA3 library, which travels
+on its own (gpu_e2e/fa3_kernel.py):
+
+    python scripts/gpu_e2e.py fa3-pack --out DIR                               # here
+    python3 gpu_e2e/fa3_kernel.py unpack --src DIR --dest /tmp/pk_fa3          # GPU, call 1
+    ... orchestrate --attention-backend fa3 --fa3-lib /tmp/pk_fa3/flash_ops.abi3.so   # call 2
+
 See docs/gpu.md.
 """
 
@@ -24,6 +31,8 @@ def main() -> int:
     b.add_argument("--release", action="append", choices=bundle.RELEASES,
                    help="release(s) to carry (default: 0.5.12.post1)")
     b.add_argument("--limit-mib", type=float, default=64)
+    f = sub.add_parser("fa3-pack", help="pack FA3's kernel library for a device call of its own")
+    f.add_argument("--out", required=True, type=Path)
     r = sub.add_parser("run", help="run on this (GPU) machine from a built bundle")
     r.add_argument("--bundle", required=True, type=Path)
     r.add_argument("rest", nargs=argparse.REMAINDER)
@@ -31,6 +40,13 @@ def main() -> int:
     if args.cmd == "bundle":
         bundle.build(args.out, args.release or ["0.5.12.post1"],
                      limit=int(args.limit_mib * bundle.MIB))
+        return 0
+    if args.cmd == "fa3-pack":
+        from gpu_e2e import fa3_kernel
+
+        version = bundle.COMMON_PINS["sglang-kernel"]
+        wheel = bundle.download_wheels({"sglang-kernel": version}, bundle.wheel_cache())["sglang-kernel"]
+        fa3_kernel.pack(args.out, wheel, version)
         return 0
     sys.path.insert(0, str(args.bundle.resolve() / "e2e"))
     from pk_gpu_e2e import orchestrate
