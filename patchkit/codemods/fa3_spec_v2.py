@@ -6,8 +6,8 @@ static width), #29589 (preallocated FULL_MASK tree mask handed to
 #31364 (the multi-step draft wrapper declares the flag; draft-extend q width
 from the config when the host lengths are unset; CUDA-graph replay passes
 ``None`` instead of a stale pinned ``seq_lens_cpu`` buffer) and #31527 (the
-tree mask only on the target backend). All of them are in sglang 0.5.16 (the
-wheel on PyPI, whatever the changelog says), so 0.5.16+ is native.
+tree mask only on the target backend). All of them are in the sglang 0.5.16
+wheel (SPEC.md's table of later changes says 0.5.17), so 0.5.16+ is native.
 
 What FA3 read from the CPU mirror, and what it reads now (helpers in
 ``patchkit.backends.mirror_reads``, each exactly the old value when the mirror is there):

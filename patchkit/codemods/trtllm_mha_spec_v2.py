@@ -1,6 +1,6 @@
 """TRT-LLM MHA (``TRTLLMHAAttnBackend``, the default attention backend on
 Blackwell) opts out of the spec-v2 seq_lens D2H sync: sglang #28106, native
-from 0.5.14 (the wheel; the changelog says 0.5.15).
+from 0.5.14 (the wheel; SPEC.md's table of later changes says 0.5.15).
 
 TRT-LLM MHA's metadata has FA3's shape (the backend was written from it): the
 host max of the mirror sized the page table gathered from ``req_to_token``,
