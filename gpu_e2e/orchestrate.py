@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     engine_log = out / "engine.log"
     all_results: dict = {"device": _device(), "manifest_created": manifest.get("created"),
                          "patchkit_commit": manifest.get("patchkit_commit"),
-                         "args": vars(args), "runs": {}, "rows": [], "problems": [],
+                         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "runs": {}, "rows": [], "problems": [],
                          "trees": {}}
 
     for release in releases:

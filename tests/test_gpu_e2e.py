@@ -236,7 +236,7 @@ def test_recorded_gpu_runs_reproduce_their_table(run):
         if key.endswith("/pristine") and key[: -len("pristine")] + "patched" in data["runs"]:  # a cut-off call
             release = key.split("/")[0]
             rows.extend(report.compare(release, res, data["runs"][key[: -len("pristine")] + "patched"]))
-    mirror_kept = data["args"].get("attention_backend", "triton") != "triton"
+    mirror_kept = data["args"].get("attention_backend", "triton") not in report.SYNC_FREE_BACKENDS
     assert rows and report.verdict(rows, mirror_kept=mirror_kept) == []
     assert report.markdown(rows) == (RECORDED / run / "table.md").read_text()
     if (RECORDED / run / "speed.md").exists():
