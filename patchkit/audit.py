@@ -28,6 +28,7 @@ Only parses (``ast``, fast); never imports sglang nor writes the tree.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -428,8 +429,19 @@ def to_text(result: Audit, paths, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def verify_line(result: Audit) -> str:
-    """The one line ``verify`` prints about the audit."""
-    problems = len(result.problems)
+def fingerprint(package: Path) -> str:
+    """sha256 over the audited modules' bytes: an audit's result is a function
+    of them, so ``verify`` caches its count under this key."""
+    digest = hashlib.sha256()
+    for rel in MODULES:
+        path = package / rel
+        digest.update(rel.encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest() if path.is_file() else b"-")
+    return digest.hexdigest()
+
+
+def verify_line(problems: int) -> str:
+    """The one line ``verify`` prints about the audit (``problems``: reads
+    unguarded or stale)."""
     return (f"audit: {problems} read(s) of the CPU seq_lens mirror unguarded or stale once it is dropped"
             + (" (`patchkit audit TREE` lists them)" if problems else ""))

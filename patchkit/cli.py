@@ -289,12 +289,14 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     path = _tree(obj, given, announce=fmt != "text")
     with locked_session(path, obj.say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
+        problems = session.audit_problems() if fmt == "text" else None
+        session.save_cache()
     _note_unloaded(obj, session)
     if session.snapshot.pending is not None:
         obj.say(f"verify: {session.snapshot.pending.line()}")
     click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, path), obj.verbose,
                              session.runtime_info(), session.snapshot.notes(),
-                             pending=session.snapshot.pending is not None))
+                             pending=session.snapshot.pending is not None, audit_problems=problems))
     sys.exit(EXIT_OK if _ok(session, reports) else EXIT_CHANGES)
 
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from patchkit.audit import verify_line
 from patchkit.findings import State
 from patchkit.engine import NOT_APPLICABLE, STALE, CodemodResult, PatchReport
 from patchkit.registry import Patch
@@ -454,9 +455,11 @@ def status_github(tree: Tree, reports: list[PatchReport], locator: Locator) -> s
 
 
 def render(fmt: str, tree: Tree, reports: list[PatchReport], locator: Locator, verbose: bool = False,
-           runtime: Optional[dict] = None, notes: tuple[str, ...] = (), pending: bool = False) -> str:
+           runtime: Optional[dict] = None, notes: tuple[str, ...] = (), pending: bool = False,
+           audit_problems: Optional[int] = None) -> str:
     """verify's output in one of FORMATS; ``pending``: an interrupted
-    transaction (one of the ``notes``) fails the verdict."""
+    transaction (one of the ``notes``) fails the verdict; ``audit_problems``:
+    the audit's count of unguarded or stale reads, named in one text line."""
     failed = [r for r in reports if not r.ok]
     if fmt == "json":
         return status_json(tree, reports, locator, ok=not failed and not pending, runtime=runtime, notes=list(notes))
@@ -471,15 +474,8 @@ def render(fmt: str, tree: Tree, reports: list[PatchReport], locator: Locator, v
     if broken:
         text += "\n" + "\n".join(f"  {r.patch.id}: {line}" for r in broken
                                   for line in failure_text(r, locator).splitlines())
-    text += "\n" + audit_line(tree, reports)
+    if audit_problems is not None:
+        text += "\n  " + verify_line(audit_problems)
     if pending:
         return text + "\n" + "verify: FAILED (an interrupted transaction is pending)"
     return text + "\n" + ("verify: OK" if not failed else f"verify: FAILED ({', '.join(r.patch.id for r in failed)})")
-
-
-def audit_line(tree: Tree, reports: list[PatchReport]) -> str:
-    """verify's one line about ``patchkit audit``: how many reads of the CPU
-    mirror would read None or stale numbers once the mirror is dropped."""
-    from patchkit.audit import audit_tree, verify_line
-
-    return "  " + verify_line(audit_tree(tree.package))

@@ -159,3 +159,25 @@ def test_planted_vendor_reads_are_found_and_classified_once(make_tree, cli):
     assert set(doc["modules"]) <= set(MODULES)
     assert cli("audit", tree, "--strict").exit_code == 1
     assert "audit: 3 read(s) of the CPU seq_lens mirror unguarded or stale" in cli("verify", tree).output
+
+
+def test_verify_names_the_audit_count_and_caches_it(make_tree, cli, monkeypatch):
+    """verify's audit line is computed once per content of the audited files
+    (the audit parses 14 modules), then read from .patchkit/cache.json."""
+    from patchkit import audit
+
+    tree = make_tree(PRIMARY)
+    assert cli("apply", tree).exit_code == 0
+    first = cli("verify", tree)
+    assert "audit: 0 read(s) of the CPU seq_lens mirror" in first.output
+
+    def refuse(package):
+        raise AssertionError("verify audited files whose count it had cached")
+
+    monkeypatch.setattr(audit, "audit_tree", refuse)
+    again = cli("verify", tree)
+    assert again.exit_code == 0 and again.output == first.output
+    scheduler = tree / "srt/managers/scheduler.py"
+    scheduler.write_text(scheduler.read_text() + "\n# edited\n")
+    with pytest.raises(AssertionError, match="cached"):
+        cli("verify", tree)  # other bytes: the audit runs again
