@@ -12,6 +12,7 @@ import pytest
 from codemod_testing import apply, assert_codemod, assert_state, code, detect
 from support import PRE_UPSTREAM, pristine, snapshot
 from patchkit import registry
+from patchkit.codemods import needs_cpu_seq_lens_deferred_sum as deferred
 from patchkit.codemods import needs_cpu_seq_lens_flags as flags
 from patchkit.codemods import needs_cpu_seq_lens_guards as guards
 from patchkit.codemods import needs_cpu_seq_lens_sync as sync
@@ -301,9 +302,10 @@ def test_filter_and_merge_batch():
     assert "        self.seq_lens_cpu = index_or_none(self.seq_lens_cpu, keep_indices)\n" in out
     assert "        self.seq_lens_sum = self.seq_lens.sum().item()\n" in out  # a sync, not a crash: left
     out = apply(guards.GuardMergeBatch, out)
-    assert out.startswith("from sglang.srt._patchkit.runtime import add_or_none, cat_or_none, index_or_none\n")
+    assert out.startswith("from sglang.srt._patchkit.runtime import cat_or_none, index_or_none\n")
     assert "        self.seq_lens_cpu = cat_or_none(self.seq_lens_cpu, other.seq_lens_cpu)\n" in out
-    assert "        self.seq_lens_sum = add_or_none(self.seq_lens_sum, other.seq_lens_sum)\n" in out
+    # The sums are the deferral's (DeferFilterBatchSum, DeferMergeBatchSum), not a guard's.
+    assert "        self.seq_lens_sum += other.seq_lens_sum\n" in out
     assert "        self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])\n" in out
 
 
@@ -341,6 +343,125 @@ def test_a_method_without_the_reads_is_missing():
     src = "class ScheduleBatch:\n    def filter_batch(self):\n        self.reqs = []\n"
     finding = detect(guards.GuardFilterBatch, src)
     assert finding.state is State.MISSING and finding.anchor == "ScheduleBatch.filter_batch"
+
+
+# -- the deferred seq_lens_sum (#25818) ----------------------------------------------------------
+
+DEFERRED = block(
+    """
+    # patchkit (sglang #25818): deferred; get_model_worker_batch computes the sum
+    # from the host mirror (no device sync here).
+    self.seq_lens_sum = None
+    """,
+    8,
+)
+
+
+def test_filter_merge_and_decode_defer_the_sum():
+    src = """
+    class ScheduleBatch:
+        def prepare_for_decode(self):
+            bs = len(self.reqs)
+            if not self.spec_algorithm.is_none():
+                return
+            self.seq_lens_cpu.add_(1)
+            # keep the sum
+            self.seq_lens_sum += bs
+
+        def filter_batch(self, keep_indices=None):
+            self.seq_lens = self.seq_lens[keep_indices_device]
+            self.seq_lens_sum = self.seq_lens.sum().item()
+            self.output_ids = None
+
+        def merge_batch(self, other):
+            self.seq_lens_sum += other.seq_lens_sum
+    """
+    out = apply(deferred.DeferDecodeSum, src)
+    out = apply(deferred.DeferFilterBatchSum, out)
+    out = apply(deferred.DeferMergeBatchSum, out)
+    assert "seq_lens_sum +=" not in out and ".item()" not in out
+    assert out.count("        self.seq_lens_sum = None\n") == 3
+    assert "        self.seq_lens_cpu.add_(1)\n        # keep the sum\n" + DEFERRED in out  # its comment kept above ours
+    assert "        self.seq_lens = self.seq_lens[keep_indices_device]\n" + DEFERRED + "        self.output_ids = None\n" in out
+    assert "    def merge_batch(self, other):\n" + DEFERRED in out
+
+
+def test_deferral_after_the_merge_guard_and_upstream_shapes():
+    # A merge already guarded (a fork's None-aware sum) still defers.
+    guarded = """
+    class ScheduleBatch:
+        def merge_batch(self, other):
+            self.seq_lens_sum = add_or_none(self.seq_lens_sum, other.seq_lens_sum)
+    """
+    assert DEFERRED in apply(deferred.DeferMergeBatchSum, guarded)
+    upstream = """
+    class ScheduleBatch:
+        def prepare_for_decode(self):
+            self.seq_lens_cpu.add_(1)
+            # Sum is recomputed lazily by ForwardBatch.init_new.
+            self.seq_lens_sum = None
+
+        def filter_batch(self, keep_indices=None):
+            self.seq_lens_sum = None
+
+        def merge_batch(self, other):
+            self.seq_lens_sum = None
+    """
+    for codemod in (deferred.DeferDecodeSum, deferred.DeferFilterBatchSum, deferred.DeferMergeBatchSum):
+        assert_state(codemod, upstream, State.DONE)
+    # A fork that keeps no sum in the method: nothing to defer.
+    assert_state(deferred.DeferFilterBatchSum, "class ScheduleBatch:\n    def filter_batch(self):\n        self.reqs = []\n", State.SUPERSEDED)
+    # `x.seq_lens_sum = ...` on another object is not the batch's own sum.
+    other = "class ScheduleBatch:\n    def merge_batch(self, other):\n        other.seq_lens_sum = 0\n        self.seq_lens_sum = None\n"
+    assert_state(deferred.DeferMergeBatchSum, other, State.DONE)
+
+
+WORKER_BATCH = """
+class ScheduleBatch:
+    def get_model_worker_batch(self, seq_lens_cpu_cache=None):
+        seq_lens_cpu = (
+            seq_lens_cpu_cache if seq_lens_cpu_cache is not None else self.seq_lens_cpu
+        )
+
+        return ModelWorkerBatch(
+            seq_lens_cpu=seq_lens_cpu,
+            seq_lens_sum=self.seq_lens_sum,
+        )
+"""
+
+
+def test_the_deferred_sum_is_filled_from_the_host_mirror():
+    assert_codemod(
+        deferred.FillDeferredSum,
+        WORKER_BATCH,
+        """
+        class ScheduleBatch:
+            def get_model_worker_batch(self, seq_lens_cpu_cache=None):
+                seq_lens_cpu = (
+                    seq_lens_cpu_cache if seq_lens_cpu_cache is not None else self.seq_lens_cpu
+                )
+
+                # patchkit (sglang #25818): filter_batch / merge_batch / prepare_for_decode
+                # defer seq_lens_sum; compute it here from the host mirror (no device sync).
+                if self.seq_lens_sum is None and seq_lens_cpu is not None:
+                    self.seq_lens_sum = int(seq_lens_cpu.sum())
+
+                return ModelWorkerBatch(
+                    seq_lens_cpu=seq_lens_cpu,
+                    seq_lens_sum=self.seq_lens_sum,
+                )
+        """,
+    )
+
+
+def test_filling_the_sum_needs_its_anchors_and_upstream_folded_it_away():
+    no_mirror = "class ScheduleBatch:\n    def get_model_worker_batch(self):\n        return ModelWorkerBatch(seq_lens_sum=self.seq_lens_sum)\n"
+    finding = detect(deferred.FillDeferredSum, no_mirror)
+    assert finding.state is State.MISSING and "no local `seq_lens_cpu`" in finding.detail
+    finding = detect(deferred.FillDeferredSum, "class ScheduleBatch:\n    def get_model_worker_batch(self):\n        return None\n")
+    assert finding.state is State.MISSING and "ModelWorkerBatch" in finding.detail
+    # 0.5.13+: get_model_worker_batch was folded into ForwardBatch.init_new.
+    assert_state(deferred.FillDeferredSum, "class ScheduleBatch:\n    def filter_batch(self):\n        pass\n", State.SUPERSEDED)
 
 
 FORWARD_BATCH = """
@@ -662,7 +783,7 @@ def test_every_codemod_is_declared_once_with_a_description():
     assert len(declared) == len(set(declared))
     mine = {
         obj
-        for module in (flags, sync, guards)
+        for module in (flags, sync, guards, deferred)
         for obj in vars(module).values()
         if isinstance(obj, type) and obj.__module__ == module.__name__ and getattr(obj, "DESCRIPTION", "")
     }
@@ -712,7 +833,9 @@ PRESENT = {
     "srt/managers/schedule_batch.py": [
         "self.seq_lens_cpu = index_or_none(self.seq_lens_cpu, keep_indices)",
         "self.seq_lens_cpu = cat_or_none(self.seq_lens_cpu, other.seq_lens_cpu)",
-        "self.seq_lens_sum = add_or_none(self.seq_lens_sum, other.seq_lens_sum)",
+        "        self.out_cache_loc = None\n        # patchkit (sglang #25818): deferred;",
+        "        if self.seq_lens_sum is None and seq_lens_cpu is not None:\n"
+        "            self.seq_lens_sum = int(seq_lens_cpu.sum())\n\n        return ModelWorkerBatch(\n",
     ],
     "srt/model_executor/forward_batch_info.py": [
         "assert isinstance(batch.extend_prefix_lens, (list, torch.Tensor))",
@@ -750,6 +873,10 @@ def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
         compile(text, rel, "exec")
         for snippet in snippets:
             assert snippet in text, (version, rel, snippet)
+    schedule_batch = (tree / "srt/managers/schedule_batch.py").read_text()
+    # #25818: no eager sum left: no device sync in filter_batch, no arithmetic on a deferred sum.
+    assert "self.seq_lens.sum().item()" not in schedule_batch and "self.seq_lens_sum +=" not in schedule_batch
+    assert schedule_batch.count(DEFERRED) == 3
     metrics = (tree / "srt/observability/scheduler_metrics_mixin.py").read_text()
     # Forward-pass request metrics exist from 0.5.12 on.
     assert ("for sl in decode_seq_lens(batch):" in metrics) == version.startswith("0.5.12")
