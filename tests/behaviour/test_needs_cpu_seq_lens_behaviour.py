@@ -261,32 +261,164 @@ def test_prepare_for_decode_gates_the_mirror(sglang, decision, cpu_decode_kernel
 # -- what runs next with no mirror ---------------------------------------------------------------------------
 
 
-def test_filter_batch_without_the_mirror(sglang):
-    batch = schedule_batch(sglang, [5, 9, 3], mirror=False)
+class DeviceSeqLens(torch.Tensor):
+    """``seq_lens`` standing in for a device tensor on CPU: each read to the host
+    (``item``, ``tolist``, ``cpu``, ``int``) is recorded in ``host_reads``, and
+    every tensor computed from it (index, sum, ``+ 1``) is one too."""
+
+    host_reads: list = []
+
+    def item(self):
+        DeviceSeqLens.host_reads.append("item")
+        return super().item()
+
+    def tolist(self):
+        DeviceSeqLens.host_reads.append("tolist")
+        return super().tolist()
+
+    def cpu(self, *args, **kwargs):
+        DeviceSeqLens.host_reads.append("cpu")
+        return super().cpu(*args, **kwargs).as_subclass(torch.Tensor)
+
+    def __int__(self):
+        DeviceSeqLens.host_reads.append("int")
+        return super().__int__()
+
+
+@pytest.fixture
+def on_device():
+    """``on_device(batch)`` makes its seq_lens a :class:`DeviceSeqLens`; returns
+    the list of host reads made from it since."""
+    reads = DeviceSeqLens.host_reads = []
+
+    def wrap(batch):
+        batch.seq_lens = batch.seq_lens.as_subclass(DeviceSeqLens)
+        return reads
+
+    return wrap
+
+
+def values(tensor) -> list:
+    """A tensor's values, read here (not by the code under test)."""
+    return tensor.as_subclass(torch.Tensor).tolist()
+
+
+# #25818: filter_batch, merge_batch and the non-spec prepare_for_decode leave
+# seq_lens_sum None; get_model_worker_batch computes it from the host mirror.
+
+
+@pytest.mark.parametrize("mirror", [True, False])
+def test_filter_batch_reads_nothing_from_the_device(sglang, on_device, mirror):
+    batch = schedule_batch(sglang, [5, 9, 3], mirror=mirror)
+    host_reads = on_device(batch)
     batch.reqs[1].done = True
     batch.filter_batch()
     assert [r.rid for r in batch.reqs] == [0, 2]
-    assert batch.seq_lens.tolist() == [5, 3]
-    assert batch.seq_lens_cpu is None
-    assert batch.seq_lens_sum == 8  # recomputed from the device tensor, as before
+    assert values(batch.seq_lens) == [5, 3]
+    assert batch.seq_lens_sum is None  # deferred
+    worker_batch = batch.get_model_worker_batch()
+    assert host_reads == []  # the pristine tree: ["item"] (self.seq_lens.sum().item())
+    if mirror:
+        assert batch.seq_lens_cpu.tolist() == [5, 3]
+        assert worker_batch.seq_lens_sum == batch.seq_lens_sum == 8  # the integer the device sum gave
+        assert type(worker_batch.seq_lens_sum) is int
+    else:
+        assert batch.seq_lens_cpu is None and worker_batch.seq_lens_sum is None
 
 
-def test_filter_batch_with_the_mirror_is_unchanged(sglang):
+def test_forward_batch_gets_the_filled_sum(sglang, monkeypatch):
+    from sglang.srt.model_executor import forward_batch_info
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    monkeypatch.setattr(forward_batch_info, "enable_num_token_non_padded", lambda *args: False)
     batch = schedule_batch(sglang, [5, 9, 3])
     batch.reqs[0].done = True
     batch.filter_batch()
-    assert batch.seq_lens_cpu.tolist() == [9, 3] and batch.seq_lens_sum == 12
+    batch.spec_info = None  # a plain decode forward
+    runner = SimpleNamespace(
+        spec_algorithm=batch.spec_algorithm,
+        device="cpu",
+        req_to_token_pool=None,
+        token_to_kv_pool=None,
+        attn_backend=None,
+        server_args=SimpleNamespace(attention_backend="torch_native", enable_lora=False),
+        use_ngram_embedding=False,
+        model_is_mrope=False,
+        is_hybrid_swa=False,
+    )
+    forward_batch = ForwardBatch.init_new(batch.get_model_worker_batch(), runner)
+    assert forward_batch.seq_lens_sum == 12 and forward_batch.seq_lens_cpu.tolist() == [9, 3]
 
 
-def test_merge_batch_with_a_mirrorless_side(sglang):
+def test_merge_batch_defers_the_sum(sglang, on_device):
     running = schedule_batch(sglang, [5, 9], mirror=False)
     prefill = schedule_batch(sglang, [4])
     running.merge_batch(prefill)
     assert running.seq_lens.tolist() == [5, 9, 4]
     assert running.seq_lens_cpu is None and running.seq_lens_sum is None
+    assert running.get_model_worker_batch().seq_lens_sum is None
     both = schedule_batch(sglang, [5, 9])
+    host_reads = on_device(both)
     both.merge_batch(schedule_batch(sglang, [4]))
-    assert both.seq_lens_cpu.tolist() == [5, 9, 4] and both.seq_lens_sum == 18
+    assert both.seq_lens_cpu.tolist() == [5, 9, 4] and both.seq_lens_sum is None
+    assert both.get_model_worker_batch().seq_lens_sum == 18
+    assert host_reads == []
+
+
+def test_a_caller_cache_of_the_mirror_is_what_the_sum_is_taken_from(sglang):
+    batch = schedule_batch(sglang, [5, 9])
+    batch.seq_lens_sum = None
+    cache = torch.tensor([6, 10])
+    assert batch.get_model_worker_batch(cache).seq_lens_sum == 16
+    # A sum already there is handed over as it is.
+    kept = schedule_batch(sglang, [5, 9])
+    assert kept.get_model_worker_batch(cache).seq_lens_sum == 14
+
+
+def test_non_spec_decode_defers_the_sum(sglang, on_device, monkeypatch):
+    from sglang.srt.managers import schedule_batch as schedule_batch_module
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    monkeypatch.setattr(schedule_batch_module, "alloc_for_decode", lambda batch, token_per_req: torch.arange(len(batch.reqs)))
+    server_args = SimpleNamespace(enable_mamba_extra_buffer=lambda: False)
+    monkeypatch.setattr(schedule_batch_module, "get_global_server_args", lambda: server_args)
+    batch = schedule_batch(sglang, [5, 9, 3])
+    batch.spec_algorithm, batch.spec_info = SpeculativeAlgorithm.NONE, None
+    batch.output_ids = torch.tensor([7, 8, 9])
+    host_reads = on_device(batch)
+    batch.prepare_for_decode()
+    assert values(batch.seq_lens) == [6, 10, 4] and batch.seq_lens_cpu.tolist() == [6, 10, 4]
+    assert batch.seq_lens_sum is None
+    assert batch.get_model_worker_batch().seq_lens_sum == 20  # 17 + bs, as `+= bs` gave
+    assert host_reads == []
+
+
+def test_mixed_output_lengths_decode_loop(sglang, decision, cpu_decode_kernels, on_device):
+    """Requests leaving the batch at different steps (the traffic of issue 23):
+    each step filters, prepares the spec-v2 decode and builds the worker batch.
+    Without the mirror no step reads the device; with it, every worker batch
+    gets the sum of the device lengths, as before."""
+    from sglang.srt.speculative.eagle_info_v2 import EagleDraftInputV2Mixin
+
+    for keep in (False, True):
+        decision(keep)
+        batch = schedule_batch(sglang, [5, 9, 3, 7], mirror=keep)
+        batch.token_to_kv_pool_allocator = SimpleNamespace(page_size=1)
+        batch.req_to_token_pool = SimpleNamespace(req_to_token=torch.zeros((4, 64), dtype=torch.int32))
+        host_reads = on_device(batch)
+        sums = []
+        for step, leaving in enumerate([None, 2, None, 0, 3]):
+            if leaving is not None:
+                next(r for r in batch.reqs if r.rid == leaving).done = True
+            batch.filter_batch()
+            batch.seq_lens = batch.seq_lens + 2  # the verify advanced the device lengths (2 accepted)
+            EagleDraftInputV2Mixin.prepare_for_decode(batch.spec_info, batch)
+            sums.append(batch.get_model_worker_batch().seq_lens_sum)
+            expected = sum(values(batch.seq_lens))
+            assert sums[-1] == (expected if keep else None), (keep, step)
+        assert [r.rid for r in batch.reqs] == [1]
+        # The only host read left is the gated copy of the mirror, once per step.
+        assert host_reads == (["cpu"] * 5 if keep else [])
 
 
 def test_model_worker_batch_without_the_mirror(sglang):
