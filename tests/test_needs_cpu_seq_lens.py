@@ -1,5 +1,6 @@
-"""needs-cpu-seq-lens (#26128 + #26738): before/after snippets for every
-codemod (ours and upstream's shapes), then the real trees."""
+"""needs-cpu-seq-lens (#26128 + #26738, and #25818's deferred sum):
+before/after snippets for every codemod (ours and upstream's shapes), then
+the real trees."""
 
 from __future__ import annotations
 
@@ -778,7 +779,7 @@ def test_decode_metrics_without_device_sync():
 
 def test_every_codemod_is_declared_once_with_a_description():
     patch = registry.get(PID)
-    assert patch.upstream == ("sglang#26128", "sglang#26738") and patch.requires == ()
+    assert patch.upstream == ("sglang#26128", "sglang#26738", "sglang#25818") and patch.requires == ()
     declared = [c for t in patch.targets for c in t.codemods]
     assert len(declared) == len(set(declared))
     mine = {
