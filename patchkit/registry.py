@@ -14,6 +14,9 @@ beside the Python modules of their codemods, where a reference
   names a package, which holds the definitions and codemod modules the same way.
 
 Ids are one namespace: a patch defined twice is refused, naming both places.
+A set's ``runtime = [...]`` may name modules of the set itself (runtime
+helpers the patched code imports, vendored beside patchkit's own): their
+names are one namespace too.
 """
 
 from __future__ import annotations

@@ -30,6 +30,13 @@ def one_line_error(result, *needles) -> None:
         assert needle in out[0], out[0]
 
 
+def test_the_example_stays_short():
+    """What a vendor copies: definition and codemods under 100 lines, the test under 60."""
+    lines = [len(f.read_text().splitlines()) for f in (SET / "torch-native-spec-v2.toml", SET / "torch_native.py",
+                                                       EXAMPLE / "tests" / "test_acme_patches.py")]
+    assert lines[0] + lines[1] < 100 and lines[2] < 60, lines
+
+
 def test_folder_on_the_command_line(cli):
     listed = cli("--patches", SET, "list").output
     assert f"{PATCH}  " in listed and f"[from {SET}]" in listed
