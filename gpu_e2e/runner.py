@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import syncs
+from . import ranks, syncs
 from .models import SIZES, write_models
 
 SPEC = dict(
@@ -38,7 +38,7 @@ def prompts(batch_size: int, length: int, vocab: int, seed: int = 0) -> list[lis
 
 
 def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_graph_max_bs: int,
-                  mem_fraction_static: float) -> dict:
+                  mem_fraction_static: float, tp_size: int = 1) -> dict:
     return dict(
         model_path=str(target),
         speculative_draft_model_path=str(draft),
@@ -52,6 +52,7 @@ def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_gra
         mem_fraction_static=mem_fraction_static,
         random_seed=1234,
         log_level="info",
+        **ranks.engine_kwargs(tp_size),
         **SPEC,
     )
 
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--attention-backend", default="triton")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6)
+    ap.add_argument("--tp", type=int, default=1, help="tp_size of the engine (one scheduler process per rank)")
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -97,13 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         "patchkit_importable": _patchkit_where(),
         "input_len": args.input_len,
         "max_new_tokens": args.max_new_tokens,
+        "tp_size": args.tp,
         "batches": [],
     }
     from sglang.srt.entrypoints.engine import Engine
 
     kwargs = engine_kwargs(target, draft, attention_backend=args.attention_backend,
                            cuda_graph_max_bs=max(max(batch_sizes), 8),
-                           mem_fraction_static=args.mem_fraction_static)
+                           mem_fraction_static=args.mem_fraction_static, tp_size=args.tp)
     result["engine_kwargs"] = kwargs
     t0 = time.perf_counter()
     engine = Engine(**kwargs)
@@ -116,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             ids = prompts(bs, args.input_len, vocab, seed=bs)
             engine.generate(input_ids=ids, sampling_params=sp)  # warm-up
             before = _sync_table(sync_dir)
+            before_ranks = ranks.read(sync_dir)
             runs = []
             for _ in range(args.runs):
                 t = time.perf_counter()
@@ -130,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     "output_ids": [list(o["output_ids"]) for o in outs],
                 })
             after = _sync_table(sync_dir)
+            after_ranks = ranks.read(sync_dir)
             timed = syncs.delta(after, before)
             med = statistics.median(r["elapsed_s"] for r in runs)
             toks = runs[0]["completion_tokens"]
@@ -145,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 "output_ids": runs[0]["output_ids"],
                 "syncs": syncs.syncs_only(timed),
                 "decode_steps": syncs.calls_of(timed, "prepare_for_decode"),
+                "ranks": ranks.batch_per_rank(after_ranks, before_ranks),
                 "verify_ct": verify,
             }
             result["batches"].append(batch)
@@ -152,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"accept {batch['accept_length']} steps {batch['decode_steps']} "
                   f"syncs {sum(batch['syncs'].values())}", flush=True)
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))
+        result["ranks"] = ranks.run_per_rank(ranks.read(sync_dir))
     finally:
         Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         engine.shutdown()
