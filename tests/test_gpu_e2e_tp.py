@@ -138,6 +138,20 @@ def test_each_scheduler_process_notes_its_rank_and_decision(tmp_path):
     assert note == {"tp_rank": 1, "pp_rank": 0, "gpu_id": 1, "source": "Scheduler attributes"}  # dp_rank None
 
 
+@pytest.mark.trees
+@pytest.mark.parametrize("release", bundle.RELEASES)
+def test_the_scheduler_of_each_release_names_its_rank_as_the_hook_reads_it(release):
+    """What ranks.py wraps: ``Scheduler.__init__`` in ``sglang.srt.managers.scheduler``,
+    taking the rank fields as parameters and keeping ``tp_rank`` on ``self``."""
+    from patchkit.fetch import fetch_tree
+
+    path = fetch_tree(release) / Path(*ranks.SCHEDULER_MODULE.split(".")[1:]).with_suffix(".py")
+    cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Scheduler")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    assert set(ranks.RANK_FIELDS) <= {a.arg for a in init.args.args}
+    assert any(isinstance(n, ast.Assign) and ast.unparse(n) == "self.tp_rank = tp_rank" for n in ast.walk(init))
+
+
 # ---------------------------------------------------------------- reading side
 
 def _dump(pid: int, counts: dict, rank: int | None = None, decisions=()) -> dict:
