@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_e2e import bundle, rank_report, ranks, report, runner, syncs
+from gpu_e2e import bundle, rank_report, ranks, report, runner
 from gpu_e2e.bundle import repo_root
 
 PFD = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
