@@ -20,7 +20,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import fa3_kernel, rank_report, ranks, report
+from . import fa3_kernel, mirror_control, rank_report, ranks, report
 
 
 def log(msg: str) -> None:
@@ -34,7 +34,8 @@ def unpack(tar_path: Path, dest: Path) -> None:
 
 
 def prepare_trees(bundle: Path, release: str, work: Path) -> dict[str, Path]:
-    """``{"pristine": parent_dir, "patched": parent_dir}`` (each holds ``sglang/``)."""
+    """``{"pristine": parent_dir, "patched": parent_dir}`` (each holds ``sglang/``);
+    a reference release (upstream, no overlay) gives ``{"upstream": parent_dir}``."""
     tdir = bundle / "trees" / release
     pristine = work / release / "pristine"
     patched = work / release / "patched"
@@ -42,6 +43,9 @@ def prepare_trees(bundle: Path, release: str, work: Path) -> dict[str, Path]:
         if d.exists():
             shutil.rmtree(d)
     unpack(tdir / "pristine.tar.gz", pristine)
+    if not (tdir / "overlay.tar.gz").exists():
+        log(f"{release}: upstream tree ready (the reference: no overlay)")
+        return {"upstream": pristine}
     shutil.copytree(pristine, patched)
     unpack(tdir / "overlay.tar.gz", patched)
     expected = json.loads((tdir / "overlay.json").read_text())
@@ -60,7 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/pk_gpu_e2e")
     ap.add_argument("--releases", default=None, help="comma list (default: all in the bundle)")
     ap.add_argument("--sizes", default="small,8b")
-    ap.add_argument("--variants", default="pristine,patched")
+    ap.add_argument("--variants", default="pristine,patched",
+                    help="of a patched release; a reference release runs its upstream tree")
+    ap.add_argument("--scenario", choices=("eagle3", "standalone"), default="eagle3",
+                    help="standalone: the draft is the target itself, so steps accept tokens")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="enable_deterministic_inference in every engine")
+    ap.add_argument("--workloads", default="uniform", help="comma list: uniform, mixed")
+    ap.add_argument("--alternate", type=int, default=0,
+                    help="N > 0: patched only, N ABBA alternations of mirror kept / dropped "
+                         "inside each engine (the sync's cost, in one process)")
+    ap.add_argument("--mem-fraction-static", type=float, default=None,
+                    help="default 0.6; 0.25 for standalone (the draft copy needs its own room)")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
@@ -94,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         fa3 = fa3_kernel.install(args.fa3_lib, site_common)
         log(f"FA3 kernels installed from {args.fa3_lib} (sglang-kernel {fa3['sglang_kernel']}, sha256 checked)")
 
+    mem_fraction = args.mem_fraction_static or (0.25 if args.scenario == "standalone" else 0.6)
     results_path = out / "results.json"
     engine_log = out / "engine.log"
     all_results: dict = {"device": _device(), "manifest_created": manifest.get("created"),
@@ -107,15 +123,18 @@ def main(argv: list[str] | None = None) -> int:
         if not site_rel.exists():
             unpack(bundle / "site" / f"{release}.tar.gz", site_rel)
         trees = prepare_trees(bundle, release, work / "trees")
+        overlay = bundle / "trees" / release / "overlay.json"
         all_results["trees"][release] = {
             "runtime_mode": info["runtime_mode"],
-            "patched_files_sha256": json.loads((bundle / "trees" / release / "overlay.json").read_text()),
+            "patched_files_sha256": json.loads(overlay.read_text()) if overlay.exists() else {},
         }
-        for size, rnd, order in _schedule(args.sizes.split(","), args.variants.split(","), args.rounds):
+        variants = list(trees) if "upstream" in trees else (
+            ["patched"] if args.alternate else args.variants.split(","))
+        for size, rnd, order in _schedule(args.sizes.split(","), variants, args.rounds):
             got = {}
             for variant in order:
-                tag = (f"tp{args.tp}/" if args.tp > 1 else "") + (f"r{rnd}/" if args.rounds > 1 else "")
-                key = f"{release}/{size}/{args.attention_backend}/{tag}{variant}"
+                tag = f"r{rnd}/" if args.rounds > 1 else ""
+                key = f"{release}/{size}/{args.attention_backend}/{_setting(args)}{tag}{variant}"
                 sync_dir = work / "syncs" / key.replace("/", "_")
                 if sync_dir.exists():
                     shutil.rmtree(sync_dir)
@@ -129,11 +148,19 @@ def main(argv: list[str] | None = None) -> int:
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1",
                            PK_E2E_SYNC_DIR=str(sync_dir), SGLANG_ENABLE_SPEC_V2="1",
                            HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **ranks.MULTICAST_OFF)
+                if args.alternate:
+                    env[mirror_control.ENV_CONTROL] = str(sync_dir / "mirror")
+                    env["PK_E2E_SYNC_FLUSH_S"] = "0.05"
                 cmd = [sys.executable, "-m", "pk_gpu_e2e.runner", "--tree-parent", str(trees[variant]),
                        "--variant", variant, "--size", size, "--batch-sizes", args.batch_sizes,
                        "--max-new-tokens", str(args.max_new_tokens), "--runs", str(args.runs),
-                       "--attention-backend", args.attention_backend, "--tp", str(args.tp),
+                       "--attention-backend", args.attention_backend,
+                       "--scenario", args.scenario, "--workloads", args.workloads,
+                       "--alternate", str(args.alternate), "--mem-fraction-static", str(mem_fraction),
+                       "--tp", str(args.tp),
                        "--models-dir", str(work / "models"), "--out", str(res_file)]
+                if args.deterministic:
+                    cmd.append("--deterministic")
                 log(f"start {key}")
                 t = time.perf_counter()
                 with open(engine_log, "a") as fh:
@@ -151,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                     res["rc"] = rc
                     all_results["runs"][key] = res
                     for b in res.get("batches", []):
-                        log(f"  bs={b['batch_size']}: {b['tok_per_s']:.1f} tok/s, accept "
-                            f"{b['accept_length']}, steps {b['decode_steps']}, syncs {b['syncs']}")
+                        if "summary" not in b:
+                            log(f"  {b.get('workload', 'uniform')} bs={b['batch_size']}: {b['tok_per_s']:.1f} "
+                                f"tok/s, accept {b['accept_length']}, steps {b['decode_steps']}, syncs {b['syncs']}")
                     if rc == 0 and res.get("batches"):
                         got[variant] = res
                 else:
@@ -181,11 +209,34 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + report.speed_markdown(all_results["rows"]))
     if args.tp > 1:
         print("\n" + rank_report.markdown(all_results["rank_rows"]))
+    extra = report.issue23_tables([all_results])
+    if extra:
+        (out / "tables.md").write_text(extra)
+        print("\n" + extra)
+    all_results["problems"].extend(report.issue23_problems([all_results]))
+    results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
     print("device:", all_results["device"])
     for p in all_results["problems"]:
         print("PROBLEM:", p)
-    print("verdict:", "OK" if not all_results["problems"] and all_results["rows"] else "NOT OK")
-    return 0 if all_results["rows"] and not all_results["problems"] else 1
+    ran = all_results["rows"] or extra
+    print("verdict:", "OK" if not all_results["problems"] and ran else "NOT OK")
+    return 0 if ran and not all_results["problems"] else 1
+
+
+def _setting(args) -> str:
+    """Key part naming what differs from the first proof's settings ("" when nothing)."""
+    parts = []
+    if args.scenario != "eagle3":
+        parts.append(args.scenario)
+    if args.deterministic:
+        parts.append("det")
+    if args.workloads != "uniform":
+        parts.append(args.workloads.replace(",", "+"))
+    if args.alternate:
+        parts.append(f"alt{args.alternate}")
+    if args.tp > 1:
+        parts.append(f"tp{args.tp}")
+    return "-".join(parts) + "/" if parts else ""
 
 
 def _schedule(sizes: list[str], variants: list[str], rounds: int):

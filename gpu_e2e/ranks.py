@@ -11,10 +11,13 @@ counter), in every process and with no change to what sglang does:
   The same class and signature on pristine and patched trees (0.5.10 …
   0.5.12.post1); where neither gives a rank, ``torch.distributed``'s rank at the
   decision is taken.
-* the runtime's ``set_needs_cpu_seq_lens`` (what ``configure_needs_cpu_seq_lens``
-  calls, by module global) is wrapped to note every flag a rank sets. Patched code
-  imports the runtime from the tree (``sglang.srt._patchkit.runtime``, see
-  patchkit/vendoring.py) and, in package mode, that forwards to
+* the runtime's ``configure_needs_cpu_seq_lens`` (the scheduler's one call that
+  takes the decision) is wrapped to note the flag it returns. Wrapped in its own
+  module right after that is imported, before the package re-exports it and the
+  scheduler imports it by name. Not ``set_needs_cpu_seq_lens``: the harness's own
+  mirror switch (:mod:`.mirror_control`) calls that, and is no decision of the tree.
+  Patched code imports the runtime from the tree (``sglang.srt._patchkit.runtime``,
+  see patchkit/vendoring.py) and, in package mode, that forwards to
   ``patchkit.runtime``: both are hooked; a pristine tree has neither and notes none.
 
 Reading side: the per-process dumps, grouped by rank (:func:`by_rank`), as the
@@ -34,7 +37,7 @@ from typing import Any, Iterable, Mapping, Optional
 from . import syncs
 
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
-#: Where ``set_needs_cpu_seq_lens`` lives: the tree's vendored runtime
+#: Where ``configure_needs_cpu_seq_lens`` lives: the tree's vendored runtime
 #: (patchkit.vendoring.import_path("runtime.seq_lens")) and the installed
 #: runtime it forwards to in package mode.
 RUNTIME_MODULES = ("sglang.srt._patchkit.runtime.seq_lens", "patchkit.runtime.seq_lens")
@@ -113,21 +116,23 @@ def _label_scheduler(module: Any) -> None:
 
 
 def _record_decision(module: Any) -> None:
-    original = getattr(module, "set_needs_cpu_seq_lens", None)
+    original = getattr(module, "configure_needs_cpu_seq_lens", None)
     if original is None or getattr(original, "__pk_e2e_wrapped__", False):
         return  # package mode: the forwarder re-exports the one already wrapped
 
-    def set_needs_cpu_seq_lens(flag):
-        original(flag)
+    def configure_needs_cpu_seq_lens(*args, **kwargs):
+        flag = original(*args, **kwargs)
         _decisions.append(bool(flag))
         syncs.note(DECISION_NOTE, list(_decisions))
         if not _rank:
             _note_rank({"tp_rank": _rank_from_torch_distributed()}, "torch.distributed")
+        return flag
 
-    set_needs_cpu_seq_lens.__pk_e2e_wrapped__ = True
-    set_needs_cpu_seq_lens.__name__ = original.__name__
-    set_needs_cpu_seq_lens.__doc__ = original.__doc__
-    module.set_needs_cpu_seq_lens = set_needs_cpu_seq_lens
+    configure_needs_cpu_seq_lens.__pk_e2e_wrapped__ = True
+    configure_needs_cpu_seq_lens.__name__ = original.__name__
+    configure_needs_cpu_seq_lens.__qualname__ = original.__qualname__
+    configure_needs_cpu_seq_lens.__doc__ = original.__doc__
+    module.configure_needs_cpu_seq_lens = configure_needs_cpu_seq_lens
 
 
 def _rank_from_torch_distributed() -> Optional[int]:
