@@ -20,7 +20,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import fa3_kernel, mirror_control, report
+from . import fa3_kernel, mirror_control, rank_report, ranks, report
 
 
 def log(msg: str) -> None:
@@ -86,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="engine processes per variant, alternating which starts first (ABBA...): "
                          "the speed ratio is then read per round, so noise between processes shows")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tp_size of every engine; above 1 also a row per rank in ranks.md (see ranks.py)")
     args = ap.parse_args(argv)
+    gpus = ranks.gpus_visible() if args.tp > 1 else None
+    if args.tp > 1 and (gpus or 0) < args.tp:
+        raise SystemExit(f"--tp {args.tp}: nvidia-smi lists {gpus} GPU(s)")
 
     bundle = Path(args.bundle).resolve()
     out = Path(args.out).resolve()
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     all_results: dict = {"device": _device(), "manifest_created": manifest.get("created"),
                          "patchkit_commit": manifest.get("patchkit_commit"),
                          "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "runs": {}, "rows": [], "problems": [],
-                         "trees": {}}
+                         "trees": {}, "rank_rows": []}
 
     for release in releases:
         info = manifest["releases"][release]
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                     path.insert(1, str(bundle / "runtime"))
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1",
                            PK_E2E_SYNC_DIR=str(sync_dir), SGLANG_ENABLE_SPEC_V2="1",
-                           HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+                           HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **ranks.MULTICAST_OFF)
                 if args.alternate:
                     env[mirror_control.ENV_CONTROL] = str(sync_dir / "mirror")
                     env["PK_E2E_SYNC_FLUSH_S"] = "0.05"
@@ -152,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                        "--attention-backend", args.attention_backend,
                        "--scenario", args.scenario, "--workloads", args.workloads,
                        "--alternate", str(args.alternate), "--mem-fraction-static", str(mem_fraction),
+                       "--tp", str(args.tp),
                        "--models-dir", str(work / "models"), "--out", str(res_file)]
                 if args.deterministic:
                     cmd.append("--deterministic")
@@ -189,11 +195,20 @@ def main(argv: list[str] | None = None) -> int:
                 if args.rounds > 1:
                     (out / "speed.md").write_text(report.speed_markdown(all_results["rows"]))
                 print(report.markdown(rows), flush=True)
+                if args.tp > 1:
+                    rank_rows = rank_report.compare(release, got["pristine"], got["patched"])
+                    all_results["rank_rows"].extend(rank_rows)
+                    all_results["problems"].extend(rank_report.verdict(
+                        rank_rows, args.tp, mirror_kept=args.attention_backend not in report.SYNC_FREE_BACKENDS))
+                    (out / "ranks.md").write_text(rank_report.markdown(all_results["rank_rows"]))
+                    print(rank_report.markdown(rank_rows), flush=True)
             results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
 
     print("\n" + report.markdown(all_results["rows"]))
     if args.rounds > 1:
         print("\n" + report.speed_markdown(all_results["rows"]))
+    if args.tp > 1:
+        print("\n" + rank_report.markdown(all_results["rank_rows"]))
     extra = report.issue23_tables([all_results])
     if extra:
         (out / "tables.md").write_text(extra)
@@ -219,6 +234,8 @@ def _setting(args) -> str:
         parts.append(args.workloads.replace(",", "+"))
     if args.alternate:
         parts.append(f"alt{args.alternate}")
+    if args.tp > 1:
+        parts.append(f"tp{args.tp}")
     return "-".join(parts) + "/" if parts else ""
 
 

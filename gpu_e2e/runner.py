@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import mirror_control, syncs, workloads
+from . import mirror_control, ranks, syncs, workloads
 from .models import SIZES, write_models
 
 SCENARIOS = {"eagle3": "EAGLE3", "standalone": "STANDALONE"}
@@ -47,7 +47,7 @@ SPEC = dict(
 
 def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_graph_max_bs: int,
                   mem_fraction_static: float, scenario: str = "eagle3",
-                  deterministic: bool = False) -> dict:
+                  deterministic: bool = False, tp_size: int = 1) -> dict:
     extra = {"enable_deterministic_inference": True} if deterministic else {}
     return dict(
         model_path=str(target),
@@ -64,6 +64,7 @@ def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_gra
         mem_fraction_static=mem_fraction_static,
         random_seed=1234,
         log_level="info",
+        **ranks.engine_kwargs(tp_size),
         **SPEC,
         **extra,
     )
@@ -92,6 +93,7 @@ def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
     """``runs`` identical generate calls: their times, outputs and syncs together."""
     bs = len(requests)
     before = _sync_table(sync_dir)
+    before_ranks = ranks.read(sync_dir)
     calls = [_call(engine, requests) for _ in range(runs)]
     timed = syncs.delta(_sync_table(sync_dir), before)
     med = statistics.median(c["elapsed_s"] for c in calls)
@@ -107,6 +109,7 @@ def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
         "output_ids": calls[0]["output_ids"],
         "syncs": syncs.syncs_only(timed),
         "decode_steps": syncs.calls_of(timed, "prepare_for_decode"),
+        "ranks": ranks.batch_per_rank(ranks.read(sync_dir), before_ranks),
         "verify_ct": verify,
     }
 
@@ -158,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="N > 0: N ABBA alternations of mirror kept / dropped instead of --runs")
     ap.add_argument("--attention-backend", default="triton")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6)
+    ap.add_argument("--tp", type=int, default=1, help="tp_size of the engine (one scheduler process per rank)")
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "patchkit_importable": _patchkit_where(),
         "input_len": args.input_len,
         "max_new_tokens": args.max_new_tokens,
+        "tp_size": args.tp,
         "batches": [],
     }
     from sglang.srt.entrypoints.engine import Engine
@@ -193,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = engine_kwargs(target, draft, attention_backend=args.attention_backend,
                            cuda_graph_max_bs=max(max(batch_sizes), 8),
                            mem_fraction_static=args.mem_fraction_static,
-                           scenario=args.scenario, deterministic=args.deterministic)
+                           scenario=args.scenario, deterministic=args.deterministic, tp_size=args.tp)
     result["engine_kwargs"] = kwargs
     t0 = time.perf_counter()
     engine = Engine(**kwargs)
@@ -223,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["batches"].append(batch)
                 Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))
+        result["ranks"] = ranks.run_per_rank(ranks.read(sync_dir))
     finally:
         Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         engine.shutdown()

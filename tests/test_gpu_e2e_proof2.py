@@ -80,6 +80,9 @@ def test_switch_reaches_the_runtime_module_of_the_process(tmp_path, monkeypatch)
     runtime._flag = False
     runtime.needs_cpu_seq_lens = lambda: runtime._flag
     runtime.set_needs_cpu_seq_lens = lambda v: setattr(runtime, "_flag", bool(v))
+    # the only copy loaded here: another test module may have imported patchkit.runtime
+    for name in [m for m in sys.modules if m.endswith(mirror_control.RUNTIME_SUFFIX)]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, runtime.__name__, runtime)
     control = str(tmp_path / "mirror")
     assert mirror_control.install_listener(control, period=0.001)
@@ -184,10 +187,11 @@ def test_accepted_rows_and_cost_table():
 
 def test_orchestrator_key_names_only_what_differs():
     ns = types.SimpleNamespace
-    base = dict(scenario="eagle3", deterministic=False, workloads="uniform", alternate=0)
+    base = dict(scenario="eagle3", deterministic=False, workloads="uniform", alternate=0, tp=1)
     assert orchestrate._setting(ns(**base)) == ""
     assert orchestrate._setting(ns(**{**base, "scenario": "standalone", "deterministic": True})) == "standalone-det/"
     assert orchestrate._setting(ns(**{**base, "workloads": "uniform,mixed", "alternate": 20})) == "uniform+mixed-alt20/"
+    assert orchestrate._setting(ns(**{**base, "tp": 2})) == "tp2/"
 
 
 def test_runner_engine_kwargs_for_the_accepted_scenario(tmp_path):
