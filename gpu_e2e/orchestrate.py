@@ -57,6 +57,21 @@ def prepare_trees(bundle: Path, release: str, work: Path) -> dict[str, Path]:
     return {"pristine": pristine, "patched": patched}
 
 
+def unpacked_site(bundle: Path, group: str, work: Path) -> Path:
+    """The bundle's ``site/<group>.tar.gz`` unpacked under ``work``, reused by later
+    calls on a warm machine only when it is the same tar (named by its sha256: two
+    bundles' "common" groups differ, e.g. 0.5.13's lacks sglang-kernel 0.4.2)."""
+    tar = bundle / "site" / f"{group}.tar.gz"
+    sha = hashlib.sha256(tar.read_bytes()).hexdigest()[:16]
+    dest = work / "site" / f"{group}-{sha}"
+    if not dest.exists():
+        part = dest.with_name(dest.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)  # left by a call cut short
+        unpack(tar, part)
+        part.rename(dest)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", default=".")
@@ -101,9 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     releases = args.releases.split(",") if args.releases else sorted(manifest["releases"], reverse=True)
 
     t0 = time.perf_counter()
-    site_common = work / "site" / "common"
-    if not site_common.exists():
-        unpack(bundle / "site" / "common.tar.gz", site_common)
+    site_common = unpacked_site(bundle, "common", work)
     log(f"site unpacked in {time.perf_counter() - t0:.0f} s")
     if args.fa3_lib is not None:
         fa3 = fa3_kernel.install(args.fa3_lib, site_common)
@@ -119,9 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for release in releases:
         info = manifest["releases"][release]
-        site_rel = work / "site" / release
-        if not site_rel.exists():
-            unpack(bundle / "site" / f"{release}.tar.gz", site_rel)
+        site_rel = unpacked_site(bundle, release, work)
         trees = prepare_trees(bundle, release, work / "trees")
         overlay = bundle / "trees" / release / "overlay.json"
         all_results["trees"][release] = {
