@@ -12,9 +12,11 @@ names a file. The listener thread waits for the file to change, then calls
 ``set_needs_cpu_seq_lens`` of every loaded copy of patchkit's runtime module (the
 one vendored in the tree, ``sglang.srt._patchkit.runtime.seq_lens``, or the
 installed ``patchkit.runtime.seq_lens``) and answers in ``<file>.ack-<pid>``.
-The runner (:class:`Switch`) writes the file and waits for an answer from a
-process that has the runtime loaded: the scheduler. It only switches between
-generate calls, when no batch is in flight.
+Only scheduler processes act (those :mod:`.ranks` saw start a Scheduler: the
+engine's own process loads the runtime too, and its flag decides nothing). The
+runner (:class:`Switch`) writes the file and waits for an answer from every
+scheduler (one per TP rank). It only switches between generate calls, when no
+batch is in flight.
 
 :func:`abba`, :func:`paired_interval` and :func:`summarise` are pure and
 unit-tested on CPU.
@@ -42,7 +44,13 @@ def _runtime_modules() -> list:
             if name.endswith(RUNTIME_SUFFIX) and hasattr(m, "set_needs_cpu_seq_lens")]
 
 
-def _listen(path: str, period: float) -> None:
+def _is_scheduler() -> bool:
+    from . import ranks
+
+    return ranks.process_tp_rank() is not None
+
+
+def _listen(path: str, period: float, schedulers_only: bool) -> None:
     seen = None
     decided: dict[int, bool] = {}  # module id -> the tree's own decision
     while True:
@@ -55,8 +63,8 @@ def _listen(path: str, period: float) -> None:
         if wanted == seen or wanted not in (KEPT, DROPPED):
             continue
         modules = _runtime_modules()
-        if not modules:
-            continue  # not the scheduler (yet): answer once the runtime is loaded
+        if not modules or (schedulers_only and not _is_scheduler()):
+            continue  # not a scheduler (yet): answer once it is one
         for m in modules:
             own = decided.setdefault(id(m), m.needs_cpu_seq_lens())
             m.set_needs_cpu_seq_lens(True if wanted == KEPT else own)
@@ -66,11 +74,11 @@ def _listen(path: str, period: float) -> None:
         seen = wanted
 
 
-def install_listener(path: Optional[str] = None, period: float = 0.005) -> bool:
+def install_listener(path: Optional[str] = None, period: float = 0.005, schedulers_only: bool = True) -> bool:
     path = path or os.environ.get(ENV_CONTROL)
     if not path:
         return False
-    threading.Thread(target=_listen, args=(path, period), daemon=True,
+    threading.Thread(target=_listen, args=(path, period, schedulers_only), daemon=True,
                      name="pk-e2e-mirror-control").start()
     return True
 
@@ -78,11 +86,13 @@ def install_listener(path: Optional[str] = None, period: float = 0.005) -> bool:
 # --------------------------------------------------------------------- runner side
 
 class Switch:
-    """Runner's end: ``set(KEPT)`` returns once the scheduler has applied it."""
+    """Runner's end: ``set(KEPT)`` returns once every scheduler (``schedulers``: the
+    TP size) has applied it."""
 
-    def __init__(self, path: str, timeout: float = 30.0):
+    def __init__(self, path: str, timeout: float = 30.0, schedulers: int = 1):
         self.path = path
         self.timeout = timeout
+        self.schedulers = schedulers
 
     def _acks(self) -> dict[str, str]:
         folder, base = os.path.split(self.path)
@@ -106,7 +116,7 @@ class Switch:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             acks = [a for a in self._acks().values() if a.split(" ", 1)[0] == wanted]
-            if acks:
+            if len(acks) >= self.schedulers:
                 return acks
             time.sleep(0.005)
         raise RuntimeError(f"no scheduler process applied mirror={wanted} within {self.timeout} s "

@@ -135,6 +135,12 @@ def _record_decision(module: Any) -> None:
     module.configure_needs_cpu_seq_lens = configure_needs_cpu_seq_lens
 
 
+def process_tp_rank() -> Optional[int]:
+    """This process's TP rank once its Scheduler started (None elsewhere: the
+    engine's own process and the detokenizer import the scheduler module too)."""
+    return _rank.get("tp_rank")
+
+
 def _rank_from_torch_distributed() -> Optional[int]:
     try:
         import torch.distributed as dist

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                         "output_lens": [r.max_new_tokens for r in requests]}
                 if args.alternate:
                     batch = {**head, **alternated_runs(engine, requests, args.alternate, sync_dir,
-                                                       mirror_control.Switch(control))}
+                                                       mirror_control.Switch(control, schedulers=args.tp))}
                     s = batch["summary"]
                     print(f"[runner] {args.variant} {args.size} {name} bs={bs}: kept "
                           f"{s['kept_ms_per_step']:.3f} ms/step, dropped {s['dropped_ms_per_step']:.3f}, "

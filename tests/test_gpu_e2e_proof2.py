@@ -85,7 +85,7 @@ def test_switch_reaches_the_runtime_module_of_the_process(tmp_path, monkeypatch)
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, runtime.__name__, runtime)
     control = str(tmp_path / "mirror")
-    assert mirror_control.install_listener(control, period=0.001)
+    assert mirror_control.install_listener(control, period=0.001, schedulers_only=False)
     switch = mirror_control.Switch(control, timeout=5)
     assert switch.set("kept")[0].startswith("kept True own=False")
     assert runtime._flag is True
@@ -93,6 +93,11 @@ def test_switch_reaches_the_runtime_module_of_the_process(tmp_path, monkeypatch)
     assert runtime._flag is False
     with pytest.raises(RuntimeError, match="no scheduler process"):
         mirror_control.Switch(str(tmp_path / "nobody"), timeout=0.05).set("kept")
+    # A process that started no Scheduler (the engine's own) does not answer.
+    other = str(tmp_path / "engine-process")
+    mirror_control.install_listener(other, period=0.001)
+    with pytest.raises(RuntimeError, match="no scheduler process"):
+        mirror_control.Switch(other, timeout=0.1).set("kept")
     assert threading.active_count() >= 2
 
 
