@@ -6,7 +6,10 @@ detokenizer): each is a fresh interpreter that reads the same environment.
 
 What is counted: ``torch.Tensor.cpu()``, ``.item()`` and ``.tolist()`` called on a
 tensor whose ``is_cuda`` is true (each one blocks the host until the device has
-produced the value). Each call is attributed to the innermost frame whose file lies in
+produced the value). Also counted, as kind ``wait``: ``torch.cuda.Event.synchronize``,
+``torch.cuda.Stream.synchronize`` and ``torch.cuda.synchronize`` (a host wait on the
+device that moves no data; the spec-v2 overlap scheduler of 0.5.12 waits on its
+verify-done event each decode step, 0.5.13 no longer does). Each call is attributed to the innermost frame whose file lies in
 an ``sglang/`` package folder or in ``patchkit/runtime`` / ``patchkit/backends``
 (``sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode:174``); calls with no
 such frame are kept under ``<other>:<file>:<function>:<line>`` of the caller.
@@ -43,7 +46,12 @@ from typing import Any, Iterable, Mapping, Optional
 
 ENV_DIR = "PK_E2E_SYNC_DIR"
 ENV_FLUSH = "PK_E2E_SYNC_FLUSH_S"
-KINDS = ("cpu", "item", "tolist")
+#: Tensor reads that copy to the host, then "wait": a host wait on the device
+#: (``torch.cuda.Event.synchronize``, ``Stream.synchronize``,
+#: ``torch.cuda.synchronize``), which blocks as a copy does without moving data.
+TENSOR_KINDS = ("cpu", "item", "tolist")
+WAIT = "wait"
+KINDS = TENSOR_KINDS + (WAIT,)
 
 #: module -> (class or None, function): calls counted under "call" keys.
 CALL_PROBES = {
@@ -118,6 +126,34 @@ def _wrap_tensor_method(torch: Any, kind: str) -> None:
     counted.__name__ = original.__name__
     counted.__doc__ = original.__doc__
     setattr(torch.Tensor, kind, counted)
+
+
+def _counted_wait(original: Any) -> Any:
+    if getattr(original, "__pk_e2e_wrapped__", False):
+        return original
+
+    def waited(*args, **kwargs):
+        _bump(f"{WAIT}|{attribute(sys._getframe(1))}")
+        return original(*args, **kwargs)
+
+    waited.__pk_e2e_wrapped__ = True
+    waited.__name__ = getattr(original, "__name__", "synchronize")
+    waited.__doc__ = getattr(original, "__doc__", None)
+    return waited
+
+
+def _wrap_waits(torch: Any) -> None:
+    """Count host waits on the device: every call blocks until the device reached
+    that point (sglang's overlap scheduler waits on its verify-done event so)."""
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None:
+        return
+    for cls_name in ("Event", "Stream"):
+        cls = getattr(cuda, cls_name, None)
+        if cls is not None and hasattr(cls, "synchronize"):
+            setattr(cls, "synchronize", _counted_wait(cls.synchronize))
+    if hasattr(cuda, "synchronize"):
+        cuda.synchronize = _counted_wait(cuda.synchronize)
 
 
 def _wrap_call_probe(module: Any, owner: Optional[str], func: str) -> None:
@@ -237,8 +273,9 @@ def install(directory: Optional[str] = None) -> bool:
 
     os.makedirs(directory, exist_ok=True)
     _dir = directory
-    for kind in KINDS:
+    for kind in TENSOR_KINDS:
         _wrap_tensor_method(torch, kind)
+    _wrap_waits(torch)
     sys.meta_path.insert(0, _ProbeFinder())
     for name, probe in CALL_PROBES.items():
         on_import(name, lambda module, probe=probe: _wrap_call_probe(module, *probe))

@@ -219,3 +219,26 @@ def test_recorded_proof2_runs_reproduce_their_tables(run):
     folder = RECORDED / run
     results = [json.loads(p.read_text()) for p in sorted(folder.glob("results*.json"))]
     assert report.issue23_tables(results) == (folder / "tables.md").read_text()
+
+
+def test_host_waits_on_the_device_are_counted_by_site(monkeypatch):
+    """Event/Stream.synchronize and torch.cuda.synchronize count as kind "wait"."""
+    from gpu_e2e import syncs
+
+    class Event:
+        def synchronize(self):
+            return "done"
+
+    cuda = types.SimpleNamespace(Event=Event, Stream=type("Stream", (), {"synchronize": lambda self: None}),
+                                 synchronize=lambda: None)
+    monkeypatch.setattr(syncs, "_counts", syncs.Counter())
+    syncs._wrap_waits(types.SimpleNamespace(cuda=cuda))
+    code = compile("def maybe_wait_verify_done(e):\n    return e.synchronize()\n",
+                   "/x/sglang/srt/managers/schedule_batch.py", "exec")
+    ns: dict = {}
+    exec(code, ns)
+    assert ns["maybe_wait_verify_done"](Event()) == "done"
+    cuda.synchronize()
+    counts = dict(syncs._counts)
+    assert counts["wait|sglang/srt/managers/schedule_batch.py:maybe_wait_verify_done:2"] == 1
+    assert sum(counts.values()) == 2 and syncs.syncs_only(counts) == counts
