@@ -56,6 +56,7 @@ MODULES = (
     "srt/model_executor/forward_batch_info.py",
     "srt/model_executor/cuda_graph_runner.py",
     "srt/layers/attention/triton_backend.py",
+    "srt/layers/attention/flashmla_backend.py",
     "srt/observability/scheduler_metrics_mixin.py",
     "srt/managers/scheduler_components/metrics_reporter.py",
 )
