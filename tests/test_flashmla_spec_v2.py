@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from codemod_testing import apply, code, detect
+from codemod_testing import apply, detect
 from support import snapshot
 from patchkit.codemods import flashmla_spec_v2 as fm
 from patchkit.codemods.base import State

@@ -183,7 +183,7 @@ def max_item(receiver: m.BaseMatcherNode) -> m.Call:
     return m.Call(func=attr("item", m.Call(func=attr("max", receiver))), args=[])
 
 
-def _rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:
+def first_rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:
     """``<value>[:ROWS]`` (the first rows)."""
     return m.Subscript(
         value=value,
@@ -239,7 +239,7 @@ EAGER_GUARDS = (
         ),
         "M",
     ),
-    Guard(max_item(_rows(save(m.Name("seq_lens_cpu"), "M"), "N")), "rows_max(M, forward_batch.seq_lens, N)", "rows_max"),
+    Guard(max_item(first_rows(save(m.Name("seq_lens_cpu"), "M"), "N")), "rows_max(M, forward_batch.seq_lens, N)", "rows_max"),
     Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
     # The GPU-only draft extend leaves the prefix host list unset (the
     # lengths stay a device tensor) and may leave the extend one unset.
@@ -267,7 +267,7 @@ class EagerMetadataWithoutMirror(MirrorReadGuards):
 
 #: The CUDA-graph replay reads (FA3 and TRT-LLM MHA share their shape).
 REPLAY_GUARDS = (
-    Guard(_rows(save(m.Name("seq_lens_cpu"), "M"), "N"), "rows_or_none(M, N)", "rows_or_none"),
+    Guard(first_rows(save(m.Name("seq_lens_cpu"), "M"), "N"), "rows_or_none(M, N)", "rows_or_none"),
     Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
     # 0.5.15: the spec branches fell back to a local D2H; the page-table
     # width they feed takes the static bound instead, as in 0.5.16.

@@ -45,7 +45,7 @@ import libcst.matchers as m
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods import primitives
 from patchkit.codemods.base import Finding, Guard, MethodCodemod
-from patchkit.codemods.primitives import ANY, attr, call, plus, save
+from patchkit.codemods.primitives import attr, call, plus, save
 from patchkit.codemods.replay_no_stale_mirror import MIRROR_READS, code_of, none_comparison
 from patchkit.vendoring import import_path
 
@@ -115,7 +115,7 @@ class ReplayMetadataWithoutMirror(fa3.MirrorReadGuards):
         # 0.5.10 .. 0.5.12.post1, decode: the mirror was required.
         Guard(REPLAY_ASSERT, "assert M is None or len(M) >= bs"),
         # verify: `seq_lens_cpu[:bs] + self.num_draft_tokens` (before the slice is rewritten)
-        Guard(plus(fa3._rows(LOCAL_MIRROR, "N")), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
+        Guard(plus(fa3.first_rows(LOCAL_MIRROR, "N")), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
         fa3.REPLAY_GUARDS[0],  # seq_lens_cpu[:bs] -> rows_or_none
         # 0.5.13 .. 0.5.15: `seq_lens_cpu.max().item() if seq_lens_cpu is not None
         # else seq_lens.max().item()`, a D2H of its own without the mirror.
