@@ -25,6 +25,7 @@ RUNTIME_FILES = {
     "srt/_patchkit/runtime/seq_lens.py",
     "srt/_patchkit/backends/__init__.py",
     "srt/_patchkit/backends/fa3.py",
+    "srt/_patchkit/backends/flashmla.py",
     "srt/_patchkit/backends/mirror_reads.py",
     "srt/_patchkit/backends/trtllm_mha.py",
     "srt/_patchkit/backends/trtllm_mla.py",
