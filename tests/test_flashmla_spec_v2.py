@@ -282,11 +282,28 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
     assert snapshot(tree) == before
 
 
+def flashmla_reads(cli, tree, verdict):
+    audit = json.loads(cli("audit", tree, "--format", "json").output)
+    return [r for r in audit["reads"] if r["file"] == FLASHMLA and r["verdict"] == verdict]
+
+
 @pytest.mark.trees
-def test_pristine_flashmla_reads_are_listed_by_the_audit(make_tree, cli):
-    audit = json.loads(cli("audit", make_tree("0.5.12.post1"), "--format", "json").output)
-    unguarded = [r for r in audit["reads"] if r["file"] == FLASHMLA and r["verdict"] == "unguarded"]
-    assert {r["function"] for r in unguarded} == {"FlashMLABackend.init_forward_metadata"}
+def test_audit_lists_the_reads_of_a_flashmla_that_opts_out_unguarded(make_tree, cli):
+    """Pristine FlashMLA keeps the mirror (no opt-out): its reads are safe. A
+    fork that declares the flag False without guarding them is what the
+    audit catches; this patch leaves none."""
+    tree = make_tree("0.5.12.post1")
+    assert flashmla_reads(cli, tree, "unguarded") == []
+    assert {r["function"] for r in flashmla_reads(cli, tree, "safe")} >= {"FlashMLABackend.init_forward_metadata"}
+    path = tree / FLASHMLA
+    path.write_text(path.read_text().replace(
+        "class FlashMLABackend(FlashInferMLAAttnBackend):\n",
+        "class FlashMLABackend(FlashInferMLAAttnBackend):\n    needs_cpu_seq_lens: bool = False\n\n",
+    ))
+    assert {r["function"] for r in flashmla_reads(cli, tree, "unguarded")} == {"FlashMLABackend.init_forward_metadata"}
+    assert cli("apply", tree, PATCH).exit_code == 0
+    assert flashmla_reads(cli, tree, "unguarded") == []
+    assert {r["patch"] for r in flashmla_reads(cli, tree, "patched")} == {PATCH}
 
 
 @pytest.mark.trees
