@@ -7,7 +7,9 @@ pristine tree and the files ``patchkit apply`` changed).
 GPU side: :mod:`.orchestrate` unpacks the bundle and runs :mod:`.runner` once per
 variant in a fresh process; :mod:`.syncs` (loaded through the bundle's
 ``sitecustomize.py`` in every sglang process) counts host syncs on CUDA tensors by
-call site; :mod:`.report` compares the variants and prints the table.
+call site; :mod:`.report` compares the variants and prints the table. Under tensor
+parallelism (``--tp N``) :mod:`.ranks` notes each scheduler's TP rank and its
+``needs_cpu_seq_lens`` decision in its dump, and :mod:`.rank_report` compares rank by rank.
 
 The GPU-side modules use the standard library (and torch/sglang where they run), and
 import each other relatively, so the bundle copies this folder as a standalone package.

@@ -48,8 +48,11 @@ MIB = 1024 * 1024
 LIMIT_BYTES = 64 * MIB
 PKG_NAME = "pk_gpu_e2e"
 
-#: Releases this bundle knows how to run.
+#: Releases this bundle knows how to run, patched against pristine.
 RELEASES = ("0.5.12.post1", "0.5.10")
+#: Releases carried as they are: the upstream reference of what sync-free means
+#: (issue 23 compares a patched 0.5.12.post1's sync table with 0.5.13's).
+REFERENCE_RELEASES = ("0.5.13",)
 
 #: What the GPU image ('cuda', python 3.12) already holds (device KINDS.md list,
 #: normalised distribution names). Anything the Engine path imports beyond this and
@@ -144,6 +147,12 @@ RELEASE_PINS = {
         "tokenizers": "0.22.2",
         "flashinfer-python": "0.6.7.post2",
     },
+    "0.5.13": {
+        "transformers": "5.8.1",
+        "tokenizers": "0.22.2",
+        "flashinfer-python": "0.6.12",
+        "sglang-kernel": "0.4.3",  # 0.5.13 pins it (built for the image's torch 2.11)
+    },
 }
 
 PIP_PLATFORM_FLAGS = [
@@ -170,16 +179,19 @@ def wheel_cache() -> Path:
 
 
 def all_pins(releases: Iterable[str]) -> dict[str, dict[str, str]]:
-    """``{"common": {...}, release: {...}}``; refuses a package pinned twice."""
-    out = {"common": dict(COMMON_PINS)}
+    """``{"common": {...}, release: {...}}``.
+
+    A release may pin a common package its own way (0.5.13: sglang-kernel 0.4.3);
+    the common group then keeps that package only if another release of the
+    bundle uses the common pin (its site folder comes first on the path)."""
+    releases = list(releases)
     for rel in releases:
         if rel not in RELEASE_PINS:
-            raise SystemExit(f"unknown release {rel!r}; known: {', '.join(RELEASES)}")
-        clash = {normalise(k) for k in RELEASE_PINS[rel]} & {normalise(k) for k in COMMON_PINS}
-        if clash:
-            raise SystemExit(f"pinned both in common and for {rel}: {sorted(clash)}")
-        out[rel] = dict(RELEASE_PINS[rel])
-    return out
+            raise SystemExit(f"unknown release {rel!r}; known: {', '.join(RELEASES + REFERENCE_RELEASES)}")
+    own = {rel: {normalise(k) for k in RELEASE_PINS[rel]} for rel in releases}
+    common = {k: v for k, v in COMMON_PINS.items()
+              if not all(normalise(k) in own[rel] for rel in releases)}
+    return {"common": common, **{rel: dict(RELEASE_PINS[rel]) for rel in releases}}
 
 
 # ------------------------------------------------------------------ wheels
@@ -366,6 +378,15 @@ def copy_runtime(dest: Path) -> list[str]:
     return copied
 
 
+def _add_reference_tree(dest: Path, release: str, manifest: dict) -> None:
+    from patchkit.fetch import fetch_tree
+
+    tdir = dest / "trees" / release
+    tdir.mkdir(parents=True)
+    _tar_dir(tdir / "pristine.tar.gz", fetch_tree(release), "sglang")
+    manifest["releases"][release] = {"runtime_mode": "upstream", "reference": True}
+
+
 def _git_head() -> Optional[str]:
     """This checkout's commit (``+dirty`` when tracked files differ), or None."""
     root = str(repo_root())
@@ -407,6 +428,10 @@ def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
     runtime_modes = set()
     with tempfile.TemporaryDirectory(prefix="pk-gpu-bundle-") as tmp:
         for rel in releases:
+            if rel in REFERENCE_RELEASES:
+                _add_reference_tree(dest, rel, manifest)
+                log(f"trees/{rel}: upstream tree, carried as published (the reference)")
+                continue
             pristine, patched, out = patched_tree(rel, Path(tmp))
             changed, removed = overlay(pristine, patched)
             if removed:

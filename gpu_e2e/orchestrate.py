@@ -20,7 +20,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import fa3_kernel, report
+from . import fa3_kernel, mirror_control, rank_report, ranks, report
 
 
 def log(msg: str) -> None:
@@ -34,7 +34,8 @@ def unpack(tar_path: Path, dest: Path) -> None:
 
 
 def prepare_trees(bundle: Path, release: str, work: Path) -> dict[str, Path]:
-    """``{"pristine": parent_dir, "patched": parent_dir}`` (each holds ``sglang/``)."""
+    """``{"pristine": parent_dir, "patched": parent_dir}`` (each holds ``sglang/``);
+    a reference release (upstream, no overlay) gives ``{"upstream": parent_dir}``."""
     tdir = bundle / "trees" / release
     pristine = work / release / "pristine"
     patched = work / release / "patched"
@@ -42,6 +43,9 @@ def prepare_trees(bundle: Path, release: str, work: Path) -> dict[str, Path]:
         if d.exists():
             shutil.rmtree(d)
     unpack(tdir / "pristine.tar.gz", pristine)
+    if not (tdir / "overlay.tar.gz").exists():
+        log(f"{release}: upstream tree ready (the reference: no overlay)")
+        return {"upstream": pristine}
     shutil.copytree(pristine, patched)
     unpack(tdir / "overlay.tar.gz", patched)
     expected = json.loads((tdir / "overlay.json").read_text())
@@ -53,6 +57,21 @@ def prepare_trees(bundle: Path, release: str, work: Path) -> dict[str, Path]:
     return {"pristine": pristine, "patched": patched}
 
 
+def unpacked_site(bundle: Path, group: str, work: Path) -> Path:
+    """The bundle's ``site/<group>.tar.gz`` unpacked under ``work``, reused by later
+    calls on a warm machine only when it is the same tar (named by its sha256: two
+    bundles' "common" groups differ, e.g. 0.5.13's lacks sglang-kernel 0.4.2)."""
+    tar = bundle / "site" / f"{group}.tar.gz"
+    sha = hashlib.sha256(tar.read_bytes()).hexdigest()[:16]
+    dest = work / "site" / f"{group}-{sha}"
+    if not dest.exists():
+        part = dest.with_name(dest.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)  # left by a call cut short
+        unpack(tar, part)
+        part.rename(dest)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", default=".")
@@ -60,7 +79,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/pk_gpu_e2e")
     ap.add_argument("--releases", default=None, help="comma list (default: all in the bundle)")
     ap.add_argument("--sizes", default="small,8b")
-    ap.add_argument("--variants", default="pristine,patched")
+    ap.add_argument("--variants", default="pristine,patched",
+                    help="of a patched release; a reference release runs its upstream tree")
+    ap.add_argument("--scenario", choices=("eagle3", "standalone"), default="eagle3",
+                    help="standalone: the draft is the target itself, so steps accept tokens")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="enable_deterministic_inference in every engine")
+    ap.add_argument("--workloads", default="uniform", help="comma list: uniform, mixed")
+    ap.add_argument("--alternate", type=int, default=0,
+                    help="N > 0: patched only, N ABBA alternations of mirror kept / dropped "
+                         "inside each engine (the sync's cost, in one process)")
+    ap.add_argument("--mem-fraction-static", type=float, default=None,
+                    help="default 0.6; 0.25 for standalone (the draft copy needs its own room)")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
@@ -71,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="engine processes per variant, alternating which starts first (ABBA...): "
                          "the speed ratio is then read per round, so noise between processes shows")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tp_size of every engine; above 1 also a row per rank in ranks.md (see ranks.py)")
     args = ap.parse_args(argv)
+    gpus = ranks.gpus_visible() if args.tp > 1 else None
+    if args.tp > 1 and (gpus or 0) < args.tp:
+        raise SystemExit(f"--tp {args.tp}: nvidia-smi lists {gpus} GPU(s)")
 
     bundle = Path(args.bundle).resolve()
     out = Path(args.out).resolve()
@@ -81,36 +116,36 @@ def main(argv: list[str] | None = None) -> int:
     releases = args.releases.split(",") if args.releases else sorted(manifest["releases"], reverse=True)
 
     t0 = time.perf_counter()
-    site_common = work / "site" / "common"
-    if not site_common.exists():
-        unpack(bundle / "site" / "common.tar.gz", site_common)
+    site_common = unpacked_site(bundle, "common", work)
     log(f"site unpacked in {time.perf_counter() - t0:.0f} s")
     if args.fa3_lib is not None:
         fa3 = fa3_kernel.install(args.fa3_lib, site_common)
         log(f"FA3 kernels installed from {args.fa3_lib} (sglang-kernel {fa3['sglang_kernel']}, sha256 checked)")
 
+    mem_fraction = args.mem_fraction_static or (0.25 if args.scenario == "standalone" else 0.6)
     results_path = out / "results.json"
     engine_log = out / "engine.log"
     all_results: dict = {"device": _device(), "manifest_created": manifest.get("created"),
                          "patchkit_commit": manifest.get("patchkit_commit"),
                          "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "runs": {}, "rows": [], "problems": [],
-                         "trees": {}}
+                         "trees": {}, "rank_rows": []}
 
     for release in releases:
         info = manifest["releases"][release]
-        site_rel = work / "site" / release
-        if not site_rel.exists():
-            unpack(bundle / "site" / f"{release}.tar.gz", site_rel)
+        site_rel = unpacked_site(bundle, release, work)
         trees = prepare_trees(bundle, release, work / "trees")
+        overlay = bundle / "trees" / release / "overlay.json"
         all_results["trees"][release] = {
             "runtime_mode": info["runtime_mode"],
-            "patched_files_sha256": json.loads((bundle / "trees" / release / "overlay.json").read_text()),
+            "patched_files_sha256": json.loads(overlay.read_text()) if overlay.exists() else {},
         }
-        for size, rnd, order in _schedule(args.sizes.split(","), args.variants.split(","), args.rounds):
+        variants = list(trees) if "upstream" in trees else (
+            ["patched"] if args.alternate else args.variants.split(","))
+        for size, rnd, order in _schedule(args.sizes.split(","), variants, args.rounds):
             got = {}
             for variant in order:
                 tag = f"r{rnd}/" if args.rounds > 1 else ""
-                key = f"{release}/{size}/{args.attention_backend}/{tag}{variant}"
+                key = f"{release}/{size}/{args.attention_backend}/{_setting(args)}{tag}{variant}"
                 sync_dir = work / "syncs" / key.replace("/", "_")
                 if sync_dir.exists():
                     shutil.rmtree(sync_dir)
@@ -123,12 +158,20 @@ def main(argv: list[str] | None = None) -> int:
                     path.insert(1, str(bundle / "runtime"))
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1",
                            PK_E2E_SYNC_DIR=str(sync_dir), SGLANG_ENABLE_SPEC_V2="1",
-                           HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+                           HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **ranks.MULTICAST_OFF)
+                if args.alternate:
+                    env[mirror_control.ENV_CONTROL] = str(sync_dir / "mirror")
+                    env["PK_E2E_SYNC_FLUSH_S"] = "0.05"
                 cmd = [sys.executable, "-m", "pk_gpu_e2e.runner", "--tree-parent", str(trees[variant]),
                        "--variant", variant, "--size", size, "--batch-sizes", args.batch_sizes,
                        "--max-new-tokens", str(args.max_new_tokens), "--runs", str(args.runs),
                        "--attention-backend", args.attention_backend,
+                       "--scenario", args.scenario, "--workloads", args.workloads,
+                       "--alternate", str(args.alternate), "--mem-fraction-static", str(mem_fraction),
+                       "--tp", str(args.tp),
                        "--models-dir", str(work / "models"), "--out", str(res_file)]
+                if args.deterministic:
+                    cmd.append("--deterministic")
                 log(f"start {key}")
                 t = time.perf_counter()
                 with open(engine_log, "a") as fh:
@@ -146,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                     res["rc"] = rc
                     all_results["runs"][key] = res
                     for b in res.get("batches", []):
-                        log(f"  bs={b['batch_size']}: {b['tok_per_s']:.1f} tok/s, accept "
-                            f"{b['accept_length']}, steps {b['decode_steps']}, syncs {b['syncs']}")
+                        if "summary" not in b:
+                            log(f"  {b.get('workload', 'uniform')} bs={b['batch_size']}: {b['tok_per_s']:.1f} "
+                                f"tok/s, accept {b['accept_length']}, steps {b['decode_steps']}, syncs {b['syncs']}")
                     if rc == 0 and res.get("batches"):
                         got[variant] = res
                 else:
@@ -162,16 +206,48 @@ def main(argv: list[str] | None = None) -> int:
                 if args.rounds > 1:
                     (out / "speed.md").write_text(report.speed_markdown(all_results["rows"]))
                 print(report.markdown(rows), flush=True)
+                if args.tp > 1:
+                    rank_rows = rank_report.compare(release, got["pristine"], got["patched"])
+                    all_results["rank_rows"].extend(rank_rows)
+                    all_results["problems"].extend(rank_report.verdict(
+                        rank_rows, args.tp, mirror_kept=args.attention_backend not in report.SYNC_FREE_BACKENDS))
+                    (out / "ranks.md").write_text(rank_report.markdown(all_results["rank_rows"]))
+                    print(rank_report.markdown(rank_rows), flush=True)
             results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
 
     print("\n" + report.markdown(all_results["rows"]))
     if args.rounds > 1:
         print("\n" + report.speed_markdown(all_results["rows"]))
+    if args.tp > 1:
+        print("\n" + rank_report.markdown(all_results["rank_rows"]))
+    extra = report.issue23_tables([all_results])
+    if extra:
+        (out / "tables.md").write_text(extra)
+        print("\n" + extra)
+    all_results["problems"].extend(report.issue23_problems([all_results]))
+    results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
     print("device:", all_results["device"])
     for p in all_results["problems"]:
         print("PROBLEM:", p)
-    print("verdict:", "OK" if not all_results["problems"] and all_results["rows"] else "NOT OK")
-    return 0 if all_results["rows"] and not all_results["problems"] else 1
+    ran = all_results["rows"] or extra
+    print("verdict:", "OK" if not all_results["problems"] and ran else "NOT OK")
+    return 0 if ran and not all_results["problems"] else 1
+
+
+def _setting(args) -> str:
+    """Key part naming what differs from the first proof's settings ("" when nothing)."""
+    parts = []
+    if args.scenario != "eagle3":
+        parts.append(args.scenario)
+    if args.deterministic:
+        parts.append("det")
+    if args.workloads != "uniform":
+        parts.append(args.workloads.replace(",", "+"))
+    if args.alternate:
+        parts.append(f"alt{args.alternate}")
+    if args.tp > 1:
+        parts.append(f"tp{args.tp}")
+    return "-".join(parts) + "/" if parts else ""
 
 
 def _schedule(sizes: list[str], variants: list[str], rounds: int):

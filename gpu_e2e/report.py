@@ -64,6 +64,7 @@ def compare_batch(release: str, pristine: Mapping, patched: Mapping, size: str) 
         "release": release,
         "size": size,
         "batch_size": a["batch_size"],
+        "workload": a.get("workload", "uniform"),
         "prepare_per_step": (per_step(prepare_syncs(a["syncs"]), a["decode_steps"]),
                              per_step(prepare_syncs(b["syncs"]), b["decode_steps"])),
         "decode_steps": (a["decode_steps"], b["decode_steps"]),
@@ -84,17 +85,29 @@ def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
     """Rows per batch size; each also carries the sync sites new anywhere in the patched
     process's whole life (start-up, CUDA-graph capture, warm-up and timed runs)."""
     rows = []
-    pb = {x["batch_size"]: x for x in patched["batches"]}
+    pb = {_batch_key(x): x for x in patched["batches"]}
     whole_a = by_function(pristine.get("syncs_whole_run") or {})
     whole_b = by_function(patched.get("syncs_whole_run") or {})
     new_whole = sorted(set(whole_b) - set(whole_a))
     for batch in pristine["batches"]:
-        other = pb.get(batch["batch_size"])
-        if other is not None:
+        other = pb.get(_batch_key(batch))
+        if other is not None and "summary" not in batch:
             row = compare_batch(release, batch, other, pristine["size"])
             row["new_sites_whole_run"] = new_whole
+            if pristine.get("scenario", "eagle3") != "eagle3" or pristine.get("deterministic"):
+                row["scenario"] = pristine["scenario"] + (" det" if pristine.get("deterministic") else "")
             rows.append(row)
     return rows
+
+
+def _batch_key(batch: Mapping) -> tuple:
+    return batch["batch_size"], batch.get("workload", "uniform")
+
+
+def _model(r: Mapping) -> str:
+    """The model column: the size, then what differs from the first proof's settings."""
+    extra = [x for x in (r.get("scenario"), r.get("workload")) if x and x not in ("eagle3", "uniform")]
+    return " ".join([r["size"], *extra])
 
 
 def _f(x, fmt="{:.2f}") -> str:
@@ -123,7 +136,7 @@ def markdown(rows: list[dict]) -> str:
         if oa == ob and oa:
             other = f"{_sites(oa, sa)} (both)"
         lines.append(
-            f"| {r['release']} | {r['size']} | {r['batch_size']} | {_f(pa)} → {_f(pb)} "
+            f"| {r['release']} | {_model(r)} | {r['batch_size']} | {_f(pa)} → {_f(pb)} "
             f"| {other} | {', '.join(r['new_sites']) or 'none'} "
             f"| {_f(r['tok_per_s'][0], '{:.1f}')} → {_f(r['tok_per_s'][1], '{:.1f}')} "
             f"| {_f(r['ratio'], '{:.3f}')} "
@@ -204,4 +217,153 @@ def verdict(rows: list[dict], mirror_kept: bool = False) -> list[str]:
         if r.get("new_sites_whole_run"):
             problems.append(f"{tag}: new sync sites in the patched process's whole run: "
                             f"{', '.join(r['new_sites_whole_run'])}")
+    return problems
+
+
+# ------------------------------------------------------------ issue 23's three tables
+
+def _runs(results: list[Mapping]):
+    """(release, key, run) of every finished run of every results.json given."""
+    for res in results:
+        for key, run in sorted(res.get("runs", {}).items()):
+            if run.get("batches"):
+                yield key.split("/")[0], key, run
+
+
+def accepted_rows(results: list[Mapping]) -> list[dict]:
+    """The comparison rows of STANDALONE runs (the draft is the target: steps accept)."""
+    return [r for res in results for r in res.get("rows", []) if str(r.get("scenario", "")).startswith("standalone")]
+
+
+ACCEPTED_HEADER = ("| release | model | setting | bs | accept length before / after "
+                   "| `prepare_for_decode` syncs/step before → after | tok/s before → after | identical outputs |")
+ACCEPTED_RULE = "|---|---|---|---:|---|---|---|---|"
+
+
+def accepted_markdown(rows: list[dict]) -> str:
+    lines = [ACCEPTED_HEADER, ACCEPTED_RULE]
+    for r in rows:
+        (pa, pb), (aa, ab) = r["prepare_per_step"], r["accept_length"]
+        lines.append(
+            f"| {r['release']} | {r['size']} | {r['scenario']} {r['workload']} | {r['batch_size']} "
+            f"| {_f(aa)} / {_f(ab)} | {_f(pa)} → {_f(pb)} "
+            f"| {_f(r['tok_per_s'][0], '{:.1f}')} → {_f(r['tok_per_s'][1], '{:.1f}')} "
+            f"| {'yes' if r['identical'] else 'NO (' + str(r['mismatch']) + ')'} |")
+    return "\n".join(lines) + "\n"
+
+
+def traffic_rows(results: list[Mapping], workload: str = "mixed") -> list[dict]:
+    """Per (model, bs): every sync site's count per decode step in each variant
+    (pristine, patched, upstream) of the ``workload`` runs, lines merged by function."""
+    groups: dict[tuple, dict] = {}
+    for release, key, run in _runs(results):
+        variant = key.rsplit("/", 1)[1]
+        if variant not in ("pristine", "patched", "upstream"):
+            continue
+        for b in run["batches"]:
+            if b.get("workload") != workload or "summary" in b:
+                continue
+            g = groups.setdefault((run["size"], b["batch_size"]), {"size": run["size"], "batch_size": b["batch_size"],
+                                                                  "variants": {}})
+            g["variants"][variant] = {
+                "release": release, "decode_steps": b["decode_steps"],
+                "per_step": {name: n / b["decode_steps"] if b["decode_steps"] else None
+                             for name, n in by_function(b["syncs"]).items()},
+            }
+    return [groups[k] for k in sorted(groups)]
+
+
+def traffic_gaps(row: Mapping) -> list[str]:
+    """Sites the patched tree syncs at and upstream does not (empty: the tables agree)."""
+    v = row["variants"]
+    if "patched" not in v or "upstream" not in v:
+        return []
+    return sorted(s for s, n in v["patched"]["per_step"].items() if n and s not in v["upstream"]["per_step"])
+
+
+def traffic_markdown(rows: list[dict]) -> str:
+    order = ("pristine", "patched", "upstream")
+    out = []
+    for r in rows:
+        present = [x for x in order if x in r["variants"]]
+        heads = [f"{x} {r['variants'][x]['release']} ({r['variants'][x]['decode_steps']} steps)" for x in present]
+        out.append(f"**{r['size']}, bs {r['batch_size']}** — syncs per decode step\n")
+        out.append("| site | " + " | ".join(heads) + " |")
+        out.append("|---|" + "---:|" * len(present))
+        sites = sorted({s for x in present for s in r["variants"][x]["per_step"]})
+        for site in sites:
+            cells = [_f(r["variants"][x]["per_step"].get(site), "{:.3f}") if site in r["variants"][x]["per_step"]
+                     else "–" for x in present]
+            out.append(f"| `{site}` | " + " | ".join(cells) + " |")
+        if not sites:
+            out.append("| none | " + " | ".join("–" for _ in present) + " |")
+        gaps = traffic_gaps(r)
+        if "patched" in r["variants"] and "upstream" in r["variants"]:
+            out.append("\npatched vs upstream: " + ("same sites" if not gaps else "patched only: " + ", ".join(gaps)))
+        out.append("")
+    return "\n".join(out)
+
+
+def cost_rows(results: list[Mapping]) -> list[dict]:
+    rows = []
+    for release, key, run in _runs(results):
+        for b in run["batches"]:
+            if "summary" in b:
+                rows.append({"release": release, "size": run["size"],
+                             "scenario": run.get("scenario", "eagle3") + (" det" if run.get("deterministic") else ""),
+                             "workload": b.get("workload", "uniform"), "batch_size": b["batch_size"], **b["summary"]})
+    return rows
+
+
+COST_HEADER = ("| release | model | setting | bs | pairs | steps | `prepare_for_decode` syncs/step kept → dropped "
+               "| ms/step kept | ms/step dropped | saved ms/step (95 % CI) | time dropped / kept (95 % CI) "
+               "| identical outputs | accept length |")
+COST_RULE = "|---|---|---|---:|---:|---:|---|---:|---:|---|---|---|---:|"
+
+
+def cost_markdown(rows: list[dict]) -> str:
+    lines = [COST_HEADER, COST_RULE]
+    for r in rows:
+        sk, sd = r["prepare_syncs_per_step"]["kept"], r["prepare_syncs_per_step"]["dropped"]
+        d, lo, hi = r["saved_ms_per_step"]
+        q, qlo, qhi = r["ratio"]
+        lines.append(
+            f"| {r['release']} | {r['size']} | {r['scenario']} {r['workload']} | {r['batch_size']} | {r['pairs']} "
+            f"| {r['steps']:.0f} | {_f(sk)} → {_f(sd)} | {r['kept_ms_per_step']:.3f} | {r['dropped_ms_per_step']:.3f} "
+            f"| {d:.3f} ({lo:.3f} – {hi:.3f}) | {q:.4f} ({qlo:.4f} – {qhi:.4f}) "
+            f"| {'yes' if r['identical_outputs'] and r['same_steps'] else 'NO'} | {_f(r['accept_length'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def issue23_tables(results: list[Mapping]) -> str:
+    """Markdown of whichever of the three questions these results answer."""
+    parts = []
+    acc = accepted_rows(results)
+    if acc:
+        parts.append("### Accepted runs\n\n" + accepted_markdown(acc))
+    traffic = traffic_rows(results)
+    if traffic:
+        parts.append("### Mixed traffic: syncs per decode step\n\n" + traffic_markdown(traffic))
+    cost = cost_rows(results)
+    if cost:
+        parts.append("### The sync's cost in one process\n\n" + cost_markdown(cost))
+    return "\n".join(parts)
+
+
+def issue23_problems(results: list[Mapping]) -> list[str]:
+    problems = []
+    for r in cost_rows(results):
+        tag = f"{r['release']} {r['size']} {r['scenario']} {r['workload']} bs={r['batch_size']}"
+        kept, dropped = r["prepare_syncs_per_step"]["kept"], r["prepare_syncs_per_step"]["dropped"]
+        if kept is None or kept < 0.99:
+            problems.append(f"{tag}: mirror kept made {_f(kept)} prepare_for_decode syncs/step (expected 1)")
+        if dropped is None or dropped > 0:
+            problems.append(f"{tag}: mirror dropped made {_f(dropped)} prepare_for_decode syncs/step (expected 0)")
+        if not (r["identical_outputs"] and r["same_steps"]):
+            problems.append(f"{tag}: the two arms did not produce the same tokens in the same steps")
+    for r in traffic_rows(results):
+        gaps = traffic_gaps(r)
+        if gaps:
+            problems.append(f"mixed {r['size']} bs={r['batch_size']}: patched syncs where upstream does not: "
+                            + ", ".join(gaps))
     return problems

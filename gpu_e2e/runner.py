@@ -7,7 +7,20 @@ when sync counting is on, ``PK_E2E_SYNC_DIR`` set (see :mod:`.syncs`).
 Settings (issue 10): EAGLE3, topk 1, 3 steps, 4 draft tokens, Triton attention (or
 ``--attention-backend``), CUDA graphs on, overlap scheduler on (spec v2), piecewise
 CUDA graph off, greedy, ``ignore_eos``, dummy weights, ``skip_tokenizer_init`` with
-``input_ids``. For each batch size: one warm-up generate, then ``--runs`` timed ones.
+``input_ids``. For each workload and batch size: one warm-up generate, then ``--runs``
+timed ones.
+
+Issue 23 adds:
+
+* ``--scenario standalone``: sglang's spec-v2 STANDALONE worker with the draft model
+  path set to the target's own folder. Dummy weights are seeded per parameter shape,
+  so the draft is the target and predicts what it verifies: steps accept several
+  tokens (``--deterministic`` adds ``enable_deterministic_inference``, whose
+  batch-invariant kernels make the draft's one-token decode and the target's
+  four-token verify compute the same logits at batch size 1 too);
+* ``--workloads uniform,mixed`` (:mod:`.workloads`);
+* ``--alternate N``: instead of ``--runs``, N alternations (ABBA) of "mirror kept" and
+  "mirror dropped" generate calls in this one process (:mod:`.mirror_control`).
 """
 
 from __future__ import annotations
@@ -15,33 +28,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from . import syncs
+from . import mirror_control, ranks, syncs, workloads
 from .models import SIZES, write_models
 
+SCENARIOS = {"eagle3": "EAGLE3", "standalone": "STANDALONE"}
+
 SPEC = dict(
-    speculative_algorithm="EAGLE3",
     speculative_num_steps=3,
     speculative_eagle_topk=1,
     speculative_num_draft_tokens=4,
 )
 
 
-def prompts(batch_size: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(batch_size)]
-
-
 def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_graph_max_bs: int,
-                  mem_fraction_static: float) -> dict:
+                  mem_fraction_static: float, scenario: str = "eagle3",
+                  deterministic: bool = False, tp_size: int = 1) -> dict:
+    extra = {"enable_deterministic_inference": True} if deterministic else {}
     return dict(
         model_path=str(target),
-        speculative_draft_model_path=str(draft),
+        speculative_algorithm=SCENARIOS[scenario],
+        # STANDALONE drafts with a copy of the target itself (see the module doc).
+        speculative_draft_model_path=str(target if scenario == "standalone" else draft),
         load_format="dummy",
         skip_tokenizer_init=True,
         dtype="bfloat16",
@@ -52,16 +64,84 @@ def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_gra
         mem_fraction_static=mem_fraction_static,
         random_seed=1234,
         log_level="info",
+        **ranks.engine_kwargs(tp_size),
         **SPEC,
+        **extra,
     )
 
 
-def _sync_table(sync_dir: str | None) -> dict:
+def _sync_table(sync_dir: str | None, wait: float = 1.5) -> dict:
     if not sync_dir:
         return {}
-    for _ in range(3):  # let every process's flusher write its last counts
-        time.sleep(0.5)
+    time.sleep(wait)  # let every process's flusher write its last counts
     return syncs.aggregate(syncs.read_dir(sync_dir))
+
+
+def _call(engine, requests) -> dict:
+    t = time.perf_counter()
+    outs = workloads.generate(engine, requests)
+    elapsed = time.perf_counter() - t
+    return {
+        "elapsed_s": elapsed,
+        "completion_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+        "verify_ct": sum(o["meta_info"].get("spec_verify_ct", 0) or 0 for o in outs),
+        "output_ids": [list(o["output_ids"]) for o in outs],
+    }
+
+
+def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
+    """``runs`` identical generate calls: their times, outputs and syncs together."""
+    bs = len(requests)
+    before = _sync_table(sync_dir)
+    before_ranks = ranks.read(sync_dir)
+    calls = [_call(engine, requests) for _ in range(runs)]
+    timed = syncs.delta(_sync_table(sync_dir), before)
+    med = statistics.median(c["elapsed_s"] for c in calls)
+    toks = calls[0]["completion_tokens"]
+    verify = sum(c["verify_ct"] for c in calls)
+    return {
+        "elapsed_s": [round(c["elapsed_s"], 4) for c in calls],
+        "median_s": med,
+        "tok_per_s": toks / med,
+        "ms_per_token": 1000.0 * med / (toks / bs),
+        "accept_length": (sum(c["completion_tokens"] for c in calls) / verify) if verify else None,
+        "deterministic": all(c["output_ids"] == calls[0]["output_ids"] for c in calls),
+        "output_ids": calls[0]["output_ids"],
+        "syncs": syncs.syncs_only(timed),
+        "decode_steps": syncs.calls_of(timed, "prepare_for_decode"),
+        "ranks": ranks.batch_per_rank(ranks.read(sync_dir), before_ranks),
+        "verify_ct": verify,
+    }
+
+
+def alternated_runs(engine, requests, pairs: int, sync_dir: str | None,
+                    switch: mirror_control.Switch) -> dict:
+    """ABBA alternations of mirror kept / dropped in this process (see mirror_control)."""
+    order = mirror_control.abba(pairs)
+    calls = []
+    table = _sync_table(sync_dir)
+    for arm in order:
+        switch.set(arm)
+        call = _call(engine, requests)
+        after = _sync_table(sync_dir, wait=0.15)
+        timed = syncs.delta(after, table)
+        table = after
+        steps = syncs.calls_of(timed, "prepare_for_decode")
+        calls.append({
+            "arm": arm,
+            "elapsed_s": round(call["elapsed_s"], 5),
+            "decode_steps": steps,
+            "prepare_syncs": sum(n for k, n in syncs.syncs_only(timed).items()
+                                 if ":prepare_for_decode:" in k),
+            "syncs": sum(syncs.syncs_only(timed).values()),
+            "accept_length": call["completion_tokens"] / call["verify_ct"] if call["verify_ct"] else None,
+            "same_output": call["output_ids"] == (calls[0]["_out"] if calls else call["output_ids"]),
+            "_out": call["output_ids"] if not calls else None,
+        })
+    for c in calls:
+        c.pop("_out")
+    switch.set(mirror_control.DROPPED)  # leave the tree's own decision in place
+    return {"calls": calls, "summary": mirror_control.summary_of_calls(calls)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,21 +149,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree-parent", required=True)
     ap.add_argument("--variant", required=True)
     ap.add_argument("--size", choices=sorted(SIZES), required=True)
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="eagle3")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="enable_deterministic_inference (batch-invariant kernels)")
+    ap.add_argument("--workloads", default="uniform", help="comma list of " + ", ".join(workloads.WORKLOADS))
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--alternate", type=int, default=0,
+                    help="N > 0: N ABBA alternations of mirror kept / dropped instead of --runs")
     ap.add_argument("--attention-backend", default="triton")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6)
+    ap.add_argument("--tp", type=int, default=1, help="tp_size of the engine (one scheduler process per rank)")
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
     sync_dir = os.environ.get(syncs.ENV_DIR)
+    control = os.environ.get(mirror_control.ENV_CONTROL)
+    if args.alternate and not control:
+        raise SystemExit(f"--alternate needs {mirror_control.ENV_CONTROL} (set by the orchestrator)")
     tree_parent = str(Path(args.tree_parent).resolve())
     if sys.path[0] != tree_parent:
         sys.path.insert(0, tree_parent)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    names = args.workloads.split(",")
     target, draft = write_models(Path(args.models_dir), args.size)
 
     import sglang
@@ -91,67 +182,53 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "variant": args.variant,
         "size": args.size,
+        "scenario": args.scenario,
+        "deterministic": args.deterministic,
         "attention_backend": args.attention_backend,
         "sglang_file": sglang.__file__,
         "sglang_version": getattr(sglang, "__version__", "?"),
         "patchkit_importable": _patchkit_where(),
         "input_len": args.input_len,
         "max_new_tokens": args.max_new_tokens,
+        "tp_size": args.tp,
         "batches": [],
     }
     from sglang.srt.entrypoints.engine import Engine
 
     kwargs = engine_kwargs(target, draft, attention_backend=args.attention_backend,
                            cuda_graph_max_bs=max(max(batch_sizes), 8),
-                           mem_fraction_static=args.mem_fraction_static)
+                           mem_fraction_static=args.mem_fraction_static,
+                           scenario=args.scenario, deterministic=args.deterministic, tp_size=args.tp)
     result["engine_kwargs"] = kwargs
     t0 = time.perf_counter()
     engine = Engine(**kwargs)
     result["engine_start_s"] = round(time.perf_counter() - t0, 1)
     print(f"[runner] engine up in {result['engine_start_s']} s", flush=True)
     try:
-        sp = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
         vocab = SIZES[args.size]["vocab_size"]
-        for bs in batch_sizes:
-            ids = prompts(bs, args.input_len, vocab, seed=bs)
-            engine.generate(input_ids=ids, sampling_params=sp)  # warm-up
-            before = _sync_table(sync_dir)
-            runs = []
-            for _ in range(args.runs):
-                t = time.perf_counter()
-                outs = engine.generate(input_ids=ids, sampling_params=sp)
-                elapsed = time.perf_counter() - t
-                completion = sum(o["meta_info"]["completion_tokens"] for o in outs)
-                verify = sum(o["meta_info"].get("spec_verify_ct", 0) or 0 for o in outs)
-                runs.append({
-                    "elapsed_s": elapsed,
-                    "completion_tokens": completion,
-                    "verify_ct": verify,
-                    "output_ids": [list(o["output_ids"]) for o in outs],
-                })
-            after = _sync_table(sync_dir)
-            timed = syncs.delta(after, before)
-            med = statistics.median(r["elapsed_s"] for r in runs)
-            toks = runs[0]["completion_tokens"]
-            verify = sum(r["verify_ct"] for r in runs)
-            batch = {
-                "batch_size": bs,
-                "elapsed_s": [round(r["elapsed_s"], 4) for r in runs],
-                "median_s": med,
-                "tok_per_s": toks / med,
-                "ms_per_token": 1000.0 * med / (toks / bs),
-                "accept_length": (sum(r["completion_tokens"] for r in runs) / verify) if verify else None,
-                "deterministic": all(r["output_ids"] == runs[0]["output_ids"] for r in runs),
-                "output_ids": runs[0]["output_ids"],
-                "syncs": syncs.syncs_only(timed),
-                "decode_steps": syncs.calls_of(timed, "prepare_for_decode"),
-                "verify_ct": verify,
-            }
-            result["batches"].append(batch)
-            print(f"[runner] {args.variant} {args.size} bs={bs}: {batch['tok_per_s']:.1f} tok/s "
-                  f"accept {batch['accept_length']} steps {batch['decode_steps']} "
-                  f"syncs {sum(batch['syncs'].values())}", flush=True)
+        for name in names:
+            for bs in batch_sizes:
+                requests = workloads.build(name, bs, input_len=args.input_len,
+                                           max_new_tokens=args.max_new_tokens, vocab=vocab, seed=bs)
+                workloads.generate(engine, requests)  # warm-up
+                head = {"batch_size": bs, "workload": name,
+                        "output_lens": [r.max_new_tokens for r in requests]}
+                if args.alternate:
+                    batch = {**head, **alternated_runs(engine, requests, args.alternate, sync_dir,
+                                                       mirror_control.Switch(control, schedulers=args.tp))}
+                    s = batch["summary"]
+                    print(f"[runner] {args.variant} {args.size} {name} bs={bs}: kept "
+                          f"{s['kept_ms_per_step']:.3f} ms/step, dropped {s['dropped_ms_per_step']:.3f}, "
+                          f"ratio {s['ratio'][0]:.4f} [{s['ratio'][1]:.4f}, {s['ratio'][2]:.4f}]", flush=True)
+                else:
+                    batch = {**head, **timed_runs(engine, requests, args.runs, sync_dir)}
+                    print(f"[runner] {args.variant} {args.size} {name} bs={bs}: {batch['tok_per_s']:.1f} tok/s "
+                          f"accept {batch['accept_length']} steps {batch['decode_steps']} "
+                          f"syncs {sum(batch['syncs'].values())}", flush=True)
+                result["batches"].append(batch)
+                Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))
+        result["ranks"] = ranks.run_per_rank(ranks.read(sync_dir))
     finally:
         Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         engine.shutdown()

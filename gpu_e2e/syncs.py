@@ -14,6 +14,11 @@ such frame are kept under ``<other>:<file>:<function>:<line>`` of the caller.
 Also counted: calls of a few sglang functions (``CALL_PROBES``), so that a sync count
 can be divided by the number of decode steps.
 
+Other modules of this package hook in two ways: :func:`on_import` runs a function on
+a module as soon as it is imported in this process (the probes use it too), and
+:func:`note` adds a value to this process's dump (:mod:`.ranks` notes the TP rank
+and the ``needs_cpu_seq_lens`` decision there).
+
 Each process rewrites ``<dir>/syncs-<pid>.json`` (atomically) whenever its counts
 changed, at most every ``PK_E2E_SYNC_FLUSH_S`` seconds (default 0.2), and at exit:
 sglang ends its children with SIGKILL, so an exit hook alone would lose them. A
@@ -48,6 +53,9 @@ CALL_PROBES = {
 _lock = threading.Lock()
 _local = threading.local()
 _counts: Counter = Counter()
+_notes: dict = {}
+#: module name -> functions run on the module right after it is imported
+_after_import: dict[str, list] = {}
 _version = 0
 _written = -1
 _dir: Optional[str] = None
@@ -129,28 +137,52 @@ def _wrap_call_probe(module: Any, owner: Optional[str], func: str) -> None:
     setattr(target, func, probed)
 
 
+def on_import(name: str, hook: Any) -> None:
+    """Run ``hook(module)`` once module ``name`` is imported in this process (at
+    once when it already is). The hook must not raise into the import."""
+    _after_import.setdefault(name, []).append(hook)
+    if name in sys.modules:
+        _run_hook(hook, sys.modules[name])
+
+
+def _run_hook(hook: Any, module: Any) -> None:
+    try:
+        hook(module)
+    except Exception as exc:  # noqa: BLE001  never break sglang's own import
+        print(f"[pk_gpu_e2e] hook on {module.__name__} failed: {exc!r}", file=sys.stderr)
+
+
+def note(key: str, value: Any) -> None:
+    """Put ``key: value`` (JSON-able) in this process's dump, under ``notes``."""
+    global _version
+    with _lock:
+        _notes[key] = value
+        _version += 1
+
+
 class _ProbeLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, probe: tuple):
+    def __init__(self, inner: Any, hooks: list):
         self.inner = inner
-        self.probe = probe
+        self.hooks = hooks
 
     def create_module(self, spec):
         return self.inner.create_module(spec)
 
     def exec_module(self, module):
         self.inner.exec_module(module)
-        _wrap_call_probe(module, *self.probe)
+        for hook in list(self.hooks):
+            _run_hook(hook, module)
 
     def __getattr__(self, name):  # get_code, get_source, is_package, ...
         return getattr(self.inner, name)
 
 
 class _ProbeFinder(importlib.abc.MetaPathFinder):
-    """Wraps the loader of the probed modules, whichever tree they come from."""
+    """Wraps the loader of the hooked modules, whichever tree they come from."""
 
     def find_spec(self, fullname, path=None, target=None):
-        probe = CALL_PROBES.get(fullname)
-        if probe is None:
+        hooks = _after_import.get(fullname)
+        if not hooks:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -158,7 +190,7 @@ class _ProbeFinder(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _ProbeLoader(spec.loader, probe)
+                    spec.loader = _ProbeLoader(spec.loader, hooks)
                 return spec
         return None
 
@@ -166,7 +198,7 @@ class _ProbeFinder(importlib.abc.MetaPathFinder):
 def snapshot() -> dict:
     with _lock:
         return {"pid": os.getpid(), "argv": list(sys.argv[:3]), "time": time.time(),
-                "counts": dict(_counts)}
+                "counts": dict(_counts), "notes": dict(_notes)}
 
 
 def flush(force: bool = False) -> None:
@@ -207,10 +239,9 @@ def install(directory: Optional[str] = None) -> bool:
     _dir = directory
     for kind in KINDS:
         _wrap_tensor_method(torch, kind)
-    for name, probe in CALL_PROBES.items():
-        if name in sys.modules:
-            _wrap_call_probe(sys.modules[name], *probe)
     sys.meta_path.insert(0, _ProbeFinder())
+    for name, probe in CALL_PROBES.items():
+        on_import(name, lambda module, probe=probe: _wrap_call_probe(module, *probe))
     period = float(os.environ.get(ENV_FLUSH, "0.2"))
     threading.Thread(target=_flusher, args=(period,), daemon=True,
                      name="pk-e2e-sync-flush").start()

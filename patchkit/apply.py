@@ -40,6 +40,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
     if session.record.legacy:
         raise PatchkitError(f"{session.tree.package}: {LEGACY}")
+    vendoring.check_mode([*session.applied_patches(), *selected], mode)
     plan = plan_apply(session, selected)
     check_writable(session.tree, plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)

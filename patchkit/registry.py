@@ -14,6 +14,9 @@ beside the Python modules of their codemods, where a reference
   names a package, which holds the definitions and codemod modules the same way.
 
 Ids are one namespace: a patch defined twice is refused, naming both places.
+A set's ``runtime = [...]`` may name modules of the set itself (runtime
+helpers the patched code imports, vendored beside patchkit's own): their
+names are one namespace too.
 """
 
 from __future__ import annotations
@@ -87,9 +90,9 @@ class Patch:
     requires: tuple[str, ...]
     description: str
     targets: tuple[Target, ...] = field(default=())
-    # Runtime modules (under patchkit/, dotted: "runtime", "backends.trtllm_mha")
-    # the patched code imports; written into the tree by patchkit.vendoring.
-    runtime: tuple[str, ...] = ()
+    # Runtime modules the patched code imports, written into the tree by
+    # patchkit.vendoring: patchkit's own or the patch's set's.
+    runtime: tuple["RuntimeModule", ...] = ()
     # The set the definition came from (``PatchSet.label``): "patchkit" for
     # patchkit's own, else the folder or the entry point.
     origin: str = "patchkit"
@@ -97,6 +100,32 @@ class Patch:
     @property
     def files(self) -> list[str]:
         return [t.file for t in self.targets]
+
+
+# patchkit's own runtime modules: these folder names under patchkit/ (and under
+# the tree's sglang.srt._patchkit) are patchkit's; a set's own modules take others.
+OWN_RUNTIME = ("runtime", "backends")
+
+
+@dataclass(frozen=True)
+class RuntimeModule:
+    """A runtime module a patch needs in the tree, as ``sglang.srt._patchkit.<name>``.
+
+    ``name`` is dotted below ``root``, the folder its source is read from
+    (``runtime``, ``backends.fa3`` under patchkit/; ``acme_runtime`` in a
+    vendor's set). Package mode imports ``<package>.<name>`` instead, from
+    the distribution ``install`` names; a set given as a folder has no
+    package (``package`` None): a serving process cannot import it."""
+
+    name: str
+    origin: str  # the set's label: "patchkit" for patchkit's own
+    root: "Traversable" = field(compare=False)
+    package: Optional[str] = None
+    install: str = ""
+
+    @property
+    def own(self) -> bool:
+        return self.origin == "patchkit"
 
 
 @dataclass(frozen=True)
@@ -175,6 +204,9 @@ class PatchSet:
     folder: "Traversable"
     package: str
     builtin: bool = False
+    # The distribution that installs ``package`` (an entry point's), so a
+    # patched tree can import the set's runtime modules in package mode.
+    distribution: Optional[str] = None
 
     def definitions(self) -> list["Traversable"]:
         try:
@@ -200,11 +232,34 @@ class PatchSet:
         raise PatchkitError(f"patch {patch_id}: codemod {ref} cannot be loaded: no module {module_name} in "
                             f"{'patchkit.codemods' if self.builtin else self.label}")
 
-    def _module_source(self, module_name: str) -> Optional[bytes]:
-        """The source of ``module_name`` (a module or a package) of this set."""
+    def runtime_module(self, name: str, patch_id: str) -> RuntimeModule:
+        """A module named in a patch's ``runtime = [...]``: one of patchkit's
+        own (``runtime``, ``backends.x``) or, for a set outside patchkit, a
+        module of the set (``name.py`` or a package ``name/`` in its folder)."""
+        parts = name.split(".")
+        own = importlib.resources.files("patchkit")
+        if not all(p.isidentifier() and not p.startswith("_") for p in parts):
+            raise PatchkitError(f"patch {patch_id}: runtime module {name!r} is not a dotted module name")
+        if parts[0] in OWN_RUNTIME:
+            if self._module_source(name, own) is None:
+                raise PatchkitError(f"patch {patch_id}: runtime module {name!r} is not one of patchkit's "
+                                    "(patchkit/runtime, patchkit/backends/...)")
+            if not self.builtin and self._module_source(parts[0]) is not None:
+                raise PatchkitError(f"patch {patch_id}: {self.label} has a module {parts[0]!r}, the name of "
+                                    "patchkit's own runtime: rename it (a set's runtime modules take other names)")
+            return RuntimeModule(name, "patchkit", own, "patchkit", "sglang-patchkit-runtime")
+        if self.builtin or self._module_source(name) is None:
+            raise PatchkitError(f"patch {patch_id}: runtime module {name!r} is neither one of patchkit's "
+                                f"({', '.join(OWN_RUNTIME)}) nor a module of {self.label}")
+        return RuntimeModule(name, self.label, self.folder, self.package if self.distribution else None,
+                             self.distribution or "")
+
+    def _module_source(self, module_name: str, folder: Optional["Traversable"] = None) -> Optional[bytes]:
+        """The source of ``module_name`` (a module or a package) of this set
+        (or of ``folder``)."""
         *parents, last = module_name.split(".")
-        for candidate in (self.folder.joinpath(*parents, last + ".py"),
-                          self.folder.joinpath(*parents, last, "__init__.py")):
+        folder = folder or self.folder
+        for candidate in (folder.joinpath(*parents, last + ".py"), folder.joinpath(*parents, last, "__init__.py")):
             if candidate.is_file():
                 return candidate.read_bytes()
         return None
@@ -231,26 +286,13 @@ def _parse(text: str, source: str, patch_set: Optional[PatchSet] = None) -> Patc
             requires=tuple(data.get("requires", [])),
             description=data.get("description", "").strip(),
             targets=targets,
-            runtime=tuple(_check_runtime(module, pid) for module in data.get("runtime", [])),
+            runtime=tuple(patch_set.runtime_module(name, pid) for name in data.get("runtime", [])),
             origin=patch_set.label,
         )
     except tomllib.TOMLDecodeError as exc:
         raise PatchkitError(f"{source}: not valid TOML ({exc})") from None
     except KeyError as exc:
         raise PatchkitError(f"{source}: a patch definition needs {exc.args[0]!r}") from None
-
-
-def _check_runtime(module: str, patch_id: str) -> str:
-    """A runtime module a patch needs vendored: one of patchkit's own
-    (``runtime``, ``backends.trtllm_mha`` ...). A set outside patchkit names
-    these too: vendoring modules of its own is not supported (yet)."""
-    parts = module.split(".")
-    root = importlib.resources.files("patchkit")
-    if not all(p.isidentifier() for p in parts) or not (
-            root.joinpath(*parts[:-1], parts[-1] + ".py").is_file() or root.joinpath(*parts, "__init__.py").is_file()):
-        raise PatchkitError(f"patch {patch_id}: runtime module {module!r} is not one of patchkit's "
-                            "(patchkit/runtime, patchkit/backends/...); a patch set cannot vendor modules of its own yet")
-    return module
 
 
 def builtin_set() -> PatchSet:
@@ -365,7 +407,7 @@ def installed_sets() -> list[PatchSet]:
         except Exception as exc:  # noqa: BLE001 - a broken install: one line naming it
             raise PatchkitError(f"patch set {label}: {ep.value!r} cannot be imported "
                                 f"({type(exc).__name__}: {exc})") from None
-        out.append(PatchSet(label, folder, ep.module))
+        out.append(PatchSet(label, folder, ep.module, distribution=ep.dist.name if ep.dist else ep.module))
     return out
 
 
@@ -386,6 +428,7 @@ def all_patches() -> tuple[Patch, ...]:
                 raise PatchkitError(f"patch {patch.id} is defined twice: in {patches[patch.id].origin} and in "
                                     f"{patch_set.label} (ids must be unique: rename one)")
             patches[patch.id] = patch
+    _check_runtime_names(patches.values())
     ordered: list[Patch] = []
 
     def visit(pid: str, chain: tuple[str, ...]) -> None:
@@ -402,6 +445,18 @@ def all_patches() -> tuple[Patch, ...]:
     for pid in patches:
         visit(pid, ())
     return tuple(ordered)
+
+
+def _check_runtime_names(patches: Iterable[Patch]) -> None:
+    """Every set's runtime modules land in one folder of the tree
+    (``sglang.srt._patchkit``): a top-level name two sets define is refused."""
+    owner: dict[str, str] = {}
+    for patch in patches:
+        for module in patch.runtime:
+            top = module.name.split(".")[0]
+            if owner.setdefault(top, module.origin) != module.origin:
+                raise PatchkitError(f"runtime module {top} is defined twice: in {owner[top]} and in "
+                                    f"{module.origin} (both would be sglang.srt._patchkit.{top}: rename one)")
 
 
 def get(pid: str) -> Patch:

@@ -14,6 +14,12 @@ time:
   contract (``RUNTIME_API``) that fails at import with one line naming both
   versions.
 
+A patch set outside patchkit may bring runtime modules of its own (its
+``runtime = [...]`` names modules of the set): they go into the same
+subpackage under their own names, copied in vendored mode, forwarding to the
+set's installed package in package mode (a set given as a folder has none:
+the mode is refused for it).
+
 Because the patched sglang files are the same in both modes, switching modes
 rewrites this folder only. ``manifest.json`` beside it is tracked by the
 fork's git: which patches, which patchkit and runtime versions, and the sha256
@@ -27,11 +33,14 @@ import json
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError
 from patchkit.record import Record
+
+if TYPE_CHECKING:
+    from patchkit.registry import RuntimeModule
 
 MODES = ("vendored", "package")
 DEFAULT_MODE = "vendored"
@@ -60,11 +69,12 @@ def import_path(module: str) -> str:
 # --- what the folder holds --------------------------------------------------------
 
 
-def _sources(module: str) -> list[tuple[str, str]]:
-    """(path under patchkit/, source) of a runtime module and the package
-    ``__init__`` files above it; a package brings all its modules."""
-    parts = module.split(".")
-    root = resources.files("patchkit")
+def _sources(module: "RuntimeModule") -> list[tuple[str, str]]:
+    """(path under the module's root, source) of a runtime module and the
+    package ``__init__`` files above it; a package brings all its modules.
+    The root is patchkit/ for patchkit's own, the set's folder for a set's."""
+    parts = module.name.split(".")
+    root = module.root
     out = []
     for depth in range(1, len(parts)):
         init = "/".join(parts[:depth]) + "/__init__.py"
@@ -81,15 +91,46 @@ def _sources(module: str) -> list[tuple[str, str]]:
     return out
 
 
-def _forwarder(rel: str) -> str:
-    """Package mode: the module re-exports the installed patchkit's."""
-    dotted = "patchkit." + rel[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+def _forwarder(rel: str, module: "RuntimeModule") -> str:
+    """Package mode: the module re-exports the installed one of the same name."""
+    name = rel[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+    if module.own:
+        dotted = f"patchkit.{name}"
+        return (
+            f'"""Forwards to the installed {dotted} (patchkit runtime, package mode)."""\n\n'
+            f"from {IMPORT_ROOT} import require_runtime as _require_runtime\n\n"
+            f"_require_runtime()\n\n"
+            f"from {dotted} import *  # noqa: E402,F401,F403\n"
+        )
+    # A set's module: its own distribution provides it (apply refuses package
+    # mode for a set that has none, see check_mode).
+    dotted = f"{module.package}.{name}"
     return (
-        f'"""Forwards to the installed {dotted} (patchkit runtime, package mode)."""\n\n'
-        f"from {IMPORT_ROOT} import require_runtime as _require_runtime\n\n"
-        f"_require_runtime()\n\n"
-        f"from {dotted} import *  # noqa: E402,F401,F403\n"
+        f'"""Forwards to the installed {dotted} (runtime of patch set {module.origin}, package mode)."""\n\n'
+        f"try:\n"
+        f"    from {dotted} import *  # noqa: F401,F403\n"
+        f"except ModuleNotFoundError as exc:\n"
+        f"    raise ImportError(\n"
+        f'        "this sglang tree was patched by patchkit in package mode and needs {dotted}, which is not "\n'
+        f'        "installed: install {module.install}, or re-apply with --runtime vendored"\n'
+        f"    ) from exc\n"
     )
+
+
+def check_mode(patches: Iterable, mode: str) -> None:
+    """Package mode imports each runtime module from an installed package: a
+    module of a set given as a folder has none, so the mode is refused."""
+    if mode != "package":
+        return
+    for patch in patches:
+        for module in patch.runtime:
+            if module.package is None:
+                raise PatchkitError(
+                    f"--runtime package: patch {patch.id} needs runtime module {module.name} of the patch set "
+                    f"folder {module.origin}, which no installed package provides: install the set as a "
+                    "distribution with a patchkit.patches entry point (docs/writing-a-patch.md), or apply "
+                    "with --runtime vendored (nothing was changed)"
+                )
 
 
 def _root_init(mode: str) -> str:
@@ -144,7 +185,7 @@ def _sha(text: str) -> str:
 def runtime_files(patches: Iterable, mode: str) -> dict[str, bytes]:
     """Every file of the runtime folder for ``patches`` in ``mode`` (relative
     to the sglang package folder). Empty when no patch needs runtime code."""
-    users: dict[str, list[str]] = {}  # file under patchkit/ -> ids of the patches needing it
+    users: dict[str, list[str]] = {}  # file under the folder -> ids of the patches needing it
     bodies: dict[str, str] = {}
     for patch in patches:
         for module in patch.runtime:
@@ -152,7 +193,9 @@ def runtime_files(patches: Iterable, mode: str) -> dict[str, bytes]:
                 users.setdefault(rel, [])
                 if patch.id not in users[rel]:
                     users[rel].append(patch.id)
-                bodies[rel] = source if mode == "vendored" else _forwarder(rel)
+                # A folder set's module has no installed package to forward to
+                # (check_mode refuses package mode for it): its source stands in.
+                bodies[rel] = source if mode == "vendored" or module.package is None else _forwarder(rel, module)
     if not users:
         return {}
     every = list(dict.fromkeys(pid for ids in users.values() for pid in ids))

@@ -76,4 +76,4 @@ def codemods(patch: Patch) -> list[CodemodView]:
 
 def runtime_modules(patch: Patch) -> list[str]:
     """Where patched code imports the patch's runtime from."""
-    return [vendoring.import_path(module) for module in patch.runtime]
+    return [vendoring.import_path(module.name) for module in patch.runtime]

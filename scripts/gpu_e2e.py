@@ -28,11 +28,14 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bundle", help="build the bundle folder (downloads from the registry)")
     b.add_argument("--out", required=True, type=Path)
-    b.add_argument("--release", action="append", choices=bundle.RELEASES,
-                   help="release(s) to carry (default: 0.5.12.post1)")
+    b.add_argument("--release", action="append", choices=bundle.RELEASES + bundle.REFERENCE_RELEASES,
+                   help="release(s) to carry (default: 0.5.12.post1); 0.5.13 travels unpatched, "
+                        "as the upstream reference")
     b.add_argument("--limit-mib", type=float, default=64)
     f = sub.add_parser("fa3-pack", help="pack FA3's kernel library for a device call of its own")
     f.add_argument("--out", required=True, type=Path)
+    t = sub.add_parser("tables", help="issue 23's tables from one or more results.json (e.g. two device calls)")
+    t.add_argument("results", nargs="+", type=Path)
     r = sub.add_parser("run", help="run on this (GPU) machine from a built bundle")
     r.add_argument("--bundle", required=True, type=Path)
     r.add_argument("rest", nargs=argparse.REMAINDER)
@@ -40,6 +43,16 @@ def main() -> int:
     if args.cmd == "bundle":
         bundle.build(args.out, args.release or ["0.5.12.post1"],
                      limit=int(args.limit_mib * bundle.MIB))
+        return 0
+    if args.cmd == "tables":
+        import json
+
+        from gpu_e2e import report
+
+        results = [json.loads(p.read_text()) for p in args.results]
+        print(report.issue23_tables(results))
+        for problem in report.issue23_problems(results):
+            print("PROBLEM:", problem)
         return 0
     if args.cmd == "fa3-pack":
         from gpu_e2e import fa3_kernel

@@ -30,12 +30,16 @@ def test_pins_are_exact_and_never_twice():
         assert carried_on_image == {"transformers", "tokenizers"}, carried_on_image
 
 
-def test_unknown_release_and_clash_refused(monkeypatch):
+def test_unknown_release_refused_and_a_release_may_override_a_common_pin():
     with pytest.raises(SystemExit, match="unknown release"):
         bundle.all_pins(["0.4.0"])
-    monkeypatch.setitem(bundle.RELEASE_PINS, "0.5.10", {"fastapi": "0.1.0"})
-    with pytest.raises(SystemExit, match="pinned both"):
-        bundle.all_pins(["0.5.10"])
+    # 0.5.13 (the upstream reference) needs sglang-kernel 0.4.3: alone, the common
+    # group drops the common pin; beside 0.5.12.post1, which uses it, it keeps it
+    # (the release's own site folder comes first on the path).
+    alone = bundle.all_pins(["0.5.13"])
+    assert "sglang-kernel" not in alone["common"] and alone["0.5.13"]["sglang-kernel"] == "0.4.3"
+    both = bundle.all_pins(["0.5.12.post1", "0.5.13"])
+    assert both["common"]["sglang-kernel"] == bundle.COMMON_PINS["sglang-kernel"]
 
 
 def test_slimming_rules():

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from patchkit import vendoring
 from support import PRIMARY, pristine_snapshot, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "acme-patches"
 SET = EXAMPLE / "acme_patches"
 PATCH = "acme-torch-native-spec-v2"
+HELPER = "srt/_patchkit/acme_runtime.py"  # the set's runtime module, vendored into the tree
 
 
 def one_line_error(result, *needles) -> None:
@@ -26,6 +28,13 @@ def one_line_error(result, *needles) -> None:
     assert result.exit_code == 2 and len(out) == 1 and out[0].startswith("patchkit: error: "), result.output
     for needle in needles:
         assert needle in out[0], out[0]
+
+
+def test_the_example_stays_short():
+    """What a vendor copies: definition and codemods under 100 lines, the test under 60."""
+    lines = [len(f.read_text().splitlines()) for f in (SET / "torch-native-spec-v2.toml", SET / "torch_native.py",
+                                                       EXAMPLE / "tests" / "test_acme_patches.py")]
+    assert lines[0] + lines[1] < 100 and lines[2] < 60, lines
 
 
 def test_folder_on_the_command_line(cli):
@@ -41,10 +50,22 @@ def test_pyproject_names_the_set_found_from_the_tree_or_cwd(make_tree, cli, monk
     shutil.copytree(SET, fork / "acme")
     (fork / "pyproject.toml").write_text('[tool.patchkit]\npatches = ["acme"]\n')
     monkeypatch.chdir(tmp_path)  # outside the fork: found from the TREE
+    # A folder is no installed package: package mode has nothing to import the helper from.
+    one_line_error(cli("apply", fork, PATCH, "--runtime", "package"), "needs runtime module acme_runtime of the "
+                   f"patch set folder {fork / 'acme'}", "install the set as a distribution", "--runtime vendored")
     assert cli("apply", fork, PATCH).exit_code == 0
-    monkeypatch.chdir(fork / "python" / "sglang" / "srt")  # inside it, no TREE: found from here
+    package = fork / "python" / "sglang"
+    helper = package / HELPER
+    assert helper.read_text().endswith((SET / "acme_runtime.py").read_text())  # vendored, with patchkit's header
+    assert HELPER in (package / "srt/_patchkit/manifest.json").read_text()  # with its sha256
+    monkeypatch.chdir(package / "srt")  # inside it, no TREE: found from here
     assert f"[from {fork / 'acme'}]" in cli("list").output
     assert [PATCH, "applied"] in [line.split() for line in cli("status").output.splitlines()]
+    vendored = helper.read_bytes()
+    helper.write_bytes(vendored.replace(b"!= 2", b"!= 3"))
+    edited = cli("verify", PATCH)
+    assert edited.exit_code == 1 and f"{HELPER}: edited after patchkit wrote it" in edited.output, edited.output
+    helper.write_bytes(vendored)
     assert cli("verify", PATCH).exit_code == 0
     assert cli("revert").exit_code == 0
     assert snapshot(fork / "python" / "sglang") == pristine_snapshot(PRIMARY)
@@ -76,7 +97,17 @@ def test_installed_entry_point(make_tree, tmp_path):
     assert "[from acme (entry point of acme-sglang-patches)]" in patchkit("list").stdout
     applied = patchkit("apply", tree, PATCH)
     assert applied.returncode == 0, applied.stderr
+    assert (tree / HELPER).read_text().endswith((SET / "acme_runtime.py").read_text())  # read from the package
     assert patchkit("verify", tree, PATCH).returncode == 0
+    assert patchkit("revert", tree).returncode == 0
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
+    # Package mode: the helper is imported from the installed set, or says what to install.
+    assert patchkit("apply", tree, PATCH, "--runtime", "package").returncode == 0
+    assert "from acme_patches.acme_runtime import *" in (tree / HELPER).read_text()
+    assert patchkit("verify", tree, PATCH).returncode == 0
+    assert vendoring.import_in_isolation(tree, str(site)) == (True, "")
+    ok, error = vendoring.import_in_isolation(tree)
+    assert not ok and "needs acme_patches.acme_runtime, which is not installed: install acme-sglang-patches" in error
     assert patchkit("revert", tree).returncode == 0
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
     # The same set named as a folder too: one id, two places.
@@ -87,7 +118,8 @@ def test_installed_entry_point(make_tree, tmp_path):
 def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path):
     clash = tmp_path / "clash"
     clash.mkdir()
-    shutil.copy(SET / "torch_native.py", clash)
+    for module in ("torch_native.py", "acme_runtime.py"):
+        shutil.copy(SET / module, clash)
     text = (SET / "torch-native-spec-v2.toml").read_text()
     (clash / "mine.toml").write_text(text.replace(f'id = "{PATCH}"', 'id = "needs-cpu-seq-lens"'))
     one_line_error(cli("--patches", clash, "list"), "patch needs-cpu-seq-lens is defined twice: in patchkit and in",
@@ -95,8 +127,16 @@ def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path):
     (clash / "mine.toml").write_text(text.replace("torch_native:", "nowhere:"))
     one_line_error(cli("--patches", clash, "list"), "codemod nowhere:AddVerifyBuffersHook cannot be loaded",
                    str(clash))
-    (clash / "mine.toml").write_text(text.replace("requires = []", 'requires = []\nruntime = ["acme_runtime"]'))
-    one_line_error(cli("--patches", clash, "list"), "runtime module 'acme_runtime' is not one of patchkit's")
+    # Runtime modules: patchkit's own or the set's; one name, one set.
+    (clash / "mine.toml").write_text(text.replace('"acme_runtime"', '"nowhere"'))
+    one_line_error(cli("--patches", clash, "list"), "runtime module 'nowhere' is neither one of patchkit's",
+                   f"nor a module of {clash}")
+    (clash / "mine.toml").write_text(text.replace(f'id = "{PATCH}"', 'id = "mine"'))
+    one_line_error(cli("--patches", SET, "--patches", clash, "list"), "runtime module acme_runtime is defined "
+                   f"twice: in {SET} and in {clash}", "sglang.srt._patchkit.acme_runtime")
+    shutil.copy(SET / "acme_runtime.py", clash / "runtime.py")
+    (clash / "mine.toml").write_text(text.replace('"acme_runtime"', '"runtime"'))
+    one_line_error(cli("--patches", clash, "list"), f"{clash} has a module 'runtime', the name of patchkit's own")
     (clash / "mine.toml").write_text("id = [")
     one_line_error(cli("--patches", clash, "list"), "mine.toml: not valid TOML")
     one_line_error(cli("--patches", tmp_path / "nope", "list"), "no such folder of patch definitions")

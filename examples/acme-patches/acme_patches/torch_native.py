@@ -4,11 +4,12 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods import primitives
-from patchkit.codemods.base import AddMethodCodemod, ClassCodemod, Finding
+from patchkit.codemods.base import AddMethodCodemod, Finding, MethodCodemod
+from patchkit.vendoring import import_path
 
 BACKEND = "TorchNativeAttnBackend"
 HOOK = "update_verify_buffers_to_fill_after_draft"
-GUARD = "q.dim() != 2"
+HELPER = "decode_q_needs_reshape"  # in acme_runtime.py, this set's runtime module
 # `q = q.reshape(...)`, the statement to guard, matched by shape, not by line.
 RESHAPE = m.SimpleStatementLine(body=[m.Assign(
     targets=[m.AssignTarget(m.Name("q"))], value=m.Call(func=m.Attribute(m.Name("q"), m.Name("reshape")))
@@ -27,21 +28,18 @@ def {HOOK}(self, spec_info, cuda_graph_bs):
 '''
 
 
-class GuardDecodeReshape(ClassCodemod):
-    DESCRIPTION = f"{BACKEND}.forward_decode: q = q.reshape(...) runs only if {GUARD}"
+class GuardDecodeReshape(MethodCodemod):
+    DESCRIPTION = f"{BACKEND}.forward_decode: q = q.reshape(...) runs only if {HELPER}(q)"
     CLASS = BACKEND
+    METHOD = "forward_decode"
 
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{BACKEND}.forward_decode: q = q.reshape(...)"
-        fn = primitives.find_method(cls, "forward_decode")
-        if fn is None:
-            return Finding.missing(anchor, "method not found")
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if primitives.contains(fn, m.If(body=m.IndentedBlock(body=[RESHAPE]))):
-            return Finding.done(anchor)
+            return Finding.done(self.anchor)  # guarded, by us or by hand
         if any(m.matches(stmt, RESHAPE) for stmt in fn.body.body):
-            return Finding.todo(anchor, f"not guarded by `if {GUARD}:`")
-        return Finding.missing(anchor, "statement not found")
+            return Finding.todo(self.anchor, "q = q.reshape(...) runs on every call")
+        return self.missing_in(fn, "no top-level q = q.reshape(...)", "it, to guard it")
 
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        return primitives.replace_method(cls, "forward_decode", lambda fn: primitives.replace_statements(
-            fn, RESHAPE, lambda stmt: primitives.guard_statement(stmt, GUARD)))
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        self.require_import(import_path("acme_runtime"), HELPER)
+        return primitives.replace_statements(fn, RESHAPE, lambda stmt: primitives.guard_statement(stmt, f"{HELPER}(q)"))

@@ -1,0 +1,118 @@
+"""Compare a pristine and a patched tensor-parallel run rank by rank; the verdict; the table.
+
+:mod:`.report` compares the engines as wholes (outputs, the syncs of all processes
+summed, tok/s). Under TP each rank syncs, or not, on its own and takes its own
+``needs_cpu_seq_lens`` decision, so here every rank gets a row per batch size: its
+``prepare_for_decode`` syncs per decode step before → after, the sync sites new in
+its patched process, its patched decision. Reads the ``ranks`` fields the runner
+records (:mod:`.ranks`).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from . import ranks
+from .report import _f, by_function, per_step, prepare_syncs
+
+
+def _by_rank(items) -> dict[int, Mapping]:
+    return {r["tp_rank"]: r for r in items or []}
+
+
+def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
+    """One row per (batch size, rank seen in either variant)."""
+    rows = []
+    whole_a, whole_b = _by_rank(pristine.get("ranks")), _by_rank(patched.get("ranks"))
+    decided = ranks.decisions(patched)
+    pb = {x["batch_size"]: x for x in patched["batches"]}
+    for batch_a in pristine["batches"]:
+        batch_b = pb.get(batch_a["batch_size"])
+        if batch_b is None:
+            continue
+        ra, rb = _by_rank(batch_a.get("ranks")), _by_rank(batch_b.get("ranks"))
+        for rank in sorted(set(ra) | set(rb) | set(whole_a) | set(whole_b)):
+            a, b = ra.get(rank, {}), rb.get(rank, {})
+            fa, fb = by_function(a.get("syncs", {})), by_function(b.get("syncs", {}))
+            wa = by_function(whole_a.get(rank, {}).get("syncs_whole_run", {}))
+            wb = by_function(whole_b.get(rank, {}).get("syncs_whole_run", {}))
+            rows.append({
+                "release": release,
+                "size": pristine["size"],
+                "tp": patched.get("tp_size"),
+                "batch_size": batch_a["batch_size"],
+                "tp_rank": rank,
+                "counted": (rank in ra, rank in rb),
+                "prepare_per_step": (per_step(prepare_syncs(a.get("syncs", {})), a.get("decode_steps", 0)),
+                                     per_step(prepare_syncs(b.get("syncs", {})), b.get("decode_steps", 0))),
+                "decode_steps": (a.get("decode_steps", 0), b.get("decode_steps", 0)),
+                "new_sites": sorted(set(fb) - set(fa)),
+                "new_sites_whole_run": sorted(set(wb) - set(wa)),
+                "decision": decided.get(rank),
+                "tok_per_s": (batch_a["tok_per_s"], batch_b["tok_per_s"]),
+                "identical": batch_a["output_ids"] == batch_b["output_ids"],
+            })
+    return rows
+
+
+def verdict(rows: list[dict], tp: int, mirror_kept: bool = False) -> list[str]:
+    """Problems per rank (empty: all good): every rank 0 … tp-1 counted in both
+    variants, pristine syncing once per step on each, patched as the backend
+    says on each (none where it is sync-free, once where it reads the mirror),
+    no new sync site on any rank, and every rank taking the same decision, the
+    one the backend calls for."""
+    problems = []
+    expected_after = 1.0 if mirror_kept else 0.0
+    seen = sorted({r["tp_rank"] for r in rows})
+    if seen != list(range(tp)):
+        problems.append(f"ranks counted: {seen}, expected {list(range(tp))}")
+    for r in rows:
+        tag = f"{r['release']} {r['size']} bs={r['batch_size']} rank {r['tp_rank']}"
+        for variant, counted in zip(("pristine", "patched"), r["counted"]):
+            if not counted:
+                problems.append(f"{tag}: no sync counts from the {variant} process of this rank")
+        pa, pb = r["prepare_per_step"]
+        if pa is None or pa < 0.99:
+            problems.append(f"{tag}: pristine has {_f(pa)} prepare_for_decode syncs/step (expected 1)")
+        if pb is None or abs(pb - expected_after) > (0.01 if mirror_kept else 0):
+            problems.append(f"{tag}: patched has {_f(pb)} prepare_for_decode syncs/step "
+                            f"(expected {expected_after:.0f})")
+        if r["new_sites"]:
+            problems.append(f"{tag}: new sync sites in patched: {', '.join(r['new_sites'])}")
+        if r["new_sites_whole_run"]:
+            problems.append(f"{tag}: new sync sites in the patched process's whole run: "
+                            f"{', '.join(r['new_sites_whole_run'])}")
+    decided = {r["tp_rank"]: r["decision"] for r in rows}
+    for rank, flag in sorted(decided.items()):
+        if flag is None:
+            problems.append(f"rank {rank}: the patched scheduler recorded no needs_cpu_seq_lens decision")
+        elif flag is not mirror_kept:
+            problems.append(f"rank {rank}: patched decided needs_cpu_seq_lens={flag} "
+                            f"(expected {mirror_kept} for this attention backend)")
+    if len(set(decided.values())) > 1:
+        problems.append("ranks disagree on needs_cpu_seq_lens: "
+                        + ", ".join(f"rank {k} {v}" for k, v in sorted(decided.items())))
+    return problems
+
+
+HEADER = ("| release | model | tp | bs | rank | needs_cpu_seq_lens (patched) "
+          "| `prepare_for_decode` syncs/step before → after | new sync sites "
+          "| tok/s before → after (engine) | identical outputs |")
+RULE = "|---|---|---:|---:|---:|---|---|---|---|---|"
+
+
+def _decision(flag: Optional[bool]) -> str:
+    return "not recorded" if flag is None else str(flag)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [HEADER, RULE]
+    for r in rows:
+        pa, pb = r["prepare_per_step"]
+        new = sorted(set(r["new_sites"]) | set(r["new_sites_whole_run"]))
+        lines.append(
+            f"| {r['release']} | {r['size']} | {r['tp']} | {r['batch_size']} | {r['tp_rank']} "
+            f"| {_decision(r['decision'])} | {_f(pa)} → {_f(pb)} | {', '.join(new) or 'none'} "
+            f"| {_f(r['tok_per_s'][0], '{:.1f}')} → {_f(r['tok_per_s'][1], '{:.1f}')} "
+            f"| {'yes' if r['identical'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
