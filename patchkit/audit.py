@@ -17,7 +17,8 @@ Each read gets one verdict:
   or the branch where ``needs_cpu_seq_lens()`` is True);
 * ``safe``: cannot see a dropped mirror (a plain copy or hand-off of the value,
   whose readers are audited where they read it; set a few lines above; a code
-  path where the mirror always exists, with the reason);
+  path where the mirror always exists, with the reason; a backend that only a
+  patch of its own opts out, e.g. FlashMLA, while its class has not opted out);
 * ``unguarded``: reads None once the mirror is dropped;
 * ``stale``: reads a CPU buffer that is no longer refreshed once the mirror is
   dropped.
@@ -56,9 +57,15 @@ MODULES = (
     "srt/model_executor/forward_batch_info.py",
     "srt/model_executor/cuda_graph_runner.py",
     "srt/layers/attention/triton_backend.py",
+    "srt/layers/attention/flashmla_backend.py",
     "srt/observability/scheduler_metrics_mixin.py",
     "srt/managers/scheduler_components/metrics_reporter.py",
 )
+
+# Backends that opt out only with a patch of their own: until their class
+# declares needs_cpu_seq_lens = False, every run that uses them keeps the mirror
+# (a fork that opts one out without guarding its reads is what the audit is for).
+OPTS_OUT_WITH = {"srt/layers/attention/flashmla_backend.py": "flashmla-spec-v2"}
 
 # Functions whose reads only run where the mirror always exists.
 MIRROR_ALWAYS = {
@@ -158,7 +165,7 @@ class _FileAudit:
                     node.attr, kind)
         read.verdict, read.why = self._classify(node, function, kind)
         if read.verdict == "patched":
-            read.patch = PATCH
+            read.patch = OPTS_OUT_WITH.get(self.rel, PATCH)
         return read
 
     def _classify(self, node: ast.Attribute, function: Optional[ast.AST], kind: str) -> tuple[str, str]:
@@ -171,6 +178,9 @@ class _FileAudit:
             return self._buffer_verdict(node, scope, where)
         if where in MIRROR_ALWAYS:
             return "safe", MIRROR_ALWAYS[where]
+        kept = self._backend_keeps_mirror(node)
+        if kept:
+            return "safe", kept
         fresh = self._set_above(node, scope)
         if fresh:
             return "safe", f"set at line {fresh} above, in this function"
@@ -345,6 +355,15 @@ class _FileAudit:
             current = self.parents.get(current)
         return current
 
+    def _backend_keeps_mirror(self, node: ast.AST) -> Optional[str]:
+        """Why a read in a backend of OPTS_OUT_WITH cannot see a dropped mirror:
+        its class does not declare ``needs_cpu_seq_lens = False``."""
+        patch = OPTS_OUT_WITH.get(self.rel)
+        cls = self._class(node) if patch else None
+        if cls is None or any(_declares_opt_out(stmt) for stmt in cls.body):
+            return None
+        return f"{cls.name} keeps the mirror: it does not declare needs_cpu_seq_lens = False ({patch} opts it out)"
+
     def _class(self, node: ast.AST) -> Optional[ast.ClassDef]:
         current = self.parents.get(node)
         while current is not None and not isinstance(current, ast.ClassDef):
@@ -359,6 +378,18 @@ class _FileAudit:
                 names.append(current.name)
             current = self.parents.get(current)
         return ".".join(reversed(names)) or "<module>"
+
+
+def _declares_opt_out(stmt: ast.AST) -> bool:
+    """``needs_cpu_seq_lens = False`` (annotated or not) in a class body."""
+    if isinstance(stmt, ast.AnnAssign):
+        targets, value = [stmt.target], stmt.value
+    elif isinstance(stmt, ast.Assign):
+        targets, value = stmt.targets, stmt.value
+    else:
+        return False
+    named = any(isinstance(t, ast.Name) and t.id == "needs_cpu_seq_lens" for t in targets)
+    return named and isinstance(value, ast.Constant) and value.value is False
 
 
 def _is_none(node: ast.AST) -> bool:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 __all__ = ["host_max_seq_len", "rows_or_none", "rows_max", "any_host_lens", "max_host_lens", "mirror_or_none",
-           "pages_within"]
+           "pages_within", "plus_or_none"]
 
 
 # -- reads of the CPU mirror ----------------------------------------------------------------
@@ -51,6 +51,12 @@ def host_max_seq_len(seq_lens_cpu: Any, bound: int) -> int:
 def rows_or_none(seq_lens_cpu: Any, rows: int) -> Any:
     """``seq_lens_cpu[:rows]``, or None when there is no mirror."""
     return None if seq_lens_cpu is None else seq_lens_cpu[:rows]
+
+
+def plus_or_none(seq_lens_cpu: Any, delta: int) -> Any:
+    """``seq_lens_cpu + delta`` (FlashMLA's verify lengths: the mirror plus the
+    draft tokens), or None when there is no mirror."""
+    return None if seq_lens_cpu is None else seq_lens_cpu + delta
 
 
 def rows_max(seq_lens_cpu: Any, seq_lens: Any, rows: int) -> int:

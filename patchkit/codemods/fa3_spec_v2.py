@@ -183,7 +183,7 @@ def max_item(receiver: m.BaseMatcherNode) -> m.Call:
     return m.Call(func=attr("item", m.Call(func=attr("max", receiver))), args=[])
 
 
-def _rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:
+def first_rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:
     """``<value>[:ROWS]`` (the first rows)."""
     return m.Subscript(
         value=value,
@@ -239,7 +239,7 @@ EAGER_GUARDS = (
         ),
         "M",
     ),
-    Guard(max_item(_rows(save(m.Name("seq_lens_cpu"), "M"), "N")), "rows_max(M, forward_batch.seq_lens, N)", "rows_max"),
+    Guard(max_item(first_rows(save(m.Name("seq_lens_cpu"), "M"), "N")), "rows_max(M, forward_batch.seq_lens, N)", "rows_max"),
     Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
     # The GPU-only draft extend leaves the prefix host list unset (the
     # lengths stay a device tensor) and may leave the extend one unset.
@@ -267,7 +267,7 @@ class EagerMetadataWithoutMirror(MirrorReadGuards):
 
 #: The CUDA-graph replay reads (FA3 and TRT-LLM MHA share their shape).
 REPLAY_GUARDS = (
-    Guard(_rows(save(m.Name("seq_lens_cpu"), "M"), "N"), "rows_or_none(M, N)", "rows_or_none"),
+    Guard(first_rows(save(m.Name("seq_lens_cpu"), "M"), "N"), "rows_or_none(M, N)", "rows_or_none"),
     Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
     # 0.5.15: the spec branches fell back to a local D2H; the page-table
     # width they feed takes the static bound instead, as in 0.5.16.
@@ -383,6 +383,8 @@ class _TreeMaskPart:
 class InitTreeMask(mla.InitCustomMask):
     DESCRIPTION = f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
     CLASS = BACKEND
+    #: The backend's name in the comment the transform writes.
+    KIND: ClassVar[str] = "FA3"
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         finding = super().detect_in_class(cls)
@@ -396,7 +398,7 @@ class InitTreeMask(mla.InitCustomMask):
             # Preallocated verify tree mask (init_cuda_graph_state); handed to
             # build_tree_kernel_efficient so it needs no seq_lens_sum.
             self.{MASK} = None
-            # The draft worker's FA3 instances never verify: no tree mask there.
+            # The draft worker's {self.KIND} instances never verify: no tree mask there.
             self.is_draft_runner = getattr(model_runner, "is_draft_worker", False)
         """
         return primitives.replace_method(cls, "__init__", lambda fn: primitives.insert_at_end(fn, source))
@@ -409,6 +411,8 @@ class AllocTreeMask(_TreeMaskPart, mla.AllocCustomMask):
     )
     CLASS = BACKEND
     HELPER = "alloc_verify_tree_mask"
+    #: Where the backend keeps the configured number of draft tokens.
+    NUM_DRAFT_TOKENS: ClassVar[str] = "self.speculative_num_draft_tokens"
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         # At the end: FA3's init_cuda_graph_state does not hand over to a parent.
@@ -418,7 +422,7 @@ class AllocTreeMask(_TreeMaskPart, mla.AllocCustomMask):
             self.{MASK} = alloc_verify_tree_mask(
                 max_num_tokens=max_num_tokens,
                 max_context_len=self.max_context_len,
-                num_draft_tokens=self.speculative_num_draft_tokens,
+                num_draft_tokens={self.NUM_DRAFT_TOKENS},
                 skip_prefill=self.skip_prefill,
                 is_draft_runner=self.is_draft_runner,
                 device=self.device,
