@@ -57,10 +57,13 @@ def _listen(path: str, period: float, schedulers_only: bool) -> None:
         time.sleep(period)
         try:
             with open(path) as fh:
-                wanted = fh.read().strip()
+                request = fh.read().strip()
         except OSError:
             continue
-        if wanted == seen or wanted not in (KEPT, DROPPED):
+        # "<arm> <serial>": ABBA asks for the same arm twice in a row, so a request
+        # is new when its serial is, not its arm.
+        wanted = request.split(" ", 1)[0]
+        if request == seen or wanted not in (KEPT, DROPPED):
             continue
         modules = _runtime_modules()
         if not modules or (schedulers_only and not _is_scheduler()):
@@ -70,8 +73,8 @@ def _listen(path: str, period: float, schedulers_only: bool) -> None:
             m.set_needs_cpu_seq_lens(True if wanted == KEPT else own)
         state = ",".join(str(m.needs_cpu_seq_lens()) for m in modules)
         with open(f"{path}.ack-{os.getpid()}", "w") as fh:
-            fh.write(f"{wanted} {state} own={','.join(str(v) for v in decided.values())}\n")
-        seen = wanted
+            fh.write(f"{request} {state} own={','.join(str(v) for v in decided.values())}\n")
+        seen = request
 
 
 def install_listener(path: Optional[str] = None, period: float = 0.005, schedulers_only: bool = True) -> bool:
@@ -93,6 +96,7 @@ class Switch:
         self.path = path
         self.timeout = timeout
         self.schedulers = schedulers
+        self.serial = 0
 
     def _acks(self) -> dict[str, str]:
         folder, base = os.path.split(self.path)
@@ -111,11 +115,13 @@ class Switch:
             os.unlink(os.path.join(os.path.dirname(self.path), name))
         tmp = self.path + ".tmp"
         with open(tmp, "w") as fh:
-            fh.write(wanted)
+            self.serial += 1
+            request = f"{wanted} {self.serial}"
+            fh.write(request)
         os.replace(tmp, self.path)
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
-            acks = [a for a in self._acks().values() if a.split(" ", 1)[0] == wanted]
+            acks = [a for a in self._acks().values() if a.startswith(request + " ")]
             if len(acks) >= self.schedulers:
                 return acks
             time.sleep(0.005)

@@ -87,10 +87,12 @@ def test_switch_reaches_the_runtime_module_of_the_process(tmp_path, monkeypatch)
     control = str(tmp_path / "mirror")
     assert mirror_control.install_listener(control, period=0.001, schedulers_only=False)
     switch = mirror_control.Switch(control, timeout=5)
-    assert switch.set("kept")[0].startswith("kept True own=False")
+    assert switch.set("kept")[0].startswith("kept 1 True own=False")
     assert runtime._flag is True
-    assert switch.set("dropped")[0].startswith("dropped False")
-    assert runtime._flag is False
+    # ABBA asks for the same arm twice in a row: each request is answered.
+    for serial, arm in enumerate(mirror_control.abba(2)[1:], start=2):
+        assert switch.set(arm)[0].startswith(f"{arm} {serial} {arm == 'kept'} own=False")
+        assert runtime._flag is (arm == "kept")
     with pytest.raises(RuntimeError, match="no scheduler process"):
         mirror_control.Switch(str(tmp_path / "nobody"), timeout=0.05).set("kept")
     # A process that started no Scheduler (the engine's own) does not answer.
