@@ -227,7 +227,8 @@ def test_first_mismatch():
     assert report.first_mismatch([[1, 2]], [[1, 2, 3]]) == "request 0: 2 vs 3 tokens"
 
 
-@pytest.mark.parametrize("run", sorted(p.name for p in RECORDED.glob("*/")) if RECORDED.exists() else [])
+@pytest.mark.parametrize("run", sorted(p.name for p in RECORDED.glob("*/") if not p.name.startswith("proof2-"))
+                         if RECORDED.exists() else [])
 def test_recorded_gpu_runs_reproduce_their_table(run):
     """The committed GPU results: recomputing the comparison gives the committed table."""
     data = json.loads((RECORDED / run / "results.json").read_text())

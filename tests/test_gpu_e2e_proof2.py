@@ -178,7 +178,9 @@ def test_accepted_rows_and_cost_table():
     q = _run("small", [_batch(8, {}, 60, accept=4.0)], scenario="standalone")
     rows = report.compare("0.5.12.post1", p, q)
     assert rows[0]["scenario"] == "standalone" and "small standalone" in report.markdown(rows)
-    res = {"rows": rows, "runs": {}}
+    res = {"runs": {"0.5.12.post1/small/triton/standalone/pristine": p,
+                    "0.5.12.post1/small/triton/standalone/patched": q}}
+    assert report.accepted_rows([res]) == rows
     md = report.accepted_markdown(report.accepted_rows([res]))
     assert "| 0.5.12.post1 | small | standalone uniform | 8 | 4.00 / 4.00 | 1.00 → 0.00 |" in md
     alt = _run("8b", [{"batch_size": 1, "workload": "uniform",
@@ -188,6 +190,9 @@ def test_accepted_rows_and_cost_table():
     assert cost["size"] == "8b" and cost["pairs"] == 20
     assert "| 0.5.12.post1 | 8b | eagle3 uniform | 1 | 20 | 100 | 1.00 → 0.00 |" in report.cost_markdown([cost])
     assert report.issue23_problems([res2]) == []
+    assert report.issue23_problems([res]) == []
+    q["batches"][0]["output_ids"] = [[1, 3]]
+    assert report.issue23_problems([res]) == ["0.5.12.post1 small bs=8: outputs differ (request 0, token 1: 2 vs 3)"]
     tables = report.issue23_tables([res, res2])
     assert "### Accepted runs" in tables and "### The sync's cost in one process" in tables
 
