@@ -6,6 +6,7 @@ a conftest of its own, and two modules named conftest collide)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from functools import lru_cache
@@ -18,6 +19,20 @@ PRIMARY = "0.5.12.post1"
 NATIVE = "0.5.13"
 #: The first release with every patch upstream (FA3's and FlashMLA's sync-free spec v2 came with 0.5.16).
 ALL_NATIVE = "0.5.16"
+
+
+def patch_states(cli, tree, *ids: str) -> dict[str, dict]:
+    """``patchkit status --format json`` (of ``ids``, or every patch) by patch id."""
+    result = cli("status", tree, *ids, "--format", "json")
+    assert result.exit_code == 0, result.output
+    return {p["id"]: p for p in json.loads(result.stdout)["patches"]}
+
+
+def class_section(text: str, cls: str) -> str:
+    """The source of class ``cls`` in ``text``, up to the next top-level class."""
+    start = text.index(f"\nclass {cls}")
+    end = text.find("\nclass ", start + 1)
+    return text[start : end if end != -1 else None]
 
 
 def snapshot(package: Path) -> dict[str, str]:

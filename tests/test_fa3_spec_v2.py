@@ -9,7 +9,7 @@ import json
 import pytest
 
 from codemod_testing import apply, code, detect
-from support import PRIMARY, snapshot
+from support import PRIMARY, class_section, patch_states, snapshot
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods.base import State
 
@@ -293,12 +293,6 @@ def test_foreign_verify_buffers_override_is_refused():
 # -- real trees ----------------------------------------------------------------------------
 
 
-def states(cli, tree, *ids) -> dict[str, dict]:
-    result = cli("status", tree, *ids, "--format", "json")
-    assert result.exit_code == 0, result.output
-    return {p["id"]: p for p in json.loads(result.output)["patches"]}
-
-
 MARKS = [
     "    needs_cpu_seq_lens: bool = False\n",
     "        self.cuda_graph_custom_mask = None\n",
@@ -317,12 +311,6 @@ RUNNERS = {
 }
 
 
-def section(text: str, cls: str) -> str:
-    start = text.index(f"\nclass {cls}")
-    end = text.find("\nclass ", start + 1)
-    return text[start : end if end != -1 else None]
-
-
 @pytest.mark.trees
 @pytest.mark.parametrize("version", sorted(RUNNERS))
 def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, version):
@@ -330,7 +318,7 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
     before = snapshot(tree)
     # 0.5.15 already had part of it (the draft-decode page table on the
     # device, replay's None-guarded slice): partial there.
-    assert states(cli, tree, PATCH)[PATCH]["state"] == ("partial" if version == "0.5.15" else "absent")
+    assert patch_states(cli, tree, PATCH)[PATCH]["state"] == ("partial" if version == "0.5.15" else "absent")
 
     result = cli("apply", tree, PATCH)
     assert result.exit_code == 0, result.output
@@ -340,14 +328,14 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
         if version == "0.5.15" and mark.startswith("host_max_seq_len(forward_batch"):
             continue  # 0.5.15 reads a local mirror variable instead
         assert mark in text, mark
-    assert "needs_cpu_seq_lens: bool = False" in section(text, "FlashAttentionMultiStepBackend")
+    assert "needs_cpu_seq_lens: bool = False" in class_section(text, "FlashAttentionMultiStepBackend")
     for rel in RUNNERS[version]:
         assert "mirror_or_none(forward_batch.seq_lens_cpu, buffers.seq_lens_cpu" in (tree / rel).read_text(), rel
     assert (tree / "srt/_patchkit/backends/fa3.py").is_file() and (tree / "srt/_patchkit/backends/mirror_reads.py").is_file()
     assert f"{HELPERS} alloc_verify_tree_mask, verify_buffers\n" in text and "mirror_or_none" not in text
     assert "from sglang.srt._patchkit.backends.mirror_reads import" in text
 
-    st = states(cli, tree, PATCH)
+    st = patch_states(cli, tree, PATCH)
     assert st[PATCH]["state"] == "applied", st[PATCH]
     assert all(st[r]["state"] in ("applied", "native") for r in st[PATCH]["requires"])
     verify = {p["id"]: p["ok"] for p in json.loads(cli("verify", tree, "--format", "json").output)["patches"]}
@@ -367,7 +355,7 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
 def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
     tree = make_tree(version)
     before = snapshot(tree)
-    st = states(cli, tree, PATCH)
+    st = patch_states(cli, tree, PATCH)
     assert st[PATCH]["state"] == "native", st[PATCH]
     checks = {c["codemod"].split(".")[1]: c["state"] for c in st[PATCH]["checks"]}
     mask_parts = {checks[n] for n in ("InitTreeMask", "AllocTreeMask", "VerifyBuffersReturnTreeMask")}

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from codemod_testing import apply, detect
-from support import snapshot
+from support import class_section, patch_states, snapshot
 from patchkit.codemods import flashmla_spec_v2 as fm
 from patchkit.codemods.base import State
 
@@ -221,12 +221,6 @@ def test_forward_extend_upstream_k_lengths_are_done():
 # -- real trees ----------------------------------------------------------------------------
 
 
-def states(cli, tree, *ids) -> dict[str, dict]:
-    result = cli("status", tree, *ids, "--format", "json")
-    assert result.exit_code == 0, result.output
-    return {p["id"]: p for p in json.loads(result.output)["patches"]}
-
-
 MARKS = [
     "    needs_cpu_seq_lens: bool = False\n",
     "        self.cuda_graph_custom_mask = None\n",
@@ -240,18 +234,12 @@ MARKS = [
 ]
 
 
-def section(text: str, cls: str) -> str:
-    start = text.index(f"\nclass {cls}")
-    end = text.find("\nclass ", start + 1)
-    return text[start : end if end != -1 else None]
-
-
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.12.post1", "0.5.13", "0.5.14", "0.5.15"])
 def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, version):
     tree = make_tree(version)
     before = snapshot(tree)
-    assert states(cli, tree, PATCH)[PATCH]["state"] == "absent"
+    assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "absent"
 
     result = cli("apply", tree, PATCH)
     assert result.exit_code == 0, result.output
@@ -259,13 +247,13 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
     compile(text, FLASHMLA, "exec")
     for mark in MARKS:
         assert mark in text, mark
-    assert "needs_cpu_seq_lens: bool = False" in section(text, "FlashMLAMultiStepDraftBackend")
+    assert "needs_cpu_seq_lens: bool = False" in class_section(text, "FlashMLAMultiStepDraftBackend")
     assert "assert seq_lens_cpu is not None" not in text and "else seq_lens.max().item()" not in text
-    assert "ForwardMode.DRAFT_EXTEND_V2" not in section(text, "FlashMLABackend").split("def forward_extend")[1]
+    assert "ForwardMode.DRAFT_EXTEND_V2" not in class_section(text, "FlashMLABackend").split("def forward_extend")[1]
     for helper in ("fa3", "flashmla", "mirror_reads"):
         assert (tree / f"srt/_patchkit/backends/{helper}.py").is_file()
 
-    st = states(cli, tree, PATCH)
+    st = patch_states(cli, tree, PATCH)
     assert st[PATCH]["state"] == "applied", st[PATCH]
     assert all(st[r]["state"] in ("applied", "native") for r in st[PATCH]["requires"])
     report = json.loads(cli("verify", tree, "--format", "json").output)
@@ -311,7 +299,7 @@ def test_audit_lists_the_reads_of_a_flashmla_that_opts_out_unguarded(make_tree, 
 def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
     tree = make_tree(version)
     before = snapshot(tree)
-    st = states(cli, tree, PATCH)
+    st = patch_states(cli, tree, PATCH)
     assert st[PATCH]["state"] == "native", st[PATCH]
     checks = {c["codemod"].split(".")[1]: c["state"] for c in st[PATCH]["checks"]}
     mask_parts = {checks[n] for n in ("InitTreeMask", "AllocTreeMask", "VerifyBuffersReturnTreeMask")}

@@ -3,11 +3,10 @@ primary release; a really missing anchor is reported, the rest still applies."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from support import PRIMARY, snapshot
+from support import PRIMARY, patch_states, snapshot
 from drift import DRIFTS, drift
 from patchkit import registry
 
@@ -20,12 +19,6 @@ def targets() -> list[str]:
     return sorted({f for p in registry.all_patches() for f in p.files})
 
 
-def states(cli, tree) -> dict[str, dict]:
-    result = cli("status", tree, "--format", "json")
-    assert result.exit_code == 0, result.output
-    return {p["id"]: p for p in json.loads(result.output)["patches"]}
-
-
 @pytest.mark.parametrize("name", sorted(DRIFTS))
 def test_patches_survive_drift(make_tree, cli, name):
     tree = make_tree(PRIMARY)
@@ -34,11 +27,11 @@ def test_patches_survive_drift(make_tree, cli, name):
         if (tree / rel).exists():
             compile((tree / rel).read_bytes(), rel, "exec")
     drifted = snapshot(tree)
-    assert {pid for pid, p in states(cli, tree).items() if p["state"] != "absent"} == set()
+    assert {pid for pid, p in patch_states(cli, tree).items() if p["state"] != "absent"} == set()
 
     applied = cli("apply", tree)
     assert applied.exit_code == 0, applied.output
-    assert {p["state"] for p in states(cli, tree).values()} == {"applied"}
+    assert {p["state"] for p in patch_states(cli, tree).values()} == {"applied"}
     assert cli("verify", tree).exit_code == 0
     patched = snapshot(tree)
     assert cli("apply", tree).exit_code == 0
@@ -56,7 +49,7 @@ def test_missing_anchor_is_reported_and_the_rest_applies(make_tree, cli):
     result = cli("apply", tree)
     assert result.exit_code == 1
     assert f"not applied: trtllm-mha-overlap-hook: {rel}: TRTLLMHAAttnBackend" in result.output
-    report = states(cli, tree)
+    report = patch_states(cli, tree)
     assert report["trtllm-mha-overlap-hook"]["state"] == "not-applicable"
     assert rel in report["trtllm-mha-overlap-hook"]["reason"]
     others = [p.id for p in registry.all_patches() if rel not in p.files and "trtllm-mha-overlap-hook" not in p.requires]

@@ -6,8 +6,6 @@ import importlib.util
 import json
 import re
 import tarfile
-import zipfile
-from pathlib import Path
 
 import pytest
 

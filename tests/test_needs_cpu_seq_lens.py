@@ -4,14 +4,13 @@ the real trees."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import libcst as cst
 import pytest
 
 from codemod_testing import apply, assert_codemod, assert_state, code, detect
-from support import PRE_UPSTREAM, pristine, snapshot
+from support import PRE_UPSTREAM, patch_states, pristine, snapshot
 from patchkit import registry
 from patchkit.codemods import needs_cpu_seq_lens_deferred_sum as deferred
 from patchkit.codemods import needs_cpu_seq_lens_flags as flags
@@ -852,18 +851,12 @@ PRESENT = {
 }
 
 
-def states(cli, tree) -> dict[str, dict]:
-    result = cli("status", tree, "--format", "json")
-    assert result.exit_code == 0, result.output
-    return {p["id"]: p for p in json.loads(result.output)["patches"]}
-
-
 @pytest.mark.trees
 @pytest.mark.parametrize("version", PRE_UPSTREAM)
 def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
     tree = make_tree(version)
     before = snapshot(tree)
-    assert states(cli, tree)[PID]["state"] == "absent"
+    assert patch_states(cli, tree)[PID]["state"] == "absent"
 
     result = cli("apply", tree, PID)
     assert result.exit_code == 0, result.output
@@ -881,7 +874,7 @@ def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
     metrics = (tree / "srt/observability/scheduler_metrics_mixin.py").read_text()
     # Forward-pass request metrics exist from 0.5.12 on.
     assert ("for sl in decode_seq_lens(batch):" in metrics) == version.startswith("0.5.12")
-    report = states(cli, tree)[PID]
+    report = patch_states(cli, tree)[PID]
     assert report["state"] == "applied"
 
     assert cli("apply", tree, PID).exit_code == 0
@@ -890,7 +883,7 @@ def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
 
     assert cli("revert", tree, PID).exit_code == 0
     assert snapshot(tree) == before
-    assert states(cli, tree)[PID]["state"] == "absent"
+    assert patch_states(cli, tree)[PID]["state"] == "absent"
 
 
 @pytest.mark.trees
@@ -898,7 +891,7 @@ def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
 def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
     tree = make_tree(version)
     before = snapshot(tree)
-    assert states(cli, tree)[PID]["state"] == "native"
+    assert patch_states(cli, tree)[PID]["state"] == "native"
     result = cli("apply", tree, PID)
     assert result.exit_code == 0, result.output
     assert snapshot(tree) == before

@@ -4,7 +4,6 @@ Actions annotations at the broken anchor; apply --check / --diff."""
 from __future__ import annotations
 
 import json
-import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import pytest
 
 from support import ALL_NATIVE, PRIMARY, snapshot
 from patchkit import registry
-from patchkit.codemods import primitives
 from patchkit.codemods.base import ClassCodemod, Finding
 from patchkit.output import Locator, github_annotation
 from patchkit.registry import Patch, Target

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ALL_NATIVE, PRIMARY, git, git_checkout, pristine, snapshot
+from support import ALL_NATIVE, PRIMARY, git, git_checkout, patch_states, pristine, snapshot
 
 pytestmark = pytest.mark.trees
 
@@ -28,10 +28,8 @@ VENDOR_EDIT = "\n# vendor: tuned for our cluster\n"
 CHANGED, ADDED = 14, 10
 
 
-def states(cli, tree) -> dict[str, str]:
-    result = cli("status", tree, "--format", "json")
-    assert result.exit_code == 0, result.output
-    return {p["id"]: p["state"] for p in json.loads(result.stdout)["patches"]}
+def state_names(cli, tree) -> dict[str, str]:
+    return {k: p["state"] for k, p in patch_states(cli, tree).items()}
 
 
 def package(root: Path) -> Path:
@@ -81,7 +79,7 @@ def test_checkout_after_revert_brings_the_patch_back_and_status_believes_the_tre
     assert snapshot(package(root)) == patched
 
     result = cli("status", root)
-    assert set(states(cli, root).values()) == {"applied"}, result.output
+    assert set(state_names(cli, root).values()) == {"applied"}, result.output
     assert "is not believed" in result.output and "manifest" in result.output
 
     result = cli("revert", root)
@@ -97,7 +95,7 @@ def test_checkout_of_a_commit_before_the_patch_is_absent(make_tree, cli):
     assert cli("apply", root).exit_code == 0
     commit_all(root, "patchkit apply")
     git(root, "checkout", "-q", "HEAD~1")
-    assert set(states(cli, root).values()) == {"absent"}
+    assert set(state_names(cli, root).values()) == {"absent"}
     assert cli("revert", root).output.strip().endswith("0 file(s) changed")
     assert snapshot(package(root)) == snapshot(pristine(PRIMARY))
 
@@ -112,7 +110,7 @@ def test_moving_the_base_never_writes_bytes_of_the_old_release(make_tree, cli, k
     move_to_release(root, "0.5.11", PRIMARY, vendor_edit=False)
 
     result = cli("status", root)
-    assert set(states(cli, root).values()) == {"absent"}, result.output
+    assert set(state_names(cli, root).values()) == {"absent"}, result.output
     assert "made on sglang 0.5.11 and the tree is now sglang 0.5.12.post1" in result.output
     assert ("files from sglang 0.5.11 are still here" in result.output) == keep_runtime
 
@@ -214,7 +212,7 @@ def test_the_life_of_a_fork(make_tree, cli, tmp_path):
     triton = package(origin) / TRITON
     triton.write_text(triton.read_text() + VENDOR_EDIT)
     commit_all(origin, "vendor edit")
-    assert set(states(cli, origin).values()) == {"absent"}
+    assert set(state_names(cli, origin).values()) == {"absent"}
     assert cli("apply", origin).exit_code == 0
     commit_all(origin, "patchkit apply")
     manifest = json.loads((package(origin) / "srt/_patchkit/manifest.json").read_text())
@@ -223,7 +221,7 @@ def test_the_life_of_a_fork(make_tree, cli, tmp_path):
     fork = tmp_path / "fork"
     git(tmp_path, "clone", "-q", str(origin), str(fork))
     assert cli("verify", fork).exit_code == 0
-    assert set(states(cli, fork).values()) == {"applied"}
+    assert set(state_names(cli, fork).values()) == {"applied"}
 
     # A hand edit after apply, committed: revert keeps it.
     scheduler = package(fork) / "srt/managers/scheduler.py"
@@ -242,7 +240,7 @@ def test_the_life_of_a_fork(make_tree, cli, tmp_path):
     move_to_release(fork, "0.5.11", PRIMARY)
     commit_all(fork, "sglang 0.5.12.post1")
     assert snapshot(package(fork)) == release_with_edit(PRIMARY)
-    assert set(states(cli, fork).values()) == {"absent"}
+    assert set(state_names(cli, fork).values()) == {"absent"}
     assert cli("apply", fork).exit_code == 0
     assert cli("verify", fork).exit_code == 0
     commit_all(fork, "patchkit apply")
@@ -251,7 +249,7 @@ def test_the_life_of_a_fork(make_tree, cli, tmp_path):
     # patchkit names its leftovers, and one revert removes them exactly.
     move_to_release(fork, PRIMARY, ALL_NATIVE)
     result = cli("status", fork)
-    assert set(states(cli, fork).values()) == {"native"}, result.output
+    assert set(state_names(cli, fork).values()) == {"native"}, result.output
     assert "files from sglang 0.5.12.post1 are still here" in result.output
     result = cli("revert", fork)
     assert result.exit_code == 0 and f"0 file(s) changed, {ADDED} removed" in result.output, result.output

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 
 from codemod_testing import apply, assert_codemod, assert_state, code, detect, run_all
-from support import NATIVE, PRE_UPSTREAM, snapshot
+from support import NATIVE, PRE_UPSTREAM, class_section, patch_states, snapshot
 from patchkit.codemods import trtllm_mla_draft_skip_template as skip
 from patchkit.codemods import trtllm_mla_spec_v2 as spec
 from patchkit.codemods.base import State
@@ -384,12 +384,6 @@ def test_patched_draft_overrides_call_each_step_once_without_common_template():
 # --- real trees -----------------------------------------------------------------------
 
 
-def states(cli, tree) -> dict[str, dict]:
-    result = cli("status", tree, SPEC, SKIP, "--format", "json")
-    assert result.exit_code == 0, result.output
-    return {p["id"]: p for p in json.loads(result.output)["patches"]}
-
-
 def verify_ok(cli, tree) -> dict[str, bool]:
     """`verify` over every patch; ours (and what they require) must be ok."""
     result = cli("verify", tree, "--format", "json")
@@ -410,22 +404,16 @@ SKIP_MARKS = [
 ]
 
 
-def section(text: str, cls: str) -> str:
-    start = text.index(f"\nclass {cls}(")
-    end = text.find("\nclass ", start + 1)
-    return text[start : end if end != -1 else None]
-
-
 def check_items(text: str, spec_on: bool, skip_on: bool) -> None:
     compile(text, MLA, "exec")
     for mark in SPEC_MARKS:
         assert (mark in text) is spec_on, mark
     for mark in SKIP_MARKS:
         assert (mark in text) is skip_on, mark
-    draft = section(text, "TRTLLMMLAMultiStepDraftBackend")
+    draft = class_section(text, "TRTLLMMLAMultiStepDraftBackend")
     assert ("needs_cpu_seq_lens: bool = False" in draft) is spec_on
     if spec_on:  # allocated before the parent's init_cuda_graph_state runs
-        backend = section(text, "TRTLLMMLABackend")
+        backend = class_section(text, "TRTLLMMLABackend")
         assert backend.index("alloc_cuda_graph_custom_mask(") < backend.index("super().init_cuda_graph_state(")
 
 
@@ -434,13 +422,13 @@ def check_items(text: str, spec_on: bool, skip_on: bool) -> None:
 def test_release_apply_verify_idempotent_partial_and_exact_revert(make_tree, cli, version):
     tree = make_tree(version)
     before = snapshot(tree)
-    assert {p: s["state"] for p, s in states(cli, tree).items() if p in (SPEC, SKIP)} == {SPEC: "absent", SKIP: "absent"}
+    assert {p: s["state"] for p, s in patch_states(cli, tree, SPEC, SKIP).items() if p in (SPEC, SKIP)} == {SPEC: "absent", SKIP: "absent"}
 
     result = cli("apply", tree, SPEC, SKIP)
     assert result.exit_code == 0, result.output
     patched = (tree / MLA).read_bytes()
     check_items(patched.decode(), spec_on=True, skip_on=True)
-    st = states(cli, tree)
+    st = patch_states(cli, tree, SPEC, SKIP)
     assert st[SPEC]["state"] == st[SKIP]["state"] == "applied"
     ok = verify_ok(cli, tree)
     assert ok[SPEC] and ok[SKIP] and all(ok[r] for r in st[SPEC]["requires"])
@@ -454,14 +442,14 @@ def test_release_apply_verify_idempotent_partial_and_exact_revert(make_tree, cli
     # Revert one, the other stays applied (and vice versa).
     assert cli("revert", tree, SKIP).exit_code == 0
     check_items((tree / MLA).read_text(), spec_on=True, skip_on=False)
-    st = states(cli, tree)
+    st = patch_states(cli, tree, SPEC, SKIP)
     assert (st[SPEC]["state"], st[SKIP]["state"]) == ("applied", "absent")
     assert cli("apply", tree, SKIP).exit_code == 0
     assert (tree / MLA).read_bytes() == patched
 
     assert cli("revert", tree, SPEC).exit_code == 0
     check_items((tree / MLA).read_text(), spec_on=False, skip_on=True)
-    st = states(cli, tree)
+    st = patch_states(cli, tree, SPEC, SKIP)
     assert (st[SPEC]["state"], st[SKIP]["state"]) == ("absent", "applied")
 
     # Exact revert, byte for byte.
@@ -474,7 +462,7 @@ def test_release_apply_verify_idempotent_partial_and_exact_revert(make_tree, cli
 def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
     tree = make_tree(version)
     before = snapshot(tree)
-    st = states(cli, tree)
+    st = patch_states(cli, tree, SPEC, SKIP)
     assert st[SPEC]["state"] == "native", st[SPEC]
     assert st[SKIP]["state"] == "native", st[SKIP]
     checks = {c["codemod"].split(".")[1]: c for c in st[SPEC]["checks"]}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PRIMARY, git, git_checkout, pristine_snapshot, snapshot
+from support import PRIMARY, git, git_checkout, patch_states, pristine_snapshot, snapshot
 from patchkit import vendoring
 
 pytestmark = pytest.mark.trees
@@ -33,10 +33,8 @@ RUNTIME_FILES = {
 SEQ_LENS = "srt/_patchkit/runtime/seq_lens.py"
 
 
-def states(cli, tree) -> dict[str, str]:
-    result = cli("status", tree, "--format", "json")
-    assert result.exit_code == 0, result.output
-    return {p["id"]: p["state"] for p in json.loads(result.output)["patches"]}
+def state_names(cli, tree) -> dict[str, str]:
+    return {k: p["state"] for k, p in patch_states(cli, tree).items()}
 
 
 def patched_files(tree: Path) -> list[str]:
@@ -96,7 +94,7 @@ def test_switching_modes_rewrites_the_runtime_folder_only(make_tree, cli):
     assert result.exit_code == 0 and "runtime: vendored -> package" in result.output
     package = snapshot(tree)
     assert {k for k in vendored if vendored[k] != package[k]} <= RUNTIME_FILES
-    assert states(cli, tree) == dict.fromkeys(states(cli, tree), "applied")
+    assert state_names(cli, tree) == dict.fromkeys(state_names(cli, tree), "applied")
     assert cli("apply", tree, "--runtime", "vendored").exit_code == 0
     assert snapshot(tree) == vendored
     assert cli("revert", tree).exit_code == 0
@@ -108,7 +106,7 @@ def test_stale_runtime_is_reported_and_repaired(make_tree, cli):
     assert cli("apply", tree).exit_code == 0
     written = (tree / SEQ_LENS).read_bytes()
     (tree / SEQ_LENS).write_bytes(written + b"\nEXTRA = 1\n")
-    assert states(cli, tree)["needs-cpu-seq-lens"] == "stale"
+    assert state_names(cli, tree)["needs-cpu-seq-lens"] == "stale"
     result = cli("verify", tree)
     assert result.exit_code == 1 and "edited after patchkit wrote it" in result.output
     result = cli("apply", tree, "--check")
@@ -157,7 +155,7 @@ def test_export_series_gives_a_tree_that_runs_without_patchkit(make_tree, cli, t
     assert snapshot(package) == snapshot(patched / "python" / "sglang")
     ok, error = vendoring.import_in_isolation(package)
     assert ok, error
-    assert set(states(cli, target).values()) == {"applied"}
+    assert set(state_names(cli, target).values()) == {"applied"}
     assert cli("verify", target).exit_code == 0
 
 
@@ -172,7 +170,7 @@ def test_clone_of_a_patched_fork_knows_what_was_applied(make_tree, cli, tmp_path
 
     result = cli("status", clone)
     assert "patched by patchkit" in result.output and vendoring.MANIFEST in result.output
-    assert set(states(cli, clone).values()) == {"applied"}
+    assert set(state_names(cli, clone).values()) == {"applied"}
     assert cli("verify", clone).exit_code == 0
 
     # A user edit committed after the patch: revert keeps it, the rest is exact.
@@ -234,7 +232,7 @@ def test_tree_patched_by_patchkit_0_1_is_told_how_to_upgrade(make_tree, cli):
     state = json.loads(state_file.read_text())
     del state["runtime"]  # what patchkit 0.1 wrote: no runtime mode, code importing patchkit.runtime
     state_file.write_text(json.dumps(state))
-    assert states(cli, tree)["needs-cpu-seq-lens"] == "stale"
+    assert state_names(cli, tree)["needs-cpu-seq-lens"] == "stale"
     result = cli("apply", tree)
     assert result.exit_code == 2 and "run `patchkit revert`, then `patchkit apply`" in result.output
     assert cli("revert", tree).exit_code == 0
