@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -39,11 +40,15 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+TEMP_SUFFIX = ".patchkit-tmp"
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: temp file in the same folder, fsync,
-    rename. Readers see the old or the new file, never a mix. Keeps the mode."""
+    rename. Readers see the old or the new file, never a mix. Keeps the mode.
+    A kill between the two leaves the temp file (see ``remove_temp_files``)."""
     mode = path.stat().st_mode & 0o7777 if path.exists() else None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".patchkit-tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -57,6 +62,18 @@ def atomic_write(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def remove_temp_files(path: Path) -> int:
+    """Remove the temp files a killed ``atomic_write`` of ``path`` left beside
+    it (they hold bytes patchkit was writing, never the user's); how many."""
+    removed = 0
+    with contextlib.suppress(OSError):
+        for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{TEMP_SUFFIX}"):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+                removed += 1
+    return removed
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -235,6 +252,8 @@ class Store:
         with held_signals():
             for entry in pending.files:
                 path = root / entry["file"]
+                # A kill inside this file's write left its temp file beside it.
+                remove_temp_files(path)
                 current = file_sha(path)
                 if current == entry[side]:
                     continue

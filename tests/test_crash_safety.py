@@ -102,6 +102,25 @@ def test_killed_at_every_point_is_finished_or_rolled_back(make_tree, patched_ref
     print(f"{verb}: killed at {len(points)} points ({', '.join(points)}); each finished or rolled back")
 
 
+@pytest.mark.parametrize("settle", ["apply", "revert"])
+def test_a_kill_inside_a_files_write_leaves_no_temp_file(make_tree, patched_reference, settle):
+    """SIGKILL between a file's temp write and its rename leaves the temp file
+    beside it (what CI once caught at a random moment); settling removes it."""
+    import json
+    import tempfile
+
+    from patchkit.state import TEMP_SUFFIX
+
+    tree = make_tree(PRIMARY)
+    assert run(tree, "apply", env={"PATCHKIT_TEST_CRASH_AT": "file:1"}).returncode == 137
+    second = json.loads((tree / ".patchkit" / "journal.json").read_text())["files"][1]["file"]
+    target = tree / second
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TEMP_SUFFIX)
+    os.write(fd, b"half of a file")
+    os.close(fd)
+    assert_settled(tree, patched_reference, settle)
+
+
 def test_sigkill_at_random_moments(make_tree, patched_reference):
     rng = random.Random(1234)
     for attempt in range(8):
