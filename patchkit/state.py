@@ -256,6 +256,8 @@ class Store:
                 remove_temp_files(path)
                 current = file_sha(path)
                 if current == entry[side]:
+                    if current is None:  # a kill between a removal's unlink and its rmdir left the folder
+                        _write_or_remove(root, entry["file"], None)
                     continue
                 if current not in (entry["before"], entry["after"]):
                     raise PatchkitError(
@@ -352,6 +354,9 @@ def _write_or_remove(root: Path, rel: str, data: Optional[bytes]) -> None:
         path.unlink()
     folder = path.parent
     while folder != root and root in folder.parents:
+        if not folder.is_dir():  # removed already (by an earlier removal, or a run a kill cut short)
+            folder = folder.parent
+            continue
         cache = folder / "__pycache__"
         others = [c for c in folder.iterdir() if c.name != "__pycache__"]
         if not others and cache.is_dir() and all(f.suffix == ".pyc" for f in cache.iterdir()):

@@ -121,6 +121,26 @@ def test_a_kill_inside_a_files_write_leaves_no_temp_file(make_tree, patched_refe
     assert_settled(tree, patched_reference, settle)
 
 
+def test_a_kill_inside_a_removal_leaves_no_empty_folder(make_tree, patched_reference):
+    """SIGKILL after a revert unlinked a runtime file but before it removed
+    the folder: finishing the revert removes the folder too, so a later apply
+    does not find a runtime folder that patchkit did not write."""
+    import json
+
+    from patchkit import vendoring
+
+    tree = make_tree(PRIMARY)
+    assert run(tree, "apply").returncode == 0
+    assert run(tree, "revert", env={"PATCHKIT_TEST_CRASH_AT": "file:1"}).returncode == 137
+    removals = [e["file"] for e in json.loads((tree / ".patchkit" / "journal.json").read_text())["files"]
+                if e["after"] is None and (tree / e["file"]).exists()]
+    for rel in removals:  # the kill came after the last unlink, before any rmdir
+        (tree / rel).unlink()
+    assert_settled(tree, patched_reference, "revert")
+    assert not (tree / vendoring.FOLDER).exists()
+    assert run(tree, "apply").returncode == 0
+
+
 def test_sigkill_at_random_moments(make_tree, patched_reference):
     rng = random.Random(1234)
     for attempt in range(8):
