@@ -122,7 +122,7 @@ class Store:
         ignore = self.folder / ".gitignore"
         if not ignore.exists():
             # Keep patchkit's state out of the fork's git status.
-            ignore.write_text("*\n")
+            atomic_write(ignore, b"*\n")  # a kill mid-write must not leave an empty one
 
     # -- blobs ---------------------------------------------------------------
 
