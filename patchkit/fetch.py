@@ -7,6 +7,7 @@ committed; trees live under ``$PATCHKIT_CACHE_DIR`` (``patchkit.settings.cache_d
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -63,20 +64,27 @@ def fetch_tree(version: str) -> Path:
     package = dest / "sglang"
     if (dest / ".complete").exists():
         return package
-    wheel = download_wheel(version)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent if dest.parent.exists() else None))
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            members = [n for n in zf.namelist() if n.startswith("sglang/")]
-            zf.extractall(tmp, members)
-        (tmp / ".complete").write_text(wheel.name)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # One fetch per release at a time: a second process (matrix -j, parallel
+    # tests) waits, then finds it complete, instead of replacing the folder
+    # under the first one's readers.
+    with open(dest.parent / f".{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / ".complete").exists():
+            return package
+        wheel = download_wheel(version)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent))
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                members = [n for n in zf.namelist() if n.startswith("sglang/")]
+                zf.extractall(tmp, members)
+            (tmp / ".complete").write_text(wheel.name)
+            if dest.exists():  # an extraction a kill cut short
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     return package
 
 

@@ -21,6 +21,7 @@ writer, ``get_mla_metadata`` and the FlashMLA kernel replaced by recorders.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import SimpleNamespace as NS
 from unittest import mock
 
@@ -36,6 +37,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree  # noqa: E402
+from patchkit.tree import find_tree  # noqa: E402
 
 PATCH = "flashmla-spec-v2"
 MODULE = "sglang.srt.layers.attention.flashmla_backend"
@@ -385,8 +387,12 @@ def test_no_mask_off_the_target(fm, kwargs):
 
 def test_worker_sizes_nothing_from_seq_lens_sum_with_the_mask(fm, sglang):
     """0.5.10 .. 0.5.12.post1: needs-cpu-seq-lens' guard in the worker's draft
-    step (0.5.13+ upstream's own) uses the mask as is."""
-    rt = pytest.importorskip("sglang.srt._patchkit.runtime")
+    step uses the mask as is. 0.5.13+: the worker is upstream's own, so the
+    tree carries no scheduler runtime of ours (nothing of ours sizes the mask)."""
+    if find_tree(sglang.__path__[0]).version != "0.5.12.post1":  # 0.5.15: the worker is upstream's
+        assert importlib.util.find_spec("sglang.srt._patchkit.runtime") is None
+        return
+    rt = importlib.import_module("sglang.srt._patchkit.runtime")
     target = with_graph_state(fm, backend(fm))
     mask, _ = target.get_verify_buffers_to_fill_after_draft()
     assert rt.tree_mask_seq_lens_sum(None, mask, SEQ_LENS, target) == 0
