@@ -64,16 +64,12 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def remove_temp_files(path: Path) -> int:
+def remove_temp_files(path: Path) -> None:
     """Remove the temp files a killed ``atomic_write`` of ``path`` left beside
-    it (they hold bytes patchkit was writing, never the user's); how many."""
-    removed = 0
+    it (they hold bytes patchkit was writing, never the user's)."""
     with contextlib.suppress(OSError):
         for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{TEMP_SUFFIX}"):
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-                removed += 1
-    return removed
+            tmp.unlink(missing_ok=True)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -7,18 +7,20 @@ subprocesses at random moments.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
 from support import PRIMARY, pristine_snapshot, snapshot
-from patchkit import registry
-from patchkit.state import Store
+from patchkit import registry, vendoring
+from patchkit.state import TEMP_SUFFIX, Store
 
 pytestmark = pytest.mark.trees
 
@@ -106,11 +108,6 @@ def test_killed_at_every_point_is_finished_or_rolled_back(make_tree, patched_ref
 def test_a_kill_inside_a_files_write_leaves_no_temp_file(make_tree, patched_reference, settle):
     """SIGKILL between a file's temp write and its rename leaves the temp file
     beside it (what CI once caught at a random moment); settling removes it."""
-    import json
-    import tempfile
-
-    from patchkit.state import TEMP_SUFFIX
-
     tree = make_tree(PRIMARY)
     assert run(tree, "apply", env={"PATCHKIT_TEST_CRASH_AT": "file:1"}).returncode == 137
     second = json.loads((tree / ".patchkit" / "journal.json").read_text())["files"][1]["file"]
@@ -125,10 +122,6 @@ def test_a_kill_inside_a_removal_leaves_no_empty_folder(make_tree, patched_refer
     """SIGKILL after a revert unlinked a runtime file but before it removed
     the folder: finishing the revert removes the folder too, so a later apply
     does not find a runtime folder that patchkit did not write."""
-    import json
-
-    from patchkit import vendoring
-
     tree = make_tree(PRIMARY)
     assert run(tree, "apply").returncode == 0
     assert run(tree, "revert", env={"PATCHKIT_TEST_CRASH_AT": "file:1"}).returncode == 137

@@ -93,12 +93,11 @@ def test_cold_and_warm_apply_under_drift(tmp_path, cache_dir, monkeypatch):
     applied and verified by tests/test_forks.py; here the question is only
     whether the cache and the workers give the serial engine's bytes."""
     pytest.importorskip("black")
-    name = "everything"
     files = sorted({f for p in registry.all_patches() for f in p.files})
     trees = []
     for label in ("serial", "cold", "warm"):
         tree = copy_tree(PRIMARY, tmp_path / label)
-        drift(tree, files, name)
+        drift(tree, files, "everything")
         trees.append(tree)
     serial, cold, warm = trees
     with monkeypatch.context() as patch:
