@@ -18,7 +18,7 @@ runner (:class:`Switch`) writes the file and waits for an answer from every
 scheduler (one per TP rank). It only switches between generate calls, when no
 batch is in flight.
 
-:func:`abba`, :func:`paired_interval` and :func:`summarise` are pure and
+:func:`abba`, :func:`paired_interval`, :func:`median_interval` and :func:`summarise` are pure and
 unit-tested on CPU.
 """
 
@@ -161,38 +161,63 @@ def paired_interval(samples: Sequence[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def summarise(pairs: Sequence[tuple[float, float]], steps: Sequence[int]) -> dict:
-    """From ``(kept_s, dropped_s)`` per alternation and the decode steps of each
-    generate call: the per-step times, their paired difference and the ratio
-    dropped / kept, each with its 95 % interval (the ratio's from the mean of
-    per-pair log ratios)."""
+def median_interval(samples: Sequence[float]) -> tuple[float, float, float]:
+    """(median, low, high): the distribution-free 95 % interval of the median (sign
+    test: order statistics ``k`` and ``n - k + 1``). A call the host stalled in
+    (tens of percent slower, either arm) moves it far less than the mean."""
+    xs = sorted(samples)
+    n = len(xs)
+    if n < 6:
+        raise ValueError("need at least six samples for a 95 % interval of the median")
+    # the largest k with P(Binomial(n, 1/2) <= k - 1) <= 0.025
+    k, tail = 0, 0.0
+    while True:
+        nxt = tail + math.comb(n, k) / 2 ** n
+        if nxt > 0.025:
+            break
+        tail, k = nxt, k + 1
+    return statistics.median(xs), xs[max(k - 1, 0)], xs[n - max(k, 1)]
+
+
+def summarise(pairs: Sequence[tuple[float, float]], steps: float) -> dict:
+    """From ``(kept_s, dropped_s)`` per alternation and the decode steps of one
+    generate call (the same in every call: the work is identical): the per-step
+    times, their paired difference and the ratio dropped / kept, each with its
+    95 % interval (Student's t over the pairs; the ratio's from the mean of the
+    per-pair log ratios), and the median ratio with its distribution-free interval."""
     if len(pairs) < 2:
         raise ValueError("need at least two alternations")
-    per_step = [(k / s, d / s) for (k, d), s in zip(pairs, steps)]
-    diff = paired_interval([(k - d) * 1000.0 for k, d in per_step])
-    logr = paired_interval([math.log(d / k) for k, d in per_step])
+    ratios = [d / k for k, d in pairs]
+    diff = paired_interval([(k - d) * 1000.0 / steps for k, d in pairs])
+    logr = paired_interval([math.log(r) for r in ratios])
     return {
         "pairs": len(pairs),
-        "steps": statistics.median(steps),
-        "kept_ms_per_step": statistics.fmean(k for k, _ in per_step) * 1000.0,
-        "dropped_ms_per_step": statistics.fmean(d for _, d in per_step) * 1000.0,
+        "steps": steps,
+        "kept_ms_per_step": statistics.fmean(k for k, _ in pairs) * 1000.0 / steps,
+        "dropped_ms_per_step": statistics.fmean(d for _, d in pairs) * 1000.0 / steps,
         "saved_ms_per_step": diff,
         "ratio": tuple(math.exp(x) for x in logr),
+        "median_ratio": median_interval(ratios) if len(ratios) >= 6 else None,
     }
 
 
 def summary_of_calls(calls: Sequence[dict]) -> dict:
     """:func:`summarise` over the runner's recorded calls (consecutive calls form a
     pair, as :func:`abba` orders them), plus the checks that make the comparison
-    fair: each arm's ``prepare_for_decode`` syncs per step (kept ~1, dropped 0),
-    identical outputs in every call, the same number of steps in both arms."""
-    pairs, steps = [], []
+    fair: each arm's ``prepare_for_decode`` syncs per step (kept ~1, dropped 0) and
+    identical outputs in every call.
+
+    The steps of one call are the mean over all calls: every call does the same
+    work, and a sync counter's last flush can land after the runner's snapshot,
+    moving a few steps from one call to the next (2026-11-24's first round); the
+    total is exact."""
+    pairs = []
     for a, b in zip(calls[0::2], calls[1::2]):
         kept, dropped = (a, b) if a["arm"] == KEPT else (b, a)
         if {kept["arm"], dropped["arm"]} != {KEPT, DROPPED}:
             raise ValueError("calls are not in kept/dropped pairs")
         pairs.append((kept["elapsed_s"], dropped["elapsed_s"]))
-        steps.append(max(kept["decode_steps"], 1))
+    steps = max(sum(c["decode_steps"] for c in calls) / len(calls), 1.0)
     out = summarise(pairs, steps)
 
     def per_step(arm: str) -> Optional[float]:
@@ -201,7 +226,6 @@ def summary_of_calls(calls: Sequence[dict]) -> dict:
         return sum(c["prepare_syncs"] for c in mine) / total if total else None
 
     out["prepare_syncs_per_step"] = {KEPT: per_step(KEPT), DROPPED: per_step(DROPPED)}
-    out["same_steps"] = len({c["decode_steps"] for c in calls}) == 1
     out["identical_outputs"] = all(c["same_output"] for c in calls)
     accepts = [c["accept_length"] for c in calls if c.get("accept_length")]
     out["accept_length"] = statistics.fmean(accepts) if accepts else None

@@ -77,6 +77,22 @@ def _sync_table(sync_dir: str | None, wait: float = 1.5) -> dict:
     return syncs.aggregate(syncs.read_dir(sync_dir))
 
 
+def _settled_table(sync_dir: str | None, period: float = 0.05, limit: float = 3.0) -> dict:
+    """The sync table once no process's counts move any more (two reads ``period``
+    apart agree): after a generate call the schedulers are idle, so this is that
+    call's last count, not one a late flush would carry into the next call."""
+    if not sync_dir:
+        return {}
+    deadline = time.monotonic() + limit
+    last = _sync_table(sync_dir, wait=period)
+    while time.monotonic() < deadline:
+        now = _sync_table(sync_dir, wait=2 * period)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 def _call(engine, requests) -> dict:
     t = time.perf_counter()
     outs = workloads.generate(engine, requests)
@@ -86,7 +102,14 @@ def _call(engine, requests) -> dict:
         "completion_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
         "verify_ct": sum(o["meta_info"].get("spec_verify_ct", 0) or 0 for o in outs),
         "output_ids": [list(o["output_ids"]) for o in outs],
+        "accept_per_request": [_accept(o) for o in outs],
     }
+
+
+def _accept(out: dict) -> float | None:
+    """Tokens per verify step of one request (None without speculative decoding)."""
+    verify = out["meta_info"].get("spec_verify_ct") or 0
+    return round(out["meta_info"]["completion_tokens"] / verify, 3) if verify else None
 
 
 def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
@@ -107,6 +130,7 @@ def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
         "accept_length": (sum(c["completion_tokens"] for c in calls) / verify) if verify else None,
         "deterministic": all(c["output_ids"] == calls[0]["output_ids"] for c in calls),
         "output_ids": calls[0]["output_ids"],
+        "accept_per_request": calls[0]["accept_per_request"],
         "syncs": syncs.syncs_only(timed),
         "decode_steps": syncs.calls_of(timed, "prepare_for_decode"),
         "ranks": ranks.batch_per_rank(ranks.read(sync_dir), before_ranks),
@@ -123,7 +147,7 @@ def alternated_runs(engine, requests, pairs: int, sync_dir: str | None,
     for arm in order:
         switch.set(arm)
         call = _call(engine, requests)
-        after = _sync_table(sync_dir, wait=0.15)
+        after = _settled_table(sync_dir)
         timed = syncs.delta(after, table)
         table = after
         steps = syncs.calls_of(timed, "prepare_for_decode")

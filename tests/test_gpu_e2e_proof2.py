@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from gpu_e2e import mirror_control, orchestrate, report, workloads
+from gpu_e2e import accept_probe, mirror_control, orchestrate, report, workloads
 from gpu_e2e.bundle import repo_root
 
 RECORDED = repo_root() / "docs" / "gpu-e2e"
@@ -115,6 +115,16 @@ def test_paired_interval_on_recorded_like_samples():
         mirror_control.t95(0)
 
 
+def test_median_interval_is_the_sign_test_order_statistics():
+    # n = 20: P(B <= 5) = 0.021 <= 0.025 < P(B <= 6), so the 6th and 15th smallest
+    med, lo, hi = mirror_control.median_interval([float(x) for x in range(20, 0, -1)])
+    assert (med, lo, hi) == (10.5, 6.0, 15.0)
+    # one stalled call moves the median's interval by at most one rank
+    assert mirror_control.median_interval([1.0] * 19 + [50.0]) == (1.0, 1.0, 1.0)
+    with pytest.raises(ValueError):
+        mirror_control.median_interval([1.0] * 5)
+
+
 def _calls(kept_s: float, dropped_s: float, pairs: int = 20, noise: float = 0.002):
     calls = []
     for i, arm in enumerate(mirror_control.abba(pairs)):
@@ -127,7 +137,7 @@ def _calls(kept_s: float, dropped_s: float, pairs: int = 20, noise: float = 0.00
 
 def test_summary_of_alternated_calls():
     s = mirror_control.summary_of_calls(_calls(1.03, 1.00))
-    assert s["pairs"] == 20 and s["steps"] == 100 and s["same_steps"] and s["identical_outputs"]
+    assert s["pairs"] == 20 and s["steps"] == 100 and s["identical_outputs"]
     assert s["prepare_syncs_per_step"] == {"kept": 1.0, "dropped": 0.0}
     d, lo, hi = s["saved_ms_per_step"]
     assert math.isclose(d, 0.3, abs_tol=0.02) and lo < d < hi and lo > 0
@@ -135,6 +145,12 @@ def test_summary_of_alternated_calls():
     assert qlo < q < qhi < 1 and math.isclose(q, 1.0 / 1.03, rel_tol=0.01)
     same = mirror_control.summary_of_calls(_calls(1.0, 1.0))
     assert same["ratio"][1] < 1 < same["ratio"][2]  # no effect: the interval holds 1
+    m, mlo, mhi = s["median_ratio"]
+    assert mlo <= m <= mhi < 1
+    leaky = _calls(1.03, 1.00)  # a late flush moved 7 steps (and syncs) into the next call
+    leaky[0].update(decode_steps=93, prepare_syncs=93)
+    leaky[1].update(decode_steps=107, prepare_syncs=7)
+    assert mirror_control.summary_of_calls(leaky)["steps"] == 100  # each call's share of the total
     broken = _calls(1.0, 1.0)
     broken[1]["arm"] = "kept"
     with pytest.raises(ValueError, match="pairs"):
@@ -249,3 +265,14 @@ def test_host_waits_on_the_device_are_counted_by_site(monkeypatch):
     counts = dict(syncs._counts)
     assert counts["wait|sglang/srt/managers/schedule_batch.py:maybe_wait_verify_done:2"] == 1
     assert sum(counts.values()) == 2 and syncs.syncs_only(counts) == counts
+
+
+def test_accept_probe_tells_a_request_bound_acceptance_from_a_batch_size_one():
+    alone = {"P1[0]": (1.01, [5, 6]), "P32[1]": (4.0, [7, 8]), "P32[0]": (2.0, [9])}
+    same = accept_probe.summarise(alone, dict(alone))
+    assert same["request_bound"] and same["accepting_alone"] == 1
+    assert [r["prompt"] for r in same["rows"]] == ["P1[0]", "P32[0]", "P32[1]"]
+    moved = accept_probe.summarise(alone, {**alone, "P1[0]": (4.0, [5, 6])})
+    assert not moved["request_bound"]
+    assert moved["rows"][0] == {"prompt": "P1[0]", "alone": 1.01, "batched": 4.0,
+                                "same_output": True, "same_accept": False}
