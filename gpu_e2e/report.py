@@ -285,11 +285,22 @@ def traffic_rows(results: list[Mapping], workload: str = "mixed") -> list[dict]:
 
 
 def traffic_gaps(row: Mapping) -> list[str]:
-    """Sites the patched tree syncs at and upstream does not (empty: the tables agree)."""
+    """Sites the patched tree syncs at and upstream does not (empty: the tables agree).
+
+    A site matches by its kind and function, not its file: 0.5.13 moved
+    ``process_batch_result_decode`` from ``scheduler_output_processor_mixin.py`` to
+    ``scheduler_components/batch_result_processor.py``, the same wait."""
     v = row["variants"]
     if "patched" not in v or "upstream" not in v:
         return []
-    return sorted(s for s, n in v["patched"]["per_step"].items() if n and s not in v["upstream"]["per_step"])
+    upstream = {_kind_and_function(s) for s, n in v["upstream"]["per_step"].items() if n}
+    return sorted(s for s, n in v["patched"]["per_step"].items() if n and _kind_and_function(s) not in upstream)
+
+
+def _kind_and_function(site: str) -> tuple[str, str]:
+    """``"wait path/x.py:func"`` -> ``("wait", "func")``."""
+    kind, _, where = site.partition(" ")
+    return kind, where.rsplit(":", 1)[-1]
 
 
 def traffic_markdown(rows: list[dict]) -> str:
