@@ -26,6 +26,7 @@ from pathlib import Path
 
 from . import workloads
 from .models import SIZES, write_models
+from .runner import accept_of, engine_kwargs
 
 
 def summarise(alone: dict[str, tuple[float, list[int]]],
@@ -51,18 +52,10 @@ def _order(name: str) -> tuple:
 
 
 def _run(engine, requests) -> list[tuple[float | None, list[int]]]:
-    outs = workloads.generate(engine, requests)
-    got = []
-    for o in outs:
-        verify = o["meta_info"].get("spec_verify_ct") or 0
-        acc = round(o["meta_info"]["completion_tokens"] / verify, 3) if verify else None
-        got.append((acc, list(o["output_ids"])))
-    return got
+    return [(accept_of(o), list(o["output_ids"])) for o in workloads.generate(engine, requests)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .runner import engine_kwargs
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--max-new-tokens", type=int, default=128)

@@ -102,11 +102,11 @@ def _call(engine, requests) -> dict:
         "completion_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
         "verify_ct": sum(o["meta_info"].get("spec_verify_ct", 0) or 0 for o in outs),
         "output_ids": [list(o["output_ids"]) for o in outs],
-        "accept_per_request": [_accept(o) for o in outs],
+        "accept_per_request": [accept_of(o) for o in outs],
     }
 
 
-def _accept(out: dict) -> float | None:
+def accept_of(out: dict) -> float | None:
     """Tokens per verify step of one request (None without speculative decoding)."""
     verify = out["meta_info"].get("spec_verify_ct") or 0
     return round(out["meta_info"]["completion_tokens"] / verify, 3) if verify else None
