@@ -139,6 +139,9 @@ def main(ctx: click.Context, quiet: bool, verbose: bool, patch_dirs: tuple[str, 
     registry.reset()
     registry.use_folders(patch_dirs, "--patches")
     registry.use_pyproject(Path.cwd())
+    # A caller that runs commands in-process (tests, a Python host) gets the
+    # registry back as it was: the next library call sees no set a command named.
+    ctx.call_on_close(registry.reset)
     # SIGTERM ends a run like Ctrl-C does (exit 143, not a bare kill); inside
     # a transaction both wait for its end (patchkit.state.held_signals).
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import vendoring
+from patchkit import registry, vendoring
 from support import PRIMARY, pristine_snapshot, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +113,13 @@ def test_installed_entry_point(make_tree, tmp_path):
     # The same set named as a folder too: one id, two places.
     twice = patchkit("--patches", SET, "list")
     assert twice.returncode == 2 and "defined twice" in twice.stderr and twice.stderr.count("\n") == 1
+
+
+def test_a_command_leaves_no_set_loaded_behind(cli):
+    """In-process commands (tests, a Python host) give the registry back: a later
+    library call (``matrix.run_matrix``, say) sees only patchkit's own set."""
+    assert PATCH in cli("--patches", SET, "list").output
+    assert PATCH not in {p.id for p in registry.all_patches()}
 
 
 def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path):
