@@ -176,7 +176,7 @@ def median_interval(samples: Sequence[float]) -> tuple[float, float, float]:
         if nxt > 0.025:
             break
         tail, k = nxt, k + 1
-    return statistics.median(xs), xs[max(k - 1, 0)], xs[n - max(k, 1)]
+    return statistics.median(xs), xs[k - 1], xs[n - k]  # k >= 1 once n >= 6
 
 
 def summarise(pairs: Sequence[tuple[float, float]], steps: float) -> dict:
