@@ -227,6 +227,30 @@ def test_metrics_reads_guarded_by_the_fork_are_left_alone(release, form):
         assert after == forked
 
 
+def fork_dropped_metric_reads(text: str) -> str:
+    """The decode metrics no longer read the mirror: the fork sums the
+    requests' own lengths (what decode_total_seq_lens does without it)."""
+    text, count = DECODE_SUM.subn(r"\1self.stats.decode_sum_seq_lens = sum(req.seqlen for req in batch.reqs)" "\n", text)
+    assert count == 1
+    text, count = TOTAL_CONTEXT.subn(r"\1total_context = float(sum(req.seqlen for req in batch.reqs))" "\n", text)
+    assert count == 1
+    return text
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_metrics_reads_the_fork_removed_are_its_own_change_not_a_missing_anchor(release):
+    import libcst as cst
+    from libcst.codemod import CodemodContext
+
+    forked = fork_dropped_metric_reads((fetch_tree(release) / METRICS).read_text())
+    for codemod, method in ((guards.GuardDecodePerfMetrics, "_estimate_decode_perf"), (guards.GuardDecodeStats, "report_decode_stats")):
+        finding = codemod(CodemodContext(filename=METRICS)).detect(cst.parse_module(forked))
+        line = next(i for i, t in enumerate(forked.splitlines(), 1) if t.strip().startswith(f"def {method}("))
+        assert finding.state is State.SUPERSEDED and finding.by_tree, finding
+        assert finding.detail == f"this tree reads no CPU seq_lens mirror here ({METRICS}:{line}); patchkit has nothing to guard"
+        assert run(codemod, forked) == (State.SUPERSEDED, forked, State.SUPERSEDED)
+
+
 def test_an_unguarded_read_in_a_shape_no_codemod_knows_names_file_line_and_shape():
     import libcst as cst
     from libcst.codemod import CodemodContext

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.base import Guard, MethodGuards
+from patchkit.codemods.base import Finding, Guard, MethodGuards, State
 from patchkit.codemods.primitives import ANY, attr, call, none_test, plus, save
 from patchkit.vendoring import import_path
 
@@ -265,21 +266,38 @@ class GuardTritonDraftTemplate(MirrorGuards):
 MIRROR_TOTAL = m.Call(func=attr("item", m.Call(func=attr("sum", attr("seq_lens_cpu", save(ANY, "BATCH"))))))
 
 
-class GuardDecodePerfMetrics(MirrorGuards):
+class MetricsGuards(MirrorGuards):
+    """A metrics method may stop reading the mirror in a fork (it sums
+    ``req.seqlen`` itself, say): nothing is left to guard there, which is the
+    tree's own change, said as a note (as ``GateDecodeSync`` says of a fork
+    that dropped the sync), not a missing anchor."""
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        finding = super().detect_in_method(fn)
+        if finding.state is State.MISSING and not self._value_reads(fn):
+            return Finding.superseded(
+                self.anchor_of(fn),
+                f"this tree reads no CPU seq_lens mirror here ({self.where(fn)}); patchkit has nothing to guard",
+                by_tree=True,
+            )
+        return finding
+
+
+class GuardDecodePerfMetrics(MetricsGuards):
     DESCRIPTION = "SchedulerMetricsMixin._estimate_decode_perf: seq_lens_cpu.sum() -> decode_total_seq_lens (sum of req.seqlen without the mirror)"
     CLASS = "SchedulerMetricsMixin"
     METHOD = "_estimate_decode_perf"
     GUARDS = (Guard(MIRROR_TOTAL, "decode_total_seq_lens(BATCH)", "decode_total_seq_lens"),)
 
 
-class GuardDecodeStats(MirrorGuards):
+class GuardDecodeStats(MetricsGuards):
     DESCRIPTION = "SchedulerMetricsMixin.report_decode_stats: decode_sum_seq_lens = seq_lens_cpu.sum().item() -> decode_total_seq_lens"
     CLASS = "SchedulerMetricsMixin"
     METHOD = "report_decode_stats"
     GUARDS = (Guard(MIRROR_TOTAL, "decode_total_seq_lens(BATCH)", "decode_total_seq_lens"),)
 
 
-class GuardScheduledRequestMetrics(MirrorGuards):
+class GuardScheduledRequestMetrics(MetricsGuards):
     DESCRIPTION = "SchedulerMetricsMixin._build_scheduled_request_metrics: for sl in seq_lens_cpu -> decode_seq_lens"
     CLASS = "SchedulerMetricsMixin"
     METHOD = "_build_scheduled_request_metrics"
