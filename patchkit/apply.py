@@ -49,6 +49,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         new = session.transform(rel, old, session.codemods_for(rel, plan.todo))
         if new != old:
             outcome.changed[rel] = (old, new)
+    outcome.messages.extend(session.notes)  # vendor code replaced on purpose, or its check skipped
     record = _record(session, plan, outcome)
     if record.applied:
         if mode != session.runtime_mode and session.record.applied:

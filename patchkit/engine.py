@@ -123,6 +123,8 @@ class Session:
         self.transform_cache = TransformCache.default()
         self._prepared: dict[str, tuple[str, Entry]] = {}  # rel -> (sha256 of its source, entry)
         self.last_transformed: list[str] = []  # codemods the last transform() ran, in order
+        self.notes: list[str] = []  # what transforms report (vendor code replaced on purpose, a check skipped)
+        self._pristine: dict[str, Optional[bytes]] = {}
 
     # -- reading ---------------------------------------------------------------
 
@@ -276,12 +278,29 @@ class Session:
         classes = [registry.load_codemod(codemod) for codemod in codemods]
         # `status` already detected (and cached) each finding for the bytes on disk: don't detect twice.
         known = [self.detect(rel, c) for c in classes] if on_disk else []
-        result = transform.run(rel, self.tree.path(rel), module, classes, known)
+        result = transform.run(rel, self.tree.path(rel), module, classes, known, source, self.pristine(rel))
+        for line in result.notes:
+            self._note(line)
         digest = sha256(result.new)
         for name, finding in result.after.items():
             self._remember(f"{name}|{digest}", finding)
         self.last_transformed = result.transformed
         return result.new
+
+    def pristine(self, rel: str) -> Optional[bytes]:
+        """``rel`` as the tree's release ships it, located (never downloaded)
+        before any transform, for the vendor-code check (``patchkit.vendor_code``)."""
+        if rel not in self._pristine:
+            from patchkit import vendor_code
+
+            self._pristine[rel] = data = vendor_code.pristine_source(self.tree.version, rel)
+            if data is None and vendor_code.is_release(self.tree.version):
+                self._note(vendor_code.release_note(self.tree.version))
+        return self._pristine[rel]
+
+    def _note(self, line: str) -> None:
+        if line not in self.notes:
+            self.notes.append(line)
 
     def codemods_for(self, rel: str, patches: Iterable[Patch]) -> list["CodemodRef"]:
         """The codemods (classes or ``module:Class`` references, imported when
@@ -310,7 +329,7 @@ class Session:
             known = [self._cache.get(f"{registry.codemod_name(r)}|{digest}") for g in groups for r in g]
             if any(k is None or k[0] == State.TODO.value for k in known):
                 need[rel] = groups
-        jobs = {rel: (self.tree.path(rel), self.read(rel), groups) for rel, groups in need.items()}
+        jobs = {rel: (self.tree.path(rel), self.read(rel), groups, self.pristine(rel)) for rel, groups in need.items()}
         for rel, entry in parallel.prepare(jobs, self.transform_cache).items():
             digest = sha256(self.read(rel))
             for name, finding in entry.before.items():
@@ -337,6 +356,8 @@ class Session:
         if not set(names) <= ran or [n for n in names if n in entry.transformed] != list(entry.transformed):
             return None
         self.last_transformed = list(entry.transformed)
+        for line in entry.notes:
+            self._note(line)
         return entry.new
 
     # -- diff ------------------------------------------------------------------

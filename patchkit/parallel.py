@@ -27,8 +27,9 @@ from typing import Iterator, Optional, Sequence
 from patchkit.state import sha256
 from patchkit.transform_cache import Entry, TransformCache, cacheable
 
-# A file to prepare: its path (for messages), bytes and codemod refs grouped by patch.
-Job = tuple[Path, bytes, Sequence[Sequence]]
+# A file to prepare: its path (for messages), bytes, codemod refs grouped by
+# patch, and the release's bytes of it (None: unknown; the vendor-code check).
+Job = tuple[Path, bytes, Sequence[Sequence], Optional[bytes]]
 
 # The jobs the forked workers compute (set in the parent just before the pool
 # forks; each worker has its own copy-on-write copy of them).
@@ -55,7 +56,7 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
     from patchkit.errors import PatchkitError
     from patchkit.findings import State
 
-    path, source, groups = job
+    path, source, groups, pristine = job
     try:
         module = None
 
@@ -75,12 +76,13 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
             refs = [r for i in effective for r in groups[i]]
             try:
                 result = transform.run(rel, path, parsed(), [registry.load_codemod(r) for r in refs],
-                                       [found[registry.codemod_name(r)] for r in refs])
+                                       [found[registry.codemod_name(r)] for r in refs], source, pristine)
             except PatchkitError:
                 return entry  # no usable transform: the serial path raises it
             entry.new = result.new
             entry.after = {n: f.as_list() for n, f in result.after.items()}
             entry.transformed = tuple(result.transformed)
+            entry.notes = tuple(result.notes)
         return entry
     except Exception:  # noqa: BLE001 - a worker never decides an error; the serial path does
         return None
@@ -114,10 +116,12 @@ def prepare(jobs: dict[str, Job], cache: TransformCache) -> dict[str, Entry]:
 
     out: dict[str, Entry] = {}
     todo: list[tuple[str, Optional[str]]] = []
-    for rel, (_, source, groups) in jobs.items():
+    for rel, (_, source, groups, pristine) in jobs.items():
         key = None
         if cache.enabled and cacheable([r for g in groups for r in g]):
-            key = cache.key(sha256(source), [[registry.codemod_name(r) for r in g] for g in groups])
+            # The vendor-code check's verdict depends on the release's bytes too.
+            digest = sha256(source) if pristine in (None, source) else f"{sha256(source)}+{sha256(pristine)}"
+            key = cache.key(digest, [[registry.codemod_name(r) for r in g] for g in groups])
             entry = cache.get(key)
             if entry is not None:
                 out[rel] = entry

@@ -53,15 +53,19 @@ class Transformed:
     new: bytes
     after: dict[str, Finding]  # codemod name -> its finding on ``new`` (the postcondition)
     transformed: list[str] = field(default_factory=list)  # codemods that changed the file, in order
+    notes: list[str] = field(default_factory=list)  # vendor code a codemod replaces on purpose (one line each)
 
 
 def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["PatchCodemod"]],
-        known: Sequence[Optional[Finding]] = ()) -> Transformed:
+        known: Sequence[Optional[Finding]] = (), source: Optional[bytes] = None,
+        pristine: Optional[bytes] = None) -> Transformed:
     """Run ``codemods`` over ``module`` (the file ``rel``); each one that
     finds its change still to do makes it, and every one must find it done
     (or superseded) on the result, which must compile. ``known``: findings
     already detected on ``module`` as given (None: detect here); they hold
-    only until a codemod changes the tree."""
+    only until a codemod changes the tree. ``source``: ``module``'s bytes;
+    ``pristine``: the file as the tree's release ships it (None: unknown):
+    given both, code the vendor added must survive (``patchkit.vendor_code``)."""
     from libcst.codemod import CodemodContext
 
     from patchkit.codemods.primitives import add_needed_imports
@@ -69,6 +73,7 @@ def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["Pat
     context = CodemodContext(filename=rel)
     instances = [codemod(context) for codemod in codemods]
     transformed: list[str] = []
+    original = module
     for i, inst in enumerate(instances):
         finding = known[i] if i < len(known) and known[i] is not None and not transformed else inst.detect(module)
         if finding.state is State.MISSING:
@@ -86,8 +91,20 @@ def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["Pat
                 f"{path}: {inst.name()} did not reach its postcondition ({finding.anchor}: {finding.detail})"
             )
         after[inst.name()] = finding
+    check = pristine is not None and source is not None and source != pristine and bool(transformed)
     try:
-        compile(new, str(path), "exec", dont_inherit=True)
+        if check:  # one parse: the tree serves the vendor-code check too
+            import ast
+
+            tree = ast.parse(new, str(path))
+            compile(tree, str(path), "exec", dont_inherit=True)
+        else:
+            compile(new, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:  # a codemod bug, never the user's input
         raise PatchkitError(f"{path}:{exc.lineno}: patched code does not compile: {exc.msg}") from None
-    return Transformed(new, after, transformed)
+    notes: list[str] = []
+    if check:
+        from patchkit import vendor_code
+
+        notes = vendor_code.check(path, source, pristine, new, tree, original, instances, transformed)
+    return Transformed(new, after, transformed, notes)

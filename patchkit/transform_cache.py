@@ -59,6 +59,7 @@ class Entry:
     new: Optional[bytes] = None
     after: Optional[Findings] = None
     transformed: tuple[str, ...] = ()  # the codemods that changed the file, in order
+    notes: tuple[str, ...] = ()  # vendor code replaced on purpose (patchkit.vendor_code)
 
 
 def default_folder() -> Optional[Path]:
@@ -128,7 +129,7 @@ class TransformCache:
                 return None
             has_new = meta["has_new"]
             entry = Entry(meta["before"], meta["groups"], payload if has_new else None, meta["after"],
-                          tuple(meta["transformed"]))
+                          tuple(meta["transformed"]), tuple(meta.get("notes", ())))
             if not isinstance(entry.before, dict) or (has_new and not isinstance(entry.after, dict)):
                 return None
             return entry
@@ -147,6 +148,7 @@ class TransformCache:
             "has_new": entry.new is not None,
             "after": entry.after,
             "transformed": list(entry.transformed),
+            "notes": list(entry.notes),
             "length": len(payload),
         }
         meta["sha256"] = _checksum(meta, payload)

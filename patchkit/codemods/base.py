@@ -29,6 +29,10 @@ class PatchCodemod(Codemod):
     # Cheap pre-filter: if the file's bytes lack any of these, the anchor cannot
     # be there and the codemod reports MISSING without a parse.
     REQUIRED_TEXT: ClassVar[tuple[str, ...]] = ()
+    # Vendor code this codemod replaces on purpose: (pattern, why) pairs; a
+    # vendor token it removes (``patchkit.vendor_code``) that matches a pattern
+    # (the token, or a search in its line) is reported in one line, not refused.
+    REPLACES_VENDOR: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __init__(self, context: Optional[CodemodContext] = None) -> None:
         super().__init__(context or CodemodContext())
