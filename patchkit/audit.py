@@ -1,27 +1,42 @@
-"""``patchkit audit``: every read of the CPU seq_lens mirror on the spec-v2
-paths of a tree, classified.
+"""``patchkit audit``: every read of the CPU seq_lens mirror in a tree, classified.
 
 Once needs-cpu-seq-lens lets spec-v2 decode drop the mirror, ``seq_lens_cpu`` /
 ``seq_lens_sum`` are None on those paths, and the CUDA-graph runners' CPU
 ``seq_lens_cpu`` buffers (filled from the mirror) are no longer refreshed. A
 read that nobody guards then reads None (a crash) or old numbers (silently
 wrong, e.g. profiling labels). Vendor forks add such reads where no patch
-knows about them; this finds them on any tree (pristine, patched, fork).
+knows about them (their own attention backends, spec-decoding workers,
+models); this finds them on any tree (pristine, patched, fork).
 
-Each read gets one verdict:
+The audit walks every module under ``srt/`` whose bytes name the mirror
+(a text pre-filter: the rest is never parsed), and reads each with ``ast``
+(patchkit/audit_ast.py). Attention backends are known by inheritance across
+the tree: classes deriving, by name, from ``AttentionBackend``, and wrappers
+that build them (a multi-step draft backend). Each read gets one verdict:
 
 * ``guarded``: only reached when the value is not None (the tree's own None
   test in any form: ``if x is not None:``, ``if x is None: return``,
   ``x is not None and ...``, a conditional expression, an early ``continue``);
 * ``patched``: handled by a patch (the argument of a patchkit runtime helper,
   or the branch where ``needs_cpu_seq_lens()`` is True);
-* ``safe``: cannot see a dropped mirror (a plain copy or hand-off of the value,
-  whose readers are audited where they read it; set a few lines above; a code
-  path where the mirror always exists, with the reason; a backend that only a
-  patch of its own opts out, e.g. FlashMLA, while its class has not opted out);
-* ``unguarded``: reads None once the mirror is dropped;
+* ``safe``: cannot see a dropped mirror: in a backend that keeps it (its class
+  or an ancestor does not opt out, and it builds no backend that does: the
+  decision keeps the mirror whenever it runs); a plain copy or hand-off of the
+  value, whose readers are audited where they read it; set a few lines above;
+  a code path where the mirror always exists, with the reason; or the
+  release's own code off the spec-v2 paths (``origin`` "release", outside
+  MODULES: read as sglang ships it, which the patches were written against);
+* ``unguarded``: reads None once the mirror is dropped: in a backend that
+  opts out (or may: a property), a wrapper that builds one, or code outside
+  the backends (workers, models, helpers run beside whatever backend is
+  configured);
 * ``stale``: reads a CPU buffer that is no longer refreshed once the mirror is
   dropped.
+
+Each read also says where it comes from (``origin``): "release" when the
+sglang release the tree names ships it (same module, function and code; the
+release from patchkit's cache, never downloaded here), "vendor" when not,
+None when that release is not cached.
 
 Only parses (``ast``, fast); never imports sglang nor writes the tree.
 """
@@ -31,15 +46,21 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
+import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterable, Optional
+
+from patchkit.audit_ast import MIRROR, MIRROR_ALWAYS, OPTS_OUT_WITH, PATCH, ClassFacts, FileAudit, Read, scan
+
+__all__ = ["Audit", "Read", "audit_tree", "fingerprint", "to_json", "to_text", "vendor_line", "vendor_problems",
+           "verify_line"]
 
 AUDIT_SCHEMA = "patchkit.audit/1"
-MIRROR = ("seq_lens_cpu", "seq_lens_sum")
 VERDICTS = ("guarded", "patched", "safe", "unguarded", "stale")
 PROBLEMS = ("unguarded", "stale")
-PATCH = "needs-cpu-seq-lens"
 
 # The modules of the spec-v2 paths (scheduler -> batch -> worker -> runners ->
 # backend -> metrics), under each release's name for them.
@@ -62,46 +83,25 @@ MODULES = (
     "srt/managers/scheduler_components/metrics_reporter.py",
 )
 
-# Backends that opt out only with a patch of their own: until their class
-# declares needs_cpu_seq_lens = False, every run that uses them keeps the mirror
-# (a fork that opts one out without guarding its reads is what the audit is for).
-OPTS_OUT_WITH = {"srt/layers/attention/flashmla_backend.py": "flashmla-spec-v2"}
-
-# Functions whose reads only run where the mirror always exists.
-MIRROR_ALWAYS = {
-    "ScheduleBatch.prepare_for_decode": "after `if not self.spec_algorithm.is_none(): return` (spec v2 decodes in "
-    "EagleDraftInputV2Mixin.prepare_for_decode)",
-    "ForwardBatch._compute_mrope_positions": "mrope models only; configure_needs_cpu_seq_lens keeps the mirror for them",
-    "ForwardBatch.post_forward_mlp_sync_batch": "non-spec extend branch only (spec_info is None)",
-    "CudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
-    "EAGLEDraftCudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
-    "EAGLEDraftExtendCudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
-    "TpModelWorker.forward_batch_split_prefill": "PD-multiplexing split prefill: never speculative",
-}
-
-_EXITS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-
-
-@dataclass
-class Read:
-    file: str  # relative to the sglang package folder
-    line: int
-    column: int
-    function: str  # Class.method, or the module-level function
-    code: str
-    value: str  # seq_lens_cpu or seq_lens_sum
-    kind: str  # "mirror" (a batch's) or "buffer" (a CUDA-graph runner's CPU buffer)
-    verdict: str = ""
-    why: str = ""
-    patch: Optional[str] = None  # the patch that handles it (verdict "patched")
+# The text pre-filter: a module whose bytes name neither is never parsed.
+_NEEDLES = tuple(m.encode() for m in MIRROR)
+# Where a class is defined (the pre-filter of the inheritance walk: only the
+# modules defining a base by that name are parsed for it).
+_CLASS_RE = re.compile(rb"class[ \t]+(\w+)")  # a superset (strings, comments): ast decides
+ROOT = "AttentionBackend"
+# Opted out by needs-cpu-seq-lens itself, the patch the audit is about: the
+# audit answers "once it is applied", so these count as opted out on a
+# pristine tree too (every other backend: only once its class says so).
+OPTED_OUT_BY_PATCH = frozenset({"TritonAttnBackend", "TritonMultiStepDraftBackend"})
+SKIP = ("srt/_patchkit/",)  # patchkit's vendored runtime
 
 
 @dataclass
 class Audit:
     package: Path
-    modules: list[str] = field(default_factory=list)  # the modules found and read
+    modules: list[str] = field(default_factory=list)  # the modules that read the mirror
     reads: list[Read] = field(default_factory=list)
+    release: Optional[str] = None  # the cached pristine release the reads were compared with
 
     def count(self, verdict: str) -> int:
         return sum(r.verdict == verdict for r in self.reads)
@@ -115,321 +115,294 @@ class Audit:
         return not self.problems
 
 
-def audit_tree(package: Path) -> Audit:
-    """The audit of the sglang package folder ``package``."""
-    result = Audit(package)
-    for rel in MODULES:
-        path = package / rel
-        if not path.is_file():
+def audit_tree(package: Path, pristine: Optional[Path] = None) -> Audit:
+    """The audit of the sglang package folder ``package``; ``pristine``: the
+    release's package folder to compare with (default: the release the tree
+    names, when patchkit's cache holds it)."""
+    package = Path(package)
+    sources = _sources(package)
+    if pristine is None:
+        pristine = cached_release(package)
+    result = Audit(package, release=str(pristine) if pristine else None)
+    facts = {rel: _facts(rel, data) for rel, data in sources.items() if _reads_mirror(data)}
+    classes = _ClassIndex(sources, facts)
+    release = _Release(pristine) if pristine else None
+    for rel, fact in list(facts.items()):
+        if fact is None or not fact.reads:
             continue
-        source = path.read_text(encoding="utf-8", errors="surrogateescape")
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue  # status / verify report the file; the audit reads what parses
         result.modules.append(rel)
-        result.reads.extend(_FileAudit(rel, source, tree).reads())
+        origins = release.origins(rel, sources[rel], fact.reads) if release else [None] * len(fact.reads)
+        for read, origin in zip(fact.reads, origins):
+            result.reads.append(_combine(Read(**asdict(read)), origin, classes))
     return result
 
 
-def _runtime_helpers() -> frozenset[str]:
-    """The None-aware helpers patched code calls on the mirror (the runtime's
-    and the backends' mirror reads); both modules import the stdlib only."""
-    import patchkit.runtime as runtime
-    from patchkit.backends import mirror_reads
-
-    return frozenset(runtime.__all__) | frozenset(mirror_reads.__all__)
-
-
-class _FileAudit:
-    def __init__(self, rel: str, source: str, tree: ast.Module) -> None:
-        self.rel, self.source, self.tree = rel, source, tree
-        self.parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-        self.helpers = _runtime_helpers()
-
-    def reads(self) -> Iterator[Read]:
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Attribute) and node.attr in MIRROR and isinstance(node.ctx, ast.Load):
-                read = self._read(node)
-                if read is not None:
-                    yield read
-
-    # -- one read -------------------------------------------------------------
-
-    def _read(self, node: ast.Attribute) -> Optional[Read]:
-        function = self._function(node)
-        kind = "buffer" if self._is_buffer(node) else "mirror"
-        if kind == "buffer" and self._refreshes(node):
-            return None  # the buffer being filled, not read
-        read = Read(self.rel, node.lineno, node.col_offset, self._qualname(node), ast.get_source_segment(self.source, node) or node.attr,
-                    node.attr, kind)
-        read.verdict, read.why = self._classify(node, function, kind)
-        if read.verdict == "patched":
-            read.patch = OPTS_OUT_WITH.get(self.rel, PATCH)
+def _combine(read: Read, origin: Optional[str], classes: "_ClassIndex") -> Read:
+    """The local verdict, made with what only the whole tree knows: whether the
+    class holding the read keeps the mirror, and whether sglang ships it."""
+    read.origin = origin
+    if read.verdict != "unguarded":
         return read
-
-    def _classify(self, node: ast.Attribute, function: Optional[ast.AST], kind: str) -> tuple[str, str]:
-        scope = function or self.tree
-        found = self._handled(node, scope) or self._guard(node, scope)
-        if found:
-            return found
-        where = self._qualname(node)
-        if kind == "buffer":
-            return self._buffer_verdict(node, scope, where)
-        if where in MIRROR_ALWAYS:
-            return "safe", MIRROR_ALWAYS[where]
-        kept = self._backend_keeps_mirror(node)
-        if kept:
-            return "safe", kept
-        fresh = self._set_above(node, scope)
-        if fresh:
-            return "safe", f"set at line {fresh} above, in this function"
-        passed = self._passed_on(node, scope)
-        if passed:
-            return passed
-        return "unguarded", "reads None once the mirror is dropped"
-
-    def _handled(self, node: ast.AST, scope: ast.AST) -> Optional[tuple[str, str]]:
-        for parent, child in self._ancestors(node, scope):
-            if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in self.helpers:
-                if child is not parent.func:
-                    return "patched", f"argument of the None-aware runtime helper {parent.func.id}()"
-            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
-                in_body = child in parent.body if isinstance(parent.body, list) else child is parent.body
-                if _decision_test(parent.test) is in_body:
-                    return "patched", "in the branch where needs_cpu_seq_lens() is True"
-        return None
-
-    def _guard(self, node: ast.AST, scope: ast.AST) -> Optional[tuple[str, str]]:
-        for parent, child in self._ancestors(node, scope):
-            if isinstance(parent, ast.Compare) and child is parent.left and _none_test(parent) is not None:
-                return "guarded", "the None test itself"
-            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
-                in_body = child in parent.body if isinstance(parent.body, list) else child is parent.body
-                if _none_test(parent.test) is in_body:
-                    return "guarded", f"inside `{'if' if isinstance(parent, ast.If) else '... if'} {ast.unparse(parent.test)}`"
-            if isinstance(parent, ast.BoolOp) and child is not parent.values[0]:
-                wanted = isinstance(parent.op, ast.And)
-                before = parent.values[: parent.values.index(child)]
-                if any(_none_test(v) is wanted for v in before):
-                    return "guarded", f"right of `{ast.unparse(before[0])} {'and' if wanted else 'or'} ...`"
-            exit_ = self._early_exit_before(parent, child)
-            if exit_ is not None:
-                return "guarded", f"after `if {ast.unparse(exit_.test)}: {type(exit_.body[-1]).__name__.lower()}` (line {exit_.lineno})"
-        return None
-
-    def _early_exit_before(self, parent: ast.AST, child: ast.AST) -> Optional[ast.If]:
-        """``if x is None: return`` (continue, break, raise) earlier in the block holding ``child``."""
-        for name in ("body", "orelse", "finalbody"):
-            block = getattr(parent, name, None)
-            if isinstance(block, list) and child in block:
-                for stmt in block[: block.index(child)]:
-                    if isinstance(stmt, ast.If) and _none_test(stmt.test) is False and isinstance(stmt.body[-1], _EXITS):
-                        return stmt
-        return None
-
-    def _set_above(self, node: ast.Attribute, scope: ast.AST) -> Optional[int]:
-        """Line of an assignment of this very attribute, to something other
-        than None, earlier in a block enclosing the read (e.g. a fork's helper
-        that fills the mirror and sums it)."""
-        target = ast.unparse(node)
-        for parent, child in self._ancestors(node, scope):
-            for name in ("body", "orelse"):
-                block = getattr(parent, name, None)
-                if not (isinstance(block, list) and child in block):
-                    continue
-                for stmt in reversed(block[: block.index(child)]):
-                    if isinstance(stmt, ast.Assign) and any(ast.unparse(t) == target for t in stmt.targets):
-                        return None if _is_none(stmt.value) else stmt.lineno
-                    if self._fills_when_none(stmt, target):
-                        return stmt.lineno
-        return None
-
-    @staticmethod
-    def _fills_when_none(stmt: ast.AST, target: str) -> bool:
-        """``if x is None: x = <not None>``: after it, x is set."""
-        return (
-            isinstance(stmt, ast.If) and _none_test(stmt.test) is False and ast.unparse(stmt.test).startswith(target)
-            and any(isinstance(s, ast.Assign) and not _is_none(s.value) and any(ast.unparse(t) == target for t in s.targets)
-                    for s in stmt.body)
-        )
-
-    def _passed_on(self, node: ast.AST, scope: ast.AST) -> Optional[tuple[str, str]]:
-        """A plain copy or hand-off: the value (possibly one branch of ``a if c
-        else b``) assigned to a mirror attribute, passed as ``seq_lens_cpu=`` /
-        ``seq_lens_sum=``, or held in a local whose every use is accounted for."""
-        value, parent = node, self.parents.get(node)
-        while isinstance(parent, ast.IfExp) and value is not parent.test:
-            value, parent = parent, self.parents.get(parent)
-        if isinstance(parent, ast.keyword) and parent.arg in MIRROR and value is parent.value:
-            return "safe", f"handed on as {parent.arg}= (read where it is used)"
-        if isinstance(parent, ast.Assign) and value is parent.value:
-            targets = parent.targets
-            if all(isinstance(t, ast.Attribute) and t.attr in MIRROR for t in targets):
-                return "safe", "copied to " + ", ".join(ast.unparse(t) for t in targets) + " (read where it is used)"
-            if all(isinstance(t, ast.Name) for t in targets):
-                return self._alias(parent, scope, [t.id for t in targets])
-        return None
-
-    def _alias(self, assign: ast.Assign, scope: ast.AST, names: list[str]) -> Optional[tuple[str, str]]:
-        uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)]
-        verdicts = [self._handled(n, scope) or self._guard(n, scope) or self._passed_on(n, scope) for n in uses]
-        if uses and all(verdicts):
-            return verdicts[0][0], f"held in {', '.join(names)}; its uses: " + "; ".join(w for _, w in verdicts)
-        return None
-
-    # -- CUDA-graph runner buffers ------------------------------------------------
-
-    def _is_buffer(self, node: ast.Attribute) -> bool:
-        """A CUDA-graph runner's static CPU buffer: ``<...>.buffers.seq_lens_cpu``
-        or ``self.seq_lens_cpu`` in a ``...CudaGraphRunner`` / ``...InputBuffers``
-        class (filled from the batch's mirror at replay)."""
-        receiver = node.value
-        if isinstance(receiver, ast.Name) and receiver.id == "buffers":
-            return True
-        if isinstance(receiver, ast.Attribute) and receiver.attr == "buffers":
-            return True
-        if isinstance(receiver, ast.Name) and receiver.id == "self":
-            cls = self._class(node)
-            return cls is not None and cls.name.endswith(("CudaGraphRunner", "InputBuffers", "Buffers"))
-        return False
-
-    def _refreshes(self, node: ast.Attribute) -> bool:
-        """``buf.seq_lens_cpu[...].copy_(...)``, ``.fill_(...)``, ``buf.seq_lens_cpu[:n] = ...``: a write."""
-        current = node
-        parent = self.parents.get(current)
-        if isinstance(parent, ast.Subscript) and parent.value is current:
-            if isinstance(parent.ctx, ast.Store):
-                return True
-            current, parent = parent, self.parents.get(parent)
-        return isinstance(parent, ast.Attribute) and parent.attr in ("copy_", "fill_", "zero_")
-
-    def _buffer_verdict(self, node: ast.Attribute, scope: ast.AST, where: str) -> tuple[str, str]:
-        if where in MIRROR_ALWAYS or where.endswith(("capture_one_batch_size", "capture")):
-            return "safe", MIRROR_ALWAYS.get(where, "capture fills its own buffers")
-        handed = self._handed_to_backend(node)
-        if handed:
-            return "safe", handed
-        return "stale", "reads the runner's CPU buffer, no longer refreshed once the mirror is dropped"
-
-    def _handed_to_backend(self, node: ast.AST) -> Optional[str]:
-        """The buffer (or a slice of it) passed to a call as ``seq_lens_cpu=``
-        or assigned to a batch's / local's ``seq_lens_cpu``: the attention
-        backend that receives it reads it only when it declares
-        needs_cpu_seq_lens (and then the mirror, so the buffer, is kept)."""
-        value, parent = node, self.parents.get(node)
-        if isinstance(parent, ast.Subscript) and parent.value is value:
-            value, parent = parent, self.parents.get(parent)
-        if isinstance(parent, ast.keyword) and parent.arg == "seq_lens_cpu":
-            return "handed to the attention backend as seq_lens_cpu= (read only by backends that keep the mirror)"
-        if isinstance(parent, ast.Assign) and value is parent.value:
-            names = [t for t in parent.targets if isinstance(t, ast.Name)]
-            attrs = [t for t in parent.targets if isinstance(t, ast.Attribute) and t.attr == "seq_lens_cpu"]
-            if attrs and len(attrs) == len(parent.targets):
-                return "handed on as " + ", ".join(ast.unparse(t) for t in attrs) + " (read by backends that keep the mirror)"
-            if names and len(names) == len(parent.targets):
-                return self._buffer_local(parent, [t.id for t in names])
-        return None
-
-    def _buffer_local(self, assign: ast.Assign, names: list[str]) -> Optional[str]:
-        scope = self._function(assign) or self.tree
-        uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)]
-        whys = [self._handed_to_backend(n) for n in uses]
-        if uses and all(whys):
-            return f"held in {', '.join(names)}; " + "; ".join(dict.fromkeys(whys))
-        return None
-
-    # -- where ---------------------------------------------------------------------
-
-    def _ancestors(self, node: ast.AST, scope: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
-        child, parent = node, self.parents.get(node)
-        while parent is not None:
-            yield parent, child
-            if parent is scope:
-                return
-            child, parent = parent, self.parents.get(parent)
-
-    def _function(self, node: ast.AST) -> Optional[ast.AST]:
-        current = self.parents.get(node)
-        while current is not None and not isinstance(current, _FUNCTIONS):
-            current = self.parents.get(current)
-        return current
-
-    def _backend_keeps_mirror(self, node: ast.AST) -> Optional[str]:
-        """Why a read in a backend of OPTS_OUT_WITH cannot see a dropped mirror:
-        its class does not declare ``needs_cpu_seq_lens = False``."""
-        patch = OPTS_OUT_WITH.get(self.rel)
-        cls = self._class(node) if patch else None
-        if cls is None or any(_declares_opt_out(stmt) for stmt in cls.body):
-            return None
-        return f"{cls.name} keeps the mirror: it does not declare needs_cpu_seq_lens = False ({patch} opts it out)"
-
-    def _class(self, node: ast.AST) -> Optional[ast.ClassDef]:
-        current = self.parents.get(node)
-        while current is not None and not isinstance(current, ast.ClassDef):
-            current = self.parents.get(current)
-        return current
-
-    def _qualname(self, node: ast.AST) -> str:
-        names = []
-        current = self.parents.get(node)
-        while current is not None:
-            if isinstance(current, (*_FUNCTIONS, ast.ClassDef)):
-                names.append(current.name)
-            current = self.parents.get(current)
-        return ".".join(reversed(names)) or "<module>"
+    opts_out = None
+    if read.cls is not None and classes.backend_like(read.file, read.cls):
+        opts_out = classes.opts_out(read.file, read.cls)
+        if opts_out is None:
+            read.verdict, read.why = "safe", f"{read.cls} keeps the mirror: {classes.keeps_why(read.file, read.cls)}"
+            return read
+        read.why = f"{read.why}: {opts_out}"
+    if origin == "release" and read.file not in MODULES and opts_out is None:
+        read.verdict, read.why = "safe", ("as the sglang release ships it, off the spec-v2 paths the patches "
+                                          "cover (patchkit.audit.MODULES)")
+    elif opts_out is None:
+        read.why += " (code outside the attention backends runs beside whichever is configured)"
+    return read
 
 
-def _declares_opt_out(stmt: ast.AST) -> bool:
-    """``needs_cpu_seq_lens = False`` (annotated or not) in a class body."""
-    if isinstance(stmt, ast.AnnAssign):
-        targets, value = [stmt.target], stmt.value
-    elif isinstance(stmt, ast.Assign):
-        targets, value = stmt.targets, stmt.value
+# -- the tree ------------------------------------------------------------------------
+
+
+def _sources(package: Path) -> dict[str, bytes]:
+    """Every module under srt/, by path relative to the package, sorted."""
+    found = {}
+    root = str(package)
+    for folder, dirs, files in os.walk(package / "srt"):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                if not rel.startswith(SKIP):
+                    with open(path, "rb") as handle:
+                        found[rel] = handle.read()
+    return found
+
+
+def _reads_mirror(data: bytes) -> bool:
+    return any(needle in data for needle in _NEEDLES)
+
+
+@dataclass
+class _Facts:
+    reads: list[Read]
+    classes: dict[str, ClassFacts]
+
+
+_MEMO: dict[tuple, Optional[_Facts]] = {}  # a module is read once per process
+
+
+def _facts(rel: str, data: bytes, reads: bool = True) -> Optional[_Facts]:
+    """The module's reads with their local verdicts and its classes; None
+    when it does not parse (status / verify report it). Cached in the
+    process, and on disk by the module's bytes (:func:`_disk`)."""
+    key = (rel, hashlib.sha1(data).hexdigest(), reads)
+    if key in _MEMO:
+        return _MEMO[key]
+    path = _disk(key)
+    if path is not None and path.is_file():
+        try:
+            doc = json.loads(path.read_text())
+            _MEMO[key] = None if doc is None else _Facts(
+                [Read(**r) for r in doc["reads"]],
+                {c["name"]: ClassFacts(c["name"], c["bases"], c["flag"], set(c["calls"])) for c in doc["classes"]})
+            return _MEMO[key]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    source = data.decode("utf-8", errors="surrogateescape")
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        facts = None
     else:
-        return False
-    named = any(isinstance(t, ast.Name) and t.id == "needs_cpu_seq_lens" for t in targets)
-    return named and isinstance(value, ast.Constant) and value.value is False
+        if reads:
+            audit = FileAudit(rel, source, tree)
+            facts = _Facts(list(audit.reads()), audit.classes)
+        else:
+            facts = _Facts([], scan(tree)[0])
+    _MEMO[key] = facts
+    if path is not None:
+        doc = None if facts is None else {
+            "reads": [asdict(r) for r in facts.reads],
+            "classes": [{**asdict(c), "calls": sorted(c.calls)} for c in facts.classes.values()]}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return facts
 
 
-def _is_none(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and node.value is None
+_CODE: list[str] = []
 
 
-def _named_mirror(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr in MIRROR) or (isinstance(node, ast.Name) and node.id in MIRROR)
+def _disk(key: tuple) -> Optional[Path]:
+    """Where a module's facts are cached: ``audit/`` in the transform cache's
+    folder (``PATCHKIT_TRANSFORM_CACHE=off`` turns both off), under the
+    module's path and bytes and the audit's own code."""
+    from patchkit import settings
+
+    folder = settings.transform_cache_dir()
+    if folder is None:
+        return None
+    if not _CODE:
+        import patchkit.audit_ast as code
+
+        digest = hashlib.sha1(Path(code.__file__).read_bytes())
+        digest.update(repr(sorted(code._runtime_helpers())).encode())
+        _CODE.append(digest.hexdigest()[:16])
+    name = hashlib.sha1(repr((key, _CODE[0])).encode()).hexdigest()
+    return folder / "audit" / name[:2] / f"{name}.json"
 
 
-def _none_test(test: ast.AST) -> Optional[bool]:
-    """True: ``test`` holds only when a mirror value is not None (``x is not
-    None``, alone or in an ``and``); False: only when it is None (``x is
-    None``, alone or in an ``or``); None: neither. As
-    ``primitives.NoneGuards`` decides for the codemods; this one reads ast."""
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and _named_mirror(test.left) and _is_none(test.comparators[0]):
-        if isinstance(test.ops[0], ast.IsNot):
+class _ClassIndex:
+    """Classes by name across the tree, resolved lazily: a base is looked up
+    in the module holding the subclass first, then in every module that
+    defines a class by that name (found by text, parsed on demand)."""
+
+    def __init__(self, sources: dict[str, bytes], facts: dict[str, Optional[_Facts]]) -> None:
+        self.sources, self.facts = sources, facts
+        self._where: Optional[dict[str, list[str]]] = None
+        self._memo: dict[tuple[str, str], tuple] = {}
+
+    def _defined_in(self, name: str) -> list[str]:
+        if self._where is None:
+            self._where = {}
+            for rel, data in self.sources.items():
+                for found in set(_CLASS_RE.findall(data)):
+                    self._where.setdefault(found.decode(), []).append(rel)
+        return self._where.get(name, [])
+
+    def _lookup(self, rel: str, name: str) -> list[tuple[str, ClassFacts]]:
+        own = self._module(rel)
+        if own is not None and name in own.classes:
+            return [(rel, own.classes[name])]
+        found = []
+        for other in self._defined_in(name):
+            facts = self._module(other)
+            if facts is not None and name in facts.classes:
+                found.append((other, facts.classes[name]))
+        return found
+
+    def _module(self, rel: str) -> Optional[_Facts]:
+        if rel not in self.facts:
+            self.facts[rel] = _facts(rel, self.sources[rel], reads=False)
+        return self.facts[rel]
+
+    def resolve(self, rel: str, name: str, seen: frozenset = frozenset()) -> tuple:
+        """(is a backend, its flag: "True" / "False" / "dynamic" / None, where
+        the flag is declared) for the class ``name`` seen from ``rel``, by
+        the first base (depth first, as Python's MRO for single chains)."""
+        key = (rel, name)
+        if key in self._memo:
+            return self._memo[key]
+        if key in seen:
+            return False, None, None
+        backend, flag, where = name == ROOT, None, None
+        if name in OPTED_OUT_BY_PATCH:
+            flag, where = "False", f"{name} (opted out by {PATCH})"
+        for other, facts in self._lookup(rel, name):
+            if flag is None and facts.flag is not None:
+                flag, where = facts.flag, name
+            for base in facts.bases:
+                b_backend, b_flag, b_where = self.resolve(other, base, seen | {key})
+                backend = backend or b_backend
+                if flag is None and b_flag is not None:
+                    flag, where = b_flag, b_where
+            break  # the first definition found decides
+        self._memo[key] = (backend, flag, where)
+        return self._memo[key]
+
+    def _builds(self, rel: str, name: str) -> list[str]:
+        """The backend classes ``name`` (or an ancestor) calls: a wrapper's step backends."""
+        found = []
+        for other, facts in self._lookup(rel, name)[:1]:
+            for called in sorted(facts.calls):
+                if called != name and called[:1].isupper() and self._defined_in(called) and self.resolve(other, called)[0]:
+                    found.append(called)
+        return found
+
+    def backend_like(self, rel: str, name: str) -> bool:
+        """A backend, a class that declares the flag, or a wrapper: a plain
+        class (no base) or a ``...Backend`` that builds backends (a multi-step
+        draft backend; a worker that builds its draft backend is not one)."""
+        backend, flag, _ = self.resolve(rel, name)
+        if backend or flag is not None:
             return True
-        if isinstance(test.ops[0], ast.Is):
-            return False
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _none_test(test.operand)
-        return None if inner is None else not inner
-    if isinstance(test, ast.BoolOp):
-        found = [_none_test(v) for v in test.values]
-        if isinstance(test.op, ast.And) and True in found:
-            return True
-        if isinstance(test.op, ast.Or) and False in found:
-            return False
-    return None
+        found = self._lookup(rel, name)[:1]
+        plain = bool(found) and (not found[0][1].bases or name.endswith("Backend"))
+        return plain and bool(self._builds(rel, name))
+
+    def opts_out(self, rel: str, name: str) -> Optional[str]:
+        """Why ``name`` runs where the mirror may be dropped, None when it keeps it."""
+        _, flag, where = self.resolve(rel, name)
+        if flag == "False":
+            return f"{name} opts out (needs_cpu_seq_lens = False in {where})"
+        if flag == "dynamic":
+            return f"{name} may opt out (needs_cpu_seq_lens computed in {where})"
+        for built in self._builds(rel, name):
+            why = self.opts_out(rel, built) if self.backend_like(rel, built) else None
+            if why:
+                return f"{name} builds {built}, which opts out"
+        return None
+
+    def keeps_why(self, rel: str, name: str) -> str:
+        _, flag, where = self.resolve(rel, name)
+        if flag == "True":
+            return f"needs_cpu_seq_lens = True in {where}"
+        return "it does not declare needs_cpu_seq_lens = False (nor an ancestor: the default keeps the mirror)"
 
 
-def _decision_test(test: ast.AST) -> Optional[bool]:
-    """True: ``test`` is ``needs_cpu_seq_lens()``; False: ``not needs_cpu_seq_lens()``; None: another test."""
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _decision_test(test.operand)
-        return None if inner is None else not inner
-    if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "needs_cpu_seq_lens":
-        return True
-    return None
+# -- the release as shipped ------------------------------------------------------------
+
+
+def cached_release(package: Path) -> Optional[Path]:
+    """The pristine package folder of the release ``package`` names, when
+    patchkit's cache holds it (never downloaded here); None for the cached
+    release itself."""
+    from patchkit import settings
+    from patchkit.tree import _read_version
+
+    version = _read_version(package)
+    if not version or version == "unknown":
+        return None
+    folder = settings.cache_dir() / "trees" / version
+    pristine = folder / "sglang"
+    if not (folder / ".complete").is_file():
+        return None
+    try:
+        if pristine.resolve() == package.resolve():
+            return None
+    except OSError:
+        return None
+    return pristine
+
+
+class _Release:
+    def __init__(self, package: Path) -> None:
+        self.package = package
+
+    def origins(self, rel: str, data: bytes, reads: list[Read]) -> list[str]:
+        """"release" for each read the release ships (same function and code,
+        as many times as it has it), else "vendor"."""
+        path = self.package / rel
+        if not path.is_file():
+            return ["vendor"] * len(reads)
+        shipped = path.read_bytes()
+        if shipped == data:
+            return ["release"] * len(reads)
+        facts = _facts(rel, shipped)
+        left = Counter((r.function, r.code) for r in (facts.reads if facts else ()))
+        origins = []
+        for read in sorted(reads, key=lambda r: (r.line, r.column)):
+            key = (read.function, read.code)
+            origins.append("release" if left[key] > 0 else "vendor")
+            left[key] -= 1
+        order = sorted(range(len(reads)), key=lambda i: (reads[i].line, reads[i].column))
+        result = [""] * len(reads)
+        for position, index in enumerate(order):
+            result[index] = origins[position]
+        return result
 
 
 # -- rendering ---------------------------------------------------------------------
@@ -444,8 +417,8 @@ def to_json(result: Audit, tree: dict, paths) -> str:
     reads = []
     for r in sorted(result.reads, key=lambda r: (r.file, r.line, r.column)):
         reads.append({**asdict(r), "path": paths(r.file)})
-    doc = {"schema": AUDIT_SCHEMA, "tree": tree, "modules": result.modules, "reads": reads,
-           "summary": summary(result), "ok": result.ok}
+    doc = {"schema": AUDIT_SCHEMA, "tree": tree, "release": result.release, "modules": result.modules,
+           "reads": reads, "summary": summary(result), "ok": result.ok}
     return json.dumps(doc, indent=2)
 
 
@@ -461,14 +434,32 @@ def to_text(result: Audit, paths, verbose: bool = False) -> str:
 
 
 def fingerprint(package: Path) -> str:
-    """sha256 over the audited modules' bytes: an audit's result is a function
-    of them, so ``verify`` caches its count under this key."""
-    digest = hashlib.sha256()
-    for rel in MODULES:
-        path = package / rel
-        digest.update(rel.encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest() if path.is_file() else b"-")
+    """sha256 over every module under srt/ (path and bytes) and the release
+    compared with: an audit's result is a function of them, so ``verify``
+    caches its count under this key."""
+    digest = hashlib.sha256(str(cached_release(Path(package))).encode() + b"\0")
+    for rel, data in _sources(Path(package)).items():
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()
+
+
+def vendor_problems(result: Audit, targets: Iterable[str] = ()) -> list[Read]:
+    """The unguarded and stale reads in the vendor's own code: modules or
+    reads the release does not ship; without the release to compare with,
+    every one outside ``targets`` (the files patchkit's patches change)."""
+    targets = set(targets)
+    return [r for r in result.problems
+            if r.origin == "vendor" or (r.origin is None and r.file not in targets)]
+
+
+def vendor_line(package: Path, targets: Iterable[str] = ()) -> Optional[str]:
+    """The line ``apply`` ends with when the vendor's own code reads the
+    mirror unguarded (None when it does not)."""
+    count = len(vendor_problems(audit_tree(package), targets))
+    if not count:
+        return None
+    return (f"audit: {count} read(s) of the CPU seq_lens mirror in the vendor's own code are unguarded or stale "
+            "once it is dropped (`patchkit audit TREE` lists them)")
 
 
 def verify_line(problems: int) -> str:

@@ -156,7 +156,10 @@ def test_planted_vendor_reads_are_found_and_classified_once(make_tree, cli):
     doc = json.loads(cli("audit", tree, "--format", "json").output)
     assert doc["schema"] == "patchkit.audit/1" and doc["ok"] is False
     assert doc["summary"]["total"] == len(result.reads) and doc["summary"]["stale"] == 1
-    assert set(doc["modules"]) <= set(MODULES)
+    # Every module that reads the mirror, across the tree (not only MODULES).
+    assert set(doc["modules"]) == {r.file for r in result.reads} > set(MODULES) & set(doc["modules"])
+    assert {rel for rel, *_ in PLANTED} <= set(doc["modules"])
+    assert {r["origin"] for r in doc["reads"] if (r["file"], r["line"]) in expected} == {"vendor"}
     assert cli("audit", tree, "--strict").exit_code == 1
     assert "audit: 3 read(s) of the CPU seq_lens mirror unguarded or stale" in cli("verify", tree).output
 
