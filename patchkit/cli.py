@@ -254,7 +254,15 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
         _refuse_pending(session)
         _refuse_unloaded(session)
         outcome = apply_patches(session, selected, dry_run=not write, runtime=runtime)
-    _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write, path)
+    try:
+        _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write, path)
+    finally:  # the last line: unguarded reads of the mirror in the vendor's own code (patchkit audit)
+        from patchkit.audit import vendor_line
+
+        targets = [t.file for p in registry.all_patches() for t in p.targets]
+        line = vendor_line(session.tree.package, targets) if write else None
+        if line:
+            obj.say(line)
 
 
 @main.command(epilog=TREE_EPILOG)
