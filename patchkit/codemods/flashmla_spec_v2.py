@@ -298,9 +298,11 @@ def _mode_split(fn: cst.FunctionDef, value: cst.BaseExpression, local: _Locals) 
         return None
     defs = local.defs[value.value]
     for branch in primitives.find_all(fn, m.If(test=m.MatchIfTrue(lambda t: primitives.contains(t, DRAFT_EXTEND_V2_TEST)))):
-        inside = [d for d in defs if primitives.contains(branch, primitives.is_node(d))]
-        if inside and len(inside) < len(defs):
-            return inside[0]
+        for side in (branch.body, branch.orelse):
+            held = {id(n) for n in primitives.find_all(side, m.Assign() | m.AnnAssign())} if side is not None else set()
+            inside = [d for d in defs if id(d) in held]
+            if inside and len(inside) < len(defs):
+                return inside[0]
     return None
 
 
@@ -471,7 +473,8 @@ class InitTreeMask(fa3.InitTreeMask):
 class AllocTreeMask(fa3.AllocTreeMask):
     DESCRIPTION = (
         f"{BACKEND}.init_cuda_graph_state preallocates self.{fa3.MASK} (bool, max_num_tokens * "
-        "(max_context_len + num_draft_tokens)) on the target backend only"
+        f"(max_context_len + num_draft_tokens)) on the target backend only, and records the captured "
+        f"max_bs (self.{fa3.mla.MAX_BS}) it fits"
     )
     CLASS = BACKEND
     NUM_DRAFT_TOKENS: ClassVar[str] = "self.num_draft_tokens"
