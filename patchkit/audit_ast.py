@@ -71,7 +71,7 @@ class ClassFacts:
 
 def scan(tree: ast.Module, parents: Optional[dict] = None) -> tuple[dict[str, ClassFacts], list[ast.Attribute]]:
     """One pass over the module: its classes (bases, flag, calls; a later one
-    of a name wins, as at import) and its loads of a mirror attribute; fills
+    of a name wins, as at import) and its loads of a mirror attribute (`+=` included); fills
     ``parents`` (child -> parent) when given. One hand-written walk: the ast
     module's walk costs more than parsing on big modules."""
     classes: dict[str, ClassFacts] = {}
@@ -94,6 +94,9 @@ def scan(tree: ast.Module, parents: Optional[dict] = None) -> tuple[dict[str, Cl
         elif kind is Attribute:
             if node.attr in MIRROR and type(node.ctx) is Load:
                 reads.append(node)
+        elif kind is ast.AugAssign:  # `x.seq_lens_sum += n` reads it too
+            if type(node.target) is Attribute and node.target.attr in MIRROR:
+                reads.append(node.target)
         elif cls is not None and (kind is ast.Assign or kind is ast.AnnAssign):
             value = _flag_value(node, _self_flag)
             if value is not None and cls.flag != "False":
