@@ -200,9 +200,13 @@ def _tree(obj: Ctx, given: Optional[str], announce: bool = True) -> str:
 @format_option("patches")
 def list_cmd(fmt: str) -> None:
     """List the patches: patchkit's own and those of the patch sets it loads
-    (which name where they come from)."""
-    patches = registry.all_patches()
+    (which name where they come from). An id two patch sets define is listed
+    twice, with a warning: other commands refuse it until one set goes."""
+    loaded = registry.load()
+    patches = loaded.patches + loaded.clashes
     click.echo(output.list_json(patches) if fmt == "json" else output.list_text(patches))
+    for problem in loaded.problems:
+        click.echo(f"patchkit: warning: {problem}", err=True)
 
 
 @main.command(verbose=True, epilog=TREE_EPILOG)

@@ -13,7 +13,9 @@ beside the Python modules of their codemods, where a reference
 - installed: a distribution's entry point in the ``patchkit.patches`` group
   names a package, which holds the definitions and codemod modules the same way.
 
-Ids are one namespace: a patch defined twice is refused, naming both places.
+Ids are one namespace: a set reached twice (installed and named, say) is
+one set; an id two different sets define is refused, naming both places,
+by the commands that use patches (``list`` shows both).
 A set's ``runtime = [...]`` may name modules of the set itself (runtime
 helpers the patched code imports, vendored beside patchkit's own): their
 names are one namespace too.
@@ -356,11 +358,8 @@ def reset() -> None:
 
 
 def _forget() -> None:
-    """Read the definitions again on next use (``all_patches`` may be
-    replaced by a test double without a cache)."""
-    clear = getattr(all_patches, "cache_clear", None)
-    if clear is not None:
-        clear()
+    """Read the definitions again on next use."""
+    load.cache_clear()
 
 
 def pyproject_folders(start: Path) -> tuple[Optional[Path], list[Path]]:
@@ -412,23 +411,97 @@ def installed_sets() -> list[PatchSet]:
 
 
 def patch_sets() -> list[PatchSet]:
-    """patchkit's own set, the installed ones, then folders in the order named."""
-    return [builtin_set(), *installed_sets(), *(folder_set(f, how) for f, how in _FOLDERS)]
+    """patchkit's own set, the installed ones, then folders in the order named.
+    A set reached twice (installed and named by ``--patches`` or a pyproject;
+    one folder named twice; a copy of the same files) is one set: the first
+    place it is reached from (patchkit, then installed, then folders) names it."""
+    sets = [builtin_set(), *installed_sets(), *(folder_set(f, how) for f, how in _FOLDERS)]
+    if len(sets) == 1:
+        return sets
+    out: list[PatchSet] = []
+    seen: set = set()
+    for patch_set in sets:
+        identity = _identity(patch_set)
+        if seen & identity:
+            continue
+        seen |= identity
+        out.append(patch_set)
+    return out
+
+
+def _identity(patch_set: PatchSet) -> set:
+    """What makes two sets one: the same folder, or the same files (names and
+    bytes of its definitions and Python modules)."""
+    found: set = set()
+    try:
+        found.add(("folder", Path(str(patch_set.folder)).resolve()))
+    except (OSError, ValueError):
+        pass
+    digest = hashlib.sha256()
+    files = 0
+    pending = [("", patch_set.folder)]
+    try:
+        while pending:
+            prefix, folder = pending.pop()
+            for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+                name = f"{prefix}{entry.name}"
+                if entry.is_dir():
+                    if entry.name != "__pycache__" and not entry.name.startswith(".") and prefix.count("/") < 4:
+                        pending.append((name + "/", entry))
+                elif entry.name.endswith((".toml", ".py")):
+                    data = entry.read_bytes()
+                    digest.update(f"{name}\0{len(data)}\0".encode() + data)
+                    files += 1
+    except OSError:
+        return found
+    if files:
+        found.add(("files", digest.hexdigest()))
+    return found
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The patches of every set: ``patches`` in dependency order (of an id
+    two sets define, the first definition); ``clashes``: the other
+    definitions; ``problems``: why commands cannot use the registry (one
+    line each, naming both sources)."""
+
+    patches: tuple[Patch, ...]
+    clashes: tuple[Patch, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+def _source(patch_set: PatchSet, definition: "Traversable") -> str:
+    """Where a definition is, for messages: patches/NAME for patchkit's own,
+    else its file, and the set's label where that is not the folder."""
+    if patch_set.builtin:
+        return f"patches/{definition.name}"
+    path = str(definition)
+    return path if path.startswith(patch_set.label) else f"{path} [from {patch_set.label}]"
 
 
 @lru_cache(maxsize=1)
-def all_patches() -> tuple[Patch, ...]:
-    """Every patch, ordered so that a patch comes after those it requires."""
+def load() -> Loaded:
+    """Every set's patches, with the ids two different sets define set
+    aside (``list`` shows them; ``all_patches`` refuses them)."""
     patches: dict[str, Patch] = {}
+    sources: dict[str, str] = {}
+    clashes: list[Patch] = []
+    problems: list[str] = []
     for patch_set in patch_sets():
         for f in patch_set.definitions():
             where = f"patches/{f.name}" if patch_set.builtin else f"{patch_set.label}/{f.name}"
             patch = _parse(f.read_text(encoding="utf-8"), where, patch_set)
+            source = _source(patch_set, f)
             if patch.id in patches:
-                raise PatchkitError(f"patch {patch.id} is defined twice: in {patches[patch.id].origin} and in "
-                                    f"{patch_set.label} (ids must be unique: rename one)")
+                clashes.append(patch)
+                problems.append(f"patch {patch.id} is defined twice, by two different patch sets: in "
+                                f"{sources[patch.id]} and in {source} (ids must be unique: rename one, or load "
+                                "one of the sets)")
+                continue
             patches[patch.id] = patch
-    _check_runtime_names(patches.values())
+            sources[patch.id] = source
+    problems += _runtime_name_clashes(patches.values())
     ordered: list[Patch] = []
 
     def visit(pid: str, chain: tuple[str, ...]) -> None:
@@ -444,19 +517,31 @@ def all_patches() -> tuple[Patch, ...]:
 
     for pid in patches:
         visit(pid, ())
-    return tuple(ordered)
+    return Loaded(tuple(ordered), tuple(clashes), tuple(problems))
 
 
-def _check_runtime_names(patches: Iterable[Patch]) -> None:
+def all_patches() -> tuple[Patch, ...]:
+    """Every patch, ordered so that a patch comes after those it requires.
+    Two different sets that define one id (or one runtime module) are
+    refused here, by the commands that use patches: one line naming both."""
+    loaded = load()
+    if loaded.problems:
+        raise PatchkitError(loaded.problems[0])
+    return loaded.patches
+
+
+def _runtime_name_clashes(patches: Iterable[Patch]) -> list[str]:
     """Every set's runtime modules land in one folder of the tree
     (``sglang.srt._patchkit``): a top-level name two sets define is refused."""
     owner: dict[str, str] = {}
+    problems = []
     for patch in patches:
         for module in patch.runtime:
             top = module.name.split(".")[0]
             if owner.setdefault(top, module.origin) != module.origin:
-                raise PatchkitError(f"runtime module {top} is defined twice: in {owner[top]} and in "
-                                    f"{module.origin} (both would be sglang.srt._patchkit.{top}: rename one)")
+                problems.append(f"runtime module {top} is defined twice: in {owner[top]} and in "
+                                f"{module.origin} (both would be sglang.srt._patchkit.{top}: rename one)")
+    return problems
 
 
 def get(pid: str) -> Patch:

@@ -110,9 +110,32 @@ def test_installed_entry_point(make_tree, tmp_path):
     assert not ok and "needs acme_patches.acme_runtime, which is not installed: install acme-sglang-patches" in error
     assert patchkit("revert", tree).returncode == 0
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
-    # The same set named as a folder too: one id, two places.
+    # The same set named as a folder too (the files the install copied): one set,
+    # named by its entry point; every command works.
     twice = patchkit("--patches", SET, "list")
-    assert twice.returncode == 2 and "defined twice" in twice.stderr and twice.stderr.count("\n") == 1
+    assert twice.returncode == 0 and twice.stderr == "", twice.stderr
+    assert [line.split()[0] for line in twice.stdout.splitlines()].count(PATCH) == 1
+    assert "[from acme (entry point of acme-sglang-patches)]" in twice.stdout
+    assert patchkit("--patches", SET, "--help").returncode == 0
+    assert patchkit("--patches", site / "acme_patches", "status", tree).returncode == 0
+
+
+def test_one_set_reached_twice_is_one_set(cli, make_tree, monkeypatch, tmp_path):
+    """The same folder by --patches and a pyproject, or twice by --patches
+    (spelled two ways), or a copy of the same files: one set, no clash."""
+    copy = tmp_path / "copy"
+    shutil.copytree(SET, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "pyproject.toml").write_text(f'[tool.patchkit]\npatches = ["{SET}"]\n')
+    monkeypatch.chdir(tmp_path)
+    for extra in ([], ["--patches", SET], ["--patches", f"{SET}/", "--patches", SET / ".." / SET.name],
+                  ["--patches", copy]):
+        listed = cli(*extra, "list")
+        assert listed.exit_code == 0 and "warning" not in listed.output, (extra, listed.output)
+        assert [line.split()[0] for line in listed.output.splitlines()].count(PATCH) == 1
+    tree = make_tree(PRIMARY)
+    assert cli("--patches", copy, "--patches", SET, "apply", tree, PATCH).exit_code == 0
+    assert cli("--patches", SET, "revert", tree).exit_code == 0
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
 
 
 def test_a_command_leaves_no_set_loaded_behind(cli):
@@ -122,15 +145,22 @@ def test_a_command_leaves_no_set_loaded_behind(cli):
     assert PATCH not in {p.id for p in registry.all_patches()}
 
 
-def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path):
+def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path, make_tree):
     clash = tmp_path / "clash"
     clash.mkdir()
     for module in ("torch_native.py", "acme_runtime.py"):
         shutil.copy(SET / module, clash)
     text = (SET / "torch-native-spec-v2.toml").read_text()
     (clash / "mine.toml").write_text(text.replace(f'id = "{PATCH}"', 'id = "needs-cpu-seq-lens"'))
-    one_line_error(cli("--patches", clash, "list"), "patch needs-cpu-seq-lens is defined twice: in patchkit and in",
-                   str(clash))
+    twice = ("patch needs-cpu-seq-lens is defined twice, by two different patch sets: in "
+             f"patches/needs-cpu-seq-lens.toml and in {clash / 'mine.toml'}")
+    for command in (["status", make_tree(PRIMARY)], ["show", "fa3-spec-v2"], ["apply", make_tree(PRIMARY)]):
+        one_line_error(cli("--patches", clash, *command), twice)
+    listed = cli("--patches", clash, "list")  # list shows the clash, and --help works
+    assert listed.exit_code == 0 and f"patchkit: warning: {twice}" in listed.output
+    assert [line.split()[0] for line in listed.output.splitlines()].count("needs-cpu-seq-lens") == 2
+    assert cli("--patches", clash, "--help").exit_code == 0
+    assert cli("--patches", clash, "apply", "--help").exit_code == 0
     (clash / "mine.toml").write_text(text.replace("torch_native:", "nowhere:"))
     one_line_error(cli("--patches", clash, "list"), "codemod nowhere:AddVerifyBuffersHook cannot be loaded",
                    str(clash))
@@ -139,8 +169,8 @@ def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path):
     one_line_error(cli("--patches", clash, "list"), "runtime module 'nowhere' is neither one of patchkit's",
                    f"nor a module of {clash}")
     (clash / "mine.toml").write_text(text.replace(f'id = "{PATCH}"', 'id = "mine"'))
-    one_line_error(cli("--patches", SET, "--patches", clash, "list"), "runtime module acme_runtime is defined "
-                   f"twice: in {SET} and in {clash}", "sglang.srt._patchkit.acme_runtime")
+    one_line_error(cli("--patches", SET, "--patches", clash, "show", "mine"), "runtime module acme_runtime is "
+                   f"defined twice: in {SET} and in {clash}", "sglang.srt._patchkit.acme_runtime")
     shutil.copy(SET / "acme_runtime.py", clash / "runtime.py")
     (clash / "mine.toml").write_text(text.replace('"acme_runtime"', '"runtime"'))
     one_line_error(cli("--patches", clash, "list"), f"{clash} has a module 'runtime', the name of patchkit's own")
