@@ -186,3 +186,74 @@ def test_flashmla_forward_extend_unknown_cache_seqlens_names_file_line_and_shape
     found = finding(fm.ForwardExtendFixedQDraftExtend, forked, FLASHMLA)
     assert found.state is State.MISSING
     assert found.detail.startswith(f"{FLASHMLA}:{line_of(forked, 'self._vendor_lengths(forward_batch)')}: the fixed-q kernel's cache_seqlens is `self._vendor_lengths(forward_batch)`")
+
+
+# -- replay-no-stale-mirror: the pinned buffer handed at replay -----------------------------------
+
+REPLAY_FILES = {PRIMARY: [RUNNER, DRAFT_EXTEND_RUNNER], NATIVE: [RUNNER, DRAFT_EXTEND_RUNNER]}
+
+
+class _HoistKwarg(cst.CSTTransformer):
+    """``f(..., seq_lens_cpu=<pinned>)`` -> ``<local> = <pinned>`` on the line
+    before and ``seq_lens_cpu=<local>``, in functions taking a forward_batch."""
+
+    def __init__(self, local: str, vendor_fix: bool = False, instrument: bool = False) -> None:
+        self.local, self.vendor_fix, self.instrument, self.depth, self.pending = local, vendor_fix, instrument, 0, []
+
+    def visit_FunctionDef(self, node):
+        self.depth += "forward_batch" in {p.name.value for p in node.params.params}
+
+    def leave_FunctionDef(self, original, updated):
+        self.depth -= "forward_batch" in {p.name.value for p in original.params.params}
+        return updated
+
+    def leave_Arg(self, original, updated):
+        if self.depth and cst.ensure_type(updated, cst.Arg).keyword is not None and m.matches(updated, rnsm.RAW_KWARG):
+            value = rnsm.code_of(updated.value)
+            if self.vendor_fix:
+                return updated.with_changes(value=cst.parse_expression(f"({value} if forward_batch.seq_lens_cpu is not None else None)"))
+            self.pending.append(cst.parse_statement(f"{self.local} = {value}\n"))
+            if self.instrument:
+                self.pending.append(cst.parse_statement(f"logger.debug('fork: replay with %s', {self.local}.shape)\n"))
+            return updated.with_changes(value=cst.Name(self.local))
+        return updated
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if not self.pending:
+            return updated
+        added, self.pending = self.pending, []
+        return cst.FlattenSentinel([*added, updated])
+
+
+import libcst.matchers as m  # noqa: E402
+
+
+REPLAY_FORKS = {
+    "buffer-held-elsewhere": lambda t: sub(r"seq_lens_cpu=buffers\.seq_lens_cpu", "seq_lens_cpu=self.graph_buffers.seq_lens_cpu", t),
+    "pinned-buffer-in-a-local": lambda t: cst.parse_module(t).visit(_HoistKwarg("pinned_seq_lens")).code,
+    "instrumented-and-in-a-local": lambda t: cst.parse_module(t).visit(_HoistKwarg("host_lens", instrument=True)).code,
+}
+
+
+@pytest.mark.parametrize("release", [PRIMARY, NATIVE])
+@pytest.mark.parametrize("variant", sorted(REPLAY_FORKS))
+def test_replay_buffer_spelled_another_way(release, variant):
+    for rel in REPLAY_FILES[release]:
+        forked = REPLAY_FORKS[variant]((fetch_tree(release) / rel).read_text())
+        compile(forked, rel, "exec")
+        before, after, again = run(rnsm.ReplayPassesNoStaleMirror, forked)
+        assert (before, again) == (State.TODO, State.DONE), rel
+        assert "mirror_or_none(forward_batch.seq_lens_cpu, " in after
+        assert run(rnsm.ReplayPassesNoStaleMirror, after) == (State.DONE, after, State.DONE)
+
+
+@pytest.mark.parametrize("release", [PRIMARY, NATIVE])
+def test_replay_vendor_own_none_is_a_note(release):
+    for rel in REPLAY_FILES[release]:
+        forked = cst.parse_module((fetch_tree(release) / rel).read_text()).visit(_HoistKwarg("", vendor_fix=True)).code
+        compile(forked, rel, "exec")
+        found = finding(rnsm.ReplayPassesNoStaleMirror, forked, rel)
+        assert found.state is State.DONE and found.by_tree, found
+        line = line_of(forked, "if forward_batch.seq_lens_cpu is not None else None")
+        assert found.detail == f"this tree already hands the backend None without the batch's mirror at {rel}:{line}; patchkit leaves it as it is"
+        assert run(rnsm.ReplayPassesNoStaleMirror, forked) == (State.DONE, forked, State.DONE)
