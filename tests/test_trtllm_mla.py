@@ -152,6 +152,10 @@ def test_alloc_goes_just_above_the_parent_call_and_imports_the_helper():
             skip_prefill=self.skip_prefill,
             device=self.device,
         )
+        # The mask holds max_bs requests: the spec worker hands it to
+        # build_tree_kernel_efficient only for a batch it fits, so an eager
+        # batch above the captured size never writes past its end.
+        self.verify_tree_mask_max_bs = max_bs
 
         super()""",
     ).replace(

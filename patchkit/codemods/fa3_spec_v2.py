@@ -58,6 +58,7 @@ from patchkit.codemods import trtllm_mla_spec_v2 as mla
 from patchkit.codemods.replay_no_stale_mirror import MIRROR_READS, code_of, none_comparison
 from patchkit.codemods.base import ClassCodemod, Finding, State
 from patchkit.codemods.needs_cpu_seq_lens_guards import ANY, Guard, MethodGuards, MirrorGuards, attr, call, save
+from patchkit.codemods.primitives import dotted
 from patchkit.vendoring import import_path
 
 BACKEND = "FlashAttentionBackend"
@@ -178,9 +179,11 @@ def _guarded_regions(fn: cst.FunctionDef) -> list[cst.CSTNode]:
     return regions
 
 
-def max_item(receiver: m.BaseMatcherNode) -> m.Call:
-    """``<receiver>.max().item()``."""
-    return m.Call(func=attr("item", m.Call(func=attr("max", receiver))), args=[])
+def max_item(receiver: m.BaseMatcherNode) -> m.BaseMatcherNode:
+    """The host max of a tensor, as a Python number: ``<receiver>.max().item()``,
+    ``int(<receiver>.max())``, ``torch.max(<receiver>).item()`` or ``int(torch.max(<receiver>))``."""
+    tensor_max = m.Call(func=attr("max", receiver), args=[]) | m.Call(func=dotted("torch.max"), args=[m.Arg(receiver, keyword=None)])
+    return m.Call(func=attr("item", tensor_max), args=[]) | m.Call(func=m.Name("int"), args=[m.Arg(tensor_max, keyword=None)])
 
 
 def first_rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:
@@ -223,6 +226,8 @@ class MirrorReadGuards(_NoneTestGuards):
     VALUES = MirrorGuards.VALUES
     READS = MirrorGuards.READS
     HELPER_MODULE = MIRROR_READS
+    # A fork's spelling of the host max (`int(M.max())`, `torch.max(M).item()`) is what the guard replaces.
+    REPLACES_VENDOR = ((r"int|torch|max|item", "the vendor's host max of the CPU mirror becomes host_max_seq_len (the same value with the mirror)"),)
 
 
 #: The eager metadata reads (FA3 and TRT-LLM MHA share their shape).
@@ -407,14 +412,16 @@ class InitTreeMask(mla.InitCustomMask):
 class AllocTreeMask(_TreeMaskPart, mla.AllocCustomMask):
     DESCRIPTION = (
         f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} (bool, max_num_tokens * "
-        "(max_context_len + num_draft_tokens)) on the target backend only"
+        f"(max_context_len + num_draft_tokens)) on the target backend only, and records the captured "
+        f"max_bs (self.{mla.MAX_BS}) it fits"
     )
     CLASS = BACKEND
     HELPER = "alloc_verify_tree_mask"
+    ALLOC_HELPER = HELPER
     #: Where the backend keeps the configured number of draft tokens.
     NUM_DRAFT_TOKENS: ClassVar[str] = "self.speculative_num_draft_tokens"
 
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+    def insert_mask(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         # At the end: FA3's init_cuda_graph_state does not hand over to a parent.
         source = f"""
             # Worst-case FULL_MASK verify tree mask (bool), filled in place by
@@ -428,7 +435,7 @@ class AllocTreeMask(_TreeMaskPart, mla.AllocCustomMask):
                 device=self.device,
             )
         """
-        return primitives.replace_method(cls, self.METHOD, lambda fn: primitives.insert_at_end(fn, source))
+        return primitives.insert_at_end(fn, source)
 
 
 class VerifyBuffersReturnTreeMask(_TreeMaskPart, mla.VerifyBuffersReturnCustomMask):

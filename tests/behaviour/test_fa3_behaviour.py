@@ -316,3 +316,85 @@ def test_worker_sizes_nothing_from_seq_lens_sum_with_the_mask(fa, rt):
     assert rt.tree_mask_seq_lens_sum(None, mask, SEQ_LENS, target) == 0
     assert rt.tree_mask_seq_lens_sum(None, None, SEQ_LENS, target) == 2 * CTX
     assert rt.tree_mask_seq_lens_sum(14, mask, SEQ_LENS, target) == 14
+
+
+# --- the tree mask the draft worker hands the tree kernel (issue 29 §3) ----------------------------
+#
+# The mask is sized at capture for max_bs requests; build_tree_kernel_efficient writes
+# D * sum(seq_lens) + bs * D**2 cells into whatever it is handed, unchecked. The patched
+# EagleDraftWorker.draft runs for real below, up to that kernel (recorded, then stopped).
+
+CAPTURED_BS = 2
+
+
+class _AtTheKernel(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def worker(sglang):
+    return importlib.import_module("sglang.srt.speculative.eagle_worker_v2")
+
+
+def kernel_inputs(worker, monkeypatch, target, bs, mirror):
+    """(tree_mask_buf, seq_lens_sum) the patched draft step hands
+    build_tree_kernel_efficient for ``bs`` requests of the longest context."""
+    seen = {}
+
+    def kernel(*args):
+        seen["args"] = args
+        raise _AtTheKernel
+
+    monkeypatch.setattr(worker, "build_tree_kernel_efficient", kernel)
+    seq_lens = torch.full((bs,), CTX)
+    not_idle = NS(is_idle=lambda: False)
+    forward_batch = NS(forward_mode=not_idle)
+    spec_info = NS(prepare_for_v2_draft=lambda *args: (forward_batch, False), bonus_tokens=torch.zeros(bs))
+    model_worker_batch = NS(spec_info=spec_info, forward_mode=not_idle, seq_lens=seq_lens,
+                            seq_lens_sum=int(seq_lens.sum()) if mirror else None)
+    draft_worker = NS(req_to_token_pool=None, cuda_graph_runner=None, draft_runner=None, topk=1,
+                      speculative_num_steps=1, draft_forward=lambda batch: (None, None, None),
+                      target_worker=NS(model_runner=NS(attn_backend=target)),
+                      speculative_num_draft_tokens=NUM_DRAFT, tree_mask_mode=None)
+    with pytest.raises(_AtTheKernel):
+        worker.EagleDraftWorker.draft(draft_worker, model_worker_batch)
+    args = seen["args"]
+    return args[10], args[5]
+
+
+def cells_written(bs):
+    """What the FULL_MASK kernel writes for ``bs`` requests of CTX tokens."""
+    return NUM_DRAFT * bs * CTX + bs * NUM_DRAFT * NUM_DRAFT
+
+
+@pytest.mark.parametrize("mirror", [False, True])
+def test_eager_batch_above_the_captured_size_never_gets_the_small_mask(fa, worker, monkeypatch, mirror):
+    """D=4, C=64, captured max_bs=2, an eager batch of 3: the buffer handed over
+    is None (then the kernel allocates from seq_lens_sum, which covers the
+    batch) or large enough. Before the guard it was the 2-request mask (544
+    cells) for 816 cells of writes."""
+    target = backend(fa)
+    target.init_cuda_graph_state(CAPTURED_BS, CAPTURED_BS * NUM_DRAFT)
+    assert target.cuda_graph_custom_mask.numel() < cells_written(3)
+    buf, seq_lens_sum = kernel_inputs(worker, monkeypatch, target, 3, mirror)
+    if buf is not None:
+        assert buf.numel() >= cells_written(3)
+    else:
+        assert seq_lens_sum * NUM_DRAFT + 3 * NUM_DRAFT * NUM_DRAFT >= cells_written(3)
+    assert buf is None  # what the guard does: the batch gets a mask of its own
+    assert seq_lens_sum == 3 * CTX  # the exact sum with the mirror, its bound without
+
+
+@pytest.mark.parametrize("bs", [1, CAPTURED_BS])
+def test_batches_within_the_captured_size_reuse_the_mask(fa, worker, monkeypatch, bs):
+    target = backend(fa)
+    target.init_cuda_graph_state(CAPTURED_BS, CAPTURED_BS * NUM_DRAFT)
+    assert target.verify_tree_mask_max_bs == CAPTURED_BS
+    buf, seq_lens_sum = kernel_inputs(worker, monkeypatch, target, bs, mirror=False)
+    assert buf is target.cuda_graph_custom_mask and buf.numel() >= cells_written(bs)
+    assert seq_lens_sum == 0  # ignored by the kernel with a buffer: no D2H
+
+
+def test_no_cuda_graphs_no_mask(fa, worker, monkeypatch):
+    buf, seq_lens_sum = kernel_inputs(worker, monkeypatch, backend(fa), 3, mirror=False)
+    assert buf is None and seq_lens_sum == 3 * CTX
