@@ -383,25 +383,36 @@ class _Release:
         self.package = package
 
     def origins(self, rel: str, data: bytes, reads: list[Read]) -> list[str]:
-        """"release" for each read the release ships (same function and code,
-        as many times as it has it), else "vendor"."""
+        """"release" for each read the release ships, else "vendor": lines
+        the release has unchanged (aligned as ``diff`` does) are its; in a
+        changed run of lines, a read is the release's while the release's run
+        has one with the same function and code left."""
         path = self.package / rel
         if not path.is_file():
             return ["vendor"] * len(reads)
         shipped = path.read_bytes()
         if shipped == data:
             return ["release"] * len(reads)
+        from difflib import SequenceMatcher
+
         facts = _facts(rel, shipped)
-        left = Counter((r.function, r.code) for r in (facts.reads if facts else ()))
-        origins = []
-        for read in sorted(reads, key=lambda r: (r.line, r.column)):
+        old_reads = facts.reads if facts else []
+        opcodes = SequenceMatcher(None, shipped.splitlines(), data.splitlines()).get_opcodes()
+        result = []
+        left: dict[tuple, Counter] = {}
+        for read in reads:
+            line = read.line - 1
+            tag, i1, i2, j1, j2 = next(op for op in opcodes if op[3] <= line < op[4] or op[3] == op[4] == line)
+            if tag == "equal":
+                result.append("release")
+                continue
+            if tag == "insert":
+                result.append("vendor")
+                continue
+            counts = left.setdefault((i1, i2), Counter((r.function, r.code) for r in old_reads if i1 < r.line <= i2))
             key = (read.function, read.code)
-            origins.append("release" if left[key] > 0 else "vendor")
-            left[key] -= 1
-        order = sorted(range(len(reads)), key=lambda i: (reads[i].line, reads[i].column))
-        result = [""] * len(reads)
-        for position, index in enumerate(order):
-            result[index] = origins[position]
+            result.append("release" if counts[key] > 0 else "vendor")
+            counts[key] -= 1
         return result
 
 
