@@ -257,3 +257,58 @@ def test_replay_vendor_own_none_is_a_note(release):
         line = line_of(forked, "if forward_batch.seq_lens_cpu is not None else None")
         assert found.detail == f"this tree already hands the backend None without the batch's mirror at {rel}:{line}; patchkit leaves it as it is"
         assert run(rnsm.ReplayPassesNoStaleMirror, forked) == (State.DONE, forked, State.DONE)
+
+
+# -- FA3 and TRT-LLM MHA: the host max of the mirror, spelled another way ------------------------
+
+HOST_MAX = r"forward_batch\.seq_lens_cpu\.max\(\)\.item\(\)"
+HOST_MAX_FORKS = {
+    "int-of-max": "int(forward_batch.seq_lens_cpu.max())",
+    "torch-max-item": "torch.max(forward_batch.seq_lens_cpu).item()",
+}
+
+
+@pytest.mark.parametrize("variant", sorted(HOST_MAX_FORKS))
+@pytest.mark.parametrize("rel, codemod", [(FA3, fa3.EagerMetadataWithoutMirror), (TRTLLM_MHA, mha.EagerMetadataWithoutMirror)])
+def test_eager_host_max_spelled_another_way(rel, codemod, variant):
+    forked = sub(HOST_MAX, HOST_MAX_FORKS[variant], (fetch_tree(PRIMARY) / rel).read_text(), count=1)
+    before, after, again = run(codemod, forked)
+    assert (before, again) == (State.TODO, State.DONE)
+    assert HOST_MAX_FORKS[variant] not in after and "host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len)" in after
+
+
+# -- the whole tree, once -------------------------------------------------------------------------
+
+
+def test_forked_tree_applies_verifies_and_reverts_exactly(make_tree, cli):
+    """One fork of each file above (and a metrics mixin that no longer reads
+    the mirror) on 0.5.12.post1: every patch applies, the vendor's own changes
+    are notes, verify passes and revert restores the fork byte for byte."""
+    from test_vendor_forks import METRICS, fork_dropped_metric_reads
+
+    tree = make_tree(PRIMARY)
+    edits = {
+        FLASHMLA: FORWARD_EXTEND_FORKS["draft-tokens-in-a-local"],
+        FA3: lambda t: sub(HOST_MAX, HOST_MAX_FORKS["int-of-max"], t, count=1),
+        TRTLLM_MHA: lambda t: sub(HOST_MAX, HOST_MAX_FORKS["torch-max-item"], t, count=1),
+        RUNNER: REPLAY_FORKS["pinned-buffer-in-a-local"],
+        DRAFT_EXTEND_RUNNER: lambda t: cst.parse_module(t).visit(_HoistKwarg("", vendor_fix=True)).code,
+        METRICS: fork_dropped_metric_reads,
+    }
+    for rel, edit in edits.items():
+        (tree / rel).write_text(edit((tree / rel).read_text()))
+    forked = snapshot(tree)
+
+    applied = cli("apply", tree)
+    assert applied.exit_code == 0, applied.output
+    states = patch_states(cli, tree)
+    assert {pid: p["state"] for pid, p in states.items()} == dict.fromkeys(states, "applied")
+    assert any("reads no CPU seq_lens mirror here" in n for n in states["needs-cpu-seq-lens"]["notes"])
+    assert any("hands the backend None without the batch's mirror" in n for n in states["replay-no-stale-mirror"]["notes"])
+    assert "fixed_q_cache_seqlens(forward_batch, self.forward_metadata, num_draft)" in (tree / FLASHMLA).read_text()
+    verified = cli("verify", tree)
+    assert verified.exit_code == 0 and "verify: OK" in verified.output, verified.output
+    assert cli("apply", tree).exit_code == 0
+
+    assert cli("revert", tree).exit_code == 0
+    assert snapshot(tree) == forked

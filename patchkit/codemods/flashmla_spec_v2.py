@@ -355,6 +355,13 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
     )
     CLASS = BACKEND
     METHOD = "forward_extend"
+    # The vendor's spelling of the verify lengths, and of the parent routing, is what this replaces.
+    REPLACES_VENDOR = ((
+        r"to|int|long|type|contiguous|torch|int32|add|device|dtype|as_tensor|seq_lens|num_draft_tokens|"
+        r"speculative_num_draft_tokens|is_draft_extend_v2|forward_mode|ForwardMode|DRAFT_EXTEND_V2",
+        "the fixed-q kernel's cache_seqlens in the vendor's spelling becomes fixed_q_cache_seqlens "
+        "(the same verify lengths outside the draft extend); DRAFT_EXTEND_V2 no longer goes to the parent",
+    ),)
 
     def _sites(self, fn: cst.FunctionDef) -> list[_Site]:
         local = _Locals(fn)
