@@ -1,3 +1,64 @@
-from patchkit.cli import main
+"""The ``patchkit`` command (and ``python -m patchkit``).
 
-main(prog_name="patchkit")
+SIGINT and SIGTERM end any command the same way, from the first line of
+patchkit that runs: one line on stderr, exit 130 (SIGINT) or 143 (SIGTERM),
+no traceback. A signal that arrives while a transaction writes the tree waits
+for its end (``patchkit.state.held_signals``): the tree is as before or fully
+changed. Once the command has ended, signals are ignored while the process
+exits (no traceback from exit handlers)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _exit_code() -> int:
+    try:
+        try:
+            from patchkit.state import Interrupted
+
+            def interrupt(signum: int, frame) -> None:
+                raise Interrupted(signum)
+
+            for sig in _SIGNALS:
+                signal.signal(sig, interrupt)
+            from patchkit.cli import main
+
+            main.main(prog_name="patchkit")  # click's standalone mode: ends by SystemExit
+            return 0
+        finally:
+            for sig in _SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        sys.stderr.write(f"{exc.code}\n")
+        return 1
+    except KeyboardInterrupt:  # a Ctrl-C before the handlers were installed
+        return _interrupted(signal.SIGINT)
+    except BaseException as exc:  # noqa: BLE001
+        signum = getattr(exc, "signum", None)
+        if signum is None:
+            raise
+        return _interrupted(signum)
+
+
+def _interrupted(signum: int) -> int:
+    sys.stderr.write(f"patchkit: interrupted by {signal.Signals(signum).name}\n")
+    return 128 + signum
+
+
+def run() -> None:
+    code = _exit_code()
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    run()

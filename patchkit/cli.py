@@ -23,7 +23,9 @@ Exit codes:
   1  verification failed, changes needed (--check), a patch was not
      applied, or a matrix release failed
   2  bad input: not an sglang tree, unknown patch, syntax error, read-only
-     file, corrupt state, lock timeout ... (one line on stderr, nothing changed)"""
+     file, corrupt state, lock timeout ... (one line on stderr, nothing changed)
+  130, 143  interrupted by Ctrl-C (SIGINT), SIGTERM: the tree as before, or
+     fully changed if a transaction was writing it"""
 
 TREE_HELP = """\b
 TREE (optional; default: the current folder) is an sglang git checkout, its

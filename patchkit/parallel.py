@@ -20,7 +20,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -92,6 +95,51 @@ def _work(rel: str) -> Optional[Entry]:
     return compute(rel, _JOBS[rel])
 
 
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _block_signals() -> Optional[set]:
+    """Block SIGINT and SIGTERM in this thread; the mask before (None where
+    signals cannot be blocked: not the main thread, no pthread_sigmask)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+
+
+def _restore_signals(mask: Optional[set]) -> None:
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _worker_init(mask: Optional[set]) -> None:
+    """A worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process
+    group; the parent decides and ends the workers) and dies on SIGTERM
+    without Python (the parent's handlers must not run here), then takes the
+    parent's signal mask back."""
+    gc.disable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _restore_signals(mask)
+
+
+def _stop(pool) -> None:
+    """End a pool's workers now: SIGTERM, then SIGKILL to any still alive
+    after a second; reap them all, so that nothing joins them at exit."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
+    with contextlib.suppress(Exception):
+        pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + 1.0
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join(1.0)
+
+
 @contextlib.contextmanager
 def _no_gc() -> Iterator[None]:
     """The cyclic GC off while files are parsed and transformed: a parse makes
@@ -157,16 +205,31 @@ def prepare(jobs: dict[str, Job], cache: TransformCache) -> dict[str, Entry]:
         # What the parent holds stays out of every collection in the workers
         # (no copy-on-write of its pages for the GC's bookkeeping).
         gc.freeze()
+        pool = None
         try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                     initializer=gc.disable) as pool:
+            # The workers are forked by the first submit: SIGINT and SIGTERM
+            # wait (blocked) until every fork has its own handlers (_worker_init),
+            # so a signal never runs the parent's handlers in a worker.
+            blocked = _block_signals()
+            try:
+                pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                           initializer=_worker_init, initargs=(blocked,))
                 futures = {rel: pool.submit(_work, rel) for rel, _ in todo}
-                for rel, future in futures.items():
-                    try:
-                        results[rel] = future.result()
-                    except Exception:  # noqa: BLE001 - a dead worker: compute it here
-                        with _no_gc():
-                            results[rel] = compute(rel, jobs[rel])
+            finally:
+                _restore_signals(blocked)
+            for rel, future in futures.items():
+                try:
+                    results[rel] = future.result()
+                except Exception:  # noqa: BLE001 - a dead worker: compute it here
+                    with _no_gc():
+                        results[rel] = compute(rel, jobs[rel])
+            pool.shutdown(wait=True)
+        except BaseException:
+            # Ctrl-C, SIGTERM or an error: the workers are ended now, never
+            # waited for (their results are only ever a cache of the serial path's).
+            if pool is not None:
+                _stop(pool)
+            raise
         finally:
             _JOBS = {}
             gc.unfreeze()

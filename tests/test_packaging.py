@@ -38,7 +38,7 @@ def test_wheel_contents(wheel):
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         entry_points = zf.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "Name: sglang-patchkit" in metadata
-    assert "patchkit = patchkit.cli:main" in entry_points
+    assert "patchkit = patchkit.__main__:run" in entry_points
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"patchkit"}  # no gpu_e2e, tests, examples or scripts
     assert not any("gpu_e2e" in n for n in names)

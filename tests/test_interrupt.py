@@ -1,0 +1,108 @@
+"""One Ctrl-C (SIGINT) or SIGTERM ends a cold ``patchkit apply`` (forked
+worker pool, empty transform cache) at any moment: within 2 s, exit 130 /
+143, one line on stderr and no traceback, the tree as before or fully
+patched (never half), no journal left, and no process of the run left alive.
+
+SIGINT goes to the whole process group, as a terminal's Ctrl-C does (the
+workers get it too); SIGTERM to patchkit's process alone, as ``kill`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support import PRIMARY, pristine_snapshot, snapshot
+
+pytestmark = [pytest.mark.trees, pytest.mark.slow,
+              pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")]
+
+POINTS = 20
+EXIT_WITHIN = 2.0  # seconds from the signal to the process's exit
+BUDGET = 120.0  # seconds of waiting for all points: fewer points (6 at least) where a cold apply is very slow
+
+
+def _session_processes(sid: int) -> list[str]:
+    """Live processes of session ``sid`` (patchkit runs as a session leader,
+    its workers inherit the session, even once orphaned)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # state ppid pgrp session ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{stat.parent.name}: {text[:text.rindex(')') + 1]}")
+    return found
+
+
+def _start(tree: Path, cache: Path) -> subprocess.Popen:
+    env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": str(cache), "PATCHKIT_JOBS": "2"}
+    return subprocess.Popen([sys.executable, "-m", "patchkit", "-q", "apply", str(tree)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
+    from patchkit.fetch import copy_tree
+
+    source = copy_tree(PRIMARY, tmp_path / "source")
+    pristine = pristine_snapshot(PRIMARY)
+
+    # One full cold apply: its time spreads the signals, its tree is "fully patched".
+    reference = tmp_path / "reference" / "sglang"
+    shutil.copytree(source, reference)
+    started = time.monotonic()
+    proc = _start(reference, tmp_path / "cache-reference")
+    _, err = proc.communicate(timeout=300)
+    cold = time.monotonic() - started
+    assert proc.returncode == 0, err
+    patched = snapshot(reference)
+    assert patched != pristine
+
+    # Delays from 0.1 s to the cold apply's time, evenly: they add up to points * cold / 2.
+    points = max(6, min(POINTS, int(2 * BUDGET / cold)))
+    outcomes = []
+    for i in range(points):
+        delay = 0.1 + (cold - 0.1) * i / (points - 1)
+        sig = signal.SIGINT if i % 2 == 0 else signal.SIGTERM
+        tree = tmp_path / f"t{i}" / "sglang"
+        shutil.copytree(source, tree)
+        proc = _start(tree, tmp_path / f"cache-{i}")
+        time.sleep(delay)
+        sent = time.monotonic()
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # a terminal's Ctrl-C: the whole foreground group
+        else:
+            proc.send_signal(sig)
+        try:
+            _, err = proc.communicate(timeout=EXIT_WITHIN + 10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail(f"point {i} ({sig.name} at {delay:.2f}s): patchkit hung")
+        took = time.monotonic() - sent
+        where = f"point {i} ({sig.name} at {delay:.2f}s of {cold:.2f}s): rc {proc.returncode}, stderr {err!r}"
+        time.sleep(0.05)  # the kernel reaps what the exit ended
+        assert _session_processes(proc.pid) == [], where
+        assert took < EXIT_WITHIN, f"{where}: took {took:.2f}s"
+        assert "Traceback" not in err, where
+        if proc.returncode == 0:  # it had finished before the signal came
+            assert err == "", where
+        else:
+            assert proc.returncode == 128 + sig, where
+            assert err == f"patchkit: interrupted by {sig.name}\n", where
+        now = snapshot(tree)
+        assert now in (pristine, patched), f"{where}: the tree is half-patched"
+        assert not (tree / ".patchkit" / "journal.json").exists(), where
+        outcomes.append(f"{delay:.1f}s {sig.name[3:]} rc={proc.returncode} "
+                        f"{'patched' if now == patched else 'pristine'} {took:.2f}s")
+        shutil.rmtree(tree)
+    print(f"cold apply {cold:.2f}s;", "; ".join(outcomes))
