@@ -69,3 +69,27 @@ def test_console_script_from_a_clean_venv(wheel, tmp_path):
         [p.id for p in registry.all_patches()]
     status = run("status", str(pristine(PRIMARY)))
     assert status.returncode == 0 and status.stdout.startswith(f"sglang {PRIMARY} at "), status.stderr
+
+
+def _listing(folder: Path) -> set[str]:
+    """Every path under ``folder``, git-ignored ones too (build/, *.egg-info),
+    bytecode caches aside (tests running beside this one write them)."""
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")
+            if not {"__pycache__", ".pytest_cache"} & set(p.relative_to(folder).parts)}
+
+
+def test_installing_the_example_set_leaves_its_folder_as_it_was(tmp_path):
+    """`pip install ./examples/acme-patches` builds out of the source folder
+    (flit_core): no build/ or *.egg-info there to break the example's tests."""
+    pytest.importorskip("flit_core", reason="the [test] extra installs flit_core, the example's build backend")
+    example = ROOT / "examples" / "acme-patches"
+    before = _listing(example)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+                    str(target), str(example)], check=True, capture_output=True, timeout=600)
+    assert _listing(example) == before
+    (info,) = target.glob("acme_sglang_patches-*.dist-info")
+    points = (info / "entry_points.txt").read_text().replace(" ", "")
+    assert "[patchkit.patches]\nacme=acme_patches" in points
+    shipped = {p.name for p in (target / "acme_patches").iterdir()}
+    assert {"__init__.py", "torch_native.py", "acme_runtime.py", "torch-native-spec-v2.toml"} <= shipped
