@@ -195,9 +195,16 @@ def _tokens(scope: ast.AST, children: list[ast.AST]) -> list[Token]:
             if dotted is not None:
                 out.append((line, node.col_offset, dotted))
                 continue
-        col = node.col_offset
-        for token in _leaf(node):
-            out.append((line, col, token))
+        if isinstance(node, (ast.BoolOp, ast.Compare)):
+            # Each operator where its right operand starts, not all at the expression's start.
+            ops = [type(node.op).__name__.lower()] * (len(node.values) - 1) if isinstance(node, ast.BoolOp) else \
+                [type(op).__name__ for op in node.ops]
+            rights = node.values[1:] if isinstance(node, ast.BoolOp) else node.comparators
+            out.extend((r.lineno, r.col_offset - 1, op) for op, r in zip(ops, rights))
+        else:
+            col = node.col_offset
+            for token in _leaf(node):
+                out.append((line, col, token))
         stack.extend(ast.iter_child_nodes(node))
     out.sort()
     return [(token, line) for line, _, token in out]
@@ -247,15 +254,10 @@ def lost(pristine: Optional[bytes], before: bytes, after: bytes, after_tree: Opt
         removed = _inserted(a_tokens, b_tokens)
         if not removed:
             continue
-        candidates = _vendor(p_tokens, b_tokens, removed)
-        if not candidates:
-            continue
-        # Still there as often as before (moved, not removed): not lost.
-        a_count, b_count = Counter(t for t, _ in a_tokens), Counter(t for t, _ in b_tokens)
-        for i in sorted(candidates):
+        counts = Counter(t for t, _ in p_tokens), Counter(t for t, _ in b_tokens), Counter(t for t, _ in a_tokens)
+        for i in sorted(_vendor(p_tokens, b_tokens, removed, counts)):
             token, line = b_tokens[i]
-            if a_count[token] < b_count[token]:
-                out.append(Lost(line, token, name, b_lines[line - 1].decode("utf-8", "replace").strip()))
+            out.append(Lost(line, token, name, b_lines[line - 1].decode("utf-8", "replace").strip()))
     return out
 
 
@@ -273,29 +275,43 @@ def _inserted(base: list[Token], new: list[Token]) -> set[int]:
     return found
 
 
-def _vendor(pristine: list[Token], before: list[Token], removed: set[int]) -> set[int]:
-    """Indexes of the vendor's tokens in ``before`` that are in ``removed``.
-    An insertion next to equal tokens can be placed several ways (``a, x, a``
-    after ``a``): the placement that the transform least removes is taken."""
+def _vendor(pristine: list[Token], before: list[Token], removed: set[int], counts: tuple[Counter, Counter, Counter]) -> set[int]:
+    """Indexes of the vendor's tokens in ``before`` that the transform lost.
+
+    The vendor's code comes in blocks (what aligning ``before`` with the
+    release finds inserted or replaced). A block is lost by what makes it the
+    vendor's: its tokens the release's scope lacks, where it has some (an
+    ``or isinstance(s, Vendor)`` merged into ``isinstance(s, (..., Vendor))``
+    keeps ``Vendor``: nothing is lost); else all of it. A token the result
+    still has as often as before was moved, not lost. An insertion next to
+    equal tokens (``a, x, a`` after ``a``) can be placed several ways: the
+    placement the transform least removes is taken."""
+    p_count, b_count, a_count = counts
     keys = [t for t, _ in before]
-    hit: set[int] = set()
+
+    def gone(block: range) -> set[int]:
+        own = [i for i in block if p_count[keys[i]] == 0]
+        hit = {i for i in (own or block) if i in removed and a_count[keys[i]] < b_count[keys[i]]}
+        return hit if own or len(hit) == len(block) else set()
+
+    out: set[int] = set()
     for tag, _, _, j1, j2 in _opcodes(pristine, before):
         if tag == "replace":
-            hit.update(i for i in range(j1, j2) if i in removed)
+            out |= gone(range(j1, j2))
         elif tag == "insert":
             best = None
             lo, hi = j1, j2
             while lo > 0 and keys[lo - 1] == keys[hi - 1]:
                 lo, hi = lo - 1, hi - 1
             while True:
-                overlap = {i for i in range(lo, hi) if i in removed}
-                if best is None or len(overlap) < len(best):
-                    best = overlap
+                hit = gone(range(lo, hi))
+                if best is None or len(hit) < len(best):
+                    best = hit
                 if hi >= len(keys) or keys[lo] != keys[hi] or not best:
                     break
                 lo, hi = lo + 1, hi + 1
-            hit |= best
-    return hit
+            out |= best
+    return out
 
 
 class VendorCodeLost(PatchkitError):

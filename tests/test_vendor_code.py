@@ -1,0 +1,140 @@
+"""Code a vendor added inside a patch site survives `apply`, or the site is
+refused naming file:line (issue 29 §1). Synthetic forks: a real release tree
+with one vendor token inserted at a real patch site."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from patchkit import vendor_code
+
+VERSIONS = ["0.5.11", "0.5.12.post1"]
+
+WORKER = "srt/speculative/eagle_worker_v2.py"
+WHITELIST_LINE = "            or isinstance(self.draft_extend_attn_backend, TRTLLMMLABackend)\n"
+REPLAY = "srt/model_executor/cuda_graph_runner.py"
+REPLAY_KWARG = "            seq_lens_cpu=buffers.seq_lens_cpu[:bs],\n"
+SYNC = "srt/speculative/eagle_info_v2.py"
+SYNC_LINE = "        batch.seq_lens_cpu = batch.seq_lens.cpu()\n"
+MHA = "srt/layers/attention/trtllm_mha_backend.py"
+CAPTURE_DEF = "    def init_forward_metadata_capture_cuda_graph(\n"
+BATCH = "srt/managers/schedule_batch.py"
+EAGER_SUM = "self.seq_lens_sum = self.seq_lens.sum().item()"
+
+
+def insert(tree: Path, rel: str, anchor: str, text: str, before: bool = False) -> int:
+    """Put ``text`` after (or before) the first ``anchor`` in the file; the line it lands on."""
+    path = tree / rel
+    source = path.read_text()
+    assert anchor in source, f"{rel}: {anchor!r} not found"
+    at = source.index(anchor) + (0 if before else len(anchor))
+    path.write_text(source[:at] + text + source[at:])
+    return source[:at].count("\n") + 1
+
+
+# (file, anchor, inserted text, the vendor token that must survive, insert before the anchor?)
+SHAPES = {
+    "isinstance-member": (WORKER, WHITELIST_LINE, "            or isinstance(self.draft_extend_attn_backend, AcmeVendorBackend)\n", "AcmeVendorBackend", False),
+    "boolean-term": (WORKER, WHITELIST_LINE, "            or self.acme_vendor_flag\n", "acme_vendor_flag", False),
+    "keyword": (REPLAY, REPLAY_KWARG, "            acme_vendor_kw=1,\n", "acme_vendor_kw=1", False),
+    "statement": (SYNC, SYNC_LINE, "        acme_vendor_stmt = batch.seq_lens.numel()\n", "acme_vendor_stmt", False),
+    "decorator": (MHA, CAPTURE_DEF, "    @acme_vendor_decorator\n", "@acme_vendor_decorator", True),
+}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_vendor_token_is_carried(make_tree, cli, version, shape):
+    tree = make_tree(version)
+    rel, anchor, text, token, before = SHAPES[shape]
+    insert(tree, rel, anchor, text, before)
+    result = cli("apply", tree)
+    assert result.exit_code == 0, result.output
+    patched = (tree / rel).read_text()
+    assert token in patched
+    assert patched != vendor_code.pristine_source(version, rel).decode()  # the patch did change this file
+    assert cli("verify", "-q", tree).exit_code == 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_replaced_vendor_code_is_refused_with_its_line(make_tree, cli, version):
+    tree = make_tree(version)
+    line = insert(tree, BATCH, EAGER_SUM, " + acme_vendor_bias")
+    before = {rel: (tree / rel).read_bytes() for rel in (BATCH, WORKER)}
+    result = cli("apply", tree)
+    assert result.exit_code == 1, result.output
+    assert f"{BATCH}:{line}: refused" in result.output
+    assert "acme_vendor_bias" in result.output and "DeferFilterBatchSum" in result.output
+    assert "needs-cpu-seq-lens" in result.output
+    assert {rel: (tree / rel).read_bytes() for rel in before} == before  # nothing changed
+
+
+def test_declared_replacement_is_reported(make_tree, cli, monkeypatch):
+    from patchkit.codemods.needs_cpu_seq_lens_deferred_sum import DeferFilterBatchSum
+
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", "off")
+    monkeypatch.setattr(DeferFilterBatchSum, "REPLACES_VENDOR", (("acme_vendor_bias", "the sum is deferred"),))
+    tree = make_tree("0.5.12.post1")
+    line = insert(tree, BATCH, EAGER_SUM, " + acme_vendor_bias")
+    result = cli("apply", tree)
+    assert result.exit_code == 0, result.output
+    notes = [x for x in result.output.splitlines() if "replaces the vendor's" in x]
+    assert len(notes) == 1 and f"{BATCH}:{line}:" in notes[0] and "the sum is deferred" in notes[0]
+    assert "acme_vendor_bias" not in (tree / BATCH).read_text()
+
+
+def test_forward_mode_member_survives_on_0_5_13(make_tree, cli):
+    """flashmla-spec-v2 drops DRAFT_EXTEND_V2 from forward_extend's early
+    return tuple on 0.5.13 .. 0.5.15; a fork's own member stays, before or after it."""
+    tree = make_tree("0.5.13")
+    rel = "srt/layers/attention/flashmla_backend.py"
+    insert(tree, rel, "            ForwardMode.DRAFT_EXTEND_V2,\n        ):\n", "            ForwardMode.ACME_MODE,\n", before=True)
+    insert(tree, rel, "            ForwardMode.DRAFT_EXTEND_V2,\n        ):\n", "            ForwardMode.ACME_LAST,\n", before=False)
+    result = cli("apply", tree)
+    assert result.exit_code == 0, result.output
+    patched = (tree / rel).read_text()
+    assert "ForwardMode.ACME_MODE" in patched and "ForwardMode.ACME_LAST" in patched
+
+
+# -- the check itself, on snippets -------------------------------------------------------------
+
+PRISTINE = b"""\
+class B:
+    def f(self, mode):
+        if mode in (A.X, A.Y):
+            return g(1, k=2)
+        return None
+"""
+
+
+def test_lost_names_the_vendor_token_and_line():
+    fork = PRISTINE.replace(b"A.Y)", b"A.Y, A.VENDOR)")
+    dropped = fork.replace(b"(A.X, A.Y, A.VENDOR)", b"(A.X,)")
+    (found,) = vendor_code.lost(PRISTINE, fork, dropped)
+    assert (found.line, found.token, found.scope) == (3, "A.VENDOR", "B.f")
+    assert vendor_code.lost(PRISTINE, fork, fork.replace(b"A.Y, ", b"")) == []  # the release's member may go
+
+
+def test_layout_and_moves_are_not_losses():
+    fork = PRISTINE.replace(b"g(1, k=2)", b"g(1, k=2, vendor=3)")
+    relaid = fork.replace(b"g(1, k=2, vendor=3)", b"g(\n                1,\n                k=2,\n                vendor=3,\n            )")
+    assert vendor_code.lost(PRISTINE, fork, relaid) == []
+    wrapped = fork.replace(b"            return g(", b"            if ok:\n                return g(")
+    assert vendor_code.lost(PRISTINE, fork, wrapped) == []
+    assert vendor_code.lost(None, fork, b"") == [] and vendor_code.lost(PRISTINE, PRISTINE, b"") == []
+
+
+def test_removed_vendor_statement_and_method():
+    fork = PRISTINE.replace(b"        return None\n", b"        vendor_log(mode)\n        return None\n    def vendor_m(self):\n        pass\n")
+    gone = PRISTINE.replace(b"return None", b"return 0")
+    tokens = {x.token for x in vendor_code.lost(PRISTINE, fork, gone)}
+    assert {"vendor_log", "def vendor_m"} <= tokens
+
+
+def test_pristine_source_never_downloads(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path))
+    assert vendor_code.pristine_source("0.5.12.post1", "srt/managers/scheduler.py") is None
+    assert vendor_code.pristine_source("unknown", "x.py") is None
+    assert not any(tmp_path.iterdir())
