@@ -45,7 +45,8 @@ def test_wheel_contents(wheel):
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("patchkit/patches/") and n.endswith(".toml")}
     assert shipped == {f.name for f in registry.definition_files()} and shipped
     for module in ("patchkit/cli.py", "patchkit/registry.py", "patchkit/runtime/seq_lens.py",
-                   "patchkit/backends/trtllm_mha.py", "patchkit/codemods/primitives/__init__.py"):
+                   "patchkit/backends/trtllm_mha.py", "patchkit/codemods/primitives/__init__.py",
+                   "patchkit/testing.py"):
         assert module in names
 
 
