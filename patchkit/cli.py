@@ -50,12 +50,31 @@ class Ctx:
             click.echo(message, err=True)
 
 
+def _usage_error(exc: click.UsageError):
+    """A usage error as one line naming the argument, exit 2 (click prints
+    usage lines and a blank one); ``patchkit`` alone still shows the help."""
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):  # click 8.2+
+        raise exc
+    path = exc.ctx.command_path if exc.ctx is not None else "patchkit"
+    message = " ".join(exc.format_message().split())
+    click.echo(f"patchkit: error: {message} (see `{path} -h`)", err=True)
+    sys.exit(exc.exit_code)
+
+
 class PatchkitGroup(click.Group):
-    """Turn every PatchkitError into one line on stderr and its exit code."""
+    """Turn every PatchkitError and usage error into one line on stderr and its exit code."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            _usage_error(exc)
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            _usage_error(exc)
         except PatchkitError as exc:
             click.echo(f"patchkit: error: {exc}", err=True)
             sys.exit(exc.exit_code)
@@ -108,6 +127,9 @@ def _split_tree(ctx: click.Context, param: click.Parameter, args: tuple[str, ...
     otherwise all are patch ids and the tree is found from the current folder."""
     if args and (os.path.exists(args[0]) or os.sep in args[0] or args[0].startswith((".", "~"))):
         return args[0], args[1:]
+    if args and args[0] not in {p.id for p in registry.all_patches()}:
+        raise PatchkitError(f"{args[0]}: no tree there (no such file or folder) and no patch of that name "
+                            f"(patches: {', '.join(p.id for p in registry.all_patches())})")
     return None, args
 
 

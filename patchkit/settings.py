@@ -39,9 +39,11 @@ def lock_timeout(default: float = 60.0) -> float:
     try:
         seconds = float(value)
     except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
-        raise PatchkitError(f"PATCHKIT_LOCK_TIMEOUT={value!r}: not a number of seconds (e.g. 60); fix or unset it")
+        raise PatchkitError(f"PATCHKIT_LOCK_TIMEOUT={value!r}: not a number of seconds; allowed: 0 (do not wait) "
+                            "or more, finite (e.g. 60); fix or unset it") from None
+    if not 0 <= seconds < float("inf"):
+        raise PatchkitError(f"PATCHKIT_LOCK_TIMEOUT={value!r}: out of range; allowed: 0 (do not wait) or more "
+                            "seconds, finite (e.g. 60); fix or unset it")
     return seconds
 
 
@@ -51,7 +53,8 @@ def jobs() -> Optional[int]:
     if value is None:
         return None
     if not value.isdigit() or int(value) < 1:
-        raise PatchkitError(f"PATCHKIT_JOBS={value!r}: not a positive whole number of processes (e.g. 2); fix or unset it")
+        raise PatchkitError(f"PATCHKIT_JOBS={value!r}: not a positive whole number of processes; allowed: 1 or "
+                            "more (e.g. 2); fix or unset it")
     return int(value)
 
 
