@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -111,14 +112,33 @@ PatchkitGroup.command_class = PatchkitCommand
 
 
 def _complete_patches(ctx: click.Context, param: click.Parameter, incomplete: str):
-    """Patch ids for shell completion (and folders, for a TREE)."""
+    """Shell completion (bash, zsh, fish) of patch ids not given yet; the
+    first ``[TREE] [PATCH]...`` argument also completes folders: by the
+    shell where it reads as a path (``./``, ``~/``, ``a/``), else as names."""
     from click.shell_completion import CompletionItem
 
-    try:
-        ids = [p.id for p in registry.all_patches()]
+    value = ctx.params.get(param.name) or ()
+    if param.name == "args":  # (TREE or None, ids), as _split_tree left it
+        tree, ids = value if len(value) == 2 and not isinstance(value[1], str) else (None, value)
+        given, first = set(ids), tree is None and not ids
+    else:
+        given, first = set(value) if param.multiple else set(), False
+    if first and (os.sep in incomplete or incomplete.startswith((".", "~"))):
+        return [CompletionItem(incomplete, type="dir")]
+    try:  # the sets a command would load (click completes without running main)
+        registry.use_folders(ctx.find_root().params.get("patch_dirs") or (), "--patches")
+        registry.use_pyproject(Path.cwd())
+        ids = [p.id for p in registry.load().patches]
     except PatchkitError:  # completion never prints an error
         ids = []
-    return [CompletionItem(i) for i in ids if i.startswith(incomplete)] + [CompletionItem(incomplete, type="dir")]
+    finally:
+        registry.reset()
+    items = [CompletionItem(i) for i in ids if i.startswith(incomplete) and i not in given]
+    if first:
+        with contextlib.suppress(OSError):
+            items += [CompletionItem(f"{e.name}/") for e in sorted(os.scandir("."), key=lambda e: e.name)
+                      if e.name.startswith(incomplete) and not e.name.startswith(".") and e.is_dir()]
+    return items
 
 
 def _split_tree(ctx: click.Context, param: click.Parameter, args: tuple[str, ...]):
@@ -127,7 +147,7 @@ def _split_tree(ctx: click.Context, param: click.Parameter, args: tuple[str, ...
     otherwise all are patch ids and the tree is found from the current folder."""
     if args and (os.path.exists(args[0]) or os.sep in args[0] or args[0].startswith((".", "~"))):
         return args[0], args[1:]
-    if args and args[0] not in {p.id for p in registry.all_patches()}:
+    if args and not ctx.resilient_parsing and args[0] not in {p.id for p in registry.all_patches()}:
         raise PatchkitError(f"{args[0]}: no tree there (no such file or folder) and no patch of that name "
                             f"(patches: {', '.join(p.id for p in registry.all_patches())})")
     return None, args
