@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -133,7 +133,10 @@ def run_matrix(releases: Iterable[str], jobs: int = 1, progress: Optional[Callab
         for version in releases:
             done(run_release(version, workdir))
     else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(releases))) as pool:
+        from patchkit.parallel import interruptible_pool
+
+        # Ctrl-C / SIGTERM end the workers at once (their copies removed), not after their releases.
+        with interruptible_pool(min(jobs, len(releases))) as pool:
             futures = [pool.submit(run_release, version, workdir) for version in releases]
             for future in as_completed(futures):
                 done(future.result())

@@ -111,15 +111,50 @@ def _restore_signals(mask: Optional[set]) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _worker_init(mask: Optional[set]) -> None:
+def _worker_init(mask: Optional[set], graceful: bool = False) -> None:
     """A worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process
     group; the parent decides and ends the workers) and dies on SIGTERM
     without Python (the parent's handlers must not run here), then takes the
-    parent's signal mask back."""
-    gc.disable()
+    parent's signal mask back. ``graceful``: SIGTERM raises SystemExit
+    instead, so the worker's ``with`` blocks clean up (temporary folders), and
+    the GC stays on."""
+    if not graceful:
+        gc.disable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, _exit if graceful else signal.SIG_DFL)
     _restore_signals(mask)
+
+
+def _exit(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def interruptible_pool(workers: int) -> Iterator:
+    """A process pool (forked where that is safe) whose workers ignore SIGINT
+    and exit on SIGTERM, cleaning up (``_worker_init``); every worker is
+    started here. When the block raises (Ctrl-C, SIGTERM, an error) the
+    workers are ended at once (``_stop``), never waited for; else the pool
+    shuts down as ``with ProcessPoolExecutor`` does."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    fork = "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin"
+    pool = None
+    try:
+        blocked = _block_signals()
+        try:
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork") if fork else None,
+                                       initializer=_worker_init, initargs=(blocked, True))
+            pool.submit(int)  # a forking pool starts all its workers on its first submit
+        finally:
+            _restore_signals(blocked)
+        yield pool
+        pool.shutdown(wait=True)
+    except BaseException:
+        if pool is not None:
+            _stop(pool)
+        raise
 
 
 def _stop(pool) -> None:

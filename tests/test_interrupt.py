@@ -106,3 +106,22 @@ def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
                         f"{'patched' if now == patched else 'pristine'} {took:.2f}s")
         shutil.rmtree(tree)
     print(f"cold apply {cold:.2f}s;", "; ".join(outcomes))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_one_signal_ends_a_parallel_matrix(tmp_path, sig):
+    """matrix -j 2 (a process pool of its own): ended within 2 s, its workers
+    gone and their copies of the releases removed."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PATCHKIT_TRANSFORM_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "matrix", "-j", "2", PRIMARY, "0.5.12"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(4)
+    sent = time.monotonic()
+    os.killpg(proc.pid, sig) if sig == signal.SIGINT else proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    time.sleep(0.05)
+    assert _session_processes(proc.pid) == []
+    assert proc.returncode == 128 + sig and err == f"patchkit: interrupted by {sig.name}\n", (proc.returncode, err)
+    assert took < EXIT_WITHIN, took
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("patchkit-matrix-")] == []
