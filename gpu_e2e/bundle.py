@@ -300,19 +300,23 @@ def patchkit_cli(*args: str, cwd: Optional[Path] = None) -> subprocess.Completed
                           text=True, env=env, cwd=cwd)
 
 
-def patched_tree(release: str, work: Path) -> tuple[Path, Path, str]:
-    """(pristine package dir, patched package dir, apply+verify output)."""
+def patched_tree(release: str, work: Path, skip: Iterable[str] = ()) -> tuple[Path, Path, str]:
+    """(pristine package dir, patched package dir, apply+verify output); ``skip``:
+    patches left out (a "minus" variant, to measure what they add)."""
     from patchkit.fetch import fetch_tree
 
     pristine = fetch_tree(release)
-    dest = work / release / "sglang"
+    dest = work / release / "-".join(["sglang", *skip]) / "sglang"
     if dest.parent.exists():
         shutil.rmtree(dest.parent)
     shutil.copytree(pristine, dest)
-    applied = patchkit_cli("apply", str(dest))
+    applied = patchkit_cli("apply", str(dest), *[a for pid in skip for a in ("--skip", pid)])
     if applied.returncode != 0:
         raise SystemExit(f"patchkit apply {release} failed:\n{applied.stdout}{applied.stderr}")
-    verified = patchkit_cli("verify", str(dest))
+    from patchkit import registry
+
+    applied_ids = [p.id for p in registry.select([], skip=skip)] if skip else []
+    verified = patchkit_cli("verify", str(dest), *applied_ids)
     if verified.returncode != 0:
         raise SystemExit(f"patchkit verify {release} failed:\n{verified.stdout}{verified.stderr}")
     return pristine, dest, applied.stdout + verified.stdout
@@ -405,8 +409,11 @@ def folder_size(root: Path) -> int:
 
 
 def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
-          limit: int = LIMIT_BYTES, log=print) -> dict:
-    releases = list(releases)
+          limit: int = LIMIT_BYTES, log=print, minus: Iterable[str] = ()) -> dict:
+    """``minus``: patch ids; each adds a tree "minus-ID" (every patch but that
+    one) beside "patched", as ``overlay-minus-ID.tar.gz``: the orchestrator
+    then measures that patch's own effect side by side."""
+    releases, minus = list(releases), list(minus)
     dest = Path(dest)
     pins = all_pins(releases)
     if dest.exists():
@@ -444,10 +451,17 @@ def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
             _tar_dir(tdir / "pristine.tar.gz", pristine, "sglang")
             _tar_dir(tdir / "overlay.tar.gz", patched, "sglang", changed)
             (tdir / "overlay.json").write_text(json.dumps(changed, indent=1, sort_keys=True) + "\n")
+            for pid in minus:
+                _, without, _ = patched_tree(rel, Path(tmp), skip=[pid])
+                part, _ = overlay(pristine, without)
+                _tar_dir(tdir / f"overlay-minus-{pid}.tar.gz", without, "sglang", part)
+                (tdir / f"overlay-minus-{pid}.json").write_text(json.dumps(part, indent=1, sort_keys=True) + "\n")
+                log(f"trees/{rel}: minus-{pid}: {len(part)} changed file(s)")
             manifest["releases"][rel] = {
                 "runtime_mode": mode,
                 "patchkit_imports": mods,
                 "changed_files": sorted(changed),
+                "minus": minus,
                 "patchkit_output": out,
             }
             log(f"trees/{rel}: {len(changed)} changed file(s), runtime mode: {mode}")

@@ -46,15 +46,23 @@ def prepare_trees(bundle: Path, release: str, work: Path) -> dict[str, Path]:
     if not (tdir / "overlay.tar.gz").exists():
         log(f"{release}: upstream tree ready (the reference: no overlay)")
         return {"upstream": pristine}
-    shutil.copytree(pristine, patched)
-    unpack(tdir / "overlay.tar.gz", patched)
-    expected = json.loads((tdir / "overlay.json").read_text())
-    for rel, sha in expected.items():
-        got = hashlib.sha256((patched / "sglang" / rel).read_bytes()).hexdigest()
-        if got != sha:
-            raise SystemExit(f"{release}: patched {rel} has sha256 {got}, expected {sha}")
-    log(f"{release}: pristine and patched trees ready ({len(expected)} patched file(s) checked)")
-    return {"pristine": pristine, "patched": patched}
+    trees = {"pristine": pristine}
+    for overlay_tar in sorted(tdir.glob("overlay*.tar.gz")):
+        # overlay.tar.gz: every patch; overlay-minus-ID.tar.gz: every patch but ID.
+        name = overlay_tar.name[len("overlay-"):-len(".tar.gz")] if overlay_tar.name != "overlay.tar.gz" else "patched"
+        tree = work / release / name
+        if tree.exists():
+            shutil.rmtree(tree)
+        shutil.copytree(pristine, tree)
+        unpack(overlay_tar, tree)
+        expected = json.loads(overlay_tar.with_name(overlay_tar.name.replace(".tar.gz", ".json")).read_text())
+        for rel, sha in expected.items():
+            got = hashlib.sha256((tree / "sglang" / rel).read_bytes()).hexdigest()
+            if got != sha:
+                raise SystemExit(f"{release}: {name} {rel} has sha256 {got}, expected {sha}")
+        trees[name] = tree
+        log(f"{release}: {name} tree ready ({len(expected)} patched file(s) checked)")
+    return trees
 
 
 def unpacked_site(bundle: Path, group: str, work: Path) -> Path:
@@ -80,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--releases", default=None, help="comma list (default: all in the bundle)")
     ap.add_argument("--sizes", default="small,8b")
     ap.add_argument("--variants", default="pristine,patched",
-                    help="of a patched release; a reference release runs its upstream tree")
+                    help="of a patched release; a reference release runs its upstream tree. Each is "
+                         "TREE or TREE@BACKEND: TREE pristine, patched or minus-PATCH (a bundle built with "
+                         "--minus PATCH), BACKEND an attention backend (default --attention-backend)")
+    ap.add_argument("--compare", default=None,
+                    help="A,B: the two variants each round compares (default: pristine,patched, or the "
+                         "first two variants); outputs must be identical only where A and B use one backend")
     ap.add_argument("--scenario", choices=("eagle3", "standalone"), default="eagle3",
                     help="standalone: the draft is the target itself, so steps accept tokens")
     ap.add_argument("--deterministic", action="store_true",
@@ -141,11 +154,17 @@ def main(argv: list[str] | None = None) -> int:
         }
         variants = list(trees) if "upstream" in trees else (
             ["patched"] if args.alternate else args.variants.split(","))
+        unknown = [v for v in variants if _variant(v, "")[0] not in trees]
+        if unknown:
+            raise SystemExit(f"{release}: no tree for variant(s) {', '.join(unknown)} (trees: {', '.join(trees)})")
+        pair = tuple(args.compare.split(",")) if args.compare else (
+            ("pristine", "patched") if {"pristine", "patched"} <= set(variants) else tuple(variants[:2]))
         for size, rnd, order in _schedule(args.sizes.split(","), variants, args.rounds):
             got = {}
             for variant in order:
+                tree_name, backend = _variant(variant, args.attention_backend)
                 tag = f"r{rnd}/" if args.rounds > 1 else ""
-                key = f"{release}/{size}/{args.attention_backend}/{_setting(args)}{tag}{variant}"
+                key = f"{release}/{size}/{backend}/{_setting(args)}{tag}{tree_name}"
                 sync_dir = work / "syncs" / key.replace("/", "_")
                 if sync_dir.exists():
                     shutil.rmtree(sync_dir)
@@ -153,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 res_file.parent.mkdir(parents=True, exist_ok=True)
                 if res_file.exists():
                     res_file.unlink()
-                path = [str(trees[variant]), str(site_rel), str(site_common), str(bundle / "e2e")]
-                if variant == "patched" and info["runtime_mode"] == "package":
+                path = [str(trees[tree_name]), str(site_rel), str(site_common), str(bundle / "e2e")]
+                if tree_name != "pristine" and info["runtime_mode"] == "package":
                     path.insert(1, str(bundle / "runtime"))
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1",
                            PK_E2E_SYNC_DIR=str(sync_dir), SGLANG_ENABLE_SPEC_V2="1",
@@ -162,10 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                 if args.alternate:
                     env[mirror_control.ENV_CONTROL] = str(sync_dir / "mirror")
                     env["PK_E2E_SYNC_FLUSH_S"] = "0.05"
-                cmd = [sys.executable, "-m", "pk_gpu_e2e.runner", "--tree-parent", str(trees[variant]),
-                       "--variant", variant, "--size", size, "--batch-sizes", args.batch_sizes,
+                cmd = [sys.executable, "-m", "pk_gpu_e2e.runner", "--tree-parent", str(trees[tree_name]),
+                       "--variant", tree_name, "--size", size, "--batch-sizes", args.batch_sizes,
                        "--max-new-tokens", str(args.max_new_tokens), "--runs", str(args.runs),
-                       "--attention-backend", args.attention_backend,
+                       "--attention-backend", backend,
                        "--scenario", args.scenario, "--workloads", args.workloads,
                        "--alternate", str(args.alternate), "--mem-fraction-static", str(mem_fraction),
                        "--tp", str(args.tp),
@@ -197,7 +216,23 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     all_results["runs"][key] = {"rc": rc}
                 results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
-            if "pristine" in got and "patched" in got:
+            first, second = pair
+            if first in got and second in got and pair != ("pristine", "patched"):
+                # Two trees or two backends side by side: the speed ratio per round;
+                # identical outputs where both run one backend.
+                rows = report.compare(release, got[first], got[second])
+                for row in rows:
+                    row["pair"] = f"{first} → {second}"
+                all_results["rows"].extend(rows)
+                same_backend = _variant(first, args.attention_backend)[1] == _variant(second, args.attention_backend)[1]
+                all_results["problems"].extend(
+                    f"{r['release']} {r['size']} bs={r['batch_size']}: outputs differ ({r['mismatch']})"
+                    for r in rows if same_backend and not r["identical"])
+                (out / "table.md").write_text(report.markdown(all_results["rows"]))
+                if args.rounds > 1:
+                    (out / "speed.md").write_text(report.speed_markdown(all_results["rows"]))
+                print(report.markdown(rows), flush=True)
+            elif "pristine" in got and "patched" in got:
                 rows = report.compare(release, got["pristine"], got["patched"])
                 all_results["rows"].extend(rows)
                 all_results["problems"].extend(
@@ -232,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     ran = all_results["rows"] or extra
     print("verdict:", "OK" if not all_results["problems"] and ran else "NOT OK")
     return 0 if ran and not all_results["problems"] else 1
+
+
+def _variant(spec: str, default_backend: str) -> tuple[str, str]:
+    """``TREE[@BACKEND]`` -> (tree name, attention backend)."""
+    tree, _, backend = spec.partition("@")
+    return tree, backend or default_backend
 
 
 def _setting(args) -> str:

@@ -32,6 +32,9 @@ def main() -> int:
                    help="release(s) to carry (default: 0.5.12.post1); 0.5.13 travels unpatched, "
                         "as the upstream reference")
     b.add_argument("--limit-mib", type=float, default=64)
+    b.add_argument("--minus", action="append", default=[], metavar="PATCH",
+                   help="also carry a tree with every patch but PATCH (variant minus-PATCH), to measure "
+                        "that patch's own effect side by side")
     f = sub.add_parser("fa3-pack", help="pack FA3's kernel library for a device call of its own")
     f.add_argument("--out", required=True, type=Path)
     t = sub.add_parser("tables", help="issue 23's tables from one or more results.json (e.g. two device calls)")
@@ -42,7 +45,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.cmd == "bundle":
         bundle.build(args.out, args.release or ["0.5.12.post1"],
-                     limit=int(args.limit_mib * bundle.MIB))
+                     limit=int(args.limit_mib * bundle.MIB), minus=args.minus)
         return 0
     if args.cmd == "tables":
         import json

@@ -17,8 +17,9 @@ from patchkit.fetch import fetch_tree
 PRE_UPSTREAM = ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"]
 PRIMARY = "0.5.12.post1"
 NATIVE = "0.5.13"
-#: The first release with every patch upstream (FA3's and FlashMLA's sync-free spec v2 came with 0.5.16).
-ALL_NATIVE = "0.5.16"
+#: The first release with every patch upstream (FA3's and FlashMLA's sync-free spec v2 came with
+#: 0.5.16, FA3 in the draft-extend CUDA-graph check with 0.5.23).
+ALL_NATIVE = "0.5.23"
 
 
 def patch_states(cli, tree, *ids: str) -> dict[str, dict]:

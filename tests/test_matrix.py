@@ -41,7 +41,7 @@ def test_two_releases_in_parallel(doc):
     assert "srt/layers/attention/flashattention_backend.py" in primary["changed_files"]
     assert primary["patches"]["flashmla-spec-v2"]["state"] == "applied"
     assert "srt/layers/attention/flashmla_backend.py" in primary["changed_files"]
-    # 0.5.16 and later have every change upstream: nothing is written.
+    # 0.5.23 and later have every change upstream: nothing is written.
     assert native["changed_files"] == []
     assert {p["state"] for p in native["patches"].values()} <= {"native", "not-applicable"}
     assert all(p["ok"] for p in native["patches"].values())

@@ -1,0 +1,171 @@
+"""FA3's spec-v2 draft extend in a CUDA graph (upstream: sglang 0.5.23).
+
+``EagleDraftWorker`` captures the draft-extend CUDA graph only for the
+backends in its graph check (``supports_cuda_draft_extend_graph``): Triton and
+TRT-LLM MLA on 0.5.10 .. 0.5.12.post1, a longer tuple or list later.
+``FlashAttentionBackend``, Hopper's default, is not in it, although its
+capture and replay metadata already have ``DRAFT_EXTEND_V2`` branches: every
+draft extend on FA3 runs eagerly. 0.5.23 appends the class to the list.
+
+Two codemods:
+
+* ``speculative/eagle_worker_v2.py``: right after the graph check is computed,
+  whatever its form (an ``or`` chain, an isinstance tuple, a list that is
+  appended to), FA3 is let in: on CUDA only, imported there (as upstream: MUSA
+  and NPU builds must not import sgl_kernel), and not with a speculative
+  token map, whose reduced draft head the graph runner of these releases does
+  not size its logits buffer for (FlashInfer's #28782 fell back to eager the
+  same way). The vendor's expression is left as it is: nothing of theirs is
+  rebuilt.
+* ``layers/attention/flashattention_backend.py``: nothing is changed; the
+  release's FA3 must have both graph branches (capture: an
+  ``is_draft_extend_v2`` / ``is_draft_extend(include_v2=True)`` branch that
+  stores ``self.draft_extend_metadata[bs]``; replay: one that reads it), else
+  the patch is refused with one line naming the missing branch.
+
+Done: a tree whose graph check already names ``FlashAttentionBackend``
+(0.5.23's list, ours, a vendor's own).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods import primitives
+from patchkit.codemods.base import ClassCodemod, Finding, MethodCodemod
+
+FA3 = "FlashAttentionBackend"
+FA3_MODULE = "sglang.srt.layers.attention.flashattention_backend"
+GRAPH_CHECK = "supports_cuda_draft_extend_graph"
+SUBJECT = m.Attribute(value=m.Name("self"), attr=m.Name("draft_extend_attn_backend"))
+
+# FA3 named where a graph check lists classes: isinstance(x, FA3), isinstance(x, (..., FA3)),
+# [..., FA3] or .append(FA3).
+_FA3 = m.Name(FA3)
+_IN_TUPLE = m.Tuple(elements=[m.ZeroOrMore(), m.Element(value=_FA3), m.ZeroOrMore()])
+FA3_LISTED = (
+    m.Call(func=m.Name("isinstance"), args=[m.DoNotCare(), m.Arg(value=_FA3 | _IN_TUPLE)])
+    | m.List(elements=[m.ZeroOrMore(), m.Element(value=_FA3), m.ZeroOrMore()])
+    | m.Call(func=m.Attribute(attr=m.Name("append")), args=[m.Arg(value=_FA3)])
+)
+
+LET_FA3_IN = f'''
+if _is_cuda and not {GRAPH_CHECK} and self.hot_token_id is None:
+    # patchkit fa3-draft-extend-graph (upstream 0.5.23): FA3 has CUDA-graph
+    # metadata for DRAFT_EXTEND_V2 (capture and replay), so its draft extend is
+    # captured too. CUDA only, imported here: MUSA and NPU builds must not
+    # import sgl_kernel. Eager with a speculative token map: the graph's
+    # logits buffer is sized to the full vocab, not the reduced draft head.
+    from {FA3_MODULE} import (
+        {FA3},
+    )
+
+    {GRAPH_CHECK} = isinstance(
+        self.draft_extend_attn_backend, {FA3}
+    )
+'''
+
+
+def _graph_check(fn: cst.FunctionDef) -> Optional[cst.Assign]:
+    found = primitives.find_all(fn, primitives.assigns_name(GRAPH_CHECK))
+    return found[0] if found else None
+
+
+class GraphCheckAdmitsFA3(MethodCodemod):
+    DESCRIPTION = (
+        f"EagleDraftWorker: the draft-extend CUDA-graph check ({GRAPH_CHECK}) admits {FA3} on CUDA "
+        "(without a speculative token map), imported where it is used"
+    )
+    CLASS = "EagleDraftWorker"
+    METHOD = "init_cuda_graphs"
+    REQUIRED_TEXT = (CLASS, GRAPH_CHECK)
+
+    @property
+    def anchor(self) -> str:
+        return f"{self.CLASS}.{GRAPH_CHECK}"
+
+    def anchor_of(self, fn: cst.FunctionDef) -> str:
+        return f"{self.CLASS}.{fn.name.value}: {GRAPH_CHECK}"
+
+    def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
+        # Whichever method computes the graph check (0.5.17 renamed it _capture_cuda_graphs).
+        return next((f for f in primitives.methods(cls) if _graph_check(f) is not None), None)
+
+    def detect_absent(self, cls: cst.ClassDef) -> Finding:
+        return Finding.missing(self.anchor, f"{self.where(cls)}: no method of {self.CLASS} assigns {GRAPH_CHECK}")
+
+    def detect(self, module: cst.Module) -> Finding:
+        # The inserted check reads the module's _is_cuda flag (every release has it).
+        self._has_is_cuda = primitives.contains(module, primitives.assigns_name("_is_cuda"))
+        return super().detect(module)
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        anchor = self.anchor_of(fn)
+        if primitives.contains(fn, FA3_LISTED):
+            return Finding.done(anchor)
+        if not self._has_is_cuda:
+            return self.missing_in(fn, "this module defines no `_is_cuda`", "the module's CUDA flag to admit FA3 on CUDA only")
+        if not self._sets_hot_token_id:
+            return self.missing_in(fn, f"{self.CLASS} never sets self.hot_token_id", "it to keep speculative token maps eager")
+        return Finding.todo(anchor, f"{FA3} is not in the draft-extend graph check")
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        self._sets_hot_token_id = primitives.contains(cls, primitives.assigns_attr("hot_token_id"))
+        return super().detect_in_class(cls)
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        check = _graph_check(fn)
+        return primitives.replace_statements(
+            fn,
+            primitives.line(primitives.is_node(check)),
+            lambda stmt: cst.FlattenSentinel([stmt, *primitives.parse_statements_with_comments(LET_FA3_IN)]),
+        )
+
+
+# --- flashattention_backend.py: the graph branches the patch relies on ------------------
+
+_V2_TEST = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend_v2"))) | m.Call(
+    func=m.Attribute(attr=m.Name("is_draft_extend")),
+    args=[m.Arg(keyword=m.Name("include_v2"), value=m.Name("True"))],
+)
+_DRAFT_EXTEND_METADATA = m.Subscript(value=m.Attribute(value=m.Name("self"), attr=m.Name("draft_extend_metadata")))
+_STORES = m.Assign(targets=[m.ZeroOrMore(), m.AssignTarget(target=_DRAFT_EXTEND_METADATA), m.ZeroOrMore()])
+_READS = m.Assign(value=_DRAFT_EXTEND_METADATA)
+
+
+def _v2_branches(cls: cst.ClassDef) -> list[cst.If]:
+    return [b for b in primitives.find_all(cls, m.If()) if primitives.contains(b.test, _V2_TEST)]
+
+
+class FA3HasDraftExtendGraphBranches(ClassCodemod):
+    DESCRIPTION = (
+        f"{FA3} has DRAFT_EXTEND_V2 CUDA-graph metadata: a capture branch that stores "
+        "self.draft_extend_metadata[bs] and a replay branch that reads it (checked, not changed)"
+    )
+    CLASS = FA3
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{FA3}: DRAFT_EXTEND_V2 CUDA-graph branches"
+        branches = _v2_branches(cls)
+        capture = any(primitives.contains(b.body, _STORES) for b in branches)
+        replay = any(primitives.contains(b.body, _READS) for b in branches)
+        for present, kind, shape in (
+            (capture, "capture", "stores self.draft_extend_metadata[bs]"),
+            (replay, "replay", "reads metadata = self.draft_extend_metadata[bs]"),
+        ):
+            if not present:
+                return Finding.missing(
+                    anchor,
+                    f"{self.where(cls)}: {FA3} has no DRAFT_EXTEND_V2 CUDA-graph {kind} branch "
+                    f"(an `if forward_mode.is_draft_extend_v2():` that {shape}); its draft extend cannot be captured",
+                )
+        # A precondition, not an edit: "superseded" is the state that adds
+        # nothing to do and leaves the worker's state (todo / done) to decide
+        # whether the patch is absent, applied or native.
+        return Finding.superseded(anchor, "both present; nothing to change in this file")
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        return cls  # a check: detect never reports TODO

@@ -1,0 +1,247 @@
+"""fa3-draft-extend-graph: the worker's graph check admits FA3 (each form the
+check takes, a fork's drift, the vendor's own change), the FA3 branch check,
+then the patch on every release it targets and upstream's native form."""
+
+from __future__ import annotations
+
+import pytest
+
+from codemod_testing import assert_codemod, assert_state, code, detect, run
+from drift import DRIFTS, drift
+from support import snapshot
+from patchkit.codemods import fa3_draft_extend_graph as deg
+from patchkit.codemods.base import State
+
+PATCH = "fa3-draft-extend-graph"
+WORKER = "srt/speculative/eagle_worker_v2.py"
+FA3 = "srt/layers/attention/flashattention_backend.py"
+#: Every release the patch targets (0.5.23 has it upstream).
+TARGETS = [
+    "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14",
+    "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22",
+]
+UPSTREAM = "0.5.23"
+
+LET_IN = '''\
+        if _is_cuda and not supports_cuda_draft_extend_graph and self.hot_token_id is None:
+            # patchkit fa3-draft-extend-graph (upstream 0.5.23): FA3 has CUDA-graph
+            # metadata for DRAFT_EXTEND_V2 (capture and replay), so its draft extend is
+            # captured too. CUDA only, imported here: MUSA and NPU builds must not
+            # import sgl_kernel. Eager with a speculative token map: the graph's
+            # logits buffer is sized to the full vocab, not the reduced draft head.
+            from sglang.srt.layers.attention.flashattention_backend import (
+                FlashAttentionBackend,
+            )
+
+            supports_cuda_draft_extend_graph = isinstance(
+                self.draft_extend_attn_backend, FlashAttentionBackend
+            )
+'''
+
+
+HEAD = """\
+_is_cuda = is_cuda()
+
+
+class EagleDraftWorker(BaseDraftWorker):
+    def init_token_map(self):
+        self.hot_token_id = None
+
+    def init_cuda_graphs(self):
+"""
+TAIL = """\
+        # Capture extend
+        if self.draft_extend_attn_backend and supports_cuda_draft_extend_graph:
+            pass
+"""
+
+
+def worker(check: str, let_in: str = "") -> str:
+    """A worker whose graph check is ``check`` (statements at method level)."""
+    return HEAD + check + let_in + TAIL
+
+
+OR_CHAIN = '''\
+        supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and (
+            isinstance(self.draft_extend_attn_backend, TritonAttnBackend)
+            or isinstance(self.draft_extend_attn_backend, TRTLLMMLABackend)
+        )
+'''
+TUPLE = '''\
+        supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and isinstance(
+            self.draft_extend_attn_backend, (TritonAttnBackend, TRTLLMMLABackend, VendorAttnBackend)
+        )
+'''
+LIST = '''\
+        graph_supported_backend_types = [TritonAttnBackend, FlashInferAttnBackend]
+        if _is_cuda or _is_musa:
+            graph_supported_backend_types.append(VendorAttnBackend)
+        graph_supported_backend = isinstance(
+            self.draft_extend_attn_backend, tuple(graph_supported_backend_types)
+        )
+        supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and graph_supported_backend
+'''
+
+
+@pytest.mark.parametrize("form", [OR_CHAIN, TUPLE, LIST], ids=["or-chain", "isinstance-tuple", "appended-list"])
+def test_fa3_is_let_in_after_the_check_whatever_its_form(form):
+    """The vendor's expression stays byte for byte; FA3 is admitted after it."""
+    assert_codemod(deg.GraphCheckAdmitsFA3, worker(form), worker(form, LET_IN))
+
+
+UPSTREAM_FORM = '''\
+        graph_supported_backend_types = [TritonAttnBackend]
+        if _is_cuda:
+            from sglang.srt.layers.attention.flashattention_backend import (
+                FlashAttentionBackend,
+            )
+
+            graph_supported_backend_types.append(FlashAttentionBackend)
+        supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and isinstance(
+            self.draft_extend_attn_backend, tuple(graph_supported_backend_types)
+        )
+'''
+VENDOR_TUPLE = '''\
+        supports_cuda_draft_extend_graph = _is_cuda and isinstance(
+            self.draft_extend_attn_backend, (TritonAttnBackend, FlashAttentionBackend)
+        )
+'''
+VENDOR_CHAIN = '''\
+        supports_cuda_draft_extend_graph = _is_cuda and (
+            isinstance(self.draft_extend_attn_backend, TritonAttnBackend)
+            or isinstance(self.draft_extend_attn_backend, FlashAttentionBackend)
+        )
+'''
+
+
+@pytest.mark.parametrize("form", [UPSTREAM_FORM, VENDOR_TUPLE, VENDOR_CHAIN], ids=["upstream-append", "vendor-tuple", "vendor-chain"])
+def test_a_check_that_already_lists_fa3_is_done_and_untouched(form):
+    assert_state(deg.GraphCheckAdmitsFA3, worker(form), State.DONE)
+
+
+def test_the_check_in_a_nested_block_is_still_found():
+    nested = "        if True:\n" + OR_CHAIN.replace("\n        ", "\n            ").replace("        supports", "            supports", 1)
+    before, out, after = run(deg.GraphCheckAdmitsFA3, worker(nested))
+    assert (before, after) == (State.TODO, State.DONE)
+    assert "            if _is_cuda and not supports_cuda_draft_extend_graph" in out
+
+
+@pytest.mark.parametrize(
+    "src, says",
+    [
+        (worker(OR_CHAIN).replace("_is_cuda = is_cuda()", "_on_gpu = is_cuda()"), "defines no `_is_cuda`"),
+        (worker(OR_CHAIN).replace("self.hot_token_id = None", "self.token_map = None"), "never sets self.hot_token_id"),
+        (worker("        pass\n"), "no method of EagleDraftWorker assigns supports_cuda_draft_extend_graph"),
+    ],
+    ids=["no-cuda-flag", "no-hot-token-id", "no-graph-check"],
+)
+def test_missing_anchors_name_file_line_and_what_is_needed(src, says):
+    finding = detect(deg.GraphCheckAdmitsFA3, src, filename=WORKER)
+    assert finding.state is State.MISSING and says in finding.detail and f"{WORKER}:" in finding.detail
+
+
+# --- the FA3 branches the patch relies on ----------------------------------------------
+
+FA3_BRANCHES = '''
+class FlashAttentionBackend(AttentionBackend):
+    def init_forward_metadata_capture_cuda_graph(self, bs, forward_mode):
+        if forward_mode.is_decode_or_idle():
+            pass
+        elif forward_mode.is_draft_extend(include_v2=True):
+            metadata = FlashAttentionMetadata()
+            self.draft_extend_metadata[bs] = metadata
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, forward_mode):
+        if forward_mode.is_decode_or_idle():
+            pass
+        elif forward_mode.is_draft_extend_v2():
+            metadata = self.draft_extend_metadata[bs]
+'''
+
+
+def test_fa3_with_both_graph_branches_needs_nothing():
+    assert_state(deg.FA3HasDraftExtendGraphBranches, FA3_BRANCHES, State.SUPERSEDED)
+
+
+@pytest.mark.parametrize(
+    "drop, kind",
+    [
+        ("elif forward_mode.is_draft_extend_v2():", "replay"),
+        ("elif forward_mode.is_draft_extend(include_v2=True):", "capture"),
+    ],
+)
+def test_fa3_without_a_graph_branch_is_refused_naming_it(drop, kind):
+    src = FA3_BRANCHES.replace(drop, "elif forward_mode.is_draft_extend():")
+    finding = detect(deg.FA3HasDraftExtendGraphBranches, src, filename=FA3)
+    assert finding.state is State.MISSING
+    assert f"no DRAFT_EXTEND_V2 CUDA-graph {kind} branch" in finding.detail and f"{FA3}:" in finding.detail
+
+
+def test_a_release_without_the_branch_is_refused_in_one_line_and_unchanged(make_tree, cli):
+    package = make_tree("0.5.12.post1")
+    fa3 = package / FA3
+    fa3.write_text(fa3.read_text().replace("elif forward_mode.is_draft_extend_v2():", "elif forward_mode.is_draft_extend():"))
+    before = snapshot(package)
+    result = cli("apply", package, PATCH)
+    assert result.exit_code == 1
+    assert "no DRAFT_EXTEND_V2 CUDA-graph replay branch" in result.output
+    assert snapshot(package) == before
+
+
+# --- real trees ------------------------------------------------------------------------
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("version", TARGETS)
+def test_every_targeted_release_applies_verifies_and_reverts_exactly(make_tree, cli, version):
+    package = make_tree(version)
+    before = snapshot(package)
+    assert cli("status", package, PATCH).output.count("absent") == 1
+    result = cli("apply", package, PATCH)
+    assert result.exit_code == 0, result.output
+    text = (package / WORKER).read_text()
+    assert "supports_cuda_draft_extend_graph = isinstance(\n" in text and "FlashAttentionBackend" in text
+    assert cli("verify", package, PATCH).exit_code == 0
+    assert cli("revert", package, PATCH).exit_code == 0
+    assert snapshot(package) == before
+
+
+@pytest.mark.trees
+def test_upstream_has_it_natively(make_tree, cli):
+    package = make_tree(UPSTREAM)
+    before = snapshot(package)
+    assert "native" in cli("status", package, PATCH).output
+    assert cli("apply", package, PATCH).exit_code == 0
+    assert snapshot(package) == before
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.12.post1"])
+def test_with_every_other_patch_the_check_is_one_tuple_and_fa3_after_it(make_tree, cli, version):
+    """trtllm-mha-draft-extend-v2 rebuilds the same check into one tuple; the
+    two compose in either order, and revert of one keeps the other."""
+    package = make_tree(version)
+    before = snapshot(package)
+    assert cli("apply", package, PATCH).exit_code == 0
+    assert cli("apply", package).exit_code == 0
+    text = (package / WORKER).read_text()
+    assert "TRTLLMHAAttnBackend," in text and "self.draft_extend_attn_backend, FlashAttentionBackend" in text
+    assert cli("verify", package).exit_code == 0
+    assert cli("revert", package, PATCH).exit_code == 0
+    text = (package / WORKER).read_text()
+    assert "TRTLLMHAAttnBackend," in text and "FlashAttentionBackend" not in text
+    assert cli("revert", package).exit_code == 0
+    assert snapshot(package) == before
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("kind", sorted(DRIFTS))
+def test_a_drifted_worker_applies_verifies_and_reverts(make_tree, cli, kind):
+    package = make_tree("0.5.12.post1")
+    drift(package, [WORKER], kind)
+    before = snapshot(package)
+    result = cli("apply", package, PATCH)
+    assert result.exit_code == 0, result.output
+    assert cli("verify", package, PATCH).exit_code == 0
+    assert cli("revert", package, PATCH).exit_code == 0
+    assert snapshot(package) == before
