@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Iterator, Optional
 
 MIRROR = ("seq_lens_cpu", "seq_lens_sum")
@@ -167,11 +168,16 @@ _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 @lru_cache(maxsize=None)
 def _runtime_helpers() -> frozenset[str]:
     """The None-aware helpers patched code calls on the mirror (the runtime's
-    and the backends' mirror reads); both modules import the stdlib only."""
-    import patchkit.runtime as runtime
-    from patchkit.backends import mirror_reads
-
-    return frozenset(runtime.__all__) | frozenset(mirror_reads.__all__)
+    and the backends' mirror reads): their ``__all__``, read from the source,
+    not imported (patchkit's commands never import what patched trees import;
+    the behaviour tests block it)."""
+    package = Path(__file__).resolve().parent
+    names: set[str] = set()
+    for rel in ("runtime/__init__.py", "backends/mirror_reads.py"):
+        for node in ast.parse((package / rel).read_bytes()).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                names.update(ast.literal_eval(node.value))
+    return frozenset(names)
 
 
 class FileAudit:
