@@ -67,11 +67,13 @@ def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
     patched = snapshot(reference)
     assert patched != pristine
 
-    # Delays from 0.1 s to the cold apply's time, evenly: they add up to points * cold / 2.
-    points = max(6, min(POINTS, int(2 * BUDGET / cold)))
+    # Delays from 0.1 s to a little past the cold apply's time (its commit, or
+    # just after), evenly: they add up to about points * span / 2.
+    span = 1.1 * cold
+    points = max(6, min(POINTS, int(2 * BUDGET / span)))
     outcomes = []
     for i in range(points):
-        delay = 0.1 + (cold - 0.1) * i / (points - 1)
+        delay = 0.1 + (span - 0.1) * i / (points - 1)
         sig = signal.SIGINT if i % 2 == 0 else signal.SIGTERM
         tree = tmp_path / f"t{i}" / "sglang"
         shutil.copytree(source, tree)
