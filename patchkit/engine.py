@@ -351,7 +351,11 @@ class Session:
         if hit is None or hit[1].new is None or hit[0] != sha256(source):
             return None
         entry = hit[1]
-        names = [registry.codemod_name(c) for c in codemods]
+        # A codemod two patches share (e.g. one draft-worker edit of FA3's and
+        # FlashMLA's spec-v2) is listed twice but changes the file once: its
+        # first place is where it acts, the second finds it done (were it to
+        # act again, ``entry.transformed`` would name it twice: no match).
+        names = list(dict.fromkeys(registry.codemod_name(c) for c in codemods))
         ran = {n for group in entry.groups for n in group}
         if not set(names) <= ran or [n for n in names if n in entry.transformed] != list(entry.transformed):
             return None
