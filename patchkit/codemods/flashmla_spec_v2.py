@@ -28,7 +28,7 @@ value when the mirror is there):
   FlashInfer MLA parent (a host-planned prefill that reads the mirror and the
   host length lists), and 0.5.10 .. 0.5.12.post1 let it reach the fixed-q
   kernel with the parent's metadata and the verify lengths.
-* the verify tree mask: FA3's codemods (``fa3_spec_v2``), on this class.
+* the verify tree mask: FA3's codemods (``common.InitTreeMask`` ..., as ``fa3_spec_v2``), on this class.
 
 Not carried: upstream's draft-extend CUDA graph for FlashMLA (the eager draft
 extend above is already sync-free) and its reused eager block-table scratch
@@ -43,11 +43,10 @@ from typing import ClassVar, Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import fa3_spec_v2 as fa3
-from patchkit.codemods import primitives
+from patchkit.codemods import common, primitives
 from patchkit.codemods.base import Finding, Guard, MethodCodemod, State
+from patchkit.codemods.common import FLAG, GET_BUFFERS, MASK, MAX_BS, MIRROR_READS, code_of, none_comparison
 from patchkit.codemods.primitives import attr, call, plus, save
-from patchkit.codemods.replay_no_stale_mirror import MIRROR_READS, code_of, none_comparison
 from patchkit.vendoring import import_path
 
 BACKEND = "FlashMLABackend"
@@ -60,8 +59,8 @@ BATCH_MIRROR = attr("seq_lens_cpu", m.Name("forward_batch"))
 # -- the flags -----------------------------------------------------------------------------
 
 
-class BackendOptsOut(fa3.OptOutFlag):
-    DESCRIPTION = f"{BACKEND}.{fa3.FLAG} = False: no FlashMLA read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
+class BackendOptsOut(common.OptOutFlag):
+    DESCRIPTION = f"{BACKEND}.{FLAG} = False: no FlashMLA read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
     CLASS = BACKEND
     WHY = (
         "Block tables use a static width without the CPU mirror, the draft extend\n"
@@ -70,8 +69,8 @@ class BackendOptsOut(fa3.OptOutFlag):
     )
 
 
-class DraftWrapperOptsOut(fa3.OptOutFlag):
-    DESCRIPTION = f"{DRAFT_BACKEND}.{fa3.FLAG} = False: the draft steps are FlashMLA backends that opt out"
+class DraftWrapperOptsOut(common.OptOutFlag):
+    DESCRIPTION = f"{DRAFT_BACKEND}.{FLAG} = False: the draft steps are FlashMLA backends that opt out"
     CLASS = DRAFT_BACKEND
     WHY = (
         "Read by decide_needs_cpu_seq_lens (a missing flag counts as True); the\n"
@@ -85,7 +84,7 @@ BOUND = "self.max_context_len"
 VERIFY_BOUND = "self.max_context_len + self.num_draft_tokens"
 
 
-class EagerMetadataWithoutMirror(fa3.MirrorReadGuards):
+class EagerMetadataWithoutMirror(common.MirrorReadGuards):
     DESCRIPTION = (
         f"{BACKEND}.init_forward_metadata: block-table width from the mirror or the static "
         "max_context_len (+ draft tokens for verify)"
@@ -94,17 +93,17 @@ class EagerMetadataWithoutMirror(fa3.MirrorReadGuards):
     METHOD = "init_forward_metadata"
     GUARDS = (
         # decode: `triton.cdiv(forward_batch.seq_lens_cpu.max().item(), PAGE_SIZE)`
-        Guard(fa3.max_item(save(BATCH_MIRROR, "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+        Guard(common.max_item(save(BATCH_MIRROR, "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
         # verify: `seq_lens_cpu = forward_batch.seq_lens_cpu + self.num_draft_tokens`, then its max
         Guard(plus(BATCH_MIRROR), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
-        Guard(fa3.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {VERIFY_BOUND})", "host_max_seq_len"),
+        Guard(common.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {VERIFY_BOUND})", "host_max_seq_len"),
     )
 
 
 REPLAY_ASSERT = m.Assert(test=none_comparison(save(LOCAL_MIRROR, "M"), m.IsNot()))
 
 
-class ReplayMetadataWithoutMirror(fa3.MirrorReadGuards):
+class ReplayMetadataWithoutMirror(common.MirrorReadGuards):
     DESCRIPTION = (
         f"{BACKEND} CUDA-graph replay metadata: seq_lens_cpu may be None (no assert, no "
         "seq_lens.max() sync); block-table width from the mirror or the static max_context_len"
@@ -116,20 +115,20 @@ class ReplayMetadataWithoutMirror(fa3.MirrorReadGuards):
         # 0.5.10 .. 0.5.12.post1, decode: the mirror was required.
         Guard(REPLAY_ASSERT, "assert M is None or len(M) >= bs"),
         # verify: `seq_lens_cpu[:bs] + self.num_draft_tokens` (before the slice is rewritten)
-        Guard(plus(fa3.first_rows(LOCAL_MIRROR, "N")), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
-        fa3.REPLAY_GUARDS[0],  # seq_lens_cpu[:bs] -> rows_or_none
+        Guard(plus(common.first_rows(LOCAL_MIRROR, "N")), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
+        common.REPLAY_GUARDS[0],  # seq_lens_cpu[:bs] -> rows_or_none
         # 0.5.13 .. 0.5.15: `seq_lens_cpu.max().item() if seq_lens_cpu is not None
         # else seq_lens.max().item()`, a D2H of its own without the mirror.
         Guard(
             m.IfExp(
                 test=none_comparison(LOCAL_MIRROR, m.IsNot()),
-                body=fa3.max_item(save(LOCAL_MIRROR, "M")),
-                orelse=fa3.max_item(m.Name("seq_lens")),
+                body=common.max_item(save(LOCAL_MIRROR, "M")),
+                orelse=common.max_item(m.Name("seq_lens")),
             ),
             f"host_max_seq_len(M, {BOUND})",
             "host_max_seq_len",
         ),
-        Guard(fa3.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+        Guard(common.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
     )
 
 
@@ -468,25 +467,25 @@ def _drop_terms(original: cst.CSTNode, updated: cst.CSTNode, drops: set[int]) ->
     return updated.with_changes(elements=kept)
 
 
-# -- the verify tree mask (FA3's codemods, on FlashMLA) ------------------------------------
+# -- the verify tree mask (common's, as FA3's, on FlashMLA) ------------------------------------
 
 
-class InitTreeMask(fa3.InitTreeMask):
-    DESCRIPTION = f"{BACKEND}.__init__: self.{fa3.MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
+class InitTreeMask(common.InitTreeMask):
+    DESCRIPTION = f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
     CLASS = BACKEND
     KIND = "FlashMLA"
 
 
-class AllocTreeMask(fa3.AllocTreeMask):
+class AllocTreeMask(common.AllocTreeMask):
     DESCRIPTION = (
-        f"{BACKEND}.init_cuda_graph_state preallocates self.{fa3.MASK} (bool, max_num_tokens * "
+        f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} (bool, max_num_tokens * "
         f"(max_context_len + num_draft_tokens)) on the target backend only, and records the captured "
-        f"max_bs (self.{fa3.mla.MAX_BS}) it fits"
+        f"max_bs (self.{MAX_BS}) it fits"
     )
     CLASS = BACKEND
     NUM_DRAFT_TOKENS: ClassVar[str] = "self.num_draft_tokens"
 
 
-class VerifyBuffersReturnTreeMask(fa3.VerifyBuffersReturnTreeMask):
-    DESCRIPTION = f"{BACKEND}.{fa3.GET_BUFFERS} returns [self.{fa3.MASK}, None]"
+class VerifyBuffersReturnTreeMask(common.VerifyBuffersReturnTreeMask):
+    DESCRIPTION = f"{BACKEND}.{GET_BUFFERS} returns [self.{MASK}, None]"
     CLASS = BACKEND

@@ -21,16 +21,12 @@ in the codemod classes below, in the order a decode step reaches them.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.base import Finding, Guard, MethodGuards, State
+from patchkit.codemods.base import Finding, Guard, State
+from patchkit.codemods.common import MirrorGuards
 from patchkit.codemods.primitives import ANY, attr, call, none_test, plus, save
-from patchkit.vendoring import import_path
-
-RUNTIME = import_path("runtime")
 
 # `A + B` where A is the mirror: None-aware addition (an AugAssign becomes an Assign).
 ADD_TEMPLATE = "add_or_none(LEFT, RIGHT)"
@@ -43,16 +39,6 @@ def add_guard(left: m.BaseMatcherNode) -> Guard:
 def aug_add_guard(target: m.BaseMatcherNode) -> Guard:
     site = m.AugAssign(target=save(target, "T"), operator=m.AddAssign(), value=save(ANY, "V"))
     return Guard(site, "T = add_or_none(T, V)", "add_or_none")
-
-
-class MirrorGuards(MethodGuards):
-    """The reads of the CPU seq_lens mirror in one method; helpers from the
-    vendored patchkit.runtime. A None test of any mirror value guards a read
-    of any of them: the sync owner sets them None together."""
-
-    VALUES: ClassVar[tuple[str, ...]] = ("seq_lens_cpu", "seq_lens_sum", "extend_prefix_lens_cpu", "extend_seq_lens_cpu")
-    READS = "the CPU seq_lens mirror"
-    HELPER_MODULE = RUNTIME
 
 
 # -- managers/schedule_batch.py: ScheduleBatch ---------------------------------------------------------

@@ -25,20 +25,8 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import Finding, PatchCodemod
-from patchkit.codemods.needs_cpu_seq_lens_guards import attr, call
-from patchkit.vendoring import import_path
-
-MIRROR_READS = import_path("backends.mirror_reads")
-
-
-def code_of(node: cst.CSTNode) -> str:
-    """The source of one node."""
-    return cst.Module([]).code_for_node(node)
-
-
-def none_comparison(target: m.BaseMatcherNode, operator: m.BaseMatcherNode) -> m.Comparison:
-    """``<target> is None`` (operator ``m.Is()``) or ``is not None`` (``m.IsNot()``)."""
-    return m.Comparison(left=target, comparisons=[m.ComparisonTarget(operator=operator, comparator=m.Name("None"))])
+from patchkit.codemods.common import MIRROR_READS, code_of, none_comparison
+from patchkit.codemods.primitives import attr, call
 
 
 #: ``seq_lens_cpu=<buffers>.seq_lens_cpu`` or ``...seq_lens_cpu[:bs]``: the pinned replay

@@ -29,8 +29,7 @@ import libcst as cst
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import Finding
-from patchkit.codemods import fa3_spec_v2 as fa3
-from patchkit.codemods.fa3_spec_v2 import OptOutFlag
+from patchkit.codemods.common import EAGER_DESCRIPTION, REPLAY_DESCRIPTION, EagerMirrorReads, OptOutFlag, ReplayMirrorReads
 
 BACKEND = "TRTLLMHAAttnBackend"
 DRAFT_BACKEND = "TRTLLMHAAttnMultiStepDraftBackend"
@@ -66,14 +65,14 @@ class DraftWrapperOptsOut(OptOutFlag):
     )
 
 
-# FA3's guards, on TRT-LLM MHA (same reads, same helpers).
+# FA3's guards (common's), on TRT-LLM MHA (same reads, same helpers).
 
 
-class EagerMetadataWithoutMirror(_DevicePageTable, fa3.EagerMetadataWithoutMirror):
-    DESCRIPTION = fa3.EagerMetadataWithoutMirror.DESCRIPTION.replace(fa3.BACKEND, BACKEND)
+class EagerMetadataWithoutMirror(_DevicePageTable, EagerMirrorReads):
+    DESCRIPTION = EAGER_DESCRIPTION.format(BACKEND)
     CLASS = BACKEND
 
 
-class ReplayMetadataWithoutMirror(_DevicePageTable, fa3.ReplayMetadataWithoutMirror):
-    DESCRIPTION = fa3.ReplayMetadataWithoutMirror.DESCRIPTION.replace(fa3.BACKEND, BACKEND)
+class ReplayMetadataWithoutMirror(_DevicePageTable, ReplayMirrorReads):
+    DESCRIPTION = REPLAY_DESCRIPTION.format(BACKEND)
     CLASS = BACKEND

@@ -35,8 +35,8 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import Finding, MethodCodemod
+from patchkit.codemods.common import code_of
 from patchkit.codemods.primitives import attr, call
-from patchkit.codemods.replay_no_stale_mirror import code_of
 from patchkit.vendoring import import_path
 
 HELPERS = import_path("backends.verify_tree_mask")
