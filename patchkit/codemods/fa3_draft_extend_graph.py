@@ -29,18 +29,15 @@ Done: a tree whose graph check already names ``FlashAttentionBackend``
 
 from __future__ import annotations
 
-from typing import Optional
-
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding, MethodCodemod
+from patchkit.codemods.base import ClassCodemod, Finding
+from patchkit.codemods.common import GRAPH_CHECK, DraftExtendGraphCheck, graph_check
 
 FA3 = "FlashAttentionBackend"
 FA3_MODULE = "sglang.srt.layers.attention.flashattention_backend"
-GRAPH_CHECK = "supports_cuda_draft_extend_graph"
-SUBJECT = m.Attribute(value=m.Name("self"), attr=m.Name("draft_extend_attn_backend"))
 
 # FA3 named where a graph check lists classes: isinstance(x, FA3), isinstance(x, (..., FA3)),
 # [..., FA3] or .append(FA3).
@@ -69,33 +66,11 @@ if _is_cuda and not {GRAPH_CHECK} and self.hot_token_id is None:
 '''
 
 
-def _graph_check(fn: cst.FunctionDef) -> Optional[cst.Assign]:
-    found = primitives.find_all(fn, primitives.assigns_name(GRAPH_CHECK))
-    return found[0] if found else None
-
-
-class GraphCheckAdmitsFA3(MethodCodemod):
+class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
     DESCRIPTION = (
         f"EagleDraftWorker: the draft-extend CUDA-graph check ({GRAPH_CHECK}) admits {FA3} on CUDA "
         "(without a speculative token map), imported where it is used"
     )
-    CLASS = "EagleDraftWorker"
-    METHOD = "init_cuda_graphs"
-    REQUIRED_TEXT = (CLASS, GRAPH_CHECK)
-
-    @property
-    def anchor(self) -> str:
-        return f"{self.CLASS}.{GRAPH_CHECK}"
-
-    def anchor_of(self, fn: cst.FunctionDef) -> str:
-        return f"{self.CLASS}.{fn.name.value}: {GRAPH_CHECK}"
-
-    def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
-        # Whichever method computes the graph check (0.5.17 renamed it _capture_cuda_graphs).
-        return next((f for f in primitives.methods(cls) if _graph_check(f) is not None), None)
-
-    def detect_absent(self, cls: cst.ClassDef) -> Finding:
-        return Finding.missing(self.anchor, f"{self.where(cls)}: no method of {self.CLASS} assigns {GRAPH_CHECK}")
 
     def detect(self, module: cst.Module) -> Finding:
         # The inserted check reads the module's _is_cuda flag (every release has it).
@@ -117,7 +92,7 @@ class GraphCheckAdmitsFA3(MethodCodemod):
         return super().detect_in_class(cls)
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        check = _graph_check(fn)
+        check = graph_check(fn)
         return primitives.replace_statements(
             fn,
             primitives.line(primitives.is_node(check)),

@@ -56,18 +56,20 @@ from patchkit.codemods.base import ClassCodemod, Finding
 from patchkit.codemods.common import (
     EAGER_DESCRIPTION,
     FLAG,
+    MIRROR_READS,
+    REPLAY_DESCRIPTION,
+    EagerMirrorReads,
+    OptOutFlag,
+    ReplayMirrorReads,
+    code_of,
+)
+from patchkit.codemods.tree_mask import (
     GET_BUFFERS,
     MASK,
     MAX_BS,
-    MIRROR_READS,
-    REPLAY_DESCRIPTION,
     AllocTreeMask as _AllocTreeMask,
-    EagerMirrorReads,
     InitTreeMask as _InitTreeMask,
-    OptOutFlag,
-    ReplayMirrorReads,
     VerifyBuffersReturnTreeMask as _VerifyBuffersReturnTreeMask,
-    code_of,
 )
 from patchkit.codemods.primitives import attr, call
 

@@ -28,7 +28,7 @@ value when the mirror is there):
   FlashInfer MLA parent (a host-planned prefill that reads the mirror and the
   host length lists), and 0.5.10 .. 0.5.12.post1 let it reach the fixed-q
   kernel with the parent's metadata and the verify lengths.
-* the verify tree mask: FA3's codemods (``common.InitTreeMask`` ..., as ``fa3_spec_v2``), on this class.
+* the verify tree mask: FA3's codemods (``tree_mask.InitTreeMask`` ..., as ``fa3_spec_v2``), on this class.
 
 Not carried: upstream's draft-extend CUDA graph for FlashMLA (the eager draft
 extend above is already sync-free) and its reused eager block-table scratch
@@ -43,9 +43,10 @@ from typing import ClassVar, Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import common, primitives
+from patchkit.codemods import common, primitives, tree_mask
 from patchkit.codemods.base import Finding, Guard, MethodCodemod, State
-from patchkit.codemods.common import FLAG, GET_BUFFERS, MASK, MAX_BS, MIRROR_READS, code_of, none_comparison
+from patchkit.codemods.common import FLAG, MIRROR_READS, code_of, none_comparison
+from patchkit.codemods.tree_mask import GET_BUFFERS, MASK, MAX_BS
 from patchkit.codemods.primitives import attr, call, plus, save
 from patchkit.vendoring import import_path
 
@@ -470,13 +471,13 @@ def _drop_terms(original: cst.CSTNode, updated: cst.CSTNode, drops: set[int]) ->
 # -- the verify tree mask (common's, as FA3's, on FlashMLA) ------------------------------------
 
 
-class InitTreeMask(common.InitTreeMask):
+class InitTreeMask(tree_mask.InitTreeMask):
     DESCRIPTION = f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
     CLASS = BACKEND
     KIND = "FlashMLA"
 
 
-class AllocTreeMask(common.AllocTreeMask):
+class AllocTreeMask(tree_mask.AllocTreeMask):
     DESCRIPTION = (
         f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} (bool, max_num_tokens * "
         f"(max_context_len + num_draft_tokens)) on the target backend only, and records the captured "
@@ -486,6 +487,6 @@ class AllocTreeMask(common.AllocTreeMask):
     NUM_DRAFT_TOKENS: ClassVar[str] = "self.num_draft_tokens"
 
 
-class VerifyBuffersReturnTreeMask(common.VerifyBuffersReturnTreeMask):
+class VerifyBuffersReturnTreeMask(tree_mask.VerifyBuffersReturnTreeMask):
     DESCRIPTION = f"{BACKEND}.{GET_BUFFERS} returns [self.{MASK}, None]"
     CLASS = BACKEND

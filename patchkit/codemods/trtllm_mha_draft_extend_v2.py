@@ -35,6 +35,7 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import Finding, MethodCodemod, PatchCodemod
+from patchkit.codemods.common import GRAPH_CHECK, DraftExtendGraphCheck, graph_check
 from patchkit.vendoring import import_path
 
 _code = cst.Module(body=[]).code_for_node
@@ -43,20 +44,15 @@ _code = cst.Module(body=[]).code_for_node
 
 MHA_BACKEND = "TRTLLMHAAttnBackend"
 MHA_MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
-WHITELIST = "supports_cuda_draft_extend_graph"
+WHITELIST = GRAPH_CHECK
 SUBJECT = "self.draft_extend_attn_backend"
-
-
-def _whitelist_assign(fn: cst.FunctionDef) -> Optional[cst.Assign]:
-    found = primitives.find_all(fn, primitives.assigns_name(WHITELIST))
-    return found[0] if found else None
 
 
 def _whitelist_site(fn: cst.FunctionDef) -> Optional[tuple[cst.Assign, cst.BaseExpression]]:
     """(assignment, disjunction): the ``or`` holding the isinstance checks of
     the draft-extend backend, in the whitelist assignment or, where a fork
     computes it beforehand into a local, in the first assignment that has it."""
-    whitelist = _whitelist_assign(fn)
+    whitelist = graph_check(fn)
     for assign in [whitelist, *primitives.find_all(fn, m.Assign())]:
         found = primitives.find_isinstance_disjunction(assign.value, SUBJECT) if assign is not None else None
         if found is not None:
@@ -72,29 +68,11 @@ def _mentions(node: cst.CSTNode, name: str) -> bool:
 _LOCAL_IMPORT = m.ImportFrom(names=[m.ZeroOrMore(), m.ImportAlias(name=m.Name(MHA_BACKEND)), m.ZeroOrMore()])
 
 
-class WhitelistTRTLLMHA(MethodCodemod):
+class WhitelistTRTLLMHA(DraftExtendGraphCheck):
     DESCRIPTION = (
         f"EagleDraftWorker: the draft-extend CUDA-graph whitelist ({WHITELIST}) accepts {MHA_BACKEND}, "
         "written as one isinstance(backend, (...)) tuple; import it beside the other backends"
     )
-    CLASS = "EagleDraftWorker"
-    METHOD = "init_cuda_graphs"
-    RENAMED = ("_capture_cuda_graphs",)  # 0.5.17+
-    REQUIRED_TEXT = (CLASS, WHITELIST)
-
-    @property
-    def anchor(self) -> str:
-        return f"{self.CLASS}.{WHITELIST}"
-
-    def anchor_of(self, fn: cst.FunctionDef) -> str:
-        return f"{self.CLASS}.{fn.name.value}: {WHITELIST}"
-
-    def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
-        # Whichever method assigns the whitelist (its name changed across releases).
-        return next((f for f in primitives.methods(cls) if _whitelist_assign(f) is not None), None)
-
-    def detect_absent(self, cls: cst.ClassDef) -> Finding:
-        return Finding.missing(self.anchor, f"{self.where(cls)}: no method of {self.CLASS} assigns {WHITELIST}")
 
     def detect(self, module: cst.Module) -> Finding:
         self._imported = primitives.imports_name(module, MHA_MODULE, MHA_BACKEND)
@@ -108,7 +86,7 @@ class WhitelistTRTLLMHA(MethodCodemod):
                 return Finding.done(anchor)
             return Finding.todo(anchor, f"{MHA_BACKEND} is whitelisted but not imported")
         if _whitelist_site(fn) is None:
-            assign = _whitelist_assign(fn)
+            assign = graph_check(fn)
             return self.missing_in(
                 fn,
                 f"`{WHITELIST} = {_code(assign.value)}` has no `or` of isinstance({SUBJECT}, ...) checks",

@@ -28,15 +28,8 @@ import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import ClassCodemod, Finding
-from patchkit.codemods.common import (
-    FLAG,
-    GET_BUFFERS,
-    MASK,
-    MAX_BS,
-    AllocMask,
-    InitMask,
-    VerifyBuffersReturnMask,
-)
+from patchkit.codemods.common import FLAG
+from patchkit.codemods.tree_mask import GET_BUFFERS, MASK, MAX_BS, AllocMask, InitMask, VerifyBuffersReturnMask
 from patchkit.vendoring import import_path
 
 BACKEND = "TRTLLMMLABackend"
