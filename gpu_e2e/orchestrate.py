@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     all_results["runs"][key] = {"rc": rc}
                 results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
-            first, second = pair
+            # One variant (--alternate, an upstream reference) has no pair to compare.
+            first, second = pair if len(pair) == 2 else (None, None)
             if first in got and second in got and pair != ("pristine", "patched"):
                 # Two trees or two backends side by side: the speed ratio per round;
                 # identical outputs where both run one backend.
