@@ -135,9 +135,12 @@ def run_matrix(releases: Iterable[str], jobs: int = 1, progress: Optional[Callab
     else:
         from patchkit.parallel import interruptible_pool
 
-        # Ctrl-C / SIGTERM end the workers at once (their copies removed), not after their releases.
-        with interruptible_pool(min(jobs, len(releases))) as pool:
-            futures = [pool.submit(run_release, version, workdir) for version in releases]
+        # Ctrl-C / SIGTERM end the workers at once, not after their releases. Their
+        # copies sit in one folder of ours, removed after the pool has ended: also
+        # what a worker killed in the middle of removing its own left behind.
+        with tempfile.TemporaryDirectory(prefix="patchkit-matrix-", dir=workdir) as shared, \
+                interruptible_pool(min(jobs, len(releases))) as pool:
+            futures = [pool.submit(run_release, version, shared) for version in releases]
             for future in as_completed(futures):
                 done(future.result())
     return {
