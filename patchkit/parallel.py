@@ -161,6 +161,11 @@ def _stop(pool) -> None:
     """End a pool's workers now: SIGTERM, then SIGKILL to any still alive
     after a second; reap them all, so that nothing joins them at exit."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
+    # Its manager thread closes the pool's wake-up pipe when it ends; one still
+    # ending at exit races concurrent.futures' atexit hook, which writes to that
+    # pipe ("Exception ignored ... Bad file descriptor" on stderr). So it is
+    # joined here too, once the workers are gone (shutdown forgets it).
+    manager = getattr(pool, "_executor_manager_thread", None)
     for process in processes:
         with contextlib.suppress(Exception):
             process.terminate()
@@ -173,6 +178,9 @@ def _stop(pool) -> None:
             if process.is_alive():
                 process.kill()
                 process.join(1.0)
+    if manager is not None:
+        with contextlib.suppress(Exception):
+            manager.join(max(0.2, deadline + 0.5 - time.monotonic()))
 
 
 @contextlib.contextmanager
