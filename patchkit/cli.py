@@ -12,9 +12,7 @@ from typing import Optional
 
 import click
 
-from patchkit import __version__, output, registry, settings
-from patchkit import tree as trees
-from patchkit.engine import Outcome, locked_session
+from patchkit import __version__, api, output, registry, settings
 from patchkit.errors import EXIT_CHANGES, EXIT_OK, PatchkitError
 from patchkit.state import Interrupted
 
@@ -196,50 +194,6 @@ def _terminate(signum: int, frame) -> None:
     raise Interrupted(signum)
 
 
-def _refuse_pending(session) -> None:
-    """Commands that read the tree's content refuse a half-written one."""
-    if session.snapshot.pending is not None:
-        raise PatchkitError(session.snapshot.pending.line())
-
-
-def _unloaded(session) -> list[str]:
-    """Patches the tree records as applied that no loaded patch set defines
-    (applied with a set this run was not pointed at)."""
-    known = {p.id for p in registry.all_patches()}
-    return [pid for pid in session.record.applied if pid not in known]
-
-
-UNLOADED = ("{ids}: applied to this tree from a patch set that is not loaded now; name it (--patches DIR, "
-            "[tool.patchkit] patches in pyproject.toml, or install it)")
-
-
-def _refuse_unloaded(session) -> None:
-    """apply and revert rebuild files from their originals with the patches
-    that stay: they need the definition of every patch on the tree."""
-    missing = _unloaded(session)
-    if missing:
-        raise PatchkitError(UNLOADED.format(ids=", ".join(missing)) + ", then run this again; nothing was changed")
-
-
-def _note_unloaded(obj: Ctx, session) -> None:
-    missing = _unloaded(session)
-    if missing:
-        obj.say("note: " + UNLOADED.format(ids=", ".join(missing)) + " to check it too")
-
-
-def _tree(obj: Ctx, given: Optional[str], announce: bool = True) -> str:
-    """The tree a command works on, as the path it hands the session and
-    prints paths from. Found elsewhere than exactly at ``given`` (no TREE, or
-    a folder inside one), the first line says which tree it took, unless the
-    command's own first line says it (``announce``). Patch sets that a
-    pyproject.toml above the tree names load too."""
-    shown, tree, found = trees.locate(given)
-    if found and announce:
-        obj.say(f"sglang {tree.version} at {tree.package} ({tree.layout} layout)")
-    registry.use_pyproject(tree.given)
-    return shown
-
-
 @main.command("list")
 @format_option("patches")
 def list_cmd(fmt: str) -> None:
@@ -261,16 +215,13 @@ def status(obj: Ctx, args, fmt: str) -> None:
     """Show each patch's state on TREE: absent, applied, native, partial or
     not-applicable (with the reason). The first line names the tree."""
     given, ids = args
-    path = _tree(obj, given, announce=fmt != "text")
-    with locked_session(path, obj.say) as session:
-        reports = session.reports(registry.select(ids) if ids else None)
-    _note_unloaded(obj, session)
+    result = api.status(given, ids, obj.say, announce=fmt != "text")
+    tree = result.where.tree
     if fmt == "json":
-        locator = output.Locator(session.tree, path)
-        click.echo(output.status_json(session.tree, reports, locator, ok=_ok(session, reports),
-                                      runtime=session.runtime_info(), notes=session.snapshot.notes()))
+        click.echo(output.status_json(tree, result.reports, output.Locator(tree, result.where.given), ok=result.ok,
+                                      runtime=result.runtime, notes=result.notes))
     else:
-        click.echo(output.status_text(session.tree, reports, obj.verbose, session.runtime_info(), session.snapshot.notes()))
+        click.echo(output.status_text(tree, result.reports, obj.verbose, result.runtime, result.notes))
 
 
 @main.command(epilog=TREE_EPILOG)
@@ -292,25 +243,13 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
           runtime: Optional[str], fmt: str) -> None:
     """Apply patches (all by default) to TREE. A patch pulls in those it requires.
     Also brings the tree's runtime folder up to date (a stale runtime is rewritten)."""
-    from patchkit.apply import apply_patches
-
     given, ids = args
-    path = _tree(obj, given)
-    selected = registry.select(ids, skip)
-    write = not (dry_run or check)
-    with locked_session(path, obj.say, "apply" if write else None) as session:
-        _refuse_pending(session)
-        _refuse_unloaded(session)
-        outcome = apply_patches(session, selected, dry_run=not write, runtime=runtime)
+    result = api.apply(given, ids, skip, dry_run=dry_run or check, runtime=runtime, say=obj.say)
     try:
-        _finish(obj, session.tree, outcome, "apply", fmt, show_diff or dry_run, check, not write, path)
+        _finish(obj, result, fmt, show_diff or dry_run, check)
     finally:  # the last line: unguarded reads of the mirror in the vendor's own code (patchkit audit)
-        from patchkit.audit import vendor_line
-
-        targets = [t.file for p in registry.all_patches() for t in p.targets]
-        line = vendor_line(session.tree.package, targets) if write else None
-        if line:
-            obj.say(line)
+        if result.vendor_line:
+            obj.say(result.vendor_line)
 
 
 @main.command(epilog=TREE_EPILOG)
@@ -323,15 +262,9 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
 def revert(obj: Ctx, args, cascade: bool, force: bool, dry_run: bool, fmt: str) -> None:
     """Revert patches patchkit applied (all by default), byte for byte. Edits
     made after apply are kept by a 3-way merge, or the revert stops."""
-    from patchkit.revert import revert_patches
-
     given, ids = args
-    path = _tree(obj, given)
-    with locked_session(path, obj.say, None if dry_run else "revert") as session:
-        _refuse_pending(session)
-        _refuse_unloaded(session)
-        outcome = revert_patches(session, list(ids), cascade=cascade, force=force, dry_run=dry_run)
-    _finish(obj, session.tree, outcome, "revert", fmt, dry_run, False, dry_run, path)
+    result = api.revert(given, ids, cascade=cascade, force=force, dry_run=dry_run, say=obj.say)
+    _finish(obj, result, fmt, dry_run, False)
 
 
 @main.command(verbose=True, epilog=TREE_EPILOG)
@@ -345,23 +278,12 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     require) on TREE: each must be applied or native upstream (or superseded
     upstream). Exit 1 otherwise. The first line names the tree."""
     given, ids = args
-    path = _tree(obj, given, announce=fmt != "text")
-    with locked_session(path, obj.say) as session:
-        reports = session.reports(registry.select(ids) if ids else None)
-        problems = session.audit_problems() if fmt == "text" else None
-        session.save_cache()
-    _note_unloaded(obj, session)
-    if session.snapshot.pending is not None:
-        obj.say(f"verify: {session.snapshot.pending.line()}")
-    click.echo(output.render(fmt, session.tree, reports, output.Locator(session.tree, path), obj.verbose,
-                             session.runtime_info(), session.snapshot.notes(),
-                             pending=session.snapshot.pending is not None, audit_problems=problems))
-    sys.exit(EXIT_OK if _ok(session, reports) else EXIT_CHANGES)
-
-
-def _ok(session, reports) -> bool:
-    """Every patch applied or native, and no transaction half-done."""
-    return session.snapshot.pending is None and all(r.ok for r in reports)
+    result = api.verify(given, ids, obj.say, announce=fmt != "text", audit=fmt == "text")
+    tree = result.where.tree
+    click.echo(output.render(fmt, tree, result.reports, output.Locator(tree, result.where.given), obj.verbose,
+                             result.runtime, result.notes, pending=result.pending is not None,
+                             audit_problems=result.audit_problems))
+    sys.exit(EXIT_OK if result.ok else EXIT_CHANGES)
 
 
 @main.command(verbose=True, epilog=TREE_EPILOG)
@@ -375,12 +297,11 @@ def audit(obj: Ctx, tree: Optional[str], fmt: str, strict: bool) -> None:
     TREE, each guarded, patched, safe, unguarded (reads None once the mirror is
     dropped) or stale (reads a buffer no longer refreshed). Text shows the
     unguarded and stale ones (-v: all). Works on any tree; writes nothing."""
-    from patchkit.audit import audit_tree, to_json, to_text
+    from patchkit.audit import to_json, to_text
 
-    path = _tree(obj, tree)
-    found = trees.find_tree(path)
-    result = audit_tree(found.package)
-    paths = output.Locator(found, path).path
+    report = api.audit(tree, obj.say)
+    found, result = report.where.tree, report.result
+    paths = output.Locator(found, report.where.given).path
     click.echo(to_json(result, output.tree_dict(found), paths) if fmt == "json" else to_text(result, paths, obj.verbose))
     sys.exit(EXIT_CHANGES if strict and not result.ok else EXIT_OK)
 
@@ -394,16 +315,10 @@ def diff(obj: Ctx, args, stat: bool, name_only: bool) -> None:
     """Print the unified diff between the original files and TREE now: every
     file patchkit changed or added or, given PATCHes, the files those patches
     change (a file several patches change shows all of their changes)."""
-    from patchkit.views import file_diffs
-
     if stat and name_only:
         raise click.UsageError("give at most one of --stat and --name-only")
     given, ids = args
-    path = _tree(obj, given)
-    patches = [registry.get(i) for i in ids] if ids else None
-    with locked_session(path, obj.say) as session:
-        _refuse_pending(session)
-        diffs = file_diffs(session, patches)
+    diffs = api.diff(given, ids, obj.say).diffs
     if stat:
         click.echo(output.diff_stat(diffs), nl=False)
     else:
@@ -422,35 +337,16 @@ def show(obj: Ctx, patch: str, tree: Optional[str], show_diff: bool, fmt: str) -
     """Show one patch: title, upstream PRs, what it requires, where it comes
     from, its description, and per file what each codemod does. A TREE is
     read (never written) only with --diff."""
-    from patchkit import views
-
     if tree is not None and not show_diff:
         raise click.UsageError("a TREE is read only with --diff")
-    found = registry.get(patch)
-    diff_text = _show_diff(obj, found, tree) if show_diff else None
-    codemods, runtime = views.codemods(found), views.runtime_modules(found)
+    result = api.show(patch, tree, show_diff, obj.say)
     if fmt == "json":
-        click.echo(output.show_json(found, codemods, runtime, diff_text))
+        click.echo(output.show_json(result.patch, result.codemods, result.runtime, result.diff))
         return
-    click.echo(output.show_text(found, codemods, runtime))
-    if diff_text:
+    click.echo(output.show_text(result.patch, result.codemods, result.runtime))
+    if result.diff:
         click.echo("")
-        click.echo(diff_text, nl=False)
-
-
-def _show_diff(obj: Ctx, patch, given: Optional[str]) -> str:
-    from patchkit.apply import apply_patches
-    from patchkit.views import file_diffs
-
-    path = _tree(obj, given)
-    with locked_session(path, obj.say) as session:
-        _refuse_pending(session)
-        if patch.id in session.record.applied:
-            return "".join(d.text for d in file_diffs(session, [patch]))
-        outcome = apply_patches(session, registry.select([patch.id]), dry_run=True, runtime=None)
-    if not outcome.changed:
-        obj.say(f"show: {patch.id} changes nothing on this tree (see `patchkit status`)")
-    return outcome.diff(session.tree)
+        click.echo(result.diff, nl=False)
 
 
 @main.command(epilog=TREE_EPILOG)
@@ -469,22 +365,18 @@ def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, a
     paths: `git am DIR/*.patch` on a pristine checkout reproduces the patched
     tree byte for byte. Patches that are native upstream are not exported.
     The Date: is now, or SOURCE_DATE_EPOCH when set."""
-    from patchkit.export import DEFAULT_AUTHOR, build_series, write_series
+    from patchkit.export import write_series
 
     if bool(out) == to_stdout:
         raise click.UsageError("give exactly one of --out DIR or --stdout")
-    path = _tree(obj, tree)
-    with locked_session(path, obj.say) as session:
-        _refuse_pending(session)
-        series = build_series(session, author or DEFAULT_AUTHOR)
-    for note in series.notes:
-        obj.say(f"note: {note}")
+    result = api.export(tree, author, obj.say)
+    series = result.series
     if to_stdout:
         click.echo(series.mbox(), nl=False)
         return
     written = write_series(series, Path(out)) if series.patches else []
     if fmt == "json":
-        click.echo(output.export_json(session.tree, out, series, written))
+        click.echo(output.export_json(result.where.tree, out, series, written))
         return
     if not series.patches:
         obj.say("nothing to export: patchkit applied no patch to this tree")
@@ -528,25 +420,13 @@ def fetch(version: str) -> None:
     click.echo(fetch_tree(version))
 
 
-def _counts(outcome: Outcome, verb: str) -> str:
-    """'12 file(s) changed, 7 added': files patchkit created (its runtime
-    folder, the manifest) or removed are counted apart."""
-    kinds = [(old is None, new is None) for old, new in outcome.changed.values()]
-    text = f"{kinds.count((False, False))} file(s) {verb}"
-    if kinds.count((True, False)):
-        text += f", {kinds.count((True, False))} {'would be ' if verb.startswith('would') else ''}added"
-    if kinds.count((False, True)):
-        text += f", {kinds.count((False, True))} {'would be ' if verb.startswith('would') else ''}removed"
-    return text
-
-
-def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bool, check: bool, dry: bool,
-            given: Optional[str] = None) -> None:
+def _finish(obj: Ctx, result: "api.ChangeResult", fmt: str, show_diff: bool, check: bool) -> None:
+    outcome, tree = result.outcome, result.where.tree
     for message in outcome.messages:
         obj.say(message)
-    locator = output.Locator(tree, given)
+    locator = output.Locator(tree, result.where.given)
     if fmt == "json":
-        click.echo(output.outcome_json(verb, tree, outcome, locator, dry))
+        click.echo(output.outcome_json(result.verb, tree, outcome, locator, result.dry))
     elif check:
         # black --check style: the diff (if asked) on stdout, the verdict on stderr.
         if show_diff:
@@ -558,17 +438,17 @@ def _finish(obj: Ctx, tree, outcome: Outcome, verb: str, fmt: str, show_diff: bo
         for pid, why in outcome.skipped:
             obj.say(f"cannot apply: {pid}: {why}")
         if outcome.changed:
-            obj.say(f"{len(outcome.done)} patch(es) would be applied, {_counts(outcome, 'would change')}")
+            obj.say(f"{len(outcome.done)} patch(es) would be applied, {result.counts()}")
         elif not outcome.skipped:
             obj.say("nothing to apply: every patch is applied, native or not applicable")
     else:
         if show_diff:
             click.echo(outcome.diff(tree), nl=False)
-        past = "applied" if verb == "apply" else "reverted"
+        past = "applied" if result.verb == "apply" else "reverted"
         for pid in outcome.done:
-            obj.say(f"{'would be ' if dry else ''}{past}: {pid}")
+            obj.say(f"{'would be ' if result.dry else ''}{past}: {pid}")
         for pid, why in outcome.skipped:
             obj.say(f"not {past}: {pid}: {why}")
-        obj.say(_counts(outcome, "would change" if dry else "changed"))
+        obj.say(result.counts())
     if outcome.skipped or (check and outcome.changed):
         sys.exit(EXIT_CHANGES)

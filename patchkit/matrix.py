@@ -40,12 +40,9 @@ def snapshot(package: Path) -> dict[str, str]:
 def run_release(version: str, workdir: Optional[str] = None) -> dict:
     """One row of the matrix (a JSON-able dict). Never raises: a failure at
     any step is recorded in ``error`` with the step's name."""
-    from patchkit import registry, vendoring
-    from patchkit.apply import apply_patches
-    from patchkit.engine import locked_session
+    from patchkit import api, vendoring
     from patchkit.errors import PatchkitError
     from patchkit.fetch import fetch_tree
-    from patchkit.revert import revert_patches
 
     started = time.perf_counter()
     row: dict = {"release": version, "error": None, "patches": {}, "changed_files": [], "verify_ok": None,
@@ -60,24 +57,23 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
             tree = Path(tmp) / "sglang"
             shutil.copytree(pristine, tree)
             expected = snapshot(pristine)
-            patches = list(registry.all_patches())
             step = "status + apply"
             # apply's reports are the status before it wrote anything: one
             # parse and detection of every file serves both.
-            with locked_session(tree, messages.append, "apply") as session:
-                row["version"] = session.tree.version
-                outcome = apply_patches(session, patches)
+            applied = api.apply(str(tree), say=messages.append, audit_vendor=False)
+            row["version"] = applied.where.tree.version
+            outcome = applied.outcome
             before = {r.patch.id: r for r in outcome.reports}
             row["changed_files"] = sorted(outcome.changed)
             row["skipped"] = [{"id": pid, "reason": why} for pid, why in outcome.skipped]
             step = "verify"
-            with locked_session(tree, messages.append) as session:
-                after = session.reports(patches)
-            row["verify_ok"] = all(r.ok for r in after)
+            verified = api.verify(str(tree), say=messages.append, audit=False)
+            after = verified.reports
+            row["verify_ok"] = verified.ok
             step = "standalone"
             # The patched tree imports without patchkit: nothing imports it, and
             # the runtime folder imports with the standard library alone.
-            found = vendoring.patchkit_imports(tree, [rel for rel in session.record.files if rel.endswith(".py")])
+            found = vendoring.patchkit_imports(tree, [rel for rel in verified.recorded_files if rel.endswith(".py")])
             ok, error = (vendoring.import_in_isolation(tree) if (tree / vendoring.FOLDER / "__init__.py").exists()
                          else (True, ""))
             row["standalone"] = not found and ok
@@ -93,12 +89,10 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
                     "files": sorted(set(files)),
                 }
             step = "apply again"
-            with locked_session(tree, messages.append, "apply") as session:
-                again = apply_patches(session, patches, dry_run=True)
+            again = api.apply(str(tree), dry_run=True, say=messages.append).outcome
             row["idempotent"] = not again.changed and not again.done
             step = "revert"
-            with locked_session(tree, messages.append, "revert") as session:
-                revert_patches(session, [])
+            api.revert(str(tree), say=messages.append)
             step = "compare"
             now = snapshot(tree)
             row["changed_after_revert"] = sorted(k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k))
