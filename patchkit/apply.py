@@ -11,17 +11,21 @@ manifest, written as one transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import patchkit
-from patchkit import git, vendoring
+from patchkit import git, registry, vendoring
 from patchkit.commit import check_writable, commit, sync_runtime
 from patchkit.engine import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Outcome, PatchReport, Session
 from patchkit.errors import PatchkitError
 from patchkit.merge import original_with_user_edits
 from patchkit.record import FileRecord, Record
 from patchkit.registry import Patch
-from patchkit.state import sha256
+from patchkit.transform_cache import TransformCache
+from patchkit.transformer import Transformer
+
+if TYPE_CHECKING:
+    from patchkit.tree import Tree
 
 
 @dataclass
@@ -35,41 +39,48 @@ class Plan:
 def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False, runtime: Optional[str] = None) -> Outcome:
     """Apply ``selected``; ``runtime`` (vendored | package) switches the
     runtime mode, default: the tree's mode, or vendored on a fresh tree."""
+    tree, record = session.tree, session.record
     mode = runtime or session.runtime_mode
     if mode not in vendoring.MODES:
         raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
-    if session.record.legacy:
-        raise PatchkitError(f"{session.tree.package}: {LEGACY}")
-    vendoring.check_mode([*session.applied_patches(), *selected], mode)
-    plan = plan_apply(session, selected)
-    check_writable(session.tree, plan.files)
+    if record.legacy:
+        raise PatchkitError(f"{tree.package}: {LEGACY}")
+    applied = session.applied_patches()
+    vendoring.check_mode([*applied, *selected], mode)
+    # Read: the target files' bytes. Fetch and prepare: every file's detection
+    # and transform ahead, in parallel or from the transform cache (this seeds
+    # the findings the plan's reports read).
+    sources = session.sources(selected)
+    transformer = Transformer(tree, session.findings, session.modules)
+    transformer.prepare(sources, selected, TransformCache.default())
+    plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
+    check_writable(tree, plan.files)
+    edited = session.edited_since_apply(plan.files)  # read (a clone may recover them) before any transform
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
-    for rel in plan.files:
-        old = session.read(rel)
-        new = session.transform(rel, old, session.codemods_for(rel, plan.todo))
-        if new != old:
-            outcome.changed[rel] = (old, new)
-    outcome.messages.extend(session.notes)  # vendor code replaced on purpose, or its check skipped
-    record = _record(session, plan, outcome)
-    if record.applied:
-        if mode != session.runtime_mode and session.record.applied:
+    for rel, new in transformer.transform_files(sources, plan.files, plan.todo).items():
+        outcome.changed[rel] = (sources[rel], new)
+    outcome.messages.extend(transformer.notes)  # vendor code replaced on purpose, or its check skipped
+    new_record = _record(tree, record, plan, outcome, sources, edited)
+    if new_record.applied:
+        if mode != session.runtime_mode and record.applied:
             outcome.messages.append(f"runtime: {session.runtime_mode} -> {mode}")
-        record.runtime, record.runtime_api, record.patchkit = mode, vendoring.RUNTIME_API, patchkit.__version__
+        new_record.runtime, new_record.runtime_api, new_record.patchkit = mode, vendoring.RUNTIME_API, patchkit.__version__
         # What the record was made on: a record of another release is never believed (patchkit.reconcile).
-        record.sglang = session.tree.version
-        record.base_commit = record.base_commit or git.head(session.tree.package)
-        sync_runtime(session.snapshot, record, session.applied_patches(record.applied), outcome, force=True)
+        new_record.sglang = tree.version
+        new_record.base_commit = new_record.base_commit or git.head(tree.package)
+        patches = [p for p in registry.all_patches() if p.id in new_record.applied]
+        sync_runtime(session.snapshot, new_record, patches, outcome, force=True)
     if not dry_run and outcome.changed:
-        commit(session, "apply", outcome, record)
+        commit(session, "apply", outcome, new_record)
     session.save_cache()
     return outcome
 
 
-def plan_apply(session: Session, selected: list[Patch]) -> Plan:
-    """Which of ``selected`` to apply now, which to skip and why."""
-    session.prepare(selected)  # every file's detection and transform, in parallel or from the cache
-    plan = Plan({r.patch.id: r for r in session.reports(selected)})
-    usable = {pid for pid, r in plan.reports.items() if r.state in (APPLIED, NATIVE)} | set(session.record.applied)
+def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[str], sources: dict[str, bytes]) -> Plan:
+    """Which of ``selected`` to apply now (their ``reports`` say each one's
+    state; ``applied``: what patchkit applied before), which to skip and why."""
+    plan = Plan({r.patch.id: r for r in reports})
+    usable = {pid for pid, r in plan.reports.items() if r.state in (APPLIED, NATIVE)} | applied
     for patch in selected:
         report = plan.reports[patch.id]
         if report.state in (APPLIED, NATIVE, STALE):  # STALE: the runtime sync repairs it
@@ -83,27 +94,26 @@ def plan_apply(session: Session, selected: list[Patch]) -> Plan:
             plan.skipped.append((patch.id, f"requires {blocked[0]}, which is not applied"))
             continue
         plan.todo.append(patch)
-    files = [t.file for p in plan.todo for t in p.targets if session.read(t.file) is not None]
-    plan.files = list(dict.fromkeys(files))
+    plan.files = list(dict.fromkeys(t.file for p in plan.todo for t in p.targets if t.file in sources))
     return plan
 
 
-def _record(session: Session, plan: Plan, outcome: Outcome) -> Record:
+def _record(tree: "Tree", record: Record, plan: Plan, outcome: Outcome, sources: dict[str, bytes],
+            edited: dict[str, tuple[bytes, bytes]]) -> Record:
     """The record after this apply: patches applied, and per changed file its
-    backup and what patchkit wrote (stored as blobs at commit)."""
-    record = session.record.copy()
+    backup and what patchkit wrote (stored as blobs at commit). ``edited``:
+    files changed since an earlier apply -> (what patchkit wrote, backup)."""
+    record = record.copy()
     keep = outcome.keep
     for patch in plan.todo:
-        record.applied[patch.id] = [t.file for t in patch.targets if session.read(t.file) is not None]
+        record.applied[patch.id] = [t.file for t in patch.targets if t.file in sources]
     for rel, (old, new) in outcome.changed.items():
         entry = record.files.get(rel)
         if entry is None:
             entry = record.files[rel] = FileRecord(keep(old), None)
-        elif sha256(old) != entry.patched:
+        elif rel in edited:
             # Edited since an earlier apply: carry those edits onto the
             # backup too, or a later revert would silently drop them.
-            merged = original_with_user_edits(session.tree.path(rel), old, session.blob(entry.patched, rel),
-                                              session.blob(entry.original, rel))
-            entry.original = keep(merged)
+            entry.original = keep(original_with_user_edits(tree.path(rel), old, *edited[rel]))
         entry.patched = keep(new)
     return record

@@ -1,17 +1,16 @@
-"""Reading one sglang tree for one command: what each patch's state is, and
-what a file becomes.
+"""Reading one sglang tree for one command: what each patch's state is.
 
-A command runs as read -> plan -> transform -> commit. ``locked_session``
-reads the tree once into a ``Snapshot`` (``patchkit.snapshot``: its files, the
-record of what patchkit did that agrees with the tree, a pending transaction)
-and wraps it in a ``Session``, which adds what a command computes from it:
-each codemod's finding (cached by file hash in ``.patchkit/cache.json``), the
-patch reports, and new file contents (``transform``, per file by the pure
-``patchkit.transform``, prepared in parallel by ``patchkit.parallel``). A
-session never writes the tree. The commands that change it plan and commit
-beside it: ``patchkit.apply`` and ``patchkit.revert``, with
-``patchkit.commit`` (the runtime folder, the write check, the transaction)
-and ``patchkit.merge`` (a user's edits).
+A command runs as read -> fetch -> plan -> transform -> commit.
+``locked_session`` reads the tree once into a ``Snapshot`` (``patchkit.snapshot``:
+its files, the record of what patchkit did that agrees with the tree, a
+pending transaction) and wraps it in a ``Session``, the read side: each
+codemod's finding (cached by file hash in ``.patchkit/cache.json``) and the
+patch reports. ``status`` and ``verify`` need nothing more. A session never
+writes the tree and never transforms: the commands that change it hand its
+values (files, findings, parsed modules) down to ``patchkit.transformer``
+and plan and commit beside it (``patchkit.apply``, ``patchkit.revert``, with
+``patchkit.commit``: the runtime folder, the write check, the transaction;
+``patchkit.merge``: a user's edits).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from patchkit.record import Record
 from patchkit.registry import Patch
 from patchkit.snapshot import Snapshot, read_snapshot
 from patchkit.state import Store, sha256
-from patchkit.transform_cache import Entry, TransformCache
 from patchkit.tree import Tree, find_tree
 
 if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must be parsed
@@ -116,15 +114,11 @@ class Session:
         self.tree = snapshot.tree
         self.record: Record = snapshot.record
         self.store = store
-        self._modules: dict[str, cst.Module] = {}
+        # Handed down to the transform step (``patchkit.transformer``), which adds to both.
+        self.modules: dict[str, cst.Module] = {}  # parsed files, by the sha256 of their bytes
         self._cache_key = f"patchkit {patchkit.__version__}"
-        self._cache = store.load_cache(self._cache_key)
-        self._cache_dirty = False
-        self.transform_cache = TransformCache.default()
-        self._prepared: dict[str, tuple[str, Entry]] = {}  # rel -> (sha256 of its source, entry)
-        self.last_transformed: list[str] = []  # codemods the last transform() ran, in order
-        self.notes: list[str] = []  # what transforms report (vendor code replaced on purpose, a check skipped)
-        self._pristine: dict[str, Optional[bytes]] = {}
+        self.findings: dict[str, list] = store.load_cache(self._cache_key)  # "codemod|sha256" -> finding
+        self._saved = dict(self.findings)
 
     # -- reading ---------------------------------------------------------------
 
@@ -139,6 +133,21 @@ class Session:
             self.store.put_blob(data)
             return data
         return self.store.get_blob(digest)
+
+    def sources(self, patches: Iterable[Patch]) -> dict[str, bytes]:
+        """The bytes of ``patches``' target files that the tree has."""
+        return {t.file: data for p in patches for t in p.targets if (data := self.read(t.file)) is not None}
+
+    def edited_since_apply(self, files: Iterable[str]) -> dict[str, tuple[bytes, bytes]]:
+        """Of ``files``, those patchkit patched that were edited since:
+        rel -> (the bytes patchkit wrote, the backup)."""
+        out = {}
+        for rel in files:
+            entry = self.record.files.get(rel)
+            # A file removed since counts as edited (to empty), as revert's merge sees it.
+            if entry is not None and entry.patched and sha256(self.read(rel) or b"") != entry.patched:
+                out[rel] = (self.blob(entry.patched, rel), self.blob(entry.original, rel))
+        return out
 
     @property
     def runtime_mode(self) -> str:
@@ -157,9 +166,11 @@ class Session:
         }
 
     def module(self, rel: str) -> "cst.Module":
-        if rel not in self._modules:
-            self._modules[rel] = transform.parse(self.read(rel), self.tree.path(rel))
-        return self._modules[rel]
+        data = self.read(rel)
+        digest = sha256(data)
+        if digest not in self.modules:
+            self.modules[digest] = transform.parse(data, self.tree.path(rel))
+        return self.modules[digest]
 
     def detect(self, rel: str, codemod: "CodemodRef") -> Finding:
         """``codemod`` (a class, or its ``module:Class`` reference) on the file
@@ -168,21 +179,18 @@ class Session:
         data = self.read(rel)
         assert data is not None
         key = f"{registry.codemod_name(codemod)}|{sha256(data)}"
-        if key in self._cache:
-            return Finding.from_list(self._cache[key])
+        if key in self.findings:
+            return Finding.from_list(self.findings[key])
         finding = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
-        self._remember(key, finding)
+        self.findings[key] = finding.as_list()
         return finding
-
-    def _remember(self, key: str, finding: Finding) -> None:
-        self._cache[key] = finding.as_list()
-        self._cache_dirty = True
 
     def save_cache(self) -> None:
         # Only trees patchkit already manages get a cache: `status` on a pristine
         # tree leaves no trace.
-        if self._cache_dirty and self.store.folder.is_dir() and os.access(self.store.folder, os.W_OK):
-            self.store.save_cache(self._cache_key, self._cache)
+        if self.findings != self._saved and self.store.folder.is_dir() and os.access(self.store.folder, os.W_OK):
+            self.store.save_cache(self._cache_key, self.findings)
+            self._saved = dict(self.findings)
 
     def audit_problems(self) -> int:
         """How many reads of the CPU mirror ``patchkit audit`` finds unguarded
@@ -191,10 +199,9 @@ class Session:
         from patchkit import audit
 
         key = f"audit|{audit.fingerprint(self.tree.package)}"
-        if key not in self._cache:
-            self._cache[key] = len(audit.audit_tree(self.tree.package).problems)
-            self._cache_dirty = True
-        return self._cache[key]
+        if key not in self.findings:
+            self.findings[key] = len(audit.audit_tree(self.tree.package).problems)
+        return self.findings[key]
 
     # -- status ----------------------------------------------------------------
 
@@ -265,104 +272,6 @@ class Session:
         result = [self.report(p) for p in (registry.all_patches() if patches is None else patches)]
         self.save_cache()
         return result
-
-    # -- transforming ------------------------------------------------------------
-
-    def transform(self, rel: str, source: bytes, codemods: list["CodemodRef"]) -> bytes:
-        """Run ``codemods`` over one file's source; every one must end DONE."""
-        prepared = self.prepared(rel, source, codemods)
-        if prepared is not None:
-            return prepared
-        on_disk = source == self.read(rel)
-        module = self.module(rel) if on_disk else transform.parse(source, self.tree.path(rel))
-        classes = [registry.load_codemod(codemod) for codemod in codemods]
-        # `status` already detected (and cached) each finding for the bytes on disk: don't detect twice.
-        known = [self.detect(rel, c) for c in classes] if on_disk else []
-        result = transform.run(rel, self.tree.path(rel), module, classes, known, source, self.pristine(rel))
-        for line in result.notes:
-            self._note(line)
-        digest = sha256(result.new)
-        for name, finding in result.after.items():
-            self._remember(f"{name}|{digest}", finding)
-        self.last_transformed = result.transformed
-        return result.new
-
-    def pristine(self, rel: str) -> Optional[bytes]:
-        """``rel`` as the tree's release ships it, located (never downloaded)
-        before any transform, for the vendor-code check (``patchkit.vendor_code``)."""
-        if rel not in self._pristine:
-            from patchkit import vendor_code
-
-            self._pristine[rel] = data = vendor_code.pristine_source(self.tree.version, rel)
-            if data is None and vendor_code.is_release(self.tree.version):
-                self._note(vendor_code.release_note(self.tree.version))
-        return self._pristine[rel]
-
-    def _note(self, line: str) -> None:
-        if line not in self.notes:
-            self.notes.append(line)
-
-    def codemods_for(self, rel: str, patches: Iterable[Patch]) -> list["CodemodRef"]:
-        """The codemods (classes or ``module:Class`` references, imported when
-        ``transform`` must run them) of ``patches`` for one file, in order."""
-        return [c for p in patches for t in p.targets if t.file == rel for c in t.refs]
-
-    # -- preparing: every file's detection and transform, before the plan ------
-
-    def prepare(self, patches: Iterable[Patch]) -> None:
-        """Detect and transform, per target file, with the codemods of all
-        ``patches`` (grouped by patch): from the shared transform cache, or in
-        parallel processes (``patchkit.parallel``). Findings seed the detection
-        cache; ``transform`` then uses a result where it is exactly what it
-        would compute itself. Files whose findings are all cached and none is
-        TODO need nothing."""
-        from patchkit import parallel
-
-        files: dict[str, list[list]] = {}
-        for patch in patches:
-            for target in patch.targets:
-                if self.read(target.file) is not None:
-                    files.setdefault(target.file, []).append(list(target.refs))
-        need = {}
-        for rel, groups in files.items():
-            digest = sha256(self.read(rel))
-            known = [self._cache.get(f"{registry.codemod_name(r)}|{digest}") for g in groups for r in g]
-            if any(k is None or k[0] == State.TODO.value for k in known):
-                need[rel] = groups
-        jobs = {rel: (self.tree.path(rel), self.read(rel), groups, self.pristine(rel)) for rel, groups in need.items()}
-        for rel, entry in parallel.prepare(jobs, self.transform_cache).items():
-            digest = sha256(self.read(rel))
-            for name, finding in entry.before.items():
-                self._cache.setdefault(f"{name}|{digest}", finding)
-            if entry.new is not None:
-                new_digest = sha256(entry.new)
-                for name, finding in (entry.after or {}).items():
-                    self._cache[f"{name}|{new_digest}"] = finding
-            self._cache_dirty = True
-            self._prepared[rel] = (digest, entry)
-
-    def prepared(self, rel: str, source: bytes, codemods: list) -> Optional[bytes]:
-        """The prepared result of ``transform(rel, source, codemods)``, where it
-        is provably the same: the same bytes, ``codemods`` a subset of those the
-        preparation ran (so their postconditions were checked) and containing,
-        in the same order, every codemod that changed the file there (so the
-        same edits happen in the same order)."""
-        hit = self._prepared.get(rel)
-        if hit is None or hit[1].new is None or hit[0] != sha256(source):
-            return None
-        entry = hit[1]
-        # A codemod two patches share (e.g. one draft-worker edit of FA3's and
-        # FlashMLA's spec-v2) is listed twice but changes the file once: its
-        # first place is where it acts, the second finds it done (were it to
-        # act again, ``entry.transformed`` would name it twice: no match).
-        names = list(dict.fromkeys(registry.codemod_name(c) for c in codemods))
-        ran = {n for group in entry.groups for n in group}
-        if not set(names) <= ran or [n for n in names if n in entry.transformed] != list(entry.transformed):
-            return None
-        self.last_transformed = list(entry.transformed)
-        for line in entry.notes:
-            self._note(line)
-        return entry.new
 
     # -- diff ------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from patchkit import __version__, registry, vendoring
 from patchkit.engine import NATIVE, Session, unified_diff
 from patchkit.errors import PatchkitError
 from patchkit.registry import Patch
+from patchkit.transformer import Transformer, codemods_for
 
 DEFAULT_AUTHOR = "patchkit <patchkit@invalid>"
 ZERO_SHA = "0" * 40
@@ -78,19 +79,21 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
             if target.file in files:
                 last_touch[target.file] = k
     tree = session.tree
+    transformer = Transformer(tree, session.findings, session.modules)
+    transformer.fetch(files)
     for k, patch in enumerate(applied):
         diffs, paths = [], []
         for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files):
             if last_touch[rel] == k:
                 new = session.blob(files[rel].patched, rel)
-                computed = session.transform(rel, originals[rel], session.codemods_for(rel, applied[: k + 1]))
+                computed = transformer.run(rel, originals[rel], codemods_for(rel, applied[: k + 1]))
                 if computed != new:
                     series.notes.append(
                         f"{tree.repo_path(rel)}: re-running the codemods does not give the bytes patchkit wrote "
                         "(applied in several steps?); the last patch touching it carries the difference"
                     )
             else:
-                new = session.transform(rel, originals[rel], session.codemods_for(rel, applied[: k + 1]))
+                new = transformer.run(rel, originals[rel], codemods_for(rel, applied[: k + 1]))
             if new != current[rel]:
                 diffs.append(_git_diff(tree, rel, current[rel], new))
                 paths.append(tree.repo_path(rel))

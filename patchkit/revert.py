@@ -15,7 +15,7 @@ from patchkit.engine import Outcome, Session
 from patchkit.errors import PatchkitError
 from patchkit.merge import keep_user_edits
 from patchkit.record import Record
-from patchkit.state import sha256
+from patchkit.transformer import Transformer, codemods_for
 
 
 def revert_patches(session: Session, ids: list[str], cascade: bool = False, force: bool = False,
@@ -28,19 +28,25 @@ def revert_patches(session: Session, ids: list[str], cascade: bool = False, forc
     files = [f for pid in chosen for f in session.record.applied[pid] if f in session.record.files]
     files = list(dict.fromkeys(files))
     check_writable(session.tree, files)
+    # Read and fetch, before any transform: each file now, its backup and
+    # (edited since apply) what patchkit wrote, which a clone may recover
+    # from git history or the release; the release's bytes for the files
+    # the remaining patches re-patch.
+    current = {rel: session.read(rel) or b"" for rel in files}
+    edited = session.edited_since_apply(files)
+    original = {rel: edited[rel][1] if rel in edited else session.blob(session.record.files[rel].original, rel)
+                for rel in files}
+    still = {rel: codemods_for(rel, remaining) for rel in files}
+    transformer = Transformer(session.tree, session.findings, session.modules)
+    transformer.fetch(rel for rel in files if still[rel])
     record = session.record.copy()
     for rel in files:
-        entry = session.record.files[rel]
-        current = session.read(rel) or b""
-        original = session.blob(entry.original, rel)
-        still = session.codemods_for(rel, remaining)
-        target = session.transform(rel, original, still) if still else original
-        if sha256(current) != entry.patched:
-            target = keep_user_edits(session.tree.path(rel), current, session.blob(entry.patched, rel), target,
-                                     force, outcome)
-        if target != current:
-            outcome.changed[rel] = (current, target)
-        if still:
+        target = transformer.run(rel, original[rel], still[rel]) if still[rel] else original[rel]
+        if rel in edited:
+            target = keep_user_edits(session.tree.path(rel), current[rel], edited[rel][0], target, force, outcome)
+        if target != current[rel]:
+            outcome.changed[rel] = (current[rel], target)
+        if still[rel]:
             record.files[rel].patched = outcome.keep(target)
         else:
             del record.files[rel]

@@ -1,0 +1,67 @@
+"""patchkit.api: each command as a function returning a value, printing
+nothing; the CLI prints what it returns."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from patchkit import api
+from patchkit.errors import PatchkitError
+from support import PRIMARY, pristine_snapshot, snapshot
+
+pytestmark = pytest.mark.trees
+
+
+def test_apply_verify_revert_as_values(make_tree, capsys):
+    tree = make_tree(PRIMARY)
+    said: list[str] = []
+
+    before = api.status(str(tree), say=said.append)
+    assert {r.state for r in before.reports} == {"absent"} and not before.ok and before.runtime is None
+
+    dry = api.apply(str(tree), dry_run=True, say=said.append)
+    assert dry.dry and dry.outcome.changed and snapshot(tree) == pristine_snapshot(PRIMARY)
+    assert dry.counts().startswith(f"{sum(1 for o, n in dry.outcome.changed.values() if o is not None)} file(s) would change")
+
+    applied = api.apply(str(tree), say=said.append)
+    assert applied.outcome.changed.keys() == dry.outcome.changed.keys()
+    assert applied.outcome.done == dry.outcome.done and applied.vendor_line is None
+
+    verified = api.verify(str(tree), say=said.append)
+    assert verified.ok and verified.audit_problems == 0 and verified.runtime["mode"] == "vendored"
+    assert set(verified.recorded_files) == set(applied.outcome.changed)
+
+    assert [p.patch.id for p in api.export(str(tree), say=said.append).series.patches] == applied.outcome.done
+    assert {d.rel for d in api.diff(str(tree)).diffs} == set(applied.outcome.changed)
+
+    reverted = api.revert(str(tree), say=said.append)
+    assert sorted(reverted.outcome.done) == sorted(applied.outcome.done)
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
+    assert capsys.readouterr() == ("", "")  # the API prints nothing
+
+
+def test_the_cli_prints_what_the_api_returns(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    assert cli("apply", tree, "needs-cpu-seq-lens").exit_code == 0
+    printed = json.loads(cli("status", tree, "--format", "json").stdout)
+    returned = api.status(str(tree))
+    assert {p["id"]: p["state"] for p in printed["patches"]} == {r.patch.id: r.state for r in returned.reports}
+    assert printed["ok"] == returned.ok
+
+
+def test_errors_raise_one_line_and_change_nothing(make_tree, tmp_path):
+    tree = make_tree(PRIMARY)
+    with pytest.raises(PatchkitError, match="no-such-patch"):
+        api.apply(str(tree), ["no-such-patch"])
+    with pytest.raises(PatchkitError):
+        api.status(str(tmp_path / "nowhere"))
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
+
+
+def test_show_with_a_diff_reads_the_tree_and_writes_nothing(make_tree):
+    tree = make_tree(PRIMARY)
+    shown = api.show("trtllm-mha-overlap-hook", str(tree), with_diff=True)
+    assert shown.patch.id == "trtllm-mha-overlap-hook" and shown.codemods and shown.diff.startswith("--- a/")
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
