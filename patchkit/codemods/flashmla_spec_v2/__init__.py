@@ -24,7 +24,7 @@ value when the mirror is there):
 * the draft extend (``DRAFT_EXTEND_V2``): a new eager branch builds FlashMLA
   metadata from device lengths (``draft_extend_seq_lens_k``) and
   ``forward_extend`` runs it on the fixed-q kernel with those K lengths
-  (``fixed_qcache_seqlens``). Before, 0.5.13 .. 0.5.15 handed it to the
+  (``fixed_q_cache_seqlens``). Before, 0.5.13 .. 0.5.15 handed it to the
   FlashInfer MLA parent (a host-planned prefill that reads the mirror and the
   host length lists), and 0.5.10 .. 0.5.12.post1 let it reach the fixed-q
   kernel with the parent's metadata and the verify lengths.
@@ -206,7 +206,7 @@ if forward_batch.forward_mode.is_draft_extend_v2():
         seq_lens_k, window * self.num_q_heads, 1, is_fp8_kvcache=self.is_fp8_kvcache
     )
     self.forward_metadata = FlashMLADecodeMetadata(mla_metadata, num_splits, block_kv_indices)
-    # The kernel's K lengths, read by forward_extend (fixed_qcache_seqlens).
+    # The kernel's K lengths, read by forward_extend (fixed_q_cache_seqlens).
     self.forward_metadata.seq_lens_k = seq_lens_k
 """)
         self.require_import(HELPERS, "draft_extend_seq_lens_k")
@@ -231,7 +231,7 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
     """``forward_extend`` runs DRAFT_EXTEND_V2 on the fixed-q kernel with the
     metadata's K lengths: no longer handed to the parent (0.5.13 .. 0.5.15
     list it beside EXTEND), and each fixed-q kernel call's ``cache_seqlens``
-    from ``fixed_qcache_seqlens`` (the verify lengths, seq_lens + draft
+    from ``fixed_q_cache_seqlens`` (the verify lengths, seq_lens + draft
     tokens, stay as they were).
 
     Found by meaning, per kernel call: the value it is handed (through the
@@ -242,7 +242,7 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
 
     DESCRIPTION = (
         f"{BACKEND}.forward_extend: DRAFT_EXTEND_V2 on the fixed-q kernel with the draft extend's K lengths "
-        "(fixed_qcache_seqlens), not the FlashInfer MLA parent"
+        "(fixed_q_cache_seqlens), not the FlashInfer MLA parent"
     )
     CLASS = BACKEND
     METHOD = "forward_extend"
@@ -250,7 +250,7 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
     REPLACES_VENDOR = ((
         r"to|int|long|type|contiguous|torch|int32|add|device|dtype|as_tensor|seq_lens|num_draft_tokens|"
         r"speculative_num_draft_tokens|is_draft_extend_v2|forward_mode|ForwardMode|DRAFT_EXTEND_V2",
-        "the fixed-q kernel's cache_seqlens in the vendor's spelling becomes fixed_qcache_seqlens "
+        "the fixed-q kernel's cache_seqlens in the vendor's spelling becomes fixed_q_cache_seqlens "
         "(the same verify lengths outside the draft extend); DRAFT_EXTEND_V2 no longer goes to the parent",
     ),)
 
@@ -309,9 +309,9 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
         rewrites: dict[int, str] = {}
         for site in self._sites(fn):
             for node, batch, draft in site.targets if site.state is State.TODO else ():
-                rewrites[id(node)] = f"fixed_qcache_seqlens({code_of(batch)}, self.forward_metadata, {code_of(draft)})"
+                rewrites[id(node)] = f"fixed_q_cache_seqlens({code_of(batch)}, self.forward_metadata, {code_of(draft)})"
         if rewrites:
-            self.require_import(HELPERS, "fixed_qcache_seqlens")
+            self.require_import(HELPERS, "fixed_q_cache_seqlens")
             fn = fn.visit(ByIdentity({k: primitives.parse_expression(v) for k, v in rewrites.items()}))
         drops = frozenset(id(t) for t in routed_terms(fn))
         if drops:

@@ -31,7 +31,7 @@ DRAFT_EXTEND_V2_TEST = IS_DRAFT_EXTEND_V2 | DRAFT_EXTEND_V2_MODE
 SUPER_CALL = m.Call(func=attr("forward_extend", m.Call(func=m.Name("super"))))
 CASTS = "to|int|long|type|contiguous"  # `.to(torch.int32)`, `.to(device)`, `.int()`, ...
 DRAFT_TOKENS = attr("num_draft_tokens|speculative_num_draft_tokens")
-OURS = call("fixed_qcache_seqlens")
+OURS = call("fixed_q_cache_seqlens")
 UPSTREAM_K_LENS = attr("seq_lens_k")
 
 
