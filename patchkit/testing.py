@@ -134,10 +134,11 @@ def assert_state(codemod: type, src: str, state: State, detail: Optional[str] = 
 def set_codemod(folder: Union[str, Path], ref: str) -> type:
     """The codemod ``module:Class`` of the patch set in ``folder``, loaded as
     ``patchkit --patches folder`` loads it."""
-    from patchkit import registry
+    from patchkit.definitions import load_codemod
+    from patchkit.patch_sets import folder_set
 
-    patch_set = registry.folder_set(Path(folder).expanduser().resolve(), "patchkit.testing.set_codemod")
-    return registry.load_codemod(patch_set.ref(ref, ref))
+    patch_set = folder_set(Path(folder).expanduser().resolve(), "patchkit.testing.set_codemod")
+    return load_codemod(patch_set.ref(ref, ref))
 
 
 class CodemodTest(unittest.TestCase):

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Optional
 
 import patchkit
-from patchkit import registry, settings
+from patchkit import patch_sets, settings
 
 FORMAT = 1
 Findings = dict[str, list]  # codemod name -> [state, anchor, detail]
@@ -75,7 +75,7 @@ def fingerprint() -> str:
     # All of patchkit's code, not only the codemods: they use helpers from
     # elsewhere (e.g. where patched code imports its runtime from). About 2 ms.
     sources = sorted(here.rglob("*.py"))
-    sources += [Path(str(f)) for f in registry.definition_files()]
+    sources += [Path(str(f)) for f in patch_sets.definition_files()]
     libcst = importlib.util.find_spec("libcst")
     if libcst is not None and libcst.origin:
         sources.append(Path(libcst.origin).parent / "_version.py")

@@ -40,7 +40,7 @@ from patchkit.errors import PatchkitError
 from patchkit.record import Record
 
 if TYPE_CHECKING:
-    from patchkit.registry import RuntimeModule
+    from patchkit.definitions import RuntimeModule
 
 MODES = ("vendored", "package")
 DEFAULT_MODE = "vendored"

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from support import PRIMARY
-from patchkit import audit
+from patchkit import audit, audit_facts
 from patchkit.cli import main
 from patchkit.fetch import copy_tree
 
@@ -176,7 +176,7 @@ def test_without_the_release_the_vendor_is_every_problem_outside_the_targets(tre
     """No cached release to compare with (never downloaded): origin is null,
     and apply's count falls back to the problems outside patchkit's targets."""
     _, _, _, tree = trees
-    monkeypatch.setattr(audit, "cached_release", lambda package: None)
+    monkeypatch.setattr(audit_facts, "cached_release", lambda package: None)
     result = audit.audit_tree(tree)
     assert result.release is None and {r.origin for r in result.reads} == {None}
     targets = ["srt/layers/attention/acme_backends.py"]

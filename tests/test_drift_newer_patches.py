@@ -23,6 +23,7 @@ from codemod_testing import run
 from support import NATIVE, PRIMARY, patch_states, snapshot
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods import flashmla_spec_v2 as fm
+from patchkit.codemods.flashmla_spec_v2 import fixed_q
 from patchkit.codemods import replay_no_stale_mirror as rnsm
 from patchkit.codemods import trtllm_mha_spec_v2 as mha
 from patchkit.codemods.base import State
@@ -130,10 +131,10 @@ def _cache_seqlens_values(text: str) -> list[str]:
     """The code of each fixed-q kernel call's cache_seqlens, through one local."""
     fn = next(n for n in cst.parse_module(text).visit(cst.CSTTransformer()).body if isinstance(n, cst.ClassDef) and n.name.value == fm.BACKEND)
     method = next(s for s in fn.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward_extend")
-    local = fm._Locals(method)
+    local = fixed_q.Locals(method)
     out = []
-    for kernel in fm.primitives.find_all(method, fm.KERNEL_CALL):
-        value = fm._cache_seqlens(kernel).value
+    for kernel in fm.primitives.find_all(method, fixed_q.KERNEL_CALL):
+        value = fixed_q.cache_seqlens(kernel).value
         out += [rnsm.code_of(v) for v in local.values(value)]
     return out
 

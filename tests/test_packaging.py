@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import __version__, registry
+from patchkit import __version__, patch_sets, registry
 from support import PRIMARY, pristine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def test_wheel_contents(wheel):
     assert tops == {"patchkit"}  # no gpu_e2e, tests, examples or scripts
     assert not any("gpu_e2e" in n for n in names)
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("patchkit/patches/") and n.endswith(".toml")}
-    assert shipped == {f.name for f in registry.definition_files()} and shipped
+    assert shipped == {f.name for f in patch_sets.definition_files()} and shipped
     for module in ("patchkit/cli.py", "patchkit/registry.py", "patchkit/runtime/seq_lens.py",
                    "patchkit/backends/trtllm_mha.py", "patchkit/codemods/primitives/__init__.py",
                    "patchkit/testing.py"):

@@ -28,17 +28,29 @@ is_draft_extend_v2()`` branches and dropped top-k from the runner output
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods import primitives
 from patchkit.codemods.base import Finding, MethodCodemod, PatchCodemod
-from patchkit.codemods.common import GRAPH_CHECK, DraftExtendGraphCheck, graph_check
+from patchkit.codemods.common import GRAPH_CHECK, DraftExtendGraphCheck, code_of, graph_check
+from patchkit.codemods.trtllm_mha_draft_extend_v2.branches import (
+    HELPER,
+    IS_DRAFT_EXTEND,
+    IS_DRAFT_EXTEND_ANY,
+    IS_DRAFT_EXTEND_V1_ONLY,
+    IS_DRAFT_EXTEND_V2,
+    branches,
+    draft_extend_branch,
+    draft_extend_method,
+    has_v2_split,
+    testing,
+    v1_run,
+    with_include_v2,
+)
 from patchkit.vendoring import import_path
-
-_code = cst.Module(body=[]).code_for_node
 
 # --- eagle_worker_v2.py: the whitelist ------------------------------------------------
 
@@ -89,7 +101,7 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
             assign = graph_check(fn)
             return self.missing_in(
                 fn,
-                f"`{WHITELIST} = {_code(assign.value)}` has no `or` of isinstance({SUBJECT}, ...) checks",
+                f"`{WHITELIST} = {code_of(assign.value)}` has no `or` of isinstance({SUBJECT}, ...) checks",
                 f"one (or a single isinstance({SUBJECT}, (...)) check) to add {MHA_BACKEND} to",
                 assign,
             )
@@ -118,44 +130,7 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
 CAPTURE_METHODS = ("init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata")
 REPLAY_METHODS = ("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
 HELPER_MODULE = import_path("backends.trtllm_mha")
-HELPER = "fill_draft_extend_v2_cu_seqlens_q"
 
-_IS_DRAFT_EXTEND = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend")))
-_IS_DRAFT_EXTEND_V1_ONLY = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend")), args=[])
-_INCLUDE_V2 = m.Arg(keyword=m.Name("include_v2"), value=m.Name("True"))
-_IS_DRAFT_EXTEND_ANY = m.Call(
-    func=m.Attribute(attr=m.Name("is_draft_extend")), args=[m.ZeroOrMore(), _INCLUDE_V2, m.ZeroOrMore()]
-)
-_IS_DRAFT_EXTEND_V2 = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend_v2")), args=[])
-
-
-def _testing(call: m.BaseMatcherNode) -> m.If:
-    """An ``if`` / ``elif`` whose test holds ``call``, not negated: the mode
-    test alone or in a fork's own condition (``... and self.vendor_flag``)."""
-    negated = m.UnaryOperation(operator=m.Not(), expression=call)
-    return m.If(test=m.MatchIfTrue(lambda t: primitives.contains(t, call) and not primitives.contains(t, negated)))
-
-
-def _branches(fn: cst.CSTNode, call: m.BaseMatcherNode) -> list[cst.If]:
-    return list(primitives.find_all(fn, _testing(call)))
-
-
-def _draft_extend_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cst.FunctionDef]:
-    """The first of ``names`` that has a draft-extend branch (a fork may keep
-    the old name as a thin wrapper around the new one)."""
-    found = [f for f in (primitives.find_method(cls, n) for n in names) if f is not None]
-    for fn in found:
-        if _branches(fn, _IS_DRAFT_EXTEND | _IS_DRAFT_EXTEND_V2):
-            return fn
-    return found[0] if found else None
-
-
-def _with_include_v2(if_: cst.If) -> cst.If:
-    """The V1-only mode test in the ``if``'s condition, with include_v2=True."""
-    test = primitives.replace_expressions(
-        if_.test, _IS_DRAFT_EXTEND_V1_ONLY, lambda call, _: primitives.set_keyword_argument(call, "include_v2", "True")
-    )
-    return if_.with_changes(test=test)
 
 
 class _DraftExtendMetadataMethod(MethodCodemod):
@@ -166,7 +141,7 @@ class _DraftExtendMetadataMethod(MethodCodemod):
     CLASS = "TRTLLMHAAttnBackend"
 
     def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
-        return _draft_extend_method(cls, (self.METHOD, *self.RENAMED))
+        return draft_extend_method(cls, (self.METHOD, *self.RENAMED))
 
 
 class CaptureIncludesDraftExtendV2(_DraftExtendMetadataMethod):
@@ -178,51 +153,14 @@ class CaptureIncludesDraftExtendV2(_DraftExtendMetadataMethod):
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         anchor = self.anchor_of(fn)
-        if _branches(fn, _IS_DRAFT_EXTEND_ANY | _IS_DRAFT_EXTEND_V2):
+        if branches(fn, IS_DRAFT_EXTEND_ANY | IS_DRAFT_EXTEND_V2):
             return Finding.done(anchor)
-        if _branches(fn, _IS_DRAFT_EXTEND_V1_ONLY):
+        if branches(fn, IS_DRAFT_EXTEND_V1_ONLY):
             return Finding.todo(anchor, "draft-extend branch matches V1 only")
         return self.missing_in(fn, "no draft-extend branch", "an `if forward_mode.is_draft_extend():` branch")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        return primitives.replace_statements(fn, _testing(_IS_DRAFT_EXTEND_V1_ONLY), _with_include_v2)
-
-
-# The per-request accepted-token counts V1 reads, by release: 0.5.10 -
-# 0.5.10.post1 `accept_length`, 0.5.11 `num_accepted_tokens`, 0.5.12+
-# `num_accept_tokens` (each with a `_cpu` host list).
-ACCEPT_FIELDS = ("num_accept_tokens", "num_accepted_tokens", "accept_length")
-_V1_QUERY_ATTRS = {*ACCEPT_FIELDS, *(f"{f}_cpu" for f in ACCEPT_FIELDS), "max_seq_len_q", "cu_seqlens_q"}
-
-
-def _touches_v1_query_lens(stmt: cst.BaseStatement) -> bool:
-    """A statement of V1's variable-length query path: it reads the accepted
-    counts (or their CPU mirror) or writes ``max_seq_len_q`` / ``cu_seqlens_q``."""
-    return primitives.contains(stmt, m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v in _V1_QUERY_ATTRS))))
-
-
-def _v1_run(branch: cst.If) -> Optional[tuple[int, int]]:
-    """[first, last] indices of the V1 query-length statements in the branch
-    body, when they are one uninterrupted run (anything else between them
-    would silently change V2 if moved into the V1 ``else``)."""
-    body = list(branch.body.body)
-    hits = [i for i, s in enumerate(body) if _touches_v1_query_lens(s)]
-    if not hits or hits != list(range(hits[0], hits[-1] + 1)):
-        return None
-    if not any(primitives.contains(body[i], m.Attribute(attr=m.Name("cu_seqlens_q"))) for i in hits):
-        return None
-    return hits[0], hits[-1]
-
-
-def _draft_extend_branch(fn: cst.FunctionDef) -> Optional[cst.If]:
-    found = _branches(fn, _IS_DRAFT_EXTEND)
-    return found[0] if found else None
-
-
-def _has_v2_split(branch: cst.If) -> bool:
-    return bool(_branches(branch.body, _IS_DRAFT_EXTEND_V2)) or primitives.contains(
-        branch.body, m.Call(func=m.Name(HELPER))
-    )
+        return primitives.replace_statements(fn, testing(IS_DRAFT_EXTEND_V1_ONLY), with_include_v2)
 
 
 class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
@@ -239,22 +177,22 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         anchor = self.anchor_of(fn)
-        v1_only = _branches(fn, _IS_DRAFT_EXTEND_V1_ONLY)
-        both = _branches(fn, _IS_DRAFT_EXTEND_ANY)
+        v1_only = branches(fn, IS_DRAFT_EXTEND_V1_ONLY)
+        both = branches(fn, IS_DRAFT_EXTEND_ANY)
         if not v1_only and not both:
-            if _branches(fn, _IS_DRAFT_EXTEND_V2):
+            if branches(fn, IS_DRAFT_EXTEND_V2):
                 return Finding.done(anchor, "V2 has its own branch (upstream 0.5.17+ shape)")
             return self.missing_in(fn, "no draft-extend branch", "an `if forward_mode.is_draft_extend():` branch")
         branch = (v1_only + both)[0]
-        if not v1_only and _has_v2_split(branch):
+        if not v1_only and has_v2_split(branch):
             if primitives.contains(branch.body, m.Call(func=m.Name(HELPER))) and not self._helper_imported:
                 return Finding.todo(anchor, f"{HELPER} is called but not imported")
             return Finding.done(anchor)
-        if not _has_v2_split(branch):
+        if not has_v2_split(branch):
             params = [p.name.value for p in fn.params.params]
             if not {"bs", "spec_info"} <= set(params):
                 return self.missing_in(fn, f"parameters ({', '.join(params)})", "parameters `bs` and `spec_info`")
-            if _v1_run(branch) is None:
+            if v1_run(branch) is None:
                 return self.missing_in(
                     fn,
                     "the draft-extend branch fills cu_seqlens_q in no single run of statements",
@@ -265,13 +203,13 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         def edit_branch(if_: cst.If) -> cst.If:
-            if not _has_v2_split(if_):
-                first, last = _v1_run(if_)
+            if not has_v2_split(if_):
+                first, last = v1_run(if_)
                 body = list(if_.body.body)
                 run = body[first : last + 1]
-                receiver = _code(primitives.find_all(if_.test, _IS_DRAFT_EXTEND)[0].func.value)
+                receiver = code_of(primitives.find_all(if_.test, IS_DRAFT_EXTEND)[0].func.value)
                 metadata = next(
-                    _code(a.value) for a in primitives.find_all(cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q")))
+                    code_of(a.value) for a in primitives.find_all(cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q")))
                 )
                 body[first : last + 1] = [
                     primitives.branch_statements(
@@ -285,12 +223,12 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
                     )
                 ]
                 if_ = if_.with_changes(body=if_.body.with_changes(body=body))
-            if primitives.contains(if_.test, _IS_DRAFT_EXTEND_V1_ONLY):
-                if_ = _with_include_v2(if_)
+            if primitives.contains(if_.test, IS_DRAFT_EXTEND_V1_ONLY):
+                if_ = with_include_v2(if_)
             return if_
 
-        if not _has_v2_split(_draft_extend_branch(fn)) or _branches(fn, _IS_DRAFT_EXTEND_V1_ONLY):
-            fn = primitives.replace_statements(fn, _testing(_IS_DRAFT_EXTEND), edit_branch)
+        if not has_v2_split(draft_extend_branch(fn)) or branches(fn, IS_DRAFT_EXTEND_V1_ONLY):
+            fn = primitives.replace_statements(fn, testing(IS_DRAFT_EXTEND), edit_branch)
         return fn
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
