@@ -199,3 +199,32 @@ def test_line_of():
     assert primitives.line_of(module, fn) == 5
     assert primitives.line_of(module, primitives.find_all(fn, m.Return())[0]) == 6
     assert primitives.line_of(module, cst.Name("elsewhere")) is None
+
+
+def test_line_of_is_libcsts_position_for_every_node():
+    """line_of generates code only up to the node; it must agree with
+    PositionProvider for every node, whitespace and hoisted starts included."""
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    source = textwrap.dedent('''\
+        # a comment
+        import os
+
+
+        @decorator(1)
+        class A(Base):
+            """doc"""
+
+            x: int = (1 +
+                      2)
+
+            def f(self, a, *, b=[1, 2]):  # trailing
+                if a and not b:
+                    return {k: v for k, v in os.environ.items()}
+                return lambda y: y.attr[0](b)
+        ''')
+    module = cst.parse_module(source)
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    nodes = list(primitives.search._walk(module))
+    assert len(nodes) > 150
+    assert [primitives.line_of(module, n) for n in nodes] == [positions[n].start.line for n in nodes]

@@ -38,10 +38,11 @@ def profile_apply(bench: Bench) -> str:
     out.write(f"cProfile of one in-process cold apply, one process: {total:.2f} s of own time (profiling inflates visitor-heavy "
               "code; read the shares)\n\nphases (cumulative, overlapping where nested):\n")
     phases = [
-        ("Session.prepare (every file: parse, detect, transform, check)", "patchkit/engine.py", "prepare"),
+        ("Transformer.prepare (every file: parse, detect, transform, check)", "patchkit/transformer.py", "prepare"),
+        ("  transform.parse (libcst parse of each file)", "patchkit/transform.py", "parse"),
+        ("  vendor_code.check (the vendor's code survives)", "patchkit/vendor_code.py", "check"),
         ("Session.reports (status before apply: from the findings prepare cached)", "patchkit/engine.py", "reports"),
-        ("Session.transform (detect, transform, imports, re-detect, compile)", "patchkit/engine.py", "transform"),
-        ("  Session.module / parse (first parse of each file)", "patchkit/engine.py", "module"),
+        ("Transformer.run (a prepared result, else detect, transform, re-detect, compile)", "patchkit/transformer.py", "run"),
         ("  ClassCodemod.detect (all calls)", "patchkit/codemods/base.py", "detect"),
         ("  codemod transform_module (all calls)", "patchkit/codemods/base.py", "transform_module"),
         ("  add_needed_imports", "patchkit/codemods/primitives/imports.py", "add_needed_imports"),
