@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import nullcontext
 from functools import lru_cache
 from typing import Iterator, Optional
 
@@ -132,6 +132,9 @@ def paths_to(node: cst.CSTNode, hits: list[cst.CSTNode]) -> set[int]:
     return keep
 
 
+_NO_CONTEXT = nullcontext()
+
+
 @lru_cache(maxsize=256)
 def line_of(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
     """1-based line where ``node`` (a node of ``module``) starts, as
@@ -162,13 +165,12 @@ def line_of(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
             if current is self.target:
                 raise Found(self.start)
 
-        @contextmanager
         def record_syntactic_position(self, current, *, start_node=None, end_node=None):
             if current is self.target:
                 if start_node is None:
                     raise Found(self.line)
                 self.target = start_node  # the position starts where that child does
-            yield
+            return _NO_CONTEXT  # called for every node: no generator-based context manager
 
     try:
         module._codegen(StartLine(default_indent=module.default_indent, default_newline=module.default_newline))
