@@ -112,10 +112,13 @@ class Transformer:
         if prepared is not None:
             return prepared
         digest = sha256(source)
+        # Findings already detected for these very bytes need no second detection.
+        known = [self.findings.get(f"{registry.codemod_name(c)}|{digest}") for c in codemods]
+        if all(k is not None and k[0] in (State.DONE.value, State.SUPERSEDED.value) for k in known):
+            self.last_transformed = []
+            return source  # every change is there (a file a patch to apply leaves as it is): nothing to parse
         module = self.modules.get(digest) or transform.parse(source, self.tree.path(rel))
         classes = [registry.load_codemod(codemod) for codemod in codemods]
-        # Findings already detected for these very bytes need no second detection.
-        known = [self.findings.get(f"{registry.codemod_name(c)}|{digest}") for c in classes]
         result = transform.run(rel, self.tree.path(rel), module, classes,
                                [None if k is None else Finding.from_list(k) for k in known], source,
                                self.pristine[rel])

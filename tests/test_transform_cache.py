@@ -88,6 +88,21 @@ def test_cold_and_warm_apply_are_byte_identical(version, tmp_path, cache_dir, re
     assert snapshot(warm) == snapshot(pristine(version))
 
 
+def test_apply_after_revert_parses_nothing(tmp_path, cache_dir, monkeypatch):
+    """The tree's own detection cache knows every file by then: a target file
+    that a patch to apply leaves as it is (its findings all done) is neither
+    prepared nor parsed."""
+    tree = copy_tree(PRIMARY, tmp_path / "t")
+    apply(tree)
+    patched = snapshot(tree)
+    with locked_session(tree, lambda _: None, "revert") as session:
+        revert_patches(session, [])
+    with monkeypatch.context() as patch:
+        no_parsing(patch)
+        apply(tree)
+    assert snapshot(tree) == patched
+
+
 def test_cold_and_warm_apply_under_drift(tmp_path, cache_dir, monkeypatch):
     """Once, with every drift at once ("everything"): each drift alone is
     applied and verified by tests/test_forks.py; here the question is only
