@@ -12,7 +12,7 @@ from typing import Optional
 
 import click
 
-from patchkit import __version__, output, registry, settings
+from patchkit import __version__, output, registry, settings, terminal
 from patchkit import tree as trees
 from patchkit.engine import Outcome, locked_session
 from patchkit.errors import EXIT_CHANGES, EXIT_OK, PatchkitError
@@ -48,7 +48,7 @@ class Ctx:
 
     def say(self, message: str) -> None:
         if not self.quiet:
-            click.echo(message, err=True)
+            click.echo(terminal.styled(message), err=True)
 
 
 def _usage_error(exc: click.UsageError):
@@ -58,7 +58,7 @@ def _usage_error(exc: click.UsageError):
         raise exc
     path = exc.ctx.command_path if exc.ctx is not None else "patchkit"
     message = " ".join(exc.format_message().split())
-    click.echo(f"patchkit: error: {message} (see `{path} -h`)", err=True)
+    click.echo(terminal.styled(f"patchkit: error: {message} (see `{path} -h`)"), err=True, color=terminal.color())
     sys.exit(exc.exit_code)
 
 
@@ -66,6 +66,7 @@ class PatchkitGroup(click.Group):
     """Turn every PatchkitError and usage error into one line on stderr and its exit code."""
 
     def make_context(self, info_name, args, parent=None, **extra):
+        extra.setdefault("color", terminal.color())  # NO_COLOR: every echo below drops colour
         try:
             return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as exc:
@@ -77,7 +78,7 @@ class PatchkitGroup(click.Group):
         except click.UsageError as exc:
             _usage_error(exc)
         except PatchkitError as exc:
-            click.echo(f"patchkit: error: {exc}", err=True)
+            click.echo(terminal.styled(f"patchkit: error: {exc}"), err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("patchkit: interrupted (nothing was being written)", err=True)
@@ -250,7 +251,7 @@ def list_cmd(fmt: str) -> None:
     patches = loaded.patches + loaded.clashes
     click.echo(output.list_json(patches) if fmt == "json" else output.list_text(patches))
     for problem in loaded.problems:
-        click.echo(f"patchkit: warning: {problem}", err=True)
+        click.echo(terminal.styled(f"patchkit: warning: {problem}"), err=True)
 
 
 @main.command(verbose=True, epilog=TREE_EPILOG)
