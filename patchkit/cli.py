@@ -50,6 +50,11 @@ class Ctx:
         if not self.quiet:
             click.echo(terminal.styled(message), err=True)
 
+    def progress(self, label: str):
+        """A progress bar's ``(done, total)`` callback, as a context manager:
+        None where there is nothing to draw (stderr not a terminal, -q)."""
+        return terminal.progress_bar(label, self.quiet)
+
 
 def _usage_error(exc: click.UsageError):
     """A usage error as one line naming the argument, exit 2 (click prints
@@ -475,9 +480,9 @@ def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, a
     if bool(out) == to_stdout:
         raise click.UsageError("give exactly one of --out DIR or --stdout")
     path = _tree(obj, tree)
-    with locked_session(path, obj.say) as session:
+    with locked_session(path, obj.say) as session, obj.progress("export: transforming") as progress:
         _refuse_pending(session)
-        series = build_series(session, author or DEFAULT_AUTHOR)
+        series = build_series(session, author or DEFAULT_AUTHOR, progress=progress)
     for note in series.notes:
         obj.say(f"note: {note}")
     if to_stdout:
@@ -504,11 +509,12 @@ def matrix(obj: Ctx, releases: tuple[str, ...], jobs: int, fmt: str, output: Opt
     """Run status, apply, verify, apply again and revert of every patch on
     copies of sglang releases (default: 0.5.10 ... 0.5.23, fetched and cached)
     and print a release x patch table: state after apply, files changed, verify,
-    idempotence, exact revert (sha256 of every file). Progress goes to stderr on
-    a terminal (not with -q). Exit 1 if any release fails any of these."""
+    idempotence, exact revert (sha256 of every file). A progress bar goes to
+    stderr on a terminal (not with -q). Exit 1 if any release fails any of these."""
     from patchkit import matrix as mx
 
-    doc = mx.run_matrix(releases or mx.DEFAULT_RELEASES, jobs, mx.progress_printer(obj.quiet))
+    with obj.progress("matrix") as progress:
+        doc = mx.run_matrix(releases or mx.DEFAULT_RELEASES, jobs, progress)
     text = mx.to_markdown(doc) if fmt == "markdown" else mx.to_json(doc)
     if output:
         with open(output, "w", encoding="utf-8") as fh:

@@ -1,9 +1,10 @@
 """At the keyboard: colour on state words, errors and warnings (only on a
-terminal, never with NO_COLOR, the text the same without it)."""
+terminal, never with NO_COLOR, the text the same without it), progress bars."""
 
 from __future__ import annotations
 
 import importlib.resources
+import io
 
 import click
 import pytest
@@ -56,3 +57,21 @@ def test_state_and_styled_pad_and_colour_words_only():
     assert terminal.styled("patchkit: error: x") == "patchkit: " + click.style("error", fg="red", bold=True) + ": x"
     assert terminal.styled("not applied: x: why") == "not applied: x: why"
     assert click.unstyle(terminal.styled("verify: FAILED (a)")) == "verify: FAILED (a)"
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal_and_not_with_q():
+    with terminal.progress_bar("work", quiet=False, file=io.StringIO()) as update:
+        assert update is None
+    with terminal.progress_bar("work", quiet=True, file=Tty()) as update:
+        assert update is None
+    stream = Tty()
+    with terminal.progress_bar("work", quiet=False, file=stream) as update:
+        assert stream.getvalue() == ""  # opened by the first call: cached work draws nothing
+        update(0, 3)
+        update(3, 3, "last")
+    assert "work" in stream.getvalue() and "3/3" in stream.getvalue() and "last" in stream.getvalue()
