@@ -99,19 +99,26 @@ def _quiet_or_verbose(ctx: click.Context, param: click.Parameter, value: bool) -
         setattr(ctx.obj, param.name, True)
 
 
-class PatchkitCommand(click.Command):
-    """A subcommand that also takes ``-q`` (and ``-v`` where it changes the
-    output: ``verbose=True``) after its name, as ``git commit -q`` and
-    ``ruff check -q`` do (same meaning as before it)."""
+# -q and -v mean one thing on every command, before its name or after it.
+QUIET_HELP = "Print only results and errors: no notes, no progress bar."
+VERBOSE_HELP = "Add detail to the results{detail}."
+VERBOSE_DETAIL = {True: ": every check of every patch", False: " (this command has none to add: accepted, no effect)"}
 
-    def __init__(self, *args, verbose: bool = False, **kwargs) -> None:
+
+class PatchkitCommand(click.Command):
+    """A subcommand that also takes ``-q`` and ``-v`` after its name, as
+    ``git commit -q`` and ``ruff check -q`` do (same meaning as before it).
+    ``verbose``: True where -v shows every check of every patch, or what it
+    adds in words; False (it adds nothing) still accepts it."""
+
+    def __init__(self, *args, verbose: bool | str = False, **kwargs) -> None:
         kwargs.setdefault("epilog", EXIT_CODES)
         super().__init__(*args, **kwargs)
+        detail = f": {verbose}" if isinstance(verbose, str) else VERBOSE_DETAIL[verbose]
         self.params.append(click.Option(["-q", "--quiet"], is_flag=True, expose_value=False,
-                                        callback=_quiet_or_verbose, help="Print only results and errors."))
-        if verbose:
-            self.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False,
-                                            callback=_quiet_or_verbose, help="Show every check of every patch."))
+                                        callback=_quiet_or_verbose, help=QUIET_HELP))
+        self.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False,
+                                        callback=_quiet_or_verbose, help=VERBOSE_HELP.format(detail=detail)))
 
 
 PatchkitGroup.command_class = PatchkitCommand
@@ -164,6 +171,12 @@ tree_and_patches = click.argument("args", nargs=-1, metavar="[TREE] [PATCH]...",
 tree_only = click.argument("tree", required=False, metavar="[TREE]", type=click.Path())
 
 
+def dry_run_option(doing: str):
+    """--dry-run, worded as --check is: what it writes, then what it prints."""
+    return click.option("--dry-run", is_flag=True,
+                        help=f"Write nothing; print the unified diff of what {doing} would change in the tree.")
+
+
 def format_option(schema: str):
     return click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
                         help=f"text for people (default) or json: the patchkit.{schema}/1 document (docs/ci.md).")
@@ -171,8 +184,10 @@ def format_option(schema: str):
 
 @click.group(cls=PatchkitGroup, epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
              context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-q", "--quiet", is_flag=True, help="Print only results and errors.")
-@click.option("-v", "--verbose", is_flag=True, help="status, verify: show every check of every patch.")
+@click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)
+@click.option("-v", "--verbose", is_flag=True,
+              help=VERBOSE_HELP.format(detail=" (status, verify: every check of every patch; audit: every read; "
+                                              "other commands: none)"))
 @click.option("--patches", "patch_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
               help="Also load the patch set in DIR: its *.toml and their codemod modules (repeatable). Sets "
                    "named by [tool.patchkit] patches in a pyproject.toml above the tree or the current folder, "
@@ -283,10 +298,10 @@ def status(obj: Ctx, args, fmt: str) -> None:
 @tree_and_patches
 @click.option("--skip", multiple=True, metavar="PATCH", help="Leave this patch out (repeatable).",
               shell_complete=_complete_patches)
-@click.option("--dry-run", is_flag=True, help="Write nothing; print the unified diff.")
+@dry_run_option("applying")
 @click.option("--check", is_flag=True,
-              help="Write nothing; exit 1 if applying would change anything, listing the patches and files "
-                   "(like black --check; add --diff for the diff).")
+              help="Write nothing; exit 1 if applying would change the tree, listing the patches and files "
+                   "(as black --check; add --diff for the diff).")
 @click.option("--diff", "show_diff", is_flag=True, help="Also print the unified diff of what is applied.")
 @click.option("--runtime", type=click.Choice(["vendored", "package"]), default=None,
               help="Where patched code finds its runtime: vendored (default on a new tree) writes it into the "
@@ -323,7 +338,7 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
 @tree_and_patches
 @click.option("--cascade", is_flag=True, help="Also revert applied patches that require the named ones.")
 @click.option("--force", is_flag=True, help="Discard edits made after apply that conflict with the revert.")
-@click.option("--dry-run", is_flag=True, help="Write nothing; print the unified diff.")
+@dry_run_option("reverting")
 @format_option("revert")
 @click.pass_obj
 def revert(obj: Ctx, args, cascade: bool, force: bool, dry_run: bool, fmt: str) -> None:
@@ -370,7 +385,7 @@ def _ok(session, reports) -> bool:
     return session.snapshot.pending is None and all(r.ok for r in reports)
 
 
-@main.command(verbose=True, epilog=TREE_EPILOG)
+@main.command(verbose="every read, not only the unguarded and stale ones", epilog=TREE_EPILOG)
 @tree_only
 @format_option("audit")
 @click.option("--strict", is_flag=True, help="Exit 1 when a read is unguarded or stale.")

@@ -1,5 +1,6 @@
 """At the keyboard: colour on state words, errors and warnings (only on a
-terminal, never with NO_COLOR, the text the same without it), progress bars."""
+terminal, never with NO_COLOR, the text the same without it), -q and -v alike
+on every command, --check and --dry-run worded alike, progress bars."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from patchkit import registry, terminal
-from patchkit.cli import main
+from patchkit.cli import QUIET_HELP, main
 
 HOOK = "trtllm-mha-overlap-hook"
+COMMANDS = ("list", "status", "apply", "revert", "verify", "audit", "diff", "show", "export", "matrix", "fetch")
 
 
 @pytest.fixture
@@ -57,6 +59,43 @@ def test_state_and_styled_pad_and_colour_words_only():
     assert terminal.styled("patchkit: error: x") == "patchkit: " + click.style("error", fg="red", bold=True) + ": x"
     assert terminal.styled("not applied: x: why") == "not applied: x: why"
     assert click.unstyle(terminal.styled("verify: FAILED (a)")) == "verify: FAILED (a)"
+
+
+def test_q_and_v_mean_the_same_on_every_command():
+    group = invoke("--help").stdout
+    assert QUIET_HELP in " ".join(group.split())
+    for command in COMMANDS:
+        text = " ".join(invoke(command, "--help").stdout.split())
+        assert f"-q, --quiet {QUIET_HELP}" in text, command
+        assert "-v, --verbose Add detail to the results" in text, command
+    assert "every check of every patch" in " ".join(invoke("status", "--help").stdout.split())
+    assert "accepted, no effect" in " ".join(invoke("list", "--help").stdout.split())
+    # Accepted harmlessly where there is no detail to add, before or after the name.
+    assert invoke("list", "-v").stdout == invoke("-v", "list").stdout == invoke("list").stdout
+
+
+@pytest.mark.trees
+def test_q_prints_only_results_and_errors(make_tree, only_hook):
+    tree = make_tree()
+    quiet = invoke("apply", "-q", tree)
+    assert quiet.exit_code == 0 and quiet.stdout == quiet.stderr == ""
+    loud = invoke("status", tree)
+    assert invoke("-q", "status", tree).stdout == loud.stdout  # the results stay
+    assert invoke("status", "-v", tree).stdout.startswith(loud.stdout.splitlines()[0])
+    assert len(invoke("status", "-v", tree).stdout) > len(loud.stdout)
+    error = invoke("-q", "apply", "no-such-patch")
+    assert error.exit_code == 2 and error.stderr.startswith("patchkit: error:")
+
+
+def test_check_and_dry_run_worded_alike():
+    def option_help(command: str, option: str) -> str:
+        text = " ".join(invoke(command, "--help").stdout.split())
+        return text.split(f" {option} ", 1)[1].split(" --", 1)[0]
+
+    apply_dry, revert_dry, check = option_help("apply", "--dry-run"), option_help("revert", "--dry-run"), option_help("apply", "--check")
+    assert apply_dry.replace("applying", "reverting") == revert_dry
+    assert apply_dry.startswith("Write nothing; ") and check.startswith("Write nothing; ")
+    assert "applying would change" in apply_dry and "applying would change" in check
 
 
 class Tty(io.StringIO):
