@@ -3,8 +3,8 @@ errors and warnings, and progress bars for work over about a second.
 
 Colour is added with ``click.style`` and written with ``click.echo``, which
 drops it where the stream is not a terminal; ``NO_COLOR`` (https://no-color.org)
-drops it everywhere (``color()``). Only words are coloured, never added: the
-text with the colour stripped is the text without it, byte for byte.
+drops it everywhere (``color()``). Colour only goes around words already
+there: the text with the colour stripped is the text without it, byte for byte.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ COLOURS = {
     "not-applicable": "cyan",
 }
 
-# A message's leading label: "patchkit: error: ...", "warning: ...", "applied: x",
-# "not applied: x: why" (whose first word is no state: only the label is coloured).
+# A message's leading label: "patchkit: error: ...", "patchkit: warning: ...",
+# "applied: x", "verify: OK" ("not applied: x: why" starts with no label: plain).
 _LABEL = re.compile(r"^(patchkit: |verify: )?(error|warning|applied|reverted|OK|FAILED)\b")
 
 
@@ -38,12 +38,10 @@ def color() -> Optional[bool]:
     return False if os.environ.get("NO_COLOR") else None
 
 
-def state(word: str, width: int = 0) -> str:
-    """``word`` padded to ``width`` and coloured by what it says (as is when
-    it names no state); the padding stays outside the colour."""
-    padding = " " * max(0, width - len(word))
+def state(word: str) -> str:
+    """``word`` coloured by what it says (as is when it names no state)."""
     colour = COLOURS.get(word)
-    return (click.style(word, fg=colour, bold=colour == "red" or None) if colour else word) + padding
+    return click.style(word, fg=colour, bold=colour == "red" or None) if colour else word
 
 
 def styled(line: str) -> str:

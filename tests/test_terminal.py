@@ -53,9 +53,9 @@ def test_colour_only_on_state_words_and_never_with_no_color(make_tree, monkeypat
     assert "\x1b[" in invoke("apply", "no-such-patch", color=True).stderr
 
 
-def test_state_and_styled_pad_and_colour_words_only():
-    assert terminal.state("absent", 10) == click.style("absent", fg="yellow") + "    "
-    assert terminal.state("todo", 6) == "todo  "  # not a state word: as is
+def test_state_and_styled_colour_words_only():
+    assert terminal.state("absent") == click.style("absent", fg="yellow")
+    assert terminal.state("todo") == "todo"  # not a state word: as is
     assert terminal.styled("patchkit: error: x") == "patchkit: " + click.style("error", fg="red", bold=True) + ": x"
     assert terminal.styled("not applied: x: why") == "not applied: x: why"
     assert click.unstyle(terminal.styled("verify: FAILED (a)")) == "verify: FAILED (a)"
