@@ -24,6 +24,7 @@ from patchkit.errors import PatchkitError
 if TYPE_CHECKING:
     from patchkit.audit import AuditResult
     from patchkit.export import Series
+    from patchkit.parallel import Progress
     from patchkit.registry import Patch
     from patchkit.tree import Tree
     from patchkit.views import CodemodView, FileDiff
@@ -177,11 +178,13 @@ def verify(tree: Optional[str] = None, ids: Iterable[str] = (), say: Say = _drop
 
 
 def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[str] = (), dry_run: bool = False,
-          runtime: Optional[str] = None, say: Say = _drop, audit_vendor: bool = True) -> ChangeResult:
+          runtime: Optional[str] = None, say: Say = _drop, audit_vendor: bool = True,
+          progress: Optional["Progress"] = None) -> ChangeResult:
     """Apply the patches (all by default, with what they require; not
     ``skip``). ``dry_run`` writes nothing. ``runtime``: vendored | package.
     ``audit_vendor``: audit the written tree for the vendor's own unguarded
-    reads of the mirror (``result.vendor_line``)."""
+    reads of the mirror (``result.vendor_line``). ``progress(done, total)``
+    hears of each file transformed ahead (none the cache had)."""
     from patchkit.apply import apply_patches
 
     where = locate(tree, say)
@@ -189,7 +192,7 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
     with locked_session(where.given, say, None if dry_run else "apply") as session:
         _refuse(session)
         _refuse_unloaded(session)
-        outcome = apply_patches(session, selected, dry_run=dry_run, runtime=runtime)
+        outcome = apply_patches(session, selected, dry_run=dry_run, runtime=runtime, progress=progress)
     result = ChangeResult("apply", where, outcome, dry_run)
     if audit_vendor and not dry_run:
         from patchkit.audit import vendor_line
@@ -249,15 +252,17 @@ def _show_diff(patch: "Patch", tree: Optional[str], say: Say) -> str:
     return outcome.diff(session.tree)
 
 
-def export(tree: Optional[str] = None, author: Optional[str] = None, say: Say = _drop) -> ExportResult:
+def export(tree: Optional[str] = None, author: Optional[str] = None, say: Say = _drop,
+           progress: Optional["Progress"] = None) -> ExportResult:
     """The change patchkit applied, as a git format-patch series (one patch
-    per patchkit patch, in dependency order); its notes go to ``say``."""
+    per patchkit patch, in dependency order); its notes go to ``say``;
+    ``progress(done, total)`` hears of each transform computed."""
     from patchkit.export import DEFAULT_AUTHOR, build_series
 
     where = locate(tree, say)
     with locked_session(where.given, say) as session:
         _refuse(session)
-        series = build_series(session, author or DEFAULT_AUTHOR)
+        series = build_series(session, author or DEFAULT_AUTHOR, progress=progress)
     for note in series.notes:
         say(f"note: {note}")
     return ExportResult(where, series)

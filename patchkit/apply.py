@@ -25,6 +25,7 @@ from patchkit.transform_cache import TransformCache
 from patchkit.transformer import Transformer
 
 if TYPE_CHECKING:
+    from patchkit.parallel import Progress
     from patchkit.tree import Tree
 
 
@@ -36,9 +37,11 @@ class Plan:
     files: list[str] = field(default_factory=list)  # target files of ``todo`` present in the tree
 
 
-def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False, runtime: Optional[str] = None) -> Outcome:
+def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False, runtime: Optional[str] = None,
+                  progress: Optional["Progress"] = None) -> Outcome:
     """Apply ``selected``; ``runtime`` (vendored | package) switches the
-    runtime mode, default: the tree's mode, or vendored on a fresh tree."""
+    runtime mode, default: the tree's mode, or vendored on a fresh tree.
+    ``progress(done, total)`` hears of each file transformed ahead."""
     tree, record = session.tree, session.record
     mode = runtime or session.runtime_mode
     if mode not in vendoring.MODES:
@@ -52,7 +55,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # the findings the plan's reports read).
     sources = session.sources(selected)
     transformer = Transformer(tree, session.findings, session.modules)
-    transformer.prepare(sources, selected, TransformCache.default())
+    transformer.prepare(sources, selected, TransformCache.default(), progress)
     plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
     check_writable(tree, plan.files)
     edited = session.edited_since_apply(plan.files)  # read (a clone may recover them) before any transform

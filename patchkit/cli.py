@@ -12,7 +12,7 @@ from typing import Optional
 
 import click
 
-from patchkit import __version__, api, output, registry, settings
+from patchkit import __version__, api, output, registry, settings, terminal
 from patchkit.errors import EXIT_CHANGES, EXIT_OK, PatchkitError
 from patchkit.state import Interrupted
 
@@ -46,7 +46,12 @@ class Ctx:
 
     def say(self, message: str) -> None:
         if not self.quiet:
-            click.echo(message, err=True)
+            click.echo(terminal.styled(message), err=True)
+
+    def progress(self, label: str):
+        """A progress bar's ``(done, total)`` callback, as a context manager:
+        None where there is nothing to draw (stderr not a terminal, -q)."""
+        return terminal.progress_bar(label, self.quiet)
 
 
 def _usage_error(exc: click.UsageError):
@@ -56,7 +61,7 @@ def _usage_error(exc: click.UsageError):
         raise exc
     path = exc.ctx.command_path if exc.ctx is not None else "patchkit"
     message = " ".join(exc.format_message().split())
-    click.echo(f"patchkit: error: {message} (see `{path} -h`)", err=True)
+    click.echo(terminal.styled(f"patchkit: error: {message} (see `{path} -h`)"), err=True, color=terminal.color())
     sys.exit(exc.exit_code)
 
 
@@ -64,6 +69,7 @@ class PatchkitGroup(click.Group):
     """Turn every PatchkitError and usage error into one line on stderr and its exit code."""
 
     def make_context(self, info_name, args, parent=None, **extra):
+        extra.setdefault("color", terminal.color())  # NO_COLOR: every echo below drops colour
         try:
             return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as exc:
@@ -75,7 +81,7 @@ class PatchkitGroup(click.Group):
         except click.UsageError as exc:
             _usage_error(exc)
         except PatchkitError as exc:
-            click.echo(f"patchkit: error: {exc}", err=True)
+            click.echo(terminal.styled(f"patchkit: error: {exc}"), err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("patchkit: interrupted (nothing was being written)", err=True)
@@ -91,19 +97,26 @@ def _quiet_or_verbose(ctx: click.Context, param: click.Parameter, value: bool) -
         setattr(ctx.obj, param.name, True)
 
 
-class PatchkitCommand(click.Command):
-    """A subcommand that also takes ``-q`` (and ``-v`` where it changes the
-    output: ``verbose=True``) after its name, as ``git commit -q`` and
-    ``ruff check -q`` do (same meaning as before it)."""
+# -q and -v mean one thing on every command, before its name or after it.
+QUIET_HELP = "Print only results and errors: no notes, no progress bar."
+VERBOSE_HELP = "Add detail to the results{detail}."
+VERBOSE_DETAIL = {True: ": every check of every patch", False: " (this command has none to add: accepted, no effect)"}
 
-    def __init__(self, *args, verbose: bool = False, **kwargs) -> None:
+
+class PatchkitCommand(click.Command):
+    """A subcommand that also takes ``-q`` and ``-v`` after its name, as
+    ``git commit -q`` and ``ruff check -q`` do (same meaning as before it).
+    ``verbose``: True where -v shows every check of every patch, or what it
+    adds in words; False (it adds nothing) still accepts it."""
+
+    def __init__(self, *args, verbose: bool | str = False, **kwargs) -> None:
         kwargs.setdefault("epilog", EXIT_CODES)
         super().__init__(*args, **kwargs)
+        detail = f": {verbose}" if isinstance(verbose, str) else VERBOSE_DETAIL[verbose]
         self.params.append(click.Option(["-q", "--quiet"], is_flag=True, expose_value=False,
-                                        callback=_quiet_or_verbose, help="Print only results and errors."))
-        if verbose:
-            self.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False,
-                                            callback=_quiet_or_verbose, help="Show every check of every patch."))
+                                        callback=_quiet_or_verbose, help=QUIET_HELP))
+        self.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False,
+                                        callback=_quiet_or_verbose, help=VERBOSE_HELP.format(detail=detail)))
 
 
 PatchkitGroup.command_class = PatchkitCommand
@@ -156,6 +169,12 @@ tree_and_patches = click.argument("args", nargs=-1, metavar="[TREE] [PATCH]...",
 tree_only = click.argument("tree", required=False, metavar="[TREE]", type=click.Path())
 
 
+def dry_run_option(doing: str):
+    """--dry-run, worded as --check is: what it writes, then what it prints."""
+    return click.option("--dry-run", is_flag=True,
+                        help=f"Write nothing; print the unified diff of what {doing} would change in the tree.")
+
+
 def format_option(schema: str):
     return click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
                         help=f"text for people (default) or json: the patchkit.{schema}/1 document (docs/ci.md).")
@@ -163,8 +182,10 @@ def format_option(schema: str):
 
 @click.group(cls=PatchkitGroup, epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
              context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-q", "--quiet", is_flag=True, help="Print only results and errors.")
-@click.option("-v", "--verbose", is_flag=True, help="status, verify: show every check of every patch.")
+@click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)
+@click.option("-v", "--verbose", is_flag=True,
+              help=VERBOSE_HELP.format(detail=" (status, verify: every check of every patch; audit: every read; "
+                                              "other commands: none)"))
 @click.option("--patches", "patch_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
               help="Also load the patch set in DIR: its *.toml and their codemod modules (repeatable). Sets "
                    "named by [tool.patchkit] patches in a pyproject.toml above the tree or the current folder, "
@@ -204,7 +225,7 @@ def list_cmd(fmt: str) -> None:
     patches = loaded.patches + loaded.clashes
     click.echo(output.list_json(patches) if fmt == "json" else output.list_text(patches))
     for problem in loaded.problems:
-        click.echo(f"patchkit: warning: {problem}", err=True)
+        click.echo(terminal.styled(f"patchkit: warning: {problem}"), err=True)
 
 
 @main.command(verbose=True, epilog=TREE_EPILOG)
@@ -228,10 +249,10 @@ def status(obj: Ctx, args, fmt: str) -> None:
 @tree_and_patches
 @click.option("--skip", multiple=True, metavar="PATCH", help="Leave this patch out (repeatable).",
               shell_complete=_complete_patches)
-@click.option("--dry-run", is_flag=True, help="Write nothing; print the unified diff.")
+@dry_run_option("applying")
 @click.option("--check", is_flag=True,
-              help="Write nothing; exit 1 if applying would change anything, listing the patches and files "
-                   "(like black --check; add --diff for the diff).")
+              help="Write nothing; exit 1 if applying would change the tree, listing the patches and files "
+                   "(as black --check; add --diff for the diff).")
 @click.option("--diff", "show_diff", is_flag=True, help="Also print the unified diff of what is applied.")
 @click.option("--runtime", type=click.Choice(["vendored", "package"]), default=None,
               help="Where patched code finds its runtime: vendored (default on a new tree) writes it into the "
@@ -244,7 +265,8 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
     """Apply patches (all by default) to TREE. A patch pulls in those it requires.
     Also brings the tree's runtime folder up to date (a stale runtime is rewritten)."""
     given, ids = args
-    result = api.apply(given, ids, skip, dry_run=dry_run or check, runtime=runtime, say=obj.say)
+    with obj.progress("apply: transforming") as progress:
+        result = api.apply(given, ids, skip, dry_run=dry_run or check, runtime=runtime, say=obj.say, progress=progress)
     try:
         _finish(obj, result, fmt, show_diff or dry_run, check)
     finally:  # the last line: unguarded reads of the mirror in the vendor's own code (patchkit audit)
@@ -256,7 +278,7 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
 @tree_and_patches
 @click.option("--cascade", is_flag=True, help="Also revert applied patches that require the named ones.")
 @click.option("--force", is_flag=True, help="Discard edits made after apply that conflict with the revert.")
-@click.option("--dry-run", is_flag=True, help="Write nothing; print the unified diff.")
+@dry_run_option("reverting")
 @format_option("revert")
 @click.pass_obj
 def revert(obj: Ctx, args, cascade: bool, force: bool, dry_run: bool, fmt: str) -> None:
@@ -286,7 +308,7 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     sys.exit(EXIT_OK if result.ok else EXIT_CHANGES)
 
 
-@main.command(verbose=True, epilog=TREE_EPILOG)
+@main.command(verbose="every read, not only the unguarded and stale ones", epilog=TREE_EPILOG)
 @tree_only
 @format_option("audit")
 @click.option("--strict", is_flag=True, help="Exit 1 when a read is unguarded or stale.")
@@ -369,7 +391,8 @@ def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, a
 
     if bool(out) == to_stdout:
         raise click.UsageError("give exactly one of --out DIR or --stdout")
-    result = api.export(tree, author, obj.say)
+    with obj.progress("export: transforming") as progress:
+        result = api.export(tree, author, obj.say, progress)
     series = result.series
     if to_stdout:
         click.echo(series.mbox(), nl=False)
@@ -395,11 +418,12 @@ def matrix(obj: Ctx, releases: tuple[str, ...], jobs: int, fmt: str, output: Opt
     """Run status, apply, verify, apply again and revert of every patch on
     copies of sglang releases (default: 0.5.10 ... 0.5.23, fetched and cached)
     and print a release x patch table: state after apply, files changed, verify,
-    idempotence, exact revert (sha256 of every file). Progress goes to stderr on
-    a terminal (not with -q). Exit 1 if any release fails any of these."""
+    idempotence, exact revert (sha256 of every file). A progress bar goes to
+    stderr on a terminal (not with -q). Exit 1 if any release fails any of these."""
     from patchkit import matrix as mx
 
-    doc = mx.run_matrix(releases or mx.DEFAULT_RELEASES, jobs, mx.progress_printer(obj.quiet))
+    with obj.progress("matrix") as progress:
+        doc = mx.run_matrix(releases or mx.DEFAULT_RELEASES, jobs, progress)
     text = mx.to_markdown(doc) if fmt == "markdown" else mx.to_json(doc)
     if output:
         with open(output, "w", encoding="utf-8") as fh:

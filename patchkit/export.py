@@ -4,7 +4,8 @@ patch, in registry (dependency) order.
 
 Patch k's diff is "original with patches[:k+1] applied" minus "original with
 patches[:k] applied", computed by re-running the engine's transform on the
-original bytes kept in ``.patchkit``; for each file, the last patch that touches
+original bytes kept in ``.patchkit`` (through the transform cache and the
+parallel preparation an apply uses); for each file, the last patch that touches
 it ends exactly at the bytes patchkit wrote, so applying the whole series to
 the pristine tree reproduces the patched tree byte for byte.
 """
@@ -24,6 +25,7 @@ from typing import Optional
 from patchkit import __version__, registry, vendoring
 from patchkit.engine import NATIVE, Session, unified_diff
 from patchkit.errors import PatchkitError
+from patchkit.parallel import Progress
 from patchkit.registry import Patch
 from patchkit.transformer import Transformer, codemods_for
 
@@ -51,8 +53,10 @@ class Series:
         return "".join(p.text for p in self.patches)
 
 
-def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[float] = None) -> Series:
-    """The series for the patches patchkit applied to ``session``'s tree."""
+def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[float] = None,
+                 progress: Optional[Progress] = None) -> Series:
+    """The series for the patches patchkit applied to ``session``'s tree;
+    ``progress`` is told of each transform computed (none the cache had)."""
     record = session.record
     series = Series()
     applied: list[Patch] = []
@@ -79,21 +83,22 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
             if target.file in files:
                 last_touch[target.file] = k
     tree = session.tree
+    steps = [(rel, k) for k, patch in enumerate(applied)
+             for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files)]
     transformer = Transformer(tree, session.findings, session.modules)
-    transformer.fetch(files)
+    transformed = _transforms(transformer, steps, originals, applied, progress)
     for k, patch in enumerate(applied):
         diffs, paths = [], []
         for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files):
             if last_touch[rel] == k:
                 new = session.blob(files[rel].patched, rel)
-                computed = transformer.run(rel, originals[rel], codemods_for(rel, applied[: k + 1]))
-                if computed != new:
+                if transformed[rel, k] != new:
                     series.notes.append(
                         f"{tree.repo_path(rel)}: re-running the codemods does not give the bytes patchkit wrote "
                         "(applied in several steps?); the last patch touching it carries the difference"
                     )
             else:
-                new = transformer.run(rel, originals[rel], codemods_for(rel, applied[: k + 1]))
+                new = transformed[rel, k]
             if new != current[rel]:
                 diffs.append(_git_diff(tree, rel, current[rel], new))
                 paths.append(tree.repo_path(rel))
@@ -127,6 +132,34 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
         p.text = format_patch(p, author, when)
     series.patches = exported
     return series
+
+
+def _transforms(transformer: Transformer, steps: list[tuple[str, int]], originals: dict[str, Optional[bytes]],
+                applied: list[Patch], progress: Optional[Progress]) -> dict[tuple[str, int], bytes]:
+    """Each file's original transformed by the patches up to each step, as
+    ``Transformer.run`` computes it: taken from the transform cache apply
+    fills (the last step of a file is usually apply's own key), else computed
+    in parallel (``patchkit.parallel``). Where the preparation left a patch
+    group out or failed, the serial path runs and raises the precise error."""
+    from patchkit import parallel
+    from patchkit.transform_cache import TransformCache
+
+    def groups(rel: str, k: int) -> list[list]:
+        return [list(t.refs) for p in applied[: k + 1] for t in p.targets if t.file == rel]
+
+    transformer.fetch(rel for rel, _ in steps)  # the release's bytes, before any transform
+    jobs = [(rel, (transformer.tree.path(rel), originals[rel], groups(rel, k), transformer.pristine[rel]))
+            for rel, k in steps]
+    entries = parallel.prepare_all(jobs, TransformCache.default(), progress)
+    out = {}
+    for (rel, k), (_, job), entry in zip(steps, jobs, entries):
+        whole = [[registry.codemod_name(r) for r in g] for g in job[2]]
+        if entry is not None and entry.new is not None and entry.groups == whole:
+            # Every group ran, in order: the same codemods over the same bytes as the serial path.
+            out[rel, k] = entry.new
+        else:
+            out[rel, k] = transformer.run(rel, originals[rel], codemods_for(rel, applied[: k + 1]))
+    return out
 
 
 def _as_written(session: Session, computed: dict[str, bytes], series: Series) -> dict[str, bytes]:

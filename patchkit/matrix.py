@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 import time
 import traceback
@@ -109,19 +108,22 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
     return row
 
 
-def run_matrix(releases: Iterable[str], jobs: int = 1, progress: Optional[Callable[[str], None]] = None,
+def run_matrix(releases: Iterable[str], jobs: int = 1, progress: Optional[Callable[..., None]] = None,
                workdir: Optional[str] = None) -> dict:
+    """``progress(done, total, item)``: told at the start and after each
+    release (``item``: which, and ok or FAILED; the table says why)."""
     from patchkit import __version__, registry
 
     releases = list(releases)
     started = time.perf_counter()
     rows: dict[str, dict] = {}
+    if progress:
+        progress(0, len(releases))
 
     def done(row: dict) -> None:
         rows[row["release"]] = row
         if progress:
-            verdict = "ok" if row["ok"] else f"FAILED{': ' + row['error'] if row['error'] else ''}"
-            progress(f"[{len(rows)}/{len(releases)}] sglang {row['release']}: {verdict} ({row['seconds']:.1f}s)")
+            progress(len(rows), len(releases), f"sglang {row['release']}: {'ok' if row['ok'] else 'FAILED'}")
 
     if jobs <= 1 or len(releases) <= 1:
         for version in releases:
@@ -209,12 +211,3 @@ def _standalone(row: dict, note: Callable[[str], str]) -> str:
 
 def to_json(doc: dict) -> str:
     return json.dumps(doc, indent=2) + "\n"
-
-
-# --- progress (`patchkit matrix`; scripts/matrix.py calls it) ------------------
-
-
-def progress_printer(quiet: bool) -> Optional[Callable[[str], None]]:
-    if quiet or not sys.stderr.isatty():
-        return None
-    return lambda line: print(line, file=sys.stderr, flush=True)

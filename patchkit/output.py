@@ -10,9 +10,9 @@ import ast
 import json
 import os
 import re
-from dataclasses import dataclass
 from typing import Optional
 
+from patchkit import terminal
 from patchkit.audit import verify_line
 from patchkit.findings import State
 from patchkit.engine import NOT_APPLICABLE, STALE, CodemodResult, PatchReport
@@ -330,7 +330,7 @@ def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, r
     lines += [f"  {note}" for note in notes]
     width = max((len(r.patch.id) for r in reports), default=0)
     for r in reports:
-        line = f"  {r.patch.id:<{width}}  {r.state}"
+        line = f"  {r.patch.id:<{width}}  {terminal.state(r.state)}"
         if r.reason:
             line += f"  ({r.reason})"
         lines.append(line)
@@ -477,5 +477,5 @@ def render(fmt: str, tree: Tree, reports: list[PatchReport], locator: Locator, v
     if audit_problems is not None:
         text += "\n  " + verify_line(audit_problems)
     if pending:
-        return text + "\n" + "verify: FAILED (an interrupted transaction is pending)"
-    return text + "\n" + ("verify: OK" if not failed else f"verify: FAILED ({', '.join(r.patch.id for r in failed)})")
+        return text + "\n" + terminal.styled("verify: FAILED (an interrupted transaction is pending)")
+    return text + "\n" + terminal.styled("verify: OK" if not failed else f"verify: FAILED ({', '.join(r.patch.id for r in failed)})")

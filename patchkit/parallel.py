@@ -12,7 +12,8 @@ path, bytes and codemods) and hands back values: it knows no session. The plan
 then uses a prepared result only where it is provably what the serial engine
 would compute (see ``Session.prepared``); anything else, and every error, goes
 through the serial path, which raises the precise message. The commit stays
-one transaction in the parent process.
+one transaction in the parent process. ``export`` prepares the same way
+(``prepare_all``): each file's original under every prefix of the series.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from patchkit.state import sha256
 from patchkit.transform_cache import Entry, TransformCache, cacheable
@@ -34,9 +35,9 @@ from patchkit.transform_cache import Entry, TransformCache, cacheable
 # patch, and the release's bytes of it (None: unknown; the vendor-code check).
 Job = tuple[Path, bytes, Sequence[Sequence], Optional[bytes]]
 
-# The jobs the forked workers compute (set in the parent just before the pool
-# forks; each worker has its own copy-on-write copy of them).
-_JOBS: dict[str, Job] = {}
+# The jobs the forked workers compute, by index (set in the parent just before
+# the pool forks; each worker has its own copy-on-write copy of them).
+_JOBS: list[tuple[str, Job]] = []
 
 
 def jobs_wanted() -> int:
@@ -91,8 +92,8 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
         return None
 
 
-def _work(rel: str) -> Optional[Entry]:
-    return compute(rel, _JOBS[rel])
+def _work(index: int) -> Optional[Entry]:
+    return compute(*_JOBS[index])
 
 
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -197,31 +198,45 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def prepare(jobs: dict[str, Job], cache: TransformCache) -> dict[str, Entry]:
+# A progress callback: (files done, files to compute), called before the first
+# file is computed and after each (never for what the cache had: a warm run
+# shows no progress).
+Progress = Callable[[int, int], None]
+
+
+def prepare(jobs: dict[str, Job], cache: TransformCache, progress: Optional[Progress] = None) -> dict[str, Entry]:
     """Entries for ``jobs`` (rel -> path, bytes, codemod refs grouped by
     patch): from the transform cache where it has them, else computed (in
     parallel when more than one file needs it). New results are stored in the
     cache."""
+    entries = prepare_all(list(jobs.items()), cache, progress)
+    return {rel: entry for rel, entry in zip(jobs, entries) if entry is not None}
+
+
+def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
+                progress: Optional[Progress] = None) -> list[Optional[Entry]]:
+    """``prepare`` for jobs that may name one file several times (``export``
+    transforms each file's original with every prefix of the series): an
+    entry, or None where the serial path must decide, per job, in order."""
     global _JOBS
     from patchkit import registry
 
-    out: dict[str, Entry] = {}
-    todo: list[tuple[str, Optional[str]]] = []
-    for rel, (_, source, groups, pristine) in jobs.items():
+    out: list[Optional[Entry]] = [None] * len(jobs)
+    todo: list[tuple[int, Optional[str]]] = []
+    for i, (_, (_, source, groups, pristine)) in enumerate(jobs):
         key = None
         if cache.enabled and cacheable([r for g in groups for r in g]):
             # The vendor-code check's verdict depends on the release's bytes too.
             digest = sha256(source) if pristine in (None, source) else f"{sha256(source)}+{sha256(pristine)}"
             key = cache.key(digest, [[registry.codemod_name(r) for r in g] for g in groups])
-            entry = cache.get(key)
-            if entry is not None:
-                out[rel] = entry
+            out[i] = cache.get(key)
+            if out[i] is not None:
                 continue
-        todo.append((rel, key))
+        todo.append((i, key))
     if not todo:
         return out
     # Biggest files first: the pool ends when its longest file does.
-    todo.sort(key=lambda job: -len(jobs[job[0]][1]))
+    todo.sort(key=lambda job: -len(jobs[job[0]][1][1]))
     import multiprocessing
 
     workers = min(jobs_wanted(), len(todo))
@@ -229,22 +244,30 @@ def prepare(jobs: dict[str, Job], cache: TransformCache) -> dict[str, Entry]:
         workers = 1  # a daemonic worker (e.g. of a multiprocessing.Pool) may not fork workers of its own
     if "fork" not in multiprocessing.get_all_start_methods() or sys.platform == "darwin":
         workers = 1  # workers inherit the jobs by fork; macOS's system libraries are not fork-safe
-    results: dict[str, Optional[Entry]] = {}
+    results: dict[int, Optional[Entry]] = {}
+    if progress is not None:
+        progress(0, len(todo))
+
+    def computed(i: int, entry: Optional[Entry]) -> None:
+        results[i] = entry
+        if progress is not None:
+            progress(len(results), len(todo))
+
     if workers <= 1:
         with _no_gc():
-            for rel, _ in todo:
-                results[rel] = compute(rel, jobs[rel])
+            for i, _ in todo:
+                computed(i, compute(*jobs[i]))
     else:
         from concurrent.futures import ProcessPoolExecutor
 
         # Import what the workers need once, here, so every fork inherits it.
-        for rel, _ in todo:
-            for group in jobs[rel][2]:
+        for i, _ in todo:
+            for group in jobs[i][1][2]:
                 for ref in group:
                     registry.load_codemod(ref)
         import libcst  # noqa: F401
 
-        _JOBS = jobs
+        _JOBS = list(jobs)
         # What the parent holds stays out of every collection in the workers
         # (no copy-on-write of its pages for the GC's bookkeeping).
         gc.freeze()
@@ -257,15 +280,16 @@ def prepare(jobs: dict[str, Job], cache: TransformCache) -> dict[str, Entry]:
             try:
                 pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                            initializer=_worker_init, initargs=(blocked,))
-                futures = {rel: pool.submit(_work, rel) for rel, _ in todo}
+                futures = {i: pool.submit(_work, i) for i, _ in todo}
             finally:
                 _restore_signals(blocked)
-            for rel, future in futures.items():
+            for i, future in futures.items():
                 try:
-                    results[rel] = future.result()
+                    entry = future.result()
                 except Exception:  # noqa: BLE001 - a dead worker: compute it here
                     with _no_gc():
-                        results[rel] = compute(rel, jobs[rel])
+                        entry = compute(*jobs[i])
+                computed(i, entry)
             pool.shutdown(wait=True)
         except BaseException:
             # Ctrl-C, SIGTERM or an error: the workers are ended now, never
@@ -274,13 +298,10 @@ def prepare(jobs: dict[str, Job], cache: TransformCache) -> dict[str, Entry]:
                 _stop(pool)
             raise
         finally:
-            _JOBS = {}
+            _JOBS = []
             gc.unfreeze()
-    for rel, key in todo:
-        entry = results.get(rel)
-        if entry is None:
-            continue
-        out[rel] = entry
-        if key is not None:
-            cache.put(key, entry)
+    for i, key in todo:
+        out[i] = results.get(i)
+        if out[i] is not None and key is not None:
+            cache.put(key, out[i])
     return out

@@ -25,6 +25,7 @@ from patchkit.transform_cache import Entry, TransformCache
 if TYPE_CHECKING:
     import libcst as cst
 
+    from patchkit.parallel import Progress
     from patchkit.registry import Patch
     from patchkit.tree import Tree
 
@@ -63,7 +64,8 @@ class Transformer:
     def fetch(self, files: Iterable[str]) -> None:
         fetch_pristine(self.tree.version, files, self.pristine, self.notes)
 
-    def prepare(self, sources: dict[str, bytes], patches: Iterable["Patch"], cache: TransformCache) -> None:
+    def prepare(self, sources: dict[str, bytes], patches: Iterable["Patch"], cache: TransformCache,
+                progress: Optional["Progress"] = None) -> None:
         """Detect and transform, per file of ``sources``, with the codemods of
         all ``patches`` (grouped by patch). Findings seed ``findings``; files
         whose findings are all known and none is TODO need nothing."""
@@ -82,7 +84,7 @@ class Transformer:
                 need[rel] = groups
         self.fetch(need)
         jobs = {rel: (self.tree.path(rel), sources[rel], groups, self.pristine[rel]) for rel, groups in need.items()}
-        for rel, entry in parallel.prepare(jobs, cache).items():
+        for rel, entry in parallel.prepare(jobs, cache, progress).items():
             digest = sha256(sources[rel])
             for name, finding in entry.before.items():
                 self.findings.setdefault(f"{name}|{digest}", finding)

@@ -185,3 +185,40 @@ def _applied(tree: Path) -> set[str]:
     import json
 
     return set(json.loads((tree / ".patchkit" / "state.json").read_text())["applied"])
+
+
+def test_warm_export_transforms_nothing_and_prints_the_same(make_tree, cli, tmp_path, monkeypatch):
+    """export's transforms go through the transform cache and the parallel
+    preparation apply uses: a second export computes nothing, and every path
+    (serial, cold, warm) prints the same bytes."""
+    from patchkit import parallel
+    from patchkit.engine import Session, locked_session
+    from patchkit.export import build_series
+
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1780000000")
+    tree = make_tree(PRIMARY)
+    assert cli("apply", tree, "trtllm-mha-draft-extend-v2").exit_code == 0  # and the hook it requires: one file twice
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "export-cache"))
+    with monkeypatch.context() as serial:  # the serial path alone: what export printed before the cache
+        serial.setattr(parallel, "prepare_all", lambda jobs, cache, progress=None: [None] * len(jobs))
+        reference = cli("export", tree, "--stdout").stdout
+    assert "Subject: [PATCH 2/2]" in reference
+
+    told: list[tuple] = []
+    with locked_session(tree, lambda _: None) as session:
+        cold = build_series(session, progress=lambda *done: told.append(done)).mbox()
+    # The hook's one file, then the second patch's three (one the hook's again).
+    assert told[0] == (0, 4) and told[-1] == (4, 4)
+    assert cold == reference
+
+    def no_transform(*args, **kwargs):
+        raise AssertionError("a warm export transformed a file")
+
+    monkeypatch.setattr(parallel, "compute", no_transform)
+    monkeypatch.setattr(Session, "transform", no_transform)
+    told.clear()
+    with locked_session(tree, lambda _: None) as session:
+        assert build_series(session, progress=lambda *done: told.append(done)).mbox() == reference
+    assert told == []  # nothing computed: no progress bar
+    assert cli("export", tree, "--stdout").stdout == reference

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -70,10 +69,10 @@ def test_failures_are_rows_not_crashes(monkeypatch):
                 "idempotent": True, "revert_exact": True, "seconds": 1.0, "ok": True}
 
     monkeypatch.setattr(matrix, "run_release", fake)
-    lines: list[str] = []
-    doc = matrix.run_matrix(["good", "bad"], jobs=1, progress=lines.append)
+    told: list[tuple] = []
+    doc = matrix.run_matrix(["good", "bad"], jobs=1, progress=lambda *done: told.append(done))
     assert not doc["ok"]
-    assert lines == ["[1/2] sglang good: ok (1.0s)", "[2/2] sglang bad: FAILED: fetch: cannot download (0.0s)"]
+    assert told == [(0, 2), (1, 2, "sglang good: ok"), (2, 2, "sglang bad: FAILED")]
     md = matrix.to_markdown(doc)
     assert "| bad | [1]" in md and "[1] bad: fetch: cannot download" in md and "overall: FAILED" in md
 
@@ -90,18 +89,19 @@ def test_cli_exit_code_and_quiet(monkeypatch, cli, tmp_path):
     assert "| x |" in out.read_text() and "**FAILED**" in out.read_text()
 
 
-def test_progress_only_on_a_terminal(monkeypatch):
-    class Tty(io.StringIO):
-        def isatty(self):
-            return True
+def test_progress_bar_on_a_terminal_only(monkeypatch, cli):
+    """`patchkit matrix` draws click's progress bar on stderr where it is a
+    terminal, and nothing with -q (patchkit.terminal.progress_bar)."""
+    from click.testing import _NamedTextIOWrapper
 
-    monkeypatch.setattr(sys, "stderr", io.StringIO())
-    assert matrix.progress_printer(quiet=False) is None
-    monkeypatch.setattr(sys, "stderr", Tty())
-    assert matrix.progress_printer(quiet=True) is None
-    printer = matrix.progress_printer(quiet=False)
-    printer("[1/1] x")
-    assert sys.stderr.getvalue() == "[1/1] x\n"
+    monkeypatch.setattr(matrix, "run_release", lambda v, w=None: {
+        "release": v, "error": None, "patches": {}, "changed_files": [], "verify_ok": True,
+        "idempotent": True, "revert_exact": True, "seconds": 0.5, "ok": True})
+    assert cli("matrix", "a", "b").stderr == ""  # not a terminal
+    monkeypatch.setattr(_NamedTextIOWrapper, "isatty", lambda self: True, raising=False)
+    drawn = cli("matrix", "a", "b").stderr
+    assert "matrix" in drawn and "2/2" in drawn and "sglang b: ok" in drawn
+    assert cli("matrix", "-q", "a", "b").stderr == ""
 
 
 def test_script_help():

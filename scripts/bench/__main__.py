@@ -1,12 +1,13 @@
 """patchkit benchmark on a real tree (sglang 0.5.12.post1, fetched at run time).
 
     python scripts/bench [--runs N] [--version V] [--baseline DIR] [--matrix-releases ...]
-                            [--matrix-runs N] [--no-matrix] [--no-profile] [--json FILE]
+                            [--matrix-runs N] [--no-matrix] [--no-profile] [--only export] [--json FILE]
 
 One module per thing measured: apply_cost (apply, verify, status, the floor,
-git apply, the baseline), import_cost (the runtime's import cost), matrix_cost
-(`patchkit matrix`), profile_apply (where an apply's time goes); timing is the
-shared harness. Medians of N runs (default 5), side by side with the floor:
+git apply, the baseline), import_cost (the runtime's import cost), export_cost
+(`patchkit export`, cold and warm), matrix_cost (`patchkit matrix`),
+profile_apply (where an apply's time goes); timing is the shared harness.
+Medians of N runs (default 5), side by side with the floor:
 
 - apply, all patches, on a fresh copy: in-process through the engine
   (``locked_session(...).apply``; modules already imported, one warm-up run
@@ -23,6 +24,8 @@ shared harness. Medians of N runs (default 5), side by side with the floor:
 - ``git apply`` of the same change as a unified diff (``patchkit diff``);
 - import cost of ``patchkit.runtime`` / ``patchkit.backends`` (every
   submodule) in a fresh interpreter, against bare ``python -c pass``;
+- ``patchkit export`` of a patched tree from the CLI: cold (empty transform
+  cache), after apply (the cache the apply left) and warm (an export before);
 - ``patchkit matrix`` over the releases (default: all 16) with ``-j 2``: cold
   and warm transform cache, and the baseline's;
 - a cProfile summary of one in-process apply (where the time goes).
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import Optional
 
 import apply_cost
+import export_cost
 import import_cost
 import matrix_cost
 import profile_apply
@@ -62,20 +66,22 @@ def _version(dist: str) -> str:
         return "?"
 
 
+# What each module measures, in the order run and reported (--only picks some).
+MODULES = {"apply": apply_cost, "import": import_cost, "export": export_cost, "matrix": matrix_cost}
+
+
 def report(bench: Bench, profile: Optional[str]) -> str:
     lines = [
         f"patchkit bench: sglang {bench.args.version}, {len(registry.all_patches())} patches, "
-        f"{len(bench.touched)} files touched, {bench.runs} interleaved rounds (medians)",
+        + (f"{len(bench.touched)} files touched, " if hasattr(bench, "touched") else "")  # measured by apply_cost
+        + f"{bench.runs} interleaved rounds (medians)",
         f"python {sys.version.split()[0]}, libcst {_version('libcst')}, {os.cpu_count()} CPUs, patchkit bytecode "
         f"precompiled (as installed), "
         f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
-        "",
-        *apply_cost.report(bench),
-        "",
-        *import_cost.report(bench),
     ]
-    if bench.keys_of(matrix_cost.__name__):
-        lines += ["", *matrix_cost.report(bench)]
+    for module in MODULES.values():
+        if bench.keys_of(module.__name__):
+            lines += ["", *module.report(bench)]
     if profile:
         lines += ["", profile]
     return "\n".join(lines) + "\n"
@@ -92,6 +98,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                           "`git worktree add /tmp/base <commit>`)")
     parser.add_argument("--no-matrix", action="store_true", help="skip the matrix measurement")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile summary")
+    parser.add_argument("--only", action="append", choices=list(MODULES),
+                        help="measure only this (repeatable; implies --no-profile); default: all")
     parser.add_argument("--json", help="also write the raw figures here")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
@@ -104,16 +112,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         compileall.compile_dir(str(root / "patchkit"), quiet=1)
     bench = Bench(args)
     try:
-        apply_cost.measure(bench)
-        import_cost.measure(bench)
-        if not args.no_matrix:
-            matrix_cost.measure(bench)
-        profile = None if args.no_profile else profile_apply.profile_apply(bench)
+        for name, module in MODULES.items():
+            if name in (args.only or MODULES) and not (name == "matrix" and args.no_matrix):
+                module.measure(bench)
+        profile = None if args.no_profile or args.only else profile_apply.profile_apply(bench)
         sys.stdout.write(report(bench, profile))
         if args.json:
             Path(args.json).write_text(json.dumps({"version": args.version, "runs": args.runs,
                                                    "loadavg": os.getloadavg(), "wall_s": bench.wall, "cpu_s": bench.cpu,
-                                                   "what": bench.what, "touched": bench.touched,
+                                                   "what": bench.what, "touched": getattr(bench, "touched", None),
                                                    "importtime": bench.importtime}, indent=2))
     finally:
         shutil.rmtree(bench.work, ignore_errors=True)
