@@ -48,6 +48,10 @@ class Ctx:
         if not self.quiet:
             click.echo(terminal.styled(message), err=True)
 
+    def result(self, message: str) -> None:
+        """A result line (what was applied, reverted): stdout, also with -q."""
+        click.echo(terminal.styled(message))
+
     def progress(self, label: str):
         """A progress bar's ``(done, total)`` callback, as a context manager:
         None where there is nothing to draw (stderr not a terminal, -q)."""
@@ -470,9 +474,9 @@ def _finish(obj: Ctx, result: "api.ChangeResult", fmt: str, show_diff: bool, che
             click.echo(outcome.diff(tree), nl=False)
         past = "applied" if result.verb == "apply" else "reverted"
         for pid in outcome.done:
-            obj.say(f"{'would be ' if result.dry else ''}{past}: {pid}")
+            obj.result(f"{'would be ' if result.dry else ''}{past}: {pid}")
         for pid, why in outcome.skipped:
-            obj.say(f"not {past}: {pid}: {why}")
-        obj.say(result.counts())
+            obj.result(f"not {past}: {pid}: {why}")
+        obj.result(result.counts())
     if outcome.skipped or (check and outcome.changed):
         sys.exit(EXIT_CHANGES)

@@ -77,8 +77,9 @@ def test_q_and_v_mean_the_same_on_every_command():
 @pytest.mark.trees
 def test_q_prints_only_results_and_errors(make_tree, only_hook):
     tree = make_tree()
-    quiet = invoke("apply", "-q", tree)
-    assert quiet.exit_code == 0 and quiet.stdout == quiet.stderr == ""
+    quiet = invoke("apply", "-q", tree)  # the results (what was applied) on stdout; no diagnostics
+    assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout.splitlines()[-1].startswith("1 file(s) changed") and "applied: " in quiet.stdout
     loud = invoke("status", tree)
     assert invoke("-q", "status", tree).stdout == loud.stdout  # the results stay
     assert invoke("status", "-v", tree).stdout.startswith(loud.stdout.splitlines()[0])
