@@ -65,3 +65,13 @@ def test_show_with_a_diff_reads_the_tree_and_writes_nothing(make_tree):
     shown = api.show("trtllm-mha-overlap-hook", str(tree), with_diff=True)
     assert shown.patch.id == "trtllm-mha-overlap-hook" and shown.codemods and shown.diff.startswith("--- a/")
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
+
+
+def test_a_cold_apply_tells_its_progress_a_warm_one_nothing(make_tree, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "cache"))
+    cold: list[tuple] = []
+    api.apply(str(make_tree(PRIMARY)), progress=lambda *done: cold.append(done))
+    assert cold[0] == (0, cold[-1][1]) and cold[-1][0] == cold[-1][1] > 1  # every file to transform, once
+    warm: list[tuple] = []
+    api.apply(str(make_tree(PRIMARY)), progress=lambda *done: warm.append(done))
+    assert warm == []  # all from the transform cache: no bar to draw
