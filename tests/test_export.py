@@ -192,8 +192,9 @@ def test_warm_export_transforms_nothing_and_prints_the_same(make_tree, cli, tmp_
     preparation apply uses: a second export computes nothing, and every path
     (serial, cold, warm) prints the same bytes."""
     from patchkit import parallel
-    from patchkit.engine import Session, locked_session
+    from patchkit.engine import locked_session
     from patchkit.export import build_series
+    from patchkit.transformer import Transformer
 
     monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1780000000")
@@ -216,7 +217,7 @@ def test_warm_export_transforms_nothing_and_prints_the_same(make_tree, cli, tmp_
         raise AssertionError("a warm export transformed a file")
 
     monkeypatch.setattr(parallel, "compute", no_transform)
-    monkeypatch.setattr(Session, "transform", no_transform)
+    monkeypatch.setattr(Transformer, "run", no_transform)
     told.clear()
     with locked_session(tree, lambda _: None) as session:
         assert build_series(session, progress=lambda *done: told.append(done)).mbox() == reference
