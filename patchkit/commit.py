@@ -40,8 +40,7 @@ def commit(session: "Session", verb: str, outcome: "Outcome", record: "Record") 
     """Store the outcome's blobs, then write ``outcome.changed`` and
     ``record`` as one transaction (``verb``: apply or revert, for the journal)."""
     check_writable(session.tree, outcome.changed)  # again: runtime files were planned after the first check
-    for data in outcome.blobs.values():
-        session.store.put_blob(data)
+    session.store.put_blobs(outcome.blobs.values())
     session.store.commit(verb, session.tree.package, outcome.changed, session.record, record)
 
 

@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 from patchkit.errors import PatchkitError
 from patchkit.record import Record
@@ -43,10 +43,11 @@ def sha256(data: bytes) -> str:
 TEMP_SUFFIX = ".patchkit-tmp"
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, sync_folder: bool = True) -> None:
     """Replace ``path`` with ``data``: temp file in the same folder, fsync,
     rename. Readers see the old or the new file, never a mix. Keeps the mode.
-    A kill between the two leaves the temp file (see ``remove_temp_files``)."""
+    A kill between the two leaves the temp file (see ``remove_temp_files``).
+    ``sync_folder`` False: the caller fsyncs the folder (once for many files)."""
     mode = path.stat().st_mode & 0o7777 if path.exists() else None
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
@@ -61,7 +62,8 @@ def atomic_write(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    if sync_folder:
+        _fsync_dir(path.parent)
 
 
 def remove_temp_files(path: Path) -> None:
@@ -123,13 +125,23 @@ class Store:
     # -- blobs ---------------------------------------------------------------
 
     def put_blob(self, data: bytes) -> str:
-        digest = sha256(data)
-        path = self.blobs / digest
-        if not path.exists():
-            self.ensure_folder()  # never a .patchkit/ without its .gitignore
-            self.blobs.mkdir(exist_ok=True)
-            atomic_write(path, data)
-        return digest
+        return self.put_blobs([data])[0]
+
+    def put_blobs(self, blobs: Iterable[bytes]) -> list[str]:
+        """Store each of ``blobs`` (those not stored yet), durable on return:
+        each file fsynced, then the blobs folder once (not once a blob)."""
+        digests, written = [], False
+        for data in blobs:
+            digests.append(digest := sha256(data))
+            path = self.blobs / digest
+            if not path.exists():
+                self.ensure_folder()  # never a .patchkit/ without its .gitignore
+                self.blobs.mkdir(exist_ok=True)
+                atomic_write(path, data, sync_folder=False)
+                written = True
+        if written:
+            _fsync_dir(self.blobs)
+        return digests
 
     def has_blob(self, digest: str) -> bool:
         return (self.blobs / digest).is_file()
@@ -205,18 +217,20 @@ class Store:
         journal, so an interrupted transaction can be finished or rolled back.
         SIGINT and SIGTERM wait until it is committed."""
         self.ensure_folder()
-        entries = [
-            {"file": rel, "before": None if old is None else self.put_blob(old),
-             "after": None if new is None else self.put_blob(new)}
-            for rel, (old, new) in changes.items()
-        ]
+        self.put_blobs(data for pair in changes.values() for data in pair if data is not None)
+        entries = [{"file": rel, "before": None if old is None else sha256(old),
+                    "after": None if new is None else sha256(new)} for rel, (old, new) in changes.items()]
         with held_signals():
             atomic_write(self.journal, _dumps({"verb": verb, "files": entries, "old_state": old_record.to_state(),
                                                "state": new_record.to_state()}))
             crash_point("journal")
             for rel, (_, data) in changes.items():
-                _write_or_remove(root, rel, data)
+                _write_or_remove(root, rel, data, sync_folder=False)
                 crash_point("file")
+            # The files' renames are durable before the state says they happened:
+            # each folder once, not once a file (the journal covers a kill before).
+            for folder in dict.fromkeys((root / rel).parent for rel, (_, data) in changes.items() if data is not None):
+                _fsync_dir(folder)
             self.save(new_record)
             crash_point("state")
             self.journal.unlink()
@@ -338,13 +352,13 @@ def held_signals() -> Iterator[None]:
         raise Interrupted(received[0])
 
 
-def _write_or_remove(root: Path, rel: str, data: Optional[bytes]) -> None:
+def _write_or_remove(root: Path, rel: str, data: Optional[bytes], sync_folder: bool = True) -> None:
     """Write a file (creating its folders), or remove it and the folders it
     leaves empty (with the bytecode Python cached there), up to ``root``."""
     path = root / rel
     if data is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, data)
+        atomic_write(path, data, sync_folder)
         return
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
