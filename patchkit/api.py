@@ -130,14 +130,14 @@ def _unloaded(session: Session) -> list[str]:
 
 
 def _refuse(session: Session) -> None:
-    """What apply, revert, diff and export refuse: a half-written tree, and
-    (apply, revert) patches whose definitions are not loaded, since the files
-    are rebuilt from their originals with the patches that stay."""
+    """What apply, revert, diff, show and export refuse: a half-written tree."""
     if session.snapshot.pending is not None:
         raise PatchkitError(session.snapshot.pending.line())
 
 
 def _refuse_unloaded(session: Session) -> None:
+    """apply and revert also refuse patches whose definitions are not loaded:
+    they rebuild files from their originals with the patches that stay."""
     missing = _unloaded(session)
     if missing:
         raise PatchkitError(UNLOADED.format(ids=", ".join(missing)) + ", then run this again; nothing was changed")

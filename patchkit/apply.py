@@ -2,7 +2,7 @@
 
 Plan: which selected patches still need applying (status of each, ``requires``
 honoured). Transform: each touched file once, with the codemods of every patch
-to apply (``Session.transform`` checks each codemod's postcondition and that
+to apply (``Transformer.run`` checks each codemod's postcondition and that
 the result compiles). Check: every file writable, edits made since an earlier
 apply carried onto the backup. Commit: backups, state, the runtime folder and
 manifest, written as one transaction.
@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import patchkit
-from patchkit import git, registry, vendoring
+from patchkit import git, vendoring
 from patchkit.commit import check_writable, commit, sync_runtime
 from patchkit.engine import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Outcome, PatchReport, Session
 from patchkit.errors import PatchkitError
 from patchkit.merge import original_with_user_edits
 from patchkit.record import FileRecord, Record
 from patchkit.registry import Patch
-from patchkit.transform_cache import TransformCache
 from patchkit.transformer import Transformer
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # the findings the plan's reports read).
     sources = session.sources(selected)
     transformer = Transformer(tree, session.findings, session.modules)
-    transformer.prepare(sources, selected, TransformCache.default(), progress)
+    transformer.prepare(sources, selected, progress)
     plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
     check_writable(tree, plan.files)
     edited = session.edited_since_apply(plan.files)  # read (a clone may recover them) before any transform
@@ -71,8 +70,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         # What the record was made on: a record of another release is never believed (patchkit.reconcile).
         new_record.sglang = tree.version
         new_record.base_commit = new_record.base_commit or git.head(tree.package)
-        patches = [p for p in registry.all_patches() if p.id in new_record.applied]
-        sync_runtime(session.snapshot, new_record, patches, outcome, force=True)
+        sync_runtime(session.snapshot, new_record, session.applied_patches(new_record.applied), outcome, force=True)
     if not dry_run and outcome.changed:
         commit(session, "apply", outcome, new_record)
     session.save_cache()

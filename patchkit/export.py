@@ -27,7 +27,7 @@ from patchkit.engine import NATIVE, Session, unified_diff
 from patchkit.errors import PatchkitError
 from patchkit.parallel import Progress
 from patchkit.registry import Patch
-from patchkit.transformer import Transformer, codemods_for
+from patchkit.transformer import Transformer
 
 DEFAULT_AUTHOR = "patchkit <patchkit@invalid>"
 ZERO_SHA = "0" * 40
@@ -86,7 +86,7 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
     steps = [(rel, k) for k, patch in enumerate(applied)
              for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files)]
     transformer = Transformer(tree, session.findings, session.modules)
-    transformed = _transforms(transformer, steps, originals, applied, progress)
+    transformed = transformer.transform_prefixes(originals, steps, applied, progress)
     for k, patch in enumerate(applied):
         diffs, paths = [], []
         for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files):
@@ -132,34 +132,6 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
         p.text = format_patch(p, author, when)
     series.patches = exported
     return series
-
-
-def _transforms(transformer: Transformer, steps: list[tuple[str, int]], originals: dict[str, Optional[bytes]],
-                applied: list[Patch], progress: Optional[Progress]) -> dict[tuple[str, int], bytes]:
-    """Each file's original transformed by the patches up to each step, as
-    ``Transformer.run`` computes it: taken from the transform cache apply
-    fills (the last step of a file is usually apply's own key), else computed
-    in parallel (``patchkit.parallel``). Where the preparation left a patch
-    group out or failed, the serial path runs and raises the precise error."""
-    from patchkit import parallel
-    from patchkit.transform_cache import TransformCache
-
-    def groups(rel: str, k: int) -> list[list]:
-        return [list(t.refs) for p in applied[: k + 1] for t in p.targets if t.file == rel]
-
-    transformer.fetch(rel for rel, _ in steps)  # the release's bytes, before any transform
-    jobs = [(rel, (transformer.tree.path(rel), originals[rel], groups(rel, k), transformer.pristine[rel]))
-            for rel, k in steps]
-    entries = parallel.prepare_all(jobs, TransformCache.default(), progress)
-    out = {}
-    for (rel, k), (_, job), entry in zip(steps, jobs, entries):
-        whole = [[registry.codemod_name(r) for r in g] for g in job[2]]
-        if entry is not None and entry.new is not None and entry.groups == whole:
-            # Every group ran, in order: the same codemods over the same bytes as the serial path.
-            out[rel, k] = entry.new
-        else:
-            out[rel, k] = transformer.run(rel, originals[rel], codemods_for(rel, applied[: k + 1]))
-    return out
 
 
 def _as_written(session: Session, computed: dict[str, bytes], series: Series) -> dict[str, bytes]:

@@ -10,7 +10,7 @@ patch; a patch group with a missing anchor in the file is left out (that
 patch will be reported not applicable). It is handed values (each file's
 path, bytes and codemods) and hands back values: it knows no session. The plan
 then uses a prepared result only where it is provably what the serial engine
-would compute (see ``Session.prepared``); anything else, and every error, goes
+would compute (see ``Transformer._use_prepared``); anything else, and every error, goes
 through the serial path, which raises the precise message. The commit stays
 one transaction in the parent process. ``export`` prepares the same way
 (``prepare_all``): each file's original under every prefix of the series.

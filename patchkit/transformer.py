@@ -58,13 +58,13 @@ class Transformer:
     modules: dict[str, "cst.Module"]  # parsed files, by the sha256 of their bytes
     pristine: dict[str, Optional[bytes]] = field(default_factory=dict)  # filled by fetch_pristine
     notes: list[str] = field(default_factory=list)  # vendor code replaced on purpose, a check skipped
-    last_transformed: list[str] = field(default_factory=list)  # codemods the last run changed the file with
+    cache: TransformCache = field(default_factory=TransformCache.default)  # shared by every tree of the user
     _prepared: dict[str, tuple[str, Entry]] = field(default_factory=dict)  # rel -> (sha256 of its source, entry)
 
     def fetch(self, files: Iterable[str]) -> None:
         fetch_pristine(self.tree.version, files, self.pristine, self.notes)
 
-    def prepare(self, sources: dict[str, bytes], patches: Iterable["Patch"], cache: TransformCache,
+    def prepare(self, sources: dict[str, bytes], patches: Iterable["Patch"],
                 progress: Optional["Progress"] = None) -> None:
         """Detect and transform, per file of ``sources``, with the codemods of
         all ``patches`` (grouped by patch). Findings seed ``findings``; files
@@ -84,7 +84,7 @@ class Transformer:
                 need[rel] = groups
         self.fetch(need)
         jobs = {rel: (self.tree.path(rel), sources[rel], groups, self.pristine[rel]) for rel, groups in need.items()}
-        for rel, entry in parallel.prepare(jobs, cache, progress).items():
+        for rel, entry in parallel.prepare(jobs, self.cache, progress).items():
             digest = sha256(sources[rel])
             for name, finding in entry.before.items():
                 self.findings.setdefault(f"{name}|{digest}", finding)
@@ -107,6 +107,29 @@ class Transformer:
                 out[rel] = new
         return out
 
+    def transform_prefixes(self, originals: dict[str, bytes], steps: list[tuple[str, int]], patches: list["Patch"],
+                           progress: Optional["Progress"] = None) -> dict[tuple[str, int], bytes]:
+        """Export's transforms: for each step ``(rel, k)``, the file's original
+        with ``patches[: k + 1]``, as ``run`` computes it. Taken from the
+        transform cache apply fills (a file's last step is usually apply's own
+        key), else computed in parallel; where the preparation left a patch
+        group out or failed, ``run`` does it and raises the precise error."""
+        from patchkit import parallel
+
+        def groups(rel: str, k: int) -> list[list]:
+            return [list(t.refs) for p in patches[: k + 1] for t in p.targets if t.file == rel]
+
+        self.fetch(rel for rel, _ in steps)
+        jobs = [(rel, (self.tree.path(rel), originals[rel], groups(rel, k), self.pristine[rel])) for rel, k in steps]
+        out = {}
+        for (rel, k), (_, job), entry in zip(steps, jobs, parallel.prepare_all(jobs, self.cache, progress)):
+            whole = [[registry.codemod_name(r) for r in g] for g in job[2]]
+            if entry is not None and entry.new is not None and entry.groups == whole:
+                out[rel, k] = entry.new  # every group ran, in order: the serial path's codemods over the same bytes
+            else:
+                out[rel, k] = self.run(rel, originals[rel], codemods_for(rel, patches[: k + 1]))
+        return out
+
     def run(self, rel: str, source: bytes, codemods: list) -> bytes:
         """Run ``codemods`` over one file's ``source``; every one must end
         DONE. The file's release bytes must have been fetched (``fetch``)."""
@@ -117,7 +140,6 @@ class Transformer:
         # Findings already detected for these very bytes need no second detection.
         known = [self.findings.get(f"{registry.codemod_name(c)}|{digest}") for c in codemods]
         if all(k is not None and k[0] in (State.DONE.value, State.SUPERSEDED.value) for k in known):
-            self.last_transformed = []
             return source  # every change is there (a file a patch to apply leaves as it is): nothing to parse
         module = self.modules.get(digest) or transform.parse(source, self.tree.path(rel))
         classes = [registry.load_codemod(codemod) for codemod in codemods]
@@ -128,7 +150,6 @@ class Transformer:
         new_digest = sha256(result.new)
         for name, finding in result.after.items():
             self.findings[f"{name}|{new_digest}"] = finding.as_list()
-        self.last_transformed = result.transformed
         return result.new
 
     def _use_prepared(self, rel: str, source: bytes, codemods: list) -> Optional[bytes]:
@@ -149,6 +170,5 @@ class Transformer:
         ran = {n for group in entry.groups for n in group}
         if not set(names) <= ran or [n for n in names if n in entry.transformed] != list(entry.transformed):
             return None
-        self.last_transformed = list(entry.transformed)
         self.notes.extend(line for line in entry.notes if line not in self.notes)
         return entry.new
