@@ -17,7 +17,7 @@ counter), in every process and with no change to what sglang does:
   scheduler imports it by name. Not ``set_needs_cpu_seq_lens``: the harness's own
   mirror switch (:mod:`.mirror_control`) calls that, and is no decision of the tree.
   Patched code imports the runtime from the tree (``sglang.srt._patchkit.runtime``,
-  see patchkit/vendoring.py) and, in package mode, that forwards to
+  see patchkit/state/vendoring.py) and, in package mode, that forwards to
   ``patchkit.runtime``: both are hooked; a pristine tree has neither and notes none.
 
 Reading side: the per-process dumps, grouped by rank (:func:`by_rank`), as the
@@ -38,7 +38,7 @@ from . import syncs
 
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 #: Where ``configure_needs_cpu_seq_lens`` lives: the tree's vendored runtime
-#: (patchkit.vendoring.import_path("runtime.seq_lens")) and the installed
+#: (patchkit.state.vendoring.import_path("runtime.seq_lens")) and the installed
 #: runtime it forwards to in package mode.
 RUNTIME_MODULES = ("sglang.srt._patchkit.runtime.seq_lens", "patchkit.runtime.seq_lens")
 RANK_FIELDS = ("tp_rank", "pp_rank", "dp_rank", "gpu_id")

@@ -224,7 +224,7 @@ def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, a
     paths: `git am DIR/*.patch` on a pristine checkout reproduces the patched
     tree byte for byte. Patches that are native upstream are not exported.
     The Date: is now, or SOURCE_DATE_EPOCH when set."""
-    from patchkit.export import write_series
+    from patchkit.api.exporting import write_series
 
     if bool(out) == to_stdout:
         raise click.UsageError("give exactly one of --out DIR or --stdout")
@@ -257,7 +257,7 @@ def matrix(obj: Ctx, releases: tuple[str, ...], jobs: int, fmt: str, output: Opt
     and print a release x patch table: state after apply, files changed, verify,
     idempotence, exact revert (sha256 of every file). A progress bar goes to
     stderr on a terminal (not with -q). Exit 1 if any release fails any of these."""
-    from patchkit import matrix as mx
+    from patchkit.api import matrix as mx
 
     with obj.progress("matrix") as progress:
         doc = mx.run_matrix(releases or mx.DEFAULT_RELEASES, jobs, progress)

@@ -1,16 +1,16 @@
 """Reading one sglang tree for one command: what each patch's state is.
 
 A command runs as read -> fetch -> plan -> transform -> commit.
-``locked_session`` reads the tree once into a ``Snapshot`` (``patchkit.snapshot``:
+``locked_session`` reads the tree once into a ``Snapshot`` (``patchkit.state.snapshot``:
 its files, the record of what patchkit did that agrees with the tree, a
 pending transaction) and wraps it in a ``Session``, the read side: each
 codemod's finding (cached by file hash in ``.patchkit/cache.json``) and the
 patch reports. ``status`` and ``verify`` need nothing more. A session never
 writes the tree and never transforms: the commands that change it hand its
-values (files, findings, parsed modules) down to ``patchkit.transformer``
-and plan and commit beside it (``patchkit.apply``, ``patchkit.revert``, with
-``patchkit.commit``: the runtime folder, the write check, the transaction;
-``patchkit.merge``: a user's edits).
+values (files, findings, parsed modules) down to ``patchkit.transform.transformer``
+and plan and commit beside it (``patchkit.api.applying``, ``patchkit.api.reverting``, with
+``patchkit.api.commit``: the runtime folder, the write check, the transaction;
+``patchkit.api.merge``: a user's edits).
 """
 
 from __future__ import annotations
@@ -21,18 +21,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 import patchkit
-from patchkit import originals, registry, transform, vendoring
+from patchkit import registry, transform
+from patchkit.state import originals
+from patchkit.state import vendoring
 from patchkit.findings import Finding, State
-from patchkit.record import Record
+from patchkit.state.record import Record
 from patchkit.registry import Patch
-from patchkit.snapshot import Snapshot, read_snapshot
+from patchkit.state.snapshot import Snapshot, read_snapshot
 from patchkit.state import Store, sha256
 from patchkit.tree import Tree, find_tree
 
 if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must be parsed
     import libcst as cst
 
-    from patchkit.codemods.base import PatchCodemod
+    from patchkit.codemods.common.base import PatchCodemod
 
     CodemodRef = Union[type[PatchCodemod], str]
 
@@ -114,7 +116,7 @@ class Session:
         self.tree = snapshot.tree
         self.record: Record = snapshot.record
         self.store = store
-        # Handed down to the transform step (``patchkit.transformer``), which adds to both.
+        # Handed down to the transform step (``patchkit.transform.transformer``), which adds to both.
         self.modules: dict[str, cst.Module] = {}  # parsed files, by the sha256 of their bytes
         self._cache_key = f"patchkit {patchkit.__version__}"
         self.findings: dict[str, list] = store.load_cache(self._cache_key)  # "codemod|sha256" -> finding

@@ -1,6 +1,6 @@
 """What a codemod's detector says about one file: its ``State`` and the anchor.
 
-Kept apart from ``patchkit.codemods.base`` (which imports libcst) so that
+Kept apart from ``patchkit.codemods.common.base`` (which imports libcst) so that
 ``status`` / ``verify`` answered from the detection cache, and the report
 formats, never import libcst.
 """

@@ -77,7 +77,7 @@ def detect(codemod: type, src: str, filename: Optional[str] = None) -> Finding:
 def run(codemod: type, src: str) -> tuple[State, str, State]:
     """(state before, code after, state after), as the engine runs a codemod:
     detect, transform when TODO, add the imports it asked for, detect again."""
-    from patchkit.codemods.primitives import add_needed_imports
+    from patchkit.codemods.common.primitives import add_needed_imports
 
     module = cst.parse_module(code(src))
     before = codemod().detect(module).state
@@ -91,7 +91,7 @@ def run_all(codemods: Sequence[type], src: str) -> tuple[str, list[State]]:
     """Several codemods of one file, as the engine runs them: each TODO one
     transforms in order, the imports are added once, then every one detects.
     Returns (code after, [state after of each])."""
-    from patchkit.codemods.primitives import add_needed_imports
+    from patchkit.codemods.common.primitives import add_needed_imports
 
     module = cst.parse_module(code(src))
     context = CodemodContext()
@@ -134,8 +134,8 @@ def assert_state(codemod: type, src: str, state: State, detail: Optional[str] = 
 def set_codemod(folder: Union[str, Path], ref: str) -> type:
     """The codemod ``module:Class`` of the patch set in ``folder``, loaded as
     ``patchkit --patches folder`` loads it."""
-    from patchkit.definitions import load_codemod
-    from patchkit.patch_sets import folder_set
+    from patchkit.registry.definitions import load_codemod
+    from patchkit.registry.sets import folder_set
 
     patch_set = folder_set(Path(folder).expanduser().resolve(), "patchkit.testing.set_codemod")
     return load_codemod(patch_set.ref(ref, ref))

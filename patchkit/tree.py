@@ -10,12 +10,18 @@ every layout of one tree sees the same state.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
+
+def sha256(data: bytes) -> str:
+    """A file's identity everywhere in patchkit: state, caches, backups."""
+    return hashlib.sha256(data).hexdigest()
+
 
 _MARKER = Path("srt") / "layers" / "attention" / "base_attn_backend.py"
 _VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)

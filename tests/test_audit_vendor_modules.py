@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from support import PRIMARY
-from patchkit import audit, audit_facts
+from patchkit import audit
+from patchkit.audit import facts as audit_facts
 from patchkit.cli import main
 from patchkit.fetch import copy_tree
 

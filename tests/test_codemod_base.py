@@ -6,8 +6,8 @@ from __future__ import annotations
 import libcst as cst
 
 from codemod_testing import assert_codemod, assert_state, detect
-from patchkit.codemods import primitives
-from patchkit.codemods.base import Finding, MethodCodemod, State
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import Finding, MethodCodemod, State
 
 
 class AddsReturnNone(MethodCodemod):

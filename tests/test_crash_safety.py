@@ -19,7 +19,8 @@ import time
 import pytest
 
 from support import PRIMARY, pristine_snapshot, snapshot
-from patchkit import registry, vendoring
+from patchkit import registry
+from patchkit.state import vendoring
 from patchkit.state import TEMP_SUFFIX, Store
 
 pytestmark = pytest.mark.trees

@@ -26,7 +26,7 @@ from patchkit.codemods import flashmla_spec_v2 as fm
 from patchkit.codemods.flashmla_spec_v2 import fixed_q
 from patchkit.codemods import replay_no_stale_mirror as rnsm
 from patchkit.codemods import trtllm_mha_spec_v2 as mha
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 from patchkit.fetch import fetch_tree
 
 pytestmark = pytest.mark.trees

@@ -14,8 +14,8 @@ import pytest
 
 from support import NATIVE, PRIMARY, pristine, snapshot
 from patchkit import registry
-from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import ClassCodemod, Finding
 from patchkit.registry import Patch, Target
 
 pytestmark = pytest.mark.trees
@@ -191,10 +191,10 @@ def test_warm_export_transforms_nothing_and_prints_the_same(make_tree, cli, tmp_
     """export's transforms go through the transform cache and the parallel
     preparation apply uses: a second export computes nothing, and every path
     (serial, cold, warm) prints the same bytes."""
-    from patchkit import parallel
+    from patchkit.transform import parallel
     from patchkit.engine import locked_session
-    from patchkit.export import build_series
-    from patchkit.transformer import Transformer
+    from patchkit.api.exporting import build_series
+    from patchkit.transform.transformer import Transformer
 
     monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1780000000")

@@ -10,7 +10,7 @@ from codemod_testing import assert_codemod, assert_state, code, detect, run
 from drift import DRIFTS, drift
 from support import snapshot
 from patchkit.codemods import fa3_draft_extend_graph as deg
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 
 PATCH = "fa3-draft-extend-graph"
 WORKER = "srt/speculative/eagle_worker_v2.py"

@@ -11,7 +11,7 @@ import pytest
 from codemod_testing import apply, code, detect
 from support import PRIMARY, class_section, patch_states, snapshot
 from patchkit.codemods import fa3_spec_v2 as fa3
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 
 FA3 = "srt/layers/attention/flashattention_backend.py"
 PATCH = "fa3-spec-v2"

@@ -11,7 +11,7 @@ import pytest
 from codemod_testing import apply, detect
 from support import class_section, patch_states, snapshot
 from patchkit.codemods import flashmla_spec_v2 as fm
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 
 FLASHMLA = "srt/layers/attention/flashmla_backend.py"
 PATCH = "flashmla-spec-v2"

@@ -76,7 +76,8 @@ syncs.flush(True)
 
 
 def _runtime_files(mode: str) -> dict[str, bytes]:
-    from patchkit import registry, vendoring
+    from patchkit import registry
+    from patchkit.state import vendoring
 
     return vendoring.runtime_files([registry.get("needs-cpu-seq-lens")], mode)
 
@@ -98,9 +99,9 @@ def _tree(root: Path, mode: str | None) -> Path:
 
 
 def test_runtime_modules_are_where_patched_code_imports_them():
-    from patchkit import vendoring
+    from patchkit.layout import import_path
 
-    assert ranks.RUNTIME_MODULES[0] == vendoring.import_path("runtime.seq_lens")
+    assert ranks.RUNTIME_MODULES[0] == import_path("runtime.seq_lens")
     assert ranks.RUNTIME_MODULES[1] == "patchkit.runtime.seq_lens"
     assert "runtime/seq_lens.py" in {rel.split("_patchkit/", 1)[1] for rel in _runtime_files("vendored")}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from support import ALL_NATIVE as NATIVE, PRIMARY
-from patchkit import matrix
+from patchkit.api import matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOK = "trtllm-mha-overlap-hook"

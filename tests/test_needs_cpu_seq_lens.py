@@ -16,7 +16,7 @@ from patchkit.codemods import needs_cpu_seq_lens_deferred_sum as deferred
 from patchkit.codemods import needs_cpu_seq_lens_flags as flags
 from patchkit.codemods import needs_cpu_seq_lens_guards as guards
 from patchkit.codemods import needs_cpu_seq_lens_sync as sync
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 
 PID = "needs-cpu-seq-lens"
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import __version__, patch_sets, registry
+from patchkit import __version__, registry
+from patchkit.registry import sets as patch_sets
 from support import PRIMARY, pristine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +45,8 @@ def test_wheel_contents(wheel):
     assert not any("gpu_e2e" in n for n in names)
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("patchkit/patches/") and n.endswith(".toml")}
     assert shipped == {f.name for f in patch_sets.definition_files()} and shipped
-    for module in ("patchkit/cli.py", "patchkit/registry.py", "patchkit/runtime/seq_lens.py",
-                   "patchkit/backends/trtllm_mha.py", "patchkit/codemods/primitives/__init__.py",
+    for module in ("patchkit/cli.py", "patchkit/registry/__init__.py", "patchkit/runtime/seq_lens.py",
+                   "patchkit/backends/trtllm_mha.py", "patchkit/codemods/common/primitives/__init__.py",
                    "patchkit/testing.py"):
         assert module in names
 

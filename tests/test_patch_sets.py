@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import registry, vendoring
+from patchkit import registry
+from patchkit.state import vendoring
 from support import PRIMARY, pristine_snapshot, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent

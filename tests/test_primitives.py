@@ -9,7 +9,7 @@ import libcst.matchers as m
 import pytest
 from libcst.codemod import CodemodContext
 
-from patchkit.codemods import primitives as p
+from patchkit.codemods.common import primitives as p
 
 
 def mod(src: str) -> cst.Module:

@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 import pytest
 
-from patchkit.codemods import primitives
+from patchkit.codemods.common import primitives
 
 _code = cst.Module(body=[]).code_for_node
 

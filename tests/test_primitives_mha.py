@@ -7,7 +7,7 @@ import textwrap
 import libcst as cst
 import pytest
 
-from patchkit.codemods import primitives as p
+from patchkit.codemods.common import primitives as p
 
 
 def mod(src: str) -> cst.Module:

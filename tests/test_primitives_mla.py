@@ -8,7 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 import pytest
 
-from patchkit.codemods import primitives as p
+from patchkit.codemods.common import primitives as p
 
 
 def code(src: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from codemod_testing import apply, detect
 from support import pristine, snapshot
 from patchkit.codemods import replay_no_stale_mirror as replay
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 
 PATCH = "replay-no-stale-mirror"
 FA3 = "srt/layers/attention/flashattention_backend.py"

@@ -1,4 +1,4 @@
-"""``patchkit audit`` (patchkit/audit.py) on real trees: every read of the CPU
+"""``patchkit audit`` (patchkit/audit/__init__.py) on real trees: every read of the CPU
 seq_lens mirror on the spec-v2 paths of the patched tree is guarded, patched or
 safe; the pristine tree has the unguarded ones the patch exists for; reads a
 vendor plants where no patch knows about them are found and classified, each
@@ -16,7 +16,7 @@ import pytest
 
 from support import PRIMARY
 from patchkit.audit import MODULES, audit_tree, to_text
-from patchkit.codemods import primitives
+from patchkit.codemods.common import primitives
 
 pytestmark = pytest.mark.trees
 

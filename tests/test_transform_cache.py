@@ -18,11 +18,12 @@ import pytest
 
 from drift import drift
 from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
-from patchkit import registry, transform, transform_cache
-from patchkit.apply import apply_patches
+from patchkit import registry, transform
+from patchkit.transform import cache as transform_cache
+from patchkit.api.applying import apply_patches
 from patchkit.engine import locked_session
 from patchkit.fetch import copy_tree
-from patchkit.revert import revert_patches
+from patchkit.api.reverting import revert_patches
 
 pytestmark = pytest.mark.trees
 

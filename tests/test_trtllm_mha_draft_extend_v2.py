@@ -10,9 +10,9 @@ import pytest
 
 from codemod_testing import assert_codemod, assert_state, code, detect, run, run_all
 from support import NATIVE, PRE_UPSTREAM, pristine, snapshot
-from patchkit.codemods import primitives
+from patchkit.codemods.common import primitives
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 
 PATCH = "trtllm-mha-draft-extend-v2"
 WORKER = "srt/speculative/eagle_worker_v2.py"

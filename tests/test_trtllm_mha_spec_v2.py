@@ -10,7 +10,7 @@ import pytest
 from codemod_testing import apply, detect
 from support import snapshot
 from patchkit.codemods import trtllm_mha_spec_v2 as mha
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 
 MHA = "srt/layers/attention/trtllm_mha_backend.py"
 PATCH = "trtllm-mha-spec-v2"

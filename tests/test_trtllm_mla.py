@@ -13,7 +13,7 @@ from codemod_testing import apply, assert_codemod, assert_state, code, detect, r
 from support import NATIVE, PRE_UPSTREAM, class_section, patch_states, snapshot
 from patchkit.codemods import trtllm_mla_draft_skip_template as skip
 from patchkit.codemods import trtllm_mla_spec_v2 as spec
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 
 MLA = "srt/layers/attention/trtllm_mla_backend.py"
 SPEC = "trtllm-mla-spec-v2"

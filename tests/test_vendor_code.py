@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import vendor_code
+from patchkit.transform import vendor_code
 
 VERSIONS = ["0.5.11", "0.5.12.post1"]
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import registry, transform, vendor_code
+from patchkit import registry, transform
+from patchkit.transform import vendor_code
 from patchkit.errors import PatchkitError
 from patchkit.findings import State
 

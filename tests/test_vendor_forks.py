@@ -25,7 +25,7 @@ from support import PRIMARY, snapshot
 from patchkit.codemods import needs_cpu_seq_lens_guards as guards
 from patchkit.codemods import needs_cpu_seq_lens_sync as sync
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 from patchkit.fetch import fetch_tree
 
 pytestmark = pytest.mark.trees

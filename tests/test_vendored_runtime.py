@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from support import PRIMARY, git, git_checkout, patch_states, pristine_snapshot, snapshot
-from patchkit import vendoring
+from patchkit.state import vendoring
 
 pytestmark = pytest.mark.trees
 

@@ -15,7 +15,7 @@ from support import patch_states, snapshot
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods import trtllm_mla_spec_v2 as mla
 from patchkit.codemods import verify_tree_mask_fits as fits
-from patchkit.codemods.base import State
+from patchkit.codemods.common.base import State
 
 IMPORT = "from sglang.srt._patchkit.backends.verify_tree_mask import verify_tree_mask_for_batch\n"
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding
-from patchkit.codemods.common import GRAPH_CHECK, DraftExtendGraphCheck, graph_check
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import ClassCodemod, Finding
+from patchkit.codemods.common.shared import GRAPH_CHECK, DraftExtendGraphCheck, graph_check
 
 FA3 = "FlashAttentionBackend"
 FA3_MODULE = "sglang.srt.layers.attention.flashattention_backend"

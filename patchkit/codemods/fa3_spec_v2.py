@@ -51,9 +51,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding
-from patchkit.codemods.common import (
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import ClassCodemod, Finding
+from patchkit.codemods.common.shared import (
     EAGER_DESCRIPTION,
     FLAG,
     MIRROR_READS,
@@ -63,7 +63,7 @@ from patchkit.codemods.common import (
     ReplayMirrorReads,
     code_of,
 )
-from patchkit.codemods.tree_mask import (
+from patchkit.codemods.common.tree_mask import (
     GET_BUFFERS,
     MASK,
     MAX_BS,
@@ -71,7 +71,7 @@ from patchkit.codemods.tree_mask import (
     InitTreeMask as _InitTreeMask,
     VerifyBuffersReturnTreeMask as _VerifyBuffersReturnTreeMask,
 )
-from patchkit.codemods.primitives import attr, call
+from patchkit.codemods.common.primitives import attr, call
 
 BACKEND = "FlashAttentionBackend"
 DRAFT_BACKEND = "FlashAttentionMultiStepBackend"

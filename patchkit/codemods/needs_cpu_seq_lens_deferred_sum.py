@@ -37,9 +37,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import Finding, MethodCodemod
-from patchkit.codemods.primitives import assigns_attr, assigns_name, attr, call, line, none_test
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import Finding, MethodCodemod
+from patchkit.codemods.common.primitives import assigns_attr, assigns_name, attr, call, line, none_test
 
 SELF_SUM = attr("seq_lens_sum", m.Name("self"))
 # Any statement line writing `self.seq_lens_sum` (`=` or an augmented `+=`).

@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import libcst as cst
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import ClassCodemod, Finding
 
 FLAG = "needs_cpu_seq_lens"
 REPLAY_COMMENT = (

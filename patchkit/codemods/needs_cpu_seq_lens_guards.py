@@ -24,9 +24,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.base import Finding, Guard, State
-from patchkit.codemods.common import MirrorGuards
-from patchkit.codemods.primitives import ANY, attr, call, none_test, plus, save
+from patchkit.codemods.common.base import Finding, Guard, State
+from patchkit.codemods.common.shared import MirrorGuards
+from patchkit.codemods.common.primitives import ANY, attr, call, none_test, plus, save
 
 # `A + B` where A is the mirror: None-aware addition (an AugAssign becomes an Assign).
 ADD_TEMPLATE = "add_or_none(LEFT, RIGHT)"

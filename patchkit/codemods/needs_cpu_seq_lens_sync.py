@@ -33,10 +33,10 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import AddMethodCodemod, Finding, MethodCodemod
-from patchkit.codemods.primitives import assigns_attr, attr, call, line, save
-from patchkit.vendoring import import_path
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import AddMethodCodemod, Finding, MethodCodemod
+from patchkit.codemods.common.primitives import assigns_attr, attr, call, line, save
+from patchkit.layout import import_path
 
 RUNTIME = import_path("runtime")
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import Finding, PatchCodemod
-from patchkit.codemods.common import MIRROR_READS, code_of, none_comparison
-from patchkit.codemods.primitives import attr, call
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import Finding, PatchCodemod
+from patchkit.codemods.common.shared import MIRROR_READS, code_of, none_comparison
+from patchkit.codemods.common.primitives import attr, call
 
 
 #: ``seq_lens_cpu=<buffers>.seq_lens_cpu`` or ``...seq_lens_cpu[:bs]``: the pinned replay

@@ -9,7 +9,7 @@ The body is inline (a ``pass``), exactly as upstream: there is no logic to ship.
 
 from __future__ import annotations
 
-from patchkit.codemods.base import AddMethodCodemod
+from patchkit.codemods.common.base import AddMethodCodemod
 
 HOOK = "update_verify_buffers_to_fill_after_draft"
 

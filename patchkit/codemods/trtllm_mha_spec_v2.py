@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import Finding
-from patchkit.codemods.common import EAGER_DESCRIPTION, REPLAY_DESCRIPTION, EagerMirrorReads, OptOutFlag, ReplayMirrorReads
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import Finding
+from patchkit.codemods.common.shared import EAGER_DESCRIPTION, REPLAY_DESCRIPTION, EagerMirrorReads, OptOutFlag, ReplayMirrorReads
 
 BACKEND = "TRTLLMHAAttnBackend"
 DRAFT_BACKEND = "TRTLLMHAAttnMultiStepDraftBackend"

@@ -26,8 +26,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import ClassCodemod, Finding
 
 DRAFT_BACKEND = "TRTLLMMLAMultiStepDraftBackend"
 STEP_BACKEND = "TRTLLMMLABackend"

@@ -26,11 +26,11 @@ from typing import ClassVar
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import ClassCodemod, Finding
-from patchkit.codemods.common import FLAG
-from patchkit.codemods.tree_mask import GET_BUFFERS, MASK, MAX_BS, AllocMask, InitMask, VerifyBuffersReturnMask
-from patchkit.vendoring import import_path
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import ClassCodemod, Finding
+from patchkit.codemods.common.shared import FLAG
+from patchkit.codemods.common.tree_mask import GET_BUFFERS, MASK, MAX_BS, AllocMask, InitMask, VerifyBuffersReturnMask
+from patchkit.layout import import_path
 
 BACKEND = "TRTLLMMLABackend"
 DRAFT_BACKEND = "TRTLLMMLAMultiStepDraftBackend"

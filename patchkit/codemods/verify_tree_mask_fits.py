@@ -33,11 +33,11 @@ from typing import ClassVar, Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import Finding, MethodCodemod
-from patchkit.codemods.common import code_of
-from patchkit.codemods.primitives import attr, call
-from patchkit.vendoring import import_path
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import Finding, MethodCodemod
+from patchkit.codemods.common.shared import code_of
+from patchkit.codemods.common.primitives import attr, call
+from patchkit.layout import import_path
 
 HELPERS = import_path("backends.verify_tree_mask")
 HELPER = "verify_tree_mask_for_batch"

@@ -3,7 +3,7 @@
 Standard library only at import time (torch is imported lazily inside the
 functions that need it); never libcst or click. Imports inside the runtime are
 relative: the same files are vendored into patched trees as
-``sglang.srt._patchkit.runtime`` (see patchkit.vendoring), and patched code
+``sglang.srt._patchkit.runtime`` (see patchkit.state.vendoring), and patched code
 imports the names below from there (or, in package mode, through a forwarder,
 from ``patchkit.runtime``).
 """

@@ -14,7 +14,7 @@ import libcst
 from timing import Bench, baseline_cmd, patchkit_cmd, quiet, run, with_env
 
 from patchkit import registry
-from patchkit.apply import apply_patches
+from patchkit.api.applying import apply_patches
 from patchkit.engine import locked_session
 
 TARGETS = {"apply cold (in-process)": 1.0, "apply warm (in-process)": 0.1, "apply warm (CLI)": 0.1,

@@ -10,7 +10,7 @@ from pathlib import Path
 from timing import ROOT, Bench, run
 
 from patchkit.fetch import fetch_tree
-from patchkit.matrix import DEFAULT_RELEASES
+from patchkit.api.matrix import DEFAULT_RELEASES
 
 RELEASES = list(DEFAULT_RELEASES)
 

@@ -12,7 +12,7 @@ import sys
 from timing import ROOT, Bench, quiet, with_env
 
 from patchkit import registry
-from patchkit.apply import apply_patches
+from patchkit.api.applying import apply_patches
 from patchkit.engine import locked_session
 
 
@@ -38,17 +38,17 @@ def profile_apply(bench: Bench) -> str:
     out.write(f"cProfile of one in-process cold apply, one process: {total:.2f} s of own time (profiling inflates visitor-heavy "
               "code; read the shares)\n\nphases (cumulative, overlapping where nested):\n")
     phases = [
-        ("Transformer.prepare (every file: parse, detect, transform, check)", "patchkit/transformer.py", "prepare"),
-        ("  transform.parse (libcst parse of each file)", "patchkit/transform.py", "parse"),
-        ("  vendor_code.check (the vendor's code survives)", "patchkit/vendor_code.py", "check"),
+        ("Transformer.prepare (every file: parse, detect, transform, check)", "patchkit/transform/transformer.py", "prepare"),
+        ("  transform.parse (libcst parse of each file)", "patchkit/transform/__init__.py", "parse"),
+        ("  vendor_code.check (the vendor's code survives)", "patchkit/transform/vendor_code.py", "check"),
         ("Session.reports (status before apply: from the findings prepare cached)", "patchkit/engine.py", "reports"),
-        ("Transformer.run (a prepared result, else detect, transform, re-detect, compile)", "patchkit/transformer.py", "run"),
-        ("  ClassCodemod.detect (all calls)", "patchkit/codemods/base.py", "detect"),
-        ("  codemod transform_module (all calls)", "patchkit/codemods/base.py", "transform_module"),
-        ("  add_needed_imports", "patchkit/codemods/primitives/imports.py", "add_needed_imports"),
+        ("Transformer.run (a prepared result, else detect, transform, re-detect, compile)", "patchkit/transform/transformer.py", "run"),
+        ("  ClassCodemod.detect (all calls)", "patchkit/codemods/common/base.py", "detect"),
+        ("  codemod transform_module (all calls)", "patchkit/codemods/common/base.py", "transform_module"),
+        ("  add_needed_imports", "patchkit/codemods/common/primitives/imports.py", "add_needed_imports"),
         ("  libcst Module.bytes (codegen)", "libcst/_nodes/module.py", "bytes"),
         ("  compile()", "~", "<built-in method builtins.compile>"),
-        ("Store.commit (blobs, journal, fsync, writes)", "patchkit/state.py", "commit"),
+        ("Store.commit (blobs, journal, fsync, writes)", "patchkit/state/__init__.py", "commit"),
     ]
     for label, fname, func in phases:
         cum = sum(v[3] for (f, _l, fn), v in stats.stats.items() if fn == func and f.replace("\\", "/").endswith(fname))

@@ -3,9 +3,9 @@
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import AddMethodCodemod, Finding, MethodCodemod
-from patchkit.vendoring import import_path
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import AddMethodCodemod, Finding, MethodCodemod
+from patchkit.layout import import_path
 
 BACKEND = "TorchNativeAttnBackend"
 HOOK = "update_verify_buffers_to_fill_after_draft"

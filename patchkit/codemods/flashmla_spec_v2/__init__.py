@@ -43,10 +43,10 @@ from typing import ClassVar
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import common, primitives, tree_mask
-from patchkit.codemods.base import Finding, Guard, MethodCodemod, State
-from patchkit.codemods.common import FLAG, MIRROR_READS, code_of, none_comparison
-from patchkit.codemods.tree_mask import GET_BUFFERS, MASK, MAX_BS
+from patchkit.codemods.common import primitives, shared, tree_mask
+from patchkit.codemods.common.base import Finding, Guard, MethodCodemod, State
+from patchkit.codemods.common.shared import FLAG, MIRROR_READS, code_of, none_comparison
+from patchkit.codemods.common.tree_mask import GET_BUFFERS, MASK, MAX_BS
 from patchkit.codemods.flashmla_spec_v2.fixed_q import (
     CACHE_SEQLENS,
     FIXED_Q_KERNEL,
@@ -61,8 +61,8 @@ from patchkit.codemods.flashmla_spec_v2.fixed_q import (
     routed_terms,
     verify_lengths,
 )
-from patchkit.codemods.primitives import attr, plus, save
-from patchkit.vendoring import import_path
+from patchkit.codemods.common.primitives import attr, plus, save
+from patchkit.layout import import_path
 
 BACKEND = "FlashMLABackend"
 DRAFT_BACKEND = "FlashMLAMultiStepDraftBackend"
@@ -74,7 +74,7 @@ BATCH_MIRROR = attr("seq_lens_cpu", m.Name("forward_batch"))
 # -- the flags -----------------------------------------------------------------------------
 
 
-class BackendOptsOut(common.OptOutFlag):
+class BackendOptsOut(shared.OptOutFlag):
     DESCRIPTION = f"{BACKEND}.{FLAG} = False: no FlashMLA read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
     CLASS = BACKEND
     WHY = (
@@ -84,7 +84,7 @@ class BackendOptsOut(common.OptOutFlag):
     )
 
 
-class DraftWrapperOptsOut(common.OptOutFlag):
+class DraftWrapperOptsOut(shared.OptOutFlag):
     DESCRIPTION = f"{DRAFT_BACKEND}.{FLAG} = False: the draft steps are FlashMLA backends that opt out"
     CLASS = DRAFT_BACKEND
     WHY = (
@@ -99,7 +99,7 @@ BOUND = "self.max_context_len"
 VERIFY_BOUND = "self.max_context_len + self.num_draft_tokens"
 
 
-class EagerMetadataWithoutMirror(common.MirrorReadGuards):
+class EagerMetadataWithoutMirror(shared.MirrorReadGuards):
     DESCRIPTION = (
         f"{BACKEND}.init_forward_metadata: block-table width from the mirror or the static "
         "max_context_len (+ draft tokens for verify)"
@@ -108,17 +108,17 @@ class EagerMetadataWithoutMirror(common.MirrorReadGuards):
     METHOD = "init_forward_metadata"
     GUARDS = (
         # decode: `triton.cdiv(forward_batch.seq_lens_cpu.max().item(), PAGE_SIZE)`
-        Guard(common.max_item(save(BATCH_MIRROR, "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+        Guard(shared.max_item(save(BATCH_MIRROR, "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
         # verify: `seq_lens_cpu = forward_batch.seq_lens_cpu + self.num_draft_tokens`, then its max
         Guard(plus(BATCH_MIRROR), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
-        Guard(common.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {VERIFY_BOUND})", "host_max_seq_len"),
+        Guard(shared.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {VERIFY_BOUND})", "host_max_seq_len"),
     )
 
 
 REPLAY_ASSERT = m.Assert(test=none_comparison(save(LOCAL_MIRROR, "M"), m.IsNot()))
 
 
-class ReplayMetadataWithoutMirror(common.MirrorReadGuards):
+class ReplayMetadataWithoutMirror(shared.MirrorReadGuards):
     DESCRIPTION = (
         f"{BACKEND} CUDA-graph replay metadata: seq_lens_cpu may be None (no assert, no "
         "seq_lens.max() sync); block-table width from the mirror or the static max_context_len"
@@ -130,20 +130,20 @@ class ReplayMetadataWithoutMirror(common.MirrorReadGuards):
         # 0.5.10 .. 0.5.12.post1, decode: the mirror was required.
         Guard(REPLAY_ASSERT, "assert M is None or len(M) >= bs"),
         # verify: `seq_lens_cpu[:bs] + self.num_draft_tokens` (before the slice is rewritten)
-        Guard(plus(common.first_rows(LOCAL_MIRROR, "N")), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
-        common.REPLAY_GUARDS[0],  # seq_lens_cpu[:bs] -> rows_or_none
+        Guard(plus(shared.first_rows(LOCAL_MIRROR, "N")), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
+        shared.REPLAY_GUARDS[0],  # seq_lens_cpu[:bs] -> rows_or_none
         # 0.5.13 .. 0.5.15: `seq_lens_cpu.max().item() if seq_lens_cpu is not None
         # else seq_lens.max().item()`, a D2H of its own without the mirror.
         Guard(
             m.IfExp(
                 test=none_comparison(LOCAL_MIRROR, m.IsNot()),
-                body=common.max_item(save(LOCAL_MIRROR, "M")),
-                orelse=common.max_item(m.Name("seq_lens")),
+                body=shared.max_item(save(LOCAL_MIRROR, "M")),
+                orelse=shared.max_item(m.Name("seq_lens")),
             ),
             f"host_max_seq_len(M, {BOUND})",
             "host_max_seq_len",
         ),
-        Guard(common.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+        Guard(shared.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
     )
 
 

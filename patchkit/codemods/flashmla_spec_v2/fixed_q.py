@@ -12,8 +12,8 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.primitives import attr, call
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.primitives import attr, call
 
 IS_DRAFT_EXTEND_V2 = m.Call(func=attr("is_draft_extend_v2"))
 

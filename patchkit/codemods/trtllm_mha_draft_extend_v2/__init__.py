@@ -33,9 +33,9 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
-from patchkit.codemods.base import Finding, MethodCodemod, PatchCodemod
-from patchkit.codemods.common import GRAPH_CHECK, DraftExtendGraphCheck, code_of, graph_check
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import Finding, MethodCodemod, PatchCodemod
+from patchkit.codemods.common.shared import GRAPH_CHECK, DraftExtendGraphCheck, code_of, graph_check
 from patchkit.codemods.trtllm_mha_draft_extend_v2.branches import (
     HELPER,
     IS_DRAFT_EXTEND,
@@ -50,7 +50,7 @@ from patchkit.codemods.trtllm_mha_draft_extend_v2.branches import (
     v1_run,
     with_include_v2,
 )
-from patchkit.vendoring import import_path
+from patchkit.layout import import_path
 
 # --- eagle_worker_v2.py: the whitelist ------------------------------------------------
 

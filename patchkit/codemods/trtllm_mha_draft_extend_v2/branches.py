@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods import primitives
+from patchkit.codemods.common import primitives
 
 HELPER = "fill_draft_extend_v2_cu_seqlens_q"
 

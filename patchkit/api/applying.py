@@ -1,0 +1,121 @@
+"""``patchkit apply``: plan -> transform -> check -> commit.
+
+Plan: which selected patches still need applying (status of each, ``requires``
+honoured). Transform: each touched file once, with the codemods of every patch
+to apply (``Transformer.run`` checks each codemod's postcondition and that
+the result compiles). Check: every file writable, edits made since an earlier
+apply carried onto the backup. Commit: backups, state, the runtime folder and
+manifest, written as one transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+import patchkit
+from patchkit import git
+from patchkit.state import vendoring
+from patchkit.api.commit import check_writable, commit, sync_runtime
+from patchkit.engine import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Outcome, PatchReport, Session
+from patchkit.errors import PatchkitError
+from patchkit.api.merge import original_with_user_edits
+from patchkit.state.record import FileRecord, Record
+from patchkit.registry import Patch
+from patchkit.transform.transformer import Transformer
+
+if TYPE_CHECKING:
+    from patchkit.transform.parallel import Progress
+    from patchkit.tree import Tree
+
+
+@dataclass
+class Plan:
+    reports: dict[str, PatchReport]
+    todo: list[Patch] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (patch id, why)
+    files: list[str] = field(default_factory=list)  # target files of ``todo`` present in the tree
+
+
+def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False, runtime: Optional[str] = None,
+                  progress: Optional["Progress"] = None) -> Outcome:
+    """Apply ``selected``; ``runtime`` (vendored | package) switches the
+    runtime mode, default: the tree's mode, or vendored on a fresh tree.
+    ``progress(done, total)`` hears of each file transformed ahead."""
+    tree, record = session.tree, session.record
+    mode = runtime or session.runtime_mode
+    if mode not in vendoring.MODES:
+        raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
+    if record.legacy:
+        raise PatchkitError(f"{tree.package}: {LEGACY}")
+    applied = session.applied_patches()
+    vendoring.check_mode([*applied, *selected], mode)
+    # Read: the target files' bytes. Fetch and prepare: every file's detection
+    # and transform ahead, in parallel or from the transform cache (this seeds
+    # the findings the plan's reports read).
+    sources = session.sources(selected)
+    transformer = Transformer(tree, session.findings, session.modules)
+    transformer.prepare(sources, selected, progress)
+    plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
+    check_writable(tree, plan.files)
+    edited = session.edited_since_apply(plan.files)  # read (a clone may recover them) before any transform
+    outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
+    for rel, new in transformer.transform_files(sources, plan.files, plan.todo).items():
+        outcome.changed[rel] = (sources[rel], new)
+    outcome.messages.extend(transformer.notes)  # vendor code replaced on purpose, or its check skipped
+    new_record = _record(tree, record, plan, outcome, sources, edited)
+    if new_record.applied:
+        if mode != session.runtime_mode and record.applied:
+            outcome.messages.append(f"runtime: {session.runtime_mode} -> {mode}")
+        new_record.runtime, new_record.runtime_api, new_record.patchkit = mode, vendoring.RUNTIME_API, patchkit.__version__
+        # What the record was made on: a record of another release is never believed (patchkit.state.reconcile).
+        new_record.sglang = tree.version
+        new_record.base_commit = new_record.base_commit or git.head(tree.package)
+        sync_runtime(session.snapshot, new_record, session.applied_patches(new_record.applied), outcome, force=True)
+    if not dry_run and outcome.changed:
+        commit(session, "apply", outcome, new_record)
+    session.save_cache()
+    return outcome
+
+
+def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[str], sources: dict[str, bytes]) -> Plan:
+    """Which of ``selected`` to apply now (their ``reports`` say each one's
+    state; ``applied``: what patchkit applied before), which to skip and why."""
+    plan = Plan({r.patch.id: r for r in reports})
+    usable = {pid for pid, r in plan.reports.items() if r.state in (APPLIED, NATIVE)} | applied
+    for patch in selected:
+        report = plan.reports[patch.id]
+        if report.state in (APPLIED, NATIVE, STALE):  # STALE: the runtime sync repairs it
+            continue
+        if report.state == NOT_APPLICABLE:
+            if not report.ok:
+                plan.skipped.append((patch.id, report.reason))
+            continue
+        blocked = [r for r in patch.requires if r not in usable and r not in {p.id for p in plan.todo}]
+        if blocked:
+            plan.skipped.append((patch.id, f"requires {blocked[0]}, which is not applied"))
+            continue
+        plan.todo.append(patch)
+    plan.files = list(dict.fromkeys(t.file for p in plan.todo for t in p.targets if t.file in sources))
+    return plan
+
+
+def _record(tree: "Tree", record: Record, plan: Plan, outcome: Outcome, sources: dict[str, bytes],
+            edited: dict[str, tuple[bytes, bytes]]) -> Record:
+    """The record after this apply: patches applied, and per changed file its
+    backup and what patchkit wrote (stored as blobs at commit). ``edited``:
+    files changed since an earlier apply -> (what patchkit wrote, backup)."""
+    record = record.copy()
+    keep = outcome.keep
+    for patch in plan.todo:
+        record.applied[patch.id] = [t.file for t in patch.targets if t.file in sources]
+    for rel, (old, new) in outcome.changed.items():
+        entry = record.files.get(rel)
+        if entry is None:
+            entry = record.files[rel] = FileRecord(keep(old), None)
+        elif rel in edited:
+            # Edited since an earlier apply: carry those edits onto the
+            # backup too, or a later revert would silently drop them.
+            entry.original = keep(original_with_user_edits(tree.path(rel), old, *edited[rel]))
+        entry.patched = keep(new)
+    return record

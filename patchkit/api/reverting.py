@@ -1,0 +1,87 @@
+"""``patchkit revert``: plan -> transform -> check -> commit.
+
+Plan: the patches to revert (dependents refused, or added with ``cascade``).
+Transform: each of their files goes back to its backup, re-patched with the
+patches that stay. Check: a file edited since apply keeps the edits (3-way
+merge) or stops the run. Commit: files, runtime folder and state in one
+transaction; nothing of patchkit's is left once the last patch goes.
+"""
+
+from __future__ import annotations
+
+from patchkit import registry
+from patchkit.api.commit import check_writable, commit, sync_runtime
+from patchkit.engine import Outcome, Session
+from patchkit.errors import PatchkitError
+from patchkit.api.merge import keep_user_edits
+from patchkit.state.record import Record
+from patchkit.transform.transformer import Transformer, codemods_for
+
+
+def revert_patches(session: Session, ids: list[str], cascade: bool = False, force: bool = False,
+                   dry_run: bool = False) -> Outcome:
+    """Revert ``ids`` (every applied patch when empty)."""
+    outcome = Outcome([])
+    chosen = plan_revert(session.record, ids, cascade, outcome)
+    applied = session.applied_patches()
+    remaining = [p for p in applied if p.id not in chosen]
+    files = [f for pid in chosen for f in session.record.applied[pid] if f in session.record.files]
+    files = list(dict.fromkeys(files))
+    check_writable(session.tree, files)
+    # Read and fetch, before any transform: each file now, its backup and
+    # (edited since apply) what patchkit wrote, which a clone may recover
+    # from git history or the release; the release's bytes for the files
+    # the remaining patches re-patch.
+    current = {rel: session.read(rel) or b"" for rel in files}
+    edited = session.edited_since_apply(files)
+    original = {rel: edited[rel][1] if rel in edited else session.blob(session.record.files[rel].original, rel)
+                for rel in files}
+    still = {rel: codemods_for(rel, remaining) for rel in files}
+    transformer = Transformer(session.tree, session.findings, session.modules)
+    transformer.fetch(rel for rel in files if still[rel])
+    record = session.record.copy()
+    for rel in files:
+        target = transformer.run(rel, original[rel], still[rel]) if still[rel] else original[rel]
+        if rel in edited:
+            target = keep_user_edits(session.tree.path(rel), current[rel], edited[rel][0], target, force, outcome)
+        if target != current[rel]:
+            outcome.changed[rel] = (current[rel], target)
+        if still[rel]:
+            record.files[rel].patched = outcome.keep(target)
+        else:
+            del record.files[rel]
+    for pid in chosen:
+        del record.applied[pid]
+    # Leftovers of an earlier base (a runtime folder and manifest, no patch
+    # applied to this release) go with a plain `revert` too.
+    leftovers = not ids and session.snapshot.believed.source == "leftovers"
+    if chosen or leftovers:
+        sync_runtime(session.snapshot, record, remaining, outcome, force=force)
+        if not record.applied:
+            record.forget_runtime()
+    if leftovers:
+        outcome.messages.append(f"removed patchkit's files left from sglang {session.snapshot.believed.leftovers_of}")
+    order = [p.id for p in applied]
+    outcome.done = sorted(chosen, key=order.index)
+    if not dry_run and (chosen or leftovers):
+        commit(session, "revert", outcome, record)
+    return outcome
+
+
+def plan_revert(record: Record, ids: list[str], cascade: bool, outcome: Outcome) -> set[str]:
+    """The patch ids to revert: those asked for that patchkit applied, plus
+    (with ``cascade``) the applied patches that require them."""
+    applied = record.applied
+    chosen = {registry.get(i).id for i in ids} if ids else set(applied)
+    for pid in sorted(chosen - set(applied)):
+        outcome.skipped.append((pid, "not applied by patchkit"))
+    chosen &= set(applied)
+    for pid in sorted(chosen):
+        for dep in registry.dependents(pid):
+            if dep.id in applied and dep.id not in chosen:
+                if not cascade:
+                    raise PatchkitError(
+                        f"cannot revert {pid}: {dep.id} is applied and requires it (revert {dep.id} too, or pass --cascade)"
+                    )
+                chosen.add(dep.id)
+    return chosen

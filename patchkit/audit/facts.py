@@ -1,0 +1,292 @@
+"""What ``patchkit audit`` knows of a tree before it classifies a read
+(patchkit/audit/__init__.py classifies): the modules under ``srt/`` that name the
+mirror (a text pre-filter), each module's reads and classes (``audit_ast``,
+parsed once per process and cached on disk by its bytes), the classes by
+name across the tree (is a class a backend, does it opt out, by
+inheritance), and which reads the cached release ships as they are.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+from patchkit.audit.syntax import PATCH, FileAudit, Read
+from patchkit.audit.scan import MIRROR, ClassFacts, scan
+
+# The text pre-filter: a module whose bytes name neither is never parsed.
+_NEEDLES = tuple(m.encode() for m in MIRROR)
+# Where a class is defined (the pre-filter of the inheritance walk: only the
+# modules defining a base by that name are parsed for it).
+_CLASS_RE = re.compile(rb"class[ \t]+(\w+)")  # a superset (strings, comments): ast decides
+ROOT = "AttentionBackend"
+# Opted out by needs-cpu-seq-lens itself, the patch the audit is about: the
+# audit answers "once it is applied", so these count as opted out on a
+# pristine tree too (every other backend: only once its class says so).
+OPTED_OUT_BY_PATCH = frozenset({"TritonAttnBackend", "TritonMultiStepDraftBackend"})
+SKIP = ("srt/_patchkit/",)  # patchkit's vendored runtime
+
+
+def sources(package: Path) -> dict[str, bytes]:
+    """Every module under srt/, by path relative to the package, sorted."""
+    found = {}
+    root = str(package)
+    for folder, dirs, files in os.walk(package / "srt"):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                if not rel.startswith(SKIP):
+                    with open(path, "rb") as handle:
+                        found[rel] = handle.read()
+    return found
+
+
+def reads_mirror(data: bytes) -> bool:
+    return any(needle in data for needle in _NEEDLES)
+
+
+@dataclass
+class Facts:
+    reads: list[Read]
+    classes: dict[str, ClassFacts]
+
+
+_MEMO: dict[tuple, Optional[Facts]] = {}  # a module is read once per process
+
+
+def facts_of(rel: str, data: bytes, reads: bool = True) -> Optional[Facts]:
+    """The module's reads with their local verdicts and its classes; None
+    when it does not parse (status / verify report it). Cached in the
+    process, and on disk by the module's bytes (:func:`_disk`)."""
+    key = (rel, hashlib.sha1(data).hexdigest(), reads)
+    if key in _MEMO:
+        return _MEMO[key]
+    path = _disk(key)
+    if path is not None and path.is_file():
+        try:
+            doc = json.loads(path.read_text())
+            _MEMO[key] = None if doc is None else Facts(
+                [Read(**r) for r in doc["reads"]],
+                {c["name"]: ClassFacts(c["name"], c["bases"], c["flag"], set(c["calls"])) for c in doc["classes"]})
+            return _MEMO[key]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    source = data.decode("utf-8", errors="surrogateescape")
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        facts = None
+    else:
+        if reads:
+            audit = FileAudit(rel, source, tree)
+            facts = Facts(list(audit.reads()), audit.classes)
+        else:
+            facts = Facts([], scan(tree)[0])
+    _MEMO[key] = facts
+    if path is not None:
+        doc = None if facts is None else {
+            "reads": [asdict(r) for r in facts.reads],
+            "classes": [{**asdict(c), "calls": sorted(c.calls)} for c in facts.classes.values()]}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return facts
+
+
+_CODE: list[str] = []
+
+
+def _disk(key: tuple) -> Optional[Path]:
+    """Where a module's facts are cached: ``audit/`` in the transform cache's
+    folder (``PATCHKIT_TRANSFORM_CACHE=off`` turns both off), under the
+    module's path and bytes and the audit's own code."""
+    from patchkit import settings
+
+    folder = settings.transform_cache_dir()
+    if folder is None:
+        return None
+    if not _CODE:
+        import patchkit.audit.syntax as code
+        import patchkit.audit.scan as walk
+
+        # Both modules decide a module's facts: the walk finds its classes and
+        # loads, audit_ast gives each load its verdict.
+        digest = hashlib.sha1(Path(walk.__file__).read_bytes() + Path(code.__file__).read_bytes())
+        digest.update(repr(sorted(code._runtime_helpers())).encode())
+        _CODE.append(digest.hexdigest()[:16])
+    name = hashlib.sha1(repr((key, _CODE[0])).encode()).hexdigest()
+    return folder / "audit" / name[:2] / f"{name}.json"
+
+
+class ClassIndex:
+    """Classes by name across the tree, resolved lazily: a base is looked up
+    in the module holding the subclass first, then in every module that
+    defines a class by that name (found by text, parsed on demand)."""
+
+    def __init__(self, sources: dict[str, bytes], facts: dict[str, Optional[Facts]]) -> None:
+        self.sources, self.facts = sources, facts
+        self._where: Optional[dict[str, list[str]]] = None
+        self._memo: dict[tuple[str, str], tuple] = {}
+
+    def _defined_in(self, name: str) -> list[str]:
+        if self._where is None:
+            self._where = {}
+            for rel, data in self.sources.items():
+                for found in set(_CLASS_RE.findall(data)):
+                    self._where.setdefault(found.decode(), []).append(rel)
+        return self._where.get(name, [])
+
+    def _lookup(self, rel: str, name: str) -> list[tuple[str, ClassFacts]]:
+        own = self._module(rel)
+        if own is not None and name in own.classes:
+            return [(rel, own.classes[name])]
+        found = []
+        for other in self._defined_in(name):
+            facts = self._module(other)
+            if facts is not None and name in facts.classes:
+                found.append((other, facts.classes[name]))
+        return found
+
+    def _module(self, rel: str) -> Optional[Facts]:
+        if rel not in self.facts:
+            self.facts[rel] = facts_of(rel, self.sources[rel], reads=False)
+        return self.facts[rel]
+
+    def resolve(self, rel: str, name: str, seen: frozenset = frozenset()) -> tuple:
+        """(is a backend, its flag: "True" / "False" / "dynamic" / None, where
+        the flag is declared) for the class ``name`` seen from ``rel``, by
+        the first base (depth first, as Python's MRO for single chains)."""
+        key = (rel, name)
+        if key in self._memo:
+            return self._memo[key]
+        if key in seen:
+            return False, None, None
+        backend, flag, where = name == ROOT, None, None
+        if name in OPTED_OUT_BY_PATCH:
+            flag, where = "False", f"{name} (opted out by {PATCH})"
+        for other, facts in self._lookup(rel, name):
+            if flag is None and facts.flag is not None:
+                flag, where = facts.flag, name
+            for base in facts.bases:
+                b_backend, b_flag, b_where = self.resolve(other, base, seen | {key})
+                backend = backend or b_backend
+                if flag is None and b_flag is not None:
+                    flag, where = b_flag, b_where
+            break  # the first definition found decides
+        self._memo[key] = (backend, flag, where)
+        return self._memo[key]
+
+    def _builds(self, rel: str, name: str) -> list[str]:
+        """The backend classes ``name`` (or an ancestor) calls: a wrapper's step backends."""
+        found = []
+        for other, facts in self._lookup(rel, name)[:1]:
+            for called in sorted(facts.calls):
+                if called != name and called[:1].isupper() and self._defined_in(called) and self.resolve(other, called)[0]:
+                    found.append(called)
+        return found
+
+    def backend_like(self, rel: str, name: str) -> bool:
+        """A backend, a class that declares the flag, or a wrapper: a plain
+        class (no base) or a ``...Backend`` that builds backends (a multi-step
+        draft backend; a worker that builds its draft backend is not one)."""
+        backend, flag, _ = self.resolve(rel, name)
+        if backend or flag is not None:
+            return True
+        found = self._lookup(rel, name)[:1]
+        plain = bool(found) and (not found[0][1].bases or name.endswith("Backend"))
+        return plain and bool(self._builds(rel, name))
+
+    def opts_out(self, rel: str, name: str) -> Optional[str]:
+        """Why ``name`` runs where the mirror may be dropped, None when it keeps it."""
+        _, flag, where = self.resolve(rel, name)
+        if flag == "False":
+            return f"{name} opts out (needs_cpu_seq_lens = False in {where})"
+        if flag == "dynamic":
+            return f"{name} may opt out (needs_cpu_seq_lens computed in {where})"
+        for built in self._builds(rel, name):
+            why = self.opts_out(rel, built) if self.backend_like(rel, built) else None
+            if why:
+                return f"{name} builds {built}, which opts out"
+        return None
+
+    def keeps_why(self, rel: str, name: str) -> str:
+        _, flag, where = self.resolve(rel, name)
+        if flag == "True":
+            return f"needs_cpu_seq_lens = True in {where}"
+        return "it does not declare needs_cpu_seq_lens = False (nor an ancestor: the default keeps the mirror)"
+
+
+# -- the release as shipped ------------------------------------------------------------
+
+
+def cached_release(package: Path) -> Optional[Path]:
+    """The pristine package folder of the release ``package`` names, when
+    patchkit's cache holds it (never downloaded here); None for the cached
+    release itself."""
+    from patchkit import settings
+    from patchkit.tree import _read_version
+
+    version = _read_version(package)
+    if not version or version == "unknown":
+        return None
+    folder = settings.cache_dir() / "trees" / version
+    pristine = folder / "sglang"
+    if not (folder / ".complete").is_file():
+        return None
+    try:
+        if pristine.resolve() == package.resolve():
+            return None
+    except OSError:
+        return None
+    return pristine
+
+
+class Release:
+    def __init__(self, package: Path) -> None:
+        self.package = package
+
+    def origins(self, rel: str, data: bytes, reads: list[Read]) -> list[str]:
+        """"release" for each read the release ships, else "vendor": lines
+        the release has unchanged (aligned as ``diff`` does) are its; in a
+        changed run of lines, a read is the release's while the release's run
+        has one with the same function and code left."""
+        path = self.package / rel
+        if not path.is_file():
+            return ["vendor"] * len(reads)
+        shipped = path.read_bytes()
+        if shipped == data:
+            return ["release"] * len(reads)
+        from difflib import SequenceMatcher
+
+        facts = facts_of(rel, shipped)
+        old_reads = facts.reads if facts else []
+        opcodes = SequenceMatcher(None, shipped.splitlines(), data.splitlines()).get_opcodes()
+        result = []
+        left: dict[tuple, Counter] = {}
+        for read in reads:
+            line = read.line - 1
+            tag, i1, i2, j1, j2 = next(op for op in opcodes if op[3] <= line < op[4] or op[3] == op[4] == line)
+            if tag == "equal":
+                result.append("release")
+                continue
+            if tag == "insert":
+                result.append("vendor")
+                continue
+            counts = left.setdefault((i1, i2), Counter((r.function, r.code) for r in old_reads if i1 < r.line <= i2))
+            key = (read.function, read.code)
+            result.append("release" if counts[key] > 0 else "vendor")
+            counts[key] -= 1
+        return result

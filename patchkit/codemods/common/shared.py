@@ -1,0 +1,324 @@
+"""The pieces patch modules share: the one floor between ``primitives`` /
+``base`` and the patch modules.
+
+The codemods layer as ``primitives`` (navigating and editing a CST; generic
+matchers such as ``attr``, ``call``, ``save``, ``ANY``) and ``base`` (the
+codemod contract), then this module, then one module per patch. A patch module
+imports only those three, never another patch module: what two patches share
+lives here, parameterised by class attributes (``CLASS``, ``HELPERS``,
+``KIND`` ...), and each patch module defines its codemods as subclasses, so
+their names (``module.Class``: patch files, state files, the transform cache)
+stay those of the patch.
+
+* matchers: ``code_of``, ``none_comparison``; ``MIRROR_READS``, the helper
+  module of the backends' guards;
+* ``MirrorGuards`` (needs-cpu-seq-lens' guards, helpers from the vendored
+  ``patchkit.runtime``) and ``MirrorReadGuards`` (the backends' guards, helpers
+  from ``backends.mirror_reads``), with the eager and CUDA-graph replay reads
+  FA3 and TRT-LLM MHA share (``EagerMirrorReads``, ``ReplayMirrorReads``);
+* ``OptOutFlag``: ``needs_cpu_seq_lens: bool = False`` on a backend class
+  (FA3, FlashMLA, TRT-LLM MHA);
+* ``DraftExtendGraphCheck``: the spec-v2 worker's draft-extend CUDA-graph
+  check, found in whichever method assigns it (TRT-LLM MHA, FA3).
+
+The verify tree mask the FA3, FlashMLA and TRT-LLM MLA codemods share lives
+on the same floor, in ``tree_mask``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import ClassCodemod, Finding, Guard, MethodCodemod, MethodGuards, State
+from patchkit.codemods.common.primitives import ANY, attr, call, dotted, save
+from patchkit.layout import import_path
+
+RUNTIME = import_path("runtime")
+MIRROR_READS = import_path("backends.mirror_reads")
+
+
+# -- matchers ---------------------------------------------------------------------------------
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """The source of one node."""
+    return cst.Module([]).code_for_node(node)
+
+
+def none_comparison(target: m.BaseMatcherNode, operator: m.BaseMatcherNode) -> m.Comparison:
+    """``<target> is None`` (operator ``m.Is()``) or ``is not None`` (``m.IsNot()``)."""
+    return m.Comparison(left=target, comparisons=[m.ComparisonTarget(operator=operator, comparator=m.Name("None"))])
+
+
+# -- the mirror guards (needs-cpu-seq-lens) -----------------------------------------------------
+
+
+class MirrorGuards(MethodGuards):
+    """The reads of the CPU seq_lens mirror in one method; helpers from the
+    vendored patchkit.runtime. A None test of any mirror value guards a read
+    of any of them: the sync owner sets them None together."""
+
+    VALUES: ClassVar[tuple[str, ...]] = ("seq_lens_cpu", "seq_lens_sum", "extend_prefix_lens_cpu", "extend_seq_lens_cpu")
+    READS = "the CPU seq_lens mirror"
+    HELPER_MODULE = RUNTIME
+
+
+# -- the opt-out flag ---------------------------------------------------------------------------
+
+FLAG = "needs_cpu_seq_lens"
+SELF_FLAG = m.Attribute(value=m.Name("self"), attr=m.Name(FLAG))
+
+
+def _flag_value(cls: cst.ClassDef) -> Optional[cst.BaseExpression]:
+    found = primitives.find_class_attribute(cls, FLAG)
+    if isinstance(found, (cst.Assign, cst.AnnAssign)):
+        return found.value
+    return None
+
+
+class OptOutFlag(ClassCodemod):
+    """``needs_cpu_seq_lens: bool = False`` as a class attribute, and no
+    instance assignment in ``__init__`` that sets anything else."""
+
+    WHY: ClassVar[str] = ""  # comment lines above the attribute, without "# "
+
+    def _instance_assignments(self, cls: cst.ClassDef) -> list[cst.Assign]:
+        init = primitives.find_method(cls, "__init__")
+        if init is None:
+            return []
+        return primitives.find_all(init, m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)]))
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.{FLAG}"
+        value = _flag_value(cls)
+        if value is not None and not m.matches(value, m.Name("False")):
+            return Finding.missing(anchor, f"this tree declares {FLAG} = {code_of(value)}; refusing to override it")
+        if value is None:
+            return Finding.todo(anchor, "class attribute not declared (inherits True / treated as True)")
+        others = self._overriding_assignments(cls)
+        if others:
+            return Finding.todo(anchor, f"__init__ sets self.{FLAG} = {code_of(others[0].value)}")
+        return Finding.done(anchor)
+
+    def _overriding_assignments(self, cls: cst.ClassDef) -> list[cst.Assign]:
+        """0.5.15's per-instance value (dflash only) that shadows the class
+        attribute. Upstream from 0.5.16 assigns False in __init__ and 0.5.21+
+        refines it afterwards (KV-shard pools keep the mirror): with a False
+        assignment there, the other ones are upstream's later rules, kept."""
+        assignments = self._instance_assignments(cls)
+        if any(m.matches(a.value, m.Name("False")) for a in assignments):
+            return []
+        return assignments
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        if _flag_value(cls) is None:
+            cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = False")
+            cls = primitives.space_class_attribute(cls, FLAG, self.WHY)
+        if self._overriding_assignments(cls):
+            # 0.5.15 opted out for dflash only, per instance; the class-wide
+            # opt-out must win, so that assignment says False as well.
+            cls = primitives.replace_method(
+                cls,
+                "__init__",
+                lambda fn: primitives.replace_expressions(
+                    fn,
+                    m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)], value=~m.Name("False")),
+                    lambda node, _: node.with_changes(value=cst.Name("False")),
+                ),
+            )
+        return cls
+
+
+# -- the backends' reads of the mirror (FA3, TRT-LLM MHA, FlashMLA) ----------------------------
+
+
+MIRROR = attr("seq_lens_cpu", m.Name("forward_batch")) | m.Name("seq_lens_cpu")
+IS_NOT_NONE = none_comparison(MIRROR, m.IsNot())
+IS_NONE = none_comparison(MIRROR, m.Is())
+
+
+def _tests(node: cst.BaseExpression, comparison: m.BaseMatcherNode) -> bool:
+    """``node`` is ``comparison``, or an ``and`` chain holding it."""
+    if m.matches(node, comparison):
+        return True
+    if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
+        return _tests(node.left, comparison) or _tests(node.right, comparison)
+    return False
+
+
+def _guarded_regions(fn: cst.FunctionDef) -> list[cst.CSTNode]:
+    """The code upstream runs only with the mirror: the body of ``if mirror is
+    not None`` and of ``A if mirror is not None else B`` (and the else side of
+    the ``is None`` forms)."""
+    regions: list[cst.CSTNode] = []
+    for node in primitives.find_all(fn, m.If() | m.IfExp()):
+        if _tests(node.test, IS_NOT_NONE):
+            regions.append(node.body)
+        elif _tests(node.test, IS_NONE) and node.orelse is not None:
+            regions.append(node.orelse)
+    return regions
+
+
+def max_item(receiver: m.BaseMatcherNode) -> m.BaseMatcherNode:
+    """The host max of a tensor, as a Python number: ``<receiver>.max().item()``,
+    ``int(<receiver>.max())``, ``torch.max(<receiver>).item()`` or ``int(torch.max(<receiver>))``."""
+    tensor_max = m.Call(func=attr("max", receiver), args=[]) | m.Call(func=dotted("torch.max"), args=[m.Arg(receiver, keyword=None)])
+    return m.Call(func=attr("item", tensor_max), args=[]) | m.Call(func=m.Name("int"), args=[m.Arg(tensor_max, keyword=None)])
+
+
+def first_rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:
+    """``<value>[:ROWS]`` (the first rows)."""
+    return m.Subscript(
+        value=value,
+        slice=[m.SubscriptElement(slice=m.Slice(lower=None, upper=save(ANY, rows), step=None))],
+    )
+
+
+class _NoneTestGuards(MethodGuards):
+    """MethodGuards where upstream's own guard is a None test on the mirror
+    around the read (an ``if`` or a conditional expression), anywhere in the
+    method, or an ``if`` matching UPSTREAM; such reads need nothing."""
+
+    def _unguarded(self, fn: cst.FunctionDef, guard: Guard) -> list[cst.CSTNode]:
+        found = primitives.find_all(fn, guard.site, guard.within)
+        if not found:
+            return found
+        regions = _guarded_regions(fn)
+        if self.UPSTREAM is not None:
+            regions += primitives.find_all(fn, self.UPSTREAM)
+        covered = {id(n) for region in regions for n in primitives.find_all(region, guard.site, guard.within)}
+        return [n for n in found if id(n) not in covered]
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        finding = super().detect_in_class(cls)
+        fn = self.find_method(cls)
+        if finding.state is State.MISSING and fn is not None and _guarded_regions(fn):
+            return Finding.done(self.anchor, "upstream's own None test on the mirror")
+        return finding
+
+
+BOUND = "self.max_context_len"
+
+
+class MirrorReadGuards(_NoneTestGuards):
+    """Guards whose helpers come from ``backends.mirror_reads`` (FA3 and TRT-LLM MHA)."""
+
+    VALUES = MirrorGuards.VALUES
+    READS = MirrorGuards.READS
+    HELPER_MODULE = MIRROR_READS
+    # A fork's spelling of the host max (`int(M.max())`, `torch.max(M).item()`) is what the guard replaces.
+    REPLACES_VENDOR = ((r"int|torch|max|item", "the vendor's host max of the CPU mirror becomes host_max_seq_len (the same value with the mirror)"),)
+
+
+#: The eager metadata reads (FA3 and TRT-LLM MHA share their shape).
+EAGER_GUARDS = (
+    # 0.5.10 .. 0.5.14: the mirror's max sizes the req_to_token gather.
+    Guard(max_item(save(attr("seq_lens_cpu", m.Name("forward_batch")), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+    # 0.5.15: a mirror-or-local-D2H variable; it becomes the mirror (None
+    # without), and its reads below are bounded like the others.
+    Guard(
+        m.IfExp(
+            test=IS_NOT_NONE,
+            body=save(attr("seq_lens_cpu", m.Name("forward_batch")), "M"),
+            orelse=m.Call(func=attr("cpu")),
+        ),
+        "M",
+    ),
+    Guard(max_item(first_rows(save(m.Name("seq_lens_cpu"), "M"), "N")), "rows_max(M, forward_batch.seq_lens, N)", "rows_max"),
+    Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+    # The GPU-only draft extend leaves the prefix host list unset (the
+    # lengths stay a device tensor) and may leave the extend one unset.
+    Guard(call("any", m.Arg(save(attr("extend_prefix_lens_cpu", m.Name("forward_batch")), "L"))), "any_host_lens(L)", "any_host_lens"),
+    Guard(
+        call("max", m.Arg(save(attr("extend_seq_lens_cpu", m.Name("forward_batch")), "L"))),
+        "max_host_lens(L, self.speculative_num_draft_tokens)",
+        "max_host_lens",
+    ),
+)
+
+
+class EagerMirrorReads(MirrorReadGuards):
+    """The eager ``init_forward_metadata`` reads of FA3's shape (FA3, TRT-LLM MHA)."""
+
+    METHOD = "init_forward_metadata"
+    GUARDS = EAGER_GUARDS
+    # 0.5.16+: the draft-extend branch comes first and reads the host lists
+    # only where they are set.
+    UPSTREAM = m.If(test=m.Call(func=attr("is_draft_extend_v2")))
+
+
+#: EagerMirrorReads' DESCRIPTION, for a backend class.
+EAGER_DESCRIPTION = (
+    "{}.init_forward_metadata: page-table width from the mirror or the static max_context_len; "
+    "draft-extend host lengths may be unset"
+)
+
+
+#: The CUDA-graph replay reads (FA3 and TRT-LLM MHA share their shape).
+REPLAY_GUARDS = (
+    Guard(first_rows(save(m.Name("seq_lens_cpu"), "M"), "N"), "rows_or_none(M, N)", "rows_or_none"),
+    Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+    # 0.5.15: the spec branches fell back to a local D2H; the page-table
+    # width they feed takes the static bound instead, as in 0.5.16.
+    Guard(
+        m.Assign(
+            targets=[m.AssignTarget(target=save(attr("max_seq_len_k"), "T"))],
+            value=m.Call(func=attr("_host_max_seq_len", m.Name("self")), args=[m.Arg(save(ANY, "M")), m.Arg()]),
+        ),
+        f"T = host_max_seq_len(M, {BOUND})",
+        "host_max_seq_len",
+    ),
+)
+
+
+class ReplayMirrorReads(MirrorReadGuards):
+    """The CUDA-graph replay reads of FA3's shape (FA3, TRT-LLM MHA)."""
+
+    METHOD = "init_forward_metadata_replay_cuda_graph"
+    RENAMED = ("_apply_cuda_graph_metadata",)  # 0.5.13+
+    GUARDS = REPLAY_GUARDS
+
+
+#: ReplayMirrorReads' DESCRIPTION, for a backend class.
+REPLAY_DESCRIPTION = (
+    "{} CUDA-graph replay metadata: seq_lens_cpu may be None; host max from the mirror "
+    "or the static max_context_len"
+)
+
+
+# -- the spec-v2 worker's draft-extend CUDA-graph check (TRT-LLM MHA, FA3) ---------------------
+
+GRAPH_CHECK = "supports_cuda_draft_extend_graph"
+
+
+def graph_check(fn: cst.FunctionDef) -> Optional[cst.Assign]:
+    """The assignment of the draft-extend graph check in ``fn``, if any."""
+    found = primitives.find_all(fn, primitives.assigns_name(GRAPH_CHECK))
+    return found[0] if found else None
+
+
+class DraftExtendGraphCheck(MethodCodemod):
+    """A change to ``EagleDraftWorker``'s draft-extend CUDA-graph check, in
+    whichever method assigns it (0.5.17 renamed ``init_cuda_graphs`` to
+    ``_capture_cuda_graphs``)."""
+
+    CLASS = "EagleDraftWorker"
+    METHOD = "init_cuda_graphs"
+    REQUIRED_TEXT = (CLASS, GRAPH_CHECK)
+
+    @property
+    def anchor(self) -> str:
+        return f"{self.CLASS}.{GRAPH_CHECK}"
+
+    def anchor_of(self, fn: cst.FunctionDef) -> str:
+        return f"{self.CLASS}.{fn.name.value}: {GRAPH_CHECK}"
+
+    def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
+        return next((f for f in primitives.methods(cls) if graph_check(f) is not None), None)
+
+    def detect_absent(self, cls: cst.ClassDef) -> Finding:
+        return Finding.missing(self.anchor, f"{self.where(cls)}: no method of {self.CLASS} assigns {GRAPH_CHECK}")

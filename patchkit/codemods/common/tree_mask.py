@@ -1,0 +1,283 @@
+"""The verify tree mask (``cuda_graph_custom_mask``) the FA3, FlashMLA and
+TRT-LLM MLA codemods share, on the floor of ``common``: TRT-LLM MLA's
+(``InitMask``, ``AllocMask``, ``VerifyBuffersReturnMask``, helpers imported at
+the module's last import) and FA3's on top of them, also FlashMLA's
+(``InitTreeMask``, ``AllocTreeMask``, ``VerifyBuffersReturnTreeMask``, helpers
+from ``backends.fa3``). Patch modules subclass them under their own names."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import ClassCodemod, Finding, MethodCodemod, State
+from patchkit.layout import import_path
+
+# -- the verify tree mask (TRT-LLM MLA, FA3, FlashMLA) -------------------------------------------
+
+MASK = "cuda_graph_custom_mask"
+GET_BUFFERS = "get_verify_buffers_to_fill_after_draft"
+#: Where the backend records the batch size its mask was sized for
+#: (backends.verify_tree_mask.MAX_BS_ATTR; the spec worker reads it).
+MAX_BS = "verify_tree_mask_max_bs"
+
+SELF_MASK = m.Attribute(value=m.Name("self"), attr=m.Name(MASK))
+ASSIGNS_MASK = m.Assign(targets=[m.AssignTarget(target=SELF_MASK)]) | m.AnnAssign(target=SELF_MASK)
+PARENT_CUDA_GRAPH_STATE = primitives.super_call("init_cuda_graph_state")
+ASSIGNS_MAX_BS = m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name(MAX_BS)))])
+
+SUPERSEDED_WHY = f"upstream replaced {MASK} with the verify_mask property (sglang 0.5.17+)"
+
+
+def _assigns_mask(fn: cst.FunctionDef | None) -> bool:
+    return fn is not None and primitives.contains(fn, ASSIGNS_MASK)
+
+
+def record_max_bs(fn: cst.FunctionDef) -> cst.FunctionDef:
+    """``self.verify_tree_mask_max_bs = max_bs`` right after the statement
+    that allocates the mask (a fresh apply and an upgrade of a tree patched
+    before the bound was recorded read the same)."""
+    source = f"""
+        # The mask holds max_bs requests: the spec worker hands it to
+        # build_tree_kernel_efficient only for a batch it fits, so an eager
+        # batch above the captured size never writes past its end.
+        self.{MAX_BS} = max_bs
+    """
+    index = primitives.find_statement_index(fn, ASSIGNS_MASK)
+    body = list(fn.body.body)
+    body[index + 1 : index + 1] = primitives.parse_statements_with_comments(source)
+    return fn.with_changes(body=fn.body.with_changes(body=body))
+
+
+def _mask_superseded(cls: cst.ClassDef) -> bool:
+    """Upstream's later shape: a ``verify_mask`` accessor and no custom mask."""
+    if primitives.find_method(cls, "verify_mask") is None:
+        return False
+    return not any(
+        _assigns_mask(primitives.find_method(cls, name)) for name in ("__init__", "init_cuda_graph_state")
+    )
+
+
+class _MaskMethod(MethodCodemod):
+    """A method of the target backend that gets a part of the custom mask;
+    superseded where upstream replaced the mask (:func:`_mask_superseded`)."""
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        self._superseded = _mask_superseded(cls)
+        return super().detect_in_class(cls)
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        if _assigns_mask(fn):
+            return Finding.done(self.anchor)
+        if self._superseded:
+            return Finding.superseded(self.anchor, SUPERSEDED_WHY)
+        return self.detect_todo(fn)
+
+    def detect_todo(self, fn: cst.FunctionDef) -> Finding:
+        raise NotImplementedError
+
+
+class InitMask(_MaskMethod):
+    """``__init__`` sets ``self.cuda_graph_custom_mask = None``."""
+
+    METHOD = "__init__"
+
+    def detect_todo(self, fn: cst.FunctionDef) -> Finding:
+        return Finding.todo(self.anchor, f"self.{MASK} not initialised")
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        return primitives.insert_at_end(fn, f"self.{MASK} = None")
+
+
+class AllocMask(_MaskMethod):
+    """The worst-case mask for the captured ``max_bs``, and that ``max_bs``
+    recorded beside it: the spec worker hands the mask over only to batches
+    it fits (``backends.verify_tree_mask``; see verify_tree_mask_fits).
+
+    A tree patched by an earlier patchkit allocates the mask (our helper
+    call) without recording the bound: TODO, and the transform adds only the
+    record, so the upgrade reads exactly as a fresh apply. Upstream's own
+    allocation (0.5.13 .. 0.5.16, no bound: its hook is upstream's contract)
+    and a fork's are left as they are.
+
+    The helper ``ALLOC_HELPER`` comes from ``HELPERS`` (imported after the
+    module's last top-level import)."""
+
+    METHOD = "init_cuda_graph_state"
+    #: The module of the helpers the transform calls.
+    HELPERS: ClassVar[str]
+    #: The helper whose call marks patchkit's own allocation.
+    ALLOC_HELPER: ClassVar[str] = "alloc_cuda_graph_custom_mask"
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        if _assigns_mask(fn) and not primitives.contains(fn, ASSIGNS_MAX_BS) and self._ours(fn):
+            return self._needs_max_bs(fn) or Finding.todo(
+                self.anchor,
+                f"self.{MASK} allocated by an earlier patchkit without recording max_bs "
+                "(an eager batch above it would get the mask and write past its end)",
+            )
+        return super().detect_in_method(fn)
+
+    def _ours(self, fn: cst.FunctionDef) -> bool:
+        return primitives.contains(fn, m.Assign(targets=[m.AssignTarget(target=SELF_MASK)], value=m.Call(func=m.Name(self.ALLOC_HELPER))))
+
+    def _needs_max_bs(self, fn: cst.FunctionDef):
+        params = [p.name.value for p in fn.params.params]
+        if "max_bs" not in params:
+            return self.missing_in(fn, f"parameters ({', '.join(params)})", "a max_bs parameter to record the mask's bound")
+        return None
+
+    def detect_todo(self, fn: cst.FunctionDef) -> Finding:
+        params = [p.name.value for p in fn.params.params]
+        if "max_num_tokens" not in params:
+            return self.missing_in(fn, f"parameters ({', '.join(params)})", "a max_num_tokens parameter to size the mask with")
+        return self._needs_max_bs(fn) or Finding.todo(self.anchor, f"self.{MASK} not allocated")
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        # After the module's last top-level import: libcst's AddImportsVisitor would
+        # put it right under `from __future__`, above the docstring-like string these
+        # files have there.
+        return primitives.add_import_sorted(super().transform_module_impl(tree), self.HELPERS, self.ALLOC_HELPER)
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        if not _assigns_mask(fn):
+            fn = self.insert_mask(fn)
+        return record_max_bs(fn)
+
+    def insert_mask(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        source = f"""
+            # Worst-case FULL_MASK tree mask (bool) for verify; build_tree fills it
+            # in place, so the GPU-only spec-v2 path needs no seq_lens_sum.
+            self.{MASK} = {self.ALLOC_HELPER}(
+                max_num_tokens=max_num_tokens,
+                max_context_len=self.max_context_len,
+                num_draft_tokens=self.num_draft_tokens,
+                skip_prefill=self.skip_prefill,
+                device=self.device,
+            )
+        """
+        # Before handing over to the parent, as upstream; else at the end.
+        if primitives.find_statement_index(fn, PARENT_CUDA_GRAPH_STATE) is not None:
+            return primitives.insert_before(fn, PARENT_CUDA_GRAPH_STATE, source)
+        return primitives.insert_at_end(fn, source)
+
+
+class VerifyBuffersReturnMask(ClassCodemod):
+    """``get_verify_buffers_to_fill_after_draft`` returns the mask, through
+    ``BUFFERS_HELPER`` from ``HELPERS`` (imported after the module's last
+    top-level import)."""
+
+    HELPERS: ClassVar[str]
+    BUFFERS_HELPER: ClassVar[str] = "verify_buffers_to_fill_after_draft"
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.{GET_BUFFERS}"
+        fn = primitives.find_method(cls, GET_BUFFERS)
+        if fn is not None:
+            if primitives.contains(fn, SELF_MASK):
+                return Finding.done(anchor)
+            return Finding.missing(
+                anchor,
+                f"{self.where(fn)}: this tree overrides it without self.{MASK}; refusing to replace it "
+                "(the patch needs it to return the mask)",
+            )
+        if _mask_superseded(cls):
+            return Finding.superseded(anchor, SUPERSEDED_WHY)
+        return Finding.todo(anchor, "not overridden (the base returns [None, None])")
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        return primitives.add_import_sorted(super().transform_module_impl(tree), self.HELPERS, self.BUFFERS_HELPER)
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        source = f'''
+            def {GET_BUFFERS}(self):
+                """[tree mask, positions] buffers that build_tree fills after draft."""
+                return {self.BUFFERS_HELPER}(self.{MASK})
+        '''
+        after = "init_cuda_graph_state" if primitives.find_method(cls, "init_cuda_graph_state") else None
+        return primitives.add_method(cls, source, after=after)
+
+
+# FA3's tree mask (FlashMLA's too): the detection above, FA3's own code from
+# patchkit.backends.fa3, imported by the engine (ClassCodemod's transform, not
+# the TRT-LLM MLA import above).
+
+
+class _TreeMaskPart:
+    """Mixin: the FA3 transform, with FA3's helpers imported by the engine."""
+
+    HELPERS: ClassVar[str] = import_path("backends.fa3")
+    HELPER: ClassVar[str]
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self.require_import(self.HELPERS, self.HELPER)
+        return ClassCodemod.transform_module_impl(self, tree)
+
+
+class InitTreeMask(InitMask):
+    """``__init__``: ``self.cuda_graph_custom_mask = None`` and
+    ``self.is_draft_runner`` (draft-worker instances never verify)."""
+
+    #: The backend's name in the comment the transform writes.
+    KIND: ClassVar[str]
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        finding = super().detect_in_class(cls)
+        init = primitives.find_method(cls, "__init__")
+        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in init.params.params}:
+            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by")
+        return finding
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        source = f"""
+            # Preallocated verify tree mask (init_cuda_graph_state); handed to
+            # build_tree_kernel_efficient so it needs no seq_lens_sum.
+            self.{MASK} = None
+            # The draft worker's {self.KIND} instances never verify: no tree mask there.
+            self.is_draft_runner = getattr(model_runner, "is_draft_worker", False)
+        """
+        return primitives.replace_method(cls, "__init__", lambda fn: primitives.insert_at_end(fn, source))
+
+
+class AllocTreeMask(_TreeMaskPart, AllocMask):
+    """``init_cuda_graph_state`` preallocates the mask on the target backend
+    only and records the captured ``max_bs`` it fits."""
+
+    HELPER = "alloc_verify_tree_mask"
+    ALLOC_HELPER = HELPER
+    #: Where the backend keeps the configured number of draft tokens.
+    NUM_DRAFT_TOKENS: ClassVar[str] = "self.speculative_num_draft_tokens"
+
+    def insert_mask(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        # At the end: FA3's init_cuda_graph_state does not hand over to a parent.
+        source = f"""
+            # Worst-case FULL_MASK verify tree mask (bool), filled in place by
+            # build_tree_kernel_efficient: the GPU-only path needs no seq_lens_sum.
+            self.{MASK} = alloc_verify_tree_mask(
+                max_num_tokens=max_num_tokens,
+                max_context_len=self.max_context_len,
+                num_draft_tokens={self.NUM_DRAFT_TOKENS},
+                skip_prefill=self.skip_prefill,
+                is_draft_runner=self.is_draft_runner,
+                device=self.device,
+            )
+        """
+        return primitives.insert_at_end(fn, source)
+
+
+class VerifyBuffersReturnTreeMask(_TreeMaskPart, VerifyBuffersReturnMask):
+    """``get_verify_buffers_to_fill_after_draft`` returns the mask (``verify_buffers``)."""
+
+    HELPER = "verify_buffers"
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        source = f'''
+            def {GET_BUFFERS}(self):
+                """[tree mask, positions] that build_tree_kernel_efficient fills after draft."""
+                return verify_buffers(self.{MASK})
+        '''
+        after = primitives.find_first_method(cls, ("get_cuda_graph_seq_len_fill_value", "init_cuda_graph_state"))
+        return primitives.add_method(cls, source, after=after.name.value if after else None)

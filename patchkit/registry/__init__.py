@@ -1,0 +1,257 @@
+"""The registry: one declarative TOML file per patch, from patch sets.
+
+patchkit's own set is ``patches/``, installed as the ``patchkit.patches``
+package (see pyproject.toml); its codemod references (``module:Class``)
+resolve under ``patchkit.codemods``. A vendor keeps patches of their own in
+their own repository, as a *patch set*: a folder of ``*.toml`` definitions
+beside the Python modules of their codemods, where a reference
+``module:Class`` names ``module.py`` of that folder. patchkit finds sets
+
+- named on the command line (``patchkit --patches DIR``, repeatable),
+- listed in a ``pyproject.toml`` above the tree or the current folder
+  (``[tool.patchkit] patches = ["path", ...]``, relative to that file),
+- installed: a distribution's entry point in the ``patchkit.patches`` group
+  names a package, which holds the definitions and codemod modules the same way.
+
+Ids are one namespace: a set reached twice (installed and named, say) is
+one set; an id two different sets define is refused, naming both places,
+by the commands that use patches (``list`` shows both).
+A set's ``runtime = [...]`` may name modules of the set itself (runtime
+helpers the patched code imports, vendored beside patchkit's own): their
+names are one namespace too.
+
+This module is the registry itself: which sets a command uses, the patches
+they define, in dependency order, and the checks across sets. What a patch
+is lives in ``patchkit.registry.definitions``; what a set is, in ``patchkit.registry.sets``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Optional
+
+from patchkit.registry import definitions
+from patchkit.registry.definitions import Patch, Target
+from patchkit.errors import PatchkitError
+from patchkit.registry.sets import PatchSet, builtin_set, folder_set, identity, installed_sets, pyproject_folders
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+
+def _parse(text: str, source: str, patch_set: Optional[PatchSet] = None) -> Patch:
+    patch_set = patch_set or builtin_set()
+    try:
+        data = tomllib.loads(text)
+        pid = data["id"]
+        targets = tuple(
+            Target(
+                file=t["file"],
+                codemods=tuple(patch_set.ref(ref, pid) for ref in t["codemods"]),
+                optional=t.get("optional", False),
+                when_missing=t.get("when_missing", ""),
+            )
+            for t in data.get("targets", [])
+        )
+        return Patch(
+            id=pid,
+            title=data["title"],
+            upstream=tuple(data.get("upstream", [])),
+            requires=tuple(data.get("requires", [])),
+            description=data.get("description", "").strip(),
+            targets=targets,
+            runtime=tuple(patch_set.runtime_module(name, pid) for name in data.get("runtime", [])),
+            origin=patch_set.label,
+        )
+    except tomllib.TOMLDecodeError as exc:
+        raise PatchkitError(f"{source}: not valid TOML ({exc})") from None
+    except KeyError as exc:
+        raise PatchkitError(f"{source}: a patch definition needs {exc.args[0]!r}") from None
+
+
+# The engine, the commands and their tests load codemods as
+# ``registry.load_codemod`` / ``registry.codemod_name``.
+codemod_name = definitions.codemod_name
+load_codemod = definitions.load_codemod
+
+_FOLDERS: list[tuple[Path, str]] = []  # (folder, how it was named), in the order given
+
+
+def use_folders(folders: Iterable[str | Path], how: str) -> None:
+    """Add folders of patch definitions (``--patches``, a pyproject); the
+    registry is read again on next use."""
+    known = {f for f, _ in _FOLDERS}
+    for folder in folders:
+        path = Path(folder).expanduser().resolve()
+        if path not in known:
+            _FOLDERS.append((path, how))
+            known.add(path)
+            _forget()
+
+
+def reset() -> None:
+    """Back to patchkit's own set and the installed ones (each command starts
+    there: one process may run several, as tests and long-lived callers do)."""
+    if _FOLDERS:
+        _FOLDERS.clear()
+        _forget()
+
+
+def _forget() -> None:
+    """Read the definitions again on next use."""
+    load.cache_clear()
+
+
+def use_pyproject(start: Path) -> None:
+    """The sets the nearest ``[tool.patchkit]`` above ``start`` lists."""
+    config, folders = pyproject_folders(start)
+    if config is not None:
+        use_folders(folders, str(config))
+
+
+def patch_sets() -> list[PatchSet]:
+    """patchkit's own set, the installed ones, then folders in the order named.
+    A set reached twice (installed and named by ``--patches`` or a pyproject;
+    one folder named twice; a copy of the same files) is one set: the first
+    place it is reached from (patchkit, then installed, then folders) names it."""
+    sets = [builtin_set(), *installed_sets(), *(folder_set(f, how) for f, how in _FOLDERS)]
+    if len(sets) == 1:
+        return sets
+    out: list[PatchSet] = []
+    seen: set = set()
+    for patch_set in sets:
+        same = identity(patch_set)
+        if seen & same:
+            continue
+        seen |= same
+        out.append(patch_set)
+    return out
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The patches of every set: ``patches`` in dependency order (of an id
+    two sets define, the first definition); ``clashes``: the other
+    definitions; ``problems``: why commands cannot use the registry (one
+    line each, naming both sources)."""
+
+    patches: tuple[Patch, ...]
+    clashes: tuple[Patch, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+def _source(patch_set: PatchSet, definition: "Traversable") -> str:
+    """Where a definition is, for messages: patches/NAME for patchkit's own,
+    else its file, and the set's label where that is not the folder."""
+    if patch_set.builtin:
+        return f"patches/{definition.name}"
+    path = str(definition)
+    return path if path.startswith(patch_set.label) else f"{path} [from {patch_set.label}]"
+
+
+@lru_cache(maxsize=1)
+def load() -> Loaded:
+    """Every set's patches, with the ids two different sets define set
+    aside (``list`` shows them; ``all_patches`` refuses them)."""
+    patches: dict[str, Patch] = {}
+    sources: dict[str, str] = {}
+    clashes: list[Patch] = []
+    problems: list[str] = []
+    for patch_set in patch_sets():
+        for f in patch_set.definitions():
+            where = f"patches/{f.name}" if patch_set.builtin else f"{patch_set.label}/{f.name}"
+            patch = _parse(f.read_text(encoding="utf-8"), where, patch_set)
+            source = _source(patch_set, f)
+            if patch.id in patches:
+                clashes.append(patch)
+                problems.append(f"patch {patch.id} is defined twice, by two different patch sets: in "
+                                f"{sources[patch.id]} and in {source} (ids must be unique: rename one, or load "
+                                "one of the sets)")
+                continue
+            patches[patch.id] = patch
+            sources[patch.id] = source
+    problems += _runtime_name_clashes(patches.values())
+    ordered: list[Patch] = []
+
+    def visit(pid: str, chain: tuple[str, ...]) -> None:
+        if pid in chain:
+            raise PatchkitError(f"patch requirements form a cycle: {' -> '.join(chain + (pid,))}")
+        if any(p.id == pid for p in ordered):
+            return
+        for req in patches[pid].requires:
+            if req not in patches:
+                raise PatchkitError(f"patch {pid} requires unknown patch {req}")
+            visit(req, chain + (pid,))
+        ordered.append(patches[pid])
+
+    for pid in patches:
+        visit(pid, ())
+    return Loaded(tuple(ordered), tuple(clashes), tuple(problems))
+
+
+def all_patches() -> tuple[Patch, ...]:
+    """Every patch, ordered so that a patch comes after those it requires.
+    Two different sets that define one id (or one runtime module) are
+    refused here, by the commands that use patches: one line naming both."""
+    loaded = load()
+    if loaded.problems:
+        raise PatchkitError(loaded.problems[0])
+    return loaded.patches
+
+
+def _runtime_name_clashes(patches: Iterable[Patch]) -> list[str]:
+    """Every set's runtime modules land in one folder of the tree
+    (``sglang.srt._patchkit``): a top-level name two sets define is refused."""
+    owner: dict[str, str] = {}
+    problems = []
+    for patch in patches:
+        for module in patch.runtime:
+            top = module.name.split(".")[0]
+            if owner.setdefault(top, module.origin) != module.origin:
+                problems.append(f"runtime module {top} is defined twice: in {owner[top]} and in "
+                                f"{module.origin} (both would be sglang.srt._patchkit.{top}: rename one)")
+    return problems
+
+
+def get(pid: str) -> Patch:
+    for patch in all_patches():
+        if patch.id == pid:
+            return patch
+    known = ", ".join(p.id for p in all_patches())
+    raise PatchkitError(f"unknown patch {pid!r} (known: {known})")
+
+
+def select(ids: Iterable[str], skip: Iterable[str] = ()) -> list[Patch]:
+    """The named patches plus everything they require, in dependency order;
+    all patches when none is named. ``skip`` drops patches by name (and is an
+    error if a selected patch requires a skipped one)."""
+    ids = list(ids)
+    skip = {get(s).id for s in skip}
+    wanted = {get(i).id for i in ids} if ids else {p.id for p in all_patches()}
+    changed = True
+    while changed:
+        changed = False
+        for patch in all_patches():
+            if patch.id in wanted:
+                for req in patch.requires:
+                    if req not in wanted:
+                        wanted.add(req)
+                        changed = True
+    for patch in all_patches():
+        if patch.id in wanted and patch.id not in skip:
+            blocked = [r for r in patch.requires if r in skip]
+            if blocked:
+                raise PatchkitError(f"patch {patch.id} requires {blocked[0]}, which --skip excludes")
+    return [p for p in all_patches() if p.id in wanted and p.id not in skip]
+
+
+def dependents(pid: str) -> list[Patch]:
+    """Patches that require ``pid``, directly or through others."""
+    out: list[Patch] = []
+    for patch in all_patches():
+        if pid in patch.requires or any(d.id in patch.requires for d in out):
+            out.append(patch)
+    return out

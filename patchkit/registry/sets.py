@@ -1,0 +1,211 @@
+"""Where patch definitions come from: patch sets.
+
+A set is a folder of ``*.toml`` definitions beside the Python modules of
+their codemods (``PatchSet``): patchkit's own (``builtin_set``), a folder
+named on the command line or in a pyproject (``folder_set``,
+``pyproject_folders``), or a package an installed distribution names
+(``installed_sets``). ``identity`` says when two places are one set.
+Which sets a command uses, and the patches they define, is
+``patchkit.registry``'s business.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import importlib.util
+import sys
+import tomllib
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from patchkit.registry.definitions import OWN_RUNTIME, ExternalRef, RuntimeModule
+from patchkit.errors import PatchkitError
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+
+@dataclass(frozen=True)
+class PatchSet:
+    """Where patch definitions come from. ``folder`` holds the ``*.toml``;
+    ``package`` is the import package their ``module:Class`` references
+    resolve under; ``label`` names the set in ``list`` and in errors."""
+
+    label: str
+    folder: "Traversable"
+    package: str
+    builtin: bool = False
+    # The distribution that installs ``package`` (an entry point's), so a
+    # patched tree can import the set's runtime modules in package mode.
+    distribution: Optional[str] = None
+
+    def definitions(self) -> list["Traversable"]:
+        try:
+            files = [f for f in self.folder.iterdir() if f.name.endswith(".toml")]
+        except OSError as exc:
+            raise PatchkitError(f"patch set {self.label}: cannot read it ({exc.strerror or exc})") from None
+        return sorted(files, key=lambda f: f.name)
+
+    def ref(self, ref: str, patch_id: str):
+        """A reference as written in a patch file, checked: ``module:Class``
+        whose module exists in this set (found without importing it; the class
+        is imported on first use)."""
+        module_name, sep, class_name = ref.partition(":")
+        if sep and module_name and class_name:
+            if self.builtin:
+                if importlib.util.find_spec(f"{self.package}.{module_name}") is not None:
+                    return ref
+            else:
+                source = self._module_source(module_name)
+                if source is not None:
+                    return ExternalRef(self.package, module_name, class_name, self.label,
+                                       hashlib.sha256(source).hexdigest()[:12])
+        raise PatchkitError(f"patch {patch_id}: codemod {ref} cannot be loaded: no module {module_name} in "
+                            f"{'patchkit.codemods' if self.builtin else self.label}")
+
+    def runtime_module(self, name: str, patch_id: str) -> RuntimeModule:
+        """A module named in a patch's ``runtime = [...]``: one of patchkit's
+        own (``runtime``, ``backends.x``) or, for a set outside patchkit, a
+        module of the set (``name.py`` or a package ``name/`` in its folder)."""
+        parts = name.split(".")
+        own = importlib.resources.files("patchkit")
+        if not all(p.isidentifier() and not p.startswith("_") for p in parts):
+            raise PatchkitError(f"patch {patch_id}: runtime module {name!r} is not a dotted module name")
+        if parts[0] in OWN_RUNTIME:
+            if self._module_source(name, own) is None:
+                raise PatchkitError(f"patch {patch_id}: runtime module {name!r} is not one of patchkit's "
+                                    "(patchkit/runtime, patchkit/backends/...)")
+            if not self.builtin and self._module_source(parts[0]) is not None:
+                raise PatchkitError(f"patch {patch_id}: {self.label} has a module {parts[0]!r}, the name of "
+                                    "patchkit's own runtime: rename it (a set's runtime modules take other names)")
+            return RuntimeModule(name, "patchkit", own, "patchkit", "sglang-patchkit-runtime")
+        if self.builtin or self._module_source(name) is None:
+            raise PatchkitError(f"patch {patch_id}: runtime module {name!r} is neither one of patchkit's "
+                                f"({', '.join(OWN_RUNTIME)}) nor a module of {self.label}")
+        return RuntimeModule(name, self.label, self.folder, self.package if self.distribution else None,
+                             self.distribution or "")
+
+    def _module_source(self, module_name: str, folder: Optional["Traversable"] = None) -> Optional[bytes]:
+        """The source of ``module_name`` (a module or a package) of this set
+        (or of ``folder``)."""
+        *parents, last = module_name.split(".")
+        folder = folder or self.folder
+        for candidate in (folder.joinpath(*parents, last + ".py"), folder.joinpath(*parents, last, "__init__.py")):
+            if candidate.is_file():
+                return candidate.read_bytes()
+        return None
+
+
+def builtin_set() -> PatchSet:
+    """patchkit's own set: the definitions that belong with this code. Run
+    from a source checkout (a ``pyproject.toml`` and ``patches/`` beside
+    ``patchkit/``), the checkout's own ``patches/``: never those an editable
+    install of another checkout maps ``patchkit.patches`` to, nor none when
+    it was never installed. Installed, the ``patchkit.patches`` package."""
+    root = Path(__file__).resolve().parents[2]  # the checkout, when run from one
+    if (root / "pyproject.toml").is_file() and (root / "patches" / "__init__.py").is_file():
+        folder = root / "patches"
+    else:
+        folder = importlib.resources.files("patchkit.patches")
+    return PatchSet("patchkit", folder, "patchkit.codemods", builtin=True)
+
+
+def definition_files() -> list[Traversable]:
+    """patchkit's own ``*.toml`` patch definitions, sorted by name."""
+    return builtin_set().definitions()
+
+# --- sets outside patchkit ----------------------------------------------------------
+
+ENTRY_POINT_GROUP = "patchkit.patches"
+
+
+def folder_set(folder: Path, how: str) -> PatchSet:
+    """A folder as a set, registered as an import package of its own so its
+    codemod modules import one another (``from . import helpers``) and a
+    fork-started worker finds them too."""
+    if not folder.is_dir():
+        raise PatchkitError(f"{how}: {folder}: no such folder of patch definitions")
+    package = "_patchkit_set_" + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+    if package not in sys.modules:
+        module = types.ModuleType(package, f"patch set {folder}")
+        module.__path__ = [str(folder)]
+        sys.modules[package] = module
+    return PatchSet(str(folder), folder, package)
+
+
+
+def pyproject_folders(start: Path) -> tuple[Optional[Path], list[Path]]:
+    """The nearest ``pyproject.toml`` at or above ``start`` that has a
+    ``[tool.patchkit]`` table, and the folders its ``patches`` lists."""
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        config = folder / "pyproject.toml"
+        if not config.is_file():
+            continue
+        try:
+            data = tomllib.loads(config.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+            raise PatchkitError(f"{config}: cannot read it ({exc})") from None
+        table = data.get("tool", {}).get("patchkit")
+        if table is None:
+            continue
+        listed = table.get("patches", [])
+        if isinstance(listed, str):
+            listed = [listed]
+        if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
+            raise PatchkitError(f"{config}: [tool.patchkit] patches must be a list of folders")
+        return config, [folder / p for p in listed]
+    return None, []
+
+
+
+def installed_sets() -> list[PatchSet]:
+    """Sets that installed distributions declare in the ``patchkit.patches``
+    entry-point group: ``name = "package"``, the package holding the set."""
+    from importlib.metadata import entry_points
+
+    out = []
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        label = f"{ep.name} (entry point of {ep.dist.name})" if ep.dist else f"{ep.name} (entry point)"
+        try:
+            folder = importlib.resources.files(ep.module)
+        except Exception as exc:  # noqa: BLE001 - a broken install: one line naming it
+            raise PatchkitError(f"patch set {label}: {ep.value!r} cannot be imported "
+                                f"({type(exc).__name__}: {exc})") from None
+        out.append(PatchSet(label, folder, ep.module, distribution=ep.dist.name if ep.dist else ep.module))
+    return out
+
+
+
+def identity(patch_set: PatchSet) -> set:
+    """What makes two sets one: the same folder, or the same files (names and
+    bytes of its definitions and Python modules)."""
+    found: set = set()
+    try:
+        found.add(("folder", Path(str(patch_set.folder)).resolve()))
+    except (OSError, ValueError):
+        pass
+    digest = hashlib.sha256()
+    files = 0
+    pending = [("", patch_set.folder)]
+    try:
+        while pending:
+            prefix, folder = pending.pop()
+            for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+                name = f"{prefix}{entry.name}"
+                if entry.is_dir():
+                    if entry.name != "__pycache__" and not entry.name.startswith(".") and prefix.count("/") < 4:
+                        pending.append((name + "/", entry))
+                elif entry.name.endswith((".toml", ".py")):
+                    data = entry.read_bytes()
+                    digest.update(f"{name}\0{len(data)}\0".encode() + data)
+                    files += 1
+    except OSError:
+        return found
+    if files:
+        found.add(("files", digest.hexdigest()))
+    return found
+

@@ -1,0 +1,387 @@
+"""What patchkit remembers about a tree, in ``<package>/.patchkit``.
+
+- ``state.json``: which patches are applied, and per touched file the sha256 of
+  its original and patched bytes.
+- ``blobs/<sha256>``: content-addressed bytes (originals for exact revert,
+  patched versions for 3-way merges with user edits, staged writes).
+- ``journal.json``: present only while a transaction writes files. It names
+  the command (apply or revert), each file's sha256 before and after, and the
+  state before and after; every blob either side needs is stored before it is
+  written. A later run of the same command finishes the transaction, a run of
+  the other one rolls it back; read commands only report it.
+- ``set-aside/``: local state that disagreed with the tree, moved out of the
+  way (never deleted) by a command that rebuilt it from the tree.
+- ``lock``: serialises patchkit processes on one tree.
+- ``cache.json``: detection results keyed by codemod and file sha256, so
+  ``status`` and ``verify`` need not parse files that did not change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import glob
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional
+
+from patchkit.errors import PatchkitError
+from patchkit.state.record import Record
+from patchkit.tree import sha256  # noqa: F401 - the state names files by it
+
+TEMP_SUFFIX = ".patchkit-tmp"
+
+
+def atomic_write(path: Path, data: bytes, sync_folder: bool = True) -> None:
+    """Replace ``path`` with ``data``: temp file in the same folder, fsync,
+    rename. Readers see the old or the new file, never a mix. Keeps the mode.
+    A kill between the two leaves the temp file (see ``remove_temp_files``).
+    ``sync_folder`` False: the caller fsyncs the folder (once for many files)."""
+    mode = path.stat().st_mode & 0o7777 if path.exists() else None
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if sync_folder:
+        _fsync_dir(path.parent)
+
+
+def remove_temp_files(path: Path) -> None:
+    """Remove the temp files a killed ``atomic_write`` of ``path`` left beside
+    it (they hold bytes patchkit was writing, never the user's)."""
+    with contextlib.suppress(OSError):
+        for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{TEMP_SUFFIX}"):
+            tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def crash_point(label: str) -> None:
+    """Fault injection for the crash-safety tests only. ``PATCHKIT_TEST_CRASH_AT``
+    names a point (``label`` or ``label:N`` for its N-th pass); reaching it kills
+    the process as SIGKILL would, without cleanup. ``PATCHKIT_TEST_SIGNAL_AT``
+    (``label:N:SIGTERM``) sends the process that signal there instead."""
+    for variable in ("PATCHKIT_TEST_CRASH_AT", "PATCHKIT_TEST_SIGNAL_AT"):
+        target = os.environ.get(variable)
+        if not target:
+            continue
+        name, _, rest = target.partition(":")
+        nth, _, signame = rest.partition(":")
+        if name != label:
+            continue
+        counter = f"_PATCHKIT_{variable}_COUNT_{label}"
+        count = int(os.environ.get(counter, "0")) + 1
+        os.environ[counter] = str(count)
+        if nth and int(nth) != count:
+            continue
+        if signame:
+            os.kill(os.getpid(), getattr(signal, signame))
+        else:
+            os._exit(137)
+
+
+class Store:
+    """The ``.patchkit`` folder of one tree."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.blobs = folder / "blobs"
+
+    def ensure_folder(self) -> None:
+        # exist_ok: two runs may create it at once, before either holds the lock.
+        self.folder.mkdir(parents=True, exist_ok=True)
+        ignore = self.folder / ".gitignore"
+        if not ignore.exists():
+            # Keep patchkit's state out of the fork's git status.
+            atomic_write(ignore, b"*\n")  # a kill mid-write must not leave an empty one
+
+    # -- blobs ---------------------------------------------------------------
+
+    def put_blob(self, data: bytes) -> str:
+        return self.put_blobs([data])[0]
+
+    def put_blobs(self, blobs: Iterable[bytes]) -> list[str]:
+        """Store each of ``blobs`` (those not stored yet), durable on return:
+        each file fsynced, then the blobs folder once (not once a blob)."""
+        digests, written = [], False
+        for data in blobs:
+            digests.append(digest := sha256(data))
+            path = self.blobs / digest
+            if not path.exists():
+                self.ensure_folder()  # never a .patchkit/ without its .gitignore
+                self.blobs.mkdir(exist_ok=True)
+                atomic_write(path, data, sync_folder=False)
+                written = True
+        if written:
+            _fsync_dir(self.blobs)
+        return digests
+
+    def has_blob(self, digest: str) -> bool:
+        return (self.blobs / digest).is_file()
+
+    def get_blob(self, digest: str) -> bytes:
+        path = self.blobs / digest
+        try:
+            data = path.read_bytes()
+        except OSError:
+            raise PatchkitError(f"{path}: backup missing; .patchkit state is damaged") from None
+        if sha256(data) != digest:
+            raise PatchkitError(f"{path}: backup corrupt (sha256 mismatch); .patchkit state is damaged")
+        return data
+
+    # -- state ---------------------------------------------------------------
+
+    def has_state(self) -> bool:
+        return (self.folder / "state.json").exists()
+
+    def load(self) -> Optional[Record]:
+        """The local record, or None where there is none."""
+        path = self.folder / "state.json"
+        if not path.exists():
+            return None
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise PatchkitError(f"{path}: corrupt patchkit state (not the expected JSON)") from None
+        if not isinstance(doc, dict):
+            raise PatchkitError(f"{path}: corrupt patchkit state (not the expected JSON)")
+        return Record.from_state(doc, str(path))
+
+    def save(self, record: Record) -> None:
+        self.ensure_folder()
+        atomic_write(self.folder / "state.json", _dumps(record.to_state()))
+
+    def set_aside(self) -> Path:
+        """Move ``state.json`` out of the way (kept, never deleted), for a
+        command that found it disagreeing with the tree."""
+        folder = self.folder / "set-aside"
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f"state-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
+        os.replace(self.folder / "state.json", target)
+        _fsync_dir(self.folder)
+        return target
+
+    # -- detection cache -----------------------------------------------------
+
+    def load_cache(self, key: str) -> dict:
+        try:
+            data = json.loads((self.folder / "cache.json").read_text(encoding="utf-8"))
+            return data["entries"] if data.get("key") == key else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+
+    def save_cache(self, key: str, entries: dict) -> None:
+        with contextlib.suppress(OSError):
+            self.ensure_folder()
+            atomic_write(self.folder / "cache.json", _dumps({"key": key, "entries": entries}))
+
+    # -- transactions --------------------------------------------------------
+
+    @property
+    def journal(self) -> Path:
+        return self.folder / "journal.json"
+
+    def commit(self, verb: str, root: Path, changes: dict[str, tuple[Optional[bytes], Optional[bytes]]],
+               old_record: Record, new_record: Record) -> None:
+        """Write files and the new state as one transaction.
+
+        changes: relpath -> (bytes on disk now, new bytes); None: no such
+        file (created / removed). Both sides are stored as blobs before the
+        journal, so an interrupted transaction can be finished or rolled back.
+        SIGINT and SIGTERM wait until it is committed."""
+        self.ensure_folder()
+        self.put_blobs(data for pair in changes.values() for data in pair if data is not None)
+        entries = [{"file": rel, "before": None if old is None else sha256(old),
+                    "after": None if new is None else sha256(new)} for rel, (old, new) in changes.items()]
+        with held_signals():
+            atomic_write(self.journal, _dumps({"verb": verb, "files": entries, "old_state": old_record.to_state(),
+                                               "state": new_record.to_state()}))
+            crash_point("journal")
+            for rel, (_, data) in changes.items():
+                _write_or_remove(root, rel, data, sync_folder=False)
+                crash_point("file")
+            # The files' renames are durable before the state says they happened:
+            # each folder once, not once a file (the journal covers a kill before).
+            for folder in dict.fromkeys((root / rel).parent for rel, (_, data) in changes.items() if data is not None):
+                _fsync_dir(folder)
+            self.save(new_record)
+            crash_point("state")
+            self.journal.unlink()
+            _fsync_dir(self.folder)
+
+    def pending(self) -> Optional["Pending"]:
+        """The transaction a killed run left behind, if any."""
+        if not self.journal.exists():
+            return None
+        where = str(self.journal)
+        try:
+            journal = json.loads(self.journal.read_text(encoding="utf-8"))
+            entries, state, old = journal["files"], journal["state"], journal.get("old_state")
+            return Pending(journal.get("verb", "apply"), entries, Record.from_state(state, where),
+                           None if old is None else Record.from_state(old, where))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, PatchkitError):
+            raise PatchkitError(f"{self.journal}: corrupt transaction journal; inspect it, then remove it") from None
+
+    def recover(self, verb: str, root: Path, say: Callable[[str], None]) -> None:
+        """Settle a transaction a killed run left behind: the same command
+        finishes it, the other rolls it back (every file back to its bytes
+        before, and the state before)."""
+        pending = self.pending()
+        if pending is None:
+            return
+        forward = pending.verb == verb or pending.old_state is None  # journals of patchkit 0.2.0 only go forward
+        side = "after" if forward else "before"
+        moved = 0
+        with held_signals():
+            for entry in pending.files:
+                path = root / entry["file"]
+                # A kill inside this file's write left its temp file beside it.
+                remove_temp_files(path)
+                current = file_sha(path)
+                if current == entry[side]:
+                    if current is None:  # a kill between a removal's unlink and its rmdir left the folder
+                        _write_or_remove(root, entry["file"], None)
+                    continue
+                if current not in (entry["before"], entry["after"]):
+                    raise PatchkitError(
+                        f"{path}: changed since an interrupted patchkit {pending.verb}; cannot settle its "
+                        f"transaction ({self.journal}: restore the file, or remove the journal to leave the tree as it is)"
+                    )
+                _write_or_remove(root, entry["file"], None if entry[side] is None else self.get_blob(entry[side]))
+                moved += 1
+            self.save(pending.state if forward else pending.old_state)
+            self.journal.unlink()
+        done = "finished it" if forward else "rolled it back"
+        say(f"an interrupted {pending.verb} of {len(pending.files)} files was pending: {done} "
+            f"({moved} file(s) written)")
+
+    @contextlib.contextmanager
+    def locked(self, timeout: float) -> Iterator[None]:
+        """Hold the tree's lock; wait up to ``timeout`` seconds for another run."""
+        try:
+            self.ensure_folder()
+            fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise PatchkitError(f"{self.folder}: cannot create patchkit state ({exc.strerror})") from None
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise PatchkitError(
+                            f"{self.folder / 'lock'}: another patchkit run holds this tree; gave up after {timeout:g}s"
+                        ) from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A transaction a killed run left behind."""
+
+    verb: str  # apply | revert
+    files: list[dict]  # {"file", "before", "after"}: sha256 or None
+    state: Record
+    old_state: Optional[Record]
+
+    def line(self) -> str:
+        other = "revert" if self.verb == "apply" else "apply"
+        return (f"an interrupted {self.verb} of {len(self.files)} files is pending: `patchkit {self.verb}` "
+                f"finishes it, `patchkit {other}` rolls it back")
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM, raised once the transaction it waited for is done."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM for the block (the write phase of a
+    transaction): the tree is all-or-nothing when the process exits. A signal
+    that arrived is raised as ``Interrupted`` when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise Interrupted(received[0])
+
+
+def _write_or_remove(root: Path, rel: str, data: Optional[bytes], sync_folder: bool = True) -> None:
+    """Write a file (creating its folders), or remove it and the folders it
+    leaves empty (with the bytecode Python cached there), up to ``root``."""
+    path = root / rel
+    if data is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data, sync_folder)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    folder = path.parent
+    while folder != root and root in folder.parents:
+        if not folder.is_dir():  # removed already (by an earlier removal, or a run a kill cut short)
+            folder = folder.parent
+            continue
+        cache = folder / "__pycache__"
+        others = [c for c in folder.iterdir() if c.name != "__pycache__"]
+        if not others and cache.is_dir() and all(f.suffix == ".pyc" for f in cache.iterdir()):
+            for f in cache.iterdir():
+                f.unlink()
+            cache.rmdir()
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else lives there
+            break
+        folder = folder.parent
+
+
+def _dumps(obj: object) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+
+
+def file_sha(path: Path) -> Optional[str]:
+    try:
+        return sha256(path.read_bytes())
+    except FileNotFoundError:
+        return None

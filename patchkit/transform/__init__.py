@@ -1,0 +1,110 @@
+"""One file, its codemods, and nothing else: parse, detect, transform.
+
+Pure functions of their arguments (bytes in, bytes and findings out): the
+session calls them for the serial path, and ``patchkit.transform.parallel`` calls them
+in worker processes, so neither climbs back up to whoever asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+from patchkit.errors import PatchkitError
+from patchkit.findings import Finding, State
+
+if TYPE_CHECKING:  # libcst is imported only when a file must be parsed
+    import libcst as cst
+
+    from patchkit.codemods.common.base import PatchCodemod
+
+
+def parse(source: bytes, path: Path) -> "cst.Module":
+    """One file's libcst tree; what cannot be parsed is one line naming the file."""
+    import libcst as cst
+
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise PatchkitError(f"{path}:{exc.raw_line}: syntax error, cannot patch ({exc.message})") from None
+    except UnicodeDecodeError as exc:
+        line = source[: exc.start].count(b"\n") + 1
+        raise PatchkitError(
+            f"{path}:{line}: byte 0x{source[exc.start]:02x} is not {exc.encoding.upper()}, cannot patch "
+            "(fix the byte, or declare the file's encoding in a coding line; nothing was changed)"
+        ) from None
+
+
+def detect(rel: str, source: bytes, module: Callable[[], "cst.Module"], codemod: type["PatchCodemod"]) -> Finding:
+    """``codemod``'s finding on the file ``rel``; ``module`` parses it, and
+    is not called when the bytes lack the codemod's REQUIRED_TEXT."""
+    from libcst.codemod import CodemodContext
+
+    for needle in codemod.REQUIRED_TEXT:
+        if needle.encode() not in source:
+            return Finding.missing(needle, f"{needle} does not occur in the file")
+    # The file name lets a finding say where it is (``PatchCodemod.where``).
+    return codemod(CodemodContext(filename=rel)).detect(module())
+
+
+@dataclass
+class Transformed:
+    new: bytes
+    after: dict[str, Finding]  # codemod name -> its finding on ``new`` (the postcondition)
+    transformed: list[str] = field(default_factory=list)  # codemods that changed the file, in order
+    notes: list[str] = field(default_factory=list)  # vendor code a codemod replaces on purpose (one line each)
+
+
+def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["PatchCodemod"]],
+        known: Sequence[Optional[Finding]] = (), source: Optional[bytes] = None,
+        pristine: Optional[bytes] = None) -> Transformed:
+    """Run ``codemods`` over ``module`` (the file ``rel``); each one that
+    finds its change still to do makes it, and every one must find it done
+    (or superseded) on the result, which must compile. ``known``: findings
+    already detected on ``module`` as given (None: detect here); they hold
+    only until a codemod changes the tree. ``source``: ``module``'s bytes;
+    ``pristine``: the file as the tree's release ships it (None: unknown):
+    given both, code the vendor added must survive (``patchkit.transform.vendor_code``)."""
+    from libcst.codemod import CodemodContext
+
+    from patchkit.codemods.common.primitives import add_needed_imports
+
+    context = CodemodContext(filename=rel)
+    instances = [codemod(context) for codemod in codemods]
+    transformed: list[str] = []
+    original = module
+    for i, inst in enumerate(instances):
+        finding = known[i] if i < len(known) and known[i] is not None and not transformed else inst.detect(module)
+        if finding.state is State.MISSING:
+            raise PatchkitError(f"{path}: anchor {finding.anchor} missing: {finding.detail}")
+        if finding.state is State.TODO:
+            module = inst.transform_module(module)
+            transformed.append(inst.name())
+    module = add_needed_imports(module, context)
+    new = module.bytes
+    after = {}
+    for inst in instances:
+        finding = inst.detect(module)
+        if finding.state not in (State.DONE, State.SUPERSEDED):
+            raise PatchkitError(
+                f"{path}: {inst.name()} did not reach its postcondition ({finding.anchor}: {finding.detail})"
+            )
+        after[inst.name()] = finding
+    check = pristine is not None and source is not None and source != pristine and bool(transformed)
+    try:
+        if check:  # one parse: the tree serves the vendor-code check too
+            import ast
+
+            tree = ast.parse(new, str(path))
+            compile(tree, str(path), "exec", dont_inherit=True)
+        else:
+            compile(new, str(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:  # a codemod bug, never the user's input
+        raise PatchkitError(f"{path}:{exc.lineno}: patched code does not compile: {exc.msg}") from None
+    notes: list[str] = []
+    if check:
+        from patchkit.transform import vendor_code
+
+        notes = vendor_code.check(path, source, pristine, new, tree, original, instances, transformed)
+    return Transformed(new, after, transformed, notes)

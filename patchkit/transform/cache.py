@@ -1,0 +1,169 @@
+"""Content-addressed cache of per-file transforms, shared by every tree.
+
+CI re-patches the same pristine release files on every push, and a vendor's
+checkouts hold the same bytes: the result of running a set of codemods over a
+file depends only on
+
+- the file's bytes (sha256),
+- the codemods, in order, grouped by patch (their names),
+- patchkit itself: its version and a fingerprint of the code that decides the
+  output (every ``patchkit/**/*.py``, ``patches/*.toml``, the installed libcst).
+
+One entry per key under ``$PATCHKIT_TRANSFORM_CACHE`` (default
+``$PATCHKIT_CACHE_DIR/transforms``, i.e. ``~/.cache/patchkit/transforms``;
+``PATCHKIT_TRANSFORM_CACHE=off`` disables it; see ``patchkit.settings``). An entry holds what the engine would
+compute: the detector findings on the input, the patched bytes and the findings
+on them (the postcondition, already checked).
+
+Safe by construction:
+
+- written to a temporary file and renamed into place: a reader sees a whole
+  entry or none, and two runs writing the same key write the same bytes;
+- read back only if its header names this exact key and the recorded length
+  and sha256 match; the sha256 covers the header's findings as well as the
+  payload: a truncated, corrupted or misplaced entry is a miss (a cold
+  transform), never a wrong result;
+- another patchkit version (or edited codemods) computes other keys, so it
+  never reads this one's entries.
+Only codemods that live in ``patchkit.codemods`` are cached (test codemods
+defined elsewhere are not covered by the fingerprint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import patchkit
+from patchkit import settings
+from patchkit.registry import sets as patch_sets
+
+FORMAT = 1
+Findings = dict[str, list]  # codemod name -> [state, anchor, detail]
+
+
+@dataclass
+class Entry:
+    """A file's transform: findings before, the patched bytes (None when some
+    patch group had a missing anchor and nothing was transformed), findings after."""
+
+    before: Findings
+    groups: list[list[str]]  # the groups transformed (patch groups with no missing anchor)
+    new: Optional[bytes] = None
+    after: Optional[Findings] = None
+    transformed: tuple[str, ...] = ()  # the codemods that changed the file, in order
+    notes: tuple[str, ...] = ()  # vendor code replaced on purpose (patchkit.transform.vendor_code)
+
+
+def default_folder() -> Optional[Path]:
+    return settings.transform_cache_dir()
+
+
+@lru_cache(maxsize=1)
+def fingerprint() -> str:
+    """patchkit's version plus a hash of everything that decides a transform's
+    output: patchkit's modules, the patch definitions and libcst's version."""
+    digest = hashlib.sha256(f"format {FORMAT}\npatchkit {patchkit.__version__}\n".encode())
+    here = Path(__file__).resolve().parents[1]  # all of patchkit/
+    # All of patchkit's code, not only the codemods: they use helpers from
+    # elsewhere (e.g. where patched code imports its runtime from). About 2 ms.
+    sources = sorted(here.rglob("*.py"))
+    sources += [Path(str(f)) for f in patch_sets.definition_files()]
+    libcst = importlib.util.find_spec("libcst")
+    if libcst is not None and libcst.origin:
+        sources.append(Path(libcst.origin).parent / "_version.py")
+    for path in sources:
+        with contextlib.suppress(OSError):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def cacheable(codemods) -> bool:
+    """Are all these codemods (classes or ``module:Class`` references) covered by the fingerprint?"""
+    return all(isinstance(c, str) or c.__module__.startswith("patchkit.codemods.") for c in codemods)
+
+
+def _checksum(meta: dict, payload: bytes) -> str:
+    """sha256 of the header (without the checksum itself) and the payload: a
+    flipped finding is as much damage as a flipped byte of code."""
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode() + b"\n" + payload).hexdigest()
+
+
+class TransformCache:
+    def __init__(self, folder: Optional[Path]) -> None:
+        self.folder = folder
+
+    @classmethod
+    def default(cls) -> "TransformCache":
+        return cls(default_folder())
+
+    @property
+    def enabled(self) -> bool:
+        return self.folder is not None
+
+    @staticmethod
+    def key(source_sha: str, groups: list[list[str]]) -> str:
+        return hashlib.sha256(json.dumps([fingerprint(), source_sha, groups]).encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        assert self.folder is not None
+        return self.folder / key[:2] / key
+
+    def get(self, key: str) -> Optional[Entry]:
+        if self.folder is None:
+            return None
+        try:
+            raw = self._path(key).read_bytes()
+            header, sep, payload = raw.partition(b"\n")
+            meta = json.loads(header)
+            if not sep or meta.get("format") != FORMAT or meta.get("key") != key:
+                return None
+            if meta.pop("sha256") != _checksum(meta, payload) or meta["length"] != len(payload):
+                return None
+            has_new = meta["has_new"]
+            entry = Entry(meta["before"], meta["groups"], payload if has_new else None, meta["after"],
+                          tuple(meta["transformed"]), tuple(meta.get("notes", ())))
+            if not isinstance(entry.before, dict) or (has_new and not isinstance(entry.after, dict)):
+                return None
+            return entry
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # missing, truncated or corrupt: a miss, never a wrong result
+
+    def put(self, key: str, entry: Entry) -> None:
+        if self.folder is None:
+            return
+        payload = entry.new if entry.new is not None else b""
+        meta = {
+            "format": FORMAT,
+            "key": key,
+            "before": entry.before,
+            "groups": entry.groups,
+            "has_new": entry.new is not None,
+            "after": entry.after,
+            "transformed": list(entry.transformed),
+            "notes": list(entry.notes),
+            "length": len(payload),
+        }
+        meta["sha256"] = _checksum(meta, payload)
+        data = json.dumps(meta, sort_keys=True).encode() + b"\n" + payload
+        path = self._path(key)
+        # A cache is an optimisation: a read-only or full disk only costs speed.
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise

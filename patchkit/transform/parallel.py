@@ -1,0 +1,307 @@
+"""Plan-time preparation of an apply: each target file's detection and
+transform, computed before the plan, in parallel processes, or taken from the
+shared transform cache (``patchkit.transform.cache``).
+
+Files are independent: the engine parses each once and runs every codemod for
+it on that one tree. So before ``apply`` decides what to do, ``prepare`` runs,
+per file, exactly the engine's own per-file code (``patchkit.transform``:
+detect, then run) with the codemods of every selected patch, grouped by
+patch; a patch group with a missing anchor in the file is left out (that
+patch will be reported not applicable). It is handed values (each file's
+path, bytes and codemods) and hands back values: it knows no session. The plan
+then uses a prepared result only where it is provably what the serial engine
+would compute (see ``Transformer._use_prepared``); anything else, and every error, goes
+through the serial path, which raises the precise message. The commit stays
+one transaction in the parent process. ``export`` prepares the same way
+(``prepare_all``): each file's original under every prefix of the series.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
+
+from patchkit.tree import sha256
+from patchkit.transform.cache import Entry, TransformCache, cacheable
+
+# A file to prepare: its path (for messages), bytes, codemod refs grouped by
+# patch, and the release's bytes of it (None: unknown; the vendor-code check).
+Job = tuple[Path, bytes, Sequence[Sequence], Optional[bytes]]
+
+# The jobs the forked workers compute, by index (set in the parent just before
+# the pool forks; each worker has its own copy-on-write copy of them).
+_JOBS: list[tuple[str, Job]] = []
+
+
+def jobs_wanted() -> int:
+    """Worker processes: ``PATCHKIT_JOBS``, else the CPUs this process may use."""
+    from patchkit import settings
+
+    configured = settings.jobs()
+    if configured is not None:
+        return configured
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def compute(rel: str, job: Job) -> Optional[Entry]:
+    """Detection and transform of one file as the serial engine does them.
+    None if anything fails (the serial path will raise the precise error)."""
+    from patchkit import registry, transform
+    from patchkit.errors import PatchkitError
+    from patchkit.findings import State
+
+    path, source, groups, pristine = job
+    try:
+        module = None
+
+        def parsed():
+            nonlocal module
+            if module is None:
+                module = transform.parse(source, path)
+            return module
+
+        names = [[registry.codemod_name(r) for r in group] for group in groups]
+        found = {registry.codemod_name(r): transform.detect(rel, source, parsed, registry.load_codemod(r))
+                 for group in groups for r in group}
+        before = {name: f.as_list() for name, f in found.items()}
+        effective = [i for i, group in enumerate(names) if all(found[n].state is not State.MISSING for n in group)]
+        entry = Entry(before, [names[i] for i in effective])
+        if effective:
+            refs = [r for i in effective for r in groups[i]]
+            try:
+                result = transform.run(rel, path, parsed(), [registry.load_codemod(r) for r in refs],
+                                       [found[registry.codemod_name(r)] for r in refs], source, pristine)
+            except PatchkitError:
+                return entry  # no usable transform: the serial path raises it
+            entry.new = result.new
+            entry.after = {n: f.as_list() for n, f in result.after.items()}
+            entry.transformed = tuple(result.transformed)
+            entry.notes = tuple(result.notes)
+        return entry
+    except Exception:  # noqa: BLE001 - a worker never decides an error; the serial path does
+        return None
+
+
+def _work(index: int) -> Optional[Entry]:
+    return compute(*_JOBS[index])
+
+
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _block_signals() -> Optional[set]:
+    """Block SIGINT and SIGTERM in this thread; the mask before (None where
+    signals cannot be blocked: not the main thread, no pthread_sigmask)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+
+
+def _restore_signals(mask: Optional[set]) -> None:
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _worker_init(mask: Optional[set], graceful: bool = False) -> None:
+    """A worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process
+    group; the parent decides and ends the workers) and dies on SIGTERM
+    without Python (the parent's handlers must not run here), then takes the
+    parent's signal mask back. ``graceful``: SIGTERM raises SystemExit
+    instead, so the worker's ``with`` blocks clean up (temporary folders), and
+    the GC stays on."""
+    if not graceful:
+        gc.disable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit if graceful else signal.SIG_DFL)
+    _restore_signals(mask)
+
+
+def _exit(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def interruptible_pool(workers: int) -> Iterator:
+    """A process pool (forked where that is safe) whose workers ignore SIGINT
+    and exit on SIGTERM, cleaning up (``_worker_init``); every worker is
+    started here. When the block raises (Ctrl-C, SIGTERM, an error) the
+    workers are ended at once (``_stop``), never waited for; else the pool
+    shuts down as ``with ProcessPoolExecutor`` does."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    fork = "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin"
+    pool = None
+    try:
+        blocked = _block_signals()
+        try:
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork") if fork else None,
+                                       initializer=_worker_init, initargs=(blocked, True))
+            pool.submit(int)  # a forking pool starts all its workers on its first submit
+        finally:
+            _restore_signals(blocked)
+        yield pool
+        pool.shutdown(wait=True)
+    except BaseException:
+        if pool is not None:
+            _stop(pool)
+        raise
+
+
+def _stop(pool) -> None:
+    """End a pool's workers now: SIGTERM, then SIGKILL to any still alive
+    after a second; reap them all, so that nothing joins them at exit."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    # Its manager thread closes the pool's wake-up pipe when it ends; one still
+    # ending at exit races concurrent.futures' atexit hook, which writes to that
+    # pipe ("Exception ignored ... Bad file descriptor" on stderr). So it is
+    # joined here too, once the workers are gone (shutdown forgets it).
+    manager = getattr(pool, "_executor_manager_thread", None)
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
+    with contextlib.suppress(Exception):
+        pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + 1.0
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join(1.0)
+    if manager is not None:
+        with contextlib.suppress(Exception):
+            manager.join(max(0.2, deadline + 0.5 - time.monotonic()))
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic GC off while files are parsed and transformed: a parse makes
+    hundreds of thousands of CST nodes (freed by reference counting, no cycles),
+    and re-scanning them in full collections cost a fifth of an apply's time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+# A progress callback: (files done, files to compute), called before the first
+# file is computed and after each (never for what the cache had: a warm run
+# shows no progress).
+Progress = Callable[[int, int], None]
+
+
+def prepare(jobs: dict[str, Job], cache: TransformCache, progress: Optional[Progress] = None) -> dict[str, Entry]:
+    """Entries for ``jobs`` (rel -> path, bytes, codemod refs grouped by
+    patch): from the transform cache where it has them, else computed (in
+    parallel when more than one file needs it). New results are stored in the
+    cache."""
+    entries = prepare_all(list(jobs.items()), cache, progress)
+    return {rel: entry for rel, entry in zip(jobs, entries) if entry is not None}
+
+
+def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
+                progress: Optional[Progress] = None) -> list[Optional[Entry]]:
+    """``prepare`` for jobs that may name one file several times (``export``
+    transforms each file's original with every prefix of the series): an
+    entry, or None where the serial path must decide, per job, in order."""
+    global _JOBS
+    from patchkit import registry
+
+    out: list[Optional[Entry]] = [None] * len(jobs)
+    todo: list[tuple[int, Optional[str]]] = []
+    for i, (_, (_, source, groups, pristine)) in enumerate(jobs):
+        key = None
+        if cache.enabled and cacheable([r for g in groups for r in g]):
+            # The vendor-code check's verdict depends on the release's bytes too.
+            digest = sha256(source) if pristine in (None, source) else f"{sha256(source)}+{sha256(pristine)}"
+            key = cache.key(digest, [[registry.codemod_name(r) for r in g] for g in groups])
+            out[i] = cache.get(key)
+            if out[i] is not None:
+                continue
+        todo.append((i, key))
+    if not todo:
+        return out
+    # Biggest files first: the pool ends when its longest file does.
+    todo.sort(key=lambda job: -len(jobs[job[0]][1][1]))
+    import multiprocessing
+
+    workers = min(jobs_wanted(), len(todo))
+    if multiprocessing.current_process().daemon:
+        workers = 1  # a daemonic worker (e.g. of a multiprocessing.Pool) may not fork workers of its own
+    if "fork" not in multiprocessing.get_all_start_methods() or sys.platform == "darwin":
+        workers = 1  # workers inherit the jobs by fork; macOS's system libraries are not fork-safe
+    results: dict[int, Optional[Entry]] = {}
+    if progress is not None:
+        progress(0, len(todo))
+
+    def computed(i: int, entry: Optional[Entry]) -> None:
+        results[i] = entry
+        if progress is not None:
+            progress(len(results), len(todo))
+
+    if workers <= 1:
+        with _no_gc():
+            for i, _ in todo:
+                computed(i, compute(*jobs[i]))
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        # Import what the workers need once, here, so every fork inherits it.
+        for i, _ in todo:
+            for group in jobs[i][1][2]:
+                for ref in group:
+                    registry.load_codemod(ref)
+        import libcst  # noqa: F401
+
+        _JOBS = list(jobs)
+        # What the parent holds stays out of every collection in the workers
+        # (no copy-on-write of its pages for the GC's bookkeeping).
+        gc.freeze()
+        pool = None
+        try:
+            # The workers are forked by the first submit: SIGINT and SIGTERM
+            # wait (blocked) until every fork has its own handlers (_worker_init),
+            # so a signal never runs the parent's handlers in a worker.
+            blocked = _block_signals()
+            try:
+                pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                           initializer=_worker_init, initargs=(blocked,))
+                futures = {i: pool.submit(_work, i) for i, _ in todo}
+            finally:
+                _restore_signals(blocked)
+            for i, future in futures.items():
+                try:
+                    entry = future.result()
+                except Exception:  # noqa: BLE001 - a dead worker: compute it here
+                    with _no_gc():
+                        entry = compute(*jobs[i])
+                computed(i, entry)
+            pool.shutdown(wait=True)
+        except BaseException:
+            # Ctrl-C, SIGTERM or an error: the workers are ended now, never
+            # waited for (their results are only ever a cache of the serial path's).
+            if pool is not None:
+                _stop(pool)
+            raise
+        finally:
+            _JOBS = []
+            gc.unfreeze()
+    for i, key in todo:
+        out[i] = results.get(i)
+        if out[i] is not None and key is not None:
+            cache.put(key, out[i])
+    return out

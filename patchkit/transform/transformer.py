@@ -1,0 +1,174 @@
+"""The transform step of apply, revert and export: what each file becomes.
+
+A command that writes runs read -> fetch -> plan -> transform -> commit. The
+read side (``patchkit.engine.Session``) hands down values: the files' bytes,
+its findings (``"codemod|sha256" -> finding``, the detection cache) and its
+parsed modules. ``fetch_pristine`` is the fetch step: the release's bytes of
+each file to transform, for the vendor-code check, located before any
+transform (never inside one). A ``Transformer`` is built from those values and
+knows no session: ``prepare`` computes every file's detection and transform
+ahead (in parallel, or from the shared transform cache: ``patchkit.transform.parallel``),
+``run`` gives one file's new bytes, using a prepared result where it is
+provably the same as the serial path's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Optional
+
+from patchkit import registry, transform
+from patchkit.findings import Finding, State
+from patchkit.tree import sha256
+from patchkit.transform.cache import Entry, TransformCache
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+    from patchkit.transform.parallel import Progress
+    from patchkit.registry import Patch
+    from patchkit.tree import Tree
+
+
+def fetch_pristine(version: str, files: Iterable[str], pristine: dict[str, Optional[bytes]],
+                   notes: list[str]) -> None:
+    """The fetch step: each of ``files``' bytes as the tree's release ships
+    them, added to ``pristine`` (None: not in patchkit's cache, or not a
+    release; the vendor-code check is then skipped, said once in ``notes``)."""
+    from patchkit.transform import vendor_code
+
+    for rel in files:
+        if rel not in pristine:
+            pristine[rel] = vendor_code.pristine_source(version, rel)
+            if pristine[rel] is None and vendor_code.is_release(version):
+                note = vendor_code.release_note(version)
+                notes.extend([note] if note not in notes else [])
+
+
+def codemods_for(rel: str, patches: Iterable["Patch"]) -> list:
+    """The codemods (classes or ``module:Class`` references, imported when a
+    transform must run them) of ``patches`` for one file, in order."""
+    return [c for p in patches for t in p.targets if t.file == rel for c in t.refs]
+
+
+@dataclass
+class Transformer:
+    tree: "Tree"
+    findings: dict[str, list]  # the read side's detection cache; results' findings are added
+    modules: dict[str, "cst.Module"]  # parsed files, by the sha256 of their bytes
+    pristine: dict[str, Optional[bytes]] = field(default_factory=dict)  # filled by fetch_pristine
+    notes: list[str] = field(default_factory=list)  # vendor code replaced on purpose, a check skipped
+    cache: TransformCache = field(default_factory=TransformCache.default)  # shared by every tree of the user
+    _prepared: dict[str, tuple[str, Entry]] = field(default_factory=dict)  # rel -> (sha256 of its source, entry)
+
+    def fetch(self, files: Iterable[str]) -> None:
+        fetch_pristine(self.tree.version, files, self.pristine, self.notes)
+
+    def prepare(self, sources: dict[str, bytes], patches: Iterable["Patch"],
+                progress: Optional["Progress"] = None) -> None:
+        """Detect and transform, per file of ``sources``, with the codemods of
+        all ``patches`` (grouped by patch). Findings seed ``findings``; files
+        whose findings are all known and none is TODO need nothing."""
+        from patchkit.transform import parallel
+
+        files: dict[str, list[list]] = {}
+        for patch in patches:
+            for target in patch.targets:
+                if target.file in sources:
+                    files.setdefault(target.file, []).append(list(target.refs))
+        need = {}
+        for rel, groups in files.items():
+            digest = sha256(sources[rel])
+            known = [self.findings.get(f"{registry.codemod_name(r)}|{digest}") for g in groups for r in g]
+            if any(k is None or k[0] == State.TODO.value for k in known):
+                need[rel] = groups
+        self.fetch(need)
+        jobs = {rel: (self.tree.path(rel), sources[rel], groups, self.pristine[rel]) for rel, groups in need.items()}
+        for rel, entry in parallel.prepare(jobs, self.cache, progress).items():
+            digest = sha256(sources[rel])
+            for name, finding in entry.before.items():
+                self.findings.setdefault(f"{name}|{digest}", finding)
+            if entry.new is not None:
+                new_digest = sha256(entry.new)
+                for name, finding in (entry.after or {}).items():
+                    self.findings[f"{name}|{new_digest}"] = finding
+            self._prepared[rel] = (digest, entry)
+
+    def transform_files(self, sources: dict[str, bytes], files: Iterable[str],
+                        patches: list["Patch"]) -> dict[str, bytes]:
+        """Fetch, then transform: each of ``files`` (of ``sources``) with the
+        codemods of ``patches``; the files it changes, with their new bytes."""
+        files = list(files)
+        self.fetch(files)
+        out = {}
+        for rel in files:
+            new = self.run(rel, sources[rel], codemods_for(rel, patches))
+            if new != sources[rel]:
+                out[rel] = new
+        return out
+
+    def transform_prefixes(self, originals: dict[str, bytes], steps: list[tuple[str, int]], patches: list["Patch"],
+                           progress: Optional["Progress"] = None) -> dict[tuple[str, int], bytes]:
+        """Export's transforms: for each step ``(rel, k)``, the file's original
+        with ``patches[: k + 1]``, as ``run`` computes it. Taken from the
+        transform cache apply fills (a file's last step is usually apply's own
+        key), else computed in parallel; where the preparation left a patch
+        group out or failed, ``run`` does it and raises the precise error."""
+        from patchkit.transform import parallel
+
+        def groups(rel: str, k: int) -> list[list]:
+            return [list(t.refs) for p in patches[: k + 1] for t in p.targets if t.file == rel]
+
+        self.fetch(rel for rel, _ in steps)
+        jobs = [(rel, (self.tree.path(rel), originals[rel], groups(rel, k), self.pristine[rel])) for rel, k in steps]
+        out = {}
+        for (rel, k), (_, job), entry in zip(steps, jobs, parallel.prepare_all(jobs, self.cache, progress)):
+            whole = [[registry.codemod_name(r) for r in g] for g in job[2]]
+            if entry is not None and entry.new is not None and entry.groups == whole:
+                out[rel, k] = entry.new  # every group ran, in order: the serial path's codemods over the same bytes
+            else:
+                out[rel, k] = self.run(rel, originals[rel], codemods_for(rel, patches[: k + 1]))
+        return out
+
+    def run(self, rel: str, source: bytes, codemods: list) -> bytes:
+        """Run ``codemods`` over one file's ``source``; every one must end
+        DONE. The file's release bytes must have been fetched (``fetch``)."""
+        prepared = self._use_prepared(rel, source, codemods)
+        if prepared is not None:
+            return prepared
+        digest = sha256(source)
+        # Findings already detected for these very bytes need no second detection.
+        known = [self.findings.get(f"{registry.codemod_name(c)}|{digest}") for c in codemods]
+        if all(k is not None and k[0] in (State.DONE.value, State.SUPERSEDED.value) for k in known):
+            return source  # every change is there (a file a patch to apply leaves as it is): nothing to parse
+        module = self.modules.get(digest) or transform.parse(source, self.tree.path(rel))
+        classes = [registry.load_codemod(codemod) for codemod in codemods]
+        result = transform.run(rel, self.tree.path(rel), module, classes,
+                               [None if k is None else Finding.from_list(k) for k in known], source,
+                               self.pristine[rel])
+        self.notes.extend(line for line in result.notes if line not in self.notes)
+        new_digest = sha256(result.new)
+        for name, finding in result.after.items():
+            self.findings[f"{name}|{new_digest}"] = finding.as_list()
+        return result.new
+
+    def _use_prepared(self, rel: str, source: bytes, codemods: list) -> Optional[bytes]:
+        """The prepared result of ``run(rel, source, codemods)``, where it is
+        provably the same: the same bytes, ``codemods`` a subset of those the
+        preparation ran (so their postconditions were checked) and containing,
+        in the same order, every codemod that changed the file there (so the
+        same edits happen in the same order)."""
+        hit = self._prepared.get(rel)
+        if hit is None or hit[1].new is None or hit[0] != sha256(source):
+            return None
+        entry = hit[1]
+        # A codemod two patches share (e.g. one draft-worker edit of FA3's and
+        # FlashMLA's spec-v2) is listed twice but changes the file once: its
+        # first place is where it acts, the second finds it done (were it to
+        # act again, ``entry.transformed`` would name it twice: no match).
+        names = list(dict.fromkeys(registry.codemod_name(c) for c in codemods))
+        ran = {n for group in entry.groups for n in group}
+        if not set(names) <= ran or [n for n in names if n in entry.transformed] != list(entry.transformed):
+            return None
+        self.notes.extend(line for line in entry.notes if line not in self.notes)
+        return entry.new

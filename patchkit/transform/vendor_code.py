@@ -1,0 +1,275 @@
+"""The vendor's code survives a patch: every piece of code a fork added to a
+file (what the file has beyond the pristine release it was made from) must
+still be in the file after the transform, layout aside.
+
+``lost(pristine, before, after)`` answers it for one file with the standard
+library only (``ast``), and cheaply:
+
+- a file that is the release's own bytes has no vendor code: nothing to do;
+- only the scopes (functions, classes, the module's own statements) whose
+  text the transform changed are looked at; in each, the *leaf tokens*
+  (names, attribute and keyword names, constants, operators, statement kinds)
+  in source order are aligned with the same scope of the release (vendor
+  additions: tokens the release lacks) and of the result (tokens the
+  transform removed);
+- a vendor token the transform removed is lost unless the scope still has as
+  many of it as before (the transform moved it, e.g. into a new ``if``).
+
+``pristine_source`` locates the release's bytes in patchkit's cache without
+downloading anything: fetching is an explicit step (``patchkit fetch``).
+``transform.run`` calls ``lost``; a loss refuses the site unless the codemod
+that removed the code declares it (``PatchCodemod.REPLACES_VENDOR``).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+import zipfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from patchkit.errors import EXIT_CHANGES, PatchkitError
+from patchkit.transform.scope_tokens import Scope, Token, own_text, scopes, tokens
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+    from patchkit.codemods.common.base import PatchCodemod
+
+@dataclass(frozen=True)
+class Lost:
+    line: int  # in the file before the transform
+    token: str  # the leaf token, as written (a name, a constant, an operator)
+    scope: str  # qualified name of the enclosing function or class
+    code: str  # the line of source it is on, stripped
+
+
+# -- the release's bytes -----------------------------------------------------------
+
+
+def pristine_source(version: str, rel: str) -> Optional[bytes]:
+    """``rel`` as the sglang ``version`` release ships it, from patchkit's cache
+    (an extracted tree, else a downloaded wheel); b"" when the cached release
+    has no such file (all of it is the vendor's); None when the release is not
+    in the cache (or the version is unknown). Never downloads."""
+    if not version or version == "unknown":
+        return None
+    from patchkit import settings
+
+    cache = settings.cache_dir()
+    tree = cache / "trees" / version
+    if (tree / ".complete").exists():
+        try:
+            return (tree / "sglang" / rel).read_bytes()
+        except FileNotFoundError:
+            return b""
+        except OSError:
+            return None
+    for wheel in sorted((cache / "wheels").glob(f"sglang-{version}-*.whl")):
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                try:
+                    return zf.read(f"sglang/{rel}")
+                except KeyError:
+                    return b""
+        except (OSError, zipfile.BadZipFile):
+            continue
+    return None
+
+
+# -- the check ------------------------------------------------------------------------
+
+
+def parse(source: bytes) -> Optional[ast.Module]:
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def lost(pristine: Optional[bytes], before: bytes, after: bytes, after_tree: Optional[ast.Module] = None) -> list[Lost]:
+    """Vendor tokens of ``before`` (beyond ``pristine``) that ``after`` no
+    longer has. Nothing when there is no pristine to compare with, or
+    ``before`` is the pristine file. ``after_tree``: ``after`` already parsed."""
+    if pristine is None or before == pristine or before == after:
+        return []
+    b_tree = parse(before)
+    a_tree = after_tree or parse(after)
+    if b_tree is None or a_tree is None:
+        return []
+    b_lines, a_lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    b_scopes, a_scopes = scopes(b_tree), scopes(a_tree)
+    p_scopes: Optional[dict[str, Scope]] = None
+    p_lines: list[bytes] = []
+    out: list[Lost] = []
+    for name, (b_node, b_children) in b_scopes.items():
+        a_node, a_children = a_scopes.get(name, (None, []))
+        b_text = own_text(b_lines, b_node, b_children)
+        if a_node is not None and b_text == own_text(a_lines, a_node, a_children):
+            continue  # untouched by the transform
+        if p_scopes is None:  # parsed only when the transform changed a scope
+            p_tree = parse(pristine) if pristine else ast.Module(body=[], type_ignores=[])
+            if p_tree is None:
+                return []
+            p_scopes, p_lines = scopes(p_tree), pristine.splitlines(keepends=True)
+        p_node, p_children = p_scopes.get(name, (None, []))
+        if p_node is not None and b_text == own_text(p_lines, p_node, p_children):
+            continue  # the release's own code: nothing of the vendor's in it
+        b_tokens = tokens(b_node, b_children)
+        a_tokens = tokens(a_node, a_children) if a_node is not None else []
+        p_tokens = tokens(p_node, p_children) if p_node is not None else []
+        removed = _inserted(a_tokens, b_tokens)
+        if not removed:
+            continue
+        counts = Counter(t for t, _ in p_tokens), Counter(t for t, _ in b_tokens), Counter(t for t, _ in a_tokens)
+        for i in sorted(_vendor(p_tokens, b_tokens, removed, counts)):
+            token, line = b_tokens[i]
+            out.append(Lost(line, token, name, b_lines[line - 1].decode("utf-8", "replace").strip()))
+    return out
+
+
+def _opcodes(base: list[Token], new: list[Token]):
+    return difflib.SequenceMatcher(None, [t for t, _ in base], [t for t, _ in new], autojunk=False).get_opcodes()
+
+
+def _inserted(base: list[Token], new: list[Token]) -> set[int]:
+    """Indexes of ``new``'s tokens that aligning it with ``base`` finds no
+    counterpart for."""
+    found: set[int] = set()
+    for tag, _, _, j1, j2 in _opcodes(base, new):
+        if tag in ("insert", "replace"):
+            found.update(range(j1, j2))
+    return found
+
+
+def _vendor(pristine: list[Token], before: list[Token], removed: set[int], counts: tuple[Counter, Counter, Counter]) -> set[int]:
+    """Indexes of the vendor's tokens in ``before`` that the transform lost.
+
+    The vendor's code comes in blocks (what aligning ``before`` with the
+    release finds inserted or replaced). A block is lost by what makes it the
+    vendor's: its tokens the release's scope lacks, where it has some (an
+    ``or isinstance(s, Vendor)`` merged into ``isinstance(s, (..., Vendor))``
+    keeps ``Vendor``: nothing is lost); else all of it. A token the result
+    still has as often as before was moved, not lost. An insertion next to
+    equal tokens (``a, x, a`` after ``a``) can be placed several ways: the
+    placement the transform least removes is taken."""
+    p_count, b_count, a_count = counts
+    keys = [t for t, _ in before]
+
+    def gone(block: range) -> set[int]:
+        own = [i for i in block if p_count[keys[i]] == 0]
+        hit = {i for i in (own or block) if i in removed and a_count[keys[i]] < b_count[keys[i]]}
+        return hit if own or len(hit) == len(block) else set()
+
+    out: set[int] = set()
+    for tag, _, _, j1, j2 in _opcodes(pristine, before):
+        if tag == "replace":
+            out |= gone(range(j1, j2))
+        elif tag == "insert":
+            best = None
+            lo, hi = j1, j2
+            while lo > 0 and keys[lo - 1] == keys[hi - 1]:
+                lo, hi = lo - 1, hi - 1
+            while True:
+                hit = gone(range(lo, hi))
+                if best is None or len(hit) < len(best):
+                    best = hit
+                if hi >= len(keys) or keys[lo] != keys[hi] or not best:
+                    break
+                lo, hi = lo + 1, hi + 1
+            out |= best
+    return out
+
+
+class VendorCodeLost(PatchkitError):
+    """A patch would remove code the vendor added: the site is refused (exit
+    1, like a patch that cannot apply), nothing is changed."""
+
+    exit_code = EXIT_CHANGES
+
+
+def check(path: Path, before: bytes, pristine: bytes, after: bytes, after_tree: ast.Module,
+          original: "cst.Module", instances: Sequence["PatchCodemod"], transformed: Sequence[str]) -> list[str]:
+    """The vendor-code rule for one transformed file: nothing lost, or every
+    loss declared by the codemod that made it (``REPLACES_VENDOR``): one note
+    line each. Anything else raises :class:`VendorCodeLost` naming file:line,
+    the vendor's code and the codemod (and its patch)."""
+    found = lost(pristine, before, after, after_tree)
+    if not found:
+        return []
+    blame = _blame(pristine, before, original, instances, transformed, found)
+    notes, refused = [], []
+    for item in found:
+        inst = blame.get(item)
+        why = _declared(inst, item) if inst is not None else None
+        who = f"{inst.name()} ({_patch_of(inst)})" if inst is not None else "the import block edit"
+        if why is None:
+            refused.append((item, who))
+        else:
+            notes.append(f"{path}:{item.line}: {who} replaces the vendor's {describe(item)} on purpose: {why}")
+    if refused:
+        item, who = refused[0]
+        more = f" (and {len(refused) - 1} more vendor token(s))" if len(refused) > 1 else ""
+        raise VendorCodeLost(
+            f"{path}:{item.line}: refused: {who} would remove code the vendor added, {describe(item)}{more}; "
+            "nothing was changed (carry the patch's change by hand there, or declare the replacement in the codemod's REPLACES_VENDOR)"
+        )
+    return list(dict.fromkeys(notes))
+
+
+def _blame(pristine: bytes, before: bytes, original: "cst.Module", instances: Sequence["PatchCodemod"],
+           transformed: Sequence[str], found: list[Lost]) -> dict[Lost, "PatchCodemod"]:
+    """Which codemod removed each lost token: the transforms again, one at a
+    time (only when something was lost)."""
+    out: dict[Lost, "PatchCodemod"] = {}
+    module = original
+    left = set(found)
+    for inst in instances:
+        if inst.name() not in transformed or not left:
+            continue
+        module = inst.transform_module(module)
+        gone = set(lost(pristine, before, module.bytes)) & left
+        for item in gone:
+            out[item] = inst
+        left -= gone
+    return out
+
+
+def _declared(inst: "PatchCodemod", item: Lost) -> Optional[str]:
+    for pattern, why in getattr(inst, "REPLACES_VENDOR", ()):
+        if re.fullmatch(pattern, item.token) or re.search(pattern, item.code):
+            return why
+    return None
+
+
+def _patch_of(inst: "PatchCodemod") -> str:
+    from patchkit import registry
+
+    name = inst.name()
+    try:
+        for patch in registry.all_patches():
+            if any(registry.codemod_name(r) == name for t in patch.targets for r in t.refs):
+                return f"patch {patch.id}"
+    except Exception:  # noqa: BLE001 - a name for a message, never a reason to fail
+        pass
+    return "patch ?"
+
+
+def describe(item: Lost) -> str:
+    code = item.code if len(item.code) <= 80 else item.code[:77] + "..."
+    return f"`{code}` ({item.token} in {item.scope})"
+
+
+def release_note(version: str) -> str:
+    return (f"note: the vendor-code check was skipped: sglang {version} is not in patchkit's cache "
+            f"(`patchkit fetch {version}` puts it there; code a fork added is then checked to survive)")
+
+
+def is_release(version: str) -> bool:
+    return bool(version) and version != "unknown"
+
+
