@@ -16,7 +16,6 @@ and plan and commit beside it (``patchkit.api.applying``, ``patchkit.api.reverti
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
@@ -25,11 +24,12 @@ from patchkit import registry, transform
 from patchkit.state import originals
 from patchkit.state import vendoring
 from patchkit.findings import Finding, State
+from patchkit.results import ABSENT, APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, PARTIAL, STALE, CodemodResult, PatchReport, unified_diff
 from patchkit.state.record import Record
 from patchkit.registry import Patch
 from patchkit.state.snapshot import Snapshot, read_snapshot
 from patchkit.state import Store, sha256
-from patchkit.tree import Tree, find_tree
+from patchkit.tree import find_tree
 
 if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must be parsed
     import libcst as cst
@@ -37,78 +37,6 @@ if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must 
     from patchkit.codemods.common.base import PatchCodemod
 
     CodemodRef = Union[type[PatchCodemod], str]
-
-# Patch-level states, as `status` prints them. STALE: applied, but the runtime
-# code vendored for it is not what this patchkit writes (`apply` updates it).
-ABSENT, APPLIED, NATIVE, PARTIAL, NOT_APPLICABLE = "absent", "applied", "native", "partial", "not-applicable"
-STALE = "stale"
-LEGACY = ("patched by patchkit 0.1 (the patched code imports patchkit.runtime): run `patchkit revert`, "
-          "then `patchkit apply` to vendor the runtime into the tree")
-
-
-@dataclass
-class CodemodResult:
-    file: str
-    codemod: str
-    finding: Finding
-
-
-@dataclass
-class PatchReport:
-    patch: Patch
-    state: str
-    reason: str = ""
-    results: list[CodemodResult] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """Does the tree have this change (or legitimately not need it)?"""
-        if self.state in (APPLIED, NATIVE):
-            return True
-        # Upstream moved on (e.g. removed the code): nothing to carry.
-        return self.state == NOT_APPLICABLE and all(r.finding.state is State.SUPERSEDED for r in self.results)
-
-    @property
-    def missing(self) -> list[CodemodResult]:
-        return [r for r in self.results if r.finding.state is State.MISSING]
-
-
-@dataclass
-class Outcome:
-    """What an apply or revert did (or, dry, would do)."""
-
-    reports: list[PatchReport]
-    # file -> (old, new); None: the file does not exist (created / removed)
-    changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = field(default_factory=dict)
-    done: list[str] = field(default_factory=list)  # patch ids applied/reverted now
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # (patch id, why)
-    messages: list[str] = field(default_factory=list)
-    # Backups and kept copies, stored by sha256 at commit (a dry run stores none).
-    blobs: dict[str, bytes] = field(default_factory=dict)
-
-    def keep(self, data: bytes) -> str:
-        digest = sha256(data)
-        self.blobs[digest] = data
-        return digest
-
-    def diff(self, tree: Tree) -> str:
-        return "".join(unified_diff(tree, rel, old, new) for rel, (old, new) in self.changed.items())
-
-
-def unified_diff(tree: Tree, rel: str, old: Optional[bytes], new: Optional[bytes]) -> str:
-    """A unified diff; a side that is None (no such file) is /dev/null."""
-    import difflib
-
-    name = tree.repo_path(rel)
-    lines = difflib.unified_diff(
-        (old or b"").decode("utf-8", "surrogateescape").splitlines(keepends=True),
-        (new or b"").decode("utf-8", "surrogateescape").splitlines(keepends=True),
-        f"a/{name}" if old is not None else "/dev/null",
-        f"b/{name}" if new is not None else "/dev/null",
-    )
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
-
 
 class Session:
     def __init__(self, snapshot: Snapshot, store: Store) -> None:
@@ -139,6 +67,21 @@ class Session:
     def sources(self, patches: Iterable[Patch]) -> dict[str, bytes]:
         """The bytes of ``patches``' target files that the tree has."""
         return {t.file: data for p in patches for t in p.targets if (data := self.read(t.file)) is not None}
+
+    def read_for_apply(self, selected: Iterable[Patch]) -> tuple[list[Patch], dict[str, bytes]]:
+        """What an apply reads before it plans: the patches applied so far, and
+        the bytes of ``selected``'s target files."""
+        return self.applied_patches(), self.sources(selected)
+
+    def read_for_revert(self, files: Iterable[str]) -> tuple[dict[str, bytes], dict[str, tuple[bytes, bytes]], dict[str, bytes]]:
+        """What a revert reads before it transforms, for each of ``files``
+        (all patched by patchkit): its bytes now, the edits since apply (as
+        ``edited_since_apply``), and its backup (a clone recovers it)."""
+        current = {rel: self.read(rel) or b"" for rel in files}
+        edited = self.edited_since_apply(files)
+        original = {rel: edited[rel][1] if rel in edited else self.blob(self.record.files[rel].original, rel)
+                    for rel in files}
+        return current, edited, original
 
     def edited_since_apply(self, files: Iterable[str]) -> dict[str, tuple[bytes, bytes]]:
         """Of ``files``, those patchkit patched that were edited since:
@@ -302,6 +245,7 @@ class locked_session:
         self.say, self.verb = say, verb
         self.timeout = settings.lock_timeout()
         self._lock = None
+        self._session: Optional[Session] = None
 
     def __enter__(self) -> Session:
         store = Store(self.tree.state_dir)
@@ -310,7 +254,7 @@ class locked_session:
             self._lock.__enter__()
         if self.verb:
             store.recover(self.verb, self.tree.package, self.say)
-        session = Session(read_snapshot(self.tree, store), store)
+        session = self._session = Session(read_snapshot(self.tree, store), store)
         why = session.snapshot.believed.disbelieved
         if why and self.verb and store.has_state():
             kept = store.set_aside()
@@ -322,5 +266,11 @@ class locked_session:
         return session
 
     def __exit__(self, *exc) -> None:
-        if self._lock is not None:
-            self._lock.__exit__(*exc)
+        try:
+            if exc[0] is None and self._session is not None:
+                # What the command learnt (findings by file hash) is kept when it
+                # ends well; a command that failed or was interrupted keeps nothing.
+                self._session.save_cache()
+        finally:
+            if self._lock is not None:
+                self._lock.__exit__(*exc)

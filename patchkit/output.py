@@ -13,7 +13,7 @@ from patchkit import terminal
 from patchkit.audit import verify_line
 from patchkit.findings import State
 from patchkit.locator import Locator
-from patchkit.engine import NOT_APPLICABLE, STALE, CodemodResult, PatchReport
+from patchkit.results import NOT_APPLICABLE, STALE, CodemodResult, PatchReport
 from patchkit.registry import Patch
 from patchkit.tree import Tree
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from patchkit import registry
 from patchkit import tree as trees
-from patchkit.engine import Outcome, PatchReport, Session, locked_session
+from patchkit.engine import Session, locked_session
+from patchkit.results import Outcome, PatchReport
 from patchkit.errors import PatchkitError
 
 if TYPE_CHECKING:
@@ -153,7 +154,6 @@ def _status(where: Located, ids: Iterable[str], say: Say, audit: bool) -> Status
     with locked_session(where.given, say) as session:
         reports = session.reports(registry.select(ids) if ids else None)
         problems = session.audit_problems() if audit else None
-        session.save_cache()
     _note_unloaded(session, say)
     pending = session.snapshot.pending
     return StatusResult(where, reports, session.runtime_info(), session.snapshot.notes(),

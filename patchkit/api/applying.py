@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import patchkit
-from patchkit import git
+from patchkit import git, registry
 from patchkit.state import vendoring
 from patchkit.api.commit import check_writable, commit, sync_runtime
-from patchkit.engine import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Outcome, PatchReport, Session
+from patchkit.engine import Session
+from patchkit.results import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Outcome, PatchReport
 from patchkit.errors import PatchkitError
 from patchkit.api.merge import original_with_user_edits
 from patchkit.state.record import FileRecord, Record
@@ -48,17 +49,17 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
     if record.legacy:
         raise PatchkitError(f"{tree.package}: {LEGACY}")
-    applied = session.applied_patches()
+    # Read: the applied patches, the target files' bytes. Fetch and prepare:
+    # every file's detection and transform ahead, in parallel or from the
+    # transform cache (this seeds the findings the plan's reports read).
+    applied, sources = session.read_for_apply(selected)
     vendoring.check_mode([*applied, *selected], mode)
-    # Read: the target files' bytes. Fetch and prepare: every file's detection
-    # and transform ahead, in parallel or from the transform cache (this seeds
-    # the findings the plan's reports read).
-    sources = session.sources(selected)
     transformer = Transformer(tree, session.findings, session.modules)
     transformer.prepare(sources, selected, progress)
+    # Plan, then read what the plan's files need (a clone may recover backups) before any transform.
     plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
     check_writable(tree, plan.files)
-    edited = session.edited_since_apply(plan.files)  # read (a clone may recover them) before any transform
+    edited = session.edited_since_apply(plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
     for rel, new in transformer.transform_files(sources, plan.files, plan.todo).items():
         outcome.changed[rel] = (sources[rel], new)
@@ -71,11 +72,11 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         # What the record was made on: a record of another release is never believed (patchkit.state.reconcile).
         new_record.sglang = tree.version
         new_record.base_commit = new_record.base_commit or git.head(tree.package)
-        sync_runtime(session.snapshot, new_record, session.applied_patches(new_record.applied), outcome, force=True)
+        now_applied = [p for p in registry.all_patches() if p.id in new_record.applied]
+        sync_runtime(session.snapshot, new_record, now_applied, outcome, force=True)
     if not dry_run and outcome.changed:
         commit(session, "apply", outcome, new_record)
-    session.save_cache()
-    return outcome
+    return outcome  # the session keeps what it learnt (its findings) when the command ends
 
 
 def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[str], sources: dict[str, bytes]) -> Plan:

@@ -13,7 +13,8 @@ from patchkit.state.record import FileRecord
 from patchkit.tree import sha256
 
 if TYPE_CHECKING:
-    from patchkit.engine import Outcome, Session
+    from patchkit.engine import Session
+    from patchkit.results import Outcome
     from patchkit.state.record import Record
     from patchkit.registry import Patch
     from patchkit.state.snapshot import Snapshot

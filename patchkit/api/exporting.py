@@ -24,7 +24,8 @@ from typing import Optional
 
 from patchkit import __version__, registry
 from patchkit.state import vendoring
-from patchkit.engine import NATIVE, Session, unified_diff
+from patchkit.engine import Session
+from patchkit.results import NATIVE, unified_diff
 from patchkit.errors import PatchkitError
 from patchkit.transform.parallel import Progress
 from patchkit.registry import Patch

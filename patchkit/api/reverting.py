@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from patchkit import registry
 from patchkit.api.commit import check_writable, commit, sync_runtime
-from patchkit.engine import Outcome, Session
+from patchkit.engine import Session
+from patchkit.results import Outcome
 from patchkit.errors import PatchkitError
 from patchkit.api.merge import keep_user_edits
 from patchkit.state.record import Record
@@ -32,10 +33,7 @@ def revert_patches(session: Session, ids: list[str], cascade: bool = False, forc
     # (edited since apply) what patchkit wrote, which a clone may recover
     # from git history or the release; the release's bytes for the files
     # the remaining patches re-patch.
-    current = {rel: session.read(rel) or b"" for rel in files}
-    edited = session.edited_since_apply(files)
-    original = {rel: edited[rel][1] if rel in edited else session.blob(session.record.files[rel].original, rel)
-                for rel in files}
+    current, edited, original = session.read_for_revert(files)
     still = {rel: codemods_for(rel, remaining) for rel in files}
     transformer = Transformer(session.tree, session.findings, session.modules)
     transformer.fetch(rel for rel in files if still[rel])

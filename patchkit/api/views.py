@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from patchkit import registry
-from patchkit.engine import Session, unified_diff
+from patchkit.engine import Session
+from patchkit.results import unified_diff
 from patchkit.layout import import_path
 from patchkit.registry import Patch
 

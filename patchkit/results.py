@@ -1,0 +1,86 @@
+"""What the commands hand back: each patch's report, and what an apply or
+revert did (``Outcome``). Values only: made by ``patchkit.engine`` (reports)
+and ``patchkit.api`` (outcomes), printed by ``patchkit.output``; they call
+nothing back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from patchkit.findings import Finding, State
+from patchkit.tree import Tree, sha256
+
+if TYPE_CHECKING:
+    from patchkit.registry.definitions import Patch
+
+# Patch-level states, as `status` prints them. STALE: applied, but the runtime
+# code vendored for it is not what this patchkit writes (`apply` updates it).
+ABSENT, APPLIED, NATIVE, PARTIAL, NOT_APPLICABLE = "absent", "applied", "native", "partial", "not-applicable"
+STALE = "stale"
+LEGACY = ("patched by patchkit 0.1 (the patched code imports patchkit.runtime): run `patchkit revert`, "
+          "then `patchkit apply` to vendor the runtime into the tree")
+
+
+@dataclass
+class CodemodResult:
+    file: str
+    codemod: str
+    finding: Finding
+
+
+@dataclass
+class PatchReport:
+    patch: Patch
+    state: str
+    reason: str = ""
+    results: list[CodemodResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Does the tree have this change (or legitimately not need it)?"""
+        if self.state in (APPLIED, NATIVE):
+            return True
+        # Upstream moved on (e.g. removed the code): nothing to carry.
+        return self.state == NOT_APPLICABLE and all(r.finding.state is State.SUPERSEDED for r in self.results)
+
+    @property
+    def missing(self) -> list[CodemodResult]:
+        return [r for r in self.results if r.finding.state is State.MISSING]
+
+
+@dataclass
+class Outcome:
+    """What an apply or revert did (or, dry, would do)."""
+
+    reports: list[PatchReport]
+    # file -> (old, new); None: the file does not exist (created / removed)
+    changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = field(default_factory=dict)
+    done: list[str] = field(default_factory=list)  # patch ids applied/reverted now
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (patch id, why)
+    messages: list[str] = field(default_factory=list)
+    # Backups and kept copies, stored by sha256 at commit (a dry run stores none).
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+    def keep(self, data: bytes) -> str:
+        digest = sha256(data)
+        self.blobs[digest] = data
+        return digest
+
+    def diff(self, tree: Tree) -> str:
+        return "".join(unified_diff(tree, rel, old, new) for rel, (old, new) in self.changed.items())
+
+
+def unified_diff(tree: Tree, rel: str, old: Optional[bytes], new: Optional[bytes]) -> str:
+    """A unified diff; a side that is None (no such file) is /dev/null."""
+    import difflib
+
+    name = tree.repo_path(rel)
+    lines = difflib.unified_diff(
+        (old or b"").decode("utf-8", "surrogateescape").splitlines(keepends=True),
+        (new or b"").decode("utf-8", "surrogateescape").splitlines(keepends=True),
+        f"a/{name}" if old is not None else "/dev/null",
+        f"b/{name}" if new is not None else "/dev/null",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
