@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 import patchkit
-from patchkit import registry, transform
+from patchkit import git, registry, transform
 from patchkit.state import originals
 from patchkit.state import vendoring
 from patchkit.findings import Finding, State
@@ -60,7 +60,7 @@ class Session:
         git) recovered from git history or the release, checked by sha256."""
         if not self.store.has_blob(digest) and self.snapshot.believed.source != "state":
             data = originals.find(self.tree.path(rel), rel, digest, self.tree.version)
-            self.store.put_blob(data)
+            self.store.put_blob(data)  # kept at once: the next command need not recover it again
             return data
         return self.store.get_blob(digest)
 
@@ -68,10 +68,11 @@ class Session:
         """The bytes of ``patches``' target files that the tree has."""
         return {t.file: data for p in patches for t in p.targets if (data := self.read(t.file)) is not None}
 
-    def read_for_apply(self, selected: Iterable[Patch]) -> tuple[list[Patch], dict[str, bytes]]:
-        """What an apply reads before it plans: the patches applied so far, and
-        the bytes of ``selected``'s target files."""
-        return self.applied_patches(), self.sources(selected)
+    def read_for_apply(self, selected: Iterable[Patch]) -> tuple[list[Patch], dict[str, bytes], Optional[str]]:
+        """What an apply reads before it plans: the patches applied so far, the
+        bytes of ``selected``'s target files, and the commit the patches are
+        applied on (the record's, else the checkout's HEAD; None outside git)."""
+        return self.applied_patches(), self.sources(selected), self.record.base_commit or git.head(self.tree.package)
 
     def read_for_revert(self, files: Iterable[str]) -> tuple[dict[str, bytes], dict[str, tuple[bytes, bytes]], dict[str, bytes]]:
         """What a revert reads before it transforms, for each of ``files``
@@ -86,13 +87,12 @@ class Session:
     def edited_since_apply(self, files: Iterable[str]) -> dict[str, tuple[bytes, bytes]]:
         """Of ``files``, those patchkit patched that were edited since:
         rel -> (the bytes patchkit wrote, the backup)."""
-        out = {}
-        for rel in files:
-            entry = self.record.files.get(rel)
-            # A file removed since counts as edited (to empty), as revert's merge sees it.
-            if entry is not None and entry.patched and sha256(self.read(rel) or b"") != entry.patched:
-                out[rel] = (self.blob(entry.patched, rel), self.blob(entry.original, rel))
-        return out
+        entries = self.record.files
+        # A file removed since counts as edited (to empty), as revert's merge sees it.
+        edited = [rel for rel in files if rel in entries and entries[rel].patched
+                  and sha256(self.read(rel) or b"") != entries[rel].patched]
+        return {rel: tuple(self.blob(digest, rel) for digest in (entries[rel].patched, entries[rel].original))
+                for rel in edited}
 
     @property
     def runtime_mode(self) -> str:

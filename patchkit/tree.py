@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from patchkit.errors import PatchkitError
 
@@ -117,3 +119,19 @@ def _read_version(package: Path) -> str:
         if found:
             return found.group(1)
     return "unknown"
+
+
+def check_writable(tree: Tree, files: Iterable[str]) -> None:
+    """Stop before any write if one of ``files`` cannot be written: the file,
+    or, for a file to create, the nearest folder that exists. Mode bits count
+    too: root may write anything, but a file the user marked read-only is not
+    ours to replace (os.replace would)."""
+    for rel in files:
+        path = tree.path(rel)
+        nodes = [("file", path)] if path.exists() else []
+        folder = path.parent
+        while not folder.exists():
+            folder = folder.parent
+        for what, node in (*nodes, ("folder", folder)):
+            if not os.access(node, os.W_OK) or not node.stat().st_mode & stat.S_IWUSR:
+                raise PatchkitError(f"{node}: read-only {what}, cannot write {path.name} (nothing was changed)")

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import patchkit
-from patchkit import git, registry
+from patchkit import registry
 from patchkit.state import vendoring
-from patchkit.api.commit import check_writable, commit, sync_runtime
+from patchkit.api.commit import commit, sync_runtime
 from patchkit.engine import Session
 from patchkit.results import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Outcome, PatchReport
 from patchkit.errors import PatchkitError
+from patchkit.tree import check_writable
 from patchkit.api.merge import original_with_user_edits
 from patchkit.state.record import FileRecord, Record
 from patchkit.registry import Patch
@@ -49,17 +50,20 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
     if record.legacy:
         raise PatchkitError(f"{tree.package}: {LEGACY}")
-    # Read: the applied patches, the target files' bytes. Fetch and prepare:
-    # every file's detection and transform ahead, in parallel or from the
-    # transform cache (this seeds the findings the plan's reports read).
-    applied, sources = session.read_for_apply(selected)
-    vendoring.check_mode([*applied, *selected], mode)
+    # Read: the applied patches, the target files' bytes, the commit the tree
+    # is based on. Fetch and prepare: every file's detection and transform
+    # ahead, in parallel or from the transform cache (this seeds the findings
+    # the plan's reports read).
+    applied, sources, base_commit = session.read_for_apply(selected)
     transformer = Transformer(tree, session.findings, session.modules)
     transformer.prepare(sources, selected, progress)
-    # Plan, then read what the plan's files need (a clone may recover backups) before any transform.
+    # Plan; then, before any transform, what the plan's files need: edits made
+    # since an earlier apply (a clone may recover backups), the runtime mode's
+    # rules, every file writable.
     plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
-    check_writable(tree, plan.files)
     edited = session.edited_since_apply(plan.files)
+    vendoring.check_mode([*applied, *plan.todo], mode)
+    check_writable(tree, plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
     for rel, new in transformer.transform_files(sources, plan.files, plan.todo).items():
         outcome.changed[rel] = (sources[rel], new)
@@ -70,8 +74,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
             outcome.messages.append(f"runtime: {session.runtime_mode} -> {mode}")
         new_record.runtime, new_record.runtime_api, new_record.patchkit = mode, vendoring.RUNTIME_API, patchkit.__version__
         # What the record was made on: a record of another release is never believed (patchkit.state.reconcile).
-        new_record.sglang = tree.version
-        new_record.base_commit = new_record.base_commit or git.head(tree.package)
+        new_record.sglang, new_record.base_commit = tree.version, base_commit
         now_applied = [p for p in registry.all_patches() if p.id in new_record.applied]
         sync_runtime(session.snapshot, new_record, now_applied, outcome, force=True)
     if not dry_run and outcome.changed:

@@ -3,14 +3,12 @@ planned into the change, the write check, and the transaction."""
 
 from __future__ import annotations
 
-import os
-import stat
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from patchkit.state import vendoring
 from patchkit.errors import PatchkitError
 from patchkit.state.record import FileRecord
-from patchkit.tree import sha256
+from patchkit.tree import check_writable, sha256
 
 if TYPE_CHECKING:
     from patchkit.engine import Session
@@ -18,23 +16,6 @@ if TYPE_CHECKING:
     from patchkit.state.record import Record
     from patchkit.registry import Patch
     from patchkit.state.snapshot import Snapshot
-    from patchkit.tree import Tree
-
-
-def check_writable(tree: "Tree", files: Iterable[str]) -> None:
-    """Stop before any write if one of ``files`` cannot be written: the file,
-    or, for a file to create, the nearest folder that exists. Mode bits count
-    too: root may write anything, but a file the user marked read-only is not
-    ours to replace (os.replace would)."""
-    for rel in files:
-        path = tree.path(rel)
-        nodes = [("file", path)] if path.exists() else []
-        folder = path.parent
-        while not folder.exists():
-            folder = folder.parent
-        for what, node in (*nodes, ("folder", folder)):
-            if not os.access(node, os.W_OK) or not node.stat().st_mode & stat.S_IWUSR:
-                raise PatchkitError(f"{node}: read-only {what}, cannot write {path.name} (nothing was changed)")
 
 
 def commit(session: "Session", verb: str, outcome: "Outcome", record: "Record") -> None:

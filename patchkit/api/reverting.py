@@ -10,10 +10,11 @@ transaction; nothing of patchkit's is left once the last patch goes.
 from __future__ import annotations
 
 from patchkit import registry
-from patchkit.api.commit import check_writable, commit, sync_runtime
+from patchkit.api.commit import commit, sync_runtime
 from patchkit.engine import Session
 from patchkit.results import Outcome
 from patchkit.errors import PatchkitError
+from patchkit.tree import check_writable
 from patchkit.api.merge import keep_user_edits
 from patchkit.state.record import Record
 from patchkit.transform.transformer import Transformer, codemods_for
