@@ -76,7 +76,7 @@ def status(obj: Ctx, args, fmt: str) -> None:
     result = api.status(given, ids, obj.say, announce=fmt != "text")
     tree = result.where.tree
     if fmt == "json":
-        click.echo(output.status_json(tree, result.reports, output.Locator(tree, result.where.given), ok=result.ok,
+        click.echo(output.status_json(tree, result.reports, result.where.given, ok=result.ok,
                                       runtime=result.runtime, notes=result.notes))
     else:
         click.echo(output.status_text(tree, result.reports, obj.verbose, result.runtime, result.notes))
@@ -139,7 +139,7 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     given, ids = args
     result = api.verify(given, ids, obj.say, announce=fmt != "text", audit=fmt == "text")
     tree = result.where.tree
-    click.echo(output.render(fmt, tree, result.reports, output.Locator(tree, result.where.given), obj.verbose,
+    click.echo(output.render(fmt, tree, result.reports, result.where.given, obj.verbose,
                              result.runtime, result.notes, pending=result.pending is not None,
                              audit_problems=result.audit_problems))
     sys.exit(EXIT_OK if result.ok else EXIT_CHANGES)
@@ -160,7 +160,10 @@ def audit(obj: Ctx, tree: Optional[str], fmt: str, strict: bool) -> None:
 
     report = api.audit(tree, obj.say)
     found, result = report.where.tree, report.result
-    paths = output.Locator(found, report.where.given).path
+
+    def paths(rel: str) -> str:
+        return found.shown_path(rel, report.where.given)
+
     click.echo(to_json(result, output.tree_dict(found), paths) if fmt == "json" else to_text(result, paths, obj.verbose))
     sys.exit(EXIT_CHANGES if strict and not result.ok else EXIT_OK)
 
@@ -285,9 +288,8 @@ def _finish(obj: Ctx, result: "api.ChangeResult", fmt: str, show_diff: bool, che
     outcome, tree = result.outcome, result.where.tree
     for message in outcome.messages:
         obj.say(message)
-    locator = output.Locator(tree, result.where.given)
     if fmt == "json":
-        click.echo(output.outcome_json(result.verb, tree, outcome, locator, result.dry))
+        click.echo(output.outcome_json(result.verb, tree, outcome, result.where.given, result.dry))
     elif check:
         # black --check style: the diff (if asked) on stdout, the verdict on stderr.
         if show_diff:
@@ -295,7 +297,7 @@ def _finish(obj: Ctx, result: "api.ChangeResult", fmt: str, show_diff: bool, che
         for pid in outcome.done:
             obj.say(f"would apply: {pid}")
         for rel in sorted(outcome.changed):
-            obj.say(f"would change: {locator.path(rel)}")
+            obj.say(f"would change: {tree.shown_path(rel, result.where.given)}")
         for pid, why in outcome.skipped:
             obj.say(f"cannot apply: {pid}: {why}")
         if outcome.changed:

@@ -8,7 +8,8 @@ formats, never import libcst.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional
 
 
 class State(str, enum.Enum):
@@ -26,6 +27,12 @@ class Finding:
     # Done or superseded by this tree's own code (a fork that does it its own
     # way), not by patchkit or upstream: the patch's report says so in a note.
     by_tree: bool = False
+    # The line verify and status point at (1-based): set by the detector that
+    # makes the finding, for the findings they report (todo, missing); for a
+    # missing anchor, the line of the closest enclosing code that was found.
+    # None where nothing was found (the class or file is not there), and on
+    # done and superseded findings (never reported at a line).
+    line: Optional[int] = None
 
     @classmethod
     def todo(cls, anchor: str, detail: str = "") -> "Finding":
@@ -39,13 +46,18 @@ class Finding:
     def superseded(cls, anchor: str, detail: str, by_tree: bool = False) -> "Finding":
         return cls(State.SUPERSEDED, anchor, detail, by_tree)
 
+    def at(self, line: Optional[int]) -> "Finding":
+        """This finding at ``line`` (the detector's own, where it has one)."""
+        return self if self.line is not None or line is None else replace(self, line=line)
+
     def as_list(self) -> list:
         """The cached form (detection and transform caches)."""
-        return [self.state.value, self.anchor, self.detail, self.by_tree]
+        return [self.state.value, self.anchor, self.detail, self.by_tree, self.line]
 
     @classmethod
     def from_list(cls, cached: list) -> "Finding":
-        # Entries written before ``by_tree`` existed have three items.
+        # Entries written before ``by_tree`` existed have three items, before
+        # ``line`` four.
         return cls(State(cached[0]), *cached[1:])
 
     @classmethod

@@ -7,12 +7,11 @@ ever grows (new keys), so consumers written against it keep working.
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Callable, Optional
 
 from patchkit import terminal
 from patchkit.audit import verify_line
 from patchkit.findings import State
-from patchkit.locator import Locator
 from patchkit.results import NOT_APPLICABLE, STALE, CodemodResult, PatchReport
 from patchkit.registry import Patch
 from patchkit.tree import Tree
@@ -109,15 +108,16 @@ def diff_stat(diffs) -> str:
     return "\n".join(lines) + "\n"
 
 
-def outcome_json(verb: str, tree: Tree, outcome, locator: "Locator", dry: bool) -> str:
-    """The ``patchkit.apply/1`` / ``patchkit.revert/1`` document (docs/ci.md)."""
+def outcome_json(verb: str, tree: Tree, outcome, given: str, dry: bool) -> str:
+    """The ``patchkit.apply/1`` / ``patchkit.revert/1`` document (docs/ci.md);
+    ``given``: the tree argument as typed (``Tree.shown_path``)."""
     doc = {
         "schema": f"patchkit.{verb}/1",
         "tree": tree_dict(tree),
         "done": outcome.done,
         "skipped": [{"id": pid, "reason": why} for pid, why in outcome.skipped],
         "changed_files": sorted(outcome.changed),
-        "changed_paths": [locator.path(rel) for rel in sorted(outcome.changed)],
+        "changed_paths": [tree.shown_path(rel, given) for rel in sorted(outcome.changed)],
         "dry_run": dry,
         "diff": outcome.diff(tree),
     }
@@ -150,8 +150,10 @@ def failures(report: PatchReport) -> list[CodemodResult]:
 # --- JSON ---------------------------------------------------------------------
 
 
-def report_dict(report: PatchReport, locator: Optional[Locator] = None) -> dict:
-    failing = {id(r) for r in failures(report)} if locator else set()
+def report_dict(report: PatchReport, shown: Optional[Callable[[str], str]] = None) -> dict:
+    """``shown``: a file's path as the user sees it; with it, each check says
+    its ``path`` and (a failing one) its ``line``."""
+    failing = {id(r) for r in failures(report)} if shown else set()
     checks = []
     for r in report.results:
         check = {
@@ -161,9 +163,9 @@ def report_dict(report: PatchReport, locator: Optional[Locator] = None) -> dict:
             "anchor": r.finding.anchor,
             "detail": r.finding.detail,
         }
-        if locator is not None:
-            check["path"] = locator.path(r.file)
-            check["line"] = locator.line(r.file, r.finding.anchor) if id(r) in failing else None
+        if shown is not None:
+            check["path"] = shown(r.file)
+            check["line"] = r.finding.line if id(r) in failing else None
         checks.append(check)
     return {
         **patch_dict(report.patch),
@@ -183,11 +185,13 @@ def summary(reports: list[PatchReport]) -> dict:
             "states": counts}
 
 
-def status_json(tree: Tree, reports: list[PatchReport], locator: Optional[Locator] = None, **extra) -> str:
+def status_json(tree: Tree, reports: list[PatchReport], given: Optional[str] = None, **extra) -> str:
+    """``given``: the tree argument as typed; with it, checks say where they are."""
+    shown = None if given is None else (lambda rel: tree.shown_path(rel, given))
     doc = {
         "schema": STATUS_SCHEMA,
         "tree": tree_dict(tree),
-        "patches": [report_dict(r, locator) for r in reports],
+        "patches": [report_dict(r, shown) for r in reports],
         "summary": summary(reports),
         **extra,
     }
@@ -239,18 +243,18 @@ def _skipped(report: PatchReport) -> bool:
     return report.ok and report.state == NOT_APPLICABLE
 
 
-def failure_text(report: PatchReport, locator: Locator) -> str:
+def failure_text(report: PatchReport, tree: Tree, given: str) -> str:
     out = []
     for r in failures(report):
-        line = locator.line(r.file, r.finding.anchor)
-        where = f"{locator.path(r.file)}:{line}" if line else locator.path(r.file)
+        path = tree.shown_path(r.file, given)
+        where = f"{path}:{r.finding.line}" if r.finding.line else path
         out.append(f"{where}: {r.finding.state.value}: {r.finding.anchor}: {r.finding.detail}".rstrip(": "))
     out = list(dict.fromkeys(out))
     out.extend(f"note: {n}" for n in report.notes)
     return "\n".join(out)
 
 
-def status_junit(tree: Tree, reports: list[PatchReport], locator: Locator, suite: str = "patchkit verify") -> str:
+def status_junit(tree: Tree, reports: list[PatchReport], given: str, suite: str = "patchkit verify") -> str:
     """One <testcase> per patch: <failure> when not ok, <skipped> when upstream
     superseded it (nothing to carry), plain pass when applied or native."""
     counts = summary(reports)
@@ -262,24 +266,22 @@ def status_junit(tree: Tree, reports: list[PatchReport], locator: Locator, suite
     ts = ET.SubElement(root, "testsuite", name=f"{suite}: sglang {tree.version}", tests=str(len(reports)),
                        failures=str(counts["failed"]), errors="0", skipped=str(skipped))
     props = ET.SubElement(ts, "properties")
-    for key, value in (("tree", locator.given), ("package", str(tree.package)), ("layout", tree.layout),
+    for key, value in (("tree", given), ("package", str(tree.package)), ("layout", tree.layout),
                        ("version", tree.version)):
         ET.SubElement(props, "property", name=key, value=value)
     for r in reports:
         case = ET.SubElement(ts, "testcase", classname=f"patchkit.sglang-{tree.version}", name=r.patch.id)
         first = (failures(r) or r.results or [None])[0]
         if first is not None:
-            case.set("file", locator.path(first.file))
+            case.set("file", tree.shown_path(first.file, given))
         if not r.ok:
             message = f"{r.state}: {r.reason}" if r.reason else r.state
             if r.state == "absent":
                 message = "absent: not applied (run patchkit apply)"
             fail = ET.SubElement(case, "failure", message=message, type=r.state)
-            fail.text = failure_text(r, locator)
-            if first is not None:
-                line = locator.line(first.file, first.finding.anchor)
-                if line:
-                    case.set("line", str(line))
+            fail.text = failure_text(r, tree, given)
+            if first is not None and first.finding.line:
+                case.set("line", str(first.finding.line))
         elif _skipped(r):
             ET.SubElement(case, "skipped", message=f"not applicable: {r.reason}")
         out = [f"{r.patch.title}", f"state: {r.state}"] + [f"note: {n}" for n in r.notes]
@@ -311,7 +313,7 @@ def github_annotation(level: str, message: str, file: Optional[str] = None, line
     return f"::{level}{' ' + ','.join(props) if props else ''}::{_gh_data(message)}"
 
 
-def status_github(tree: Tree, reports: list[PatchReport], locator: Locator) -> str:
+def status_github(tree: Tree, reports: list[PatchReport], given: str) -> str:
     """``::error file=...,line=...::`` for every missing or broken anchor (one
     per patch that is simply not applied), ``::warning`` for notes."""
     out = []
@@ -323,17 +325,17 @@ def status_github(tree: Tree, reports: list[PatchReport], locator: Locator) -> s
                                          title=title))
         if r.state == "absent" and bad:
             first = bad[0]
-            files = sorted({locator.path(c.file) for c in bad})
+            files = sorted({tree.shown_path(c.file, given) for c in bad})
             message = (f"{r.patch.id} ({', '.join(r.patch.upstream)}) is not applied: {len(bad)} change(s) to make in "
                        f"{', '.join(files)}; run `patchkit apply`")
-            out.append(github_annotation("error", message, locator.github_path(first.file),
-                                         locator.line(first.file, first.finding.anchor), title))
+            out.append(github_annotation("error", message, tree.github_path(first.file, given),
+                                         first.finding.line, title))
         else:
             for c in bad:
                 what = "missing anchor" if c.finding.state is State.MISSING else f"{r.state}, still to do"
                 message = f"{r.patch.id}: {what}: {c.finding.anchor}: {c.finding.detail}".rstrip(": ")
-                out.append(github_annotation("error", message, locator.github_path(c.file),
-                                             locator.line(c.file, c.finding.anchor), title))
+                out.append(github_annotation("error", message, tree.github_path(c.file, given),
+                                             c.finding.line, title))
         for note in r.notes:
             out.append(github_annotation("warning", f"{r.patch.id}: {note}", title=title))
     out = list(dict.fromkeys(out))  # two codemods, one missing anchor: one annotation
@@ -343,26 +345,27 @@ def status_github(tree: Tree, reports: list[PatchReport], locator: Locator) -> s
     return "\n".join(out)
 
 
-def render(fmt: str, tree: Tree, reports: list[PatchReport], locator: Locator, verbose: bool = False,
+def render(fmt: str, tree: Tree, reports: list[PatchReport], given: str, verbose: bool = False,
            runtime: Optional[dict] = None, notes: tuple[str, ...] = (), pending: bool = False,
            audit_problems: Optional[int] = None) -> str:
-    """verify's output in one of FORMATS; ``pending``: an interrupted
+    """verify's output in one of FORMATS; ``given``: the tree argument as
+    typed (paths are shown from it); ``pending``: an interrupted
     transaction (one of the ``notes``) fails the verdict; ``audit_problems``:
     the audit's count of unguarded or stale reads, named in one text line."""
     failed = [r for r in reports if not r.ok]
     if fmt == "json":
-        return status_json(tree, reports, locator, ok=not failed and not pending, runtime=runtime, notes=list(notes))
+        return status_json(tree, reports, given, ok=not failed and not pending, runtime=runtime, notes=list(notes))
     if fmt == "junit":
-        return status_junit(tree, reports, locator)
+        return status_junit(tree, reports, given)
     if fmt == "github":
-        return status_github(tree, reports, locator)
+        return status_github(tree, reports, given)
     text = status_text(tree, reports, verbose, runtime, notes)
     # Where a partial or not-applicable patch breaks (an absent one is simply
     # not applied: its status line says all there is to say).
     broken = [r for r in failed if r.state != "absent"]
     if broken:
         text += "\n" + "\n".join(f"  {r.patch.id}: {line}" for r in broken
-                                  for line in failure_text(r, locator).splitlines())
+                                  for line in failure_text(r, tree, given).splitlines())
     if audit_problems is not None:
         text += "\n  " + verify_line(audit_problems)
     if pending:

@@ -48,6 +48,31 @@ class Tree:
         """Path as it appears in an upstream checkout (for diffs and patches)."""
         return f"python/sglang/{relpath}"
 
+    def shown_path(self, relpath: str, given: str | None = None, base: str | None = None) -> str:
+        """``relpath`` (relative to the package) as a path from the tree
+        argument exactly as the user typed it (``given``; default: the folder
+        the tree was found at), e.g. ``python/sglang/srt/...`` for the checkout
+        root ``.``, so editors and CI annotations find it; an absolute one
+        under ``base`` (default: the working directory) is made relative to it."""
+        given = str(self.given) if given is None else given
+        joined = os.path.normpath(os.path.join(given, os.path.relpath(self.package, self.given), relpath))
+        if os.path.isabs(joined):
+            root = os.path.abspath(base or os.getcwd())
+            if joined == root or joined.startswith(root.rstrip(os.sep) + os.sep):
+                return os.path.relpath(joined, root)
+        return joined
+
+    def github_path(self, relpath: str, given: str | None = None) -> str:
+        """``shown_path`` for GitHub annotations, which are resolved against
+        the repository root ($GITHUB_WORKSPACE) when there is one."""
+        workspace = os.environ.get("GITHUB_WORKSPACE")
+        if workspace:
+            absolute = os.path.abspath(os.path.join(self.package, relpath))
+            root = os.path.abspath(workspace)
+            if absolute.startswith(root.rstrip(os.sep) + os.sep):
+                return os.path.relpath(absolute, root)
+        return self.shown_path(relpath, given)
+
 
 def _is_package(path: Path) -> bool:
     return path.name == "sglang" and (path / "__init__.py").is_file() and (path / _MARKER).is_file()

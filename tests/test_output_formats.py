@@ -13,7 +13,7 @@ import pytest
 from support import ALL_NATIVE, PRIMARY, snapshot
 from patchkit import registry
 from patchkit.codemods.common.base import ClassCodemod, Finding
-from patchkit.output import Locator, github_annotation
+from patchkit.output import github_annotation
 from patchkit.registry import Patch, Target
 from patchkit.tree import find_tree
 
@@ -65,75 +65,30 @@ def with_superseded(monkeypatch, only_hook):
     monkeypatch.setattr(registry, "all_patches", lambda: (*only_hook, SUPERSEDED))
 
 
-# --- Locator: cheap anchor lines with ast ------------------------------------
+# --- paths as the user typed the tree --------------------------------------
 
 
-SOURCE = '''\
-import os
-
-
-class A:
-    flag: bool = True
-
-    def m(self):
-        pass
-
-    # FIXME(lsyin): make this sync optional
-    x = 1
-
-
-def helper():
-    pass
-'''
-
-
-def locator_for(tmp_path, source=SOURCE):
+def tree_at(tmp_path):
     pkg = tmp_path / "sglang"
     (pkg / "srt/layers/attention").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "srt/layers/attention/base_attn_backend.py").write_text("")
-    (pkg / "mod.py").write_text(source)
-    return Locator(find_tree(pkg), "sglang")
-
-
-@pytest.mark.parametrize(
-    "anchor, line",
-    [
-        ("A", 4),
-        ("A.m", 7),
-        ("A.flag", 5),
-        ("A.not_there_yet", 4),  # nearest enclosing class that exists
-        ("A.m: some call shape", 7),
-        ("helper", 14),
-        ("m", 7),  # a bare method name, found anywhere
-        ("FIXME(lsyin): make this sync optional", 10),  # text fallback
-        ("A.m: pass is there", 8),  # narrowed to the first line in A.m naming `pass`
-        ("A.m: nothing_like_this", 7),
-        ("Nowhere", None),  # a class that is not there: file level
-        ("Nowhere.m", None),
-    ],
-)
-def test_anchor_lines(tmp_path, anchor, line):
-    assert locator_for(tmp_path).line("mod.py", anchor) == line
-
-
-def test_anchor_line_of_missing_or_broken_file(tmp_path):
-    loc = locator_for(tmp_path, "def broken(:\n")
-    assert loc.line("mod.py", "broken") is None
-    assert loc.line("no/such/file.py", "A") is None
+    (pkg / "mod.py").write_text("")
+    return find_tree(pkg)
 
 
 def test_paths_as_the_user_typed_them(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    loc = locator_for(tmp_path)
-    assert loc.path("mod.py") == "sglang/mod.py"
-    absolute = Locator(loc.tree, str(tmp_path / "sglang"))
-    assert absolute.path("mod.py") == "sglang/mod.py"  # under the working directory
+    tree = tree_at(tmp_path)
+    assert tree.shown_path("mod.py", "sglang") == "sglang/mod.py"
+    absolute = str(tmp_path / "sglang")
+    assert tree.shown_path("mod.py", absolute) == "sglang/mod.py"  # under the working directory
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
-    assert absolute.path("mod.py") == str(tmp_path / "sglang/mod.py")
+    assert tree.shown_path("mod.py", absolute) == str(tmp_path / "sglang/mod.py")
+    assert tree.shown_path("mod.py") == str(tmp_path / "sglang/mod.py")  # default: where the tree was found
     monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path))
-    assert absolute.github_path("mod.py") == "sglang/mod.py"
+    assert tree.github_path("mod.py", absolute) == "sglang/mod.py"
 
 
 def test_github_escaping():

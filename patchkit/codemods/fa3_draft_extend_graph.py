@@ -132,11 +132,11 @@ class FA3HasDraftExtendGraphBranches(ClassCodemod):
             (replay, "replay", "reads metadata = self.draft_extend_metadata[bs]"),
         ):
             if not present:
-                return Finding.missing(
+                return self.located(Finding.missing(
                     anchor,
                     f"{self.where(cls)}: {FA3} has no DRAFT_EXTEND_V2 CUDA-graph {kind} branch "
                     f"(an `if forward_mode.is_draft_extend_v2():` that {shape}); its draft extend cannot be captured",
-                )
+                ), branches[0] if branches else None)
         # A precondition, not an edit: "superseded" is the state that adds
         # nothing to do and leaves the worker's state (todo / done) to decide
         # whether the patch is absent, applied or native.

@@ -148,6 +148,9 @@ class ReplayPageTableFits(ClassCodemod):
         return len(write.args) > PAGES_ARG and m.matches(write.args[PAGES_ARG], m.Arg(keyword=None, value=m.Name()))
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        return self.located(self._detect_in_class(cls), primitives.find_method(cls, self.METHODS[0]))
+
+    def _detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.{self.METHODS[0]}"
         writes = self._writes(cls)
         if not writes:

@@ -110,7 +110,7 @@ class ReplayPassesNoStaleMirror(PatchCodemod):
         sites = [site for fn in self._functions(module) for site in self._sites(fn)]
         raw = [arg for arg, kind in sites if kind == "raw"]
         if raw:
-            return Finding.todo(anchor, f"{len(raw)} replay call(s) hand over the pinned buffer unconditionally")
+            return self.located(Finding.todo(anchor, f"{len(raw)} replay call(s) hand over the pinned buffer unconditionally"), raw[0])
         tree = [arg for arg, kind in sites if kind == "tree"]
         if tree:
             return Finding.done(

@@ -93,10 +93,10 @@ class _DirectOverride(ClassCodemod):
             return self.detect_missing_method(cls, anchor)
         if _direct_override(fn, self.METHOD):
             return Finding.done(anchor)
-        return Finding.missing(
+        return self.located(Finding.missing(
                 anchor, f"{self.where(fn)}: this tree overrides it through common_template/super(); refusing to replace it "
                 "(the patch needs each step backend called directly)",
-            )
+            ), fn)
 
     def detect_missing_method(self, cls: cst.ClassDef, anchor: str) -> Finding:
         return Finding.todo(anchor, "inherited from FlashInferMLAMultiStepDraftBackend (runs common_template)")
@@ -137,11 +137,11 @@ class DraftReplaySkipsTemplate(_DirectOverride):
             # its capture branch hands over to the parent.
             if _direct_override(renamed, REPLAY_RENAMED, allow_super=True):
                 return Finding.done(f"{self.CLASS}.{REPLAY_RENAMED}")
-            return Finding.missing(
+            return self.located(Finding.missing(
                 f"{self.CLASS}.{REPLAY_RENAMED}",
                 f"{self.where(renamed)}: renamed replay hook goes through common_template/super() "
                 "(the patch needs each step backend called directly)",
-            )
+            ), renamed)
         return super().detect_missing_method(cls, anchor)
 
     def place_after(self, cls: cst.ClassDef) -> str | None:

@@ -53,11 +53,11 @@ class _OptOutFlag(ClassCodemod):
         if found is None:
             return Finding.todo(anchor, "class attribute not declared (inherits True / treated as True)")
         if found.value is None:
-            return Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} without a value; refusing to override it")
+            return self.located(Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} without a value; refusing to override it"), found)
         if m.matches(found.value, m.Name("False")):
             return Finding.done(anchor)
         value = cst.Module([]).code_for_node(found.value)
-        return Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} = {value}; refusing to override it (the patch needs False)")
+        return self.located(Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} = {value}; refusing to override it (the patch needs False)"), found)
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = False")

@@ -65,6 +65,16 @@ class PatchCodemod(Codemod):
             return filename or "this file"
         return f"{filename}:{line}" if filename else f"line {line}"
 
+    def located(self, finding: Finding, node: Optional[cst.CSTNode]) -> Finding:
+        """``finding`` at the line of ``node`` (a node of the detected module),
+        unless it has a line already. Only a finding verify and status report
+        at a line (todo, missing) gets one: a line costs a partial code
+        generation (``primitives.line_of``), and done findings are the most."""
+        module = getattr(self, "_module", None)
+        if finding.line is not None or node is None or module is None or finding.state not in (State.TODO, State.MISSING):
+            return finding
+        return finding.at(primitives.line_of(module, node))
+
     def require_import(self, module: str, obj: Optional[str] = None) -> None:
         """Ask the engine to add ``from module import obj`` (or ``import module``)
         to this file's import block, unless it is there (``primitives.add_imports``)."""
@@ -89,7 +99,7 @@ class ClassCodemod(PatchCodemod):
         cls = primitives.find_class(module, self.CLASS)
         if cls is None:
             return Finding.missing(self.CLASS, f"class {self.CLASS} not found")
-        return self.detect_in_class(cls)
+        return self.located(self.detect_in_class(cls), cls)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         return primitives.replace_class(tree, self.CLASS, self.transform_class)
@@ -153,7 +163,11 @@ class MethodCodemod(ClassCodemod):
         fn = self.find_method(cls)
         if fn is None:
             return self.detect_absent(cls)
-        return self.detect_in_method(fn)
+        return self.located(self.detect_in_method(fn), self.line_node(fn))
+
+    def line_node(self, fn: cst.FunctionDef) -> cst.CSTNode:
+        """The node a finding about ``fn`` is reported at: the method."""
+        return fn
 
     def detect_absent(self, cls: cst.ClassDef) -> Finding:
         if self.WHY_ABSENT:

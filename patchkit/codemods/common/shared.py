@@ -95,13 +95,14 @@ class OptOutFlag(ClassCodemod):
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.{FLAG}"
         value = _flag_value(cls)
+        declared = primitives.find_class_attribute(cls, FLAG)
         if value is not None and not m.matches(value, m.Name("False")):
-            return Finding.missing(anchor, f"this tree declares {FLAG} = {code_of(value)}; refusing to override it")
+            return self.located(Finding.missing(anchor, f"this tree declares {FLAG} = {code_of(value)}; refusing to override it"), declared)
         if value is None:
             return Finding.todo(anchor, "class attribute not declared (inherits True / treated as True)")
         others = self._overriding_assignments(cls)
         if others:
-            return Finding.todo(anchor, f"__init__ sets self.{FLAG} = {code_of(others[0].value)}")
+            return self.located(Finding.todo(anchor, f"__init__ sets self.{FLAG} = {code_of(others[0].value)}"), declared)
         return Finding.done(anchor)
 
     def _overriding_assignments(self, cls: cst.ClassDef) -> list[cst.Assign]:
@@ -319,6 +320,9 @@ class DraftExtendGraphCheck(MethodCodemod):
 
     def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
         return next((f for f in primitives.methods(cls) if graph_check(f) is not None), None)
+
+    def line_node(self, fn: cst.FunctionDef) -> cst.CSTNode:
+        return graph_check(fn)  # what anchor_of names
 
     def detect_absent(self, cls: cst.ClassDef) -> Finding:
         return Finding.missing(self.anchor, f"{self.where(cls)}: no method of {self.CLASS} assigns {GRAPH_CHECK}")

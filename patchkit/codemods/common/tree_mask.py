@@ -179,11 +179,11 @@ class VerifyBuffersReturnMask(ClassCodemod):
         if fn is not None:
             if primitives.contains(fn, SELF_MASK):
                 return Finding.done(anchor)
-            return Finding.missing(
+            return self.located(Finding.missing(
                 anchor,
                 f"{self.where(fn)}: this tree overrides it without self.{MASK}; refusing to replace it "
                 "(the patch needs it to return the mask)",
-            )
+            ), fn)
         if _mask_superseded(cls):
             return Finding.superseded(anchor, SUPERSEDED_WHY)
         return Finding.todo(anchor, "not overridden (the base returns [None, None])")
@@ -228,7 +228,7 @@ class InitTreeMask(InitMask):
         finding = super().detect_in_class(cls)
         init = primitives.find_method(cls, "__init__")
         if finding.state is State.TODO and "model_runner" not in {p.name.value for p in init.params.params}:
-            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by")
+            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(finding.line)
         return finding
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:

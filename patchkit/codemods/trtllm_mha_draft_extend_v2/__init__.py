@@ -369,18 +369,20 @@ class TestKitV2OutputsClose(PatchCodemod):
     REQUIRED_TEXT = ("_assert_draft_extend",)  # either assertion helper
 
     def detect(self, module: cst.Module) -> Finding:
+        self.detect_module(module)
         anchor = V2_ASSERT
-        if primitives.find_function(module, V1_ASSERT) is None and primitives.find_function(module, V2_ASSERT) is None:
+        v1, v2 = primitives.find_function(module, V1_ASSERT), primitives.find_function(module, V2_ASSERT)
+        if v1 is None and v2 is None:
             return Finding.missing(V1_ASSERT, "function not defined")
         unhooked = [
             f.name.value
             for f in _v2_cases(module)
             if len(primitives.find_all(f, _ADAPTER_CALL)) != len(primitives.find_all(f, _USES_V2_ASSERT))
         ]
-        if primitives.find_function(module, V2_ASSERT) is None:
-            return Finding.todo(anchor, "function not defined")
+        if v2 is None:
+            return self.located(Finding.todo(anchor, "function not defined"), v1)  # where it goes
         if unhooked:
-            return Finding.todo(anchor, f"not used by {', '.join(unhooked)}")
+            return self.located(Finding.todo(anchor, f"not used by {', '.join(unhooked)}"), v2)
         return Finding.done(anchor)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
