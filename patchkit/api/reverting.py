@@ -40,7 +40,7 @@ def revert_patches(session: Session, ids: list[str], cascade: bool = False, forc
     transformer.fetch(rel for rel in files if still[rel])
     record = session.record.copy()
     for rel in files:
-        target = transformer.run(rel, original[rel], still[rel]) if still[rel] else original[rel]
+        target = transformer.run(rel, original[rel], remaining) if still[rel] else original[rel]
         if rel in edited:
             target = keep_user_edits(session.tree.path(rel), current[rel], edited[rel][0], target, force, outcome)
         if target != current[rel]:

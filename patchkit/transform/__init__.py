@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
 from patchkit.errors import PatchkitError
 from patchkit.findings import Finding, State
@@ -58,14 +58,15 @@ class Transformed:
 
 def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["PatchCodemod"]],
         known: Sequence[Optional[Finding]] = (), source: Optional[bytes] = None,
-        pristine: Optional[bytes] = None) -> Transformed:
+        pristine: Optional[bytes] = None, owners: Optional[Mapping[str, str]] = None) -> Transformed:
     """Run ``codemods`` over ``module`` (the file ``rel``); each one that
     finds its change still to do makes it, and every one must find it done
     (or superseded) on the result, which must compile. ``known``: findings
     already detected on ``module`` as given (None: detect here); they hold
     only until a codemod changes the tree. ``source``: ``module``'s bytes;
     ``pristine``: the file as the tree's release ships it (None: unknown):
-    given both, code the vendor added must survive (``patchkit.transform.vendor_code``)."""
+    given both, code the vendor added must survive (``patchkit.transform.vendor_code``;
+    ``owners``: codemod name -> patch id, for its message)."""
     from libcst.codemod import CodemodContext
 
     from patchkit.codemods.common.primitives import add_needed_imports
@@ -106,5 +107,5 @@ def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["Pat
     if check:
         from patchkit.transform import vendor_code
 
-        notes = vendor_code.check(path, source, pristine, new, tree, original, instances, transformed)
+        notes = vendor_code.check(path, source, pristine, new, tree, original, instances, transformed, owners or {})
     return Transformed(new, after, transformed, notes)

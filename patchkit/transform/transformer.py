@@ -15,7 +15,7 @@ provably the same as the serial path's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from patchkit import registry, transform
 from patchkit.findings import Finding, State
@@ -102,7 +102,7 @@ class Transformer:
         self.fetch(files)
         out = {}
         for rel in files:
-            new = self.run(rel, sources[rel], codemods_for(rel, patches))
+            new = self.run(rel, sources[rel], patches)
             if new != sources[rel]:
                 out[rel] = new
         return out
@@ -127,25 +127,32 @@ class Transformer:
             if entry is not None and entry.new is not None and entry.groups == whole:
                 out[rel, k] = entry.new  # every group ran, in order: the serial path's codemods over the same bytes
             else:
-                out[rel, k] = self.run(rel, originals[rel], codemods_for(rel, patches[: k + 1]))
+                out[rel, k] = self.run(rel, originals[rel], patches[: k + 1])
         return out
 
-    def run(self, rel: str, source: bytes, codemods: list) -> bytes:
-        """Run ``codemods`` over one file's ``source``; every one must end
-        DONE. The file's release bytes must have been fetched (``fetch``)."""
+    def run(self, rel: str, source: bytes, patches: Sequence["Patch"]) -> bytes:
+        """Run ``patches``' codemods for the file ``rel`` over its ``source``;
+        every one must end DONE. The file's release bytes must have been
+        fetched (``fetch``)."""
+        codemods = codemods_for(rel, patches)
         prepared = self._use_prepared(rel, source, codemods)
         if prepared is not None:
             return prepared
         digest = sha256(source)
+        # Which patch each codemod is of (a codemod two patches share: the first), for messages.
+        owners: dict[str, str] = {}
+        for patch in patches:
+            for name in (registry.codemod_name(c) for t in patch.targets if t.file == rel for c in t.refs):
+                owners.setdefault(name, patch.id)
         # Findings already detected for these very bytes need no second detection.
         known = [self.findings.get(f"{registry.codemod_name(c)}|{digest}") for c in codemods]
         if all(k is not None and k[0] in (State.DONE.value, State.SUPERSEDED.value) for k in known):
             return source  # every change is there (a file a patch to apply leaves as it is): nothing to parse
-        module = self.modules.get(digest) or transform.parse(source, self.tree.path(rel))
         classes = [registry.load_codemod(codemod) for codemod in codemods]
+        module = self.modules.get(digest) or transform.parse(source, self.tree.path(rel))
         result = transform.run(rel, self.tree.path(rel), module, classes,
                                [None if k is None else Finding.from_list(k) for k in known], source,
-                               self.pristine[rel])
+                               self.pristine[rel], owners)
         self.notes.extend(line for line in result.notes if line not in self.notes)
         new_digest = sha256(result.new)
         for name, finding in result.after.items():

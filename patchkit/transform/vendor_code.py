@@ -30,7 +30,8 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from patchkit.errors import EXIT_CHANGES, PatchkitError
 from patchkit.transform.scope_tokens import Scope, Token, own_text, scopes, tokens
@@ -84,7 +85,7 @@ def pristine_source(version: str, rel: str) -> Optional[bytes]:
 # -- the check ------------------------------------------------------------------------
 
 
-def parse(source: bytes) -> Optional[ast.Module]:
+def _parse(source: bytes) -> Optional[ast.Module]:
     try:
         return ast.parse(source)
     except (SyntaxError, ValueError):
@@ -97,8 +98,8 @@ def lost(pristine: Optional[bytes], before: bytes, after: bytes, after_tree: Opt
     ``before`` is the pristine file. ``after_tree``: ``after`` already parsed."""
     if pristine is None or before == pristine or before == after:
         return []
-    b_tree = parse(before)
-    a_tree = after_tree or parse(after)
+    b_tree = _parse(before)
+    a_tree = after_tree or _parse(after)
     if b_tree is None or a_tree is None:
         return []
     b_lines, a_lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
@@ -112,7 +113,7 @@ def lost(pristine: Optional[bytes], before: bytes, after: bytes, after_tree: Opt
         if a_node is not None and b_text == own_text(a_lines, a_node, a_children):
             continue  # untouched by the transform
         if p_scopes is None:  # parsed only when the transform changed a scope
-            p_tree = parse(pristine) if pristine else ast.Module(body=[], type_ignores=[])
+            p_tree = _parse(pristine) if pristine else ast.Module(body=[], type_ignores=[])
             if p_tree is None:
                 return []
             p_scopes, p_lines = scopes(p_tree), pristine.splitlines(keepends=True)
@@ -193,11 +194,13 @@ class VendorCodeLost(PatchkitError):
 
 
 def check(path: Path, before: bytes, pristine: bytes, after: bytes, after_tree: ast.Module,
-          original: "cst.Module", instances: Sequence["PatchCodemod"], transformed: Sequence[str]) -> list[str]:
+          original: "cst.Module", instances: Sequence["PatchCodemod"], transformed: Sequence[str],
+          owners: Mapping[str, str] = MappingProxyType({})) -> list[str]:
     """The vendor-code rule for one transformed file: nothing lost, or every
     loss declared by the codemod that made it (``REPLACES_VENDOR``): one note
     line each. Anything else raises :class:`VendorCodeLost` naming file:line,
-    the vendor's code and the codemod (and its patch)."""
+    the vendor's code and the codemod (and its patch: ``owners``, codemod
+    name -> patch id, handed down by whoever chose the codemods)."""
     found = lost(pristine, before, after, after_tree)
     if not found:
         return []
@@ -206,7 +209,7 @@ def check(path: Path, before: bytes, pristine: bytes, after: bytes, after_tree: 
     for item in found:
         inst = blame.get(item)
         why = _declared(inst, item) if inst is not None else None
-        who = f"{inst.name()} ({_patch_of(inst)})" if inst is not None else "the import block edit"
+        who = f"{inst.name()} (patch {owners.get(inst.name(), '?')})" if inst is not None else "the import block edit"
         if why is None:
             refused.append((item, who))
         else:
@@ -244,19 +247,6 @@ def _declared(inst: "PatchCodemod", item: Lost) -> Optional[str]:
         if re.fullmatch(pattern, item.token) or re.search(pattern, item.code):
             return why
     return None
-
-
-def _patch_of(inst: "PatchCodemod") -> str:
-    from patchkit import registry
-
-    name = inst.name()
-    try:
-        for patch in registry.all_patches():
-            if any(registry.codemod_name(r) == name for t in patch.targets for r in t.refs):
-                return f"patch {patch.id}"
-    except Exception:  # noqa: BLE001 - a name for a message, never a reason to fail
-        pass
-    return "patch ?"
 
 
 def describe(item: Lost) -> str:
