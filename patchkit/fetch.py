@@ -15,6 +15,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 from patchkit import settings
 from patchkit.errors import PatchkitError
@@ -101,3 +102,43 @@ def copy_tree(version: str, target: Path, layout: str = "package") -> Path:
         return target / "sglang"
     shutil.copytree(src, target / "python" / "sglang")
     return target / "python" if layout == "python" else target
+
+
+# -- a release's bytes, from the cache only (the vendor-code check) ---------------------
+
+
+def pristine_source(version: str, rel: str) -> Optional[bytes]:
+    """``rel`` as the sglang ``version`` release ships it, from patchkit's cache
+    (an extracted tree, else a downloaded wheel); b"" when the cached release
+    has no such file (all of it is the vendor's); None when the release is not
+    in the cache (or the version is unknown). Never downloads."""
+    if not version or version == "unknown":
+        return None
+    cache = cache_dir()
+    tree = cache / "trees" / version
+    if (tree / ".complete").exists():
+        try:
+            return (tree / "sglang" / rel).read_bytes()
+        except FileNotFoundError:
+            return b""
+        except OSError:
+            return None
+    for wheel in sorted((cache / "wheels").glob(f"sglang-{version}-*.whl")):
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                try:
+                    return zf.read(f"sglang/{rel}")
+                except KeyError:
+                    return b""
+        except (OSError, zipfile.BadZipFile):
+            continue
+    return None
+
+
+def release_note(version: str) -> str:
+    return (f"note: the vendor-code check was skipped: sglang {version} is not in patchkit's cache "
+            f"(`patchkit fetch {version}` puts it there; code a fork added is then checked to survive)")
+
+
+def is_release(version: str) -> bool:
+    return bool(version) and version != "unknown"

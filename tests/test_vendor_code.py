@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from patchkit import fetch
 from patchkit.transform import vendor_code
 
 VERSIONS = ["0.5.11", "0.5.12.post1"]
@@ -54,7 +55,7 @@ def test_vendor_token_is_carried(make_tree, cli, version, shape):
     assert result.exit_code == 0, result.output
     patched = (tree / rel).read_text()
     assert token in patched
-    assert patched != vendor_code.pristine_source(version, rel).decode()  # the patch did change this file
+    assert patched != fetch.pristine_source(version, rel).decode()  # the patch did change this file
     assert cli("verify", "-q", tree).exit_code == 0
 
 
@@ -135,6 +136,6 @@ def test_removed_vendor_statement_and_method():
 
 def test_pristine_source_never_downloads(tmp_path, monkeypatch):
     monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path))
-    assert vendor_code.pristine_source("0.5.12.post1", "srt/managers/scheduler.py") is None
-    assert vendor_code.pristine_source("unknown", "x.py") is None
+    assert fetch.pristine_source("0.5.12.post1", "srt/managers/scheduler.py") is None
+    assert fetch.pristine_source("unknown", "x.py") is None
     assert not any(tmp_path.iterdir())

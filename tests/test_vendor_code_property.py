@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from patchkit import registry, transform
+from patchkit import fetch
 from patchkit.transform import vendor_code
 from patchkit.errors import PatchkitError
 from patchkit.findings import State
@@ -119,13 +120,13 @@ def test_random_vendor_insertions_survive_or_are_refused(version, seed):
     fetch_tree(version)
     rng = random.Random(seed)
     files = sorted({t.file for p in registry.all_patches() for t in p.targets})
-    files = [f for f in files if vendor_code.pristine_source(version, f)]
+    files = [f for f in files if fetch.pristine_source(version, f)]
     start = time.monotonic()
     checked = refused = 0
     for rel in rng.sample(files, min(FILES_PER_RELEASE, len(files))):
         if time.monotonic() - start > BUDGET_S:
             break
-        pristine = vendor_code.pristine_source(version, rel)
+        pristine = fetch.pristine_source(version, rel)
         regions = _regions(rel, pristine)
         if not regions:
             continue

@@ -35,13 +35,13 @@ def fetch_pristine(version: str, files: Iterable[str], pristine: dict[str, Optio
     """The fetch step: each of ``files``' bytes as the tree's release ships
     them, added to ``pristine`` (None: not in patchkit's cache, or not a
     release; the vendor-code check is then skipped, said once in ``notes``)."""
-    from patchkit.transform import vendor_code
+    from patchkit import fetch
 
     for rel in files:
         if rel not in pristine:
-            pristine[rel] = vendor_code.pristine_source(version, rel)
-            if pristine[rel] is None and vendor_code.is_release(version):
-                note = vendor_code.release_note(version)
+            pristine[rel] = fetch.pristine_source(version, rel)
+            if pristine[rel] is None and fetch.is_release(version):
+                note = fetch.release_note(version)
                 notes.extend([note] if note not in notes else [])
 
 
