@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 import patchkit
-from patchkit import git, registry, transform
+from patchkit import registry, transform
 from patchkit.state import originals
 from patchkit.state import vendoring
 from patchkit.findings import Finding, State
@@ -68,11 +68,10 @@ class Session:
         """The bytes of ``patches``' target files that the tree has."""
         return {t.file: data for p in patches for t in p.targets if (data := self.read(t.file)) is not None}
 
-    def read_for_apply(self, selected: Iterable[Patch]) -> tuple[list[Patch], dict[str, bytes], Optional[str]]:
-        """What an apply reads before it plans: the patches applied so far, the
-        bytes of ``selected``'s target files, and the commit the patches are
-        applied on (the record's, else the checkout's HEAD; None outside git)."""
-        return self.applied_patches(), self.sources(selected), self.record.base_commit or git.head(self.tree.package)
+    def read_for_apply(self, selected: Iterable[Patch]) -> tuple[list[Patch], dict[str, bytes]]:
+        """What an apply reads before it plans: the patches applied so far, and
+        the bytes of ``selected``'s target files."""
+        return self.applied_patches(), self.sources(selected)
 
     def read_for_revert(self, files: Iterable[str]) -> tuple[dict[str, bytes], dict[str, tuple[bytes, bytes]], dict[str, bytes]]:
         """What a revert reads before it transforms, for each of ``files``

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import patchkit
-from patchkit import registry
+from patchkit import git, registry
 from patchkit.state import vendoring
 from patchkit.api.commit import commit, sync_runtime
 from patchkit.engine import Session
@@ -50,11 +50,10 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
     if record.legacy:
         raise PatchkitError(f"{tree.package}: {LEGACY}")
-    # Read: the applied patches, the target files' bytes, the commit the tree
-    # is based on. Fetch and prepare: every file's detection and transform
-    # ahead, in parallel or from the transform cache (this seeds the findings
-    # the plan's reports read).
-    applied, sources, base_commit = session.read_for_apply(selected)
+    # Read: the applied patches, the target files' bytes. Fetch and prepare:
+    # every file's detection and transform ahead, in parallel or from the
+    # transform cache (this seeds the findings the plan's reports read).
+    applied, sources = session.read_for_apply(selected)
     transformer = Transformer(tree, session.findings, session.modules)
     transformer.prepare(sources, selected, progress)
     # Plan; then, before any transform, what the plan's files need: edits made
@@ -68,6 +67,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     for rel, new in transformer.transform_files(sources, plan.files, plan.todo).items():
         outcome.changed[rel] = (sources[rel], new)
     outcome.messages.extend(transformer.notes)  # vendor code replaced on purpose, or its check skipped
+    base_commit = record.base_commit or git.head(tree.package)  # what the patches are applied on
     new_record = _record(tree, record, plan, outcome, sources, edited)
     if new_record.applied:
         if mode != session.runtime_mode and record.applied:
