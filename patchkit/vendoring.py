@@ -1,0 +1,10 @@
+"""Moved: where patched code imports its helpers from is
+``patchkit.layout.import_path`` (the runtime folder itself:
+``patchkit.state.vendoring``). Patch sets written against patchkit 0.2 import
+``import_path`` from here, and still can."""
+
+import warnings
+
+from patchkit.layout import IMPORT_ROOT, import_path  # noqa: F401
+
+warnings.warn("patchkit.vendoring.import_path moved to patchkit.layout.import_path", DeprecationWarning, stacklevel=2)
