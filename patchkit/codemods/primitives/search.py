@@ -24,13 +24,53 @@ def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.B
     ``m.matches`` on nodes of the matcher's type."""
     if within is not None:
         return [hit for outer in find_all(node, within) for hit in find_all(outer, matcher)]
-    wanted = getattr(cst, type(matcher).__name__, None)
     nodes, by_type = _index(node)
-    if isinstance(wanted, type) and issubclass(wanted, cst.CSTNode):
-        candidates = by_type.get(wanted, ())
-    else:
-        candidates = nodes  # OneOf, MatchIfTrue, ...: test every node
+    types = _types_of(matcher)
+    if types is None:
+        candidates = nodes  # MatchIfTrue, ~X, ...: test every node
+    elif len(types) == 1:
+        candidates = by_type.get(next(iter(types)), ())
+    else:  # OneOf: the nodes of its options' types, still in source order
+        candidates = [n for n in nodes if type(n) in types]
     return [n for n in candidates if m.matches(n, matcher)]
+
+
+# id(matcher) -> (matcher, the node types it can match or None): matchers are
+# module constants mostly; the entry holds the matcher, so its id stays valid.
+_TYPES: dict[int, tuple] = {}
+
+
+def _types_of(matcher) -> Optional[frozenset]:
+    hit = _TYPES.get(id(matcher))
+    if hit is not None and hit[0] is matcher:
+        return hit[1]
+    if len(_TYPES) > 1024:
+        _TYPES.clear()
+    types = _matcher_types(matcher)
+    _TYPES[id(matcher)] = (matcher, types)
+    return types
+
+
+def _matcher_types(matcher) -> Optional[frozenset]:
+    """The libcst node types ``m.matches(node, matcher)`` can be true for
+    (a superset), None for any: libcst matches a node only against a matcher
+    of its class's name; a OneOf matches what one of its options does, an
+    AllOf what all do, a saved matcher what it wraps."""
+    if isinstance(matcher, m.TypeOf):
+        return None
+    if isinstance(matcher, (m.OneOf, m.AllOf)):
+        options = [_matcher_types(option) for option in matcher.options]
+        if isinstance(matcher, m.OneOf):
+            return None if any(t is None for t in options) else frozenset().union(*options)
+        known = [t for t in options if t is not None]
+        return frozenset.intersection(*known) if known else None
+    inner = getattr(matcher, "matcher", None)
+    if type(matcher).__name__ == "_ExtractMatchingNode" and inner is not None:
+        return _matcher_types(inner)
+    wanted = getattr(cst, type(matcher).__name__, None)
+    if isinstance(wanted, type) and issubclass(wanted, cst.CSTNode):
+        return frozenset((wanted,))
+    return None
 
 
 # Codemods query the same method many times (detect, transform, postcondition):
