@@ -179,16 +179,71 @@ _NO_CONTEXT = nullcontext()
 def line_of(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
     """1-based line where ``node`` (a node of ``module``) starts, as
     libcst's PositionProvider gives it (whitespace and comments before it
-    excluded). Found by generating the module's code only up to ``node``,
-    counting newlines: resolving every node's position (PositionProvider)
-    made three fifths of a cold apply (a finding's "first at LINE")."""
+    excluded). Found by generating code and counting newlines, one top-level
+    statement (or method, inside a class) at a time, each generated once and
+    remembered by identity: a transformed module shares its unchanged
+    statements with the module it came from. Resolving every node's position
+    (PositionProvider) made three fifths of a cold apply (a finding's "first
+    at LINE"); generating the module up to the node for each call, a tenth."""
+    if node is module:
+        return 1  # a Module starts where its code does: line 1
+    line = 1
+    for item in (*module.header, *module.body, *module.footer):
+        lines = _lines(item, module.default_indent, module.default_newline)
+        found = _line_in(lines, node, line)
+        if found is not None:
+            return found
+        line += lines[1]
+    return None
+
+
+# id(statement) -> _lines of it: (statement, newlines, {id(node): line from
+# its start}, {id(node): node its position starts at}, [(_lines of a body
+# statement, line from its start)], indent, newline). The entry holds the
+# statement, so ids stay valid.
+_LINES: dict[int, tuple] = {}
+
+
+def _line_in(lines: tuple, node: cst.CSTNode, base: int) -> Optional[int]:
+    found = lines[2].get(id(node))
+    if found is not None:
+        return base + found
+    start = lines[3].get(id(node))
+    if start is not None:  # IndentedBlock: where its first statement starts
+        return _line_in(lines, start, base)
+    for child, offset in lines[4]:
+        found = _line_in(child, node, base + offset)
+        if found is not None:
+            return found
+    return None
+
+
+def _lines(item: cst.CSTNode, indent: str, newline: str) -> tuple:
+    """Where each node of ``item`` starts, relative to ``item``'s own
+    start, from one generation of its code (a class: of its own lines, with
+    each statement of its body generated on its own, as a child)."""
+    hit = _LINES.get(id(item))
+    if hit is not None and hit[0] is item and hit[5] == indent and hit[6] == newline:
+        return hit
     from libcst._nodes.internal import CodegenState
 
-    class Found(Exception):
-        pass
+    children: list[tuple[tuple, int]] = []
+    alias: dict[int, cst.CSTNode] = {}
+    generated = item
+    body = getattr(item, "body", None)
+    if isinstance(item, cst.ClassDef) and isinstance(body, cst.IndentedBlock) and body.body:
+        # The class with each body statement standing in for its lines.
+        stand_ins = [_Newlines(_lines(stmt, indent, newline)) for stmt in body.body]
+        new_body = body.with_changes(body=stand_ins)
+        generated = item.with_changes(body=new_body)
+        alias = {id(generated): item, id(new_body): body}
 
-    class StartLine(CodegenState):
-        line, target = 1, node
+    starts: dict[int, int] = {}
+    found: dict[int, int] = {}
+    redirect: dict[int, cst.CSTNode] = {}
+
+    class Record(CodegenState):
+        line = 0
 
         def add_token(self, value: str) -> None:
             self.line += value.count("\n")
@@ -196,24 +251,49 @@ def line_of(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
         def add_indent_tokens(self) -> None:  # indentation holds no newline
             pass
 
-        # A node without a syntactic part (whitespace) starts where its code does.
         def before_codegen(self, current) -> None:
-            if current is self.target:
-                self.start = self.line
+            if type(current) is _Newlines:
+                children.append((current.lines, self.line))
+                self.line += current.lines[1]
+                return
+            key = id(alias.get(id(current), current))
+            if key not in found and key not in redirect:
+                starts.setdefault(key, self.line)
 
         def after_codegen(self, current) -> None:
-            if current is self.target:
-                raise Found(self.start)
+            key = id(alias.get(id(current), current))
+            if key not in found and key not in redirect and key in starts:
+                found[key] = starts[key]
 
         def record_syntactic_position(self, current, *, start_node=None, end_node=None):
-            if current is self.target:
+            key = id(alias.get(id(current), current))
+            if key not in found and key not in redirect:
                 if start_node is None:
-                    raise Found(self.line)
-                self.target = start_node  # the position starts where that child does
+                    found[key] = self.line
+                else:  # the position starts where that child does
+                    redirect[key] = start_node.lines[0] if type(start_node) is _Newlines else start_node
             return _NO_CONTEXT  # called for every node: no generator-based context manager
 
-    try:
-        module._codegen(StartLine(default_indent=module.default_indent, default_newline=module.default_newline))
-    except Found as found:
-        return found.args[0]
-    return None
+    state = Record(default_indent=indent, default_newline=newline)
+    generated._codegen(state)
+    lines = (item, state.line, found, redirect, children, indent, newline)
+    if len(_LINES) > 8192:
+        _LINES.clear()
+    _LINES[id(item)] = lines
+    return lines
+
+
+class _Newlines(cst.CSTNode):
+    """Stands in for a statement of a class body whose lines are known: its
+    code is that many newlines (``_lines`` generates the class around it)."""
+
+    __slots__ = ("lines",)
+
+    def __init__(self, lines: tuple) -> None:
+        object.__setattr__(self, "lines", lines)  # the statement's _lines
+
+    def _visit_and_replace_children(self, visitor):  # never visited
+        return self
+
+    def _codegen_impl(self, state) -> None:  # Record.before_codegen counts its lines
+        pass
