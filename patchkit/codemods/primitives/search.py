@@ -84,7 +84,7 @@ def _index(node: cst.CSTNode) -> tuple[list[cst.CSTNode], dict[type, list[cst.CS
     if hit is not None and hit[0] is node:
         _INDEX.move_to_end(id(node))
         return hit[1], hit[2]
-    nodes = list(_walk(node))
+    nodes = _nodes_under(node)
     by_type: dict[type, list[cst.CSTNode]] = {}
     for n in nodes:
         by_type.setdefault(type(n), []).append(n)
@@ -92,6 +92,36 @@ def _index(node: cst.CSTNode) -> tuple[list[cst.CSTNode], dict[type, list[cst.CS
     if len(_INDEX) > 256:
         _INDEX.popitem(last=False)
     return nodes, by_type
+
+
+# The walks of functions and classes, kept apart from _INDEX and by identity
+# too: a walk of a class or module splices in those of the functions in it,
+# and a function's walk after its class's is found here. A transformed class
+# shares its unchanged methods with the class it came from.
+_UNITS = (cst.FunctionDef, cst.ClassDef)
+_UNIT_WALKS: dict[int, tuple] = {}
+
+
+def _nodes_under(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``list(_walk(node))``, from the remembered walks of the functions and
+    classes in it."""
+    hit = _UNIT_WALKS.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    nodes: list[cst.CSTNode] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current is not node and isinstance(current, _UNITS):
+            nodes.extend(_nodes_under(current))
+            continue
+        nodes.append(current)
+        stack.extend(reversed(_children(current)))
+    if isinstance(node, _UNITS):
+        if len(_UNIT_WALKS) > 4096:
+            _UNIT_WALKS.clear()
+        _UNIT_WALKS[id(node)] = (node, nodes)
+    return nodes
 
 
 class _ChildOrder(cst.CSTVisitor):
