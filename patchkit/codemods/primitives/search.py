@@ -227,9 +227,10 @@ def line_of(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
     return None
 
 
-# id(statement) -> _lines of it: (statement, newlines, {id(node): line from
-# its start}, {id(node): node its position starts at}, [(_lines of a body
-# statement, line from its start)], indent, newline). The entry holds the
+# id(statement) -> _lines of it: (statement, newlines, {id(node): line of its
+# syntactic part, from the statement's start}, {id(node): node its position
+# starts at}, [(_lines of a body statement, line from its start)], indent,
+# newline, {id(node): line where its code starts}). The entry holds the
 # statement, so ids stay valid.
 _LINES: dict[int, tuple] = {}
 
@@ -241,6 +242,9 @@ def _line_in(lines: tuple, node: cst.CSTNode, base: int) -> Optional[int]:
     start = lines[3].get(id(node))
     if start is not None:  # IndentedBlock: where its first statement starts
         return _line_in(lines, start, base)
+    found = lines[7].get(id(node))
+    if found is not None:  # no syntactic part: where its code starts
+        return base + found
     for child, offset in lines[4]:
         found = _line_in(child, node, base + offset)
         if found is not None:
@@ -274,6 +278,7 @@ def _lines(item: cst.CSTNode, indent: str, newline: str) -> tuple:
 
     class Record(CodegenState):
         line = 0
+        stood_in = children
 
         def add_token(self, value: str) -> None:
             self.line += value.count("\n")
@@ -281,22 +286,14 @@ def _lines(item: cst.CSTNode, indent: str, newline: str) -> tuple:
         def add_indent_tokens(self) -> None:  # indentation holds no newline
             pass
 
+        # A node without a syntactic part (whitespace) starts where its code
+        # does; the first time a node is generated counts (after_codegen is
+        # not needed: a node records its syntactic position every time or never).
         def before_codegen(self, current) -> None:
-            if type(current) is _Newlines:
-                children.append((current.lines, self.line))
-                self.line += current.lines[1]
-                return
-            key = id(alias.get(id(current), current))
-            if key not in found and key not in redirect:
-                starts.setdefault(key, self.line)
-
-        def after_codegen(self, current) -> None:
-            key = id(alias.get(id(current), current))
-            if key not in found and key not in redirect and key in starts:
-                found[key] = starts[key]
+            starts.setdefault(id(current), self.line)
 
         def record_syntactic_position(self, current, *, start_node=None, end_node=None):
-            key = id(alias.get(id(current), current))
+            key = id(current)
             if key not in found and key not in redirect:
                 if start_node is None:
                     found[key] = self.line
@@ -306,7 +303,14 @@ def _lines(item: cst.CSTNode, indent: str, newline: str) -> tuple:
 
     state = Record(default_indent=indent, default_newline=newline)
     generated._codegen(state)
-    lines = (item, state.line, found, redirect, children, indent, newline)
+    if generated is not item:  # what stood in for the class: its ids are the class's
+        for stand_in in generated.body.body:
+            starts.pop(id(stand_in), None)
+        for table in (starts, found, redirect):
+            for key, value in alias.items():
+                if key in table:
+                    table[id(value)] = table.pop(key)
+    lines = (item, state.line, found, redirect, children, indent, newline, starts)
     if len(_LINES) > 8192:
         _LINES.clear()
     _LINES[id(item)] = lines
@@ -325,5 +329,6 @@ class _Newlines(cst.CSTNode):
     def _visit_and_replace_children(self, visitor):  # never visited
         return self
 
-    def _codegen_impl(self, state) -> None:  # Record.before_codegen counts its lines
-        pass
+    def _codegen_impl(self, state) -> None:
+        state.stood_in.append((self.lines, state.line))
+        state.line += self.lines[1]
