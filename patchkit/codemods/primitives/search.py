@@ -112,12 +112,12 @@ def _nodes_under(node: cst.CSTNode) -> list[cst.CSTNode]:
     stack = [node]
     while stack:
         current = stack.pop()
-        if current is not node and isinstance(current, _UNITS):
+        if current is not node and type(current) in _UNITS:
             nodes.extend(_nodes_under(current))
             continue
         nodes.append(current)
         stack.extend(reversed(_children(current)))
-    if isinstance(node, _UNITS):
+    if type(node) in _UNITS:
         if len(_UNIT_WALKS) > 4096:
             _UNIT_WALKS.clear()
         _UNIT_WALKS[id(node)] = (node, nodes)
@@ -145,18 +145,34 @@ _FIELD_ORDER: dict[tuple, tuple[str, ...]] = {}
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
+# type -> 1 (a CST node), 2 (a list or tuple), 0 (anything else): isinstance
+# against CSTNode, an ABC, cost a Python-level __instancecheck__ per field.
+_KINDS: dict[type, int] = {}
+
+
+def _kind(value_type: type) -> int:
+    kind = _KINDS[value_type] = (
+        1 if issubclass(value_type, cst.CSTNode) else 2 if issubclass(value_type, (list, tuple)) else 0
+    )
+    return kind
+
+
 def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     node_type = type(node)
     names = _FIELD_NAMES.get(node_type)
     if names is None:
         names = _FIELD_NAMES[node_type] = tuple(f.name for f in dataclasses.fields(node))
     fields = {}
+    kinds = _KINDS
     for name in names:
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        kind = kinds.get(type(value))
+        if kind is None:
+            kind = _kind(type(value))
+        if kind == 1:
             fields[name] = (value,)
-        elif value and isinstance(value, (list, tuple)):
-            items = [v for v in value if isinstance(v, cst.CSTNode)]
+        elif kind == 2 and value:
+            items = [v for v in value if (kinds.get(type(v)) or _kind(type(v))) == 1]
             if items:
                 fields[name] = items
     if len(fields) <= 1:
