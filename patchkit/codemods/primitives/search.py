@@ -32,6 +32,9 @@ def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.B
         candidates = by_type.get(next(iter(types)), ())
     else:  # OneOf: the nodes of its options' types, still in source order
         candidates = [n for n in nodes if type(n) in types]
+    needs = _needs_of(matcher)
+    if needs is not None:  # cheap tests first: m.matches only where they pass
+        candidates = [n for n in candidates if _meets(n, needs)]
     return [n for n in candidates if m.matches(n, matcher)]
 
 
@@ -49,6 +52,70 @@ def _types_of(matcher) -> Optional[frozenset]:
     types = _matcher_types(matcher)
     _TYPES[id(matcher)] = (matcher, types)
     return types
+
+
+# id(matcher) -> (matcher, _needs of it).
+_NEEDS: dict[int, tuple] = {}
+
+
+def _needs_of(matcher) -> Optional[tuple]:
+    hit = _NEEDS.get(id(matcher))
+    if hit is not None and hit[0] is matcher:
+        return hit[1]
+    if len(_NEEDS) > 1024:
+        _NEEDS.clear()
+    needs = _needs(matcher)
+    _NEEDS[id(matcher)] = (matcher, needs)
+    return needs
+
+
+def _needs(matcher) -> Optional[tuple]:
+    """What a node must have for ``m.matches(node, matcher)`` to hold, as far
+    as cheap to test (None: nothing): ((field, str), ...) for fields the
+    matcher gives as text, ((field, class name, needs), ...) for fields given
+    as a node matcher (libcst compares text with ==, and a node matcher
+    matches only a node of its class's name). A OneOf needs what one of its
+    options does: ("or", (needs, ...))."""
+    inner = getattr(matcher, "matcher", None)
+    if type(matcher).__name__ == "_ExtractMatchingNode" and inner is not None:
+        return _needs(inner)
+    if isinstance(matcher, m.TypeOf):
+        return None
+    if isinstance(matcher, m.OneOf):
+        options = tuple(_needs(option) for option in matcher.options)
+        return None if any(o is None for o in options) else ("or", options)
+    if isinstance(matcher, m.AllOf):
+        return None
+    if not isinstance(matcher, m.BaseMatcherNode) or not isinstance(getattr(cst, type(matcher).__name__, None), type):
+        return None
+    needs = []
+    for f in dataclasses.fields(matcher):
+        if f.name in ("metadata", "_metadata"):
+            continue
+        wanted = getattr(matcher, f.name)
+        inner = getattr(wanted, "matcher", None)
+        if type(wanted).__name__ == "_ExtractMatchingNode" and inner is not None:
+            wanted = inner
+        if isinstance(wanted, str):
+            needs.append((f.name, wanted))
+        elif (isinstance(wanted, m.BaseMatcherNode) and not isinstance(wanted, (m.OneOf, m.AllOf, m.TypeOf))
+              and isinstance(getattr(cst, type(wanted).__name__, None), type)):
+            needs.append((f.name, type(wanted).__name__, _needs(wanted) or ()))
+    return tuple(needs) or None
+
+
+def _meets(node, needs: tuple) -> bool:
+    if needs and needs[0] == "or":
+        return any(o == () or _meets(node, o) for o in needs[1])
+    for need in needs:
+        value = getattr(node, need[0], None)
+        if len(need) == 2:
+            if value != need[1]:
+                return False
+        elif not isinstance(value, (list, tuple, str)):  # a sequence: libcst matches it otherwise
+            if type(value).__name__ != need[1] or (need[2] and not _meets(value, need[2])):
+                return False
+    return True
 
 
 def _matcher_types(matcher) -> Optional[frozenset]:
