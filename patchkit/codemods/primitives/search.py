@@ -270,18 +270,23 @@ def paths_to(node: cst.CSTNode, hits: list[cst.CSTNode]) -> set[int]:
     their ancestors) can change: every other subtree is left as it is."""
     targets = {id(h) for h in hits}
     keep: set[int] = set()
-
-    def visit(current: cst.CSTNode) -> bool:
-        found = id(current) in targets
-        for child in _children(current):
-            if visit(child):
-                found = True
-        if found:
-            keep.add(id(current))
-        return found
-
-    if targets:
-        visit(node)
+    if not targets:
+        return keep
+    # The walk in pre-order (remembered by find_all) says where the last
+    # target is: the search stops there.
+    nodes = _index(node)[0]
+    last = len(nodes) - 1
+    while last >= 0 and id(nodes[last]) not in targets:
+        last -= 1
+    path: list[cst.CSTNode] = []  # the current node's ancestors, then itself
+    stack = [(node, 0)]
+    for _ in range(last + 1):  # the same pre-order as that walk
+        current, depth = stack.pop()
+        del path[depth:]
+        path.append(current)
+        if id(current) in targets:
+            keep.update(map(id, path))
+        stack.extend([(child, depth + 1) for child in reversed(_children(current))])
     return keep
 
 
