@@ -399,7 +399,7 @@ def _lines(item: cst.CSTNode, indent: str, newline: str) -> tuple:
                 if key in table:
                     table[id(value)] = table.pop(key)
     lines = (item, state.line, found, redirect, children, indent, newline, starts)
-    if len(_LINES) > 8192:
+    if len(_LINES) > 2048:
         _LINES.clear()
     _LINES[id(item)] = lines
     return lines
