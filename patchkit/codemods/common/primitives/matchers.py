@@ -173,13 +173,8 @@ class NoneGuards:
 
     def __init__(self, fn: cst.CSTNode, names: Iterable[str]) -> None:
         self.names = set(names)
-        self.parents: dict[int, cst.CSTNode] = {}
-        stack = [fn]
-        while stack:
-            node = stack.pop()
-            for child in _children(node):
-                self.parents[id(child)] = node
-                stack.append(child)
+        self.parents = _parents(fn)
+
 
     def _tests(self, test: cst.BaseExpression) -> Optional[bool]:
         """True: ``test`` holds only when a named value is not None
@@ -251,6 +246,29 @@ class NoneGuards:
         if isinstance(last, cst.SimpleStatementSuite):
             return isinstance(last.body[-1], _EXITS)
         return False
+
+
+# id(fn) -> (fn, {id(node): its parent}): a method's guards are asked about
+# again and again (each guard, detect and transform); nodes are immutable and
+# the entry holds fn, so the map stays valid.
+_PARENTS: dict[int, tuple] = {}
+
+
+def _parents(fn: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    hit = _PARENTS.get(id(fn))
+    if hit is not None and hit[0] is fn:
+        return hit[1]
+    parents: dict[int, cst.CSTNode] = {}
+    stack = [fn]
+    while stack:
+        node = stack.pop()
+        for child in _children(node):
+            parents[id(child)] = node
+            stack.append(child)
+    if len(_PARENTS) > 64:
+        _PARENTS.clear()
+    _PARENTS[id(fn)] = (fn, parents)
+    return parents
 
 
 def _before(body, child) -> list:

@@ -24,13 +24,120 @@ def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.B
     ``m.matches`` on nodes of the matcher's type."""
     if within is not None:
         return [hit for outer in find_all(node, within) for hit in find_all(outer, matcher)]
-    wanted = getattr(cst, type(matcher).__name__, None)
     nodes, by_type = _index(node)
-    if isinstance(wanted, type) and issubclass(wanted, cst.CSTNode):
-        candidates = by_type.get(wanted, ())
-    else:
-        candidates = nodes  # OneOf, MatchIfTrue, ...: test every node
+    types = _types_of(matcher)
+    if types is None:
+        candidates = nodes  # MatchIfTrue, ~X, ...: test every node
+    elif len(types) == 1:
+        candidates = by_type.get(next(iter(types)), ())
+    else:  # OneOf: the nodes of its options' types, still in source order
+        candidates = [n for n in nodes if type(n) in types]
+    needs = _needs_of(matcher)
+    if needs is not None:  # cheap tests first: m.matches only where they pass
+        candidates = [n for n in candidates if _meets(n, needs)]
     return [n for n in candidates if m.matches(n, matcher)]
+
+
+# id(matcher) -> (matcher, the node types it can match or None): matchers are
+# module constants mostly; the entry holds the matcher, so its id stays valid.
+_TYPES: dict[int, tuple] = {}
+
+
+def _types_of(matcher) -> Optional[frozenset]:
+    hit = _TYPES.get(id(matcher))
+    if hit is not None and hit[0] is matcher:
+        return hit[1]
+    if len(_TYPES) > 1024:
+        _TYPES.clear()
+    types = _matcher_types(matcher)
+    _TYPES[id(matcher)] = (matcher, types)
+    return types
+
+
+# id(matcher) -> (matcher, _needs of it).
+_NEEDS: dict[int, tuple] = {}
+
+
+def _needs_of(matcher) -> Optional[tuple]:
+    hit = _NEEDS.get(id(matcher))
+    if hit is not None and hit[0] is matcher:
+        return hit[1]
+    if len(_NEEDS) > 1024:
+        _NEEDS.clear()
+    needs = _needs(matcher)
+    _NEEDS[id(matcher)] = (matcher, needs)
+    return needs
+
+
+def _needs(matcher) -> Optional[tuple]:
+    """What a node must have for ``m.matches(node, matcher)`` to hold, as far
+    as cheap to test (None: nothing): ((field, str), ...) for fields the
+    matcher gives as text, ((field, class name, needs), ...) for fields given
+    as a node matcher (libcst compares text with ==, and a node matcher
+    matches only a node of its class's name). A OneOf needs what one of its
+    options does: ("or", (needs, ...))."""
+    inner = getattr(matcher, "matcher", None)
+    if type(matcher).__name__ == "_ExtractMatchingNode" and inner is not None:
+        return _needs(inner)
+    if isinstance(matcher, m.TypeOf):
+        return None
+    if isinstance(matcher, m.OneOf):
+        options = tuple(_needs(option) for option in matcher.options)
+        return None if any(o is None for o in options) else ("or", options)
+    if isinstance(matcher, m.AllOf):
+        return None
+    if not isinstance(matcher, m.BaseMatcherNode) or not isinstance(getattr(cst, type(matcher).__name__, None), type):
+        return None
+    needs = []
+    for f in dataclasses.fields(matcher):
+        if f.name in ("metadata", "_metadata"):
+            continue
+        wanted = getattr(matcher, f.name)
+        inner = getattr(wanted, "matcher", None)
+        if type(wanted).__name__ == "_ExtractMatchingNode" and inner is not None:
+            wanted = inner
+        if isinstance(wanted, str):
+            needs.append((f.name, wanted))
+        elif (isinstance(wanted, m.BaseMatcherNode) and not isinstance(wanted, (m.OneOf, m.AllOf, m.TypeOf))
+              and isinstance(getattr(cst, type(wanted).__name__, None), type)):
+            needs.append((f.name, type(wanted).__name__, _needs(wanted) or ()))
+    return tuple(needs) or None
+
+
+def _meets(node, needs: tuple) -> bool:
+    if needs and needs[0] == "or":
+        return any(o == () or _meets(node, o) for o in needs[1])
+    for need in needs:
+        value = getattr(node, need[0], None)
+        if len(need) == 2:
+            if value != need[1]:
+                return False
+        elif not isinstance(value, (list, tuple, str)):  # a sequence: libcst matches it otherwise
+            if type(value).__name__ != need[1] or (need[2] and not _meets(value, need[2])):
+                return False
+    return True
+
+
+def _matcher_types(matcher) -> Optional[frozenset]:
+    """The libcst node types ``m.matches(node, matcher)`` can be true for
+    (a superset), None for any: libcst matches a node only against a matcher
+    of its class's name; a OneOf matches what one of its options does, an
+    AllOf what all do, a saved matcher what it wraps."""
+    if isinstance(matcher, m.TypeOf):
+        return None
+    if isinstance(matcher, (m.OneOf, m.AllOf)):
+        options = [_matcher_types(option) for option in matcher.options]
+        if isinstance(matcher, m.OneOf):
+            return None if any(t is None for t in options) else frozenset().union(*options)
+        known = [t for t in options if t is not None]
+        return frozenset.intersection(*known) if known else None
+    inner = getattr(matcher, "matcher", None)
+    if type(matcher).__name__ == "_ExtractMatchingNode" and inner is not None:
+        return _matcher_types(inner)
+    wanted = getattr(cst, type(matcher).__name__, None)
+    if isinstance(wanted, type) and issubclass(wanted, cst.CSTNode):
+        return frozenset((wanted,))
+    return None
 
 
 # Codemods query the same method many times (detect, transform, postcondition):
@@ -44,7 +151,7 @@ def _index(node: cst.CSTNode) -> tuple[list[cst.CSTNode], dict[type, list[cst.CS
     if hit is not None and hit[0] is node:
         _INDEX.move_to_end(id(node))
         return hit[1], hit[2]
-    nodes = list(_walk(node))
+    nodes = _nodes_under(node)
     by_type: dict[type, list[cst.CSTNode]] = {}
     for n in nodes:
         by_type.setdefault(type(n), []).append(n)
@@ -52,6 +159,36 @@ def _index(node: cst.CSTNode) -> tuple[list[cst.CSTNode], dict[type, list[cst.CS
     if len(_INDEX) > 256:
         _INDEX.popitem(last=False)
     return nodes, by_type
+
+
+# The walks of functions and classes, kept apart from _INDEX and by identity
+# too: a walk of a class or module splices in those of the functions in it,
+# and a function's walk after its class's is found here. A transformed class
+# shares its unchanged methods with the class it came from.
+_UNITS = (cst.FunctionDef, cst.ClassDef)
+_UNIT_WALKS: dict[int, tuple] = {}
+
+
+def _nodes_under(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``list(_walk(node))``, from the remembered walks of the functions and
+    classes in it."""
+    hit = _UNIT_WALKS.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    nodes: list[cst.CSTNode] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current is not node and type(current) in _UNITS:
+            nodes.extend(_nodes_under(current))
+            continue
+        nodes.append(current)
+        stack.extend(reversed(_children(current)))
+    if type(node) in _UNITS:
+        if len(_UNIT_WALKS) > 4096:
+            _UNIT_WALKS.clear()
+        _UNIT_WALKS[id(node)] = (node, nodes)
+    return nodes
 
 
 class _ChildOrder(cst.CSTVisitor):
@@ -75,18 +212,34 @@ _FIELD_ORDER: dict[tuple, tuple[str, ...]] = {}
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
+# type -> 1 (a CST node), 2 (a list or tuple), 0 (anything else): isinstance
+# against CSTNode, an ABC, cost a Python-level __instancecheck__ per field.
+_KINDS: dict[type, int] = {}
+
+
+def _kind(value_type: type) -> int:
+    kind = _KINDS[value_type] = (
+        1 if issubclass(value_type, cst.CSTNode) else 2 if issubclass(value_type, (list, tuple)) else 0
+    )
+    return kind
+
+
 def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     node_type = type(node)
     names = _FIELD_NAMES.get(node_type)
     if names is None:
         names = _FIELD_NAMES[node_type] = tuple(f.name for f in dataclasses.fields(node))
     fields = {}
+    kinds = _KINDS
     for name in names:
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        kind = kinds.get(type(value))
+        if kind is None:
+            kind = _kind(type(value))
+        if kind == 1:
             fields[name] = (value,)
-        elif value and isinstance(value, (list, tuple)):
-            items = [v for v in value if isinstance(v, cst.CSTNode)]
+        elif kind == 2 and value:
+            items = [v for v in value if (kinds.get(type(v)) or _kind(type(v))) == 1]
             if items:
                 fields[name] = items
     if len(fields) <= 1:
@@ -117,18 +270,23 @@ def paths_to(node: cst.CSTNode, hits: list[cst.CSTNode]) -> set[int]:
     their ancestors) can change: every other subtree is left as it is."""
     targets = {id(h) for h in hits}
     keep: set[int] = set()
-
-    def visit(current: cst.CSTNode) -> bool:
-        found = id(current) in targets
-        for child in _children(current):
-            if visit(child):
-                found = True
-        if found:
-            keep.add(id(current))
-        return found
-
-    if targets:
-        visit(node)
+    if not targets:
+        return keep
+    # The walk in pre-order (remembered by find_all) says where the last
+    # target is: the search stops there.
+    nodes = _index(node)[0]
+    last = len(nodes) - 1
+    while last >= 0 and id(nodes[last]) not in targets:
+        last -= 1
+    path: list[cst.CSTNode] = []  # the current node's ancestors, then itself
+    stack = [(node, 0)]
+    for _ in range(last + 1):  # the same pre-order as that walk
+        current, depth = stack.pop()
+        del path[depth:]
+        path.append(current)
+        if id(current) in targets:
+            keep.update(map(id, path))
+        stack.extend([(child, depth + 1) for child in reversed(_children(current))])
     return keep
 
 
@@ -139,16 +297,76 @@ _NO_CONTEXT = nullcontext()
 def line_of(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
     """1-based line where ``node`` (a node of ``module``) starts, as
     libcst's PositionProvider gives it (whitespace and comments before it
-    excluded). Found by generating the module's code only up to ``node``,
-    counting newlines: resolving every node's position (PositionProvider)
-    made three fifths of a cold apply (a finding's "first at LINE")."""
+    excluded). Found by generating code and counting newlines, one top-level
+    statement (or method, inside a class) at a time, each generated once and
+    remembered by identity: a transformed module shares its unchanged
+    statements with the module it came from. Resolving every node's position
+    (PositionProvider) made three fifths of a cold apply (a finding's "first
+    at LINE"); generating the module up to the node for each call, a tenth."""
+    if node is module:
+        return 1  # a Module starts where its code does: line 1
+    line = 1
+    for item in (*module.header, *module.body, *module.footer):
+        lines = _lines(item, module.default_indent, module.default_newline)
+        found = _line_in(lines, node, line)
+        if found is not None:
+            return found
+        line += lines[1]
+    return None
+
+
+# id(statement) -> _lines of it: (statement, newlines, {id(node): line of its
+# syntactic part, from the statement's start}, {id(node): node its position
+# starts at}, [(_lines of a body statement, line from its start)], indent,
+# newline, {id(node): line where its code starts}). The entry holds the
+# statement, so ids stay valid.
+_LINES: dict[int, tuple] = {}
+
+
+def _line_in(lines: tuple, node: cst.CSTNode, base: int) -> Optional[int]:
+    found = lines[2].get(id(node))
+    if found is not None:
+        return base + found
+    start = lines[3].get(id(node))
+    if start is not None:  # IndentedBlock: where its first statement starts
+        return _line_in(lines, start, base)
+    found = lines[7].get(id(node))
+    if found is not None:  # no syntactic part: where its code starts
+        return base + found
+    for child, offset in lines[4]:
+        found = _line_in(child, node, base + offset)
+        if found is not None:
+            return found
+    return None
+
+
+def _lines(item: cst.CSTNode, indent: str, newline: str) -> tuple:
+    """Where each node of ``item`` starts, relative to ``item``'s own
+    start, from one generation of its code (a class: of its own lines, with
+    each statement of its body generated on its own, as a child)."""
+    hit = _LINES.get(id(item))
+    if hit is not None and hit[0] is item and hit[5] == indent and hit[6] == newline:
+        return hit
     from libcst._nodes.internal import CodegenState
 
-    class Found(Exception):
-        pass
+    children: list[tuple[tuple, int]] = []
+    alias: dict[int, cst.CSTNode] = {}
+    generated = item
+    body = getattr(item, "body", None)
+    if isinstance(item, cst.ClassDef) and isinstance(body, cst.IndentedBlock) and body.body:
+        # The class with each body statement standing in for its lines.
+        stand_ins = [_Newlines(_lines(stmt, indent, newline)) for stmt in body.body]
+        new_body = body.with_changes(body=stand_ins)
+        generated = item.with_changes(body=new_body)
+        alias = {id(generated): item, id(new_body): body}
 
-    class StartLine(CodegenState):
-        line, target = 1, node
+    starts: dict[int, int] = {}
+    found: dict[int, int] = {}
+    redirect: dict[int, cst.CSTNode] = {}
+
+    class Record(CodegenState):
+        line = 0
+        stood_in = children
 
         def add_token(self, value: str) -> None:
             self.line += value.count("\n")
@@ -156,24 +374,49 @@ def line_of(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
         def add_indent_tokens(self) -> None:  # indentation holds no newline
             pass
 
-        # A node without a syntactic part (whitespace) starts where its code does.
+        # A node without a syntactic part (whitespace) starts where its code
+        # does; the first time a node is generated counts (after_codegen is
+        # not needed: a node records its syntactic position every time or never).
         def before_codegen(self, current) -> None:
-            if current is self.target:
-                self.start = self.line
-
-        def after_codegen(self, current) -> None:
-            if current is self.target:
-                raise Found(self.start)
+            starts.setdefault(id(current), self.line)
 
         def record_syntactic_position(self, current, *, start_node=None, end_node=None):
-            if current is self.target:
+            key = id(current)
+            if key not in found and key not in redirect:
                 if start_node is None:
-                    raise Found(self.line)
-                self.target = start_node  # the position starts where that child does
+                    found[key] = self.line
+                else:  # the position starts where that child does
+                    redirect[key] = start_node.lines[0] if type(start_node) is _Newlines else start_node
             return _NO_CONTEXT  # called for every node: no generator-based context manager
 
-    try:
-        module._codegen(StartLine(default_indent=module.default_indent, default_newline=module.default_newline))
-    except Found as found:
-        return found.args[0]
-    return None
+    state = Record(default_indent=indent, default_newline=newline)
+    generated._codegen(state)
+    if generated is not item:  # what stood in for the class: its ids are the class's
+        for stand_in in generated.body.body:
+            starts.pop(id(stand_in), None)
+        for table in (starts, found, redirect):
+            for key, value in alias.items():
+                if key in table:
+                    table[id(value)] = table.pop(key)
+    lines = (item, state.line, found, redirect, children, indent, newline, starts)
+    if len(_LINES) > 2048:
+        _LINES.clear()
+    _LINES[id(item)] = lines
+    return lines
+
+
+class _Newlines(cst.CSTNode):
+    """Stands in for a statement of a class body whose lines are known: its
+    code is that many newlines (``_lines`` generates the class around it)."""
+
+    __slots__ = ("lines",)
+
+    def __init__(self, lines: tuple) -> None:
+        object.__setattr__(self, "lines", lines)  # the statement's _lines
+
+    def _visit_and_replace_children(self, visitor):  # never visited
+        return self
+
+    def _codegen_impl(self, state) -> None:
+        state.stood_in.append((self.lines, state.line))
+        state.line += self.lines[1]
