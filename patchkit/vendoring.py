@@ -5,6 +5,8 @@
 
 import warnings
 
-from patchkit.layout import IMPORT_ROOT, import_path  # noqa: F401
+from patchkit.layout import IMPORT_ROOT, import_path
+
+__all__ = ["IMPORT_ROOT", "import_path"]
 
 warnings.warn("patchkit.vendoring.import_path moved to patchkit.layout.import_path", DeprecationWarning, stacklevel=2)

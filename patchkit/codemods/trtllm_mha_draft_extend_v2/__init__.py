@@ -19,11 +19,9 @@ Four structural changes, one codemod each (plus one for the test kit):
   (only where a tree ships it): ``_assert_draft_extend_v2_outputs_close``
   compares logits and hidden states only, and the V2 runner cases use it.
 
-Upstream's own shapes count as done: 0.5.13 renamed the MHA methods
-(``_build_cuda_graph_metadata`` / ``_apply_cuda_graph_metadata``) and has the
-change; 0.5.17 made the whitelist a list, gave V2 its own ``elif
-is_draft_extend_v2()`` branches and dropped top-k from the runner output
-(``execute``).
+Upstream's own shapes count as done: 0.5.13 renamed the MHA methods (``_build_cuda_graph_metadata``
+/ ``_apply_cuda_graph_metadata``) and has the change; 0.5.17 made the whitelist a list, gave V2
+its own ``elif is_draft_extend_v2()`` branches and dropped top-k from the runner output (``execute``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ Find a primitive by where it acts:
   ``set_keyword_argument`` ...)
 - ``imports``: what is imported, and adding imports (``require_import`` /
   ``add_imports``, ``add_import_sorted``)
-- ``search``: ``find_all``, ``contains`` and ``line_of``
+- ``search``: ``find_all``, ``contains``
+- ``lines``: ``line_of`` (the line a finding points at)
 - ``matchers``: what codemods look for: ``attr``, ``call``, ``assigns_attr``, ``none_test``,
   ``find_isinstance_disjunction``, and ``NoneGuards`` / ``unguarded`` (is a read only reached
   when its value is not None?)
@@ -37,11 +38,11 @@ from patchkit.codemods.common.primitives.snippets import (  # noqa: F401
     parse_expression,
     parse_statements_with_comments,
 )
+from patchkit.codemods.common.primitives.lines import line_of  # noqa: F401
 from patchkit.codemods.common.primitives.search import (  # noqa: F401
     paths_to,
     contains,
     find_all,
-    line_of,
     _INDEX,
     _index,
     _ChildOrder,
