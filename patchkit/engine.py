@@ -150,6 +150,19 @@ class Session:
             self.findings[key] = len(audit.audit_tree(self.tree.package).problems)
         return self.findings[key]
 
+    def vendor_problems(self, targets: Iterable[str]) -> int:
+        """How many of those reads are in the vendor's own code
+        (``audit.vendor_problems``; ``targets``: the files patchkit's patches
+        change). Cached like ``audit_problems``: a warm ``apply`` would
+        otherwise spend most of its time auditing a tree it did not change."""
+        from patchkit import audit
+
+        targets = sorted(set(targets))
+        key = f"vendor|{audit.fingerprint(self.tree.package)}|{sha256(chr(0).join(targets).encode())}"
+        if key not in self.findings:
+            self.findings[key] = len(audit.vendor_problems(audit.audit_tree(self.tree.package), targets))
+        return self.findings[key]
+
     # -- status ----------------------------------------------------------------
 
     def report(self, patch: Patch) -> PatchReport:

@@ -75,3 +75,20 @@ def test_a_cold_apply_tells_its_progress_a_warm_one_nothing(make_tree, tmp_path,
     warm: list[tuple] = []
     api.apply(str(make_tree(PRIMARY)), progress=lambda *done: warm.append(done))
     assert warm == []  # all from the transform cache: no bar to draw
+
+
+def test_a_warm_apply_does_not_audit_the_tree_again(make_tree, monkeypatch):
+    """The vendor audit line's count is kept with the session's findings, by the
+    audited files' bytes: an apply that changes nothing reads it back."""
+    from patchkit import audit
+
+    tree = make_tree(PRIMARY)
+    first = api.apply(str(tree))
+    audits = []
+    real = audit.audit_tree
+    monkeypatch.setattr(audit, "audit_tree", lambda package: audits.append(package) or real(package))
+    again = api.apply(str(tree))
+    assert not again.outcome.changed and again.vendor_line == first.vendor_line and audits == []
+    (tree / "srt" / "vendor_reads.py").write_text("def f(forward_batch):\n    return forward_batch.seq_lens_cpu.max()\n")
+    api.apply(str(tree))
+    assert len(audits) == 1  # a changed module under srt/: audited afresh

@@ -193,12 +193,12 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
         _refuse(session)
         _refuse_unloaded(session)
         outcome = apply_patches(session, selected, dry_run=dry_run, runtime=runtime, progress=progress)
-    result = ChangeResult("apply", where, outcome, dry_run)
-    if audit_vendor and not dry_run:
-        from patchkit.audit import vendor_line
+        result = ChangeResult("apply", where, outcome, dry_run)
+        if audit_vendor and not dry_run:  # the tree as written, the count kept with the session's findings
+            from patchkit.audit import vendor_line
 
-        targets = [t.file for p in registry.all_patches() for t in p.targets]
-        result.vendor_line = vendor_line(where.tree.package, targets)
+            count = session.vendor_problems(t.file for p in registry.all_patches() for t in p.targets)
+            result.vendor_line = vendor_line(count)
     return result
 
 

@@ -191,10 +191,9 @@ def vendor_problems(result: Audit, targets: Iterable[str] = ()) -> list[Read]:
             if r.origin == "vendor" or (r.origin is None and r.file not in targets)]
 
 
-def vendor_line(package: Path, targets: Iterable[str] = ()) -> Optional[str]:
+def vendor_line(count: int) -> Optional[str]:
     """The line ``apply`` ends with when the vendor's own code reads the
-    mirror unguarded (None when it does not)."""
-    count = len(vendor_problems(audit_tree(package), targets))
+    mirror unguarded (``count``: ``vendor_problems``' length; None when none)."""
     if not count:
         return None
     return (f"audit: {count} read(s) of the CPU seq_lens mirror in the vendor's own code are unguarded or stale "

@@ -37,13 +37,13 @@ SKIP = ("srt/_patchkit/",)  # patchkit's vendored runtime
 def sources(package: Path) -> dict[str, bytes]:
     """Every module under srt/, by path relative to the package, sorted."""
     found = {}
-    root = str(package)
+    cut = len(os.path.join(str(package), ""))  # os.walk's folders start with the package's path
     for folder, dirs, files in os.walk(package / "srt"):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
-                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                rel = path[cut:].replace(os.sep, "/")
                 if not rel.startswith(SKIP):
                     with open(path, "rb") as handle:
                         found[rel] = handle.read()
