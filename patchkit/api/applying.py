@@ -62,6 +62,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
     edited = session.edited_since_apply(plan.files)
     vendoring.check_mode([*applied, *plan.todo], mode)
+    transformer.fetch(plan.files)  # the release's bytes of each file (the vendor-code check)
     check_writable(tree, plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
     for rel, new in transformer.transform_files(sources, plan.files, plan.todo).items():

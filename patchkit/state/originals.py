@@ -66,6 +66,9 @@ def from_release(version: str, rel: str, digest: str) -> Optional[bytes]:
 
 
 def find(path: Path, rel: str, digest: str, version: str) -> bytes:
+    """The bytes of ``path`` (``rel`` in the sglang ``version`` tree) with this
+    sha256, from where a clone can have them, in this order: the checkout's
+    git history, the release."""
     data = from_git_history(path, digest)
     if data is None:
         data = from_release(version, rel, digest)
