@@ -156,11 +156,20 @@ class Session:
         change). Cached like ``audit_problems``: a warm ``apply`` would
         otherwise spend most of its time auditing a tree it did not change."""
         from patchkit import audit
+        from patchkit.transform.cache import Entry, TransformCache
 
-        targets = sorted(set(targets))
-        key = f"vendor|{audit.fingerprint(self.tree.package)}|{sha256(chr(0).join(targets).encode())}"
+        targets, sources = sorted(set(targets)), audit.sources(self.tree.package)
+        key = f"vendor|{audit.fingerprint(self.tree.package, sources)}|{sha256(chr(0).join(targets).encode())}"
         if key not in self.findings:
-            self.findings[key] = len(audit.vendor_problems(audit.audit_tree(self.tree.package), targets))
+            # Shared by every tree like a transform (a fresh copy of a release,
+            # patched, has the same bytes), under patchkit's code fingerprint too.
+            shared = TransformCache.default()
+            entry = shared.get(shared_key := shared.key(key, []))
+            count = entry.before.get("vendor_problems") if entry is not None else None
+            if not isinstance(count, int):
+                count = len(audit.vendor_problems(audit.audit_tree(self.tree.package, sources=sources), targets))
+                shared.put(shared_key, Entry({"vendor_problems": count}, []))
+            self.findings[key] = count
         return self.findings[key]
 
     # -- status ----------------------------------------------------------------

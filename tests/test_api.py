@@ -86,9 +86,23 @@ def test_a_warm_apply_does_not_audit_the_tree_again(make_tree, monkeypatch):
     first = api.apply(str(tree))
     audits = []
     real = audit.audit_tree
-    monkeypatch.setattr(audit, "audit_tree", lambda package: audits.append(package) or real(package))
+    monkeypatch.setattr(audit, "audit_tree", lambda package, **kw: audits.append(package) or real(package, **kw))
     again = api.apply(str(tree))
     assert not again.outcome.changed and again.vendor_line == first.vendor_line and audits == []
     (tree / "srt" / "vendor_reads.py").write_text("def f(forward_batch):\n    return forward_batch.seq_lens_cpu.max()\n")
     api.apply(str(tree))
     assert len(audits) == 1  # a changed module under srt/: audited afresh
+
+
+def test_the_vendor_audit_count_is_shared_by_copies_of_one_tree(make_tree, monkeypatch, tmp_path):
+    """Like a transform, the count is a function of bytes: a fresh copy of the
+    same release, patched alike, reads it from the shared cache."""
+    from patchkit import audit
+
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "shared"))
+    first = api.apply(str(make_tree(PRIMARY)))
+    audits = []
+    real = audit.audit_tree
+    monkeypatch.setattr(audit, "audit_tree", lambda package, **kw: audits.append(package) or real(package, **kw))
+    second = api.apply(str(make_tree(PRIMARY)))
+    assert second.outcome.changed and second.vendor_line == first.vendor_line and audits == []

@@ -51,9 +51,10 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from patchkit.audit import facts as audit_facts
+from patchkit.audit.facts import sources
 from patchkit.audit.syntax import Read
 
-__all__ = ["Audit", "Read", "audit_tree", "fingerprint", "to_json", "to_text", "vendor_line", "vendor_problems",
+__all__ = ["Audit", "Read", "audit_tree", "sources", "fingerprint", "to_json", "to_text", "vendor_line", "vendor_problems",
            "verify_line"]
 
 AUDIT_SCHEMA = "patchkit.audit/1"
@@ -101,12 +102,13 @@ class Audit:
         return not self.problems
 
 
-def audit_tree(package: Path, pristine: Optional[Path] = None) -> Audit:
+def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional[dict[str, bytes]] = None) -> Audit:
     """The audit of the sglang package folder ``package``; ``pristine``: the
     release's package folder to compare with (default: the release the tree
-    names, when patchkit's cache holds it)."""
+    names, when patchkit's cache holds it); ``sources``: its modules under
+    srt/, when already read (``audit_facts.sources``)."""
     package = Path(package)
-    sources = audit_facts.sources(package)
+    sources = audit_facts.sources(package) if sources is None else sources
     if pristine is None:
         pristine = audit_facts.cached_release(package)
     result = Audit(package, release=str(pristine) if pristine else None)
@@ -172,12 +174,12 @@ def to_text(result: Audit, paths, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def fingerprint(package: Path) -> str:
+def fingerprint(package: Path, sources: Optional[dict[str, bytes]] = None) -> str:
     """sha256 over every module under srt/ (path and bytes) and the release
     compared with: an audit's result is a function of them, so ``verify``
     caches its count under this key."""
     digest = hashlib.sha256(str(audit_facts.cached_release(Path(package))).encode() + b"\0")
-    for rel, data in audit_facts.sources(Path(package)).items():
+    for rel, data in (audit_facts.sources(Path(package)) if sources is None else sources).items():
         digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()
 
