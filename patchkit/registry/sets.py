@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import importlib.util
+import os
+import re
 import sys
 import tomllib
 import types
@@ -165,19 +167,66 @@ def pyproject_folders(start: Path) -> tuple[Optional[Path], list[Path]]:
 def installed_sets() -> list[PatchSet]:
     """Sets that installed distributions declare in the ``patchkit.patches``
     entry-point group: ``name = "package"``, the package holding the set."""
-    from importlib.metadata import entry_points
-
     out = []
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        label = f"{ep.name} (entry point of {ep.dist.name})" if ep.dist else f"{ep.name} (entry point)"
+    for name, module, dist in sorted(_entry_points(ENTRY_POINT_GROUP)):
+        label = f"{name} (entry point of {dist})"
         try:
-            folder = importlib.resources.files(ep.module)
+            folder = importlib.resources.files(module)
         except Exception as exc:  # noqa: BLE001 - a broken install: one line naming it
-            raise PatchkitError(f"patch set {label}: {ep.value!r} cannot be imported "
+            raise PatchkitError(f"patch set {label}: {module!r} cannot be imported "
                                 f"({type(exc).__name__}: {exc})") from None
-        out.append(PatchSet(label, folder, ep.module, distribution=ep.dist.name if ep.dist else ep.module))
+        out.append(PatchSet(label, folder, module, distribution=dist))
     return out
 
+
+def _entry_points(group: str) -> list[tuple[str, str, str]]:
+    """(name, module, distribution) of each entry point in ``group``, read from
+    the ``entry_points.txt`` of the distributions on ``sys.path`` (the first of
+    a name wins, as for ``importlib.metadata``). Read directly: importing
+    ``importlib.metadata`` (the email package and more) cost every command
+    about 11 ms and its scan 8 ms more, for a group only patch sets use."""
+    import configparser
+
+    out, seen = [], set()
+    for entry in sys.path:
+        try:
+            names = sorted(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue
+        for info in names:
+            key = re.sub(r"[-_.]+", "-", info.rsplit(".", 1)[0].split("-")[0]).lower()
+            if key in seen:
+                continue
+            seen.add(key)
+            folder = os.path.join(entry or ".", info)
+            try:
+                with open(os.path.join(folder, "entry_points.txt"), encoding="utf-8") as fh:
+                    text = fh.read()
+            except OSError:
+                continue
+            if f"[{group}]" not in text:
+                continue
+            parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
+            parser.optionxform = str  # entry point names keep their case
+            parser.read_string(text)
+            dist = _distribution_name(folder) or key
+            out += [(name, re.match(r"\s*([\w.]*)", value).group(1), dist) for name, value in parser.items(group)]
+    return out
+
+
+def _distribution_name(folder: str) -> Optional[str]:
+    """The ``Name:`` of a dist-info's METADATA (an egg-info's PKG-INFO)."""
+    for meta in ("METADATA", "PKG-INFO"):
+        try:
+            with open(os.path.join(folder, meta), encoding="utf-8") as fh:
+                for line in fh:
+                    if line.startswith("Name:"):
+                        return line.split(":", 1)[1].strip()
+                    if not line.strip():
+                        break
+        except OSError:
+            continue
+    return None
 
 
 def identity(patch_set: PatchSet) -> set:
