@@ -13,51 +13,36 @@ is one for both: the class attribute exists.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from patchkit.codemods.common.shared import FLAG, ClassFlag
 
-import libcst as cst
-
-from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import ClassCodemod, Finding
-
-FLAG = "needs_cpu_seq_lens"
 REPLAY_COMMENT = (
     "CUDA-graph replay rebuilds metadata from preallocated kv_indptr/kv_indices\n"
     "buffers; it never reads seq_lens_cpu / seq_lens_sum."
 )
 
 
-class _DeclareFlag(ClassCodemod):
-    VALUE: ClassVar[bool]
-    COMMENT: ClassVar[str]
+class _DeclareFlag(ClassFlag):
+    """A declaration the tree already has is its own choice: done."""
 
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.{FLAG}"
-        if primitives.find_class_attribute(cls, FLAG) is not None:
-            return Finding.done(anchor)
-        return Finding.todo(anchor, "class attribute not declared")
-
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = {self.VALUE}")
-        return primitives.space_class_attribute(cls, FLAG, self.COMMENT)
+    KEEPS_TREE_VALUE = True
 
 
 class BaseBackendFlag(_DeclareFlag):
     DESCRIPTION = f"AttentionBackend.{FLAG}: bool = True (default: keep the CPU seq_lens mirror)"
     CLASS = "AttentionBackend"
     VALUE = True
-    COMMENT = "Opt out only when this backend never reads seq_lens_cpu / seq_lens_sum."
+    WHY = "Opt out only when this backend never reads seq_lens_cpu / seq_lens_sum."
 
 
 class TritonBackendOptsOut(_DeclareFlag):
     DESCRIPTION = f"TritonAttnBackend.{FLAG} = False (replay never reads seq_lens_cpu / seq_lens_sum)"
     CLASS = "TritonAttnBackend"
     VALUE = False
-    COMMENT = REPLAY_COMMENT
+    WHY = REPLAY_COMMENT
 
 
 class TritonMultiStepDraftOptsOut(_DeclareFlag):
     DESCRIPTION = f"TritonMultiStepDraftBackend.{FLAG} = False (a plain class: needs its own flag)"
     CLASS = "TritonMultiStepDraftBackend"
     VALUE = False
-    COMMENT = REPLAY_COMMENT
+    WHY = REPLAY_COMMENT

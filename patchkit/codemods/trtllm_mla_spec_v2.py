@@ -21,14 +21,7 @@ flags are checked.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-import libcst as cst
-import libcst.matchers as m
-
-from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import ClassCodemod, Finding
-from patchkit.codemods.common.shared import FLAG
+from patchkit.codemods.common.shared import FLAG, ClassFlag
 from patchkit.codemods.common.tree_mask import GET_BUFFERS, MASK, MAX_BS, AllocMask, InitMask, VerifyBuffersReturnMask
 from patchkit.layout import import_path
 
@@ -37,46 +30,19 @@ DRAFT_BACKEND = "TRTLLMMLAMultiStepDraftBackend"
 HELPERS = import_path("backends.trtllm_mla")
 
 
-class _OptOutFlag(ClassCodemod):
-    """``needs_cpu_seq_lens: bool = False`` as a class attribute.
+class _OptOutFlag(ClassFlag):
+    """Upstream's layout (a blank line above, wherever the attribute lands);
+    no ``__init__`` rule (TRT-LLM MLA never set the flag per instance)."""
 
-    Not ``common.OptOutFlag``: this one says where a tree's own value is,
-    ignores ``__init__`` assignments and writes its comment (WHY carries the
-    ``# ``) after a blank line wherever the attribute lands; merging them
-    would change what this patch reports and writes."""
-
-    WHY: ClassVar[str] = ""
-
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.{FLAG}"
-        found = primitives.find_class_attribute(cls, FLAG)
-        if found is None:
-            return Finding.todo(anchor, "class attribute not declared (inherits True / treated as True)")
-        if found.value is None:
-            return self.located(Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} without a value; refusing to override it"), found)
-        if m.matches(found.value, m.Name("False")):
-            return Finding.done(anchor)
-        value = cst.Module([]).code_for_node(found.value)
-        return self.located(Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} = {value}; refusing to override it (the patch needs False)"), found)
-
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = False")
-        # Upstream's comment above it, and a blank line after the docstring.
-        body = list(primitives.class_body(cls))
-        declares_flag = m.SimpleStatementLine(body=[m.AnnAssign(target=m.Name(FLAG))])
-        index = next(i for i, stmt in enumerate(body) if m.matches(stmt, declares_flag))
-        lines = [cst.EmptyLine(indent=False)] if index > 0 else []
-        lines += [cst.EmptyLine(comment=cst.Comment(c)) for c in self.WHY.splitlines()]
-        body[index] = body[index].with_changes(leading_lines=lines)
-        return cls.with_changes(body=cls.body.with_changes(body=body))
+    UPSTREAM_LAYOUT = True
 
 
 class BackendOptsOutOfCpuSeqLens(_OptOutFlag):
     DESCRIPTION = f"{BACKEND}.{FLAG} = False: trtllm-gen kernels never read seq_lens_cpu / seq_lens_sum"
     CLASS = BACKEND
     WHY = (
-        "# trtllm-gen kernels rebuild metadata from preallocated buffers and never\n"
-        "# read seq_lens_cpu / seq_lens_sum; opt out of the D2H sync."
+        "trtllm-gen kernels rebuild metadata from preallocated buffers and never\n"
+        "read seq_lens_cpu / seq_lens_sum; opt out of the D2H sync."
     )
 
 
@@ -84,8 +50,8 @@ class DraftBackendOptsOutOfCpuSeqLens(_OptOutFlag):
     DESCRIPTION = f"{DRAFT_BACKEND}.{FLAG} = False: per-step draft decode never reads seq_lens_cpu / seq_lens_sum"
     CLASS = DRAFT_BACKEND
     WHY = (
-        "# Per-step draft decode never reads seq_lens_cpu / seq_lens_sum; opt out so\n"
-        "# decide_needs_cpu_seq_lens' OR over the backends stays False."
+        "Per-step draft decode never reads seq_lens_cpu / seq_lens_sum; opt out so\n"
+        "decide_needs_cpu_seq_lens' OR over the backends stays False."
     )
 
 

@@ -16,8 +16,9 @@ stay those of the patch.
   ``patchkit.runtime``) and ``MirrorReadGuards`` (the backends' guards, helpers
   from ``backends.mirror_reads``), with the eager and CUDA-graph replay reads
   FA3 and TRT-LLM MHA share (``EagerMirrorReads``, ``ReplayMirrorReads``);
-* ``OptOutFlag``: ``needs_cpu_seq_lens: bool = False`` on a backend class
-  (FA3, FlashMLA, TRT-LLM MHA);
+* ``ClassFlag``, the one flag codemod: ``needs_cpu_seq_lens`` declared on a
+  class, each patch saying how (needs-cpu-seq-lens' declarations, TRT-LLM
+  MLA's opt-outs); ``OptOutFlag`` the backends' opt-out (FA3, FlashMLA, TRT-LLM MHA);
 * ``DraftExtendGraphCheck``: the spec-v2 worker's draft-extend CUDA-graph
   check, found in whichever method assigns it (TRT-LLM MHA, FA3).
 
@@ -73,36 +74,44 @@ FLAG = "needs_cpu_seq_lens"
 SELF_FLAG = m.Attribute(value=m.Name("self"), attr=m.Name(FLAG))
 
 
-def _flag_value(cls: cst.ClassDef) -> Optional[cst.BaseExpression]:
-    found = primitives.find_class_attribute(cls, FLAG)
-    if isinstance(found, (cst.Assign, cst.AnnAssign)):
-        return found.value
-    return None
+class ClassFlag(ClassCodemod):
+    """``needs_cpu_seq_lens: bool = VALUE`` declared on ``CLASS``: the one flag
+    codemod. A patch's subclass says how (class attributes):
 
+    * ``VALUE``: what is declared (True: the base class's default; False: an opt-out);
+    * ``WHY``: comment lines above the attribute, without ``# ``;
+    * ``KEEPS_TREE_VALUE``: a declaration the tree already has is done, whatever
+      its value (the base class's default); else only False is, and any other
+      value (or none) is refused, saying where;
+    * ``INIT``: also an ``__init__`` assignment that sets anything else must
+      say False (0.5.15's per-instance opt-out of the spec-v2 backends);
+    * ``UPSTREAM_LAYOUT``: a blank line above the attribute wherever it lands,
+      as upstream wrote TRT-LLM MLA's (else black's layout:
+      ``primitives.space_class_attribute``).
+    """
 
-class OptOutFlag(ClassCodemod):
-    """``needs_cpu_seq_lens: bool = False`` as a class attribute, and no
-    instance assignment in ``__init__`` that sets anything else."""
-
-    WHY: ClassVar[str] = ""  # comment lines above the attribute, without "# "
-
-    def _instance_assignments(self, cls: cst.ClassDef) -> list[cst.Assign]:
-        init = primitives.find_method(cls, "__init__")
-        if init is None:
-            return []
-        return primitives.find_all(init, m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)]))
+    VALUE: ClassVar[bool] = False
+    WHY: ClassVar[str] = ""
+    KEEPS_TREE_VALUE: ClassVar[bool] = False
+    INIT: ClassVar[bool] = False
+    UPSTREAM_LAYOUT: ClassVar[bool] = False
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.{FLAG}"
-        value = _flag_value(cls)
-        declared = primitives.find_class_attribute(cls, FLAG)
-        if value is not None and not m.matches(value, m.Name("False")):
-            return self.located(Finding.missing(anchor, f"this tree declares {FLAG} = {code_of(value)}; refusing to override it"), declared)
+        found = primitives.find_class_attribute(cls, FLAG)
+        if found is None:
+            why = "" if self.KEEPS_TREE_VALUE else " (inherits True / treated as True)"
+            return Finding.todo(anchor, "class attribute not declared" + why)
+        if self.KEEPS_TREE_VALUE:
+            return Finding.done(anchor)
+        value = getattr(found, "value", None)
         if value is None:
-            return Finding.todo(anchor, "class attribute not declared (inherits True / treated as True)")
+            return self.located(Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} without a value; refusing to override it"), found)
+        if not m.matches(value, m.Name("False")):
+            return self.located(Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} = {code_of(value)}; refusing to override it (the patch needs False)"), found)
         others = self._overriding_assignments(cls)
         if others:
-            return self.located(Finding.todo(anchor, f"__init__ sets self.{FLAG} = {code_of(others[0].value)}"), declared)
+            return self.located(Finding.todo(anchor, f"__init__ sets self.{FLAG} = {code_of(others[0].value)}"), found)
         return Finding.done(anchor)
 
     def _overriding_assignments(self, cls: cst.ClassDef) -> list[cst.Assign]:
@@ -110,15 +119,18 @@ class OptOutFlag(ClassCodemod):
         attribute. Upstream from 0.5.16 assigns False in __init__ and 0.5.21+
         refines it afterwards (KV-shard pools keep the mirror): with a False
         assignment there, the other ones are upstream's later rules, kept."""
-        assignments = self._instance_assignments(cls)
+        init = primitives.find_method(cls, "__init__") if self.INIT else None
+        if init is None:
+            return []
+        assignments = primitives.find_all(init, m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)]))
         if any(m.matches(a.value, m.Name("False")) for a in assignments):
             return []
         return assignments
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        if _flag_value(cls) is None:
-            cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = False")
-            cls = primitives.space_class_attribute(cls, FLAG, self.WHY)
+        if primitives.find_class_attribute(cls, FLAG) is None:
+            cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = {self.VALUE}")
+            cls = self._upstream_layout(cls) if self.UPSTREAM_LAYOUT else primitives.space_class_attribute(cls, FLAG, self.WHY)
         if self._overriding_assignments(cls):
             # 0.5.15 opted out for dflash only, per instance; the class-wide
             # opt-out must win, so that assignment says False as well.
@@ -132,6 +144,22 @@ class OptOutFlag(ClassCodemod):
                 ),
             )
         return cls
+
+    def _upstream_layout(self, cls: cst.ClassDef) -> cst.ClassDef:
+        body = list(primitives.class_body(cls))
+        declares_flag = m.SimpleStatementLine(body=[m.AnnAssign(target=m.Name(FLAG))])
+        index = next(i for i, stmt in enumerate(body) if m.matches(stmt, declares_flag))
+        lines = [cst.EmptyLine(indent=False)] if index > 0 else []
+        lines += [cst.EmptyLine(comment=cst.Comment(f"# {c}".rstrip())) for c in self.WHY.splitlines()]
+        body[index] = body[index].with_changes(leading_lines=lines)
+        return cls.with_changes(body=cls.body.with_changes(body=body))
+
+
+class OptOutFlag(ClassFlag):
+    """``needs_cpu_seq_lens: bool = False``, and no ``__init__`` assignment that
+    sets anything else (FA3, FlashMLA, TRT-LLM MHA)."""
+
+    INIT = True
 
 
 # -- the backends' reads of the mirror (FA3, TRT-LLM MHA, FlashMLA) ----------------------------
