@@ -36,35 +36,29 @@ def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.B
     return [n for n in candidates if m.matches(n, matcher)]
 
 
-# id(matcher) -> (matcher, the node types it can match or None): matchers are
-# module constants mostly; the entry holds the matcher, so its id stays valid.
-_TYPES: dict[int, tuple] = {}
+# id(matcher) -> (matcher, what was worked out of it): matchers are module
+# constants mostly; the entry holds the matcher, so its id stays valid.
+_TYPES: dict[int, tuple] = {}  # the node types it can match, or None
+_NEEDS: dict[int, tuple] = {}  # _needs of it
+
+
+def _remembered(cache: dict[int, tuple], matcher, work):
+    hit = cache.get(id(matcher))
+    if hit is not None and hit[0] is matcher:
+        return hit[1]
+    if len(cache) > 1024:
+        cache.clear()
+    value = work(matcher)
+    cache[id(matcher)] = (matcher, value)
+    return value
 
 
 def _types_of(matcher) -> Optional[frozenset]:
-    hit = _TYPES.get(id(matcher))
-    if hit is not None and hit[0] is matcher:
-        return hit[1]
-    if len(_TYPES) > 1024:
-        _TYPES.clear()
-    types = _matcher_types(matcher)
-    _TYPES[id(matcher)] = (matcher, types)
-    return types
-
-
-# id(matcher) -> (matcher, _needs of it).
-_NEEDS: dict[int, tuple] = {}
+    return _remembered(_TYPES, matcher, _matcher_types)
 
 
 def _needs_of(matcher) -> Optional[tuple]:
-    hit = _NEEDS.get(id(matcher))
-    if hit is not None and hit[0] is matcher:
-        return hit[1]
-    if len(_NEEDS) > 1024:
-        _NEEDS.clear()
-    needs = _needs(matcher)
-    _NEEDS[id(matcher)] = (matcher, needs)
-    return needs
+    return _remembered(_NEEDS, matcher, _needs)
 
 
 def _needs(matcher) -> Optional[tuple]:
