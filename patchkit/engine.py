@@ -49,6 +49,7 @@ class Session:
         self._cache_key = f"patchkit {patchkit.__version__}"
         self.findings: dict[str, list] = store.load_cache(self._cache_key)  # "codemod|sha256" -> finding
         self._saved = dict(self.findings)
+        self.recovered: dict[str, bytes] = {}  # backups a clone recovered, by sha256 (``blob``)
 
     # -- reading ---------------------------------------------------------------
 
@@ -57,41 +58,57 @@ class Session:
 
     def blob(self, digest: str, rel: str) -> bytes:
         """Backed-up bytes of ``rel``; in a clone (no backups travel through
-        git) recovered from git history or the release, checked by sha256."""
-        if not self.store.has_blob(digest) and self.snapshot.believed.source != "state":
-            data = originals.find(self.tree.path(rel), rel, digest, self.tree.version)
-            self.store.put_blob(data)  # kept at once: the next command need not recover it again
-            return data
-        return self.store.get_blob(digest)
+        git) recovered from git history or the release, checked by sha256.
+        Reading writes nothing: a recovered backup is kept by the session,
+        stored by the commit or when the command ends well."""
+        if digest in self.recovered:
+            return self.recovered[digest]
+        if self.store.has_blob(digest) or self.snapshot.believed.source == "state":
+            return self.store.get_blob(digest)
+        data = self.recovered[digest] = originals.find(self.tree.path(rel), rel, digest, self.tree.version)
+        return data
 
     def sources(self, patches: Iterable[Patch]) -> dict[str, bytes]:
         """The bytes of ``patches``' target files that the tree has."""
         return {t.file: data for p in patches for t in p.targets if (data := self.read(t.file)) is not None}
 
-    def read_for_apply(self, selected: Iterable[Patch]) -> tuple[list[Patch], dict[str, bytes]]:
-        """What an apply reads before it plans: the patches applied so far, and
-        the bytes of ``selected``'s target files."""
-        return self.applied_patches(), self.sources(selected)
+    def read_for_apply(self, selected: Iterable[Patch]) -> dict[str, bytes]:
+        """What an apply reads before it plans: the bytes of ``selected``'s
+        target files."""
+        return self.sources(selected)
 
     def read_for_revert(self, files: Iterable[str]) -> tuple[dict[str, bytes], dict[str, tuple[bytes, bytes]], dict[str, bytes]]:
         """What a revert reads before it transforms, for each of ``files``
         (all patched by patchkit): its bytes now, the edits since apply (as
         ``edited_since_apply``), and its backup (a clone recovers it)."""
         current = {rel: self.read(rel) or b"" for rel in files}
-        edited = self.edited_since_apply(files)
-        original = {rel: edited[rel][1] if rel in edited else self.blob(self.record.files[rel].original, rel)
-                    for rel in files}
-        return current, edited, original
+        edited = self.edited_files(files)
+        backups = self.backups(files, edited)
+        return current, {rel: backups[rel] for rel in edited}, {rel: backups[rel][-1] for rel in files}
 
     def edited_since_apply(self, files: Iterable[str]) -> dict[str, tuple[bytes, bytes]]:
         """Of ``files``, those patchkit patched that were edited since:
         rel -> (the bytes patchkit wrote, the backup)."""
+        edited = self.edited_files(files)
+        return self.backups(edited, edited)
+
+    def edited_files(self, files: Iterable[str]) -> list[str]:
+        """Of ``files``, those patchkit patched whose bytes are no longer what
+        it wrote. A file removed since counts as edited (to empty), as
+        revert's merge sees it."""
         entries = self.record.files
-        # A file removed since counts as edited (to empty), as revert's merge sees it.
-        edited = [rel for rel in files if rel in entries and entries[rel].patched
-                  and sha256(self.read(rel) or b"") != entries[rel].patched]
-        return {rel: tuple(self.blob(digest, rel) for digest in (entries[rel].patched, entries[rel].original))
-                for rel in edited}
+        return [rel for rel in files if rel in entries and entries[rel].patched
+                and sha256(self.read(rel) or b"") != entries[rel].patched]
+
+    def backups(self, files: Iterable[str], edited: list[str]) -> dict[str, tuple[bytes, ...]]:
+        """rel -> the backup of each of ``files`` (patched by patchkit), after
+        (for those ``edited`` since apply) the bytes patchkit wrote."""
+        out = {}
+        for rel in files:
+            entry = self.record.files[rel]
+            digests = (entry.patched, entry.original) if rel in edited else (entry.original,)
+            out[rel] = tuple(self.blob(digest, rel) for digest in digests)
+        return out
 
     @property
     def runtime_mode(self) -> str:
@@ -131,6 +148,14 @@ class Session:
         finding = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
         self.findings[key] = finding.as_list()
         return finding
+
+    def keep_learnt(self) -> None:
+        """Keep what the session learnt, when its command ends well: the
+        backups it recovered (the next command need not recover them again)
+        and its findings."""
+        if self.recovered:
+            self.store.put_blobs(self.recovered.values())
+        self.save_cache()
 
     def save_cache(self) -> None:
         # Only trees patchkit already manages get a cache: `status` on a pristine
@@ -294,7 +319,7 @@ class locked_session:
             if exc[0] is None and self._session is not None:
                 # What the command learnt (findings by file hash) is kept when it
                 # ends well; a command that failed or was interrupted keeps nothing.
-                self._session.save_cache()
+                self._session.keep_learnt()
         finally:
             if self._lock is not None:
                 self._lock.__exit__(*exc)

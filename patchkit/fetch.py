@@ -15,7 +15,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 from patchkit import settings
 from patchkit.errors import PatchkitError
@@ -133,6 +133,23 @@ def pristine_source(version: str, rel: str) -> Optional[bytes]:
         except (OSError, zipfile.BadZipFile):
             continue
     return None
+
+
+def release_file(version: str, rel: str) -> Optional[bytes]:
+    """``rel`` as the sglang ``version`` wheel ships it, the wheel fetched
+    from the package registry where patchkit's cache lacks it; None where the
+    release cannot be had or has no such file."""
+    try:
+        return (fetch_tree(version) / rel).read_bytes()
+    except (PatchkitError, OSError):
+        return None
+
+
+def release_sources(version: str, files: Iterable[str]) -> dict[str, Optional[bytes]]:
+    """The fetch step of apply, revert and export: each of ``files`` as
+    ``pristine_source`` gives it, before any transform (the vendor-code check
+    compares against these bytes)."""
+    return {rel: pristine_source(version, rel) for rel in files}
 
 
 def release_note(version: str) -> str:

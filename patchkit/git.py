@@ -6,6 +6,7 @@ not in a repository: git is a source of facts here, never a requirement.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,3 +39,30 @@ def is_shallow(path: Path) -> bool:
     """A ``--depth`` clone, whose history stops short (most CI checkouts)."""
     out = run(path, "rev-parse", "--is-shallow-repository")
     return out is not None and out.strip() == b"true"
+
+
+def version_in_history(path: Path, digest: str) -> Optional[bytes]:
+    """A version of ``path`` with this sha256 in the history of its repository
+    (every version of that path in any ref)."""
+    root = toplevel(path.parent)
+    if root is None:
+        return None
+    try:
+        rel = path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return None
+    log = run(root, "log", "--all", "--format=", "--raw", "--no-abbrev", "--no-renames", "--", rel)
+    if not log:
+        return None
+    blobs: list[str] = []
+    for line in log.decode().splitlines():
+        # ":100644 100644 <old blob> <new blob> M\tpath"
+        fields = line.split("\t", 1)[0].split()
+        for blob in fields[2:4] if len(fields) >= 4 else ():
+            if blob.strip("0") and blob not in blobs:
+                blobs.append(blob)
+    for blob in blobs:
+        data = run(root, "cat-file", "blob", blob)
+        if data is not None and hashlib.sha256(data).hexdigest() == digest:
+            return data
+    return None

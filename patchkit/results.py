@@ -1,7 +1,7 @@
-"""What the commands hand back: each patch's report, and what an apply or
-revert did (``Outcome``). Values only: made by ``patchkit.engine`` (reports)
-and ``patchkit.api`` (outcomes), printed by ``patchkit.output``; they call
-nothing back."""
+"""What the read side hands back: each patch's report and state. Values
+only: made by ``patchkit.engine``, printed by ``patchkit.output``; they call
+nothing back. What an apply or revert changes (``Outcome``) lives with the
+step that writes it, ``patchkit.api.commit``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from patchkit.findings import Finding, State
-from patchkit.tree import Tree, sha256
+from patchkit.tree import Tree
 
 if TYPE_CHECKING:
     from patchkit.registry.definitions import Patch
@@ -48,28 +48,6 @@ class PatchReport:
     @property
     def missing(self) -> list[CodemodResult]:
         return [r for r in self.results if r.finding.state is State.MISSING]
-
-
-@dataclass
-class Outcome:
-    """What an apply or revert did (or, dry, would do)."""
-
-    reports: list[PatchReport]
-    # file -> (old, new); None: the file does not exist (created / removed)
-    changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = field(default_factory=dict)
-    done: list[str] = field(default_factory=list)  # patch ids applied/reverted now
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # (patch id, why)
-    messages: list[str] = field(default_factory=list)
-    # Backups and kept copies, stored by sha256 at commit (a dry run stores none).
-    blobs: dict[str, bytes] = field(default_factory=dict)
-
-    def keep(self, data: bytes) -> str:
-        digest = sha256(data)
-        self.blobs[digest] = data
-        return digest
-
-    def diff(self, tree: Tree) -> str:
-        return "".join(unified_diff(tree, rel, old, new) for rel, (old, new) in self.changed.items())
 
 
 def unified_diff(tree: Tree, rel: str, old: Optional[bytes], new: Optional[bytes]) -> str:

@@ -85,7 +85,7 @@ def test_show_says_what_a_patch_changes(make_tree, cli):
     text = result.output
     assert text.startswith("trtllm-mla-spec-v2: TRT-LLM MLA")
     assert "upstream: sglang#26824" in text and "requires: needs-cpu-seq-lens" in text and "from:     patchkit" in text
-    patch = registry.get("trtllm-mla-spec-v2")
+    patch = registry.by_id("trtllm-mla-spec-v2")
     for target in patch.targets:  # every file, and what each of its codemods does
         assert f"\n  {target.file}" in text
         for codemod in target.codemods:

@@ -96,7 +96,7 @@ def test_series_of_two_git_am_byte_identical(make_tree, cli, tmp_path, two_patch
     assert first.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n")
     assert "From: Fork Bot <bot@fork.example>\n" in first
     assert "Date: Thu, 28 May 2026 20:26:40 -0000\n" in first
-    assert f"Subject: [PATCH 1/2] {registry.get(HOOK).title}\n" in first
+    assert f"Subject: [PATCH 1/2] {registry.by_id(HOOK).title}\n" in first
     assert "https://github.com/sgl-project/sglang/pull/25925 (sglang#25925)" in first
     assert "Subject: [PATCH 2/2] Test: second patch, same file and one more\n" in second
     assert "Requires: trtllm-mha-overlap-hook" in second

@@ -79,7 +79,7 @@ def _runtime_files(mode: str) -> dict[str, bytes]:
     from patchkit import registry
     from patchkit.state import vendoring
 
-    return vendoring.runtime_files([registry.get("needs-cpu-seq-lens")], mode)
+    return vendoring.runtime_files([registry.by_id("needs-cpu-seq-lens")], mode)
 
 
 def _tree(root: Path, mode: str | None) -> Path:

@@ -777,7 +777,7 @@ def test_decode_metrics_without_device_sync():
 
 
 def test_every_codemod_is_declared_once_with_a_description():
-    patch = registry.get(PID)
+    patch = registry.by_id(PID)
     assert patch.upstream == ("sglang#26128", "sglang#26738", "sglang#25818") and patch.requires == ()
     declared = [c for t in patch.targets for c in t.codemods]
     assert len(declared) == len(set(declared))
@@ -903,7 +903,7 @@ def test_every_upstream_release_detects_native(version):
     """Detection only (no copy): every part is done or superseded, never todo
     or missing, on every release that has the change upstream."""
     root = pristine(version)
-    patch = registry.get(PID)
+    patch = registry.by_id(PID)
     done = 0
     for target in patch.targets:
         path = root / target.file

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional
 from patchkit import registry
 from patchkit import tree as trees
 from patchkit.engine import Session, locked_session
-from patchkit.results import Outcome, PatchReport
+from patchkit.api.commit import Outcome
+from patchkit.results import PatchReport
 from patchkit.errors import PatchkitError
 
 if TYPE_CHECKING:
@@ -221,7 +222,7 @@ def diff(tree: Optional[str] = None, ids: Iterable[str] = (), say: Say = _drop) 
     from patchkit.api.views import file_diffs
 
     where = locate(tree, say)
-    patches = [registry.get(i) for i in ids] if ids else None
+    patches = [registry.by_id(i) for i in ids] if ids else None
     with locked_session(where.given, say) as session:
         _refuse(session)
         return DiffResult(where, file_diffs(session, patches))
@@ -232,7 +233,7 @@ def show(patch_id: str, tree: Optional[str] = None, with_diff: bool = False, say
     (and what it requires) changes on the tree, or what it changed there."""
     from patchkit.api import views
 
-    patch = registry.get(patch_id)
+    patch = registry.by_id(patch_id)
     diff_text = _show_diff(patch, tree, say) if with_diff else None
     return ShowResult(patch, views.codemods(patch), views.runtime_modules(patch), diff_text)
 

@@ -14,16 +14,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import patchkit
-from patchkit import git, registry
-from patchkit.state import vendoring
-from patchkit.api.commit import commit, sync_runtime
-from patchkit.engine import Session
-from patchkit.results import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Outcome, PatchReport
-from patchkit.errors import PatchkitError
-from patchkit.tree import check_writable
+from patchkit import fetch, git, registry
+from patchkit.api.commit import Outcome, commit
 from patchkit.api.merge import original_with_user_edits
-from patchkit.state.record import FileRecord, Record
+from patchkit.engine import Session
+from patchkit.errors import PatchkitError
 from patchkit.registry import Patch
+from patchkit.results import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, PatchReport
+from patchkit.state import vendoring
+from patchkit.state.record import FileRecord, Record
 from patchkit.transform.transformer import Transformer
 
 if TYPE_CHECKING:
@@ -50,36 +49,33 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
     if record.legacy:
         raise PatchkitError(f"{tree.package}: {LEGACY}")
-    # Read: the applied patches, the target files' bytes. Fetch and prepare:
+    # Read: the target files' bytes. Fetch and prepare:
     # every file's detection and transform ahead, in parallel or from the
     # transform cache (this seeds the findings the plan's reports read).
-    applied, sources = session.read_for_apply(selected)
-    transformer = Transformer(tree, session.findings, session.modules)
-    transformer.prepare(sources, selected, progress)
+    sources = session.read_for_apply(selected)
+    pristine = fetch.release_sources(tree.version, sources)
+    transformer = Transformer(tree, session.findings, session.modules, sources, pristine)
+    transformer.prepare(selected, progress)
     # Plan; then, before any transform, what the plan's files need: edits made
-    # since an earlier apply (a clone may recover backups), the runtime mode's
-    # rules, every file writable.
+    # since an earlier apply (a clone may recover backups). The commit checks
+    # the runtime mode's rules and that every file to change is writable.
     plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
     edited = session.edited_since_apply(plan.files)
-    vendoring.check_mode([*applied, *plan.todo], mode)
-    transformer.fetch(plan.files)  # the release's bytes of each file (the vendor-code check)
-    check_writable(tree, plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
-    for rel, new in transformer.transform_files(sources, plan.files, plan.todo).items():
+    for rel, new in transformer.transform_files(plan.files, plan.todo).items():
         outcome.changed[rel] = (sources[rel], new)
     outcome.messages.extend(transformer.notes)  # vendor code replaced on purpose, or its check skipped
     base_commit = record.base_commit or git.head(tree.package)  # what the patches are applied on
     new_record = _record(tree, record, plan, outcome, sources, edited)
+    runtime = None
     if new_record.applied:
         if mode != session.runtime_mode and record.applied:
             outcome.messages.append(f"runtime: {session.runtime_mode} -> {mode}")
         new_record.runtime, new_record.runtime_api, new_record.patchkit = mode, vendoring.RUNTIME_API, patchkit.__version__
         # What the record was made on: a record of another release is never believed (patchkit.state.reconcile).
         new_record.sglang, new_record.base_commit = tree.version, base_commit
-        now_applied = [p for p in registry.all_patches() if p.id in new_record.applied]
-        sync_runtime(session.snapshot, new_record, now_applied, outcome, force=True)
-    if not dry_run and outcome.changed:
-        commit(session, "apply", outcome, new_record)
+        runtime = [p for p in registry.all_patches() if p.id in new_record.applied]
+    commit(session, "apply", outcome, new_record, runtime, force=True, dry_run=dry_run, mode_check=True)
     return outcome  # the session keeps what it learnt (its findings) when the command ends
 
 

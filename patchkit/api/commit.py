@@ -1,36 +1,75 @@
-"""The last steps shared by apply and revert: the runtime folder and manifest
-planned into the change, the write check, and the transaction."""
+"""The last step of apply and revert: what the command changes (``Outcome``),
+the runtime folder and manifest planned into it, the write check, and the
+transaction."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
 
 from patchkit.state import vendoring
 from patchkit.errors import PatchkitError
+from patchkit.results import PatchReport, unified_diff
 from patchkit.state.record import FileRecord
-from patchkit.tree import check_writable, sha256
+from patchkit.tree import Tree, check_writable, sha256
 
 if TYPE_CHECKING:
     from patchkit.engine import Session
-    from patchkit.results import Outcome
     from patchkit.state.record import Record
     from patchkit.registry import Patch
     from patchkit.state.snapshot import Snapshot
 
 
-def commit(session: "Session", verb: str, outcome: "Outcome", record: "Record") -> None:
-    """Store the outcome's blobs, then write ``outcome.changed`` and
-    ``record`` as one transaction (``verb``: apply or revert, for the journal)."""
-    check_writable(session.tree, outcome.changed)  # again: runtime files were planned after the first check
-    session.store.put_blobs(outcome.blobs.values())
+@dataclass
+class Outcome:
+    """What an apply or revert did (or, dry, would do)."""
+
+    reports: list[PatchReport]
+    # file -> (old, new); None: the file does not exist (created / removed)
+    changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = field(default_factory=dict)
+    done: list[str] = field(default_factory=list)  # patch ids applied/reverted now
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (patch id, why)
+    messages: list[str] = field(default_factory=list)
+    # Backups and kept copies, stored by sha256 at commit (a dry run stores none).
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+    def keep(self, data: bytes) -> str:
+        digest = sha256(data)
+        self.blobs[digest] = data
+        return digest
+
+    def diff(self, tree: Tree) -> str:
+        return "".join(unified_diff(tree, rel, old, new) for rel, (old, new) in self.changed.items())
+
+
+def commit(session: "Session", verb: str, outcome: Outcome, record: "Record", runtime: Optional[list["Patch"]],
+           force: bool, dry_run: bool, mode_check: bool = False) -> None:
+    """Finish ``verb`` (apply or revert). ``runtime``: the patches applied
+    once it is done, whose runtime folder and manifest are planned into
+    ``outcome`` and ``record`` (None: they stay as they are; ``force``: as
+    ``sync_runtime``; ``mode_check``: apply refuses a runtime mode that
+    cannot serve them all, ``vendoring.check_mode``, where revert goes back
+    whatever the mode). Every file to change must be writable, dry or not.
+    Then the outcome's blobs and the backups a clone recovered are stored,
+    and ``outcome.changed`` and ``record`` written as one transaction, where
+    there is something to write."""
+    if runtime is not None:
+        sync_runtime(session.snapshot, record, runtime, outcome, force)
+        if mode_check:
+            vendoring.check_mode(runtime, record.runtime or vendoring.DEFAULT_MODE)
+    check_writable(session.tree, outcome.changed)
+    if dry_run or not (outcome.changed or record.applied != session.record.applied):
+        return
+    session.store.put_blobs([*outcome.blobs.values(), *session.recovered.values()])
     session.store.commit(verb, session.tree.package, outcome.changed, session.record, record)
 
 
-def sync_runtime(snapshot: "Snapshot", record: "Record", patches: list["Patch"], outcome: "Outcome",
+def sync_runtime(snapshot: "Snapshot", record: "Record", patches: list["Patch"], outcome: Outcome,
                  force: bool) -> None:
     """Plan the runtime folder and manifest for ``patches`` (those applied
     once this command is done, in the record's runtime mode) into
-    ``outcome.changed`` and ``record``.
+    ``outcome.changed`` and ``record``; with no patch left, the record forgets
+    the runtime.
 
     A runtime file the user edited is replaced only with ``force`` (apply
     repairs a stale runtime; a copy of the edited file is kept), else the
@@ -75,3 +114,5 @@ def sync_runtime(snapshot: "Snapshot", record: "Record", patches: list["Patch"],
         record.files.pop(vendoring.MANIFEST, None)
     else:
         record.files[vendoring.MANIFEST] = FileRecord(None, sha256(manifest))
+    if not record.applied:
+        record.forget_runtime()

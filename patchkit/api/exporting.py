@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from patchkit import __version__, registry
+from patchkit import __version__, fetch, registry
 from patchkit.state import vendoring
 from patchkit.engine import Session
 from patchkit.results import NATIVE, unified_diff
@@ -87,7 +87,8 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
     tree = session.tree
     steps = [(rel, k) for k, patch in enumerate(applied)
              for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files)]
-    transformer = Transformer(tree, session.findings, session.modules)
+    pristine = fetch.release_sources(tree.version, dict.fromkeys(rel for rel, _ in steps))
+    transformer = Transformer(tree, session.findings, session.modules, pristine=pristine)
     transformed = transformer.transform_prefixes(originals, steps, applied, progress)
     for k, patch in enumerate(applied):
         diffs, paths = [], []

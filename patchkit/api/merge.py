@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from patchkit.errors import PatchkitError
 
 if TYPE_CHECKING:
-    from patchkit.results import Outcome
+    from patchkit.api.commit import Outcome
 
 
 def three_way_merge(ours: bytes, base: bytes, theirs: bytes) -> tuple[bytes, bool]:

@@ -9,43 +9,41 @@ transaction; nothing of patchkit's is left once the last patch goes.
 
 from __future__ import annotations
 
-from patchkit import registry
-from patchkit.api.commit import commit, sync_runtime
-from patchkit.engine import Session
-from patchkit.results import Outcome
-from patchkit.errors import PatchkitError
-from patchkit.tree import check_writable
+from patchkit import fetch, registry
+from patchkit.api.commit import Outcome, commit
 from patchkit.api.merge import keep_user_edits
+from patchkit.engine import Session
+from patchkit.errors import PatchkitError
+from patchkit.registry import Patch
 from patchkit.state.record import Record
-from patchkit.transform.transformer import Transformer, codemods_for
+from patchkit.transform.transformer import Transformer
 
 
 def revert_patches(session: Session, ids: list[str], cascade: bool = False, force: bool = False,
                    dry_run: bool = False) -> Outcome:
     """Revert ``ids`` (every applied patch when empty)."""
     outcome = Outcome([])
-    chosen = plan_revert(session.record, ids, cascade, outcome)
+    chosen = plan_revert(session.record, registry.all_patches(), ids, cascade, outcome)
     applied = session.applied_patches()
     remaining = [p for p in applied if p.id not in chosen]
     files = [f for pid in chosen for f in session.record.applied[pid] if f in session.record.files]
     files = list(dict.fromkeys(files))
-    check_writable(session.tree, files)
+    again = {t.file for p in remaining for t in p.targets}  # files the remaining patches re-patch
     # Read and fetch, before any transform: each file now, its backup and
     # (edited since apply) what patchkit wrote, which a clone may recover
     # from git history or the release; the release's bytes for the files
     # the remaining patches re-patch.
     current, edited, original = session.read_for_revert(files)
-    still = {rel: codemods_for(rel, remaining) for rel in files}
-    transformer = Transformer(session.tree, session.findings, session.modules)
-    transformer.fetch(rel for rel in files if still[rel])
+    pristine = fetch.release_sources(session.tree.version, [rel for rel in files if rel in again])
+    transformer = Transformer(session.tree, session.findings, session.modules, pristine=pristine)
     record = session.record.copy()
     for rel in files:
-        target = transformer.run(rel, original[rel], remaining) if still[rel] else original[rel]
+        target = transformer.run(rel, original[rel], remaining) if rel in again else original[rel]
         if rel in edited:
             target = keep_user_edits(session.tree.path(rel), current[rel], edited[rel][0], target, force, outcome)
         if target != current[rel]:
             outcome.changed[rel] = (current[rel], target)
-        if still[rel]:
+        if rel in again:
             record.files[rel].patched = outcome.keep(target)
         else:
             del record.files[rel]
@@ -54,29 +52,26 @@ def revert_patches(session: Session, ids: list[str], cascade: bool = False, forc
     # Leftovers of an earlier base (a runtime folder and manifest, no patch
     # applied to this release) go with a plain `revert` too.
     leftovers = not ids and session.snapshot.believed.source == "leftovers"
-    if chosen or leftovers:
-        sync_runtime(session.snapshot, record, remaining, outcome, force=force)
-        if not record.applied:
-            record.forget_runtime()
     if leftovers:
         outcome.messages.append(f"removed patchkit's files left from sglang {session.snapshot.believed.leftovers_of}")
     order = [p.id for p in applied]
     outcome.done = sorted(chosen, key=order.index)
-    if not dry_run and (chosen or leftovers):
-        commit(session, "revert", outcome, record)
+    if chosen or leftovers:
+        commit(session, "revert", outcome, record, remaining, force=force, dry_run=dry_run)
     return outcome
 
 
-def plan_revert(record: Record, ids: list[str], cascade: bool, outcome: Outcome) -> set[str]:
+def plan_revert(record: Record, patches: list[Patch], ids: list[str], cascade: bool, outcome: Outcome) -> set[str]:
     """The patch ids to revert: those asked for that patchkit applied, plus
-    (with ``cascade``) the applied patches that require them."""
+    (with ``cascade``) the applied patches that require them (``patches``:
+    every patch known, in registry order)."""
     applied = record.applied
-    chosen = {registry.get(i).id for i in ids} if ids else set(applied)
+    chosen = {registry.by_id(i).id for i in ids} if ids else set(applied)
     for pid in sorted(chosen - set(applied)):
         outcome.skipped.append((pid, "not applied by patchkit"))
     chosen &= set(applied)
     for pid in sorted(chosen):
-        for dep in registry.dependents(pid):
+        for dep in dependents(pid, patches):
             if dep.id in applied and dep.id not in chosen:
                 if not cascade:
                     raise PatchkitError(
@@ -84,3 +79,13 @@ def plan_revert(record: Record, ids: list[str], cascade: bool, outcome: Outcome)
                     )
                 chosen.add(dep.id)
     return chosen
+
+
+def dependents(pid: str, patches: list[Patch]) -> list[Patch]:
+    """Of ``patches`` (in registry order), those that require ``pid``,
+    directly or through others."""
+    out: list[Patch] = []
+    for patch in patches:
+        if pid in patch.requires or any(d.id in patch.requires for d in out):
+            out.append(patch)
+    return out

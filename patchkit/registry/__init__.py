@@ -216,7 +216,7 @@ def _runtime_name_clashes(patches: Iterable[Patch]) -> list[str]:
     return problems
 
 
-def get(pid: str) -> Patch:
+def by_id(pid: str) -> Patch:
     for patch in all_patches():
         if patch.id == pid:
             return patch
@@ -229,8 +229,8 @@ def select(ids: Iterable[str], skip: Iterable[str] = ()) -> list[Patch]:
     all patches when none is named. ``skip`` drops patches by name (and is an
     error if a selected patch requires a skipped one)."""
     ids = list(ids)
-    skip = {get(s).id for s in skip}
-    wanted = {get(i).id for i in ids} if ids else {p.id for p in all_patches()}
+    skip = {by_id(s).id for s in skip}
+    wanted = {by_id(i).id for i in ids} if ids else {p.id for p in all_patches()}
     changed = True
     while changed:
         changed = False
@@ -246,12 +246,3 @@ def select(ids: Iterable[str], skip: Iterable[str] = ()) -> list[Patch]:
             if blocked:
                 raise PatchkitError(f"patch {patch.id} requires {blocked[0]}, which --skip excludes")
     return [p for p in all_patches() if p.id in wanted and p.id not in skip]
-
-
-def dependents(pid: str) -> list[Patch]:
-    """Patches that require ``pid``, directly or through others."""
-    out: list[Patch] = []
-    for patch in all_patches():
-        if pid in patch.requires or any(d.id in patch.requires for d in out):
-            out.append(patch)
-    return out

@@ -3,8 +3,8 @@
 A command that writes runs read -> fetch -> plan -> transform -> commit. The
 read side (``patchkit.engine.Session``) hands down values: the files' bytes,
 its findings (``"codemod|sha256" -> finding``, the detection cache) and its
-parsed modules. ``fetch_pristine`` is the fetch step: the release's bytes of
-each file to transform, for the vendor-code check, located before any
+parsed modules; the fetch step (``patchkit.fetch.release_sources``) the
+release's bytes of each file, for the vendor-code check, fetched before any
 transform (never inside one). A ``Transformer`` is built from those values and
 knows no session: ``prepare`` computes every file's detection and transform
 ahead (in parallel, or from the shared transform cache: ``patchkit.transform.parallel``),
@@ -30,21 +30,6 @@ if TYPE_CHECKING:
     from patchkit.tree import Tree
 
 
-def fetch_pristine(version: str, files: Iterable[str], pristine: dict[str, Optional[bytes]],
-                   notes: list[str]) -> None:
-    """The fetch step: each of ``files``' bytes as the tree's release ships
-    them, added to ``pristine`` (None: not in patchkit's cache, or not a
-    release; the vendor-code check is then skipped, said once in ``notes``)."""
-    from patchkit import fetch
-
-    for rel in files:
-        if rel not in pristine:
-            pristine[rel] = fetch.pristine_source(version, rel)
-            if pristine[rel] is None and fetch.is_release(version):
-                note = fetch.release_note(version)
-                notes.extend([note] if note not in notes else [])
-
-
 def codemods_for(rel: str, patches: Iterable["Patch"]) -> list:
     """The codemods (classes or ``module:Class`` references, imported when a
     transform must run them) of ``patches`` for one file, in order."""
@@ -56,21 +41,34 @@ class Transformer:
     tree: "Tree"
     findings: dict[str, list]  # the read side's detection cache; results' findings are added
     modules: dict[str, "cst.Module"]  # parsed files, by the sha256 of their bytes
-    pristine: dict[str, Optional[bytes]] = field(default_factory=dict)  # filled by fetch_pristine
+    sources: dict[str, bytes] = field(default_factory=dict)  # apply's target files as read: what prepare and transform_files work on
+    pristine: dict[str, Optional[bytes]] = field(default_factory=dict)  # the fetch step's release bytes, by file
     notes: list[str] = field(default_factory=list)  # vendor code replaced on purpose, a check skipped
     cache: TransformCache = field(default_factory=TransformCache.default)  # shared by every tree of the user
     _prepared: dict[str, tuple[str, Entry]] = field(default_factory=dict)  # rel -> (sha256 of its source, entry)
 
-    def fetch(self, files: Iterable[str]) -> None:
-        fetch_pristine(self.tree.version, files, self.pristine, self.notes)
+    def release_bytes(self, rel: str) -> Optional[bytes]:
+        """``rel`` as the tree's release ships it (the fetch step put it in
+        ``pristine``). None: not in patchkit's cache, or not a release; a
+        file transformed without it skips the vendor-code check, said once
+        in ``notes``."""
+        if rel not in self.pristine:
+            raise KeyError(f"{rel}: its release bytes were not fetched before the transform")
+        data = self.pristine[rel]
+        if data is None:
+            from patchkit.fetch import is_release, release_note
 
-    def prepare(self, sources: dict[str, bytes], patches: Iterable["Patch"],
-                progress: Optional["Progress"] = None) -> None:
+            note = release_note(self.tree.version) if is_release(self.tree.version) else None
+            self.notes.extend([note] if note and note not in self.notes else [])
+        return data
+
+    def prepare(self, patches: Iterable["Patch"], progress: Optional["Progress"] = None) -> None:
         """Detect and transform, per file of ``sources``, with the codemods of
         all ``patches`` (grouped by patch). Findings seed ``findings``; files
         whose findings are all known and none is TODO need nothing."""
         from patchkit.transform import parallel
 
+        sources = self.sources
         files: dict[str, list[list]] = {}
         for patch in patches:
             for target in patch.targets:
@@ -82,8 +80,7 @@ class Transformer:
             known = [self.findings.get(f"{registry.codemod_name(r)}|{digest}") for g in groups for r in g]
             if any(k is None or k[0] == State.TODO.value for k in known):
                 need[rel] = groups
-        self.fetch(need)
-        jobs = {rel: (self.tree.path(rel), sources[rel], groups, self.pristine[rel]) for rel, groups in need.items()}
+        jobs = {rel: (self.tree.path(rel), sources[rel], groups, self.release_bytes(rel)) for rel, groups in need.items()}
         for rel, entry in parallel.prepare(jobs, self.cache, progress).items():
             digest = sha256(sources[rel])
             for name, finding in entry.before.items():
@@ -94,16 +91,14 @@ class Transformer:
                     self.findings[f"{name}|{new_digest}"] = finding
             self._prepared[rel] = (digest, entry)
 
-    def transform_files(self, sources: dict[str, bytes], files: Iterable[str],
-                        patches: list["Patch"]) -> dict[str, bytes]:
-        """Fetch, then transform: each of ``files`` (of ``sources``) with the
-        codemods of ``patches``; the files it changes, with their new bytes."""
-        files = list(files)
-        self.fetch(files)
+    def transform_files(self, files: Iterable[str], patches: list["Patch"]) -> dict[str, bytes]:
+        """Each of ``files`` (of ``sources``, their release bytes fetched)
+        transformed with the codemods of ``patches``: the files it changes,
+        with their new bytes."""
         out = {}
         for rel in files:
-            new = self.run(rel, sources[rel], patches)
-            if new != sources[rel]:
+            new = self.run(rel, self.sources[rel], patches)
+            if new != self.sources[rel]:
                 out[rel] = new
         return out
 
@@ -119,8 +114,7 @@ class Transformer:
         def groups(rel: str, k: int) -> list[list]:
             return [list(t.refs) for p in patches[: k + 1] for t in p.targets if t.file == rel]
 
-        self.fetch(rel for rel, _ in steps)
-        jobs = [(rel, (self.tree.path(rel), originals[rel], groups(rel, k), self.pristine[rel])) for rel, k in steps]
+        jobs = [(rel, (self.tree.path(rel), originals[rel], groups(rel, k), self.release_bytes(rel))) for rel, k in steps]
         out = {}
         for (rel, k), (_, job), entry in zip(steps, jobs, parallel.prepare_all(jobs, self.cache, progress)):
             whole = [[registry.codemod_name(r) for r in g] for g in job[2]]
@@ -133,7 +127,7 @@ class Transformer:
     def run(self, rel: str, source: bytes, patches: Sequence["Patch"]) -> bytes:
         """Run ``patches``' codemods for the file ``rel`` over its ``source``;
         every one must end DONE. The file's release bytes must have been
-        fetched (``fetch``)."""
+        fetched (``pristine``)."""
         codemods = codemods_for(rel, patches)
         prepared = self._use_prepared(rel, source, codemods)
         if prepared is not None:
@@ -148,11 +142,12 @@ class Transformer:
         known = [self.findings.get(f"{registry.codemod_name(c)}|{digest}") for c in codemods]
         if all(k is not None and k[0] in (State.DONE.value, State.SUPERSEDED.value) for k in known):
             return source  # every change is there (a file a patch to apply leaves as it is): nothing to parse
+        pristine = self.release_bytes(rel)
         classes = [registry.load_codemod(codemod) for codemod in codemods]
         module = self.modules.get(digest) or transform.parse(source, self.tree.path(rel))
         result = transform.run(rel, self.tree.path(rel), module, classes,
                                [None if k is None else Finding.from_list(k) for k in known], source,
-                               self.pristine[rel], owners)
+                               pristine, owners)
         self.notes.extend(line for line in result.notes if line not in self.notes)
         new_digest = sha256(result.new)
         for name, finding in result.after.items():
