@@ -145,6 +145,33 @@ def test_add_needed_imports_touches_only_the_header():
     )
 
 
+def test_require_import_among_siblings_waits_for_the_engine():
+    """One way to ask for an import: placed among its siblings (isort order)
+    or into the block, both added once every codemod ran, each only once."""
+    src = mod(
+        """
+        import os
+        from pkg.layers import attention
+        from pkg.model import runner
+        """
+    )
+    context = CodemodContext()
+    p.require_import(context, "pkg.layers.backends", "helper", among_siblings=True)
+    p.require_import(context, "pkg.layers.backends", "helper", among_siblings=True)
+    p.require_import(context, "patchkit.runtime", "flag")
+    assert p.add_needed_imports(src, context).code == code(
+        """
+        import os
+        from pkg.layers import attention
+        from pkg.layers.backends import helper
+        from pkg.model import runner
+        from patchkit.runtime import flag
+        """
+    )
+    with pytest.raises(ValueError):
+        p.require_import(context, "pkg", among_siblings=True)
+
+
 def test_parse_statements_dedents():
     stmts = p.parse_statements(
         """

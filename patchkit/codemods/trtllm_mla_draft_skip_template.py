@@ -102,10 +102,10 @@ class _DirectOverride(ClassCodemod):
         return Finding.todo(anchor, "inherited from FlashInferMLAMultiStepDraftBackend (runs common_template)")
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        tree = super().transform_module_impl(tree)
         # No-ops where the module already imports them (every release does).
-        tree = primitives.add_import_sorted(tree, FORWARD_BATCH_INFO, "ForwardBatch")
-        return primitives.add_import_sorted(tree, FORWARD_BATCH_INFO, "ForwardMode")
+        self.require_import(FORWARD_BATCH_INFO, "ForwardBatch", among_siblings=True)
+        self.require_import(FORWARD_BATCH_INFO, "ForwardMode", among_siblings=True)
+        return super().transform_module_impl(tree)
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         after = self.place_after(cls)

@@ -75,10 +75,14 @@ class PatchCodemod(Codemod):
             return finding
         return finding.at(primitives.line_of(module, node))
 
-    def require_import(self, module: str, obj: Optional[str] = None) -> None:
+    def require_import(self, module: str, obj: Optional[str] = None, among_siblings: bool = False) -> None:
         """Ask the engine to add ``from module import obj`` (or ``import module``)
-        to this file's import block, unless it is there (``primitives.add_imports``)."""
-        primitives.require_import(self.context, module, obj)
+        to this file, unless it is there, once every codemod ran: into the
+        import block (``primitives.add_imports``), or ``among_siblings``: beside
+        the from-imports closest to it, in isort order (``primitives.add_import_sorted``;
+        libcst's AddImportsVisitor would put it right under ``from __future__``,
+        above the module string sglang's files have there)."""
+        primitives.require_import(self.context, module, obj, among_siblings)
 
 
 class ClassCodemod(PatchCodemod):

@@ -137,10 +137,8 @@ class AllocMask(_MaskMethod):
         return self._needs_max_bs(fn) or Finding.todo(self.anchor, f"self.{MASK} not allocated")
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        # After the module's last top-level import: libcst's AddImportsVisitor would
-        # put it right under `from __future__`, above the docstring-like string these
-        # files have there.
-        return primitives.add_import_sorted(super().transform_module_impl(tree), self.HELPERS, self.ALLOC_HELPER)
+        self.require_import(self.HELPERS, self.ALLOC_HELPER, among_siblings=True)
+        return super().transform_module_impl(tree)
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         if not _assigns_mask(fn):
@@ -189,7 +187,8 @@ class VerifyBuffersReturnMask(ClassCodemod):
         return Finding.todo(anchor, "not overridden (the base returns [None, None])")
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        return primitives.add_import_sorted(super().transform_module_impl(tree), self.HELPERS, self.BUFFERS_HELPER)
+        self.require_import(self.HELPERS, self.BUFFERS_HELPER, among_siblings=True)
+        return super().transform_module_impl(tree)
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         source = f'''

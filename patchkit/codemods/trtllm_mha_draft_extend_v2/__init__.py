@@ -116,11 +116,11 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
             lambda stmt: stmt.with_changes(body=[stmt.body[0].with_changes(value=new_value)]),
         )
 
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        tree = super().transform_module_impl(tree)
-        if not primitives.contains(self.find_method(primitives.find_class(tree, self.CLASS)), _LOCAL_IMPORT):
-            tree = primitives.add_import_sorted(tree, MHA_MODULE, MHA_BACKEND)
-        return tree
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        cls = super().transform_class(cls)
+        if not primitives.contains(self.find_method(cls), _LOCAL_IMPORT):  # a fork's lazy import serves
+            self.require_import(MHA_MODULE, MHA_BACKEND, among_siblings=True)
+        return cls
 
 
 # --- trtllm_mha_backend.py: capture and replay metadata ------------------------------
@@ -230,11 +230,8 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
         return fn
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        tree = super().transform_module_impl(tree)
-        # Placed after the module's last top-level import (libcst's
-        # AddImportsVisitor would put it right under `from __future__`, above
-        # the module's docstring-like string in these files).
-        return primitives.add_import_sorted(tree, HELPER_MODULE, HELPER)
+        self.require_import(HELPER_MODULE, HELPER, among_siblings=True)
+        return super().transform_module_impl(tree)
 
 
 # --- eagle_draft_extend_cuda_graph_runner.py: no top-k for V2 -------------------------

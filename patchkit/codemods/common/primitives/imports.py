@@ -1,9 +1,10 @@
 """Imports: what a module already imports, and adding one.
 
-Codemods ask with ``PatchCodemod.require_import`` (the engine adds what the
-file lacks to its import block, once, after every codemod ran: ``add_imports``);
-a codemod that must place a line among its siblings in isort order (where a
-formatter would put it) calls ``add_import_sorted`` itself."""
+Codemods ask with ``PatchCodemod.require_import``, the one way a patch adds an
+import; the engine adds what the file lacks once every codemod ran
+(``add_needed_imports``): to the import block (``add_imports``), or, asked
+``among_siblings``, beside the from-imports closest to it in isort order,
+where a formatter would put it (``add_import_sorted``)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,25 @@ from patchkit.codemods.common.primitives.snippets import parse_statement
 IMPORTS_KEY = "patchkit.imports"
 
 
-def require_import(context: CodemodContext, module: str, obj: Optional[str] = None) -> None:
+def require_import(context: CodemodContext, module: str, obj: Optional[str] = None,
+                   among_siblings: bool = False) -> None:
     """Ask for ``from module import obj`` (or ``import module``) in the file
-    ``context`` belongs to; ``add_needed_imports`` adds what is missing."""
-    context.scratch.setdefault(IMPORTS_KEY, []).append((module, obj))
+    ``context`` belongs to; ``add_needed_imports`` adds what is missing
+    (``among_siblings``: a from-import placed by ``add_import_sorted``)."""
+    if among_siblings and obj is None:
+        raise ValueError("only a from-import is placed among its siblings")
+    context.scratch.setdefault(IMPORTS_KEY, []).append((module, obj, among_siblings))
 
 
 def add_needed_imports(module: cst.Module, context: CodemodContext) -> cst.Module:
-    """Add the imports ``require_import`` asked for (see ``add_imports``)."""
-    return add_imports(module, context.scratch.get(IMPORTS_KEY, ()))
+    """Add the imports ``require_import`` asked for: those placed among their
+    siblings first, in the order asked, then the rest into the import block
+    (``add_imports``), which sees the first ones as imported."""
+    wanted = context.scratch.get(IMPORTS_KEY, ())
+    for mod, obj, among_siblings in wanted:
+        if among_siblings:
+            module = add_import_sorted(module, mod, obj)
+    return add_imports(module, [(mod, obj) for mod, obj, among_siblings in wanted if not among_siblings])
 
 
 _IS_IMPORT = m.SimpleStatementLine(body=[m.ZeroOrMore(), m.Import() | m.ImportFrom(), m.ZeroOrMore()])
