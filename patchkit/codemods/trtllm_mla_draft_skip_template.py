@@ -27,7 +27,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import ClassCodemod, Finding
+from patchkit.codemods.common.base import Finding, MethodCodemod
 
 DRAFT_BACKEND = "TRTLLMMLAMultiStepDraftBackend"
 STEP_BACKEND = "TRTLLMMLABackend"
@@ -80,26 +80,24 @@ def _direct_override(fn: cst.FunctionDef, name: str, allow_super: bool = False) 
     )
 
 
-class _DirectOverride(ClassCodemod):
+class _DirectOverride(MethodCodemod):
+    """The draft backend's own METHOD, calling each step backend directly;
+    where the class inherits it, the transform adds it (SOURCE)."""
+
     CLASS = DRAFT_BACKEND
     REQUIRED_TEXT = (DRAFT_BACKEND,)
-    METHOD: str
     SOURCE: str
 
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.{self.METHOD}"
-        fn = primitives.find_method(cls, self.METHOD)
-        if fn is None:
-            return self.detect_missing_method(cls, anchor)
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if _direct_override(fn, self.METHOD):
-            return Finding.done(anchor)
-        return self.located(Finding.missing(
-                anchor, f"{self.where(fn)}: this tree overrides it through common_template/super(); refusing to replace it "
-                "(the patch needs each step backend called directly)",
-            ), fn)
+            return Finding.done(self.anchor)
+        return Finding.missing(
+            self.anchor, f"{self.where(fn)}: this tree overrides it through common_template/super(); refusing to replace it "
+            "(the patch needs each step backend called directly)",
+        )
 
-    def detect_missing_method(self, cls: cst.ClassDef, anchor: str) -> Finding:
-        return Finding.todo(anchor, "inherited from FlashInferMLAMultiStepDraftBackend (runs common_template)")
+    def detect_absent(self, cls: cst.ClassDef) -> Finding:
+        return Finding.todo(self.anchor, "inherited from FlashInferMLAMultiStepDraftBackend (runs common_template)")
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         # No-ops where the module already imports them (every release does).
@@ -129,7 +127,7 @@ class DraftReplaySkipsTemplate(_DirectOverride):
     METHOD = REPLAY
     SOURCE = REPLAY_SOURCE
 
-    def detect_missing_method(self, cls: cst.ClassDef, anchor: str) -> Finding:
+    def detect_absent(self, cls: cst.ClassDef) -> Finding:
         renamed = primitives.find_method(cls, REPLAY_RENAMED)
         if renamed is not None:
             # 0.5.13+: the replay hook is init_forward_metadata_out_graph and
@@ -142,7 +140,7 @@ class DraftReplaySkipsTemplate(_DirectOverride):
                 f"{self.where(renamed)}: renamed replay hook goes through common_template/super() "
                 "(the patch needs each step backend called directly)",
             ), renamed)
-        return super().detect_missing_method(cls, anchor)
+        return super().detect_absent(cls)
 
     def place_after(self, cls: cst.ClassDef) -> str | None:
         if primitives.find_method(cls, INIT) is not None:
