@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from .bundle import IMAGE_PACKAGES, all_pins, normalise, repo_root
+from .bundle import repo_root
+from .wheels import IMAGE_PACKAGES, all_pins, normalise
 
 ENGINE_PATH_MODULES = (
     "sglang.srt.entrypoints.engine",

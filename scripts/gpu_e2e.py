@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_e2e import bundle  # noqa: E402
+from gpu_e2e import bundle, wheels  # noqa: E402
 
 
 def main() -> int:
@@ -28,7 +28,7 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bundle", help="build the bundle folder (downloads from the registry)")
     b.add_argument("--out", required=True, type=Path)
-    b.add_argument("--release", action="append", choices=bundle.RELEASES + bundle.REFERENCE_RELEASES,
+    b.add_argument("--release", action="append", choices=wheels.RELEASES + wheels.REFERENCE_RELEASES,
                    help="release(s) to carry (default: 0.5.12.post1); 0.5.13 travels unpatched, "
                         "as the upstream reference")
     b.add_argument("--limit-mib", type=float, default=64)
@@ -60,8 +60,8 @@ def main() -> int:
     if args.cmd == "fa3-pack":
         from gpu_e2e import fa3_kernel
 
-        version = bundle.COMMON_PINS["sglang-kernel"]
-        wheel = bundle.download_wheels({"sglang-kernel": version}, bundle.wheel_cache())["sglang-kernel"]
+        version = wheels.COMMON_PINS["sglang-kernel"]
+        wheel = wheels.download_wheels({"sglang-kernel": version}, wheels.wheel_cache())["sglang-kernel"]
         fa3_kernel.pack(args.out, wheel, version)
         return 0
     sys.path.insert(0, str(args.bundle.resolve() / "e2e"))

@@ -9,39 +9,39 @@ import tarfile
 
 import pytest
 
-from gpu_e2e import bundle, coverage
+from gpu_e2e import bundle, coverage, wheels
 
 
 def test_pins_are_exact_and_never_twice():
-    for rel in bundle.RELEASES:
-        pins = bundle.all_pins([rel])
+    for rel in wheels.RELEASES:
+        pins = wheels.all_pins([rel])
         seen: dict[str, str] = {}
         for group, group_pins in pins.items():
             for dist, ver in group_pins.items():
                 assert re.fullmatch(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?", ver), (dist, ver)
-                name = bundle.normalise(dist)
+                name = wheels.normalise(dist)
                 assert name not in seen, f"{name} pinned in {seen[name]} and {group}"
                 seen[name] = group
         # nothing the image already has is carried, except where a release pins
         # another version than the image's (transformers 5.6.0 / 5.3.0, tokenizers 0.22.2)
-        carried_on_image = {n for n in seen if n in bundle.IMAGE_PACKAGES}
+        carried_on_image = {n for n in seen if n in wheels.IMAGE_PACKAGES}
         assert carried_on_image == {"transformers", "tokenizers"}, carried_on_image
 
 
 def test_unknown_release_refused_and_a_release_may_override_a_common_pin():
     with pytest.raises(SystemExit, match="unknown release"):
-        bundle.all_pins(["0.4.0"])
+        wheels.all_pins(["0.4.0"])
     # 0.5.13 (the upstream reference) needs sglang-kernel 0.4.3: alone, the common
     # group drops the common pin; beside 0.5.12.post1, which uses it, it keeps it
     # (the release's own site folder comes first on the path).
-    alone = bundle.all_pins(["0.5.13"])
+    alone = wheels.all_pins(["0.5.13"])
     assert "sglang-kernel" not in alone["common"] and alone["0.5.13"]["sglang-kernel"] == "0.4.3"
-    both = bundle.all_pins(["0.5.12.post1", "0.5.13"])
-    assert both["common"]["sglang-kernel"] == bundle.COMMON_PINS["sglang-kernel"]
+    both = wheels.all_pins(["0.5.12.post1", "0.5.13"])
+    assert both["common"]["sglang-kernel"] == wheels.COMMON_PINS["sglang-kernel"]
 
 
 def test_slimming_rules():
-    keep = bundle.keep_member
+    keep = wheels.keep_member
     assert keep("sglang-kernel", "sgl_kernel/__init__.py")
     assert keep("sglang-kernel", "sgl_kernel/quantization/gguf.py")
     assert keep("sglang-kernel", "sgl_kernel/sm90/common_ops.abi3.so")
@@ -51,9 +51,9 @@ def test_slimming_rules():
                     "_mscclpp.cpython-310-x86_64-linux-gnu.so", "include/dlpack/dlpack.h"):
         assert not keep("sglang-kernel", dropped), dropped
     assert keep("flashinfer-python", "flashinfer/data/csrc/norm.cu")  # JIT-built on the GPU
-    assert bundle.installed_name("x-1.0.data/purelib/x/a.py") == "x/a.py"
-    assert bundle.installed_name("x-1.0.data/scripts/x") is None
-    assert bundle.installed_name("x/a.py") == "x/a.py"
+    assert wheels.installed_name("x-1.0.data/purelib/x/a.py") == "x/a.py"
+    assert wheels.installed_name("x-1.0.data/scripts/x") is None
+    assert wheels.installed_name("x/a.py") == "x/a.py"
 
 
 def test_overlay_and_runtime_mode_detection(tmp_path):
@@ -75,8 +75,8 @@ def test_overlay_and_runtime_mode_detection(tmp_path):
 
 
 def _kernel_wheel_cached() -> bool:
-    return bundle._find_wheel(bundle.wheel_cache(), "sglang-kernel",
-                              bundle.COMMON_PINS["sglang-kernel"]) is not None
+    return wheels.find_wheel(wheels.wheel_cache(), "sglang-kernel",
+                              wheels.COMMON_PINS["sglang-kernel"]) is not None
 
 
 @pytest.mark.trees
@@ -97,13 +97,13 @@ def test_build_bundle(tmp_path):
             top = name.split("/")[0]
             if top.endswith(".dist-info") and name.endswith("/METADATA"):
                 dist, ver = top[: -len(".dist-info")].rsplit("-", 1)
-                key = bundle.normalise(dist)
+                key = wheels.normalise(dist)
                 assert key not in dists, f"{key} twice"
                 dists[key] = ver
         if group == "common":
             assert "sgl_kernel/sm90/common_ops.abi3.so" in names
             assert not any("flash_ops" in n or "/sm100/" in n for n in names)
-    pins = {bundle.normalise(d): v for g in manifest["pins"].values() for d, v in g.items()}
+    pins = {wheels.normalise(d): v for g in manifest["pins"].values() for d, v in g.items()}
     assert dists == pins
     rel = manifest["releases"]["0.5.12.post1"]
     assert "srt/speculative/eagle_info_v2.py" in rel["changed_files"]
@@ -135,10 +135,10 @@ def test_engine_path_imports_are_on_the_image_or_in_the_bundle(release):
     assert coverage.uncovered(result, release) == []
     # and the check does catch a missing one: without opentelemetry-api pinned,
     # fastapi's import of it is uncovered
-    pins = dict(bundle.COMMON_PINS)
+    pins = dict(wheels.COMMON_PINS)
     try:
-        del bundle.COMMON_PINS["opentelemetry-api"]
+        del wheels.COMMON_PINS["opentelemetry-api"]
         assert any(x.startswith("opentelemetry") for x in coverage.uncovered(result, release))
     finally:
-        bundle.COMMON_PINS.clear()
-        bundle.COMMON_PINS.update(pins)
+        wheels.COMMON_PINS.clear()
+        wheels.COMMON_PINS.update(pins)

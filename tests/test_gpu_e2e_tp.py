@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_e2e import bundle, rank_report, ranks, report, runner
+from gpu_e2e import bundle, rank_report, ranks, report, runner, wheels
 from gpu_e2e.bundle import repo_root
 
 PFD = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
@@ -141,7 +141,7 @@ def test_each_scheduler_process_notes_its_rank_and_decision(tmp_path):
 
 
 @pytest.mark.trees
-@pytest.mark.parametrize("release", bundle.RELEASES)
+@pytest.mark.parametrize("release", wheels.RELEASES)
 def test_the_scheduler_of_each_release_names_its_rank_as_the_hook_reads_it(release):
     """What ranks.py wraps: ``Scheduler.__init__`` in ``sglang.srt.managers.scheduler``,
     taking the rank fields as parameters and keeping ``tp_rank`` on ``self``."""
@@ -281,7 +281,7 @@ def _server_args_fields(release: str) -> set[str]:
 
 
 @pytest.mark.trees
-@pytest.mark.parametrize("release", bundle.RELEASES)
+@pytest.mark.parametrize("release", wheels.RELEASES)
 def test_tp_engine_kwargs_are_server_args_of_each_release(release, tmp_path):
     kwargs = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="triton",
                                   cuda_graph_max_bs=8, mem_fraction_static=0.6, tp_size=2)
