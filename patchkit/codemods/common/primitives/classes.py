@@ -8,7 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.module import FunctionEdit, _find_named
-from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, parse_statement
+from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, parse_statement
 
 
 def class_body(cls: cst.ClassDef) -> Sequence[Statement]:
@@ -91,11 +91,6 @@ def find_class_attribute(cls: cst.ClassDef, name: str) -> Optional[cst.BaseSmall
         if _assigned_name(stmt) == name:
             return stmt.body[0]
     return None
-
-
-def _docstring_count(body: Sequence[Statement]) -> int:
-    docstring = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])
-    return 1 if body and m.matches(body[0], docstring) else 0
 
 
 def add_class_attribute(cls: cst.ClassDef, source: str) -> cst.ClassDef:

@@ -9,9 +9,8 @@ from typing import Callable, Optional, Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common.primitives.classes import _docstring_count
 from patchkit.codemods.common.primitives.search import find_all, paths_to
-from patchkit.codemods.common.primitives.snippets import AnchorError, parse_expression, parse_statement, parse_statements, parse_statements_with_comments
+from patchkit.codemods.common.primitives.snippets import AnchorError, _docstring_count, parse_expression, parse_statement, parse_statements, parse_statements_with_comments
 
 
 def insert_at_start(fn: cst.FunctionDef, source: str) -> cst.FunctionDef:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import textwrap
+from typing import Sequence
 
 import libcst as cst
+import libcst.matchers as m
 
 
 Statement = cst.BaseStatement
@@ -37,3 +39,9 @@ def parse_statements_with_comments(source: str) -> list[Statement]:
     if body and comments:
         body[0] = body[0].with_changes(leading_lines=[*comments, *body[0].leading_lines])
     return body
+
+
+def _docstring_count(body: Sequence[Statement]) -> int:
+    """1 where ``body`` opens with a docstring (new statements go below it), else 0."""
+    docstring = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])
+    return 1 if body and m.matches(body[0], docstring) else 0
