@@ -72,11 +72,6 @@ class Session:
         """The bytes of ``patches``' target files that the tree has."""
         return {t.file: data for p in patches for t in p.targets if (data := self.read(t.file)) is not None}
 
-    def read_for_apply(self, selected: Iterable[Patch]) -> dict[str, bytes]:
-        """What an apply reads before it plans: the bytes of ``selected``'s
-        target files."""
-        return self.sources(selected)
-
     def read_for_revert(self, files: Iterable[str]) -> tuple[dict[str, bytes], dict[str, tuple[bytes, bytes]], dict[str, bytes]]:
         """What a revert reads before it transforms, for each of ``files``
         (all patched by patchkit): its bytes now, the edits since apply (as

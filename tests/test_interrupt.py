@@ -1,7 +1,10 @@
 """One Ctrl-C (SIGINT) or SIGTERM ends a cold ``patchkit apply`` (forked
-worker pool, empty transform cache) at any moment: within 2 s, exit 130 /
-143, one line on stderr and no traceback, the tree as before or fully
-patched (never half), no journal left, and no process of the run left alive.
+worker pool, empty transform cache) at any moment from patchkit's first line
+on: within 2 s, exit 130 / 143, one line on stderr and no traceback, the tree
+as before or fully patched (never half), no journal left, and no process of
+the run left alive. (A signal while the interpreter itself starts, before any
+line of patchkit runs, gets Python's own handling: the delays count from the
+moment patchkit's handlers are in, read from /proc.)
 
 SIGINT goes to the whole process group, as a terminal's Ctrl-C does (the
 workers get it too); SIGTERM to patchkit's process alone, as ``kill`` does.
@@ -50,6 +53,22 @@ def _start(tree: Path, cache: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+def _wait_for_handlers(proc: subprocess.Popen) -> None:
+    """Return once ``proc`` catches SIGTERM (patchkit's handlers are in: the
+    first thing ``patchkit.__main__`` does) or has ended."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            return
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+        if caught & (1 << (signal.SIGTERM - 1)) or proc.poll() is not None:
+            return
+        time.sleep(0.002)
+    pytest.fail("patchkit did not install its signal handlers within 60 s")
+
+
 def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
     from patchkit.fetch import copy_tree
 
@@ -67,17 +86,19 @@ def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
     patched = snapshot(reference)
     assert patched != pristine
 
-    # Delays from 0.1 s to a little past the cold apply's time (its commit, or
-    # just after), evenly: they add up to about points * span / 2.
+    # Delays from 0 s (the handlers just in) to a little past the cold
+    # apply's time (its commit, or just after), evenly: they add up to about
+    # points * span / 2.
     span = 1.1 * cold
     points = max(6, min(POINTS, int(2 * BUDGET / span)))
     outcomes = []
     for i in range(points):
-        delay = 0.1 + (span - 0.1) * i / (points - 1)
+        delay = span * i / (points - 1)
         sig = signal.SIGINT if i % 2 == 0 else signal.SIGTERM
         tree = tmp_path / f"t{i}" / "sglang"
         shutil.copytree(source, tree)
         proc = _start(tree, tmp_path / f"cache-{i}")
+        _wait_for_handlers(proc)
         time.sleep(delay)
         sent = time.monotonic()
         if sig == signal.SIGINT:

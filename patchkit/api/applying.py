@@ -52,7 +52,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # Read: the target files' bytes. Fetch and prepare:
     # every file's detection and transform ahead, in parallel or from the
     # transform cache (this seeds the findings the plan's reports read).
-    sources = session.read_for_apply(selected)
+    sources = session.sources(selected)
     pristine = fetch.release_sources(tree.version, sources)
     transformer = Transformer(tree, session.findings, session.modules, sources, pristine)
     transformer.prepare(selected, progress)

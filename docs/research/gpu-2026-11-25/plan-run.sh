@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 35's GPU runs (2026-11-25), as run: docs/research/gpu-2026-11-25/plan.sh with
+# Issue 35's GPU runs (2026-11-25), as run: the earlier stop's plan with
 # step 1 split so that the budget fits: 2 ABBA rounds first, then step 2, then a third
 # round (order A B, as round 3 of an ABBA... schedule would be) if time remains.
 R=/tmp/pkrun
