@@ -18,7 +18,11 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def _exit_code() -> int:
     try:
         try:
-            from patchkit.state import Interrupted
+            # The handlers go in before any other import: a Ctrl-C during an
+            # import that builds code from a string (dataclasses, namedtuple)
+            # would leave CPython marking the interrupt unhandled, and the
+            # process would end by SIGINT (-2) whatever exit code it returns.
+            from patchkit.errors import Interrupted
 
             def interrupt(signum: int, frame) -> None:
                 raise Interrupted(signum)

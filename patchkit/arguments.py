@@ -16,7 +16,7 @@ import click
 
 from patchkit import registry, terminal
 from patchkit.errors import PatchkitError
-from patchkit.state import Interrupted
+from patchkit.errors import Interrupted
 
 EXIT_CODES = """\b
 Exit codes:

@@ -11,3 +11,14 @@ class PatchkitError(Exception):
     """A user-facing failure: printed as one line, never a traceback."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: raised by patchkit's handlers, or once the
+    transaction it waited for is done (``patchkit.state.held_signals``). It
+    lives here, in a module that imports nothing, so that ``patchkit.__main__``
+    installs its handlers before any other import."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

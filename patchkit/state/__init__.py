@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
-from patchkit.errors import PatchkitError
+from patchkit.errors import Interrupted, PatchkitError
 from patchkit.state.record import Record
 from patchkit.tree import sha256  # noqa: F401 - the state names files by it
 
@@ -318,14 +318,6 @@ class Pending:
         other = "revert" if self.verb == "apply" else "apply"
         return (f"an interrupted {self.verb} of {len(self.files)} files is pending: `patchkit {self.verb}` "
                 f"finishes it, `patchkit {other}` rolls it back")
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM, raised once the transaction it waited for is done."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 @contextlib.contextmanager

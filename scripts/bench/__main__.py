@@ -4,9 +4,10 @@
                             [--matrix-runs N] [--no-matrix] [--no-profile] [--only export] [--json FILE]
 
 One module per thing measured: apply_cost (apply, verify, status, the floor,
-git apply, the baseline), import_cost (the runtime's import cost), export_cost
-(`patchkit export`, cold and warm), matrix_cost (`patchkit matrix`),
-profile_apply (where an apply's time goes); timing is the shared harness.
+git apply, the baseline), patch_cost (what one more patch costs),
+import_cost (the runtime's import cost), export_cost (`patchkit export`,
+cold and warm), matrix_cost (`patchkit matrix`), profile_apply (where an
+apply's time goes); timing is the shared harness.
 Medians of N runs (default 5), side by side with the floor:
 
 - apply, all patches, on a fresh copy: in-process through the engine
@@ -22,6 +23,9 @@ Medians of N runs (default 5), side by side with the floor:
 - the floor: parse and regenerate every file apply touches, once, with
   libcst (``libcst.parse_module(data).bytes``) in one process;
 - ``git apply`` of the same change as a unified diff (``patchkit diff``);
+- what one more patch costs: for each patch no other requires, a cold
+  one-process apply of every patch against one without it, beside that
+  patch's own transform (its codemods alone over its files);
 - import cost of ``patchkit.runtime`` / ``patchkit.backends`` (every
   submodule) in a fresh interpreter, against bare ``python -c pass``;
 - ``patchkit export`` of a patched tree from the CLI: cold (empty transform
@@ -51,6 +55,7 @@ import apply_cost
 import export_cost
 import import_cost
 import matrix_cost
+import patch_cost
 import profile_apply
 from timing import ROOT, Bench
 
@@ -67,7 +72,8 @@ def _version(dist: str) -> str:
 
 
 # What each module measures, in the order run and reported (--only picks some).
-MODULES = {"apply": apply_cost, "import": import_cost, "export": export_cost, "matrix": matrix_cost}
+MODULES = {"apply": apply_cost, "patch": patch_cost, "import": import_cost, "export": export_cost,
+           "matrix": matrix_cost}
 
 
 def report(bench: Bench, profile: Optional[str]) -> str:
