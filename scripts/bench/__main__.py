@@ -127,7 +127,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             Path(args.json).write_text(json.dumps({"version": args.version, "runs": args.runs,
                                                    "loadavg": os.getloadavg(), "wall_s": bench.wall, "cpu_s": bench.cpu,
                                                    "what": bench.what, "touched": getattr(bench, "touched", None),
-                                                   "importtime": bench.importtime}, indent=2))
+                                                   "importtime": getattr(bench, "importtime", None)}, indent=2))
     finally:
         shutil.rmtree(bench.work, ignore_errors=True)
     return 0
