@@ -18,10 +18,9 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def _exit_code() -> int:
     try:
         try:
-            # The handlers go in before any other import: a Ctrl-C during an
-            # import that builds code from a string (dataclasses, namedtuple)
-            # would leave CPython marking the interrupt unhandled, and the
-            # process would end by SIGINT (-2) whatever exit code it returns.
+            # The handlers go in before any other import: with patchkit.state
+            # imported first, a Ctrl-C in that import at times ended the
+            # process by SIGINT (-2) after its own one-line message.
             from patchkit.errors import Interrupted
 
             def interrupt(signum: int, frame) -> None:

@@ -15,8 +15,7 @@ from pathlib import Path
 import click
 
 from patchkit import registry, terminal
-from patchkit.errors import PatchkitError
-from patchkit.errors import Interrupted
+from patchkit.errors import Interrupted, PatchkitError
 
 EXIT_CODES = """\b
 Exit codes:

@@ -14,8 +14,7 @@ import click
 from patchkit import __version__, api, output, registry, settings, terminal
 from patchkit.arguments import (COMPLETION, QUIET_HELP, TREE_EPILOG, VERBOSE_HELP, Ctx, PatchkitGroup,
                                 _complete_patches, dry_run_option, format_option, tree_and_patches, tree_only)
-from patchkit.errors import EXIT_CHANGES, EXIT_OK
-from patchkit.errors import Interrupted
+from patchkit.errors import EXIT_CHANGES, EXIT_OK, Interrupted
 
 @click.group(cls=PatchkitGroup, epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
              context_settings={"help_option_names": ["-h", "--help"]})

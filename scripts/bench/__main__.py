@@ -23,9 +23,10 @@ Medians of N runs (default 5), side by side with the floor:
 - the floor: parse and regenerate every file apply touches, once, with
   libcst (``libcst.parse_module(data).bytes``) in one process;
 - ``git apply`` of the same change as a unified diff (``patchkit diff``);
-- what one more patch costs: for each patch no other requires, a cold
-  one-process apply of every patch against one without it, beside that
-  patch's own transform (its codemods alone over its files);
+- what one more patch costs, counted (parses, regenerations, detections,
+  transforms): for each patch no other requires, a cold one-process apply of
+  every patch against one without it, beside that patch's own transform (its
+  codemods alone over its files), whose CPU time is timed;
 - import cost of ``patchkit.runtime`` / ``patchkit.backends`` (every
   submodule) in a fresh interpreter, against bare ``python -c pass``;
 - ``patchkit export`` of a patched tree from the CLI: cold (empty transform

@@ -113,7 +113,9 @@ def measure(bench: Bench) -> None:
         without = apply_cold([p for p in patches if p is not patch])
         own = _counted(own_transform, jobs)
         own.subtract({"parses": shared, "regenerations": shared})  # files another patch parses and regenerates too
-        bench.patch_counts[patch.id] = (every - without, own, len(jobs) - shared)
+        added = every.copy()
+        added.subtract(without)  # kept where negative (``every - without`` would drop it)
+        bench.patch_counts[patch.id] = (added, own, len(jobs) - shared)
         steps.append((f"own transform of {patch.id}", f"{patch.id}'s codemods alone over its files",
                       lambda jobs=jobs: (own_transform, jobs)))
         if not bench.args.quiet:
