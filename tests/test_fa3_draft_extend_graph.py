@@ -23,12 +23,16 @@ TARGETS = [
 UPSTREAM = "0.5.23"
 
 LET_IN = '''\
-        if _is_cuda and not supports_cuda_draft_extend_graph and self.hot_token_id is None:
+        if (
+            _is_cuda
+            and not supports_cuda_draft_extend_graph
+            and (self.speculative_algorithm.is_eagle3() or self.hot_token_id is None)
+        ):
             # patchkit fa3-draft-extend-graph (upstream 0.5.23): FA3 has CUDA-graph
             # metadata for DRAFT_EXTEND_V2 (capture and replay), so its draft extend is
             # captured too. CUDA only, imported here: MUSA and NPU builds must not
-            # import sgl_kernel. Eager with a speculative token map: the graph's
-            # logits buffer is sized to the full vocab, not the reduced draft head.
+            # import sgl_kernel. Eager with an FR-Spec token map: the graph's logits
+            # buffer is not sized for its reduced head (EAGLE3's draft vocab is).
             from sglang.srt.layers.attention.flashattention_backend import (
                 FlashAttentionBackend,
             )
@@ -44,6 +48,9 @@ _is_cuda = is_cuda()
 
 
 class EagleDraftWorker(BaseDraftWorker):
+    def __init__(self, server_args):
+        self.speculative_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
+
     def init_token_map(self):
         self.hot_token_id = None
 
@@ -123,7 +130,7 @@ def test_the_check_in_a_nested_block_is_still_found():
     nested = "        if True:\n" + OR_CHAIN.replace("\n        ", "\n            ").replace("        supports", "            supports", 1)
     before, out, after = run(deg.GraphCheckAdmitsFA3, worker(nested))
     assert (before, after) == (State.TODO, State.DONE)
-    assert "            if _is_cuda and not supports_cuda_draft_extend_graph" in out
+    assert "            if (\n                _is_cuda\n                and not supports_cuda_draft_extend_graph" in out
 
 
 @pytest.mark.parametrize(
@@ -132,8 +139,9 @@ def test_the_check_in_a_nested_block_is_still_found():
         (worker(OR_CHAIN).replace("_is_cuda = is_cuda()", "_on_gpu = is_cuda()"), "defines no `_is_cuda`"),
         (worker(OR_CHAIN).replace("self.hot_token_id = None", "self.token_map = None"), "never sets self.hot_token_id"),
         (worker("        pass\n"), "no method of EagleDraftWorker assigns supports_cuda_draft_extend_graph"),
+        (worker(OR_CHAIN).replace("self.speculative_algorithm =", "self.algorithm ="), "never sets self.speculative_algorithm"),
     ],
-    ids=["no-cuda-flag", "no-hot-token-id", "no-graph-check"],
+    ids=["no-cuda-flag", "no-hot-token-id", "no-graph-check", "no-algorithm"],
 )
 def test_missing_anchors_name_file_line_and_what_is_needed(src, says):
     finding = detect(deg.GraphCheckAdmitsFA3, src, filename=WORKER)
@@ -245,3 +253,28 @@ def test_a_drifted_worker_applies_verifies_and_reverts(make_tree, cli, kind):
     assert cli("verify", package, PATCH).exit_code == 0
     assert cli("revert", package, PATCH).exit_code == 0
     assert snapshot(package) == before
+
+
+#: What patchkit wrote before EAGLE3 drafts with a d2t map were let in (issue 40).
+EARLIER_LET_IN = """\
+        if _is_cuda and not supports_cuda_draft_extend_graph and self.hot_token_id is None:
+            # patchkit fa3-draft-extend-graph (upstream 0.5.23): FA3 has CUDA-graph
+            # metadata for DRAFT_EXTEND_V2 (capture and replay), so its draft extend is
+            # captured too. CUDA only, imported here: MUSA and NPU builds must not
+            # import sgl_kernel. Eager with a speculative token map: the graph's
+            # logits buffer is sized to the full vocab, not the reduced draft head.
+            from sglang.srt.layers.attention.flashattention_backend import (
+                FlashAttentionBackend,
+            )
+
+            supports_cuda_draft_extend_graph = isinstance(
+                self.draft_extend_attn_backend, FlashAttentionBackend
+            )
+"""
+
+
+def test_an_earlier_patchkits_check_is_brought_to_this_form():
+    """A tree patched before kept every EAGLE3 checkpoint with a reduced draft
+    vocab eager; apply rewrites its test and comment, to what a fresh apply writes."""
+    assert_state(deg.GraphCheckAdmitsFA3, worker(OR_CHAIN, EARLIER_LET_IN), State.TODO)
+    assert_codemod(deg.GraphCheckAdmitsFA3, worker(OR_CHAIN, EARLIER_LET_IN), worker(OR_CHAIN, LET_IN))

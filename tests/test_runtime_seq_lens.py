@@ -53,6 +53,20 @@ def test_decide_truth_table(server_args, backends, expected):
     assert rt.decide_needs_cpu_seq_lens(server_args, backends) is expected
 
 
+@pytest.mark.parametrize(
+    "server_args, backends, expected",
+    [
+        (args(disable_pcg=False), [TRITON], False),  # sglang #28633: the runners only hand it through
+        (SimpleNamespace(), [TRITON], False),
+        (args(disable_pcg=False), [TRITON, FLASHINFER], True),  # the backends still decide
+        (args(tbo=True, disable_pcg=False), [TRITON], True),  # two-batch overlap still reads it
+    ],
+)
+def test_piecewise_cuda_graph_no_longer_forces_the_mirror(server_args, backends, expected):
+    """What piecewise-no-forced-mirror's ``piecewise_reads_mirror=False`` asks for."""
+    assert rt.decide_needs_cpu_seq_lens(server_args, backends, piecewise_reads_mirror=False) is expected
+
+
 def test_decide_accepts_any_iterable():
     assert rt.decide_needs_cpu_seq_lens(args(), (b for b in [TRITON, None])) is False
 

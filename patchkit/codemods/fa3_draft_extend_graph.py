@@ -12,11 +12,15 @@ Two codemods:
 * ``speculative/eagle_worker_v2.py``: right after the graph check is computed,
   whatever its form (an ``or`` chain, an isinstance tuple, a list that is
   appended to), FA3 is let in: on CUDA only, imported there (as upstream: MUSA
-  and NPU builds must not import sgl_kernel), and not with a speculative
-  token map, whose reduced draft head the graph runner of these releases does
-  not size its logits buffer for (FlashInfer's #28782 fell back to eager the
-  same way). The vendor's expression is left as it is: nothing of theirs is
-  rebuilt.
+  and NPU builds must not import sgl_kernel), and not with an FR-Spec token
+  map (``speculative_token_map`` on EAGLE / STANDALONE, whose reduced head the
+  graph runner of these releases does not size its logits buffer for;
+  FlashInfer's #28782 fell back to eager the same way). EAGLE3 drafts with a
+  reduced draft vocab (a ``d2t`` map, so ``hot_token_id`` is set) are
+  captured: the runner sizes that buffer from ``draft_vocab_size``. The
+  vendor's expression is left as it is: nothing of theirs is rebuilt. A
+  worker patched by an earlier patchkit (eager whenever ``hot_token_id`` is
+  set, so for most published EAGLE3 checkpoints) is brought to this form.
 * ``layers/attention/flashattention_backend.py``: nothing is changed; the
   release's FA3 must have both graph branches (capture: an
   ``is_draft_extend_v2`` / ``is_draft_extend(include_v2=True)`` branch that
@@ -34,7 +38,7 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCodemod, Finding
-from patchkit.codemods.common.shared import GRAPH_CHECK, DraftExtendGraphCheck, graph_check
+from patchkit.codemods.common.shared import GRAPH_CHECK, DraftExtendGraphCheck, code_of, graph_check
 
 FA3 = "FlashAttentionBackend"
 FA3_MODULE = "sglang.srt.layers.attention.flashattention_backend"
@@ -49,13 +53,22 @@ FA3_LISTED = (
     | m.Call(func=m.Attribute(attr=m.Name("append")), args=[m.Arg(value=_FA3)])
 )
 
+#: Who is let in: no FR-Spec token map (EAGLE3 ignores one; its d2t draft vocab is sized).
+ADMITS = "(self.speculative_algorithm.is_eagle3() or self.hot_token_id is None)"
+#: What an earlier patchkit wrote: eager whenever hot_token_id is set, EAGLE3's d2t too.
+EARLIER_TEST = f"_is_cuda and not {GRAPH_CHECK} and self.hot_token_id is None"
+
 LET_FA3_IN = f'''
-if _is_cuda and not {GRAPH_CHECK} and self.hot_token_id is None:
+if (
+    _is_cuda
+    and not {GRAPH_CHECK}
+    and {ADMITS}
+):
     # patchkit fa3-draft-extend-graph (upstream 0.5.23): FA3 has CUDA-graph
     # metadata for DRAFT_EXTEND_V2 (capture and replay), so its draft extend is
     # captured too. CUDA only, imported here: MUSA and NPU builds must not
-    # import sgl_kernel. Eager with a speculative token map: the graph's
-    # logits buffer is sized to the full vocab, not the reduced draft head.
+    # import sgl_kernel. Eager with an FR-Spec token map: the graph's logits
+    # buffer is not sized for its reduced head (EAGLE3's draft vocab is).
     from {FA3_MODULE} import (
         {FA3},
     )
@@ -79,25 +92,49 @@ class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         anchor = self.anchor_of(fn)
+        earlier = _earlier_form(fn)
+        if earlier is not None:
+            return self.located(Finding.todo(anchor, "an earlier patchkit's check: EAGLE3 drafts with a d2t map stay eager"), earlier)
         if primitives.contains(fn, FA3_LISTED):
             return Finding.done(anchor)
         if not self._has_is_cuda:
             return self.missing_in(fn, "this module defines no `_is_cuda`", "the module's CUDA flag to admit FA3 on CUDA only")
         if not self._sets_hot_token_id:
             return self.missing_in(fn, f"{self.CLASS} never sets self.hot_token_id", "it to keep speculative token maps eager")
+        if not self._sets_algorithm:
+            return self.missing_in(fn, f"{self.CLASS} never sets self.speculative_algorithm", "it to tell EAGLE3 drafts from token maps")
         return Finding.todo(anchor, f"{FA3} is not in the draft-extend graph check")
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         self._sets_hot_token_id = primitives.contains(cls, primitives.assigns_attr("hot_token_id"))
+        self._sets_algorithm = primitives.contains(cls, primitives.assigns_attr("speculative_algorithm"))
         return super().detect_in_class(cls)
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        if _earlier_form(fn) is not None:
+            return primitives.replace_statements(fn, _EARLIER, _this_form)
         check = graph_check(fn)
         return primitives.replace_statements(
             fn,
             primitives.line(primitives.is_node(check)),
             lambda stmt: cst.FlattenSentinel([stmt, *primitives.parse_statements_with_comments(LET_FA3_IN)]),
         )
+
+
+_EARLIER = m.If(test=m.MatchIfTrue(lambda test: code_of(test) == EARLIER_TEST))
+
+
+def _earlier_form(fn: cst.FunctionDef) -> "cst.If | None":
+    found = primitives.find_all(fn, _EARLIER)
+    return found[0] if found else None
+
+
+def _this_form(stmt: cst.If) -> cst.If:
+    """The earlier If with this test and comment; its body (the import and
+    the assignment) is the same."""
+    new = primitives.parse_statements_with_comments(LET_FA3_IN)[0]
+    return stmt.with_changes(test=new.test, body=stmt.body.with_changes(
+        body=[stmt.body.body[0].with_changes(leading_lines=new.body.body[0].leading_lines), *stmt.body.body[1:]]))
 
 
 # --- flashattention_backend.py: the graph branches the patch relies on ------------------

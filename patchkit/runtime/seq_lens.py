@@ -4,7 +4,8 @@ The spec-v2 overlap scheduler keeps a CPU mirror of ``seq_lens``
 (``seq_lens_cpu`` and ``seq_lens_sum``), paid for with a device-to-host copy
 and a ``sum()`` every decode step. Attention backends that never read it
 declare ``needs_cpu_seq_lens = False``; when every backend in use does (and
-neither two-batch overlap nor piecewise CUDA graph is on), the copy is skipped:
+two-batch overlap is off, and piecewise CUDA graph is off or its runners are
+known not to read the mirror: sglang #28633), the copy is skipped:
 the mirror is ``None`` and each consumer takes a GPU-only or upper-bound path.
 
 Patched sglang code calls the functions below. Three groups:
@@ -50,18 +51,22 @@ def set_needs_cpu_seq_lens(flag: bool) -> None:
     _needs_cpu_seq_lens = bool(flag)
 
 
-def decide_needs_cpu_seq_lens(server_args: Any, attn_backends: Sequence[Any]) -> bool:
+def decide_needs_cpu_seq_lens(server_args: Any, attn_backends: Sequence[Any], piecewise_reads_mirror: bool = True) -> bool:
     """sglang's rule (#26128, with #26738's fixes).
 
-    True under two-batch overlap or when piecewise CUDA graph is on (both read
-    the CPU mirror outside the attention backends). Otherwise the OR of the
-    backends' ``needs_cpu_seq_lens``: ``None`` entries (unset slots, e.g. no
-    draft-extend backend) are skipped, and a backend without the attribute
-    counts as True (undeclared backends stay on the legacy path).
+    True under two-batch overlap (it reads the CPU mirror outside the
+    attention backends). True when piecewise CUDA graph is on, unless
+    ``piecewise_reads_mirror`` is False: the patch piecewise-no-forced-mirror
+    (sglang #28633) passes False once it has checked that the tree's piecewise
+    runners only hand the mirror through and never run a batch that lacks it.
+    Otherwise the OR of the backends' ``needs_cpu_seq_lens``: ``None`` entries
+    (unset slots, e.g. no draft-extend backend) are skipped, and a backend
+    without the attribute counts as True (undeclared backends stay on the
+    legacy path).
     """
     if getattr(server_args, "enable_two_batch_overlap", False):
         return True
-    if not getattr(server_args, "disable_piecewise_cuda_graph", False):
+    if piecewise_reads_mirror and not getattr(server_args, "disable_piecewise_cuda_graph", False):
         return True
     return any(getattr(b, "needs_cpu_seq_lens", True) for b in attn_backends if b is not None)
 
@@ -76,14 +81,15 @@ def spec_v2_attn_backends_of(draft_worker: Any) -> Optional[tuple]:
     return tuple(backends) if backends is not None else None
 
 
-def configure_needs_cpu_seq_lens(server_args: Any, draft_worker: Any, tp_worker: Any) -> bool:
+def configure_needs_cpu_seq_lens(server_args: Any, draft_worker: Any, tp_worker: Any, piecewise_reads_mirror: bool = True) -> bool:
     """Take the decision for this scheduler and hand it to the sync owner.
 
     Called once from ``Scheduler.init_overlap``. Without a spec-v2 worker that
     lists its backends (no speculative decoding, or a worker such as the
     multi-layer EAGLE one) the mirror is kept. Multimodal-rope models keep it
     too: ``ForwardBatch._compute_mrope_positions`` reads ``seq_lens_cpu`` on the
-    draft-extend path (not guarded upstream either).
+    draft-extend path (not guarded upstream either). ``piecewise_reads_mirror``:
+    see :func:`decide_needs_cpu_seq_lens`.
     """
     backends = spec_v2_attn_backends_of(draft_worker)
     model_runner = getattr(tp_worker, "model_runner", None)
@@ -92,8 +98,10 @@ def configure_needs_cpu_seq_lens(server_args: Any, draft_worker: Any, tp_worker:
     elif getattr(model_runner, "model_is_mrope", False):
         flag, why = True, "mrope model"
     else:
-        flag = decide_needs_cpu_seq_lens(server_args, backends)
+        flag = decide_needs_cpu_seq_lens(server_args, backends, piecewise_reads_mirror)
         why = "backends " + ", ".join(type(b).__name__ for b in backends if b is not None)
+        if piecewise_reads_mirror and not getattr(server_args, "disable_piecewise_cuda_graph", False):
+            why += "; piecewise CUDA graph on"
     set_needs_cpu_seq_lens(flag)
     import logging
 

@@ -69,12 +69,14 @@ def capture(worker_module, monkeypatch):
     monkeypatch.setattr(worker_module, "EAGLEDraftCudaGraphRunner", lambda w: ("graph", w.draft_extend_attn_backend))
     monkeypatch.setattr(worker_module, "get_available_gpu_memory", lambda *a, **k: 0.0)
 
-    def run(backend, on="cuda", hot_token_id=None):
+    def run(backend, on="cuda", hot_token_id=None, algorithm="EAGLE", me=None):
         for flag in ("_is_cuda", "_is_musa", "_is_hip", "_is_npu"):
             monkeypatch.setattr(worker_module, flag, flag == f"_is_{on}")
-        me = NS(server_args=NS(disable_cuda_graph=False, model_impl="auto"), speculative_num_steps=1,
-                draft_extend_attn_backend=backend, draft_attn_backend=None, hot_token_id=hot_token_id,
-                target_worker=NS(device=on), device="cpu", gpu_id=0)
+        me = me or NS(hot_token_id=hot_token_id)
+        me.__dict__.update(server_args=NS(disable_cuda_graph=False, model_impl="auto"), speculative_num_steps=1,
+                           draft_extend_attn_backend=backend, draft_attn_backend=None,
+                           speculative_algorithm=worker_module.SpeculativeAlgorithm.from_string(algorithm),
+                           target_worker=NS(device=on), device="cpu", gpu_id=0)
         worker_module.EagleDraftWorker.init_cuda_graphs(me)
         return me.cuda_graph_runner_for_draft_extend is not None
 
@@ -101,7 +103,32 @@ def test_musa_keeps_fa3_eager_as_upstream(capture, fa):
 
 
 def test_a_speculative_token_map_keeps_fa3_eager(capture, fa):
+    """FR-Spec (EAGLE / STANDALONE with speculative_token_map): the runner's
+    logits buffer is not sized for its reduced head."""
     assert capture(bare(fa.FlashAttentionBackend), hot_token_id=torch.arange(8)) is False
+    assert capture(bare(fa.FlashAttentionBackend), hot_token_id=torch.arange(8), algorithm="STANDALONE") is False
+
+
+def test_an_eagle3_draft_with_a_reduced_vocab_is_captured(capture, fa, sglang, worker_module):
+    """A published EAGLE3 checkpoint's shape: draft_vocab_size 32000 < the
+    target's, with a d2t map. The real draft model's load_weights turns d2t
+    into hot_token_id, the real init_lm_head hands it to the worker, and the
+    real graph check then captures FA3's draft extend."""
+    eagle3 = importlib.import_module("sglang.srt.models.llama_eagle3").LlamaForCausalLMEagle3
+    draft = object.__new__(eagle3)
+    torch.nn.Module.__init__(draft)
+    draft.hot_token_id = None
+    d2t = torch.randint(0, 96_000, (32_000,))  # offsets: target id = draft id + d2t[draft id]
+    draft.load_weights([("d2t", d2t)])
+    assert draft.hot_token_id is not None and draft.hot_token_id.shape == (32_000,)
+    draft.set_embed = lambda embed: None  # a stand-in for the embedding the target shares
+    head = torch.zeros(128_256, 8)
+    me = NS(hot_token_id=None, draft_runner=NS(model=draft),
+            speculative_algorithm=worker_module.SpeculativeAlgorithm.from_string("EAGLE3"),
+            target_worker=NS(model_runner=NS(model=NS(get_embed_and_head=lambda: (head, head)))))
+    worker_module.EagleDraftWorker.init_lm_head(me)
+    assert torch.equal(me.hot_token_id, d2t + torch.arange(32_000))
+    assert capture(bare(fa.FlashAttentionBackend), algorithm="EAGLE3", me=me) is True
 
 
 def test_other_decisions_are_unchanged(capture, sglang):
