@@ -258,8 +258,8 @@ def test_missing_rank_missing_decision_and_new_site_per_rank():
     assert any("bs=1 rank 1: no sync counts from the patched process" in p for p in problems)
     patched = _run({0: 1280, 1: 1280}, {0: 0, 1: 0}, {0: False, 1: False}, whole=new)
     problems = rank_report.verdict(rank_report.compare("0.5.10", PRISTINE, patched), tp=2)
-    assert problems == ["0.5.10 small bs=1 rank 1: new sync sites in the patched process's whole run: "
-                        "tolist sglang/srt/managers/scheduler.py:f"]
+    assert problems == ["0.5.10 small bs=1 rank 1: new sync sites in the patched process's whole run "
+                        "(after start-up): tolist sglang/srt/managers/scheduler.py:f"]
     assert rank_report.verdict(rank_report.compare("0.5.10", PRISTINE, patched), tp=4)[0] == \
         "ranks counted: [0, 1], expected [0, 1, 2, 3]"
 
