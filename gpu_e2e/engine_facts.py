@@ -13,8 +13,9 @@ bundle's ``sitecustomize.py`` starts in), what it holds:
   piecewise graph), its decode CUDA-graph runner's and attention backend's classes,
   its context length;
 * the draft worker (spec v2's ``EagleDraftWorker`` inside ``EAGLEWorkerV2``, or v1's
-  ``EAGLEWorker``): its draft-extend CUDA-graph runner's class (None: draft extend
-  runs eagerly), its draft-extend attention backend's class, and the shape of its
+  ``EAGLEWorker``): its model runner's piecewise runner (none expected: draft runners
+  build no piecewise graphs), its draft-extend CUDA-graph runner's class (None: draft
+  extend runs eagerly), its draft-extend attention backend's class, and the shape of its
   ``hot_token_id`` (None: the draft has no token map).
 
 Nothing here reads a CUDA tensor's value (only classes and shapes), so nothing
@@ -82,6 +83,9 @@ def facts_of_scheduler(scheduler: Any) -> dict:
     inner = getattr(worker, "_draft_worker", worker)  # spec v2 wraps the draft worker
     if inner is not None:
         out["draft_worker"] = _cls(inner)
+        draft_runner = next((r for r in (getattr(inner, n, None) for n in ("draft_runner", "draft_model_runner",
+                                                                              "model_runner")) if r is not None), None)
+        out["draft_piecewise_runner"] = _cls(getattr(draft_runner, "piecewise_cuda_graph_runner", None))
         out["draft_extend_graph_runner"] = _cls(getattr(inner, "cuda_graph_runner_for_draft_extend", None))
         out["draft_extend_attn_backend"] = _cls(getattr(inner, "draft_extend_attn_backend", None))
         hot = getattr(inner, "hot_token_id", None)
@@ -124,6 +128,7 @@ def in_force(run: Mapping) -> dict:
                       else "off" if all(p.get("disable_piecewise_cuda_graph") and not p.get("piecewise_runner")
                                         for p in procs) else "mixed"),
         "piecewise_runner": agreed("piecewise_runner"),
+        "draft_piecewise_runner": agreed("draft_piecewise_runner"),
         "attention_backend": agreed("attention_backend"),
         "attn_backend": agreed("attn_backend"),
         "draft_extend_graph_runner": agreed("draft_extend_graph_runner"),
@@ -140,7 +145,7 @@ def backend_in_force(run: Mapping, asked: str) -> str:
     return asked if value in ("?", "None") or value.startswith("mixed") else value
 
 
-SETTINGS_HEADER = ("| run | piecewise in force | piecewise runner | `attention_backend` in force "
+SETTINGS_HEADER = ("| run | piecewise in force | piecewise runner (target / draft) | `attention_backend` in force "
                    "| attention backend class | draft-extend graph runner | \"Capture piecewise\" / "
                    "\"Capture draft extend\" log lines | `hot_token_id` | context |")
 SETTINGS_RULE = "|---|---|---|---|---|---|---|---|---:|"
@@ -152,7 +157,8 @@ def settings_markdown(runs: Mapping[str, Mapping]) -> str:
         if not run.get("engine_facts") and not run.get("engine_log"):
             continue
         f = in_force(run)
-        lines.append(f"| {key} | {f['piecewise']} | {f['piecewise_runner']} | {f['attention_backend']} "
+        lines.append(f"| {key} | {f['piecewise']} | {f['piecewise_runner']} / {f['draft_piecewise_runner']} "
+                     f"| {f['attention_backend']} "
                      f"| {f['attn_backend']} | {f['draft_extend_graph_runner']} "
                      f"| {f['log_piecewise_capture']} / {f['log_draft_extend_capture']} "
                      f"| {f['hot_token_id_shape']} | {f['context_len']} |")

@@ -126,6 +126,7 @@ def _scheduler(*, piecewise: bool, hot=True, v2=True):
     runner_ = ns(piecewise_cuda_graph_runner=ns() if piecewise else None, graph_runner=ns(),
                  attn_backend=ns(), model_config=ns(context_len=131072))
     inner = ns(cuda_graph_runner_for_draft_extend=ns(), draft_extend_attn_backend=ns(),
+               draft_runner=ns(piecewise_cuda_graph_runner=None),
                hot_token_id=ns(shape=(32000,)) if hot else None)
     return ns(server_args=ns(disable_piecewise_cuda_graph=not piecewise, attention_backend="fa3",
                              load_format="auto", speculative_algorithm="EAGLE3"),
@@ -137,6 +138,7 @@ def test_facts_of_a_scheduler_and_what_was_in_force():
     assert facts["disable_piecewise_cuda_graph"] is False and facts["piecewise_runner"] == "SimpleNamespace"
     assert facts["attention_backend"] == "fa3" and facts["context_len"] == 131072
     assert facts["draft_extend_graph_runner"] == "SimpleNamespace" and facts["hot_token_id_shape"] == [32000]
+    assert facts["draft_piecewise_runner"] is None
     v1 = engine_facts.facts_of_scheduler(_scheduler(piecewise=False, hot=False, v2=False))
     assert v1["piecewise_runner"] is None and v1["hot_token_id_shape"] is None
     log = engine_facts.log_facts("x Capture piecewise CUDA graph begin. avail\n"
@@ -148,7 +150,7 @@ def test_facts_of_a_scheduler_and_what_was_in_force():
     assert (f["piecewise"], f["attention_backend"], f["processes"]) == ("on", "fa3", 2)
     assert engine_facts.backend_in_force(run, "default") == "fa3"
     assert engine_facts.problems("k", run) == []
-    assert "| k | on | SimpleNamespace | fa3 |" in engine_facts.settings_markdown({"k": run})
+    assert "| k | on | SimpleNamespace / None | fa3 |" in engine_facts.settings_markdown({"k": run})
     off = {"draft": "checkpoint", "engine_facts": [v1]}
     assert engine_facts.in_force(off)["piecewise"] == "off"
     assert engine_facts.problems("k", off) == ["k: the checkpoint draft has no hot_token_id (None)"]
