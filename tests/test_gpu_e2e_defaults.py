@@ -107,16 +107,57 @@ def test_draft_checkpoint_loads_as_safetensors_with_a_valid_d2t(tmp_path):
     assert draft_checkpoint.write(other)["sha256"] == stamp["sha256"]
 
 
-def test_checkpoint_names_are_the_ones_sglang_loads():
-    """0.5.12.post1 maps the published ``midlayer`` to ``layers.0`` (0.5.10 has a
-    ``midlayer`` attribute) and q/k/v, gate/up onto its stacked parameters."""
-    for rel in ("0.5.10", "0.5.12.post1"):
-        src = Path(f"/tmp/sg/{rel}/sglang/srt/models/llama_eagle3.py")
-        if not src.exists():
-            pytest.skip("no unpacked sglang wheel here")
-        text = src.read_text()
-        assert '"d2t" in name' in text and "hot_token_id = loaded_weight + torch.arange" in text
-        assert "midlayer" in text and "hidden_norm" in text and '".q_proj", "q"' in text
+def _load_weights_of(release: str):
+    """``LlamaForCausalLMEagle3.load_weights`` of a release, compiled on its own (the
+    module's imports need a GPU build); it uses only torch and default_weight_loader."""
+    import ast
+
+    from patchkit.fetch import fetch_tree
+
+    source = (fetch_tree(release) / "srt" / "models" / "llama_eagle3.py").read_text()
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "LlamaForCausalLMEagle3")
+    func = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "load_weights")
+    import textwrap
+    from typing import Iterable, Tuple
+
+    namespace: dict = {"torch": __import__("torch"), "default_weight_loader": None, "Iterable": Iterable, "Tuple": Tuple}
+    exec(textwrap.dedent(ast.get_source_segment(source, func)), namespace)
+    return namespace["load_weights"]
+
+
+#: Where each release keeps the draft's one decoder layer.
+DRAFT_LAYER = {"0.5.10": "model.midlayer.", "0.5.12.post1": "model.layers.0."}
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("release", sorted(DRAFT_LAYER))
+def test_every_draft_parameter_is_loaded_from_the_checkpoint(release, tmp_path):
+    """The release's own ``load_weights`` over the checkpoint's tensors: every parameter
+    of the draft (its one layer, fc, norm, lm_head) gets each of its shards, and
+    ``hot_token_id`` is the sampled target ids."""
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    draft_checkpoint.write(tmp_path)
+    weights = st.load_file(str(tmp_path / draft_checkpoint.WEIGHTS))
+    layer = DRAFT_LAYER[release]
+    shards = {layer + "self_attn.qkv_proj.weight": {"q", "k", "v"}, layer + "mlp.gate_up_proj.weight": {0, 1}}
+    names = [layer + n for n in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+                                 "hidden_norm.weight", "post_attention_layernorm.weight")]
+    names += ["model.fc.weight", "model.norm.weight", "lm_head.weight", "model.embed_tokens.weight", *shards]
+    got: dict = {}
+
+    def loader(name):
+        return lambda param, w, shard=None: got.setdefault(name, set()).add(shard)
+
+    params = {n: types.SimpleNamespace(weight_loader=loader(n)) for n in names}
+    model = types.SimpleNamespace(named_parameters=lambda: params.items(), hot_token_id=None)
+    _load_weights_of(release)(model, weights.items())
+    assert set(got) == set(names) - {"model.embed_tokens.weight"}
+    for name, wanted in shards.items():
+        assert got[name] == wanted, name
+    assert model.hot_token_id.tolist() == draft_checkpoint.hot_token_ids(512, 128)
+    assert torch.equal(model.hot_token_id, weights["d2t"] + torch.arange(128))
 
 
 # ------------------------------------------------------------------ read back from the engine
