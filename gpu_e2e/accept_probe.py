@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
     target, draft = write_models(Path(args.models_dir), args.size)
     kwargs = engine_kwargs(target, draft, attention_backend="triton", cuda_graph_max_bs=32,
-                           mem_fraction_static=args.mem_fraction_static, scenario="standalone")
+                           mem_fraction_static=args.mem_fraction_static, scenario="standalone",
+                           piecewise="off")  # as the recorded probe ran (before issue 40's defaults)
     if args.no_cuda_graph:
         kwargs["disable_cuda_graph"] = True
     vocab = SIZES[args.size]["vocab_size"]

@@ -3,7 +3,8 @@
     cd BUNDLE && PYTHONPATH=e2e python3 -m pk_gpu_e2e.orchestrate --out "$OUT"
 
 Writes (all under ``--out``, so they come back even when the call is cut short):
-``results.json`` (every run, rewritten after each), ``table.md`` and ``engine.log``
+``results.json`` (every run, rewritten after each), ``table.md``, ``settings.md``
+(what each engine ran with, read back: :mod:`.engine_facts`) and ``engine.log``
 (every engine's own output, one after the other).
 """
 
@@ -20,7 +21,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import fa3_kernel, mirror_control, rank_report, ranks, report
+from . import engine_facts, fa3_kernel, mirror_control, rank_report, ranks, report
 
 
 def log(msg: str) -> None:
@@ -107,7 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--attention-backend", default="triton")
+    ap.add_argument("--attention-backend", default="triton",
+                    help='"default": name none, so sglang picks (FA3 on Hopper; read back in settings.md)')
+    ap.add_argument("--piecewise", choices=("default", "on", "off"), default="default",
+                    help="piecewise CUDA graph as the release defaults it (default), enforced on, or off "
+                         "(disable_piecewise_cuda_graph=True, as the proofs before issue 40 ran)")
+    ap.add_argument("--draft", choices=("checkpoint", "dummy"), default="checkpoint",
+                    help="checkpoint: EAGLE3 draft shaped like a published one (draft vocab 32000, d2t); "
+                         "dummy: the earlier proofs' draft (draft vocab = vocab, no token map)")
+    ap.add_argument("--context-length", type=int, default=0, help="0: the models' own (131072)")
     ap.add_argument("--fa3-lib", type=Path, default=None,
                     help="FA3's flash_ops.abi3.so unpacked by fa3_kernel.py (checked, then put beside sgl_kernel)")
     ap.add_argument("--run-timeout", type=int, default=420)
@@ -141,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     all_results: dict = {"device": _device(), "manifest_created": manifest.get("created"),
                          "patchkit_commit": manifest.get("patchkit_commit"),
                          "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "runs": {}, "rows": [], "problems": [],
-                         "trees": {}, "rank_rows": []}
+                         "trees": {}, "rank_rows": [], "notes": []}
 
     for release in releases:
         info = manifest["releases"][release]
@@ -187,13 +196,15 @@ def main(argv: list[str] | None = None) -> int:
                        "--attention-backend", backend,
                        "--scenario", args.scenario, "--workloads", args.workloads,
                        "--alternate", str(args.alternate), "--mem-fraction-static", str(mem_fraction),
-                       "--tp", str(args.tp),
+                       "--tp", str(args.tp), "--piecewise", args.piecewise, "--draft", args.draft,
+                       "--context-length", str(args.context_length),
                        "--models-dir", str(work / "models"), "--out", str(res_file)]
                 if args.deterministic:
                     cmd.append("--deterministic")
                 log(f"start {key}")
                 t = time.perf_counter()
                 with open(engine_log, "a") as fh:
+                    section_start = fh.tell()
                     fh.write(f"\n===== {key} =====\n")
                     fh.flush()
                     try:
@@ -206,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
                 if res_file.exists():
                     res = json.loads(res_file.read_text())
                     res["rc"] = rc
+                    res["engine_log"] = engine_facts.log_facts(_section(engine_log, section_start))
                     all_results["runs"][key] = res
+                    all_results["problems"].extend(engine_facts.problems(key, res))
+                    (out / "settings.md").write_text(engine_facts.settings_markdown(all_results["runs"]))
+                    log(f"  in force: {engine_facts.in_force(res)}")
                     for b in res.get("batches", []):
                         if "summary" not in b:
                             log(f"  {b.get('workload', 'uniform')} bs={b['batch_size']}: {b['tok_per_s']:.1f} "
@@ -236,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
             elif "pristine" in got and "patched" in got:
                 rows = report.compare(release, got["pristine"], got["patched"])
                 all_results["rows"].extend(rows)
-                all_results["problems"].extend(
-                    report.verdict(rows, mirror_kept=args.attention_backend not in report.SYNC_FREE_BACKENDS))
+                # "default": the backend sglang chose, as the patched engine read it back
+                used = engine_facts.backend_in_force(got["patched"], args.attention_backend)
+                mirror_kept = used not in report.SYNC_FREE_BACKENDS
+                all_results["problems"].extend(report.verdict(rows, mirror_kept=mirror_kept))
+                all_results["notes"].extend(_startup_notes(rows))
                 (out / "table.md").write_text(report.markdown(all_results["rows"]))
                 if args.rounds > 1:
                     (out / "speed.md").write_text(report.speed_markdown(all_results["rows"]))
@@ -245,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.tp > 1:
                     rank_rows = rank_report.compare(release, got["pristine"], got["patched"])
                     all_results["rank_rows"].extend(rank_rows)
-                    all_results["problems"].extend(rank_report.verdict(
-                        rank_rows, args.tp, mirror_kept=args.attention_backend not in report.SYNC_FREE_BACKENDS))
+                    all_results["problems"].extend(rank_report.verdict(rank_rows, args.tp, mirror_kept=mirror_kept))
+                    all_results["notes"].extend(_startup_notes(rank_rows))
                     (out / "ranks.md").write_text(rank_report.markdown(all_results["rank_rows"]))
                     print(rank_report.markdown(rank_rows), flush=True)
             results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
@@ -263,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     all_results["problems"].extend(report.issue23_problems([all_results]))
     results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
     print("device:", all_results["device"])
+    for n in all_results["notes"]:
+        print("NOTE:", n)
     for p in all_results["problems"]:
         print("PROBLEM:", p)
     ran = all_results["rows"] or extra
@@ -289,7 +309,31 @@ def _setting(args) -> str:
         parts.append(f"alt{args.alternate}")
     if args.tp > 1:
         parts.append(f"tp{args.tp}")
+    if getattr(args, "piecewise", "default") != "default":
+        parts.append(f"pw-{args.piecewise}")
+    if getattr(args, "draft", "checkpoint") != "checkpoint":
+        parts.append(f"draft-{args.draft}")
+    if getattr(args, "context_length", 0):
+        parts.append(f"ctx{args.context_length}")
     return "-".join(parts) + "/" if parts else ""
+
+
+def _section(path: Path, start: int) -> str:
+    """One engine's part of the shared engine log."""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        return fh.read().decode("utf-8", "replace")
+
+
+def _startup_notes(rows: list[dict]) -> list[str]:
+    """New sync sites seen only while the patched engine started (reported, not a problem)."""
+    seen = {}
+    for r in rows:
+        if r.get("new_sites_startup"):
+            tag = f"{r['release']} {r['size']}" + (f" rank {r['tp_rank']}" if "tp_rank" in r else "")
+            seen[tag] = r["new_sites_startup"]
+    return [f"{tag}: new sync sites during start-up only (graph capture; not a problem): {', '.join(s)}"
+            for tag, s in seen.items()]
 
 
 def _schedule(sizes: list[str], variants: list[str], rounds: int):

@@ -14,6 +14,7 @@ from typing import Mapping, Optional
 
 from . import ranks
 from .report import _f, by_function, per_step, prepare_syncs
+from .sites import new_sites
 
 
 def _by_rank(items) -> dict[int, Mapping]:
@@ -24,6 +25,8 @@ def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
     """One row per (batch size, rank seen in either variant)."""
     rows = []
     whole_a, whole_b = _by_rank(pristine.get("ranks")), _by_rank(patched.get("ranks"))
+    # per rank, the sync table once the engine was up (absent in results recorded before it)
+    startup_b = _by_rank(patched.get("ranks_startup")) if "ranks_startup" in patched else None
     decided = ranks.decisions(patched)
     pb = {x["batch_size"]: x for x in patched["batches"]}
     for batch_a in pristine["batches"]:
@@ -34,8 +37,9 @@ def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
         for rank in sorted(set(ra) | set(rb) | set(whole_a) | set(whole_b)):
             a, b = ra.get(rank, {}), rb.get(rank, {})
             fa, fb = by_function(a.get("syncs", {})), by_function(b.get("syncs", {}))
-            wa = by_function(whole_a.get(rank, {}).get("syncs_whole_run", {}))
-            wb = by_function(whole_b.get(rank, {}).get("syncs_whole_run", {}))
+            after, startup_only = new_sites(
+                whole_a.get(rank, {}).get("syncs_whole_run", {}), whole_b.get(rank, {}).get("syncs_whole_run", {}),
+                None if startup_b is None else startup_b.get(rank, {}).get("syncs_whole_run", {}))
             rows.append({
                 "release": release,
                 "size": pristine["size"],
@@ -47,7 +51,8 @@ def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
                                      per_step(prepare_syncs(b.get("syncs", {})), b.get("decode_steps", 0))),
                 "decode_steps": (a.get("decode_steps", 0), b.get("decode_steps", 0)),
                 "new_sites": sorted(set(fb) - set(fa)),
-                "new_sites_whole_run": sorted(set(wb) - set(wa)),
+                "new_sites_whole_run": after,
+                "new_sites_startup": startup_only,
                 "decision": decided.get(rank),
                 "tok_per_s": (batch_a["tok_per_s"], batch_b["tok_per_s"]),
                 "identical": batch_a["output_ids"] == batch_b["output_ids"],
@@ -80,7 +85,7 @@ def verdict(rows: list[dict], tp: int, mirror_kept: bool = False) -> list[str]:
         if r["new_sites"]:
             problems.append(f"{tag}: new sync sites in patched: {', '.join(r['new_sites'])}")
         if r["new_sites_whole_run"]:
-            problems.append(f"{tag}: new sync sites in the patched process's whole run: "
+            problems.append(f"{tag}: new sync sites in the patched process's whole run (after start-up): "
                             f"{', '.join(r['new_sites_whole_run'])}")
     decided = {r["tp_rank"]: r["decision"] for r in rows}
     for rank, flag in sorted(decided.items()):
@@ -109,7 +114,8 @@ def markdown(rows: list[dict]) -> str:
     lines = [HEADER, RULE]
     for r in rows:
         pa, pb = r["prepare_per_step"]
-        new = sorted(set(r["new_sites"]) | set(r["new_sites_whole_run"]))
+        new = sorted(set(r["new_sites"]) | set(r["new_sites_whole_run"])) + [
+            f"{s} (start-up only)" for s in r.get("new_sites_startup", [])]
         lines.append(
             f"| {r['release']} | {r['size']} | {r['tp']} | {r['batch_size']} | {r['tp_rank']} "
             f"| {_decision(r['decision'])} | {_f(pa)} → {_f(pb)} | {', '.join(new) or 'none'} "

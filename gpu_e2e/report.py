@@ -5,19 +5,9 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from . import mirror_control
-from .syncs import site_function, split_key
+from .sites import by_function, new_sites
 
 PREPARE_FOR_DECODE = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
-
-
-def by_function(table: Mapping[str, int]) -> dict[str, int]:
-    """``{"cpu|path:func:line": n}`` -> ``{"cpu path:func": n}`` (lines move when patched)."""
-    out: dict[str, int] = {}
-    for key, n in table.items():
-        kind, site = split_key(key)
-        name = f"{kind} {site_function(site)}"
-        out[name] = out.get(name, 0) + int(n)
-    return out
 
 
 def prepare_syncs(table: Mapping[str, int]) -> int:
@@ -83,18 +73,19 @@ def compare_batch(release: str, pristine: Mapping, patched: Mapping, size: str) 
 
 
 def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
-    """Rows per batch size; each also carries the sync sites new anywhere in the patched
-    process's whole life (start-up, CUDA-graph capture, warm-up and timed runs)."""
+    """Rows per batch size; each also carries the sync sites new in the patched
+    processes' whole life: those that synced after start-up (warm-up and timed runs:
+    ``new_sites_whole_run``, a problem) and those seen only while the engine started,
+    e.g. capturing a graph a patch adds (``new_sites_startup``, reported; see sites.py)."""
     rows = []
     pb = {_batch_key(x): x for x in patched["batches"]}
-    whole_a = by_function(pristine.get("syncs_whole_run") or {})
-    whole_b = by_function(patched.get("syncs_whole_run") or {})
-    new_whole = sorted(set(whole_b) - set(whole_a))
+    new_whole, new_startup = new_sites(pristine.get("syncs_whole_run") or {}, patched.get("syncs_whole_run") or {},
+                                       patched.get("syncs_startup"))
     for batch in pristine["batches"]:
         other = pb.get(_batch_key(batch))
         if other is not None and "summary" not in batch:
             row = compare_batch(release, batch, other, pristine["size"])
-            row["new_sites_whole_run"] = new_whole
+            row["new_sites_whole_run"], row["new_sites_startup"] = new_whole, new_startup
             if pristine.get("scenario", "eagle3") != "eagle3" or pristine.get("deterministic"):
                 row["scenario"] = pristine["scenario"] + (" det" if pristine.get("deterministic") else "")
             rows.append(row)
@@ -216,7 +207,7 @@ def verdict(rows: list[dict], mirror_kept: bool = False) -> list[str]:
         if r["new_sites"]:
             problems.append(f"{tag}: new sync sites in patched: {', '.join(r['new_sites'])}")
         if r.get("new_sites_whole_run"):
-            problems.append(f"{tag}: new sync sites in the patched process's whole run: "
+            problems.append(f"{tag}: new sync sites in the patched process's whole run (after start-up): "
                             f"{', '.join(r['new_sites_whole_run'])}")
     return problems
 

@@ -5,10 +5,17 @@ tree's parent folder first on ``PYTHONPATH`` (so ``import sglang`` is that tree)
 when sync counting is on, ``PK_E2E_SYNC_DIR`` set (see :mod:`.syncs`).
 
 Settings (issue 10): EAGLE3, topk 1, 3 steps, 4 draft tokens, Triton attention (or
-``--attention-backend``), CUDA graphs on, overlap scheduler on (spec v2), piecewise
-CUDA graph off, greedy, ``ignore_eos``, dummy weights, ``skip_tokenizer_init`` with
-``input_ids``. For each workload and batch size: one warm-up generate, then ``--runs``
-timed ones.
+``--attention-backend``), CUDA graphs on, overlap scheduler on (spec v2), greedy,
+``ignore_eos``, dummy weights, ``skip_tokenizer_init`` with ``input_ids``. For each
+workload and batch size: one warm-up generate, then ``--runs`` timed ones.
+
+Issue 40: what users run, by default. Piecewise CUDA graph as the release defaults it
+(``--piecewise off`` passes ``disable_piecewise_cuda_graph=True`` as the earlier
+proofs did, ``on`` passes ``enforce_piecewise_cuda_graph=True``);
+``--attention-backend default`` names none, so sglang picks (FA3 on Hopper); the
+draft is checkpoint-shaped (:mod:`.models`, :mod:`.draft_checkpoint`). What was in
+force is read back from the engine's processes (:mod:`.engine_facts`) once it is up,
+together with the sync table at that moment (``syncs_startup``, :mod:`.sites`).
 
 Issue 23 adds:
 
@@ -33,10 +40,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import mirror_control, ranks, syncs, workloads
-from .models import SIZES, write_models
+from . import draft_checkpoint, engine_facts, mirror_control, ranks, syncs, workloads
+from .models import DRAFTS, SIZES, write_models
 
 SCENARIOS = {"eagle3": "EAGLE3", "standalone": "STANDALONE"}
+
+PIECEWISE = ("default", "on", "off")
 
 SPEC = dict(
     speculative_num_steps=3,
@@ -47,8 +56,23 @@ SPEC = dict(
 
 def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_graph_max_bs: int,
                   mem_fraction_static: float, scenario: str = "eagle3",
-                  deterministic: bool = False, tp_size: int = 1) -> dict:
-    extra = {"enable_deterministic_inference": True} if deterministic else {}
+                  deterministic: bool = False, tp_size: int = 1, piecewise: str = "default",
+                  draft_kind: str = "checkpoint", context_length: int = 0) -> dict:
+    """The Engine's settings; ``attention_backend`` "default" and ``piecewise``
+    "default" name nothing, so the release's own defaults decide."""
+    extra: dict = {"enable_deterministic_inference": True} if deterministic else {}
+    if attention_backend != "default":
+        extra["attention_backend"] = attention_backend
+    if piecewise == "off":
+        extra["disable_piecewise_cuda_graph"] = True
+    elif piecewise == "on":
+        extra["enforce_piecewise_cuda_graph"] = True
+    elif piecewise != "default":
+        raise ValueError(f"piecewise {piecewise!r}: one of {', '.join(PIECEWISE)}")
+    if draft_kind == "checkpoint" and scenario == "eagle3":
+        extra["speculative_draft_load_format"] = "auto"  # the draft's safetensors; the target stays dummy
+    if context_length:
+        extra["context_length"] = context_length
     return dict(
         model_path=str(target),
         speculative_algorithm=SCENARIOS[scenario],
@@ -57,9 +81,7 @@ def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_gra
         load_format="dummy",
         skip_tokenizer_init=True,
         dtype="bfloat16",
-        attention_backend=attention_backend,
         sampling_backend="pytorch",
-        disable_piecewise_cuda_graph=True,
         cuda_graph_max_bs=cuda_graph_max_bs,
         mem_fraction_static=mem_fraction_static,
         random_seed=1234,
@@ -183,7 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--alternate", type=int, default=0,
                     help="N > 0: N ABBA alternations of mirror kept / dropped instead of --runs")
-    ap.add_argument("--attention-backend", default="triton")
+    ap.add_argument("--attention-backend", default="triton", help='"default": name none (sglang picks)')
+    ap.add_argument("--piecewise", choices=PIECEWISE, default="default",
+                    help="piecewise CUDA graph: the release's default, enforced on, or off")
+    ap.add_argument("--draft", choices=DRAFTS, default="checkpoint")
+    ap.add_argument("--context-length", type=int, default=0, help="0: the model's own (131072)")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6)
     ap.add_argument("--tp", type=int, default=1, help="tp_size of the engine (one scheduler process per rank)")
     ap.add_argument("--models-dir", required=True)
@@ -199,7 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, tree_parent)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     names = args.workloads.split(",")
-    target, draft = write_models(Path(args.models_dir), args.size)
+    target, draft = write_models(Path(args.models_dir), args.size, args.draft)
+    stamp = None
+    if args.draft == "checkpoint" and args.scenario == "eagle3":
+        t = time.perf_counter()
+        stamp = draft_checkpoint.ensure(draft)
+        print(f"[runner] draft checkpoint {stamp['sha256'][:16]} ({stamp['bytes'] / 2**20:.0f} MiB) "
+              f"ready in {time.perf_counter() - t:.1f} s", flush=True)
 
     import sglang
 
@@ -209,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         "scenario": args.scenario,
         "deterministic": args.deterministic,
         "attention_backend": args.attention_backend,
+        "piecewise_asked": args.piecewise,
+        "draft": args.draft,
+        "draft_checkpoint": stamp,
         "sglang_file": sglang.__file__,
         "sglang_version": getattr(sglang, "__version__", "?"),
         "patchkit_importable": _patchkit_where(),
@@ -222,12 +257,19 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = engine_kwargs(target, draft, attention_backend=args.attention_backend,
                            cuda_graph_max_bs=max(max(batch_sizes), 8),
                            mem_fraction_static=args.mem_fraction_static,
-                           scenario=args.scenario, deterministic=args.deterministic, tp_size=args.tp)
+                           scenario=args.scenario, deterministic=args.deterministic, tp_size=args.tp,
+                           piecewise=args.piecewise, draft_kind=args.draft, context_length=args.context_length)
     result["engine_kwargs"] = kwargs
     t0 = time.perf_counter()
     engine = Engine(**kwargs)
     result["engine_start_s"] = round(time.perf_counter() - t0, 1)
     print(f"[runner] engine up in {result['engine_start_s']} s", flush=True)
+    # Up: every graph captured. What is in force, and what start-up synced (sites.py).
+    result["syncs_startup"] = syncs.syncs_only(_settled_table(sync_dir))
+    result["ranks_startup"] = ranks.run_per_rank(ranks.read(sync_dir))
+    result["engine_facts"] = _facts(sync_dir, args.tp)
+    for facts in result["engine_facts"]:
+        print(f"[runner] in force: {json.dumps(facts, sort_keys=True)}", flush=True)
     try:
         vocab = SIZES[args.size]["vocab_size"]
         for name in names:
@@ -253,10 +295,23 @@ def main(argv: list[str] | None = None) -> int:
                 Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))
         result["ranks"] = ranks.run_per_rank(ranks.read(sync_dir))
+        late = engine_facts.from_dumps(ranks.read(sync_dir))
+        if len(late) > len(result["engine_facts"]):
+            result["engine_facts"] = late
     finally:
         Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         engine.shutdown()
     return 0
+
+
+def _facts(sync_dir: str | None, schedulers: int, limit: float = 5.0) -> list[dict]:
+    """Every scheduler's noted facts, waiting (up to ``limit`` s) for each one's next flush."""
+    deadline = time.monotonic() + limit
+    got = engine_facts.from_dumps(ranks.read(sync_dir))
+    while sync_dir and len(got) < schedulers and time.monotonic() < deadline:
+        time.sleep(0.1)
+        got = engine_facts.from_dumps(ranks.read(sync_dir))
+    return got
 
 
 def _patchkit_where() -> str | None:

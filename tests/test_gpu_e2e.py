@@ -248,12 +248,13 @@ def test_recorded_gpu_runs_reproduce_their_table(run):
 
 def test_model_configs(tmp_path):
     for size, shape in models.SIZES.items():
-        target, draft = models.write_models(tmp_path, size)
+        target, draft = models.write_models(tmp_path, size, "dummy")
         t = json.loads((target / "config.json").read_text())
         d = json.loads((draft / "config.json").read_text())
         assert t["architectures"] == ["LlamaForCausalLM"]
         assert d["architectures"] == ["LlamaForCausalLMEagle3"] and d["num_hidden_layers"] == 1
         assert d["draft_vocab_size"] == d["vocab_size"] == t["vocab_size"] == shape["vocab_size"]
+        assert t["max_position_embeddings"] == d["max_position_embeddings"] == 131072
         # default EAGLE3 aux layers [2, L//2, L-3] must be three distinct layers
         n = t["num_hidden_layers"]
         assert len({2, n // 2, n - 3}) == 3

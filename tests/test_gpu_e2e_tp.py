@@ -258,8 +258,8 @@ def test_missing_rank_missing_decision_and_new_site_per_rank():
     assert any("bs=1 rank 1: no sync counts from the patched process" in p for p in problems)
     patched = _run({0: 1280, 1: 1280}, {0: 0, 1: 0}, {0: False, 1: False}, whole=new)
     problems = rank_report.verdict(rank_report.compare("0.5.10", PRISTINE, patched), tp=2)
-    assert problems == ["0.5.10 small bs=1 rank 1: new sync sites in the patched process's whole run: "
-                        "tolist sglang/srt/managers/scheduler.py:f"]
+    assert problems == ["0.5.10 small bs=1 rank 1: new sync sites in the patched process's whole run "
+                        "(after start-up): tolist sglang/srt/managers/scheduler.py:f"]
     assert rank_report.verdict(rank_report.compare("0.5.10", PRISTINE, patched), tp=4)[0] == \
         "ranks counted: [0, 1], expected [0, 1, 2, 3]"
 
@@ -287,7 +287,12 @@ def test_tp_engine_kwargs_are_server_args_of_each_release(release, tmp_path):
                                   cuda_graph_max_bs=8, mem_fraction_static=0.6, tp_size=2)
     assert kwargs["tp_size"] == 2 and kwargs["enforce_disable_flashinfer_allreduce_fusion"] is True
     assert not kwargs["enable_nccl_nvls"] and not kwargs["enable_symm_mem"]
-    assert set(kwargs) - _server_args_fields(release) == set()
+    fields = _server_args_fields(release)
+    assert set(kwargs) - fields == set()
+    for piecewise in ("on", "off"):  # issue 40's switches: ServerArgs fields of every release too
+        switched = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="fa3", cuda_graph_max_bs=8,
+                                        mem_fraction_static=0.6, piecewise=piecewise, context_length=8192)
+        assert set(switched) - fields == set()
     single = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="triton",
                                   cuda_graph_max_bs=8, mem_fraction_static=0.6)
     assert single["tp_size"] == 1 and "enable_nccl_nvls" not in single

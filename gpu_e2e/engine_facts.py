@@ -1,0 +1,173 @@
+"""What an engine actually ran with, read back from its own processes and its log.
+
+The settings the harness passes are not the settings in force: ``ServerArgs``
+fills in and overrides (piecewise CUDA graph turned off for some features, the
+attention backend chosen per GPU when none is named), and graph runners exist or
+not by the backend's and the draft's shape. So each scheduler process notes, at the
+end of ``Scheduler.__init__`` (hooked as :mod:`.ranks` hooks it, in every process the
+bundle's ``sitecustomize.py`` starts in), what it holds:
+
+* ``server_args``: ``disable_piecewise_cuda_graph``, ``attention_backend`` (and the
+  prefill / decode overrides), the load formats;
+* the target model runner: its piecewise CUDA-graph runner's class (None: no
+  piecewise graph), its decode CUDA-graph runner's and attention backend's classes,
+  its context length;
+* the draft worker (spec v2's ``EagleDraftWorker`` inside ``EAGLEWorkerV2``, or v1's
+  ``EAGLEWorker``): its model runner's piecewise runner (none expected: draft runners
+  build no piecewise graphs), its draft-extend CUDA-graph runner's class (None: draft
+  extend runs eagerly), its draft-extend attention backend's class, and the shape of its
+  ``hot_token_id`` (None: the draft has no token map).
+
+Nothing here reads a CUDA tensor's value (only classes and shapes), so nothing
+here syncs. :func:`log_facts` adds the engine log's own lines (rank 0 logs them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional
+
+from . import ranks, syncs
+
+NOTE = "engine"
+SERVER_FIELDS = ("disable_piecewise_cuda_graph", "enforce_piecewise_cuda_graph", "attention_backend",
+                 "prefill_attention_backend", "decode_attention_backend", "load_format",
+                 "speculative_draft_load_format", "disable_cuda_graph", "speculative_algorithm")
+#: Engine log lines that show a graph being captured (sglang logs them on rank 0).
+LOG_LINES = {
+    "piecewise_capture": "Capture piecewise CUDA graph begin",
+    "draft_extend_capture": "Capture draft extend cuda graph begin",
+    "cuda_graph_capture": "Capture cuda graph bs",
+    "draft_load_format": "Using draft model load_format",
+}
+_MARK = "__pk_e2e_engine_facts__"
+
+
+def install() -> None:
+    syncs.on_import(ranks.SCHEDULER_MODULE, _hook_scheduler)
+
+
+def _hook_scheduler(module: Any) -> None:
+    cls = getattr(module, "Scheduler", None)
+    original = getattr(cls, "__init__", None)
+    if original is None or getattr(original, _MARK, False):
+        return
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        try:
+            syncs.note(NOTE, facts_of_scheduler(self))
+        except Exception as exc:  # noqa: BLE001  a fact missed must not stop the engine
+            syncs.note(NOTE, {"error": repr(exc)})
+
+    setattr(init, _MARK, True)
+    init.__pk_e2e_wrapped__ = getattr(original, "__pk_e2e_wrapped__", False)
+    init.__name__, init.__qualname__, init.__doc__ = original.__name__, original.__qualname__, original.__doc__
+    cls.__init__ = init
+
+
+def _cls(obj: Any) -> Optional[str]:
+    return None if obj is None else type(obj).__name__
+
+
+def facts_of_scheduler(scheduler: Any) -> dict:
+    sa = scheduler.server_args
+    out: dict = {f: _plain(getattr(sa, f, None)) for f in SERVER_FIELDS}
+    out["tp_rank"] = ranks.process_tp_rank()
+    runner = getattr(getattr(scheduler, "tp_worker", None), "model_runner", None)
+    if runner is not None:
+        out["piecewise_runner"] = _cls(getattr(runner, "piecewise_cuda_graph_runner", None))
+        out["cuda_graph_runner"] = _cls(getattr(runner, "graph_runner", None))
+        out["attn_backend"] = _cls(getattr(runner, "attn_backend", None))
+        out["context_len"] = getattr(getattr(runner, "model_config", None), "context_len", None)
+    worker = getattr(scheduler, "draft_worker", None)
+    inner = getattr(worker, "_draft_worker", worker)  # spec v2 wraps the draft worker
+    if inner is not None:
+        out["draft_worker"] = _cls(inner)
+        draft_runner = next((r for r in (getattr(inner, n, None) for n in ("draft_runner", "draft_model_runner",
+                                                                              "model_runner")) if r is not None), None)
+        out["draft_piecewise_runner"] = _cls(getattr(draft_runner, "piecewise_cuda_graph_runner", None))
+        out["draft_extend_graph_runner"] = _cls(getattr(inner, "cuda_graph_runner_for_draft_extend", None))
+        out["draft_extend_attn_backend"] = _cls(getattr(inner, "draft_extend_attn_backend", None))
+        hot = getattr(inner, "hot_token_id", None)
+        shape = getattr(hot, "shape", None)
+        out["hot_token_id_shape"] = None if hot is None else [int(n) for n in shape] if shape is not None else [len(hot)]
+    return out
+
+
+def _plain(value: Any) -> Any:
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+
+
+# ----------------------------------------------------------------- reading side
+
+def from_dumps(dumps: Iterable[Mapping]) -> list[dict]:
+    """Every scheduler process's facts, by TP rank."""
+    got = [(d.get("notes") or {}).get(NOTE) for d in dumps]
+    return sorted((f for f in got if f), key=lambda f: (f.get("tp_rank") is None, f.get("tp_rank") or 0))
+
+
+def log_facts(text: str) -> dict:
+    """How often each line of :data:`LOG_LINES` appears in one engine's log."""
+    return {key: text.count(line) for key, line in LOG_LINES.items()}
+
+
+def in_force(run: Mapping) -> dict:
+    """One run's settings in force, over its scheduler processes: a value all agree
+    on, or ``"mixed: a, b"``; ``"?"`` where no process noted facts."""
+    procs = run.get("engine_facts") or []
+    log = run.get("engine_log") or {}
+
+    def agreed(key: str) -> Any:
+        values = sorted({str(p.get(key)) for p in procs})
+        return "?" if not values else values[0] if len(values) == 1 else "mixed: " + ", ".join(values)
+
+    return {
+        "processes": len(procs),
+        "piecewise": ("?" if not procs else "on" if all(not p.get("disable_piecewise_cuda_graph") and
+                                                        p.get("piecewise_runner") for p in procs)
+                      else "off" if all(p.get("disable_piecewise_cuda_graph") and not p.get("piecewise_runner")
+                                        for p in procs) else "mixed"),
+        "piecewise_runner": agreed("piecewise_runner"),
+        "draft_piecewise_runner": agreed("draft_piecewise_runner"),
+        "attention_backend": agreed("attention_backend"),
+        "attn_backend": agreed("attn_backend"),
+        "draft_extend_graph_runner": agreed("draft_extend_graph_runner"),
+        "hot_token_id_shape": agreed("hot_token_id_shape"),
+        "context_len": agreed("context_len"),
+        "log_piecewise_capture": log.get("piecewise_capture"),
+        "log_draft_extend_capture": log.get("draft_extend_capture"),
+    }
+
+
+def backend_in_force(run: Mapping, asked: str) -> str:
+    """The attention backend the run's schedulers used (``asked`` when none noted)."""
+    value = in_force(run)["attention_backend"]
+    return asked if value in ("?", "None") or value.startswith("mixed") else value
+
+
+SETTINGS_HEADER = ("| run | piecewise in force | piecewise runner (target / draft) | `attention_backend` in force "
+                   "| attention backend class | draft-extend graph runner | \"Capture piecewise\" / "
+                   "\"Capture draft extend\" log lines | `hot_token_id` | context |")
+SETTINGS_RULE = "|---|---|---|---|---|---|---|---|---:|"
+
+
+def settings_markdown(runs: Mapping[str, Mapping]) -> str:
+    lines = [SETTINGS_HEADER, SETTINGS_RULE]
+    for key, run in sorted(runs.items()):
+        if not run.get("engine_facts") and not run.get("engine_log"):
+            continue
+        f = in_force(run)
+        lines.append(f"| {key} | {f['piecewise']} | {f['piecewise_runner']} / {f['draft_piecewise_runner']} "
+                     f"| {f['attention_backend']} "
+                     f"| {f['attn_backend']} | {f['draft_extend_graph_runner']} "
+                     f"| {f['log_piecewise_capture']} / {f['log_draft_extend_capture']} "
+                     f"| {f['hot_token_id_shape']} | {f['context_len']} |")
+    return "\n".join(lines) + "\n"
+
+
+def problems(key: str, run: Mapping) -> list[str]:
+    """A checkpoint draft must come with its token map (else it ran like the old draft)."""
+    if run.get("draft") != "checkpoint" or not run.get("engine_facts"):
+        return []
+    shape = in_force(run)["hot_token_id_shape"]
+    return [] if shape.startswith("[") else [f"{key}: the checkpoint draft has no hot_token_id ({shape})"]
