@@ -139,7 +139,7 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     require) on TREE: each must be applied or native upstream (or superseded
     upstream). Exit 1 otherwise. The first line names the tree."""
     given, ids = args
-    result = api.verify(given, ids, obj.say, announce=fmt != "text", audit=fmt == "text")
+    result = api.verify(given, ids, obj.say, announce=fmt != "text", audit=fmt in ("text", "json"))
     tree = result.where.tree
     obj.echo(output.render(fmt, tree, result.reports, result.where.given, obj.verbose,
                              result.runtime, result.notes, pending=result.pending is not None,

@@ -372,10 +372,13 @@ def render(fmt: str, tree: Tree, reports: list[PatchReport], given: str, verbose
     """verify's output in one of FORMATS; ``given``: the tree argument as
     typed (paths are shown from it); ``pending``: an interrupted
     transaction (one of the ``notes``) fails the verdict; ``audit_problems``:
-    the audit's count of unguarded or stale reads, named in one text line."""
+    the audit's count of unguarded or stale reads, named in one text line
+    (json: ``audit.problems``)."""
     failed = [r for r in reports if not r.ok]
     if fmt == "json":
-        return status_json(tree, reports, given, ok=not failed and not pending, runtime=runtime, notes=list(notes))
+        extra = {} if audit_problems is None else {"audit": {"problems": audit_problems}}
+        return status_json(tree, reports, given, ok=not failed and not pending, runtime=runtime, notes=list(notes),
+                           **extra)
     if fmt == "junit":
         return status_junit(tree, reports, given)
     if fmt == "github":

@@ -152,3 +152,30 @@ def test_one_signal_ends_a_parallel_matrix(tmp_path, sig):
     assert proc.returncode == 128 + sig and err == f"patchkit: interrupted by {sig.name}: nothing changed\n", (proc.returncode, err)
     assert took < EXIT_WITHIN, took
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("patchkit-matrix-")] == []
+
+
+def test_an_interrupt_says_what_it_left(tmp_path, monkeypatch, cli):
+    """A signal during the write waits for the commit: the results are
+    printed and the line says every patch was applied. One before it: the
+    line says nothing changed."""
+    from patchkit.api import applying
+    from patchkit.errors import Interrupted
+    from patchkit.fetch import copy_tree
+
+    hook = "trtllm-mha-overlap-hook"
+    tree = copy_tree(PRIMARY, tmp_path / "late")
+    env = {**os.environ, "PATCHKIT_TEST_SIGNAL_AT": "state::SIGINT"}
+    late = subprocess.run([sys.executable, "-m", "patchkit", "apply", str(tree), hook], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert late.returncode == 130, late.stderr
+    assert late.stdout.splitlines() == [f"applied: {hook}", "1 file(s) changed, 1 added"], late.stdout
+    assert late.stderr.splitlines()[-1] == "patchkit: interrupted by SIGINT: all 1 patch(es) were applied before the interrupt"
+
+    def interrupted(*args, **kwargs):
+        raise Interrupted(signal.SIGINT)
+
+    early = copy_tree(PRIMARY, tmp_path / "early")
+    monkeypatch.setattr(applying, "apply_patches", interrupted)
+    result = cli("apply", early, hook)
+    assert result.exit_code == 130 and result.output == "patchkit: interrupted by SIGINT: nothing changed\n", result.output
+    assert snapshot(early) == pristine_snapshot(PRIMARY)
