@@ -155,8 +155,9 @@ def report_interrupt(obj: object, signum: int) -> None:
     for line in outcome_lines(change.verb, change.outcome, False):
         obj.result(line)
     obj.result(change.counts())
-    done = len(change.outcome.done)
-    what = f"all {done} patch(es) were {PAST[change.verb]}" if done else "the tree was fully updated"
+    done, past = change.outcome.done, PAST[change.verb]
+    what = (f"all {len(done)} patches were {past}" if len(done) > 1 else f"{done[0]} was {past}" if done
+            else "the tree was fully updated")
     click.echo(f"patchkit: interrupted by {name}: {what} before the interrupt", err=True)
 
 

@@ -126,7 +126,7 @@ def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
         now = snapshot(tree)
         assert now in (pristine, patched), f"{where}: the tree is half-patched"
         if proc.returncode != 0:  # one line that says which of the two it left
-            said = r"all \d+ patch\(es\) were applied before the interrupt" if now == patched else "nothing changed"
+            said = r"all \d+ patches were applied before the interrupt" if now == patched else "nothing changed"
             assert re.fullmatch(rf"patchkit: interrupted by {sig.name}: {said}\n", err), where
         assert not (tree / ".patchkit" / "journal.json").exists(), where
         outcomes.append(f"{delay:.1f}s {sig.name[3:]} rc={proc.returncode} "
@@ -169,7 +169,7 @@ def test_an_interrupt_says_what_it_left(tmp_path, monkeypatch, cli):
                           capture_output=True, text=True, timeout=300)
     assert late.returncode == 130, late.stderr
     assert late.stdout.splitlines() == [f"applied: {hook}", "1 file(s) changed, 1 added"], late.stdout
-    assert late.stderr.splitlines()[-1] == "patchkit: interrupted by SIGINT: all 1 patch(es) were applied before the interrupt"
+    assert late.stderr.splitlines()[-1] == f"patchkit: interrupted by SIGINT: {hook} was applied before the interrupt"
 
     def interrupted(*args, **kwargs):
         raise Interrupted(signal.SIGINT)
