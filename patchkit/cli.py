@@ -12,7 +12,7 @@ from typing import Optional
 import click
 
 from patchkit import __version__, api, output, registry, settings, terminal
-from patchkit.arguments import (COMPLETION, QUIET_HELP, TREE_EPILOG, VERBOSE_HELP, Ctx, PatchkitGroup,
+from patchkit.arguments import (COMPLETION, GIT_LAYOUT, QUIET_HELP, TREE_EPILOG, VERBOSE_HELP, Ctx, PatchkitGroup,
                                 _complete_patches, diff_option, dry_run_option, format_option, tree_and_patches,
                                 tree_only)
 from patchkit.errors import EXIT_CHANGES, EXIT_OK, Interrupted
@@ -178,7 +178,10 @@ def audit(obj: Ctx, tree: Optional[str], fmt: str, strict: bool) -> None:
 def diff(obj: Ctx, args, stat: bool, name_only: bool) -> None:
     """Print the unified diff between the original files and TREE now: every
     file patchkit changed or added or, given PATCHes, the files those patches
-    change (a file several patches change shows all of their changes)."""
+    change (a file several patches change shows all of their changes). Paths
+    are a/python/sglang/srt/..., as in an sglang git checkout, whatever the
+    tree's layout: `git apply` takes the diff at a checkout's root (in a
+    package folder: `git apply -p3`)."""
     if stat and name_only:
         raise click.UsageError("give at most one of --stat and --name-only")
     given, ids = args
@@ -194,7 +197,7 @@ def diff(obj: Ctx, args, stat: bool, name_only: bool) -> None:
 @tree_only
 @click.option("--diff", "show_diff", is_flag=True,
               help="Also print, as a unified diff, what applying PATCH (and what it requires) changes on TREE; "
-                   "where patchkit applied it already, what it changed.")
+                   "where patchkit applied it already, what it changed. " + GIT_LAYOUT)
 @format_option("show")
 @click.pass_obj
 def show(obj: Ctx, patch: str, tree: Optional[str], show_diff: bool, fmt: str) -> None:

@@ -194,6 +194,6 @@ def test_a_copied_package_under_another_name_is_a_tree(make_tree, cli, monkeypat
 
 
 def test_help_says_why_diffs_use_the_git_layout(cli):
-    for command in ("apply", "revert"):
+    for command in ("apply", "revert", "diff", "show"):
         text = " ".join(cli(command, "--help").output.split())
         assert "a/python/sglang/srt/" in text and "`git apply`" in text and "-p3" in text, command
