@@ -76,7 +76,7 @@ class Ctx:
         self.quiet, self.verbose = quiet, verbose
         self.say = Say(self)
         # apply/revert's ChangeResult once its transaction is committed: what
-        # a Ctrl-C after that point reports (patchkit.cli.interrupted).
+        # a Ctrl-C after that point reports (report_interrupt).
         self.change = None
 
     def result(self, message: str) -> None:

@@ -77,7 +77,7 @@ def status(obj: Ctx, args, fmt: str) -> None:
     tree = result.where.tree
     if fmt == "json":
         obj.echo(output.status_json(tree, result.reports, result.where.given, ok=result.ok,
-                                      runtime=result.runtime, notes=result.notes))
+                                    runtime=result.runtime, notes=result.notes))
     else:
         obj.echo(output.status_text(tree, result.reports, obj.verbose, result.runtime, result.notes, obj.quiet))
 
@@ -142,8 +142,8 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     result = api.verify(given, ids, obj.say, announce=fmt != "text", audit=fmt in ("text", "json"))
     tree = result.where.tree
     obj.echo(output.render(fmt, tree, result.reports, result.where.given, obj.verbose,
-                             result.runtime, result.notes, pending=result.pending is not None,
-                             audit_problems=result.audit_problems, quiet=obj.quiet))
+                           result.runtime, result.notes, pending=result.pending is not None,
+                           audit_problems=result.audit_problems, quiet=obj.quiet))
     sys.exit(EXIT_OK if result.ok else EXIT_CHANGES)
 
 
