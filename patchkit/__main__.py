@@ -50,7 +50,8 @@ def _exit_code() -> int:
 
 
 def _interrupted(signum: int) -> int:
-    sys.stderr.write(f"patchkit: interrupted by {signal.Signals(signum).name}\n")
+    # Outside a command (before it starts): nothing was written.
+    sys.stderr.write(f"patchkit: interrupted by {signal.Signals(signum).name}: nothing changed\n")
     return 128 + signum
 
 

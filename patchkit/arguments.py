@@ -41,17 +41,53 @@ Shell completion (bash; zsh and fish alike, with zsh_source / fish_source):
 TREE_EPILOG = f"{EXIT_CODES}\n\n{TREE_HELP}"
 
 
+class Say:
+    """Where a command's diagnostics go (stderr; none with -q). The tree
+    line (``patchkit.api.locate``'s "sglang X at P") is held, not printed:
+    it goes out just before the command's first other output, so a command
+    that fails prints its one error line alone."""
+
+    def __init__(self, ctx: "Ctx") -> None:
+        self.ctx = ctx
+        self.held: str | None = None
+
+    def __call__(self, message: str) -> None:
+        self.release()
+        if not self.ctx.quiet:
+            click.echo(terminal.styled(message), err=True)
+
+    def tree_line(self, message: str) -> None:
+        if not self.ctx.quiet:
+            self.held = message
+
+    def release(self) -> None:
+        """Print the held tree line, if any (before any other output)."""
+        held, self.held = self.held, None
+        if held is not None:
+            click.echo(terminal.styled(held), err=True)
+
+    def drop(self) -> None:
+        """An error ends the command: its line stands alone."""
+        self.held = None
+
+
 class Ctx:
     def __init__(self, quiet: bool, verbose: bool) -> None:
         self.quiet, self.verbose = quiet, verbose
-
-    def say(self, message: str) -> None:
-        if not self.quiet:
-            click.echo(terminal.styled(message), err=True)
+        self.say = Say(self)
+        # apply/revert's ChangeResult once its transaction is committed: what
+        # a Ctrl-C after that point reports (report_interrupt).
+        self.change = None
 
     def result(self, message: str) -> None:
         """A result line (what was applied, reverted): stdout, also with -q."""
+        self.say.release()
         click.echo(terminal.styled(message))
+
+    def echo(self, text: str, nl: bool = True) -> None:
+        """A command's main output (a document, a diff) on stdout, after the tree line."""
+        self.say.release()
+        click.echo(text, nl=nl)
 
     def progress(self, label: str):
         """A progress bar's ``(done, total)`` callback, as a context manager:
@@ -82,19 +118,57 @@ class PatchkitGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
         except click.UsageError as exc:
+            _drop_tree_line(ctx)
             _usage_error(exc)
         except PatchkitError as exc:
+            _drop_tree_line(ctx)
             click.echo(terminal.styled(f"patchkit: error: {exc}"), err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("patchkit: interrupted (nothing was being written)", err=True)
             sys.exit(130)
         except Interrupted as exc:
-            # Raised at the end of a transaction the signal waited for.
-            click.echo(f"patchkit: interrupted by {signal.Signals(exc.signum).name}", err=True)
+            # Raised by patchkit's handlers, or at the end of a transaction the signal waited for.
+            report_interrupt(ctx.obj, exc.signum)
             sys.exit(128 + exc.signum)
+        except SystemExit:
+            _release_tree_line(ctx)
+            raise
+        _release_tree_line(ctx)
+        return result
+
+
+def report_interrupt(obj: object, signum: int) -> None:
+    """Say what a SIGINT or SIGTERM left: an apply or revert whose
+    transaction was committed before it (the signal waited for the commit, or
+    came after) prints its results and that all was done; otherwise nothing
+    was changed (a transaction never ends half-written)."""
+    from patchkit.output import PAST, outcome_lines
+
+    name = signal.Signals(signum).name
+    change = getattr(obj, "change", None)
+    if change is None or change.dry or not (change.outcome.changed or change.outcome.done):
+        click.echo(f"patchkit: interrupted by {name}: nothing changed", err=True)
+        return
+    for line in outcome_lines(change.verb, change.outcome, False):
+        obj.result(line)
+    obj.result(change.counts())
+    done, past = change.outcome.done, PAST[change.verb]
+    what = (f"all {len(done)} patches were {past}" if len(done) > 1 else f"{done[0]} was {past}" if done
+            else "the tree was fully updated")
+    click.echo(f"patchkit: interrupted by {name}: {what} before the interrupt", err=True)
+
+
+def _drop_tree_line(ctx: click.Context) -> None:
+    if isinstance(ctx.obj, Ctx):
+        ctx.obj.say.drop()
+
+
+def _release_tree_line(ctx: click.Context) -> None:
+    if isinstance(ctx.obj, Ctx):
+        ctx.obj.say.release()
 
 
 def _quiet_or_verbose(ctx: click.Context, param: click.Parameter, value: bool) -> None:
@@ -174,10 +248,21 @@ tree_and_patches = click.argument("args", nargs=-1, metavar="[TREE] [PATCH]...",
 tree_only = click.argument("tree", required=False, metavar="[TREE]", type=click.Path())
 
 
+GIT_LAYOUT = ("Diffs name files as an sglang git checkout has them (a/python/sglang/srt/...), whatever the "
+              "tree's layout, so that `git apply` takes them at a checkout's root (in a package folder: "
+              "`git apply -p3`).")
+
+
 def dry_run_option(doing: str):
     """--dry-run, worded as --check is: what it writes, then what it prints."""
     return click.option("--dry-run", is_flag=True,
-                        help=f"Write nothing; print the unified diff of what {doing} would change in the tree.")
+                        help=f"Write nothing; print what {doing} would change in the tree: a line per patch, "
+                             "a diffstat and the counts (--diff: the unified diff instead of the diffstat).")
+
+
+def diff_option(what: str):
+    return click.option("--diff", "show_diff", is_flag=True,
+                        help=f"Also print the unified diff of what {what}. {GIT_LAYOUT}")
 
 
 def format_option(schema: str):

@@ -12,8 +12,9 @@ from typing import Optional
 import click
 
 from patchkit import __version__, api, output, registry, settings, terminal
-from patchkit.arguments import (COMPLETION, QUIET_HELP, TREE_EPILOG, VERBOSE_HELP, Ctx, PatchkitGroup,
-                                _complete_patches, dry_run_option, format_option, tree_and_patches, tree_only)
+from patchkit.arguments import (COMPLETION, GIT_LAYOUT, QUIET_HELP, TREE_EPILOG, VERBOSE_HELP, Ctx, PatchkitGroup,
+                                _complete_patches, diff_option, dry_run_option, format_option, tree_and_patches,
+                                tree_only)
 from patchkit.errors import EXIT_CHANGES, EXIT_OK, Interrupted
 
 @click.group(cls=PatchkitGroup, epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
@@ -75,10 +76,10 @@ def status(obj: Ctx, args, fmt: str) -> None:
     result = api.status(given, ids, obj.say, announce=fmt != "text")
     tree = result.where.tree
     if fmt == "json":
-        click.echo(output.status_json(tree, result.reports, result.where.given, ok=result.ok,
-                                      runtime=result.runtime, notes=result.notes))
+        obj.echo(output.status_json(tree, result.reports, result.where.given, ok=result.ok,
+                                    runtime=result.runtime, notes=result.notes))
     else:
-        click.echo(output.status_text(tree, result.reports, obj.verbose, result.runtime, result.notes))
+        obj.echo(output.status_text(tree, result.reports, obj.verbose, result.runtime, result.notes, obj.quiet))
 
 
 @main.command(epilog=TREE_EPILOG)
@@ -89,7 +90,7 @@ def status(obj: Ctx, args, fmt: str) -> None:
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 if applying would change the tree, listing the patches and files "
                    "(as black --check; add --diff for the diff).")
-@click.option("--diff", "show_diff", is_flag=True, help="Also print the unified diff of what is applied.")
+@diff_option("is applied (with --dry-run, --check: would be)")
 @click.option("--runtime", type=click.Choice(["vendored", "package"]), default=None,
               help="Where patched code finds its runtime: vendored (default on a new tree) writes it into the "
                    "tree as sglang/srt/_patchkit/, so the tree runs without patchkit; package forwards to the "
@@ -102,9 +103,10 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
     Also brings the tree's runtime folder up to date (a stale runtime is rewritten)."""
     given, ids = args
     with obj.progress("apply: transforming") as progress:
-        result = api.apply(given, ids, skip, dry_run=dry_run or check, runtime=runtime, say=obj.say, progress=progress)
+        result = _changing(obj, api.apply, given, ids, skip, dry_run=dry_run or check, runtime=runtime,
+                           say=obj.say, progress=progress)
     try:
-        _finish(obj, result, fmt, show_diff or dry_run, check)
+        _finish(obj, result, fmt, show_diff, check)
     finally:  # the last line: unguarded reads of the mirror in the vendor's own code (patchkit audit)
         if result.vendor_line:
             obj.say(result.vendor_line)
@@ -115,14 +117,15 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
 @click.option("--cascade", is_flag=True, help="Also revert applied patches that require the named ones.")
 @click.option("--force", is_flag=True, help="Discard edits made after apply that conflict with the revert.")
 @dry_run_option("reverting")
+@diff_option("is reverted (with --dry-run: would be)")
 @format_option("revert")
 @click.pass_obj
-def revert(obj: Ctx, args, cascade: bool, force: bool, dry_run: bool, fmt: str) -> None:
+def revert(obj: Ctx, args, cascade: bool, force: bool, dry_run: bool, show_diff: bool, fmt: str) -> None:
     """Revert patches patchkit applied (all by default), byte for byte. Edits
     made after apply are kept by a 3-way merge, or the revert stops."""
     given, ids = args
-    result = api.revert(given, ids, cascade=cascade, force=force, dry_run=dry_run, say=obj.say)
-    _finish(obj, result, fmt, dry_run, False)
+    result = _changing(obj, api.revert, given, ids, cascade=cascade, force=force, dry_run=dry_run, say=obj.say)
+    _finish(obj, result, fmt, show_diff, False)
 
 
 @main.command(verbose=True, epilog=TREE_EPILOG)
@@ -136,11 +139,11 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     require) on TREE: each must be applied or native upstream (or superseded
     upstream). Exit 1 otherwise. The first line names the tree."""
     given, ids = args
-    result = api.verify(given, ids, obj.say, announce=fmt != "text", audit=fmt == "text")
+    result = api.verify(given, ids, obj.say, announce=fmt != "text", audit=fmt in ("text", "json"))
     tree = result.where.tree
-    click.echo(output.render(fmt, tree, result.reports, result.where.given, obj.verbose,
-                             result.runtime, result.notes, pending=result.pending is not None,
-                             audit_problems=result.audit_problems))
+    obj.echo(output.render(fmt, tree, result.reports, result.where.given, obj.verbose,
+                           result.runtime, result.notes, pending=result.pending is not None,
+                           audit_problems=result.audit_problems, quiet=obj.quiet))
     sys.exit(EXIT_OK if result.ok else EXIT_CHANGES)
 
 
@@ -163,7 +166,7 @@ def audit(obj: Ctx, tree: Optional[str], fmt: str, strict: bool) -> None:
     def paths(rel: str) -> str:
         return found.shown_path(rel, report.where.given)
 
-    click.echo(to_json(result, output.tree_dict(found), paths) if fmt == "json" else to_text(result, paths, obj.verbose))
+    obj.echo(to_json(result, output.tree_dict(found), paths) if fmt == "json" else to_text(result, paths, obj.verbose))
     sys.exit(EXIT_CHANGES if strict and not result.ok else EXIT_OK)
 
 
@@ -175,15 +178,18 @@ def audit(obj: Ctx, tree: Optional[str], fmt: str, strict: bool) -> None:
 def diff(obj: Ctx, args, stat: bool, name_only: bool) -> None:
     """Print the unified diff between the original files and TREE now: every
     file patchkit changed or added or, given PATCHes, the files those patches
-    change (a file several patches change shows all of their changes)."""
+    change (a file several patches change shows all of their changes). Paths
+    are a/python/sglang/srt/..., as in an sglang git checkout, whatever the
+    tree's layout: `git apply` takes the diff at a checkout's root (in a
+    package folder: `git apply -p3`)."""
     if stat and name_only:
         raise click.UsageError("give at most one of --stat and --name-only")
     given, ids = args
     diffs = api.diff(given, ids, obj.say).diffs
     if stat:
-        click.echo(output.diff_stat(diffs), nl=False)
+        obj.echo(output.diff_stat(diffs), nl=False)
     else:
-        click.echo("".join(f"{d.path}\n" if name_only else d.text for d in diffs), nl=False)
+        obj.echo("".join(f"{d.path}\n" if name_only else d.text for d in diffs), nl=False)
 
 
 @main.command(epilog=TREE_EPILOG)
@@ -191,7 +197,7 @@ def diff(obj: Ctx, args, stat: bool, name_only: bool) -> None:
 @tree_only
 @click.option("--diff", "show_diff", is_flag=True,
               help="Also print, as a unified diff, what applying PATCH (and what it requires) changes on TREE; "
-                   "where patchkit applied it already, what it changed.")
+                   "where patchkit applied it already, what it changed. " + GIT_LAYOUT)
 @format_option("show")
 @click.pass_obj
 def show(obj: Ctx, patch: str, tree: Optional[str], show_diff: bool, fmt: str) -> None:
@@ -202,12 +208,12 @@ def show(obj: Ctx, patch: str, tree: Optional[str], show_diff: bool, fmt: str) -
         raise click.UsageError("a TREE is read only with --diff")
     result = api.show(patch, tree, show_diff, obj.say)
     if fmt == "json":
-        click.echo(output.show_json(result.patch, result.codemods, result.runtime, result.diff))
+        obj.echo(output.show_json(result.patch, result.codemods, result.runtime, result.diff))
         return
-    click.echo(output.show_text(result.patch, result.codemods, result.runtime))
+    obj.echo(output.show_text(result.patch, result.codemods, result.runtime))
     if result.diff:
-        click.echo("")
-        click.echo(result.diff, nl=False)
+        obj.echo("")
+        obj.echo(result.diff, nl=False)
 
 
 @main.command(epilog=TREE_EPILOG)
@@ -234,16 +240,16 @@ def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, a
         result = api.export(tree, author, obj.say, progress)
     series = result.series
     if to_stdout:
-        click.echo(series.mbox(), nl=False)
+        obj.echo(series.mbox(), nl=False)
         return
     written = write_series(series, Path(out)) if series.patches else []
     if fmt == "json":
-        click.echo(output.export_json(result.where.tree, out, series, written))
+        obj.echo(output.export_json(result.where.tree, out, series, written))
         return
     if not series.patches:
         obj.say("nothing to export: patchkit applied no patch to this tree")
     for written_path in written:
-        click.echo(str(written_path))
+        obj.echo(str(written_path))
 
 
 @main.command()
@@ -283,34 +289,50 @@ def fetch(version: str) -> None:
     click.echo(fetch_tree(version))
 
 
+def _changing(obj: Ctx, command, *args, **kwargs) -> "api.ChangeResult":
+    """Run api.apply or api.revert, keeping its result where an interrupt
+    finds it: once the transaction is committed, a Ctrl-C reports what was done."""
+    try:
+        obj.change = command(*args, **kwargs)
+    except Interrupted as exc:
+        obj.change = getattr(exc, "change", None)
+        raise
+    return obj.change
+
+
 def _finish(obj: Ctx, result: "api.ChangeResult", fmt: str, show_diff: bool, check: bool) -> None:
+    """apply's and revert's output. --check and --dry-run word their lines
+    alike (``would apply: PATCH``, ``would add: PATH``); --check's go to
+    stderr (as black --check's verdict), the others to stdout. A dry run
+    prints a diffstat, and the diff only with --diff."""
+    from patchkit.api.views import outcome_diffs
+
     outcome, tree = result.outcome, result.where.tree
     for message in outcome.messages:
         obj.say(message)
     if fmt == "json":
-        click.echo(output.outcome_json(result.verb, tree, outcome, result.where.given, result.dry))
-    elif check:
-        # black --check style: the diff (if asked) on stdout, the verdict on stderr.
-        if show_diff:
-            click.echo(outcome.diff(tree), nl=False)
-        for pid in outcome.done:
-            obj.say(f"would apply: {pid}")
-        for rel in sorted(outcome.changed):
-            obj.say(f"would change: {tree.shown_path(rel, result.where.given)}")
-        for pid, why in outcome.skipped:
-            obj.say(f"cannot apply: {pid}: {why}")
-        if outcome.changed:
-            obj.say(f"{len(outcome.done)} patch(es) would be applied, {result.counts()}")
-        elif not outcome.skipped:
-            obj.say("nothing to apply: every patch is applied, native or not applicable")
+        obj.echo(output.outcome_json(result.verb, tree, outcome, result.where.given, result.dry))
     else:
         if show_diff:
-            click.echo(outcome.diff(tree), nl=False)
-        past = "applied" if result.verb == "apply" else "reverted"
-        for pid in outcome.done:
-            obj.result(f"{'would be ' if result.dry else ''}{past}: {pid}")
-        for pid, why in outcome.skipped:
-            obj.result(f"not {past}: {pid}: {why}")
-        obj.result(result.counts())
+            obj.echo(outcome.diff(tree), nl=False)
+        print_line = obj.say if check else obj.result
+        for line in output.outcome_lines(result.verb, outcome, result.dry):
+            print_line(line)
+        if check:
+            for rel, (old, new) in sorted(outcome.changed.items(), key=lambda item: (item[1][0] is None, item[0])):
+                verb = "would add" if old is None else "would remove" if new is None else "would change"
+                obj.say(f"{verb}: {tree.shown_path(rel, result.where.given)}")
+        elif result.dry and not show_diff:
+            stat = output.diff_stat(outcome_diffs(tree, outcome))
+            if stat:
+                obj.echo(stat, nl=False)
+        if not result.dry:
+            obj.result(result.counts())
+        elif outcome.changed:
+            print_line(f"{len(outcome.done)} patch(es) would be {output.PAST[result.verb]}, {result.counts()}")
+        elif not outcome.skipped:
+            print_line(f"nothing to {result.verb}: "
+                       + ("every patch is applied, native or not applicable" if result.verb == "apply"
+                          else "patchkit applied nothing to revert here"))
     if outcome.skipped or (check and outcome.changed):
         sys.exit(EXIT_CHANGES)

@@ -213,7 +213,9 @@ class Session:
         if State.MISSING in states:
             first = report.missing[0]
             report.state = NOT_APPLICABLE
-            report.reason = f"{first.file}: {first.finding.anchor}: {first.finding.detail}"
+            # A missing file's anchor is its path: named once.
+            anchor = "" if first.finding.anchor == first.file else f"{first.finding.anchor}: "
+            report.reason = f"{first.file}: {anchor}{first.finding.detail}"
         elif states <= {State.SUPERSEDED}:
             report.state = NOT_APPLICABLE
             report.reason = "; ".join(sorted({r.finding.detail for r in report.results})) or "no targets in this tree"

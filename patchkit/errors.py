@@ -17,8 +17,9 @@ class Interrupted(BaseException):
     """SIGINT or SIGTERM: raised by patchkit's handlers, or once the
     transaction it waited for is done (``patchkit.state.held_signals``). It
     lives here, in a module that imports nothing, so that ``patchkit.__main__``
-    installs its handlers before any other import."""
+    installs its handlers before any other import. ``waited``: raised once
+    the transaction it waited for was written (the change is complete)."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, waited: bool = False) -> None:
         super().__init__(signum)
-        self.signum = signum
+        self.signum, self.waited = signum, waited

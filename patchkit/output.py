@@ -108,6 +108,18 @@ def diff_stat(diffs) -> str:
     return "\n".join(lines) + "\n"
 
 
+PAST = {"apply": "applied", "revert": "reverted"}
+
+
+def outcome_lines(verb: str, outcome, dry: bool) -> list[str]:
+    """A line per patch apply or revert did (``applied: P``) or, dry, would
+    do (``would apply: P``, as --check and --dry-run both say), then one per
+    patch it left out with why."""
+    done = f"would {verb}" if dry else PAST[verb]
+    not_done = f"cannot {verb}" if dry else f"not {PAST[verb]}"
+    return [f"{done}: {pid}" for pid in outcome.done] + [f"{not_done}: {pid}: {why}" for pid, why in outcome.skipped]
+
+
 def outcome_json(verb: str, tree: Tree, outcome, given: str, dry: bool) -> str:
     """The ``patchkit.apply/1`` / ``patchkit.revert/1`` document (docs/ci.md);
     ``given``: the tree argument as typed (``Tree.shown_path``)."""
@@ -214,9 +226,10 @@ def runtime_line(runtime: Optional[dict]) -> Optional[str]:
 
 
 def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, runtime: Optional[dict] = None,
-                notes: tuple[str, ...] = ()) -> str:
+                notes: tuple[str, ...] = (), quiet: bool = False) -> str:
     """``notes``: lines about the tree as a whole (a pending transaction,
-    leftovers of an earlier base), printed under its first line."""
+    leftovers of an earlier base), printed under its first line. ``quiet``
+    (-q): no per-patch ``note:`` lines, the states and reasons only."""
     lines = [f"sglang {tree.version} at {tree.package} ({tree.layout} layout)"]
     if runtime_line(runtime):
         lines.append(runtime_line(runtime))
@@ -227,11 +240,11 @@ def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, r
         if r.reason:
             line += f"  ({r.reason})"
         lines.append(line)
-        for note in r.notes:
+        for note in () if quiet else r.notes:
             lines.append(f"  {'':<{width}}  note: {note}")
         if verbose:
             for c in r.results:
-                lines.append(f"  {'':<{width}}    {c.finding.state.value:<10} {c.file}: {c.finding.anchor} {c.finding.detail}".rstrip())
+                lines.append(f"  {'':<{width}}    {c.finding.state.value:<10} {c.file}: {_anchored(c, ' ')}".rstrip())
     return "\n".join(lines)
 
 
@@ -243,14 +256,22 @@ def _skipped(report: PatchReport) -> bool:
     return report.ok and report.state == NOT_APPLICABLE
 
 
-def failure_text(report: PatchReport, tree: Tree, given: str) -> str:
+def _anchored(result: CodemodResult, between: str = ": ") -> str:
+    """``anchor: detail``; a missing file's anchor is its path, which the
+    line names already: the detail alone."""
+    if result.finding.anchor == result.file:
+        return result.finding.detail
+    return f"{result.finding.anchor}{between}{result.finding.detail}"
+
+
+def failure_text(report: PatchReport, tree: Tree, given: str, quiet: bool = False) -> str:
     out = []
     for r in failures(report):
         path = tree.shown_path(r.file, given)
         where = f"{path}:{r.finding.line}" if r.finding.line else path
-        out.append(f"{where}: {r.finding.state.value}: {r.finding.anchor}: {r.finding.detail}".rstrip(": "))
+        out.append(f"{where}: {r.finding.state.value}: {_anchored(r)}".rstrip(": "))
     out = list(dict.fromkeys(out))
-    out.extend(f"note: {n}" for n in report.notes)
+    out.extend(f"note: {n}" for n in ([] if quiet else report.notes))
     return "\n".join(out)
 
 
@@ -347,25 +368,28 @@ def status_github(tree: Tree, reports: list[PatchReport], given: str) -> str:
 
 def render(fmt: str, tree: Tree, reports: list[PatchReport], given: str, verbose: bool = False,
            runtime: Optional[dict] = None, notes: tuple[str, ...] = (), pending: bool = False,
-           audit_problems: Optional[int] = None) -> str:
+           audit_problems: Optional[int] = None, quiet: bool = False) -> str:
     """verify's output in one of FORMATS; ``given``: the tree argument as
     typed (paths are shown from it); ``pending``: an interrupted
     transaction (one of the ``notes``) fails the verdict; ``audit_problems``:
-    the audit's count of unguarded or stale reads, named in one text line."""
+    the audit's count of unguarded or stale reads, named in one text line
+    (json: ``audit.problems``)."""
     failed = [r for r in reports if not r.ok]
     if fmt == "json":
-        return status_json(tree, reports, given, ok=not failed and not pending, runtime=runtime, notes=list(notes))
+        extra = {} if audit_problems is None else {"audit": {"problems": audit_problems}}
+        return status_json(tree, reports, given, ok=not failed and not pending, runtime=runtime, notes=list(notes),
+                           **extra)
     if fmt == "junit":
         return status_junit(tree, reports, given)
     if fmt == "github":
         return status_github(tree, reports, given)
-    text = status_text(tree, reports, verbose, runtime, notes)
+    text = status_text(tree, reports, verbose, runtime, notes, quiet)
     # Where a partial or not-applicable patch breaks (an absent one is simply
     # not applied: its status line says all there is to say).
     broken = [r for r in failed if r.state != "absent"]
     if broken:
         text += "\n" + "\n".join(f"  {r.patch.id}: {line}" for r in broken
-                                  for line in failure_text(r, tree, given).splitlines())
+                                  for line in failure_text(r, tree, given, quiet).splitlines())
     if audit_problems is not None:
         text += "\n  " + verify_line(audit_problems)
     if pending:

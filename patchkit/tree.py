@@ -1,7 +1,8 @@
 """Find the sglang package inside whatever folder the user pointed at.
 
 Accepted layouts: a git checkout (``ROOT/python/sglang``), its ``python/``
-folder, the ``sglang/`` package folder itself, or an installed
+folder, the ``sglang/`` package folder itself (or a copy of it under
+another name that keeps its version file), or an installed
 ``site-packages/sglang``, named by that folder or any folder inside it (found
 upward, as git finds ``.git``); with no TREE, the current folder. patchkit
 state always lives next to the package's files (``<package>/.patchkit``), so
@@ -74,8 +75,13 @@ class Tree:
         return self.shown_path(relpath, given)
 
 
-def _is_package(path: Path) -> bool:
-    return path.name == "sglang" and (path / "__init__.py").is_file() and (path / _MARKER).is_file()
+def _is_package(path: Path, named: bool = True) -> bool:
+    """An sglang package folder: ``__init__.py`` and the marker file; named
+    ``sglang``, or (``named`` False: a copy the user renamed) with a version
+    file of its own (``_version.py`` / ``version.py``)."""
+    if not ((path / "__init__.py").is_file() and (path / _MARKER).is_file()):
+        return False
+    return path.name == "sglang" or (not named and _own_version(path) is not None)
 
 
 def _layouts(path: Path):
@@ -86,7 +92,7 @@ def _layouts(path: Path):
 
 def _at(path: Path) -> Tree | None:
     for layout, package in _layouts(path):
-        if _is_package(package):
+        if _is_package(package, named=layout != "package"):
             return Tree(given=path, package=package, layout=layout, version=_read_version(package))
     return None
 
@@ -107,8 +113,9 @@ def find_tree(given: str | Path) -> Tree:
         if found is not None:
             return found
     raise PatchkitError(
-        f"{given}: not an sglang tree, nor inside one (looked for sglang/{_MARKER}, "
-        f"python/sglang/{_MARKER} and {_MARKER} under a folder named sglang, here and in every folder above)"
+        f"{given}: not an sglang tree, nor inside one (looked here and in every folder above for an sglang "
+        f"package, a folder holding __init__.py and {_MARKER} that is named sglang or has its own "
+        f"_version.py, as the folder itself, its sglang/ or its python/sglang/)"
     )
 
 
@@ -132,12 +139,20 @@ def locate(given: str | None) -> tuple[str, Tree, bool]:
     return shown, tree, True
 
 
-def _read_version(package: Path) -> str:
+def _own_version(package: Path) -> str | None:
+    """The version the package's own version file states, if any."""
     for candidate in (package / "_version.py", package / "version.py"):
         if candidate.is_file():
             found = _VERSION_RE.search(candidate.read_text(encoding="utf-8", errors="replace"))
             if found:
                 return found.group(1)
+    return None
+
+
+def _read_version(package: Path) -> str:
+    own = _own_version(package)
+    if own is not None:
+        return own
     pyproject = package.parent / "pyproject.toml"
     if pyproject.is_file():
         found = _PYPROJECT_RE.search(pyproject.read_text(encoding="utf-8", errors="replace"))

@@ -117,3 +117,25 @@ def test_usage_errors_are_one_line_naming_the_argument(cli, args, needle):
 def test_bad_environment_values_say_what_is_allowed(cli, monkeypatch, variable, value, needle):
     monkeypatch.setenv(variable, value)
     assert_one_line_error(cli("list"), f"{variable}={value!r}", needle)
+
+
+def test_an_error_after_the_tree_is_found_prints_no_tree_line(make_tree, cli, monkeypatch):
+    """The tree line ("sglang X at P") waits for the command's first output:
+    an error found after the tree (a bad patch id) is still one line."""
+    tree = make_tree(PRIMARY)
+    monkeypatch.chdir(tree / "srt")  # found upward: the line would be printed
+    assert_one_line_error(cli("apply", "trtllm-mha-overlap-hook", "nope"), "unknown patch 'nope'")
+    assert_one_line_error(cli("revert", "nope"), "nope")
+    found = cli("status", "trtllm-mha-overlap-hook")
+    assert found.exit_code == 0 and found.output.startswith(f"sglang {PRIMARY} at {tree} (package layout)\n")
+
+
+@pytest.mark.trees
+def test_a_missing_file_is_named_once(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    (tree / MHA).unlink()
+    result = cli("status", tree, "trtllm-mha-overlap-hook")
+    line = next(line for line in result.output.splitlines() if "trtllm-mha-overlap-hook " in line)
+    assert f"({MHA}: file not in this tree)" in line and line.count(MHA) == 1, line
+    verify = cli("verify", tree, "trtllm-mha-overlap-hook")
+    assert verify.exit_code == 1 and not any(line.count(MHA) > 1 for line in verify.output.splitlines()), verify.output

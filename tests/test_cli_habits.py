@@ -166,3 +166,34 @@ def test_readme_shows_what_the_demo_and_ci_run():
     test_command = readme.split("Set up and run the tests")[1].split("\n\n")[1].strip()
     assert test_command in (root / ".ci" / "run").read_text()
     assert len(readme.encode()) <= 12_500  # about 12 KB, for users; results live in docs/
+
+
+def test_quiet_prints_no_notes(make_tree, cli):
+    """-q: results and errors only; 0.5.12.post1 lacks optional files, which
+    status and verify note under their patch."""
+    tree = make_tree(PRIMARY)
+    assert "note: " in cli("status", tree).output
+    for args in (("-q", "status", tree), ("status", "-q", tree), ("-q", "verify", tree)):
+        result = cli(*args)
+        assert "note:" not in result.output and f"sglang {PRIMARY} at" in result.output, result.output
+
+
+def test_a_copied_package_under_another_name_is_a_tree(make_tree, cli, monkeypatch):
+    """A copy of the sglang/ folder renamed (it keeps __init__.py, srt/ and
+    its version file) is a tree of the package layout, by path or from inside."""
+    tree = make_tree(PRIMARY)
+    mine = tree.rename(tree.parent / "my-sglang-copy")
+    result = cli("status", mine, HOOK)
+    assert result.exit_code == 0 and lines(result)[0] == f"sglang {PRIMARY} at {mine} (package layout)", result.output
+    monkeypatch.chdir(mine / "srt" / "layers")
+    assert lines(cli("status", HOOK))[0] == f"sglang {PRIMARY} at {mine} (package layout)"
+    (mine / "_version.py").unlink()
+    (mine / "version.py").unlink(missing_ok=True)
+    missing = cli("status", mine)
+    assert missing.exit_code == 2 and "__init__.py" in missing.output and "named sglang" in missing.output
+
+
+def test_help_says_why_diffs_use_the_git_layout(cli):
+    for command in ("apply", "revert", "diff", "show"):
+        text = " ".join(cli(command, "--help").output.split())
+        assert "a/python/sglang/srt/" in text and "`git apply`" in text and "-p3" in text, command

@@ -49,13 +49,15 @@ def test_apply_verify_idempotent_revert_on_primary(make_tree, cli):
     assert state_of(cli, tree, HOOK) == "absent"
 
 
-def test_dry_run_prints_diff_and_writes_nothing(make_tree, cli):
+def test_dry_run_prints_a_diffstat_and_writes_nothing(make_tree, cli):
     tree = make_tree(PRIMARY)
     before = snapshot(tree)
     result = cli("apply", tree, HOOK, "--dry-run")
     assert result.exit_code == 0
-    assert f"+++ b/python/sglang/{MHA}" in result.output
-    assert "+    def update_verify_buffers_to_fill_after_draft(" in result.output
+    assert f" python/sglang/{MHA} |" in result.output and "+++ b/" not in result.output
+    with_diff = cli("apply", tree, HOOK, "--dry-run", "--diff")
+    assert f"+++ b/python/sglang/{MHA}" in with_diff.output
+    assert "+    def update_verify_buffers_to_fill_after_draft(" in with_diff.output
     assert snapshot(tree) == before
     assert not (tree / ".patchkit").exists()
 

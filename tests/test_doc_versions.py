@@ -41,3 +41,26 @@ def test_the_patterns_catch_what_they_are_for():
                                                  "patchkit, version 1.0")] == ["0.2.0", "0.3.1", "1.0"]
     assert not NAMED.search("sglang 0.5.12.post1 and sglang-kernel 0.4.2")
     assert [m.group(1) for m in SINCE.finditer("Before 0.3, ... since 0.5.13")] == ["0.3"]
+
+
+def test_readme_states_the_recorded_test_time():
+    """The README's "runs about N minutes" is the last recorded run's time
+    (docs/results/test-suite.json), within a quarter of it."""
+    import json
+
+    recorded = json.loads((ROOT / "docs" / "results" / "test-suite.json").read_text(encoding="utf-8"))["minutes"]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    stated = re.search(r"Set up and run the tests \(.*?runs about (\d+) minutes\)", readme)
+    assert stated, "README: the test command's paragraph says how long it runs"
+    assert abs(int(stated.group(1)) - recorded) <= recorded / 4, (stated.group(0), recorded)
+
+
+def test_docs_index_links_every_guide():
+    """docs/README.md links every page under docs/ (results aside: their pages link them)."""
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\(([^)#]+)", index))
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")
+             if p.name != "README.md" and "results" not in p.relative_to(ROOT / "docs").parts}
+    assert pages <= linked, sorted(pages - linked)
+    for link in linked:
+        assert (ROOT / "docs" / link).exists(), link

@@ -20,7 +20,7 @@ import pytest
 from gpu_e2e import models, report, syncs
 from gpu_e2e.bundle import repo_root
 
-RECORDED = repo_root() / "docs" / "gpu-e2e"
+RECORDED = repo_root() / "docs" / "results" / "gpu-e2e"
 PFD = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
 
 

@@ -1,7 +1,8 @@
 """One Ctrl-C (SIGINT) or SIGTERM ends a cold ``patchkit apply`` (forked
 worker pool, empty transform cache) at any moment from patchkit's first line
-on: within 2 s, exit 130 / 143, one line on stderr and no traceback, the tree
-as before or fully patched (never half), no journal left, and no process of
+on: within 2 s, exit 130 / 143, one line on stderr that says which (nothing
+changed, or all patches applied) and no traceback, the tree as before or
+fully patched (never half), no journal left, and no process of
 the run left alive. (A signal while the interpreter itself starts, before any
 line of patchkit runs, gets Python's own handling: the delays count from the
 moment patchkit's handlers are in, read from /proc.)
@@ -13,6 +14,7 @@ workers get it too); SIGTERM to patchkit's process alone, as ``kill`` does.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -121,9 +123,11 @@ def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
             assert err == "", where
         else:
             assert proc.returncode == 128 + sig, where
-            assert err == f"patchkit: interrupted by {sig.name}\n", where
         now = snapshot(tree)
         assert now in (pristine, patched), f"{where}: the tree is half-patched"
+        if proc.returncode != 0:  # one line that says which of the two it left
+            said = r"all \d+ patches were applied before the interrupt" if now == patched else "nothing changed"
+            assert re.fullmatch(rf"patchkit: interrupted by {sig.name}: {said}\n", err), where
         assert not (tree / ".patchkit" / "journal.json").exists(), where
         outcomes.append(f"{delay:.1f}s {sig.name[3:]} rc={proc.returncode} "
                         f"{'patched' if now == patched else 'pristine'} {took:.2f}s")
@@ -145,6 +149,33 @@ def test_one_signal_ends_a_parallel_matrix(tmp_path, sig):
     took = time.monotonic() - sent
     time.sleep(0.05)
     assert _session_processes(proc.pid) == []
-    assert proc.returncode == 128 + sig and err == f"patchkit: interrupted by {sig.name}\n", (proc.returncode, err)
+    assert proc.returncode == 128 + sig and err == f"patchkit: interrupted by {sig.name}: nothing changed\n", (proc.returncode, err)
     assert took < EXIT_WITHIN, took
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("patchkit-matrix-")] == []
+
+
+def test_an_interrupt_says_what_it_left(tmp_path, monkeypatch, cli):
+    """A signal during the write waits for the commit: the results are
+    printed and the line says every patch was applied. One before it: the
+    line says nothing changed."""
+    from patchkit.api import applying
+    from patchkit.errors import Interrupted
+    from patchkit.fetch import copy_tree
+
+    hook = "trtllm-mha-overlap-hook"
+    tree = copy_tree(PRIMARY, tmp_path / "late")
+    env = {**os.environ, "PATCHKIT_TEST_SIGNAL_AT": "state::SIGINT"}
+    late = subprocess.run([sys.executable, "-m", "patchkit", "apply", str(tree), hook], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert late.returncode == 130, late.stderr
+    assert late.stdout.splitlines() == [f"applied: {hook}", "1 file(s) changed, 1 added"], late.stdout
+    assert late.stderr.splitlines()[-1] == f"patchkit: interrupted by SIGINT: {hook} was applied before the interrupt"
+
+    def interrupted(*args, **kwargs):
+        raise Interrupted(signal.SIGINT)
+
+    early = copy_tree(PRIMARY, tmp_path / "early")
+    monkeypatch.setattr(applying, "apply_patches", interrupted)
+    result = cli("apply", early, hook)
+    assert result.exit_code == 130 and result.output == "patchkit: interrupted by SIGINT: nothing changed\n", result.output
+    assert snapshot(early) == pristine_snapshot(PRIMARY)

@@ -165,7 +165,7 @@ def test_json_is_status_1_and_status_matches_verify(make_tree, cli):
     status = cli("status", tree, "--format", "json")
     assert verify.exit_code == 1 and status.exit_code == 0
     doc = json.loads(verify.output)
-    assert json.loads(status.output) == doc
+    assert json.loads(status.output) == {k: v for k, v in doc.items() if k != "audit"}  # verify adds the audit
     assert doc["schema"] == "patchkit.status/1" and doc["ok"] is False
     assert set(doc["tree"]) >= {"path", "package", "layout", "version"}
     assert doc["summary"] == {"total": 1, "ok": 0, "failed": 1, "states": {"absent": 1}}
@@ -258,3 +258,46 @@ def test_pre_commit_hooks_run_on_a_fork_checkout(make_tree, cli, monkeypatch):
     for hook in hooks.values():
         argv = shlex.split(hook["entry"]) + hook["args"]
         assert cli(*argv[1:]).exit_code == 0, hook["id"]
+
+
+# --- issue 46: dry run, audit wording, verify's json audit ----------------------
+
+
+@pytestmark_trees
+def test_dry_run_is_worded_as_check_with_a_diffstat(make_tree, cli, monkeypatch, tmp_path):
+    tree = make_tree(PRIMARY)
+    monkeypatch.chdir(tmp_path)
+    dry = cli("apply", "t0/sglang", "--dry-run")
+    check = cli("apply", "t0/sglang", "--check")
+    assert dry.exit_code == 0 and check.exit_code == 1
+    assert f"would apply: {HOOK}" in dry.output.splitlines() and f"would apply: {HOOK}" in check.output.splitlines()
+    assert "would be applied:" not in dry.output + check.output
+    stat = [line for line in dry.output.splitlines() if "|" in line]
+    assert any(line.startswith(f" python/sglang/{MHA} ") for line in stat), dry.output
+    assert "+++ b/" not in dry.output and "files changed" in dry.output
+    summary = "1 patch(es) would be applied, 1 file(s) would change, 1 would be added"
+    assert dry.output.splitlines()[-1] == summary == check.output.splitlines()[-1]
+    # A file to add is listed as added, as the summary counts it.
+    assert "would add: t0/sglang/srt/_patchkit/manifest.json" in check.output.splitlines()
+    assert "would change: t0/sglang/srt/_patchkit" not in check.output
+    assert not (tree / ".patchkit").exists()
+
+
+@pytestmark_trees
+def test_audit_on_an_unpatched_tree_says_what_the_patch_will_do(cli, make_tree):
+    """Triton opts out through needs-cpu-seq-lens itself: before it is
+    applied the audit says so in the future, not as done."""
+    tree = make_tree(PRIMARY)
+    text = cli("audit", tree).output
+    assert "opted out by" not in text
+    assert "TritonAttnBackend opts out once needs-cpu-seq-lens is applied" in text, text
+
+
+@pytestmark_trees
+def test_verify_json_carries_the_audit_count(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    text = cli("verify", tree)
+    doc = json.loads(cli("verify", tree, "--format", "json").stdout)
+    count = doc["audit"]["problems"]
+    assert isinstance(count, int) and f"audit: {count} read(s)" in text.output
+    assert "audit" not in json.loads(cli("status", tree, "--format", "json").stdout)

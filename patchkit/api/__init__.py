@@ -21,7 +21,7 @@ from patchkit import tree as trees
 from patchkit.engine import Session, locked_session
 from patchkit.api.commit import Outcome
 from patchkit.results import PatchReport
-from patchkit.errors import PatchkitError
+from patchkit.errors import Interrupted, PatchkitError
 
 if TYPE_CHECKING:
     from patchkit.audit import AuditResult
@@ -117,10 +117,12 @@ def locate(given: Optional[str], say: Say = _drop, announce: bool = True) -> Loc
     """The tree at (or above) ``given``, default the current folder. Found
     elsewhere than exactly at ``given``, ``say`` gets which tree was taken
     (unless the command's own first line names it: ``announce`` False).
-    Patch sets that a pyproject.toml above the tree names load too."""
+    Patch sets that a pyproject.toml above the tree names load too. A
+    ``say`` with a ``tree_line`` method gets that line there (the CLI holds
+    it back until the command prints something else: an error stays one line)."""
     shown, tree, found = trees.locate(given)
     if found and announce:
-        say(f"sglang {tree.version} at {tree.package} ({tree.layout} layout)")
+        getattr(say, "tree_line", say)(f"sglang {tree.version} at {tree.package} ({tree.layout} layout)")
     registry.use_pyproject(tree.given)
     return Located(tree, shown)
 
@@ -190,16 +192,21 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
 
     where = locate(tree, say)
     selected = registry.select(ids, skip)
-    with locked_session(where.given, say, None if dry_run else "apply") as session:
-        _refuse(session)
-        _refuse_unloaded(session)
-        outcome = apply_patches(session, selected, dry_run=dry_run, runtime=runtime, progress=progress)
-        result = ChangeResult("apply", where, outcome, dry_run)
-        if audit_vendor and not dry_run:  # the tree as written, the count kept with the session's findings
-            from patchkit.audit import vendor_line
+    result = None
+    try:
+        with locked_session(where.given, say, None if dry_run else "apply") as session:
+            _refuse(session)
+            _refuse_unloaded(session)
+            outcome = apply_patches(session, selected, dry_run=dry_run, runtime=runtime, progress=progress)
+            result = ChangeResult("apply", where, outcome, dry_run)
+            if audit_vendor and not dry_run:  # the tree as written, the count kept with the session's findings
+                from patchkit.audit import vendor_line
 
-            count = session.vendor_problems(t.file for p in registry.all_patches() for t in p.targets)
-            result.vendor_line = vendor_line(count)
+                count = session.vendor_problems(t.file for p in registry.all_patches() for t in p.targets)
+                result.vendor_line = vendor_line(count)
+    except Interrupted as exc:
+        _keep_committed(exc, result, "apply", where, dry_run)
+        raise
     return result
 
 
@@ -210,11 +217,28 @@ def revert(tree: Optional[str] = None, ids: Iterable[str] = (), cascade: bool = 
     from patchkit.api.reverting import revert_patches
 
     where = locate(tree, say)
-    with locked_session(where.given, say, None if dry_run else "revert") as session:
-        _refuse(session)
-        _refuse_unloaded(session)
-        outcome = revert_patches(session, list(ids), cascade=cascade, force=force, dry_run=dry_run)
-    return ChangeResult("revert", where, outcome, dry_run)
+    result = None
+    try:
+        with locked_session(where.given, say, None if dry_run else "revert") as session:
+            _refuse(session)
+            _refuse_unloaded(session)
+            outcome = revert_patches(session, list(ids), cascade=cascade, force=force, dry_run=dry_run)
+            result = ChangeResult("revert", where, outcome, dry_run)
+    except Interrupted as exc:
+        _keep_committed(exc, result, "revert", where, dry_run)
+        raise
+    return result
+
+
+def _keep_committed(exc: Interrupted, result: Optional[ChangeResult], verb: str, where: Located,
+                    dry_run: bool) -> None:
+    """A signal ended apply or revert: ``exc.change`` is what it wrote, when
+    its transaction was committed (it returned, or the signal waited for the
+    write's end), else None (nothing was written)."""
+    outcome = getattr(exc, "outcome", None)
+    if result is None and outcome is not None:
+        result = ChangeResult(verb, where, outcome, dry_run)
+    exc.change = None if result is None or dry_run else result
 
 
 def diff(tree: Optional[str] = None, ids: Iterable[str] = (), say: Say = _drop) -> DiffResult:

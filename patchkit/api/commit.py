@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from patchkit.state import vendoring
-from patchkit.errors import PatchkitError
+from patchkit.errors import Interrupted, PatchkitError
 from patchkit.results import PatchReport, unified_diff
 from patchkit.state.record import FileRecord
 from patchkit.tree import Tree, check_writable, sha256
@@ -61,7 +61,12 @@ def commit(session: "Session", verb: str, outcome: Outcome, record: "Record", ru
     if dry_run or not (outcome.changed or record.applied != session.record.applied):
         return
     session.store.put_blobs([*outcome.blobs.values(), *session.recovered.values()])
-    session.store.commit(verb, session.tree.package, outcome.changed, session.record, record)
+    try:
+        session.store.commit(verb, session.tree.package, outcome.changed, session.record, record)
+    except Interrupted as exc:
+        if exc.waited:  # the signal came during the write and waited for its end: all is written
+            exc.outcome = outcome
+        raise
 
 
 def sync_runtime(snapshot: "Snapshot", record: "Record", patches: list["Patch"], outcome: Outcome,

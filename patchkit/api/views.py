@@ -79,3 +79,14 @@ def codemods(patch: Patch) -> list[CodemodView]:
 def runtime_modules(patch: Patch) -> list[str]:
     """Where patched code imports the patch's runtime from."""
     return [import_path(module.name) for module in patch.runtime]
+
+
+def outcome_diffs(tree, outcome) -> list[FileDiff]:
+    """What an apply or revert changed (or, dry, would change), per file, as
+    ``file_diffs`` gives it: changed files first, then added ones."""
+    out = []
+    for rel, (old, new) in sorted(outcome.changed.items(), key=lambda item: (item[1][0] is None, item[0])):
+        text = unified_diff(tree, rel, old, new)
+        status = "added" if old is None else "removed" if new is None else "modified"
+        out.append(FileDiff(rel, tree.repo_path(rel), text, *_count(text), status))
+    return out

@@ -31,6 +31,7 @@ ROOT = "AttentionBackend"
 # audit answers "once it is applied", so these count as opted out on a
 # pristine tree too (every other backend: only once its class says so).
 OPTED_OUT_BY_PATCH = frozenset({"TritonAttnBackend", "TritonMultiStepDraftBackend"})
+BY_PATCH = " (by the patch)"  # ends the ``where`` of a flag that only the patch declares
 SKIP = ("srt/_patchkit/",)  # patchkit's vendored runtime
 
 
@@ -175,9 +176,11 @@ class ClassIndex:
         if key in seen:
             return False, None, None
         backend, flag, where = name == ROOT, None, None
-        if name in OPTED_OUT_BY_PATCH:
-            flag, where = "False", f"{name} (opted out by {PATCH})"
-        for other, facts in self._lookup(rel, name):
+        found = self._lookup(rel, name)
+        if name in OPTED_OUT_BY_PATCH and not any(facts.flag is not None for _, facts in found[:1]):
+            # Not declared in the tree (yet): the patch declares it; said as such (opts_out).
+            flag, where = "False", name + BY_PATCH
+        for other, facts in found:
             if flag is None and facts.flag is not None:
                 flag, where = facts.flag, name
             for base in facts.bases:
@@ -212,6 +215,9 @@ class ClassIndex:
     def opts_out(self, rel: str, name: str) -> Optional[str]:
         """Why ``name`` runs where the mirror may be dropped, None when it keeps it."""
         _, flag, where = self.resolve(rel, name)
+        if flag == "False" and where.endswith(BY_PATCH):
+            return (f"{name} opts out once {PATCH} is applied (it sets needs_cpu_seq_lens = False "
+                    f"in {where[:-len(BY_PATCH)]})")
         if flag == "False":
             return f"{name} opts out (needs_cpu_seq_lens = False in {where})"
         if flag == "dynamic":

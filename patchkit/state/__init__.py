@@ -337,7 +337,7 @@ def held_signals() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:
-        raise Interrupted(received[0])
+        raise Interrupted(received[0], waited=True)
 
 
 def _write_or_remove(root: Path, rel: str, data: Optional[bytes], sync_folder: bool = True) -> None:

@@ -1,6 +1,6 @@
 """Tables of 2026-11-25's H100 runs from the orchestrator's results.json files.
 
-    python docs/research/gpu-2026-11-25/summarize.py   # from the repository root
+    python docs/results/gpu-2026-11-25/summarize.py   # from the repository root
 
 FA3 beside Triton (both patched): rounds 1-2 (fa3-vs-triton, one orchestrator,
 --rounds 2), round 3 (fa3-vs-triton-r3, Triton started first) and round 4
