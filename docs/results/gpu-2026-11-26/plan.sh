@@ -5,7 +5,7 @@
 # What was in force is read back per engine: settings.md of each step.
 #
 # Started once, in the background, by the first device call (see calls.md beside this):
-#   mkdir -p /tmp/pkrun && cp docs/research/gpu-2026-11-26/plan.sh /tmp/pkplan.sh &&
+#   mkdir -p /tmp/pkrun && cp docs/results/gpu-2026-11-26/plan.sh /tmp/pkplan.sh &&
 #   setsid nohup bash /tmp/pkplan.sh > /tmp/pkrun/plan.log 2>&1 < /dev/null &
 # Later calls bring what later steps wait for (/tmp/pk_fa3/fa3.json, /tmp/b10/manifest.json)
 # and tar /tmp/pkrun into $OUT. Steps run in priority order; a step whose inputs are not
