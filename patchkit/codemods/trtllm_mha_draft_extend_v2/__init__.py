@@ -14,7 +14,8 @@ Four structural changes, one codemod each (plus one for the test kit):
   and keeps V1's variable-length cumsum path unchanged, in the ``else``.
 * ``speculative/eagle_draft_extend_cuda_graph_runner.py``: replay copies the
   top-k slices into the unpadded output only for modes other than
-  DRAFT_EXTEND_V2 (the V2 worker recomputes top-k on the rows it selects).
+  DRAFT_EXTEND_V2 (the V2 worker recomputes top-k on the rows it selects);
+  ``common.draft_extend_topk``, shared with draft-extend-graph-no-topk.
 * ``test/kits/attention_unittest/runner_modes/speculative_draft_extend_runner.py``
   (only where a tree ships it): ``_assert_draft_extend_v2_outputs_close``
   compares logits and hidden states only, and the V2 runner cases use it.
