@@ -23,7 +23,9 @@ stay those of the patch.
   check, found in whichever method assigns it (TRT-LLM MHA, FA3).
 
 The verify tree mask the FA3, FlashMLA and TRT-LLM MLA codemods share lives
-on the same floor, in ``tree_mask``.
+on the same floor, in ``tree_mask``; the draft-extend graph runner's top-k
+guards (trtllm-mha-draft-extend-v2, draft-extend-graph-no-topk) in
+``draft_extend_topk``.
 """
 
 from __future__ import annotations

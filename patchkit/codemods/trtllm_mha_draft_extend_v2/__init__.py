@@ -14,7 +14,8 @@ Four structural changes, one codemod each (plus one for the test kit):
   and keeps V1's variable-length cumsum path unchanged, in the ``else``.
 * ``speculative/eagle_draft_extend_cuda_graph_runner.py``: replay copies the
   top-k slices into the unpadded output only for modes other than
-  DRAFT_EXTEND_V2 (the V2 worker recomputes top-k on the rows it selects).
+  DRAFT_EXTEND_V2 (the V2 worker recomputes top-k on the rows it selects);
+  ``common.draft_extend_topk``, shared with draft-extend-graph-no-topk.
 * ``test/kits/attention_unittest/runner_modes/speculative_draft_extend_runner.py``
   (only where a tree ships it): ``_assert_draft_extend_v2_outputs_close``
   compares logits and hidden states only, and the V2 runner cases use it.
@@ -33,6 +34,7 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod, PatchCodemod
+from patchkit.codemods.common.draft_extend_topk import ReplaySkipsTopkForV2
 from patchkit.codemods.common.shared import GRAPH_CHECK, DraftExtendGraphCheck, code_of, graph_check
 from patchkit.codemods.trtllm_mha_draft_extend_v2.branches import (
     HELPER,
@@ -236,85 +238,11 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
 
 # --- eagle_draft_extend_cuda_graph_runner.py: no top-k for V2 -------------------------
 
-TOPK_FIELDS = ("topk_p", "topk_index")
-_TOPK_ASSIGN = m.SimpleStatementLine(
-    body=[m.Assign(targets=[m.AssignTarget(target=m.Attribute(attr=m.Name(TOPK_FIELDS[0]) | m.Name(TOPK_FIELDS[1])))])]
-)
-_V2_TEST = m.If(
-    test=m.MatchIfTrue(
-        lambda t: primitives.contains(t, m.Name("DRAFT_EXTEND_V2") | m.Attribute(attr=m.Name("DRAFT_EXTEND_V2")))
-        or primitives.contains(t, m.Attribute(attr=m.Name("is_draft_extend_v2")))
-    )
-)
-V2_GUARD = "self.forward_mode != ForwardMode.DRAFT_EXTEND_V2"
-
-
-def _is_negative(test: cst.BaseExpression) -> bool:
-    """``x != ...DRAFT_EXTEND_V2`` or ``not x.is_draft_extend_v2()``."""
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return True
-    return isinstance(test, cst.Comparison) and any(isinstance(c.operator, cst.NotEqual) for c in test.comparisons)
-
-
-def _unguarded_topk(fn: cst.FunctionDef) -> int:
-    """Top-k copies into the output not confined to non-V2 modes (inside
-    ``if mode != V2:``, or the ``else`` of ``if mode == V2:``)."""
-    total = len(primitives.find_all(fn, _TOPK_ASSIGN))
-    guarded = 0
-    for g in primitives.find_all(fn, _V2_TEST):
-        if _is_negative(g.test):
-            guarded += len(primitives.find_all(g.body, _TOPK_ASSIGN))
-        elif g.orelse is not None:
-            guarded += len(primitives.find_all(g.orelse, _TOPK_ASSIGN))
-    return total - guarded
-
-
-class RunnerReplaySkipsTopkForV2(MethodCodemod):
+class RunnerReplaySkipsTopkForV2(ReplaySkipsTopkForV2):
     DESCRIPTION = (
         "EAGLEDraftExtendCudaGraphRunner.replay: for DRAFT_EXTEND_V2 the unpadded output carries logits and "
         "hidden states only; top-k slices are copied for the other modes"
     )
-    CLASS = "EAGLEDraftExtendCudaGraphRunner"
-    METHOD = "replay"
-    RENAMED = ("execute",)  # 0.5.17
-
-    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
-        anchor = self.anchor_of(fn)
-        if _unguarded_topk(fn) == 0:
-            return Finding.done(anchor)
-        if self._topk_block(fn) is None:
-            first = primitives.find_all(fn, _TOPK_ASSIGN)[0]
-            return self.missing_in(
-                fn, "the top-k copies into the output are not one run of statements in one block",
-                "them as one run, to guard it for non-V2 modes", first,
-            )
-        return Finding.todo(anchor, "copies top-k slices into the DRAFT_EXTEND_V2 output")
-
-    @staticmethod
-    def _topk_block(fn: cst.FunctionDef) -> Optional[cst.IndentedBlock]:
-        """The block holding the top-k copies as one uninterrupted run of its
-        statements: the body of ``if unpadding_bs is not None:`` in these
-        trees, the method body or another block in a fork's."""
-        # Blocks a V2 test already confines to other modes are not candidates.
-        confined = {id(b) for g in primitives.find_all(fn, _V2_TEST) for b in (g.body, getattr(g.orelse, "body", None))}
-        return next((b for b in primitives.find_all(fn, m.IndentedBlock()) if id(b) not in confined and _topk_run(b)), None)
-
-    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        block = self._topk_block(fn)
-        first, last = _topk_run(block)
-        self.require_import("sglang.srt.model_executor.forward_batch_info", "ForwardMode")
-        return primitives.replace_block_statements(
-            fn, block, first, last + 1, lambda run: primitives.guard_statements(run, V2_GUARD)
-        )
-
-
-def _topk_run(block: cst.IndentedBlock) -> Optional[tuple[int, int]]:
-    """[first, last] indices of the top-k copies in ``block``'s body, when they
-    are one run (else moving them under one guard would move code between)."""
-    hits = [i for i, s in enumerate(block.body) if m.matches(s, _TOPK_ASSIGN)]
-    if hits and hits == list(range(hits[0], hits[-1] + 1)):
-        return hits[0], hits[-1]
-    return None
 
 
 # --- the attention test kit ------------------------------------------------------------
