@@ -27,11 +27,16 @@
 #   s10-fa3      ~5   0.5.10 small, default backend, pristine vs patched
 #   b12-triton   ~7   0.5.12.post1 8b, Triton
 #   s10-triton   ~5   0.5.10 small, Triton
+# Second machine (run after the first: its pairs were single rounds):
+#   s12-triton-rounds  0.5.12.post1 small, Triton, ROUNDS_SMALL ABBA rounds
+#   s12-notopk-rounds  every patch but draft-extend-graph-no-topk vs every patch, ROUNDS_SMALL rounds
+#   s11-fa3, s11-triton  0.5.11 small (piecewise CUDA graph on by default there too)
 # Default (ROUNDS_SMALL=3): ~49 min. One machine goes back after 30 min held: on the first,
 # STEPS="s12-triton s12-fa3 b12-fa3" (~27 min); on a second, the rest (~22 min).
 R=${R:-/tmp/pkrun}
 B12=${B12:-/tmp/b12}
 B10=${B10:-/tmp/b10}
+B11=${B11:-/tmp/b11}
 FA3=${FA3:-/tmp/pk_fa3/flash_ops.abi3.so}
 ROUNDS_SMALL=${ROUNDS_SMALL:-3}
 WAIT_S=${WAIT_S:-60}
@@ -71,6 +76,16 @@ step() {  # name: run it when its inputs are there (return 2: not yet)
     s12-notopk) ready "$B12" fa3 || return 2
       orchestrate "$1" "$B12" 700 --releases 0.5.12.post1 --sizes small "${fa3[@]}" --run-timeout 330 \
         --variants "minus-$NOTOPK,patched" --compare "minus-$NOTOPK,patched" ;;
+    s12-triton-rounds) ready "$B12" || return 2
+      orchestrate "$1" "$B12" $((ROUNDS_SMALL * 500)) --releases 0.5.12.post1 --sizes small --attention-backend triton \
+        --rounds "$ROUNDS_SMALL" --run-timeout 330 ;;
+    s12-notopk-rounds) ready "$B12" fa3 || return 2
+      orchestrate "$1" "$B12" $((ROUNDS_SMALL * 500)) --releases 0.5.12.post1 --sizes small "${fa3[@]}" --run-timeout 330 \
+        --variants "minus-$NOTOPK,patched" --compare "minus-$NOTOPK,patched" --rounds "$ROUNDS_SMALL" ;;
+    s11-fa3) ready "$B11" fa3 || return 2
+      orchestrate "$1" "$B11" 700 --releases 0.5.11 --sizes small "${fa3[@]}" --run-timeout 330 ;;
+    s11-triton) ready "$B11" || return 2
+      orchestrate "$1" "$B11" 700 --releases 0.5.11 --sizes small --attention-backend triton --run-timeout 330 ;;
     s10-fa3) ready "$B10" fa3 || return 2
       orchestrate "$1" "$B10" 700 --releases 0.5.10 --sizes small "${fa3[@]}" --run-timeout 330 ;;
     b12-triton) ready "$B12" || return 2
