@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 #: Releases this bundle knows how to run, patched against pristine.
-RELEASES = ("0.5.12.post1", "0.5.10")
+RELEASES = ("0.5.12.post1", "0.5.11", "0.5.10")
 #: Releases carried as they are: the upstream reference of what sync-free means
 #: (issue 23 compares a patched 0.5.12.post1's sync table with 0.5.13's).
 REFERENCE_RELEASES = ("0.5.13",)
@@ -114,6 +114,11 @@ RELEASE_PINS = {
         "transformers": "5.6.0",
         "tokenizers": "0.22.2",  # transformers 5.6.0 refuses the image's 0.23.2
         "flashinfer-python": "0.6.11.post1",
+    },
+    "0.5.11": {
+        "transformers": "5.6.0",
+        "tokenizers": "0.22.2",
+        "flashinfer-python": "0.6.8.post1",
     },
     "0.5.10": {
         "transformers": "5.3.0",
