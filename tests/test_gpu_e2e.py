@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_e2e import models, report, syncs
+from gpu_e2e import engine_facts, models, report, syncs
 from gpu_e2e.bundle import repo_root
 
 RECORDED = repo_root() / "docs" / "results" / "gpu-e2e"
@@ -232,16 +232,40 @@ def test_first_mismatch():
 def test_recorded_gpu_runs_reproduce_their_table(run):
     """The committed GPU results: recomputing the comparison gives the committed table."""
     data = json.loads((RECORDED / run / "results.json").read_text())
-    rows = []
+    # The pair compared: pristine -> patched, or a run's own --compare (every patch but one -> every patch).
+    before, after = (data["args"].get("compare") or "pristine,patched").split(",")
+    rows, mirror_kept = [], False
     for key, res in sorted(data["runs"].items()):
-        if key.endswith("/pristine") and key[: -len("pristine")] + "patched" in data["runs"]:  # a cut-off call
-            release = key.split("/")[0]
-            rows.extend(report.compare(release, res, data["runs"][key[: -len("pristine")] + "patched"]))
-    mirror_kept = data["args"].get("attention_backend", "triton") not in report.SYNC_FREE_BACKENDS
-    assert rows and report.verdict(rows, mirror_kept=mirror_kept) == []
+        if key.endswith(f"/{before}") and key[: -len(before)] + after in data["runs"]:  # a cut-off call
+            release, patched = key.split("/")[0], data["runs"][key[: -len(before)] + after]
+            rows.extend(report.compare(release, res, patched))
+            # "default": the backend sglang chose, as the patched engine read it back
+            used = engine_facts.backend_in_force(patched, data["args"].get("attention_backend", "triton"))
+            mirror_kept = used not in report.SYNC_FREE_BACKENDS
+    assert rows
+    if data["args"].get("compare"):  # two patched trees: the same outputs, no sync either side
+        assert all(r["identical"] for r in rows)
+    else:
+        assert report.verdict(rows, mirror_kept=mirror_kept) == []
     assert report.markdown(rows) == (RECORDED / run / "table.md").read_text()
     if (RECORDED / run / "speed.md").exists():
         assert report.speed_markdown(rows) == (RECORDED / run / "speed.md").read_text()
+
+
+def test_docs_gpu_names_the_patched_trees_of_the_default_settings_runs():
+    """docs/gpu.md's digest of each release's patched files is the one the
+    runs' results.json record (issue 40's runs, 2026-11-26)."""
+    import hashlib
+
+    text = (repo_root() / "docs" / "gpu.md").read_text()
+    runs = sorted(RECORDED.glob("*-default-settings-2026-11-26/results.json"))
+    assert runs
+    for path in runs:
+        data = json.loads(path.read_text())
+        assert data["device"].startswith("NVIDIA H100") and data["patchkit_commit"][:7] in text
+        for release, tree in data["trees"].items():
+            lines = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(tree["patched_files_sha256"].items()))
+            assert f"| {release} | {hashlib.sha256(lines.encode()).hexdigest()[:16]} |" in text, (path.parent.name, release)
 
 
 # ---------------------------------------------------------------- models / trees
