@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--mem-fraction-static", type=float, default=0.25)
     ap.add_argument("--no-cuda-graph", action="store_true")
+    ap.add_argument("--piecewise", choices=("default", "on", "off"), default="default",
+                    help="piecewise CUDA graph as the release defaults it (default); the probe recorded in "
+                         "docs/results/gpu-2026-11-24/accept-probe-*/probe.json ran before issue 40 with off")
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = write_models(Path(args.models_dir), args.size)
     kwargs = engine_kwargs(target, draft, attention_backend="triton", cuda_graph_max_bs=32,
                            mem_fraction_static=args.mem_fraction_static, scenario="standalone",
-                           piecewise="off")  # as the recorded probe ran (before issue 40's defaults)
+                           piecewise=args.piecewise)
     if args.no_cuda_graph:
         kwargs["disable_cuda_graph"] = True
     vocab = SIZES[args.size]["vocab_size"]

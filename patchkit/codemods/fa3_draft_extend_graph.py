@@ -37,7 +37,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import ClassCodemod, Finding
+from patchkit.codemods.common.base import ClassCheck, Finding
 from patchkit.codemods.common.shared import GRAPH_CHECK, DraftExtendGraphCheck, code_of, graph_check
 
 FA3 = "FlashAttentionBackend"
@@ -152,7 +152,7 @@ def _v2_branches(cls: cst.ClassDef) -> list[cst.If]:
     return [b for b in primitives.find_all(cls, m.If()) if primitives.contains(b.test, _V2_TEST)]
 
 
-class FA3HasDraftExtendGraphBranches(ClassCodemod):
+class FA3HasDraftExtendGraphBranches(ClassCheck):
     DESCRIPTION = (
         f"{FA3} has DRAFT_EXTEND_V2 CUDA-graph metadata: a capture branch that stores "
         "self.draft_extend_metadata[bs] and a replay branch that reads it (checked, not changed)"
@@ -174,10 +174,4 @@ class FA3HasDraftExtendGraphBranches(ClassCodemod):
                     f"{self.where(cls)}: {FA3} has no DRAFT_EXTEND_V2 CUDA-graph {kind} branch "
                     f"(an `if forward_mode.is_draft_extend_v2():` that {shape}); its draft extend cannot be captured",
                 ), branches[0] if branches else None)
-        # A precondition, not an edit: "superseded" is the state that adds
-        # nothing to do and leaves the worker's state (todo / done) to decide
-        # whether the patch is absent, applied or native.
         return Finding.superseded(anchor, "both present; nothing to change in this file")
-
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        return cls  # a check: detect never reports TODO

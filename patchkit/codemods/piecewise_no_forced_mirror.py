@@ -32,7 +32,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import ClassCodemod, Finding, MethodCodemod, PatchCodemod
+from patchkit.codemods.common.base import ClassCheck, Finding, MethodCodemod, PatchCodemod
 from patchkit.codemods.common.primitives import call
 from patchkit.codemods.common.shared import code_of
 
@@ -70,8 +70,8 @@ def mirror_reads(cls: cst.ClassDef) -> list[cst.Attribute]:
     return [a for a in primitives.find_all(cls, is_mirror) if id(a) not in passed and id(a) not in stored]
 
 
-class RunnerHandsMirrorThrough(ClassCodemod):
-    """A check (nothing is changed): ``CLASS`` never reads the mirror itself."""
+class RunnerHandsMirrorThrough(ClassCheck):
+    """``CLASS`` never reads the mirror itself (checked, not changed)."""
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}: reads of seq_lens_cpu / seq_lens_sum"
@@ -82,11 +82,7 @@ class RunnerHandsMirrorThrough(ClassCodemod):
                 f"{self.where(reads[0])}: {self.CLASS} reads `{code_of(reads[0])}`; "
                 "the CPU mirror stays on under piecewise CUDA graph in this tree",
             ), reads[0])
-        # A precondition: "superseded" adds nothing to do, so the other parts decide the state.
         return Finding.superseded(anchor, "hands the mirror through only; nothing to change in this file")
-
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        return cls  # a check: detect never reports TODO
 
 
 class PiecewiseRunnerHandsMirrorThrough(RunnerHandsMirrorThrough):

@@ -115,6 +115,16 @@ class ClassCodemod(PatchCodemod):
         raise NotImplementedError
 
 
+class ClassCheck(ClassCodemod):
+    """A precondition on ``CLASS``, not an edit: ``detect_in_class`` answers
+    "superseded" when it holds (nothing to do, so the patch's other parts
+    decide whether it is absent, applied or native) and "missing", saying
+    why, when it does not. It never reports "todo", so nothing is transformed."""
+
+    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
+        return cls
+
+
 class AddMethodCodemod(ClassCodemod):
     """Add a method a class lacks; done when a method of that name exists
     (ours or upstream's). Subclasses set CLASS, METHOD, SOURCE and AFTER

@@ -66,26 +66,16 @@ def confined_blocks(fn: cst.CSTNode) -> set[int]:
 
 def unguarded(fn: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
     """The ``matcher`` hits of ``fn`` outside any block confined to non-V2 modes."""
-    inside = {id(hit) for block in primitives.find_all(fn, m.IndentedBlock()) if id(block) in confined_blocks(fn)
+    confined = confined_blocks(fn)
+    inside = {id(hit) for block in primitives.find_all(fn, m.IndentedBlock()) if id(block) in confined
               for hit in primitives.find_all(block, matcher)}
     return [hit for hit in primitives.find_all(fn, matcher) if id(hit) not in inside]
 
 
-def guard_for_v1(stmts: list[cst.BaseStatement], why: Optional[str] = None) -> cst.If:
-    """``stmts`` under ``if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:``.
-    Without ``why``: the first statement's leading lines go above the ``if``
-    (``primitives.guard_statements``). With it: only leading blank lines go
-    above, then ``# why``; the statement keeps its own comments inside."""
-    if why is None:
-        return primitives.guard_statements(stmts, V2_GUARD)
-    lead = list(stmts[0].leading_lines)
-    blanks = 0
-    while blanks < len(lead) and lead[blanks].comment is None:
-        blanks += 1
-    first = stmts[0].with_changes(leading_lines=lead[blanks:])
-    comments = [cst.EmptyLine(comment=cst.Comment(f"# {line}")) for line in why.splitlines()]
-    return cst.If(test=primitives.parse_expression(V2_GUARD), body=cst.IndentedBlock(body=[first, *stmts[1:]]),
-                  leading_lines=[*lead[:blanks], *comments])
+def guard_for_v1(stmts: list[cst.BaseStatement], why: str = "") -> cst.If:
+    """``stmts`` under ``if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:``
+    (``primitives.guard_statements``; ``why``: the comment above it)."""
+    return primitives.guard_statements(stmts, V2_GUARD, why)
 
 
 # -- replay: the top-k copies into the unpadded output -------------------------------------

@@ -68,16 +68,21 @@ def guard_statement(stmt: cst.BaseStatement, condition: str) -> cst.If:
     )
 
 
-def guard_statements(stmts: Sequence[cst.BaseStatement], condition: str) -> cst.If:
+def guard_statements(stmts: Sequence[cst.BaseStatement], condition: str, comment: str = "") -> cst.If:
     """Wrap consecutive statements in one ``if <condition>:``; the first
-    statement's leading comments/blank lines stay above the ``if``."""
+    statement's leading comments/blank lines stay above the ``if``. With a
+    ``comment`` (lines, without ``# ``), only its leading blank lines go above,
+    then the comment, and the statement keeps its own comments inside."""
     if not stmts:
         raise AnchorError("guard_statements needs at least one statement")
-    inner = [stmts[0].with_changes(leading_lines=[])] + list(stmts[1:])
+    lead = list(stmts[0].leading_lines)
+    blanks = len(lead) if not comment else next((i for i, line in enumerate(lead) if line.comment), len(lead))
+    inner = [stmts[0].with_changes(leading_lines=lead[blanks:])] + list(stmts[1:])
+    ours = [cst.EmptyLine(comment=cst.Comment(f"# {line}")) for line in comment.splitlines()]
     return cst.If(
         test=parse_expression(condition),
         body=cst.IndentedBlock(body=inner),
-        leading_lines=stmts[0].leading_lines,
+        leading_lines=[*lead[:blanks], *ours],
     )
 
 
