@@ -31,9 +31,13 @@ def needs_verify_tree_mask(num_draft_tokens: Optional[int], skip_prefill: bool, 
     return bool(num_draft_tokens) and not skip_prefill and not is_draft_runner
 
 
-def verify_tree_mask_numel(max_num_tokens: int, max_context_len: int, num_draft_tokens: int) -> int:
-    """Worst-case FULL_MASK tree mask: each verify token has one row of
-    ``context + draft tokens`` entries."""
+def verify_tree_mask_numel(max_num_tokens: int, max_context_len: int, num_draft_tokens: int, reads_mask: bool = True) -> int:
+    """Worst-case tree mask: each verify token has one row of ``context +
+    draft tokens`` entries (FULL_MASK), or of ``draft tokens`` entries where
+    the backend never reads the mask (the compact QLEN_ONLY layout, sglang
+    #32920: FA3 reads it only with topk > 1, FlashMLA never)."""
+    if not reads_mask:
+        return max_num_tokens * num_draft_tokens
     return max_num_tokens * (max_context_len + num_draft_tokens)
 
 
@@ -45,16 +49,17 @@ def alloc_verify_tree_mask(
     skip_prefill: bool,
     is_draft_runner: bool,
     device: Any,
+    reads_mask: bool = True,
 ):
     """The preallocated verify tree mask (zeroed bool, see
-    :func:`verify_tree_mask_numel`) on ``device``, or None for an instance that
-    never verifies."""
+    :func:`verify_tree_mask_numel`; compact where ``reads_mask`` is False) on
+    ``device``, or None for an instance that never verifies."""
     if not needs_verify_tree_mask(num_draft_tokens, skip_prefill, is_draft_runner):
         return None
     import torch
 
     return torch.zeros(
-        verify_tree_mask_numel(max_num_tokens, max_context_len, num_draft_tokens),
+        verify_tree_mask_numel(max_num_tokens, max_context_len, num_draft_tokens, reads_mask),
         dtype=torch.bool,
         device=device,
     )

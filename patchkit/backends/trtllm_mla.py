@@ -16,18 +16,24 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
 
-def needs_cuda_graph_custom_mask(num_draft_tokens: Optional[int], skip_prefill: bool) -> bool:
+def needs_cuda_graph_custom_mask(num_draft_tokens: Optional[int], skip_prefill: bool, is_draft_runner: bool = False) -> bool:
     """Is there a verify step whose tree mask the backend must preallocate?
 
     Only the target backend of speculative decoding (draft tokens configured)
-    runs verify; draft step backends are built with ``skip_prefill=True``.
+    runs verify; draft step backends are built with ``skip_prefill=True``,
+    and the draft worker's draft-extend backend (``is_draft_runner``, sglang
+    #31527) never verifies either.
     """
-    return bool(num_draft_tokens) and not skip_prefill
+    return bool(num_draft_tokens) and not skip_prefill and not is_draft_runner
 
 
-def cuda_graph_custom_mask_numel(max_num_tokens: int, max_context_len: int, num_draft_tokens: int) -> int:
-    """Worst-case FULL_MASK tree mask: one row of ``context + draft`` entries
-    per verify token."""
+def cuda_graph_custom_mask_numel(max_num_tokens: int, max_context_len: int, num_draft_tokens: int, reads_mask: bool = True) -> int:
+    """Worst-case tree mask: one row of ``context + draft`` entries per verify
+    token (FULL_MASK), or of ``draft`` entries where nothing reads the mask
+    (the compact QLEN_ONLY layout, sglang #32920; trtllm-gen kernels never
+    read it)."""
+    if not reads_mask:
+        return max_num_tokens * num_draft_tokens
     return max_num_tokens * (max_context_len + num_draft_tokens)
 
 
@@ -38,19 +44,21 @@ def alloc_cuda_graph_custom_mask(
     num_draft_tokens: Optional[int],
     skip_prefill: bool,
     device: Any,
+    is_draft_runner: bool = False,
+    reads_mask: bool = True,
 ):
     """The preallocated verify tree mask, or None when there is no verify step.
 
-    A zeroed bool tensor of ``max_num_tokens * (max_context_len +
-    num_draft_tokens)`` on ``device``. ``build_tree`` fills it in place, so the
-    GPU-only spec-v2 path never needs ``seq_lens_sum`` (a host value) to size it.
+    A zeroed bool tensor of :func:`cuda_graph_custom_mask_numel` cells on
+    ``device``. ``build_tree`` fills it in place, so the GPU-only spec-v2 path
+    never needs ``seq_lens_sum`` (a host value) to size it.
     """
-    if not needs_cuda_graph_custom_mask(num_draft_tokens, skip_prefill):
+    if not needs_cuda_graph_custom_mask(num_draft_tokens, skip_prefill, is_draft_runner):
         return None
     import torch
 
     return torch.zeros(
-        cuda_graph_custom_mask_numel(max_num_tokens, max_context_len, num_draft_tokens),
+        cuda_graph_custom_mask_numel(max_num_tokens, max_context_len, num_draft_tokens, reads_mask),
         dtype=torch.bool,
         device=device,
     )

@@ -193,11 +193,14 @@ class InitTreeMask(_InitTreeMask):
 
 class AllocTreeMask(_AllocTreeMask):
     DESCRIPTION = (
-        f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} (bool, max_num_tokens * "
-        f"(max_context_len + num_draft_tokens)) on the target backend only, and records the captured "
-        f"max_bs (self.{MAX_BS}) it fits"
+        f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} on the target backend only: FULL_MASK "
+        "(bool, max_num_tokens * (max_context_len + num_draft_tokens)) with topk > 1, else the compact "
+        "QLEN_ONLY layout (max_num_tokens * num_draft_tokens; FA3 reads no mask then, sglang #32886, #32920); "
+        f"records the captured max_bs (self.{MAX_BS}) it fits"
     )
     CLASS = BACKEND
+    READS_MASK = "self.topk > 1"
+    READS_MASK_WHY = "FA3's verify reads the tree mask only with topk > 1 (sglang #32886, #32920)."
 
 
 class VerifyBuffersReturnTreeMask(_VerifyBuffersReturnTreeMask):

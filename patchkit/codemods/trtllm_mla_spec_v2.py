@@ -22,7 +22,14 @@ flags are checked.
 from __future__ import annotations
 
 from patchkit.codemods.common.shared import FLAG, ClassFlag
-from patchkit.codemods.common.tree_mask import GET_BUFFERS, MASK, MAX_BS, AllocMask, InitMask, VerifyBuffersReturnMask
+from patchkit.codemods.common.tree_mask import (
+    GET_BUFFERS,
+    MASK,
+    MAX_BS,
+    AllocMask,
+    InitMaskAndDraftRunner,
+    VerifyBuffersReturnMask,
+)
 from patchkit.layout import import_path
 
 BACKEND = "TRTLLMMLABackend"
@@ -58,21 +65,26 @@ class DraftBackendOptsOutOfCpuSeqLens(_OptOutFlag):
 # -- the verify tree mask (common's, with TRT-LLM MLA's helpers) -----------------------------
 
 
-class InitCustomMask(InitMask):
-    DESCRIPTION = f"{BACKEND}.__init__ sets self.{MASK} = None"
+class InitCustomMask(InitMaskAndDraftRunner):
+    __doc__ = InitMaskAndDraftRunner.__doc__
+    DESCRIPTION = f"{BACKEND}.__init__ sets self.{MASK} = None and self.is_draft_runner (sglang #31527)"
     CLASS = BACKEND
+    ALLOC_HELPER = "alloc_cuda_graph_custom_mask"
 
 
 class AllocCustomMask(AllocMask):
     __doc__ = AllocMask.__doc__
     DESCRIPTION = (
-        f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} (bool, max_num_tokens * "
-        "(max_context_len + num_draft_tokens)) when draft tokens are configured and prefill is not skipped, "
-        f"and records the captured max_bs (self.{MAX_BS}) it fits"
+        f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} in the compact QLEN_ONLY layout "
+        "(bool, max_num_tokens * num_draft_tokens: trtllm-gen never reads it, sglang #32920) on the target "
+        f"backend only (sglang #31527), and records the captured max_bs (self.{MAX_BS}) it fits"
     )
     CLASS = BACKEND
     HELPERS = HELPERS
     ALLOC_HELPER = "alloc_cuda_graph_custom_mask"
+    READS_MASK = "False"
+    READS_MASK_WHY = "Target verify runs the trtllm-gen kernel, which takes no tree mask (sglang #32920)."
+    GATE_KEYWORDS = ("is_draft_runner=self.is_draft_runner",)
 
 
 class VerifyBuffersReturnCustomMask(VerifyBuffersReturnMask):

@@ -45,7 +45,8 @@ GET_BUFFERS = "get_verify_buffers_to_fill_after_draft"
 TREE_KERNEL = "build_tree_kernel_efficient"
 #: ``build_tree_kernel_efficient(bonus, parents, top_scores, draft_tokens, seq_lens,
 #: seq_lens_sum, topk, spec_steps, num_verify_tokens, ...)``: where the two it needs are.
-SEQ_LENS_ARG, NUM_VERIFY_ARG = (4, "seq_lens"), (8, "num_verify_tokens")
+SEQ_LENS_ARG, NUM_VERIFY_ARG, MODE_ARG = (4, "seq_lens"), (8, "num_verify_tokens"), (9, "tree_mask_mode")
+MODE_HELPER = "tree_mask_mode_for"
 
 #: ``<buf>, <pos> = <backend>.get_verify_buffers_to_fill_after_draft()``
 HOOK_ASSIGN = m.Assign(
@@ -164,4 +165,65 @@ class DraftHandsOverAFittingTreeMaskUpTo0512(DraftHandsOverAFittingTreeMask):
 
 
 class MultiLayerDraftHandsOverAFittingTreeMaskUpTo0512(MultiLayerDraftHandsOverAFittingTreeMask):
+    NOT_OURS_FROM_SCHEDULE_BATCH = True
+
+
+# -- the layout the kernel writes (sglang #32886, #32920) ------------------------------------
+
+
+class WorkerAsksForTheBackendsLayout(WorkerHandsOverAFittingTreeMask):
+    """The tree kernel's mode argument becomes ``tree_mask_mode_for(MODE,
+    BACKEND)``: the worker's own layout where the target backend reads the
+    mask, else the compact QLEN_ONLY one, which fills ``D * D`` cells a
+    request instead of the whole context-wide mask every verify step (the
+    backend records which, next to the mask it preallocates that size)."""
+
+    def _mode(self, fn: cst.FunctionDef) -> Optional[cst.BaseExpression]:
+        for kernel in primitives.find_all(fn, call(TREE_KERNEL)):
+            mode = _arg(kernel, MODE_ARG)
+            if mode is not None:
+                return mode
+        return None
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        hook = self._hook(fn)
+        if hook is None or (self.NOT_OURS_FROM_SCHEDULE_BATCH and self._takes_schedule_batch(fn)):
+            return super().detect_in_method(fn)
+        mode = self._mode(fn)
+        if mode is None:
+            return self.missing_in(fn, f"no {TREE_KERNEL}(...) call with a tree_mask_mode argument",
+                                   "it to ask for the layout the target backend reads")
+        if m.matches(mode, m.Call(func=m.Name(MODE_HELPER))):
+            return Finding.done(self.anchor)
+        return Finding.todo(self.anchor, f"{code_of(mode)}: the FULL_MASK layout even where the backend never reads the mask")
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        backend = code_of(self._hook(fn).value.func.value)
+        mode = self._mode(fn)
+        self.require_import(HELPERS, MODE_HELPER)
+        wrapped = primitives.parse_expression(f"{MODE_HELPER}({code_of(mode)}, {backend})")
+        return fn.deep_replace(mode, wrapped)
+
+
+class DraftAsksForTheBackendsLayout(WorkerAsksForTheBackendsLayout):
+    DESCRIPTION = (
+        f"EagleDraftWorker.draft: {TREE_KERNEL} writes the layout the target backend reads ({MODE_HELPER}): "
+        "QLEN_ONLY where verify never reads the mask, no context-wide fill each step"
+    )
+    CLASS = "EagleDraftWorker"
+
+
+class MultiLayerDraftAsksForTheBackendsLayout(WorkerAsksForTheBackendsLayout):
+    DESCRIPTION = (
+        f"MultiLayerEagleDraftWorker.draft: {TREE_KERNEL} writes the layout the target backend reads ({MODE_HELPER}): "
+        "QLEN_ONLY where verify never reads the mask, no context-wide fill each step"
+    )
+    CLASS = "MultiLayerEagleDraftWorker"
+
+
+class DraftAsksForTheBackendsLayoutUpTo0512(DraftAsksForTheBackendsLayout):
+    NOT_OURS_FROM_SCHEDULE_BATCH = True
+
+
+class MultiLayerDraftAsksForTheBackendsLayoutUpTo0512(MultiLayerDraftAsksForTheBackendsLayout):
     NOT_OURS_FROM_SCHEDULE_BATCH = True

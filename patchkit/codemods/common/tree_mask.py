@@ -28,6 +28,13 @@ SELF_MASK = m.Attribute(value=m.Name("self"), attr=m.Name(MASK))
 ASSIGNS_MASK = m.Assign(targets=[m.AssignTarget(target=SELF_MASK)]) | m.AnnAssign(target=SELF_MASK)
 PARENT_CUDA_GRAPH_STATE = primitives.super_call("init_cuda_graph_state")
 ASSIGNS_MAX_BS = m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name(MAX_BS)))])
+#: Where the backend records whether its verify reads the mask
+#: (backends.verify_tree_mask.IS_READ_ATTR; the spec worker reads it).
+IS_READ = "verify_tree_mask_is_read"
+#: The helper keyword that sizes an unread mask compact (sglang #32920).
+READS_KEYWORD = "reads_mask"
+DRAFT_RUNNER = "is_draft_runner"
+ASSIGNS_DRAFT_RUNNER = m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name(DRAFT_RUNNER)))])
 
 SUPERSEDED_WHY = f"upstream replaced {MASK} with the verify_mask property (sglang 0.5.17+)"
 
@@ -92,6 +99,47 @@ class InitMask(_MaskMethod):
         return primitives.insert_at_end(fn, f"self.{MASK} = None")
 
 
+class InitMaskAndDraftRunner(InitMask):
+    """``__init__`` also sets ``self.is_draft_runner`` (sglang #31527): the
+    draft worker's instances of the backend (its draft-extend backend is
+    built with prefill on) never verify, so ``AllocMask`` allocates no mask
+    there. A tree patched by an earlier patchkit (the mask initialised, the
+    allocation ours, no ``is_draft_runner``) is TODO and gets only the
+    record, as a fresh apply writes it; upstream's own ``__init__`` (its own
+    allocation, 0.5.13 .. 0.5.15) is left alone."""
+
+    #: The helper whose call marks patchkit's own allocation.
+    ALLOC_HELPER: ClassVar[str]
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        alloc = primitives.find_method(cls, "init_cuda_graph_state")
+        self._ours = alloc is not None and primitives.contains(alloc, m.Call(func=m.Name(self.ALLOC_HELPER)))
+        finding = super().detect_in_class(cls)
+        init = primitives.find_method(cls, "__init__")
+        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in init.params.params}:
+            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(finding.line)
+        return finding
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        if _assigns_mask(fn) and self._ours and not primitives.contains(fn, ASSIGNS_DRAFT_RUNNER):
+            return Finding.todo(self.anchor, f"self.{DRAFT_RUNNER} not set (the draft worker's instances allocate a mask)")
+        return super().detect_in_method(fn)
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        if not _assigns_mask(fn):
+            fn = super().transform_method(fn)
+        if primitives.contains(fn, ASSIGNS_DRAFT_RUNNER):
+            return fn
+        source = f"""
+            # The draft worker's instances never verify: no tree mask there (sglang #31527).
+            self.{DRAFT_RUNNER} = getattr(model_runner, "is_draft_worker", False)
+        """
+        index = primitives.find_statement_index(fn, ASSIGNS_MASK)
+        body = list(fn.body.body)
+        body[index + 1 : index + 1] = primitives.parse_statements_with_comments(source)
+        return fn.with_changes(body=fn.body.with_changes(body=body))
+
+
 class AllocMask(_MaskMethod):
     """The worst-case mask for the captured ``max_bs``, and that ``max_bs``
     recorded beside it: the spec worker hands the mask over only to batches
@@ -112,17 +160,46 @@ class AllocMask(_MaskMethod):
     #: The helper whose call marks patchkit's own allocation.
     ALLOC_HELPER: ClassVar[str] = "alloc_cuda_graph_custom_mask"
 
+    #: Whether this backend's verify reads the mask (an expression on self):
+    #: unread, the mask is the compact QLEN_ONLY layout (sglang #32886, #32920).
+    READS_MASK: ClassVar[str]
+    #: Why (the comment above the record).
+    READS_MASK_WHY: ClassVar[str]
+    #: Keywords the helper call passes beyond the sizes (``name=expression``).
+    GATE_KEYWORDS: ClassVar[tuple[str, ...]] = ()
+
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
-        if _assigns_mask(fn) and not primitives.contains(fn, ASSIGNS_MAX_BS) and self._ours(fn):
+        lacking = self._lacking(fn) if _assigns_mask(fn) and self._ours(fn) else []
+        if lacking:
             return self._needs_max_bs(fn) or Finding.todo(
-                self.anchor,
-                f"self.{MASK} allocated by an earlier patchkit without recording max_bs "
-                "(an eager batch above it would get the mask and write past its end)",
+                self.anchor, f"self.{MASK} allocated by an earlier patchkit: " + "; ".join(lacking)
             )
         return super().detect_in_method(fn)
 
+    def _lacking(self, fn: cst.FunctionDef) -> list[str]:
+        """What an earlier patchkit's allocation lacks that this one writes."""
+        lacking = []
+        if not primitives.contains(fn, ASSIGNS_MAX_BS):
+            lacking.append("no max_bs recorded (an eager batch above it would get the mask and write past its end)")
+        keywords = {arg.keyword.value for arg in self._alloc_call(fn).args if arg.keyword is not None}
+        if READS_KEYWORD not in keywords:
+            lacking.append(
+                "the context-wide FULL_MASK layout whether verify reads it or not "
+                "(build_tree fills all of it every verify step)"
+            )
+        missing_gates = [kw.split("=")[0] for kw in self.GATE_KEYWORDS if kw.split("=")[0] not in keywords]
+        if missing_gates:
+            lacking.append(f"no {', '.join(missing_gates)} check (a draft-side instance allocates one it never uses)")
+        return lacking
+
+    def _alloc_pattern(self) -> m.Assign:
+        return m.Assign(targets=[m.AssignTarget(target=SELF_MASK)], value=m.Call(func=m.Name(self.ALLOC_HELPER)))
+
     def _ours(self, fn: cst.FunctionDef) -> bool:
-        return primitives.contains(fn, m.Assign(targets=[m.AssignTarget(target=SELF_MASK)], value=m.Call(func=m.Name(self.ALLOC_HELPER))))
+        return primitives.contains(fn, self._alloc_pattern())
+
+    def _alloc_call(self, fn: cst.FunctionDef) -> cst.Call:
+        return primitives.find_all(fn, self._alloc_pattern())[0].value
 
     def _needs_max_bs(self, fn: cst.FunctionDef):
         params = [p.name.value for p in fn.params.params]
@@ -143,24 +220,53 @@ class AllocMask(_MaskMethod):
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         if not _assigns_mask(fn):
             fn = self.insert_mask(fn)
-        return record_max_bs(fn)
+        elif self._lacking(fn):
+            fn = self.replace_mask(fn)
+        if not primitives.contains(fn, ASSIGNS_MAX_BS):
+            fn = record_max_bs(fn)
+        return fn
+
+    #: The sizes the helper call passes (``name=expression``), in order.
+    SIZE_KEYWORDS: ClassVar[tuple[str, ...]] = (
+        "max_num_tokens=max_num_tokens",
+        "max_context_len=self.max_context_len",
+        "num_draft_tokens=self.num_draft_tokens",
+        "skip_prefill=self.skip_prefill",
+        "device=self.device",
+    )
+
+    def mask_source(self) -> str:
+        """The record of whether verify reads the mask, then the allocation:
+        what a fresh apply writes and what an upgrade puts in place of an
+        earlier patchkit's allocation (so the two read the same)."""
+        keywords = (*self.SIZE_KEYWORDS, *self.GATE_KEYWORDS, f"{READS_KEYWORD}=self.{IS_READ}")
+        args = "".join(f"\n    {kw}," for kw in keywords)
+        why = "".join(f"# {line}\n" for line in self.READS_MASK_WHY.splitlines())
+        return (
+            f"{why}self.{IS_READ} = {self.READS_MASK}\n"
+            "# Verify tree mask (bool) that build_tree_kernel_efficient fills in place, so\n"
+            "# the GPU-only spec-v2 path needs no seq_lens_sum: FULL_MASK where verify\n"
+            "# reads it, else the compact QLEN_ONLY layout (no context-wide fill a step).\n"
+            f"self.{MASK} = {self.ALLOC_HELPER}({args}\n)\n"
+        )
 
     def insert_mask(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        source = f"""
-            # Worst-case FULL_MASK tree mask (bool) for verify; build_tree fills it
-            # in place, so the GPU-only spec-v2 path needs no seq_lens_sum.
-            self.{MASK} = {self.ALLOC_HELPER}(
-                max_num_tokens=max_num_tokens,
-                max_context_len=self.max_context_len,
-                num_draft_tokens=self.num_draft_tokens,
-                skip_prefill=self.skip_prefill,
-                device=self.device,
-            )
-        """
         # Before handing over to the parent, as upstream; else at the end.
         if primitives.find_statement_index(fn, PARENT_CUDA_GRAPH_STATE) is not None:
-            return primitives.insert_before(fn, PARENT_CUDA_GRAPH_STATE, source)
-        return primitives.insert_at_end(fn, source)
+            return primitives.insert_before(fn, PARENT_CUDA_GRAPH_STATE, self.mask_source())
+        return primitives.insert_at_end(fn, self.mask_source())
+
+    def replace_mask(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        """An earlier patchkit's allocation -> :meth:`mask_source`; the blank
+        lines above it stay (where a fresh apply puts the anchor's)."""
+        index = primitives.find_statement_index(fn, self._alloc_pattern())
+        body = list(fn.body.body)
+        lines = list(body[index].leading_lines)
+        first_comment = next((k for k, line in enumerate(lines) if line.comment is not None), len(lines))
+        new = primitives.parse_statements_with_comments(self.mask_source())
+        new[0] = new[0].with_changes(leading_lines=[*lines[:first_comment], *new[0].leading_lines])
+        body[index : index + 1] = new
+        return fn.with_changes(body=fn.body.with_changes(body=body))
 
 
 class VerifyBuffersReturnMask(ClassCodemod):
@@ -250,21 +356,20 @@ class AllocTreeMask(_TreeMaskPart, AllocMask):
     #: Where the backend keeps the configured number of draft tokens.
     NUM_DRAFT_TOKENS: ClassVar[str] = "self.speculative_num_draft_tokens"
 
+    @property
+    def SIZE_KEYWORDS(self) -> tuple[str, ...]:  # noqa: N802 (AllocMask's class attribute)
+        return (
+            "max_num_tokens=max_num_tokens",
+            "max_context_len=self.max_context_len",
+            f"num_draft_tokens={self.NUM_DRAFT_TOKENS}",
+            "skip_prefill=self.skip_prefill",
+            "is_draft_runner=self.is_draft_runner",
+            "device=self.device",
+        )
+
     def insert_mask(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         # At the end: FA3's init_cuda_graph_state does not hand over to a parent.
-        source = f"""
-            # Worst-case FULL_MASK verify tree mask (bool), filled in place by
-            # build_tree_kernel_efficient: the GPU-only path needs no seq_lens_sum.
-            self.{MASK} = alloc_verify_tree_mask(
-                max_num_tokens=max_num_tokens,
-                max_context_len=self.max_context_len,
-                num_draft_tokens={self.NUM_DRAFT_TOKENS},
-                skip_prefill=self.skip_prefill,
-                is_draft_runner=self.is_draft_runner,
-                device=self.device,
-            )
-        """
-        return primitives.insert_at_end(fn, source)
+        return primitives.insert_at_end(fn, self.mask_source())
 
 
 class VerifyBuffersReturnTreeMask(_TreeMaskPart, VerifyBuffersReturnMask):

@@ -330,12 +330,14 @@ class InitTreeMask(tree_mask.InitTreeMask):
 
 class AllocTreeMask(tree_mask.AllocTreeMask):
     DESCRIPTION = (
-        f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} (bool, max_num_tokens * "
-        f"(max_context_len + num_draft_tokens)) on the target backend only, and records the captured "
-        f"max_bs (self.{MAX_BS}) it fits"
+        f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} in the compact QLEN_ONLY layout "
+        "(bool, max_num_tokens * num_draft_tokens: FlashMLA never reads it, sglang #32920) on the target "
+        f"backend only, and records the captured max_bs (self.{MAX_BS}) it fits"
     )
     CLASS = BACKEND
     NUM_DRAFT_TOKENS: ClassVar[str] = "self.num_draft_tokens"
+    READS_MASK = "False"
+    READS_MASK_WHY = "FlashMLA's verify runs its own kernel and never reads the tree mask (sglang #32920)."
 
 
 class VerifyBuffersReturnTreeMask(tree_mask.VerifyBuffersReturnTreeMask):
