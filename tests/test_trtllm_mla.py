@@ -130,7 +130,9 @@ def test_init_sets_mask_to_none_last():
     assert out == BACKEND.replace(
         "        self.num_draft_tokens = model_runner.server_args.speculative_num_draft_tokens\n",
         "        self.num_draft_tokens = model_runner.server_args.speculative_num_draft_tokens\n"
-        "        self.cuda_graph_custom_mask = None\n",
+        "        self.cuda_graph_custom_mask = None\n"
+        "        # The draft worker's instances never verify: no tree mask there (sglang #31527).\n"
+        '        self.is_draft_runner = getattr(model_runner, "is_draft_worker", False)\n',
     )
 
 
@@ -143,14 +145,19 @@ def test_alloc_goes_just_above_the_parent_call_and_imports_the_helper():
         """\
         self.padded_q_buffer = torch.zeros((max_bs,))
 
-        # Worst-case FULL_MASK tree mask (bool) for verify; build_tree fills it
-        # in place, so the GPU-only spec-v2 path needs no seq_lens_sum.
+        # Target verify runs the trtllm-gen kernel, which takes no tree mask (sglang #32920).
+        self.verify_tree_mask_is_read = False
+        # Verify tree mask (bool) that build_tree_kernel_efficient fills in place, so
+        # the GPU-only spec-v2 path needs no seq_lens_sum: FULL_MASK where verify
+        # reads it, else the compact QLEN_ONLY layout (no context-wide fill a step).
         self.cuda_graph_custom_mask = alloc_cuda_graph_custom_mask(
             max_num_tokens=max_num_tokens,
             max_context_len=self.max_context_len,
             num_draft_tokens=self.num_draft_tokens,
             skip_prefill=self.skip_prefill,
             device=self.device,
+            is_draft_runner=self.is_draft_runner,
+            reads_mask=self.verify_tree_mask_is_read,
         )
         # The mask holds max_bs requests: the spec worker hands it to
         # build_tree_kernel_efficient only for a batch it fits, so an eager

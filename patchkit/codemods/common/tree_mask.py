@@ -181,6 +181,11 @@ class AllocMask(_MaskMethod):
         lacking = []
         if not primitives.contains(fn, ASSIGNS_MAX_BS):
             lacking.append("no max_bs recorded (an eager batch above it would get the mask and write past its end)")
+        return lacking + self._outdated_call(fn)
+
+    def _outdated_call(self, fn: cst.FunctionDef) -> list[str]:
+        """What an earlier patchkit's helper call lacks (its statement is replaced)."""
+        lacking = []
         keywords = {arg.keyword.value for arg in self._alloc_call(fn).args if arg.keyword is not None}
         if READS_KEYWORD not in keywords:
             lacking.append(
@@ -220,7 +225,7 @@ class AllocMask(_MaskMethod):
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         if not _assigns_mask(fn):
             fn = self.insert_mask(fn)
-        elif self._lacking(fn):
+        elif self._ours(fn) and self._outdated_call(fn):
             fn = self.replace_mask(fn)
         if not primitives.contains(fn, ASSIGNS_MAX_BS):
             fn = record_max_bs(fn)
