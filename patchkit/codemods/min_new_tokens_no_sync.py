@@ -1,0 +1,108 @@
+"""sglang #28397 (0.5.14): the min_new_tokens penalty without a host sync.
+
+``BatchedMinNewTokensPenalizer._apply`` added the stop-token penalties with
+boolean-mask indexing, ``logits[mask] += penalties[mask]``: the number of
+selected cells is data-dependent, so torch copies it to the host, and every
+decode step of a batch holding a request with ``min_tokens > 0`` waits for
+the GPU there. Upstream adds ``torch.where(mask, penalties, 0.0)`` instead:
+an elementwise select with no sync, the same logits (a 0.0 where the mask is
+off, so the -inf penalty of a stop token never meets a 0 factor).
+
+Anchored by meaning: in the penalizer's ``_apply(self, LOGITS)``, an
+augmented ``LOGITS[MASK] += PENALTIES[MASK]`` whose ``MASK`` the method
+assigned (``MASK = (COND).expand_as(LOGITS)`` in 0.5.10 .. 0.5.13, or the
+condition alone). Upstream's shape (0.5.14+: ``torch.where`` and no masked
+add) is native.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import Finding, MethodCodemod
+from patchkit.codemods.common.primitives import call
+from patchkit.codemods.common.shared import code_of
+
+
+def _masked_add(logits: str) -> m.AugAssign:
+    """``LOGITS[<name>] += <expr>[<name>]`` (the names compared by the caller)."""
+    index = m.SubscriptElement(slice=m.Index(value=m.Name()))
+    return m.AugAssign(
+        target=m.Subscript(value=m.Name(logits), slice=[index]),
+        operator=m.AddAssign(),
+        value=m.Subscript(slice=[index]),
+    )
+
+
+class AddPenaltyWithoutSync(MethodCodemod):
+    DESCRIPTION = (
+        "BatchedMinNewTokensPenalizer._apply: logits.add_(torch.where(mask, penalties, 0.0)) "
+        "instead of logits[mask] += penalties[mask] (a host sync every decode step)"
+    )
+    CLASS = "BatchedMinNewTokensPenalizer"
+    METHOD = "_apply"
+
+    def _logits(self, fn: cst.FunctionDef) -> Optional[str]:
+        params = [p.name.value for p in fn.params.params]
+        return params[1] if len(params) > 1 else None
+
+    def _site(self, fn: cst.FunctionDef):
+        """(the masked add, its mask's assignment, the condition, the penalties), or None."""
+        logits = self._logits(fn)
+        if logits is None:
+            return None
+        for add in primitives.find_all(fn, _masked_add(logits)):
+            mask = add.target.slice[0].slice.value.value
+            if add.value.slice[0].slice.value.value != mask:
+                continue
+            assigns = primitives.find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name(mask))]))
+            if len(assigns) != 1 or not (self._top_level(fn, assigns[0]) and self._top_level(fn, add)):
+                continue
+            cond = assigns[0].value
+            expand = m.Call(func=m.Attribute(attr=m.Name("expand_as")), args=[m.Arg(value=m.Name(logits))])
+            if m.matches(cond, expand):
+                cond = cond.func.value.with_changes(lpar=[], rpar=[])
+            return add, assigns[0], cond, add.value.value
+        return None
+
+    @staticmethod
+    def _index(fn: cst.FunctionDef, node: cst.CSTNode) -> Optional[int]:
+        """Where ``node`` is a statement of the method's own body (None inside a block)."""
+        for i, stmt in enumerate(fn.body.body):
+            if isinstance(stmt, cst.SimpleStatementLine) and any(small is node for small in stmt.body):
+                return i
+        return None
+
+    def _top_level(self, fn: cst.FunctionDef, node: cst.CSTNode) -> bool:
+        return self._index(fn, node) is not None
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        site = self._site(fn)
+        if site is not None:
+            return Finding.todo(self.anchor, "logits[mask] += ... copies the mask's count to the host every step")
+        if primitives.contains(fn, call("torch.where")):
+            return Finding.done(self.anchor)
+        return self.missing_in(fn, "no masked add of the stop-token penalties (LOGITS[MASK] += PENALTIES[MASK])",
+                               "it to turn into a torch.where")
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        add, assign, cond, penalties = self._site(fn)
+        logits, mask = self._logits(fn), code_of(assign.targets[0].target)
+        source = f"""
+            # Boolean-mask indexing (logits[mask]) forces a device-to-host sync every
+            # decode step; torch.where is an elementwise select (sglang #28397).
+            {mask} = {code_of(cond)}
+            {logits}.add_(torch.where({mask}, {code_of(penalties)}, 0.0))
+        """
+        new_mask, new_add = primitives.parse_statements_with_comments(source)
+        body = list(fn.body.body)
+        first, last = self._index(fn, assign), self._index(fn, add)
+        # Each line where it was (anything between them stays), its blank lines and comments kept.
+        body[first] = new_mask.with_changes(leading_lines=[*body[first].leading_lines, *new_mask.leading_lines])
+        body[last] = new_add.with_changes(leading_lines=body[last].leading_lines)
+        self.require_import("torch", None)
+        return fn.with_changes(body=fn.body.with_changes(body=body))
