@@ -155,13 +155,14 @@ def test_what_each_backend_records_and_the_trtllm_draft_gate():
 def test_upstreams_own_trtllm_mla_mask_keeps_its_init():
     """0.5.13 .. 0.5.15: upstream's __init__ and torch.zeros allocation (native there)."""
     src = TRT_BACKEND.replace(
-        "            self.num_draft_tokens = model_runner.server_args.speculative_num_draft_tokens\n",
-        "            self.num_draft_tokens = model_runner.server_args.speculative_num_draft_tokens\n"
-        "            self.cuda_graph_custom_mask = None\n",
+        "        self.num_draft_tokens = model_runner.server_args.speculative_num_draft_tokens\n",
+        "        self.num_draft_tokens = model_runner.server_args.speculative_num_draft_tokens\n"
+        "        self.cuda_graph_custom_mask = None\n",
     ).replace(
-        "            self.padded_q_buffer = torch.zeros((max_bs,))\n",
-        "            self.cuda_graph_custom_mask = torch.zeros(max_num_tokens * (self.max_context_len + 4), dtype=torch.bool)\n",
+        "        self.padded_q_buffer = torch.zeros((max_bs,))\n",
+        "        self.cuda_graph_custom_mask = torch.zeros(max_num_tokens * (self.max_context_len + 4), dtype=torch.bool)\n",
     )
+    assert src != TRT_BACKEND and "torch.zeros(max_num_tokens" in src
     assert_state(mla.InitCustomMask, src, State.DONE)
     assert_state(mla.AllocCustomMask, src, State.DONE)
 
@@ -192,14 +193,16 @@ def test_the_kernel_gets_the_layout_the_target_backend_reads():
 
 
 def test_a_keyword_mode_argument_is_found():
-    src = WORKER.replace("                self.tree_mask_mode,\n", "                tree_mask_mode=self.tree_mask_mode,\n").replace(
-        "                tree_mask_buf,\n                position_buf,\n", "                tree_mask_buf=tree_mask_buf,\n")
+    src = WORKER.replace("            self.tree_mask_mode,\n", "            tree_mask_mode=self.tree_mask_mode,\n").replace(
+        "            tree_mask_buf,\n            position_buf,\n", "            tree_mask_buf=tree_mask_buf,\n")
+    assert "tree_mask_mode=self" in src
     out = apply(fits.DraftAsksForTheBackendsLayout, src)
     assert "tree_mask_mode=" + WRAPPED in out
 
 
 def test_no_mode_argument_is_missing_and_a_moved_build_superseded():
-    src = WORKER.replace("                self.tree_mask_mode,\n                tree_mask_buf,\n                position_buf,\n", "")
+    src = WORKER.replace("            self.tree_mask_mode,\n            tree_mask_buf,\n            position_buf,\n", "")
+    assert "tree_mask_buf," not in src
     finding = detect(fits.DraftAsksForTheBackendsLayout, src)
     assert finding.state is State.MISSING and "tree_mask_mode" in finding.detail
     moved = WORKER.replace("get_verify_buffers_to_fill_after_draft", "verify_mask")

@@ -109,11 +109,30 @@ def test_mask_allocated_for_spec_before_the_parent_runs(mla):
     mask = backend.cuda_graph_custom_mask
     assert mask is not None and seen["mask"] is mask
     assert mask.dtype == torch.bool
-    assert mask.shape == (16 * (256 + 4),)
+    # trtllm-gen reads no tree mask: the compact QLEN_ONLY layout, D cells a
+    # verify token instead of context + D (sglang #32920); the worker asks the
+    # kernel for that layout.
+    assert mask.shape == (16 * 4,) and backend.verify_tree_mask_is_read is False
     assert mask.device.type == "cpu"
     assert not mask.any()
     buffers = backend.get_verify_buffers_to_fill_after_draft()
     assert len(buffers) == 2 and buffers[0] is mask and buffers[1] is None
+
+
+def test_no_mask_on_the_draft_workers_instance(mla):
+    """sglang #31527: the draft worker's draft-extend backend never verifies."""
+    parent = mla.FlashInferMLAAttnBackend
+    runner = model_runner(4)
+    runner.is_draft_worker = True
+    with mock.patch.object(parent, "__init__", parent_init), mock.patch.object(
+        mla, "get_attention_tp_size", return_value=1
+    ), mock.patch.object(
+        mla, "get_global_server_args", return_value=SimpleNamespace(disable_chunked_prefix_cache=True)
+    ), mock.patch.object(mla, "global_zero_init_workspace_buffer", torch.zeros(1, dtype=torch.uint8)):
+        backend = mla.TRTLLMMLABackend(runner)
+    seen = init_cuda_graph_state(mla, backend)
+    assert backend.is_draft_runner is True
+    assert backend.cuda_graph_custom_mask is None and seen["mask"] is None
 
 
 @pytest.mark.parametrize("num_draft_tokens, skip_prefill", [(None, False), (0, False), (4, True)])
