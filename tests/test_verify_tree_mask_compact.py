@@ -202,7 +202,7 @@ def test_a_keyword_mode_argument_is_found():
 
 def test_no_mode_argument_is_missing_and_a_moved_build_superseded():
     src = WORKER.replace("            self.tree_mask_mode,\n            tree_mask_buf,\n            position_buf,\n", "")
-    assert "tree_mask_buf," not in src
+    assert "self.tree_mask_mode" not in src
     finding = detect(fits.DraftAsksForTheBackendsLayout, src)
     assert finding.state is State.MISSING and "tree_mask_mode" in finding.detail
     moved = WORKER.replace("get_verify_buffers_to_fill_after_draft", "verify_mask")
