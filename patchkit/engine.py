@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 import patchkit
 from patchkit import registry, transform
+from patchkit.transform import cache as transform_cache
 from patchkit.state import originals
 from patchkit.state import vendoring
 from patchkit.findings import Finding, State
@@ -46,7 +47,9 @@ class Session:
         self.store = store
         # Handed down to the transform step (``patchkit.transform.transformer``), which adds to both.
         self.modules: dict[str, cst.Module] = {}  # parsed files, by the sha256 of their bytes
-        self._cache_key = f"patchkit {patchkit.__version__}"
+        # Findings are the code's verdicts: a patchkit whose codemods changed (same version or not)
+        # must not trust an earlier one's, so the key is the transform cache's code fingerprint.
+        self._cache_key = f"patchkit {patchkit.__version__} {transform_cache.fingerprint()[:16]}"
         self.findings: dict[str, list] = store.load_cache(self._cache_key)  # "codemod|sha256" -> finding
         self._saved = dict(self.findings)
         self.recovered: dict[str, bytes] = {}  # backups a clone recovered, by sha256 (``blob``)
