@@ -12,6 +12,7 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
+import profiling
 from patchkit.fetch import fetch_tree
 
 PRE_UPSTREAM = ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"]
@@ -38,6 +39,11 @@ def class_section(text: str, cls: str) -> str:
 
 def snapshot(package: Path) -> dict[str, str]:
     """sha256 of every file of a package folder, .patchkit excluded."""
+    with profiling.timed("hash tree"):
+        return _snapshot(package)
+
+
+def _snapshot(package: Path) -> dict[str, str]:
     return {
         str(p.relative_to(package)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(package.rglob("*"))
@@ -46,7 +52,8 @@ def snapshot(package: Path) -> dict[str, str]:
 
 
 def pristine(version: str) -> Path:
-    return fetch_tree(version)
+    with profiling.timed("fetch release"):
+        return fetch_tree(version)
 
 
 @lru_cache(maxsize=None)
