@@ -4,7 +4,9 @@
     python scripts/test_profile.py /tmp/prof [--top 30]
 
 reads what ``tests/profiling.py`` wrote (one JSON per xdist worker) and prints
-Markdown tables (docs/performance.md keeps them). Seconds are each test's wall
+Markdown tables (docs/performance.md keeps them). ``--write-durations`` also
+writes each file's seconds to ``tests/durations.json``, which orders the run
+(tests/conftest.py: the longest files start first). Seconds are each test's wall
 time, set-up and tear-down included (a module's fixtures count to its first
 test); kinds of work are the fixtures' and CLI's shares of it, "other" is the
 rest (the test's own code: parsing, detection, assertions).
@@ -106,8 +108,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the PATCHKIT_TEST_PROFILE folder of a run")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--write-durations", type=Path, metavar="JSON",
+                        help="write each file's seconds there (tests/durations.json)")
     args = parser.parse_args()
     print(report(args.folder, args.top))
+    if args.write_durations:
+        args.write_durations.write_text(json.dumps(file_seconds(args.folder), indent=1, sort_keys=True) + "\n")
+
+
+def file_seconds(folder: Path) -> dict[str, float]:
+    """Each test file's seconds (the sum of its tests' wall times)."""
+    _, spans = load(folder)
+    seconds: dict[str, float] = defaultdict(float)
+    for test, (_, start, end) in spans.items():
+        seconds[test.split("::")[0]] += end - start
+    return {name: round(s, 1) for name, s in seconds.items()}
 
 
 if __name__ == "__main__":

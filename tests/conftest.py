@@ -3,6 +3,7 @@ git) and a CLI runner. Plain helpers live in support.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,13 +16,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import profiling  # noqa: E402
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree, fetch_tree  # noqa: E402
-from support import PRIMARY  # noqa: E402
+from support import PRIMARY, linked_copy  # noqa: E402
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     with profiling.running(item.nodeid):
         yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first (by tests/durations.json, written by
+    ``scripts/test_profile.py --write-durations``; a file not in it counts as
+    long): with ``--dist loadfile --no-loadscope-reorder`` each worker takes
+    the longest file left, so both cores stay busy to the end. Tests keep
+    their order inside a file."""
+    path = Path(__file__).with_name("durations.json")
+    seconds = json.loads(path.read_text()) if path.exists() else {}
+    unknown = max(seconds.values(), default=0.0)
+    root = Path(str(config.rootpath))
+    items.sort(key=lambda item: -seconds.get(Path(str(item.path)).relative_to(root).as_posix(), unknown))
 
 
 def pytest_sessionfinish(session):
@@ -62,6 +76,21 @@ def make_tree(tmp_path):
             fetch_tree(version)
         with profiling.timed("copy tree"):
             return copy_tree(version, tmp_path / f"t{next(counter)}", layout)
+
+    return make
+
+
+@pytest.fixture
+def linked_tree(tmp_path):
+    """linked_tree(version) -> a release's package folder whose files are hard
+    links to patchkit's cached copy: for tests in which only patchkit writes
+    the tree (see support.linked_copy)."""
+    counter = iter(range(1000))
+
+    def make(version: str = PRIMARY) -> Path:
+        with profiling.timed("fetch release"):
+            source = fetch_tree(version)
+        return linked_copy(source, tmp_path / f"l{next(counter)}" / "sglang")
 
     return make
 

@@ -66,6 +66,21 @@ def pristine_snapshot(version: str) -> dict[str, str]:
     return dict(_pristine_snapshot(version))
 
 
+def linked_copy(src: Path, dest: Path) -> Path:
+    """A copy of the folder ``src`` whose files are hard links to ``src``'s (a
+    tenth of a copy's time). Only for trees that nothing but patchkit writes:
+    patchkit writes a file by renaming a new one over it (never in place), so
+    the linked originals keep their bytes; a test that edits a file itself
+    must take a real copy (``make_tree``)."""
+    with profiling.timed("copy tree"):
+        for folder, dirs, files in os.walk(src):
+            here = dest / Path(folder).relative_to(src)
+            here.mkdir(parents=True, exist_ok=True)
+            for name in files:
+                os.link(os.path.join(folder, name), here / name)
+    return dest
+
+
 def git(cwd: Path, *args: str) -> str:
     """Run git with a fixed identity; its stdout."""
     env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
