@@ -3,6 +3,8 @@ git) and a CLI runner. Plain helpers live in support.py."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -11,25 +13,56 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import profiling  # noqa: E402
 from patchkit.cli import main  # noqa: E402
-from patchkit.fetch import copy_tree  # noqa: E402
-from support import PRIMARY  # noqa: E402
+from patchkit.fetch import copy_tree, fetch_tree  # noqa: E402
+from support import PRIMARY, linked_copy  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with profiling.running(item.nodeid):
+        yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first (by tests/durations.json, written by
+    ``scripts/test_profile.py --write-durations``; a file not in it counts as
+    long): with ``--dist loadfile --no-loadscope-reorder`` each worker takes
+    the longest file left, so both cores stay busy to the end. Tests keep
+    their order inside a file."""
+    path = Path(__file__).with_name("durations.json")
+    seconds = json.loads(path.read_text()) if path.exists() else {}
+    unknown = max(seconds.values(), default=0.0)
+    root = Path(str(config.rootpath))
+    items.sort(key=lambda item: -seconds.get(Path(str(item.path)).relative_to(root).as_posix(), unknown))
+
+
+def pytest_sessionfinish(session):
+    profiling.write(os.environ.get("PYTEST_XDIST_WORKER", "main"))
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _transform_cache(tmp_path_factory):
-    """The shared transform cache lives in a folder of this test session, never
-    the user's ~/.cache (tests/test_transform_cache.py points it elsewhere too)."""
-    import os
-
-    folder = tmp_path_factory.mktemp("transform-cache")
-    old = os.environ.get("PATCHKIT_TRANSFORM_CACHE")
-    os.environ["PATCHKIT_TRANSFORM_CACHE"] = str(folder)
-    yield folder
-    if old is None:
-        os.environ.pop("PATCHKIT_TRANSFORM_CACHE", None)
+    """The shared transform cache lives in a folder of this test run, never the
+    user's ~/.cache (tests/test_transform_cache.py points it elsewhere too). Every
+    xdist worker of the run shares it (entries are written whole, then renamed),
+    so a (file, patches) transform or a module's audit facts is computed once a run."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.getbasetemp().parent / "transform-cache"
+        folder.mkdir(exist_ok=True)
     else:
-        os.environ["PATCHKIT_TRANSFORM_CACHE"] = old
+        folder = tmp_path_factory.mktemp("transform-cache")
+    saved = {name: os.environ.get(name) for name in ("PATCHKIT_TRANSFORM_CACHE", "PATCHKIT_TEST_DRIFT_CACHE")}
+    os.environ["PATCHKIT_TRANSFORM_CACHE"] = str(folder)
+    # tests/drift.py keeps drifted files beside it: each drift of a release's files runs once a run.
+    os.environ["PATCHKIT_TEST_DRIFT_CACHE"] = str(folder.parent / "drift-cache")
+    yield folder
+    for name, old in saved.items():
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 @pytest.fixture
@@ -39,7 +72,25 @@ def make_tree(tmp_path):
     counter = iter(range(1000))
 
     def make(version: str = PRIMARY, layout: str = "package") -> Path:
-        return copy_tree(version, tmp_path / f"t{next(counter)}", layout)
+        with profiling.timed("fetch release"):
+            fetch_tree(version)
+        with profiling.timed("copy tree"):
+            return copy_tree(version, tmp_path / f"t{next(counter)}", layout)
+
+    return make
+
+
+@pytest.fixture
+def linked_tree(tmp_path):
+    """linked_tree(version) -> a release's package folder whose files are hard
+    links to patchkit's cached copy: for tests in which only patchkit writes
+    the tree (see support.linked_copy)."""
+    counter = iter(range(1000))
+
+    def make(version: str = PRIMARY) -> Path:
+        with profiling.timed("fetch release"):
+            source = fetch_tree(version)
+        return linked_copy(source, tmp_path / f"l{next(counter)}" / "sglang")
 
     return make
 
@@ -50,6 +101,8 @@ def cli():
     runner = CliRunner()
 
     def run(*args: str):
-        return runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
+        command = next((str(a) for a in args if not str(a).startswith("-")), "")
+        with profiling.timed(f"cli {command}"):
+            return runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
 
     return run

@@ -4,6 +4,8 @@ changing what they mean."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -151,10 +153,12 @@ def _docstring(path: Path) -> None:
     path.write_bytes(module.bytes)
 
 
-def _black(*args: str) -> Callable[[Path], None]:
-    def run(path: Path) -> None:
-        subprocess.run([sys.executable, "-m", "black", "-q", *args, str(path)], check=True)
+def _black(*args: str) -> Callable[[list[Path]], None]:
+    """black over every file at once: one interpreter start-up, not one per file."""
+    def run(paths: list[Path]) -> None:
+        subprocess.run([sys.executable, "-m", "black", "-q", *args, *map(str, paths)], check=True)
 
+    run.all_at_once = True
     return run
 
 
@@ -178,8 +182,39 @@ DRIFTS: dict[str, list[Callable[[Path], None]]] = {
 
 
 def drift(package: Path, relpaths: list[str], name: str) -> None:
-    for rel in relpaths:
-        path = package / rel
-        if path.exists():
-            for step in DRIFTS[name]:
+    """Rewrite ``relpaths`` of ``package`` the way ``name`` drifts them.
+
+    Each step runs over every file before the next (a step treats files one by
+    one, so the bytes are those of file-by-file order). The drifted bytes are
+    kept by the files' own bytes (in ``$PATCHKIT_TEST_DRIFT_CACHE``, which the
+    test run's workers share, else in this process): the same drift of the same
+    files is computed once a run."""
+    paths = [package / rel for rel in relpaths if (package / rel).exists()]
+    todo = []
+    for path in paths:
+        cached = _drift_cache(name, path.read_bytes())
+        if cached is not None and cached.exists():
+            path.write_bytes(cached.read_bytes())
+        else:
+            todo.append((path, cached, path.read_bytes()))
+    if not todo:
+        return
+    for step in DRIFTS[name]:
+        if getattr(step, "all_at_once", False):
+            step([path for path, _, _ in todo])
+        else:
+            for path, _, _ in todo:
                 step(path)
+    for path, cached, _ in todo:
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(path.read_bytes())
+            os.replace(tmp, cached)
+
+
+def _drift_cache(name: str, data: bytes) -> Path | None:
+    folder = os.environ.get("PATCHKIT_TEST_DRIFT_CACHE")
+    if not folder:
+        return None
+    return Path(folder) / name / hashlib.sha256(data).hexdigest()

@@ -87,11 +87,11 @@ def crash_points(reference) -> list[str]:
 
 
 @pytest.mark.parametrize("verb", ["apply", "revert"])
-def test_killed_at_every_point_is_finished_or_rolled_back(make_tree, patched_reference, verb):
+def test_killed_at_every_point_is_finished_or_rolled_back(linked_tree, patched_reference, verb):
     other = "revert" if verb == "apply" else "apply"
     points = crash_points(patched_reference)
     for i, point in enumerate(points):
-        tree = make_tree(PRIMARY)
+        tree = linked_tree(PRIMARY)
         if verb == "revert":
             assert run(tree, "apply").returncode == 0
         crashed = run(tree, verb, env={"PATCHKIT_TEST_CRASH_AT": point})
@@ -106,10 +106,10 @@ def test_killed_at_every_point_is_finished_or_rolled_back(make_tree, patched_ref
 
 
 @pytest.mark.parametrize("settle", ["apply", "revert"])
-def test_a_kill_inside_a_files_write_leaves_no_temp_file(make_tree, patched_reference, settle):
+def test_a_kill_inside_a_files_write_leaves_no_temp_file(linked_tree, patched_reference, settle):
     """SIGKILL between a file's temp write and its rename leaves the temp file
     beside it (what CI once caught at a random moment); settling removes it."""
-    tree = make_tree(PRIMARY)
+    tree = linked_tree(PRIMARY)
     assert run(tree, "apply", env={"PATCHKIT_TEST_CRASH_AT": "file:1"}).returncode == 137
     second = json.loads((tree / ".patchkit" / "journal.json").read_text())["files"][1]["file"]
     target = tree / second
@@ -119,11 +119,11 @@ def test_a_kill_inside_a_files_write_leaves_no_temp_file(make_tree, patched_refe
     assert_settled(tree, patched_reference, settle)
 
 
-def test_a_kill_inside_a_removal_leaves_no_empty_folder(make_tree, patched_reference):
+def test_a_kill_inside_a_removal_leaves_no_empty_folder(linked_tree, patched_reference):
     """SIGKILL after a revert unlinked a runtime file but before it removed
     the folder: finishing the revert removes the folder too, so a later apply
     does not find a runtime folder that patchkit did not write."""
-    tree = make_tree(PRIMARY)
+    tree = linked_tree(PRIMARY)
     assert run(tree, "apply").returncode == 0
     assert run(tree, "revert", env={"PATCHKIT_TEST_CRASH_AT": "file:1"}).returncode == 137
     removals = [e["file"] for e in json.loads((tree / ".patchkit" / "journal.json").read_text())["files"]
@@ -135,10 +135,10 @@ def test_a_kill_inside_a_removal_leaves_no_empty_folder(make_tree, patched_refer
     assert run(tree, "apply").returncode == 0
 
 
-def test_sigkill_at_random_moments(make_tree, patched_reference):
+def test_sigkill_at_random_moments(linked_tree, patched_reference):
     rng = random.Random(1234)
     for attempt in range(8):
-        tree = make_tree(PRIMARY)
+        tree = linked_tree(PRIMARY)
         verb = "apply" if attempt % 2 == 0 else "revert"
         if verb == "revert":
             assert run(tree, "apply").returncode == 0
@@ -152,12 +152,12 @@ def test_sigkill_at_random_moments(make_tree, patched_reference):
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
-def test_signal_in_the_write_phase_waits_for_the_commit(make_tree, patched_reference, signame):
+def test_signal_in_the_write_phase_waits_for_the_commit(linked_tree, patched_reference, signame):
     """A signal at any point of the transaction is held until it is
     committed: the process exits 130 / 143 with the tree fully patched."""
     points = crash_points(patched_reference)
     for point in points:
-        tree = make_tree(PRIMARY)
+        tree = linked_tree(PRIMARY)
         at = point if ":" in point else f"{point}:"  # label:N:SIGNAL, N empty for a one-pass point
         result = run(tree, "apply", env={"PATCHKIT_TEST_SIGNAL_AT": f"{at}:{signame}"})
         assert result.returncode == 128 + getattr(signal, signame), (point, result.stderr)
@@ -166,15 +166,15 @@ def test_signal_in_the_write_phase_waits_for_the_commit(make_tree, patched_refer
         assert snapshot(tree) == patched_reference, point
 
 
-def test_signals_at_random_moments_leave_all_or_nothing(make_tree, patched_reference):
+def test_signals_at_random_moments_leave_all_or_nothing(linked_tree, patched_reference):
     """Real signals at random moments of warm-cache applies (a write window
     of a few hundred milliseconds): the tree is pristine or fully patched."""
     rng = random.Random(4321)
-    warm = make_tree(PRIMARY)
+    warm = linked_tree(PRIMARY)
     assert run(warm, "apply").returncode == 0  # fills the shared transform cache
     outcomes = []
     for attempt in range(10):
-        tree = make_tree(PRIMARY)
+        tree = linked_tree(PRIMARY)
         sig = signal.SIGINT if attempt % 2 else signal.SIGTERM
         proc = subprocess.Popen([sys.executable, "-m", "patchkit", "apply", str(tree)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -189,8 +189,8 @@ def test_signals_at_random_moments_leave_all_or_nothing(make_tree, patched_refer
     print("signal outcomes:", outcomes)
 
 
-def test_two_applies_at_once_are_serialised(make_tree, patched_reference):
-    tree = make_tree(PRIMARY)
+def test_two_applies_at_once_are_serialised(linked_tree, patched_reference):
+    tree = linked_tree(PRIMARY)
     procs = [subprocess.Popen([sys.executable, "-m", "patchkit", "apply", str(tree)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate() for p in procs]
@@ -199,8 +199,8 @@ def test_two_applies_at_once_are_serialised(make_tree, patched_reference):
     assert run(tree, "verify").returncode == 0
 
 
-def test_lock_timeout_is_a_clear_error(make_tree):
-    tree = make_tree(PRIMARY)
+def test_lock_timeout_is_a_clear_error(linked_tree):
+    tree = linked_tree(PRIMARY)
     store = Store(tree / ".patchkit")
     with store.locked(timeout=1):
         result = run(tree, "apply", env={"PATCHKIT_LOCK_TIMEOUT": "0.3"})

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PRIMARY, pristine_snapshot, snapshot
+from support import PRIMARY, linked_copy, pristine_snapshot, snapshot
 
 pytestmark = [pytest.mark.trees, pytest.mark.slow,
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")]
@@ -79,7 +79,7 @@ def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
 
     # One full cold apply: its time spreads the signals, its tree is "fully patched".
     reference = tmp_path / "reference" / "sglang"
-    shutil.copytree(source, reference)
+    linked_copy(source, reference)
     started = time.monotonic()
     proc = _start(reference, tmp_path / "cache-reference")
     _, err = proc.communicate(timeout=300)
@@ -98,7 +98,7 @@ def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
         delay = span * i / (points - 1)
         sig = signal.SIGINT if i % 2 == 0 else signal.SIGTERM
         tree = tmp_path / f"t{i}" / "sglang"
-        shutil.copytree(source, tree)
+        linked_copy(source, tree)
         proc = _start(tree, tmp_path / f"cache-{i}")
         _wait_for_handlers(proc)
         time.sleep(delay)

@@ -17,6 +17,7 @@ _TESTS = str(Path(__file__).resolve().parent.parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
+import profiling  # noqa: E402
 from sglang_cpu_env import (  # noqa: E402
     import_sglang_tree,
     install_import_stubs,
@@ -75,7 +76,7 @@ def load_sglang(cpu_env):
 
     def load(package_dir, **kwargs):
         # Patched trees carry their runtime (vendored): they import without it.
-        with unimportable():
+        with unimportable(), profiling.timed("import sglang"):
             return import_sglang_tree(package_dir, **kwargs)
 
     yield load
