@@ -178,8 +178,9 @@ def settings_markdown(runs: Mapping[str, Mapping]) -> str:
 
 
 def problems(key: str, run: Mapping) -> list[str]:
-    """A checkpoint draft must come with its token map (else it ran like the old draft)."""
-    if run.get("draft") != "checkpoint" or not run.get("engine_facts"):
+    """A checkpoint EAGLE3 draft must come with its token map (else it ran like the old
+    draft). DeepSeek's MTP layer (scenario mtp) drafts over the whole vocabulary: no map."""
+    if run.get("draft") != "checkpoint" or run.get("scenario", "eagle3") != "eagle3" or not run.get("engine_facts"):
         return []
     shape = in_force(run)["hot_token_id_shape"]
     return [] if shape.startswith("[") else [f"{key}: the checkpoint draft has no hot_token_id ({shape})"]
