@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .wheels import REFERENCE_RELEASES, add_wheels_to_tar, all_pins, download_wheels, wheel_cache
+from .wheels import COMMON_PINS, REFERENCE_RELEASES, add_wheels_to_tar, all_pins, download_wheels, wheel_cache
 
 MIB = 1024 * 1024
 LIMIT_BYTES = 64 * MIB
@@ -181,7 +181,7 @@ def folder_size(root: Path) -> int:
 
 
 def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
-          limit: int = LIMIT_BYTES, log=print, minus: Iterable[str] = ()) -> dict:
+          limit: int = LIMIT_BYTES, log=print, minus: Iterable[str] = (), kernels: Iterable[str] = ()) -> dict:
     """``minus``: patch ids; each adds a tree "minus-ID" (every patch but that
     one) beside "patched", as ``overlay-minus-ID.tar.gz``: the orchestrator
     then measures that patch's own effect side by side."""
@@ -203,6 +203,13 @@ def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
             kept = add_wheels_to_tar(tar, wheels)
         manifest.setdefault("site_bytes", {})[group] = kept
         log(f"site/{group}.tar.gz: {len(wheels)} wheels")
+    kernels = list(kernels)
+    if kernels:  # issue 44: FlashMLA's library, which the slimmed sglang-kernel leaves out
+        from .bundle_kernels import add as add_kernels
+
+        kernel_wheel = download_wheels({"sglang-kernel": COMMON_PINS["sglang-kernel"]}, wheel_cache())
+        manifest["kernels"] = add_kernels(dest, kernel_wheel["sglang-kernel"], kernels)
+        log(f"kernels/: {', '.join(manifest['kernels'])}")
 
     runtime_modes = set()
     with tempfile.TemporaryDirectory(prefix="pk-gpu-bundle-") as tmp:

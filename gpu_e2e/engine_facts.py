@@ -31,7 +31,10 @@ from . import ranks, syncs
 NOTE = "engine"
 SERVER_FIELDS = ("disable_piecewise_cuda_graph", "enforce_piecewise_cuda_graph", "attention_backend",
                  "prefill_attention_backend", "decode_attention_backend", "load_format",
-                 "speculative_draft_load_format", "disable_cuda_graph", "speculative_algorithm")
+                 "speculative_draft_load_format", "disable_cuda_graph", "speculative_algorithm",
+                 # issue 44: MLA page size, tree drafts, the captured batch size
+                 "page_size", "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_num_steps",
+                 "cuda_graph_max_bs", "max_running_requests", "moe_runner_backend")
 #: Engine log lines that show a graph being captured (sglang logs them on rank 0).
 LOG_LINES = {
     "piecewise_capture": "Capture piecewise CUDA graph begin",
@@ -44,6 +47,9 @@ _MARK = "__pk_e2e_engine_facts__"
 
 def install() -> None:
     syncs.on_import(ranks.SCHEDULER_MODULE, _hook_scheduler)
+    from . import tree_mask_probe
+
+    tree_mask_probe.install()  # issue 44: which verify tree mask each draft step used
 
 
 def _hook_scheduler(module: Any) -> None:
@@ -79,6 +85,7 @@ def facts_of_scheduler(scheduler: Any) -> dict:
         out["cuda_graph_runner"] = _cls(getattr(runner, "graph_runner", None))
         out["attn_backend"] = _cls(getattr(runner, "attn_backend", None))
         out["context_len"] = getattr(getattr(runner, "model_config", None), "context_len", None)
+        out["model"] = _cls(getattr(runner, "model", None))
     worker = getattr(scheduler, "draft_worker", None)
     inner = getattr(worker, "_draft_worker", worker)  # spec v2 wraps the draft worker
     if inner is not None:
@@ -88,6 +95,7 @@ def facts_of_scheduler(scheduler: Any) -> dict:
         out["draft_piecewise_runner"] = _cls(getattr(draft_runner, "piecewise_cuda_graph_runner", None))
         out["draft_extend_graph_runner"] = _cls(getattr(inner, "cuda_graph_runner_for_draft_extend", None))
         out["draft_extend_attn_backend"] = _cls(getattr(inner, "draft_extend_attn_backend", None))
+        out["draft_model"] = _cls(getattr(draft_runner, "model", None))
         hot = getattr(inner, "hot_token_id", None)
         shape = getattr(hot, "shape", None)
         out["hot_token_id_shape"] = None if hot is None else [int(n) for n in shape] if shape is not None else [len(hot)]
@@ -134,6 +142,10 @@ def in_force(run: Mapping) -> dict:
         "draft_extend_graph_runner": agreed("draft_extend_graph_runner"),
         "hot_token_id_shape": agreed("hot_token_id_shape"),
         "context_len": agreed("context_len"),
+        "page_size": agreed("page_size"),
+        "topk": agreed("speculative_eagle_topk"),
+        "model": agreed("model"),
+        "draft_model": agreed("draft_model"),
         "log_piecewise_capture": log.get("piecewise_capture"),
         "log_draft_extend_capture": log.get("draft_extend_capture"),
     }
@@ -166,8 +178,9 @@ def settings_markdown(runs: Mapping[str, Mapping]) -> str:
 
 
 def problems(key: str, run: Mapping) -> list[str]:
-    """A checkpoint draft must come with its token map (else it ran like the old draft)."""
-    if run.get("draft") != "checkpoint" or not run.get("engine_facts"):
+    """A checkpoint EAGLE3 draft must come with its token map (else it ran like the old
+    draft). DeepSeek's MTP layer (scenario mtp) drafts over the whole vocabulary: no map."""
+    if run.get("draft") != "checkpoint" or run.get("scenario", "eagle3") != "eagle3" or not run.get("engine_facts"):
         return []
     shape = in_force(run)["hot_token_id_shape"]
     return [] if shape.startswith("[") else [f"{key}: the checkpoint draft has no hot_token_id ({shape})"]

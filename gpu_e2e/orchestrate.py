@@ -21,7 +21,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import engine_facts, fa3_kernel, mirror_control, rank_report, ranks, report
+from . import bundle_kernels, engine_facts, fa3_kernel, mirror_control, rank_report, ranks, report
 
 
 def log(msg: str) -> None:
@@ -95,8 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", default=None,
                     help="A,B: the two variants each round compares (default: pristine,patched, or the "
                          "first two variants); outputs must be identical only where A and B use one backend")
-    ap.add_argument("--scenario", choices=("eagle3", "standalone"), default="eagle3",
-                    help="standalone: the draft is the target itself, so steps accept tokens")
+    ap.add_argument("--scenario", choices=("eagle3", "standalone", "mtp"), default="eagle3",
+                    help="standalone: the draft is the target itself, so steps accept tokens; "
+                         "mtp: a DeepSeek size (ds, ds-dense) with its own MTP layer as the draft")
+    ap.add_argument("--engine-extra", default="{}",
+                    help="JSON object of Engine settings over the rest (page_size, speculative_eagle_topk, "
+                         "cuda_graph_max_bs, ...), as each engine's settings.md reads them back")
+    ap.add_argument("--input-len", type=int, default=32, help="prompt tokens of the uniform workload")
+    ap.add_argument("--label", default="", help="a word added to every run's key (one call, two settings)")
+    ap.add_argument("--wrap", default="",
+                    help="a command put before every runner (e.g. compute-sanitizer --tool memcheck ...)")
     ap.add_argument("--deterministic", action="store_true",
                     help="enable_deterministic_inference in every engine")
     ap.add_argument("--workloads", default="uniform", help="comma list: uniform, mixed")
@@ -119,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context-length", type=int, default=0, help="0: the models' own (131072)")
     ap.add_argument("--fa3-lib", type=Path, default=None,
                     help="FA3's flash_ops.abi3.so unpacked by fa3_kernel.py (checked, then put beside sgl_kernel)")
+    ap.add_argument("--kernels", type=Path, default=None,
+                    help="a folder holding kernels/ (bundle_kernels.py; default: the bundle's own)")
     ap.add_argument("--run-timeout", type=int, default=420)
     ap.add_argument("--rounds", type=int, default=1,
                     help="engine processes per variant, alternating which starts first (ABBA...): "
@@ -140,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     site_common = unpacked_site(bundle, "common", work)
     log(f"site unpacked in {time.perf_counter() - t0:.0f} s")
+    for member in bundle_kernels.install(args.kernels or bundle, site_common):
+        log(f"{member} installed from {args.kernels or bundle} (sha256 checked)")
     if args.fa3_lib is not None:
         fa3 = fa3_kernel.install(args.fa3_lib, site_common)
         log(f"FA3 kernels installed from {args.fa3_lib} (sglang-kernel {fa3['sglang_kernel']}, sha256 checked)")
@@ -190,14 +202,15 @@ def main(argv: list[str] | None = None) -> int:
                 if args.alternate:
                     env[mirror_control.ENV_CONTROL] = str(sync_dir / "mirror")
                     env["PK_E2E_SYNC_FLUSH_S"] = "0.05"
-                cmd = [sys.executable, "-m", "pk_gpu_e2e.runner", "--tree-parent", str(trees[tree_name]),
+                cmd = [*args.wrap.split(), sys.executable, "-m", "pk_gpu_e2e.runner", "--tree-parent", str(trees[tree_name]),
                        "--variant", tree_name, "--size", size, "--batch-sizes", args.batch_sizes,
                        "--max-new-tokens", str(args.max_new_tokens), "--runs", str(args.runs),
                        "--attention-backend", backend,
                        "--scenario", args.scenario, "--workloads", args.workloads,
                        "--alternate", str(args.alternate), "--mem-fraction-static", str(mem_fraction),
                        "--tp", str(args.tp), "--piecewise", args.piecewise, "--draft", args.draft,
-                       "--context-length", str(args.context_length),
+                       "--context-length", str(args.context_length), "--engine-extra", args.engine_extra,
+                       "--input-len", str(args.input_len),
                        "--models-dir", str(work / "models"), "--out", str(res_file)]
                 if args.deterministic:
                     cmd.append("--deterministic")
@@ -298,7 +311,7 @@ def _variant(spec: str, default_backend: str) -> tuple[str, str]:
 
 def _setting(args) -> str:
     """Key part naming what differs from the first proof's settings ("" when nothing)."""
-    parts = []
+    parts = [args.label] if getattr(args, "label", "") else []
     if args.scenario != "eagle3":
         parts.append(args.scenario)
     if args.deterministic:

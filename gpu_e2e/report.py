@@ -180,8 +180,9 @@ def speed_markdown(rows: list[dict]) -> str:
 
 #: Attention backends whose patched tree drops the CPU mirror (every backend of
 #: the run then declares needs_cpu_seq_lens = False): Triton (needs-cpu-seq-lens),
-#: FA3 (fa3-spec-v2), TRT-LLM MHA / MLA (trtllm-mha-spec-v2, trtllm-mla-spec-v2).
-SYNC_FREE_BACKENDS = frozenset({"triton", "fa3", "trtllm_mha", "trtllm_mla"})
+#: FA3 (fa3-spec-v2), TRT-LLM MHA / MLA (trtllm-mha-spec-v2, trtllm-mla-spec-v2),
+#: FlashMLA (flashmla-spec-v2).
+SYNC_FREE_BACKENDS = frozenset({"triton", "fa3", "trtllm_mha", "trtllm_mla", "flashmla"})
 
 
 def verdict(rows: list[dict], mirror_kept: bool = False) -> list[str]:

@@ -40,10 +40,13 @@ import sys
 import time
 from pathlib import Path
 
-from . import draft_checkpoint, engine_facts, mirror_control, ranks, syncs, workloads
+from . import deepseek, draft_checkpoint, engine_facts, mirror_control, ranks, syncs, tree_mask_probe, workloads
 from .models import DRAFTS, SIZES, write_models
 
-SCENARIOS = {"eagle3": "EAGLE3", "standalone": "STANDALONE"}
+#: mtp (issue 44): DeepSeek's own MTP layer as the draft, named as users name it
+#: (NEXTN; sglang reads it as EAGLE), no draft path (the target's folder).
+SCENARIOS = {"eagle3": "EAGLE3", "standalone": "STANDALONE", "mtp": "NEXTN"}
+ALL_SIZES = sorted(SIZES) + sorted(deepseek.SIZES)
 
 PIECEWISE = ("default", "on", "off")
 
@@ -57,9 +60,11 @@ SPEC = dict(
 def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_graph_max_bs: int,
                   mem_fraction_static: float, scenario: str = "eagle3",
                   deterministic: bool = False, tp_size: int = 1, piecewise: str = "default",
-                  draft_kind: str = "checkpoint", context_length: int = 0) -> dict:
+                  draft_kind: str = "checkpoint", context_length: int = 0,
+                  engine_extra: dict | None = None) -> dict:
     """The Engine's settings; ``attention_backend`` "default" and ``piecewise``
-    "default" name nothing, so the release's own defaults decide."""
+    "default" name nothing, so the release's own defaults decide. ``engine_extra``
+    (issue 44: page size, top-k, draft tokens, captured batch size) goes over the rest."""
     extra: dict = {"enable_deterministic_inference": True} if deterministic else {}
     if attention_backend != "default":
         extra["attention_backend"] = attention_backend
@@ -73,11 +78,14 @@ def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_gra
         extra["speculative_draft_load_format"] = "auto"  # the draft's safetensors; the target stays dummy
     if context_length:
         extra["context_length"] = context_length
-    return dict(
+    if scenario == "mtp":
+        draft_path = None  # as users serve DeepSeek MTP: sglang takes the target's folder
+    else:  # STANDALONE drafts with a copy of the target itself (see the module doc).
+        draft_path = str(target if scenario == "standalone" else draft)
+    kwargs = dict(
         model_path=str(target),
         speculative_algorithm=SCENARIOS[scenario],
-        # STANDALONE drafts with a copy of the target itself (see the module doc).
-        speculative_draft_model_path=str(target if scenario == "standalone" else draft),
+        speculative_draft_model_path=draft_path,
         load_format="dummy",
         skip_tokenizer_init=True,
         dtype="bfloat16",
@@ -90,6 +98,8 @@ def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_gra
         **SPEC,
         **extra,
     )
+    kwargs.update(engine_extra or {})
+    return kwargs
 
 
 def _sync_table(sync_dir: str | None, wait: float = 1.5) -> dict:
@@ -155,6 +165,7 @@ def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
         "accept_per_request": calls[0]["accept_per_request"],
         "syncs": syncs.syncs_only(timed),
         "decode_steps": syncs.calls_of(timed, "prepare_for_decode"),
+        "tree_mask": tree_mask_probe.counts(timed),
         "ranks": ranks.batch_per_rank(ranks.read(sync_dir), before_ranks),
         "verify_ct": verify,
     }
@@ -194,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tree-parent", required=True)
     ap.add_argument("--variant", required=True)
-    ap.add_argument("--size", choices=sorted(SIZES), required=True)
+    ap.add_argument("--size", choices=ALL_SIZES, required=True)
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="eagle3")
     ap.add_argument("--deterministic", action="store_true",
                     help="enable_deterministic_inference (batch-invariant kernels)")
@@ -212,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context-length", type=int, default=0, help="0: the model's own (131072)")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6)
     ap.add_argument("--tp", type=int, default=1, help="tp_size of the engine (one scheduler process per rank)")
+    ap.add_argument("--engine-extra", default="{}", help="JSON object of Engine settings over the rest")
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -225,7 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, tree_parent)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     names = args.workloads.split(",")
-    target, draft = write_models(Path(args.models_dir), args.size, args.draft)
+    if deepseek.is_deepseek(args.size) != (args.scenario == "mtp"):
+        raise SystemExit(f"--size {args.size} --scenario {args.scenario}: DeepSeek sizes run mtp, Llama ones not")
+    if args.scenario == "mtp":
+        target = draft = deepseek.write_model(Path(args.models_dir), args.size)
+    else:
+        target, draft = write_models(Path(args.models_dir), args.size, args.draft)
     stamp = None
     if args.draft == "checkpoint" and args.scenario == "eagle3":
         t = time.perf_counter()
@@ -258,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                            cuda_graph_max_bs=max(max(batch_sizes), 8),
                            mem_fraction_static=args.mem_fraction_static,
                            scenario=args.scenario, deterministic=args.deterministic, tp_size=args.tp,
-                           piecewise=args.piecewise, draft_kind=args.draft, context_length=args.context_length)
+                           piecewise=args.piecewise, draft_kind=args.draft, context_length=args.context_length,
+                           engine_extra=json.loads(args.engine_extra))
     result["engine_kwargs"] = kwargs
     t0 = time.perf_counter()
     engine = Engine(**kwargs)
@@ -271,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     for facts in result["engine_facts"]:
         print(f"[runner] in force: {json.dumps(facts, sort_keys=True)}", flush=True)
     try:
-        vocab = SIZES[args.size]["vocab_size"]
+        vocab = deepseek.VOCAB if args.scenario == "mtp" else SIZES[args.size]["vocab_size"]
         for name in names:
             for bs in batch_sizes:
                 requests = workloads.build(name, bs, input_len=args.input_len,
@@ -290,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                     batch = {**head, **timed_runs(engine, requests, args.runs, sync_dir)}
                     print(f"[runner] {args.variant} {args.size} {name} bs={bs}: {batch['tok_per_s']:.1f} tok/s "
                           f"accept {batch['accept_length']} steps {batch['decode_steps']} "
-                          f"syncs {sum(batch['syncs'].values())}", flush=True)
+                          f"syncs {sum(batch['syncs'].values())} tree mask {batch['tree_mask']}", flush=True)
                 result["batches"].append(batch)
                 Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))

@@ -35,6 +35,8 @@ def main() -> int:
     b.add_argument("--minus", action="append", default=[], metavar="PATCH",
                    help="also carry a tree with every patch but PATCH (variant minus-PATCH), to measure "
                         "that patch's own effect side by side")
+    b.add_argument("--kernel", action="append", default=[], choices=["flashmla"],
+                   help="also carry this sglang-kernel library in the bundle (FlashMLA: about 4 MiB)")
     f = sub.add_parser("fa3-pack", help="pack FA3's kernel library for a device call of its own")
     f.add_argument("--out", required=True, type=Path)
     t = sub.add_parser("tables", help="issue 23's tables from one or more results.json (e.g. two device calls)")
@@ -45,7 +47,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.cmd == "bundle":
         bundle.build(args.out, args.release or ["0.5.12.post1"],
-                     limit=int(args.limit_mib * bundle.MIB), minus=args.minus)
+                     limit=int(args.limit_mib * bundle.MIB), minus=args.minus, kernels=args.kernel)
         return 0
     if args.cmd == "tables":
         import json
