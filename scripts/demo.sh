@@ -19,7 +19,7 @@ rm -rf "$work" && mkdir -p "$work" && cp -r "$pristine" "$work/sglang"
 cd "$work/sglang"
 say() { printf '\n$ %s\n' "$*"; "$@" 2>&1; }
 printf '$ cd %s\n' "$work/sglang"
-say patchkit list
+
 say patchkit apply
 say patchkit verify
 echo "demo: patchkit is installed in .venv: \`. .venv/bin/activate\` puts it on PATH" >&2
