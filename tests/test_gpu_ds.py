@@ -121,32 +121,35 @@ def test_tree_mask_probe_counts_which_mask_a_step_took():
 
 # ---------------------------------------------------------------- recorded runs (H100)
 
-def test_deepseek_mtp_on_fa3_reproduces_its_table():
-    data = _results("d12-fa3")
-    pristine, patched = (data["runs"][f"0.5.12.post1/ds/default/mtp/{v}"] for v in ("pristine", "patched"))
-    rows = report.compare("0.5.12.post1", pristine, patched)
+@pytest.mark.parametrize("step,release,piecewise", [("d12-fa3", "0.5.12.post1", "on"), ("d10-fa3", "0.5.10", "off")])
+def test_deepseek_mtp_on_fa3_reproduces_its_table(step, release, piecewise):
+    data = _results(step)
+    pristine, patched = (data["runs"][f"{release}/ds/default/mtp/{v}"] for v in ("pristine", "patched"))
+    rows = report.compare(release, pristine, patched)
     assert engine_facts.backend_in_force(patched, "default") == "fa3"  # the release's choice, read back
     assert report.verdict(rows, mirror_kept=False) == []
     assert [r["identical"] for r in rows] == [True, True]
-    assert report.markdown(rows) == (RUNS / "d12-fa3" / "table.md").read_text()
+    assert report.markdown(rows) == (RUNS / step / "table.md").read_text()
     facts = [engine_facts.in_force(r) for r in (pristine, patched)]
     assert [f["draft_extend_graph_runner"] for f in facts] == ["None", "EAGLEDraftExtendCudaGraphRunner"]
     assert {f["model"] for f in facts} == {"DeepseekV3ForCausalLM"}
     assert {f["draft_model"] for f in facts} == {"DeepseekV3ForCausalLMNextN"}
-    assert {f["context_len"] for f in facts} == {"163840"} and {f["piecewise"] for f in facts} == {"on"}
+    assert {f["context_len"] for f in facts} == {"163840"} and {f["piecewise"] for f in facts} == {piecewise}
+    assert [b["tree_mask"]["preallocated"] for b in patched["batches"]] == [768, 768]
 
 
-def test_flashmla_pristine_fails_in_draft_extend_and_patched_serves():
-    data = _results("d12-fmla")
-    assert data["runs"]["0.5.12.post1/ds/flashmla/mtp/pristine"] == {"rc": -9}
-    log = (RUNS / "d12-fmla" / "engine.log").read_text()
-    pristine_log = log.split("===== 0.5.12.post1/ds/flashmla/mtp/patched =====")[0]
+@pytest.mark.parametrize("release,tag", [("0.5.12.post1", "d12"), ("0.5.10", "d10")])
+def test_flashmla_pristine_fails_in_draft_extend_and_patched_serves(release, tag):
+    data = _results(f"{tag}-fmla")
+    assert data["runs"][f"{release}/ds/flashmla/mtp/pristine"] == {"rc": -9}
+    log = (RUNS / f"{tag}-fmla" / "engine.log").read_text()
+    pristine_log = log.split(f"===== {release}/ds/flashmla/mtp/patched =====")[0]
     assert "_draft_extend_for_decode" in pristine_log
     assert "AttributeError: 'PrefillMetadata' object has no attribute 'block_kv_indices'" in pristine_log
-    patched = data["runs"]["0.5.12.post1/ds/flashmla/mtp/patched"]
+    patched = data["runs"][f"{release}/ds/flashmla/mtp/patched"]
     f = engine_facts.in_force(patched)
     assert (f["attn_backend"], f["page_size"]) == ("FlashMLABackend", "64")
-    fa3 = _results("d12-fa3")["runs"]["0.5.12.post1/ds/default/mtp/pristine"]
+    fa3 = _results(f"{tag}-fa3")["runs"][f"{release}/ds/default/mtp/pristine"]
     for batch, ref in zip(patched["batches"], fa3["batches"]):
         assert batch["decode_steps"] > 0 and batch["deterministic"]
         assert not any(PFD in site for site in batch["syncs"])  # 0.00 prepare_for_decode syncs/step
@@ -170,7 +173,7 @@ def test_tree_drafts_stop_where_the_docs_say():
 def test_docs_gpu_section_names_device_commit_and_patched_tree():
     text = (repo_root() / "docs" / "gpu.md").read_text()
     section = text.split("## DeepSeek MTP on Hopper (issue 44")[1].split("\n## ")[0]
-    for step in ("d12-fa3", "d12-fmla", "t12-tree", "t12-memcheck"):
+    for step in ("d12-fa3", "d12-fmla", "t12-tree", "t12-memcheck", "d10-fa3", "d10-fmla"):
         data = _results(step)
         assert data["device"].startswith("NVIDIA H100") and data["patchkit_commit"][:7] in section
         for tree in data["trees"].values():
