@@ -11,7 +11,7 @@ manifest, written as one transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import patchkit
 from patchkit import fetch, git, registry
@@ -39,10 +39,13 @@ class Plan:
 
 
 def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False, runtime: Optional[str] = None,
-                  progress: Optional["Progress"] = None) -> Outcome:
+                  progress: Optional["Progress"] = None, accept_vendor_code_risk: bool = False,
+                  say: Callable[[str], None] = lambda line: None) -> Outcome:
     """Apply ``selected``; ``runtime`` (vendored | package) switches the
     runtime mode, default: the tree's mode, or vendored on a fresh tree.
-    ``progress(done, total)`` hears of each file transformed ahead."""
+    ``progress(done, total)`` hears of each file transformed ahead.
+    The fetch step downloads the release's bytes the vendor-code check needs
+    (or refuses, offline), unless ``accept_vendor_code_risk``."""
     tree, record = session.tree, session.record
     mode = runtime or session.runtime_mode
     if mode not in vendoring.MODES:
@@ -53,8 +56,10 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # every file's detection and transform ahead, in parallel or from the
     # transform cache (this seeds the findings the plan's reports read).
     sources = session.sources(selected)
-    pristine = fetch.release_sources(tree.version, sources)
-    transformer = Transformer(tree, session.findings, session.modules, sources, pristine)
+    pristine = fetch.release_sources(tree.version, sources, sources, download=True,
+                                     accept_risk=accept_vendor_code_risk, say=say)
+    transformer = Transformer(tree, session.findings, session.modules, sources, pristine,
+                              risk_accepted=accept_vendor_code_risk)
     transformer.prepare(selected, progress)
     # Plan; then, before any transform, what the plan's files need: edits made
     # since an earlier apply (a clone may recover backups). The commit checks
