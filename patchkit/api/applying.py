@@ -24,6 +24,7 @@ from patchkit.results import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Pat
 from patchkit.state import vendoring
 from patchkit.state.record import FileRecord, Record
 from patchkit.transform.transformer import Transformer
+from patchkit.transform.vendor_code import VendorCodeLost
 
 if TYPE_CHECKING:
     from patchkit.transform.parallel import Progress
@@ -65,9 +66,10 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # since an earlier apply (a clone may recover backups). The commit checks
     # the runtime mode's rules and that every file to change is writable.
     plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
+    changed = _transform_refusing(transformer, plan, sources)
     edited = session.edited_since_apply(plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
-    for rel, new in transformer.transform_files(plan.files, plan.todo).items():
+    for rel, new in changed.items():
         outcome.changed[rel] = (sources[rel], new)
     outcome.messages.extend(transformer.notes)  # vendor code replaced on purpose, or its check skipped
     base_commit = record.base_commit or git.head(tree.package)  # what the patches are applied on
@@ -104,6 +106,30 @@ def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[s
         plan.todo.append(patch)
     plan.files = list(dict.fromkeys(t.file for p in plan.todo for t in p.targets if t.file in sources))
     return plan
+
+
+def _transform_refusing(transformer: Transformer, plan: Plan, sources: dict[str, bytes]) -> dict[str, bytes]:
+    """The plan's files transformed (rel -> new bytes, those that change). A
+    patch the vendor-code check refuses is taken out of the plan, with the
+    patches that require it, each skipped with its one-line reason; the
+    others are transformed again without it (one refusal never blocks the rest)."""
+    notes = list(transformer.notes)
+    while True:
+        try:
+            return transformer.transform_files(plan.files, plan.todo)
+        except VendorCodeLost as exc:
+            if exc.patch is None or exc.patch not in {p.id for p in plan.todo}:
+                raise  # not one patch's doing (the import block): the whole apply stops
+            transformer.notes[:] = notes  # what the refused attempt noted no longer holds
+            plan.skipped.append((exc.patch, exc.site))
+            out = {exc.patch}
+            for patch in plan.todo:  # in order: a patch comes after those it requires
+                if patch.id not in out and any(r in out for r in patch.requires):
+                    plan.skipped.append((patch.id, f"requires {next(r for r in patch.requires if r in out)}, "
+                                                   "which was refused"))
+                    out.add(patch.id)
+            plan.todo = [p for p in plan.todo if p.id not in out]
+            plan.files = list(dict.fromkeys(t.file for p in plan.todo for t in p.targets if t.file in sources))
 
 
 def _record(tree: "Tree", record: Record, plan: Plan, outcome: Outcome, sources: dict[str, bytes],
