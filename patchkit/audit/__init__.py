@@ -27,6 +27,10 @@ that build them (a multi-step draft backend). Each read gets one verdict:
   a code path where the mirror always exists, with the reason; or the
   release's own code off the spec-v2 paths (``origin`` "release", outside
   MODULES: read as sglang ships it, which the patches were written against);
+* ``kept-mirror``: runs only while the decision keeps the mirror: in a
+  spec-v2 worker that does not list its attention backends (nor an ancestor),
+  or in a module only such workers import (``patchkit.audit.reach``), with
+  the reason;
 * ``unguarded``: reads None once the mirror is dropped: in a backend that
   opts out (or may: a property), a wrapper that builds one, or code outside
   the backends (workers, models, helpers run beside whatever backend is
@@ -52,13 +56,14 @@ from typing import Iterable, Optional
 
 from patchkit.audit import facts as audit_facts
 from patchkit.audit.facts import sources
+from patchkit.audit.reach import KeptMirror
 from patchkit.audit.syntax import Read
 
 __all__ = ["Audit", "Read", "audit_tree", "sources", "fingerprint", "to_json", "to_text", "vendor_line", "vendor_problems",
            "verify_line"]
 
 AUDIT_SCHEMA = "patchkit.audit/1"
-VERDICTS = ("guarded", "patched", "safe", "unguarded", "stale")
+VERDICTS = ("guarded", "patched", "safe", "kept-mirror", "unguarded", "stale")
 PROBLEMS = ("unguarded", "stale")
 
 # The modules of the spec-v2 paths (scheduler -> batch -> worker -> runners ->
@@ -114,6 +119,7 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
     result = Audit(package, release=str(pristine) if pristine else None)
     facts = {rel: audit_facts.facts_of(rel, data) for rel, data in sources.items() if audit_facts.reads_mirror(data)}
     classes = audit_facts.ClassIndex(sources, facts)
+    kept = KeptMirror(sources, classes)
     release = audit_facts.Release(pristine) if pristine else None
     for rel, fact in list(facts.items()):
         if fact is None or not fact.reads:
@@ -121,13 +127,14 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
         result.modules.append(rel)
         origins = release.origins(rel, sources[rel], fact.reads) if release else [None] * len(fact.reads)
         for read, origin in zip(fact.reads, origins):
-            result.reads.append(_combine(Read(**asdict(read)), origin, classes))
+            result.reads.append(_combine(Read(**asdict(read)), origin, classes, kept))
     return result
 
 
-def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex) -> Read:
+def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex, kept: KeptMirror) -> Read:
     """The local verdict, made with what only the whole tree knows: whether the
-    class holding the read keeps the mirror, and whether sglang ships it."""
+    class holding the read keeps the mirror, whether the decision can drop it
+    where the read runs (``kept``), and whether sglang ships it."""
     read.origin = origin
     if read.verdict != "unguarded":
         return read
@@ -141,6 +148,9 @@ def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex)
     if origin == "release" and read.file not in MODULES and opts_out is None:
         read.verdict, read.why = "safe", ("as the sglang release ships it, off the spec-v2 paths the patches "
                                           "cover (patchkit.audit.MODULES)")
+    elif opts_out is None and read.file not in MODULES and (
+            (read.cls is not None and kept.worker(read.file, read.cls)) or kept.module(read.file)):
+        read.verdict, read.why = "kept-mirror", (kept.worker(read.file, read.cls) if read.cls else None) or kept.module(read.file)
     elif opts_out is None:
         read.why += " (code outside the attention backends runs beside whichever is configured)"
     return read
