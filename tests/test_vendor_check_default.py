@@ -76,6 +76,16 @@ def test_shipped_hashes_know_the_release_files(tree):
     assert known_releases.PATH.stat().st_size < 40_000  # only the files patches touch
 
 
+def test_shipped_hashes_cover_every_patch_target():
+    import json
+
+    from patchkit import registry
+
+    files = {t.file for p in registry.all_patches() for t in p.targets}
+    shipped = set(json.loads(known_releases.PATH.read_text())["files"])
+    assert files <= shipped, f"{sorted(files - shipped)}: run `PYTHONPATH=. python scripts/release_hashes.py`"
+
+
 def test_release_tree_needs_no_download(tree, cli, empty_cache):
     result = cli("apply", tree)
     assert result.exit_code == 0, result.output
