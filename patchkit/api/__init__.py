@@ -205,7 +205,8 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
             if audit_vendor and not dry_run:  # the tree as written, the count kept with the session's findings
                 from patchkit.audit import vendor_line
 
-                count = session.vendor_problems(t.file for p in registry.all_patches() for t in p.targets)
+                count = session.vendor_problems((t.file for p in registry.all_patches() for t in p.targets),
+                                                outcome.release_own)
                 result.vendor_line = vendor_line(count)
     except Interrupted as exc:
         _keep_committed(exc, result, "apply", where, dry_run)

@@ -72,6 +72,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     for rel, new in changed.items():
         outcome.changed[rel] = (sources[rel], new)
     outcome.messages.extend(transformer.notes)  # vendor code replaced on purpose, or its check skipped
+    outcome.release_own = sorted(rel for rel in outcome.changed if pristine.get(rel) == sources[rel])
     base_commit = record.base_commit or git.head(tree.package)  # what the patches are applied on
     new_record = _record(tree, record, plan, outcome, sources, edited)
     runtime = None

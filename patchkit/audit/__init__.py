@@ -107,17 +107,24 @@ class Audit:
         return not self.problems
 
 
-def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional[dict[str, bytes]] = None) -> Audit:
+def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional[dict[str, bytes]] = None,
+               vendor_only: bool = False, release_own: Iterable[str] = ()) -> Audit:
     """The audit of the sglang package folder ``package``; ``pristine``: the
     release's package folder to compare with (default: the release the tree
     names, when patchkit's cache holds it); ``sources``: its modules under
-    srt/, when already read (``audit_facts.sources``)."""
+    srt/, when already read (``audit_facts.sources``). ``vendor_only``: leave
+    out the modules that are the release's own bytes (every read there is the
+    release's: what ``vendor_problems`` never counts), unparsed, and the
+    ``release_own`` ones (files patchkit patched that were the release's
+    bytes: no vendor code either)."""
     package = Path(package)
     sources = audit_facts.sources(package) if sources is None else sources
     if pristine is None:
         pristine = audit_facts.cached_release(package)
     result = Audit(package, release=str(pristine) if pristine else None)
-    facts = {rel: audit_facts.facts_of(rel, data) for rel, data in sources.items() if audit_facts.reads_mirror(data)}
+    facts = {rel: audit_facts.facts_of(rel, data) for rel, data in sources.items()
+             if audit_facts.reads_mirror(data) and not (vendor_only and (
+                 rel in release_own or (pristine and _shipped(pristine, rel, data))))}
     classes = audit_facts.ClassIndex(sources, facts)
     kept = KeptMirror(sources, classes)
     release = audit_facts.Release(pristine) if pristine else None
@@ -129,6 +136,13 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
         for read, origin in zip(fact.reads, origins):
             result.reads.append(_combine(Read(**asdict(read)), origin, classes, kept))
     return result
+
+
+def _shipped(pristine: Path, rel: str, data: bytes) -> bool:
+    try:
+        return (pristine / rel).read_bytes() == data
+    except OSError:
+        return False
 
 
 def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex, kept: KeptMirror) -> Read:
