@@ -185,8 +185,9 @@ class Session:
 
         targets, sources = sorted(set(targets)), audit.sources(self.tree.package)
         release_own = sorted(set(release_own))
-        key = (f"vendor|{audit.fingerprint(self.tree.package, sources)}|{sha256(chr(0).join(targets).encode())}"
-               f"|{sha256(chr(0).join(release_own).encode())}")
+        # ``release_own`` is not in the key: it only spares parsing files whose
+        # reads are patchkit's or the release's, never the vendor's (same count).
+        key = f"vendor|{audit.fingerprint(self.tree.package, sources)}|{sha256(chr(0).join(targets).encode())}"
         if key not in self.findings:
             # Shared by every tree like a transform (a fresh copy of a release,
             # patched, has the same bytes), under patchkit's code fingerprint too.

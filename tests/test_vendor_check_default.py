@@ -135,3 +135,22 @@ def test_the_hash_script_reads_the_cached_trees(tmp_path):
     data = (fetch.fetch_tree(PRIMARY) / BATCH).read_bytes()
     assert table["releases"] == [PRIMARY]
     assert table["files"][BATCH] == {hashlib.sha256(data).hexdigest(): PRIMARY}
+
+
+def test_cold_apply_audits_only_what_the_vendor_changed(tree, tmp_path, monkeypatch):
+    """The vendor audit apply ends with parses no module that is the release's
+    own bytes, nor a file patched from release bytes (issue 45 §6: the
+    whole-tree audit was a large share of a cold apply)."""
+    from patchkit import api
+    from patchkit.audit import facts as audit_facts
+
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "cold"))
+    audit_facts._MEMO.clear()
+    (tree / "srt" / "acme_reads.py").write_text("def f(forward_batch):\n    return forward_batch.seq_lens_cpu.max()\n")
+    read = []
+    real = audit_facts.facts_of
+    monkeypatch.setattr(audit_facts, "facts_of", lambda rel, data, reads=True: (read.append(rel) if reads else None)
+                        or real(rel, data, reads))
+    result = api.apply(str(tree))
+    assert read == ["srt/acme_reads.py"]
+    assert result.vendor_line and result.vendor_line.startswith("audit: 1 read(s)")
