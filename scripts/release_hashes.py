@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from pathlib import Path
 
 from patchkit import known_releases, registry
 from patchkit.api.matrix import DEFAULT_RELEASES
