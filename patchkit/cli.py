@@ -95,16 +95,20 @@ def status(obj: Ctx, args, fmt: str) -> None:
               help="Where patched code finds its runtime: vendored (default on a new tree) writes it into the "
                    "tree as sglang/srt/_patchkit/, so the tree runs without patchkit; package forwards to the "
                    "installed patchkit.runtime. Default: the mode the tree was patched with.")
+@click.option("--accept-vendor-code-risk", "accept_risk", is_flag=True,
+              help="Download nothing for the vendor-code check (offline): files whose release bytes patchkit "
+                   "neither ships as hashes nor has cached are patched unchecked, and code your fork added "
+                   "there may be lost. Without it, an apply that cannot fetch the release changes nothing.")
 @format_option("apply")
 @click.pass_obj
 def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, show_diff: bool,
-          runtime: Optional[str], fmt: str) -> None:
+          runtime: Optional[str], accept_risk: bool, fmt: str) -> None:
     """Apply patches (all by default) to TREE. A patch pulls in those it requires.
     Also brings the tree's runtime folder up to date (a stale runtime is rewritten)."""
     given, ids = args
     with obj.progress("apply: transforming") as progress:
         result = _changing(obj, api.apply, given, ids, skip, dry_run=dry_run or check, runtime=runtime,
-                           say=obj.say, progress=progress)
+                           say=obj.say, progress=progress, accept_vendor_code_risk=accept_risk)
     try:
         _finish(obj, result, fmt, show_diff, check)
     finally:  # the last line: unguarded reads of the mirror in the vendor's own code (patchkit audit)

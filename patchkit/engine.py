@@ -173,15 +173,20 @@ class Session:
             self.findings[key] = len(audit.audit_tree(self.tree.package).problems)
         return self.findings[key]
 
-    def vendor_problems(self, targets: Iterable[str]) -> int:
+    def vendor_problems(self, targets: Iterable[str], release_own: Iterable[str] = ()) -> int:
         """How many of those reads are in the vendor's own code
         (``audit.vendor_problems``; ``targets``: the files patchkit's patches
-        change). Cached like ``audit_problems``: a warm ``apply`` would
-        otherwise spend most of its time auditing a tree it did not change."""
+        change; ``release_own``: files this apply changed that were their
+        release's bytes before, so hold no vendor code). Cached like
+        ``audit_problems``: a warm ``apply`` would otherwise spend most of its
+        time auditing a tree it did not change."""
         from patchkit import audit
         from patchkit.transform.cache import Entry, TransformCache
 
         targets, sources = sorted(set(targets)), audit.sources(self.tree.package)
+        release_own = sorted(set(release_own))
+        # ``release_own`` is not in the key: it only spares parsing files whose
+        # reads are patchkit's or the release's, never the vendor's (same count).
         key = f"vendor|{audit.fingerprint(self.tree.package, sources)}|{sha256(chr(0).join(targets).encode())}"
         if key not in self.findings:
             # Shared by every tree like a transform (a fresh copy of a release,
@@ -190,7 +195,8 @@ class Session:
             entry = shared.get(shared_key := shared.key(key, []))
             count = entry.before.get("vendor_problems") if entry is not None else None
             if not isinstance(count, int):
-                count = len(audit.vendor_problems(audit.audit_tree(self.tree.package, sources=sources), targets))
+                found = audit.audit_tree(self.tree.package, sources=sources, vendor_only=True, release_own=release_own)
+                count = len(audit.vendor_problems(found, targets))
                 shared.put(shared_key, Entry({"vendor_problems": count}, []))
             self.findings[key] = count
         return self.findings[key]

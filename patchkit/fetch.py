@@ -15,7 +15,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from patchkit import settings
 from patchkit.errors import PatchkitError
@@ -43,10 +43,13 @@ def download_wheel(version: str) -> Path:
     found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
     if found:
         return found[0]
+    # On a terminal pip draws its download progress (on stderr: stdout stays
+    # patchkit's results); elsewhere it is quiet.
+    shown = sys.stderr.isatty()
     with tempfile.TemporaryDirectory(dir=wheels) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", *_WHEEL_FLAGS,
+        cmd = [sys.executable, "-m", "pip", "download", *([] if shown else ["-q"]), *_WHEEL_FLAGS,
                f"sglang=={version}", "-d", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, stdout=sys.stderr if shown else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         got = sorted(Path(tmp).glob("sglang-*.whl"))
         if proc.returncode != 0 or not got:
             last = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
@@ -145,14 +148,50 @@ def release_file(version: str, rel: str) -> Optional[bytes]:
         return None
 
 
-def release_sources(version: str, files: Iterable[str]) -> dict[str, Optional[bytes]]:
-    """The fetch step of apply, revert and export: each of ``files`` as
-    ``pristine_source`` gives it, before any transform (the vendor-code check
-    compares against these bytes)."""
-    return {rel: pristine_source(version, rel) for rel in files}
+def release_sources(version: str, files: Iterable[str], sources: Optional[Mapping[str, bytes]] = None,
+                    download: bool = False, accept_risk: bool = False,
+                    say: Callable[[str], None] = lambda line: None) -> dict[str, Optional[bytes]]:
+    """The fetch step of apply, revert and export, before any transform: each
+    of ``files`` as the release ``version`` ships it (the vendor-code check
+    compares against these bytes). A file whose bytes (``sources``) match the
+    shipped hashes is its own release bytes; else patchkit's cache gives them.
+    ``download`` (apply): what neither has comes from the package registry,
+    and a release that cannot be had refuses the run in one line, unless
+    ``accept_risk`` (then nothing is downloaded and those files go unchecked:
+    None, which the transform's notes say)."""
+    from patchkit import known_releases
+
+    sources = sources or {}
+    out: dict[str, Optional[bytes]] = {}
+    for rel in files:
+        known = known_releases.release_bytes(version, rel, sources[rel]) if rel in sources else None
+        out[rel] = known if known is not None else pristine_source(version, rel)
+    missing = [rel for rel, data in out.items() if data is None]
+    if not missing or not download or accept_risk or not is_release(version):
+        return out
+    say(f"fetching sglang {version} from the package registry for the vendor-code check "
+        f"({len(missing)} file(s) differ from the release)")
+    try:
+        package = fetch_tree(version)
+    except PatchkitError as exc:
+        raise PatchkitError(
+            f"cannot run the vendor-code check: {exc}; nothing was changed "
+            f"(`patchkit fetch {version}` when online, or {RISK_FLAG} to apply without the check)") from None
+    for rel in missing:
+        try:
+            out[rel] = (package / rel).read_bytes()
+        except FileNotFoundError:
+            out[rel] = b""  # the release has no such file: all of it is the vendor's
+    return out
 
 
-def release_note(version: str) -> str:
+RISK_FLAG = "--accept-vendor-code-risk"
+
+
+def release_note(version: str, risk: bool = False) -> str:
+    if risk:
+        return (f"note: the vendor-code check was skipped ({RISK_FLAG}): sglang {version} was not downloaded, "
+                "so code your fork added to the patched files was not checked to survive")
     return (f"note: the vendor-code check was skipped: sglang {version} is not in patchkit's cache "
             f"(`patchkit fetch {version}` puts it there; code a fork added is then checked to survive)")
 

@@ -74,6 +74,20 @@ VENDOR = {
         "        batch.seq_lens_sum += len(lens)  # v:guarded\n"
         "        return lens\n"
     ),
+    # A spec-v2 worker of the vendor's own that lists no attention backends:
+    # the decision keeps the mirror whenever it runs (issue 45 §5).
+    "srt/speculative/acme_own_worker_v2.py": (
+        "from sglang.srt.speculative.acme_own_info import draft_lens\n\n\n"
+        "class AcmeOwnWorkerV2:\n"
+        "    def __init__(self, target_worker):\n"
+        "        self.target_worker = target_worker\n\n"
+        "    def verify(self, batch):\n"
+        "        return batch.seq_lens_cpu.tolist(), draft_lens(batch)  # v:kept-mirror\n"
+    ),
+    "srt/speculative/acme_own_info.py": (
+        "def draft_lens(batch):\n"
+        "    return batch.seq_lens_sum + 1  # v:kept-mirror\n"
+    ),
     "srt/models/acme_v4.py": (
         "from torch import nn\n\n\n"
         "class AcmeV4ForCausalLM(nn.Module):\n"
@@ -162,6 +176,17 @@ def test_vendor_modules_are_classified_on_the_patched_tree(trees):
     assert "AcmeCompressedBackend opts out" in why["AcmeCompressedBackend.init_forward_metadata"]
     assert "builds AcmeCompressedBackend" in why["AcmeMultiStepDraftBackend.init_forward_metadata"]
     assert "assert" in why["AcmeSparseBackend.init_forward_metadata"]
+
+
+def test_kept_mirror_reads_say_why(trees):
+    before = json.loads(run("audit", trees[3], "--format", "json").output)
+    kept = [r for r in before["reads"] if r["verdict"] == "kept-mirror"]
+    assert {r["file"] for r in kept} == {"srt/speculative/acme_own_worker_v2.py", "srt/speculative/acme_own_info.py"}
+    for r in kept:
+        assert r["why"].startswith("kept mirror: ") and "AcmeOwnWorkerV2" in r["why"]
+    assert before["summary"]["kept-mirror"] == len(kept)
+    text = run("audit", trees[3]).output
+    assert "kept-mirror" in text.splitlines()[-1] and "acme_own" not in text  # not listed as a problem
 
 
 def test_apply_ends_with_one_line_naming_the_vendor_reads(trees):

@@ -61,15 +61,29 @@ def test_vendor_token_is_carried(make_tree, cli, version, shape):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_replaced_vendor_code_is_refused_with_its_line(make_tree, cli, version):
+    """The refused patch and those requiring it are skipped, each with one
+    line; every other patch applies (issue 45 §4); exit 1."""
+    from support import patch_states
+
     tree = make_tree(version)
     line = insert(tree, BATCH, EAGER_SUM, " + acme_vendor_bias")
-    before = {rel: (tree / rel).read_bytes() for rel in (BATCH, WORKER)}
+    batch = (tree / BATCH).read_bytes()
     result = cli("apply", tree)
     assert result.exit_code == 1, result.output
-    assert f"{BATCH}:{line}: refused" in result.output
-    assert "acme_vendor_bias" in result.output and "DeferFilterBatchSum" in result.output
-    assert "needs-cpu-seq-lens" in result.output
-    assert {rel: (tree / rel).read_bytes() for rel in before} == before  # nothing changed
+    refused = [x for x in result.output.splitlines() if f"{BATCH}:{line}: refused" in x]
+    assert len(refused) == 1 and refused[0].startswith("not applied: needs-cpu-seq-lens: ")
+    assert "acme_vendor_bias" in refused[0] and "DeferFilterBatchSum" in refused[0]
+    assert "nothing was changed" not in result.output
+    assert (tree / BATCH).read_bytes() == batch  # only the refused patch touches it
+    states = {pid: p["state"] for pid, p in patch_states(cli, tree).items()}
+    assert states["needs-cpu-seq-lens"] == "absent"
+    for dependent in ("replay-no-stale-mirror", "fa3-spec-v2", "piecewise-no-forced-mirror", "trtllm-mla-spec-v2"):
+        assert states[dependent] != "applied"
+        assert f"not applied: {dependent}: requires " in result.output
+    for free in ("draft-extend-graph-no-topk", "trtllm-mha-overlap-hook", "trtllm-mla-draft-skip-template"):
+        assert states[free] == "applied", (free, result.output)
+    assert cli("revert", tree).exit_code == 0
+    assert (tree / BATCH).read_bytes() == batch
 
 
 def test_declared_replacement_is_reported(make_tree, cli, monkeypatch):

@@ -182,12 +182,14 @@ def verify(tree: Optional[str] = None, ids: Iterable[str] = (), say: Say = _drop
 
 def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[str] = (), dry_run: bool = False,
           runtime: Optional[str] = None, say: Say = _drop, audit_vendor: bool = True,
-          progress: Optional["Progress"] = None) -> ChangeResult:
+          progress: Optional["Progress"] = None, accept_vendor_code_risk: bool = False) -> ChangeResult:
     """Apply the patches (all by default, with what they require; not
     ``skip``). ``dry_run`` writes nothing. ``runtime``: vendored | package.
     ``audit_vendor``: audit the written tree for the vendor's own unguarded
     reads of the mirror (``result.vendor_line``). ``progress(done, total)``
-    hears of each file transformed ahead (none the cache had)."""
+    hears of each file transformed ahead (none the cache had). The release's
+    bytes the vendor-code check needs are downloaded (offline: refused in one
+    line) unless ``accept_vendor_code_risk``."""
     from patchkit.api.applying import apply_patches
 
     where = locate(tree, say)
@@ -197,12 +199,14 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
         with locked_session(where.given, say, None if dry_run else "apply") as session:
             _refuse(session)
             _refuse_unloaded(session)
-            outcome = apply_patches(session, selected, dry_run=dry_run, runtime=runtime, progress=progress)
+            outcome = apply_patches(session, selected, dry_run=dry_run, runtime=runtime, progress=progress,
+                                    accept_vendor_code_risk=accept_vendor_code_risk, say=say)
             result = ChangeResult("apply", where, outcome, dry_run)
             if audit_vendor and not dry_run:  # the tree as written, the count kept with the session's findings
                 from patchkit.audit import vendor_line
 
-                count = session.vendor_problems(t.file for p in registry.all_patches() for t in p.targets)
+                count = session.vendor_problems((t.file for p in registry.all_patches() for t in p.targets),
+                                                outcome.release_own)
                 result.vendor_line = vendor_line(count)
     except Interrupted as exc:
         _keep_committed(exc, result, "apply", where, dry_run)

@@ -11,7 +11,7 @@ manifest, written as one transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import patchkit
 from patchkit import fetch, git, registry
@@ -24,6 +24,7 @@ from patchkit.results import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Pat
 from patchkit.state import vendoring
 from patchkit.state.record import FileRecord, Record
 from patchkit.transform.transformer import Transformer
+from patchkit.transform.vendor_code import VendorCodeLost
 
 if TYPE_CHECKING:
     from patchkit.transform.parallel import Progress
@@ -39,10 +40,13 @@ class Plan:
 
 
 def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False, runtime: Optional[str] = None,
-                  progress: Optional["Progress"] = None) -> Outcome:
+                  progress: Optional["Progress"] = None, accept_vendor_code_risk: bool = False,
+                  say: Callable[[str], None] = lambda line: None) -> Outcome:
     """Apply ``selected``; ``runtime`` (vendored | package) switches the
     runtime mode, default: the tree's mode, or vendored on a fresh tree.
-    ``progress(done, total)`` hears of each file transformed ahead."""
+    ``progress(done, total)`` hears of each file transformed ahead.
+    The fetch step downloads the release's bytes the vendor-code check needs
+    (or refuses, offline), unless ``accept_vendor_code_risk``."""
     tree, record = session.tree, session.record
     mode = runtime or session.runtime_mode
     if mode not in vendoring.MODES:
@@ -53,18 +57,22 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # every file's detection and transform ahead, in parallel or from the
     # transform cache (this seeds the findings the plan's reports read).
     sources = session.sources(selected)
-    pristine = fetch.release_sources(tree.version, sources)
-    transformer = Transformer(tree, session.findings, session.modules, sources, pristine)
+    pristine = fetch.release_sources(tree.version, sources, sources, download=True,
+                                     accept_risk=accept_vendor_code_risk, say=say)
+    transformer = Transformer(tree, session.findings, session.modules, sources, pristine,
+                              risk_accepted=accept_vendor_code_risk)
     transformer.prepare(selected, progress)
     # Plan; then, before any transform, what the plan's files need: edits made
     # since an earlier apply (a clone may recover backups). The commit checks
     # the runtime mode's rules and that every file to change is writable.
     plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
+    changed = _transform_refusing(transformer, plan, sources)
     edited = session.edited_since_apply(plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
-    for rel, new in transformer.transform_files(plan.files, plan.todo).items():
+    for rel, new in changed.items():
         outcome.changed[rel] = (sources[rel], new)
     outcome.messages.extend(transformer.notes)  # vendor code replaced on purpose, or its check skipped
+    outcome.release_own = sorted(rel for rel in outcome.changed if pristine.get(rel) == sources[rel])
     base_commit = record.base_commit or git.head(tree.package)  # what the patches are applied on
     new_record = _record(tree, record, plan, outcome, sources, edited)
     runtime = None
@@ -99,6 +107,30 @@ def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[s
         plan.todo.append(patch)
     plan.files = list(dict.fromkeys(t.file for p in plan.todo for t in p.targets if t.file in sources))
     return plan
+
+
+def _transform_refusing(transformer: Transformer, plan: Plan, sources: dict[str, bytes]) -> dict[str, bytes]:
+    """The plan's files transformed (rel -> new bytes, those that change). A
+    patch the vendor-code check refuses is taken out of the plan, with the
+    patches that require it, each skipped with its one-line reason; the
+    others are transformed again without it (one refusal never blocks the rest)."""
+    notes = list(transformer.notes)
+    while True:
+        try:
+            return transformer.transform_files(plan.files, plan.todo)
+        except VendorCodeLost as exc:
+            if exc.patch is None or exc.patch not in {p.id for p in plan.todo}:
+                raise  # not one patch's doing (the import block): the whole apply stops
+            transformer.notes[:] = notes  # what the refused attempt noted no longer holds
+            plan.skipped.append((exc.patch, exc.site))
+            out = {exc.patch}
+            for patch in plan.todo:  # in order: a patch comes after those it requires
+                if patch.id not in out and any(r in out for r in patch.requires):
+                    plan.skipped.append((patch.id, f"requires {next(r for r in patch.requires if r in out)}, "
+                                                   "which was refused"))
+                    out.add(patch.id)
+            plan.todo = [p for p in plan.todo if p.id not in out]
+            plan.files = list(dict.fromkeys(t.file for p in plan.todo for t in p.targets if t.file in sources))
 
 
 def _record(tree: "Tree", record: Record, plan: Plan, outcome: Outcome, sources: dict[str, bytes],

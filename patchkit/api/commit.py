@@ -30,6 +30,8 @@ class Outcome:
     done: list[str] = field(default_factory=list)  # patch ids applied/reverted now
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (patch id, why)
     messages: list[str] = field(default_factory=list)
+    # Files changed now whose bytes before were their release's own (no vendor code: the audit skips them).
+    release_own: list[str] = field(default_factory=list)
     # Backups and kept copies, stored by sha256 at commit (a dry run stores none).
     blobs: dict[str, bytes] = field(default_factory=dict)
 

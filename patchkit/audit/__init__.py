@@ -27,6 +27,10 @@ that build them (a multi-step draft backend). Each read gets one verdict:
   a code path where the mirror always exists, with the reason; or the
   release's own code off the spec-v2 paths (``origin`` "release", outside
   MODULES: read as sglang ships it, which the patches were written against);
+* ``kept-mirror``: runs only while the decision keeps the mirror: in a
+  spec-v2 worker that does not list its attention backends (nor an ancestor),
+  or in a module only such workers import (``patchkit.audit.reach``), with
+  the reason;
 * ``unguarded``: reads None once the mirror is dropped: in a backend that
   opts out (or may: a property), a wrapper that builds one, or code outside
   the backends (workers, models, helpers run beside whatever backend is
@@ -52,13 +56,14 @@ from typing import Iterable, Optional
 
 from patchkit.audit import facts as audit_facts
 from patchkit.audit.facts import sources
+from patchkit.audit.reach import KeptMirror
 from patchkit.audit.syntax import Read
 
 __all__ = ["Audit", "Read", "audit_tree", "sources", "fingerprint", "to_json", "to_text", "vendor_line", "vendor_problems",
            "verify_line"]
 
 AUDIT_SCHEMA = "patchkit.audit/1"
-VERDICTS = ("guarded", "patched", "safe", "unguarded", "stale")
+VERDICTS = ("guarded", "patched", "safe", "kept-mirror", "unguarded", "stale")
 PROBLEMS = ("unguarded", "stale")
 
 # The modules of the spec-v2 paths (scheduler -> batch -> worker -> runners ->
@@ -102,18 +107,26 @@ class Audit:
         return not self.problems
 
 
-def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional[dict[str, bytes]] = None) -> Audit:
+def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional[dict[str, bytes]] = None,
+               vendor_only: bool = False, release_own: Iterable[str] = ()) -> Audit:
     """The audit of the sglang package folder ``package``; ``pristine``: the
     release's package folder to compare with (default: the release the tree
     names, when patchkit's cache holds it); ``sources``: its modules under
-    srt/, when already read (``audit_facts.sources``)."""
+    srt/, when already read (``audit_facts.sources``). ``vendor_only``: leave
+    out the modules that are the release's own bytes (every read there is the
+    release's: what ``vendor_problems`` never counts), unparsed, and the
+    ``release_own`` ones (files patchkit patched that were the release's
+    bytes: no vendor code either)."""
     package = Path(package)
     sources = audit_facts.sources(package) if sources is None else sources
     if pristine is None:
         pristine = audit_facts.cached_release(package)
     result = Audit(package, release=str(pristine) if pristine else None)
-    facts = {rel: audit_facts.facts_of(rel, data) for rel, data in sources.items() if audit_facts.reads_mirror(data)}
+    facts = {rel: audit_facts.facts_of(rel, data) for rel, data in sources.items()
+             if audit_facts.reads_mirror(data) and not (vendor_only and (
+                 rel in release_own or (pristine and _shipped(pristine, rel, data))))}
     classes = audit_facts.ClassIndex(sources, facts)
+    kept = KeptMirror(sources, classes)
     release = audit_facts.Release(pristine) if pristine else None
     for rel, fact in list(facts.items()):
         if fact is None or not fact.reads:
@@ -121,13 +134,21 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
         result.modules.append(rel)
         origins = release.origins(rel, sources[rel], fact.reads) if release else [None] * len(fact.reads)
         for read, origin in zip(fact.reads, origins):
-            result.reads.append(_combine(Read(**asdict(read)), origin, classes))
+            result.reads.append(_combine(Read(**asdict(read)), origin, classes, kept))
     return result
 
 
-def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex) -> Read:
+def _shipped(pristine: Path, rel: str, data: bytes) -> bool:
+    try:
+        return (pristine / rel).read_bytes() == data
+    except OSError:
+        return False
+
+
+def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex, kept: KeptMirror) -> Read:
     """The local verdict, made with what only the whole tree knows: whether the
-    class holding the read keeps the mirror, and whether sglang ships it."""
+    class holding the read keeps the mirror, whether the decision can drop it
+    where the read runs (``kept``), and whether sglang ships it."""
     read.origin = origin
     if read.verdict != "unguarded":
         return read
@@ -141,6 +162,9 @@ def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex)
     if origin == "release" and read.file not in MODULES and opts_out is None:
         read.verdict, read.why = "safe", ("as the sglang release ships it, off the spec-v2 paths the patches "
                                           "cover (patchkit.audit.MODULES)")
+    elif opts_out is None and read.file not in MODULES and (
+            (read.cls is not None and kept.worker(read.file, read.cls)) or kept.module(read.file)):
+        read.verdict, read.why = "kept-mirror", (kept.worker(read.file, read.cls) if read.cls else None) or kept.module(read.file)
     elif opts_out is None:
         read.why += " (code outside the attention backends runs beside whichever is configured)"
     return read

@@ -79,9 +79,28 @@ class DeferSeqLensSum(MethodCodemod):
         return primitives.replace_statements(fn, EAGER_WRITE, _deferred)
 
 
+# The device seq_lens (any receiver): summing it is the sync filter_batch's deferral removes.
+DEVICE_SEQ_LENS = m.Attribute(attr=m.Name("seq_lens"))
+
+
 class DeferFilterBatchSum(DeferSeqLensSum):
+    """Superseded where the tree already keeps the sum without a device sync:
+    every write of it reads no device ``seq_lens`` (a fork that drops the
+    mirror for spec v2 itself and refreshes the sum from the requests, or sums
+    the host mirror), said once naming the vendor's line. Its value stays as
+    the vendor computes it (never None here: the readers need no fill)."""
+
     DESCRIPTION = "ScheduleBatch.filter_batch: seq_lens_sum = seq_lens.sum().item() (a device sync) -> None (deferred)"
     METHOD = "filter_batch"
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        eager = primitives.find_all(fn, EAGER_WRITE)
+        if eager and not any(primitives.contains(stmt, DEVICE_SEQ_LENS) for stmt in eager):
+            code = cst.Module([]).code_for_node(eager[0].body[0]).strip()
+            return Finding.superseded(
+                self.anchor, f"this tree computes seq_lens_sum without a device sync itself at {self.where(eager[0])} "
+                             f"(`{code}`); patchkit leaves it as it is", by_tree=True)
+        return super().detect_in_method(fn)
 
 
 class DeferMergeBatchSum(DeferSeqLensSum):

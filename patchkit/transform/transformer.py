@@ -44,6 +44,7 @@ class Transformer:
     sources: dict[str, bytes] = field(default_factory=dict)  # apply's target files as read: what prepare and transform_files work on
     pristine: dict[str, Optional[bytes]] = field(default_factory=dict)  # the fetch step's release bytes, by file
     notes: list[str] = field(default_factory=list)  # vendor code replaced on purpose, a check skipped
+    risk_accepted: bool = False  # the fetch step downloaded nothing, by the user's choice (its note says so)
     cache: TransformCache = field(default_factory=TransformCache.default)  # shared by every tree of the user
     _prepared: dict[str, tuple[str, Entry]] = field(default_factory=dict)  # rel -> (sha256 of its source, entry)
 
@@ -58,7 +59,7 @@ class Transformer:
         if data is None:
             from patchkit.fetch import is_release, release_note
 
-            note = release_note(self.tree.version) if is_release(self.tree.version) else None
+            note = release_note(self.tree.version, self.risk_accepted) if is_release(self.tree.version) else None
             self.notes.extend([note] if note and note not in self.notes else [])
         return data
 

@@ -291,6 +291,11 @@ class VendorCodeLost(PatchkitError):
 
     exit_code = EXIT_CHANGES
 
+    def __init__(self, site: str, patch: Optional[str]) -> None:
+        super().__init__(f"{site}; nothing was changed (carry the patch's change by hand there, or declare the "
+                         "replacement in the codemod's REPLACES_VENDOR)")
+        self.site, self.patch = site, patch  # the refusal without its consequence; the refused patch (None: unknown)
+
 
 def check(path: Path, before: bytes, pristine: bytes, after: bytes, after_tree: ast.Module,
           original: "cst.Module", instances: Sequence["PatchCodemod"], transformed: Sequence[str],
@@ -316,10 +321,9 @@ def check(path: Path, before: bytes, pristine: bytes, after: bytes, after_tree: 
     if refused:
         item, who = refused[0]
         more = f" (and {len(refused) - 1} more vendor token(s))" if len(refused) > 1 else ""
-        raise VendorCodeLost(
-            f"{path}:{item.line}: refused: {who} would remove code the vendor added, {describe(item)}{more}; "
-            "nothing was changed (carry the patch's change by hand there, or declare the replacement in the codemod's REPLACES_VENDOR)"
-        )
+        inst = blame.get(item)
+        raise VendorCodeLost(f"{path}:{item.line}: refused: {who} would remove code the vendor added, {describe(item)}{more}",
+                             owners.get(inst.name()) if inst is not None else None)
     return list(dict.fromkeys(notes))
 
 

@@ -308,8 +308,9 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         rewrites: dict[int, str] = {}
         for site in self._sites(fn):
-            for node, batch, draft in site.targets if site.state is State.TODO else ():
-                rewrites[id(node)] = f"fixed_q_cache_seqlens({code_of(batch)}, self.forward_metadata, {code_of(draft)})"
+            for node, batch, draft, bound in site.targets if site.state is State.TODO else ():
+                rows = f"[:{code_of(bound)}]" if bound is not None else ""  # the vendor's batch slice, kept
+                rewrites[id(node)] = f"fixed_q_cache_seqlens({code_of(batch)}, self.forward_metadata, {code_of(draft)}){rows}"
         if rewrites:
             self.require_import(HELPERS, "fixed_q_cache_seqlens")
             fn = fn.visit(ByIdentity({k: primitives.parse_expression(v) for k, v in rewrites.items()}))

@@ -29,66 +29,21 @@ KERNEL_CALL = m.Call(func=m.Name(FIXED_Q_KERNEL) | attr(FIXED_Q_KERNEL))
 DRAFT_EXTEND_V2_MODE = attr("DRAFT_EXTEND_V2", m.Name("ForwardMode"))
 DRAFT_EXTEND_V2_TEST = IS_DRAFT_EXTEND_V2 | DRAFT_EXTEND_V2_MODE
 SUPER_CALL = m.Call(func=attr("forward_extend", m.Call(func=m.Name("super"))))
-CASTS = "to|int|long|type|contiguous"  # `.to(torch.int32)`, `.to(device)`, `.int()`, ...
 DRAFT_TOKENS = attr("num_draft_tokens|speculative_num_draft_tokens")
 OURS = call("fixed_q_cache_seqlens")
 UPSTREAM_K_LENS = attr("seq_lens_k")
 
 
-def strip_casts(node: cst.BaseExpression) -> cst.BaseExpression:
-    """``X.to(...)`` / ``X.int()`` / ``torch.as_tensor(X, ...)`` -> X (the value, not its dtype or device)."""
-    while True:
-        if m.matches(node, m.Call(func=attr(CASTS))):
-            node = node.func.value
-        elif m.matches(node, m.Call(func=m.Name("int") | call("torch.as_tensor").func, args=[m.Arg(keyword=None), m.ZeroOrMore()])):
-            node = node.args[0].value
-        else:
-            return node
+# Casts and temporaries: the shared primitives (patchkit.codemods.common.primitives.values).
+strip_casts, Locals = primitives.strip_casts, primitives.Locals
 
 
-class Locals:
-    """The assignments of one method, by the local name they bind."""
-
-    def __init__(self, fn: cst.FunctionDef) -> None:
-        self.fn = fn
-        self.defs: dict[str, list[cst.CSTNode]] = {}
-        for assign in primitives.find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())]) | m.AnnAssign(target=m.Name(), value=m.DoNotCare())):
-            target = assign.targets[0].target if isinstance(assign, cst.Assign) else assign.target
-            if assign.value is not None:
-                self.defs.setdefault(target.value, []).append(assign)
-
-    def values(self, node: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
-        """The expressions ``node`` stands for: itself, or every value a local it names is assigned."""
-        if isinstance(node, cst.Name) and node.value in self.defs and depth < 4:
-            return [v for d in self.defs[node.value] for v in self.values(d.value, depth + 1)]
-        return [node]
-
-    def one(self, node: cst.BaseExpression) -> cst.BaseExpression:
-        """``node`` through locals assigned once, and casts."""
-        for _ in range(5):
-            node = strip_casts(node)
-            values = self.values(node) if isinstance(node, cst.Name) else [node]
-            if len(values) != 1 or values[0] is node:
-                return node
-            node = values[0]
-        return node
-
-
-def verify_lengths(node: cst.BaseExpression, local: Locals) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:
-    """(the batch, the draft-token count as written) when ``node`` computes the
-    verify lengths ``<batch>.seq_lens + <num_draft_tokens>``, in any spelling."""
-    node = strip_casts(node)
-    if m.matches(node, m.BinaryOperation(operator=m.Add())):
-        operands = (node.left, node.right)
-    elif m.matches(node, m.Call(func=call("torch.add").func, args=[m.Arg(keyword=None), m.Arg(keyword=None)])):
-        operands = (node.args[0].value, node.args[1].value)
-    else:
-        return None
-    for lengths, draft in (operands, operands[::-1]):
-        seq_lens = local.one(lengths)
-        if m.matches(seq_lens, attr("seq_lens")) and m.matches(local.one(draft), DRAFT_TOKENS):
-            return seq_lens.value, draft
-    return None
+def verify_lengths(node: cst.BaseExpression, local: Locals) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression, Optional[cst.BaseExpression]]]:
+    """(the batch, the draft-token count as written, the bound of a batch
+    slice ``[:n]`` or None) when ``node`` computes the verify lengths
+    ``<batch>.seq_lens + <num_draft_tokens>``, in any spelling (``primitives.sum_of``)."""
+    found = primitives.sum_of(node, attr("seq_lens"), DRAFT_TOKENS, local)
+    return (found.first.value, found.second, found.bound) if found else None
 
 
 def cache_seqlens(kernel: cst.Call) -> Optional[cst.Arg]:

@@ -18,6 +18,8 @@ Find a primitive by where it acts:
 - ``imports``: what is imported, and adding imports (``require_import`` /
   ``add_imports``, ``add_import_sorted``)
 - ``search``: ``find_all``, ``contains``
+- ``values``: a value by meaning, through its spellings (parentheses, casts, batch
+  slices ``x[:bs]``, temporaries, operand order): ``peel``, ``sum_of``, ``Locals``
 - ``lines``: ``line_of`` (the line a finding points at)
 - ``matchers``: what codemods look for: ``attr``, ``call``, ``assigns_attr``, ``none_test``,
   ``find_isinstance_disjunction``, and ``NoneGuards`` / ``unguarded`` (is a read only reached
@@ -140,4 +142,13 @@ from patchkit.codemods.common.primitives.imports import (  # noqa: F401
     _top_level_import_from,
     imports_name,
     add_import_sorted,
+)
+from patchkit.codemods.common.primitives.values import (  # noqa: F401
+    Locals,
+    Peeled,
+    Sum,
+    operands,
+    peel,
+    strip_casts,
+    sum_of,
 )

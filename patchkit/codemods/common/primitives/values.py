@@ -1,0 +1,128 @@
+"""A value by meaning, not by spelling: what codemods that anchor on a value
+(lengths, widths, sums, bounds) use to recognise it however a vendor wrote it.
+
+Equivalent spellings of one value:
+
+- parentheses: ``(a + b)``;
+- casts: ``x.to(torch.int32)``, ``x.to(device)``, ``x.int()``, ``x.long()``,
+  ``x.type(...)``, ``x.contiguous()``, ``int(x)``, ``torch.as_tensor(x, ...)``;
+- slices of the batch: ``x[:bs]`` (a prefix, the batch's rows; kept apart, as
+  ``Peeled.bound``, so a rewrite can slice its own value the same way);
+- a temporary variable: a local assigned once in the method (``Locals``);
+- operand order: ``a + b`` and ``b + a``, and ``torch.add(a, b)``.
+
+``peel`` takes the spelling off one expression; ``sum_of`` finds a sum of two
+values, each matched by a libcst matcher, in any of these spellings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods.common.primitives.matchers import attr, call
+from patchkit.codemods.common.primitives.search import find_all
+
+CASTS = "to|int|long|type|contiguous"
+_CAST_CALL = m.Call(func=attr(CASTS))
+_CAST_FUNCTION = m.Call(func=m.Name("int") | call("torch.as_tensor").func, args=[m.Arg(keyword=None), m.ZeroOrMore()])
+# ``x[:n]``: one prefix slice (no start, no step), what a batch's rows are cut to.
+BATCH_SLICE = m.Subscript(slice=[m.SubscriptElement(slice=m.Slice(lower=None, upper=m.DoNotCare(), step=None))])
+
+
+class Locals:
+    """The assignments of one function, by the local name they bind (the
+    temporary variables a value may be computed in)."""
+
+    def __init__(self, fn: cst.FunctionDef) -> None:
+        self.fn = fn
+        self.defs: dict[str, list[cst.CSTNode]] = {}
+        for assign in find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())]) | m.AnnAssign(target=m.Name(), value=m.DoNotCare())):
+            target = assign.targets[0].target if isinstance(assign, cst.Assign) else assign.target
+            if assign.value is not None:
+                self.defs.setdefault(target.value, []).append(assign)
+
+    def values(self, node: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
+        """The expressions ``node`` stands for: itself, or every value a local it names is assigned."""
+        if isinstance(node, cst.Name) and node.value in self.defs and depth < 4:
+            return [v for d in self.defs[node.value] for v in self.values(d.value, depth + 1)]
+        return [node]
+
+    def one(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        """``node`` through locals assigned once, and casts."""
+        for _ in range(5):
+            node = strip_casts(node)
+            values = self.values(node) if isinstance(node, cst.Name) else [node]
+            if len(values) != 1 or values[0] is node:
+                return node
+            node = values[0]
+        return node
+
+
+def strip_casts(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``X.to(...)`` / ``X.int()`` / ``int(X)`` / ``torch.as_tensor(X, ...)`` -> X
+    (the value, not its dtype or device); parentheses need nothing (a matcher
+    that names none ignores them)."""
+    while True:
+        if m.matches(node, _CAST_CALL):
+            node = node.func.value
+        elif m.matches(node, _CAST_FUNCTION):
+            node = node.args[0].value
+        else:
+            return node
+
+
+@dataclass(frozen=True)
+class Peeled:
+    value: cst.BaseExpression  # the value without its spelling
+    bound: Optional[cst.BaseExpression] = None  # ``n`` of a batch slice ``[:n]`` taken off, if any
+
+
+def peel(node: cst.BaseExpression, local: Optional[Locals] = None) -> Peeled:
+    """``node`` without parentheses, casts, a batch slice ``[:n]`` and (with
+    ``local``) the temporary variables it was computed in."""
+    bound = None
+    for _ in range(8):
+        before = node
+        node = strip_casts(node) if local is None else local.one(node)
+        if bound is None and m.matches(node, BATCH_SLICE):
+            bound, node = node.slice[0].slice.upper, node.value
+        if node is before:
+            break
+    if getattr(node, "lpar", None):
+        node = node.with_changes(lpar=[], rpar=[])  # a copy: what was matched, not where it is
+    return Peeled(node, bound)
+
+
+def operands(node: cst.BaseExpression) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """The two terms of ``a + b`` or ``torch.add(a, b)``; None for anything else."""
+    if m.matches(node, m.BinaryOperation(operator=m.Add())):
+        return node.left, node.right
+    if m.matches(node, m.Call(func=call("torch.add").func, args=[m.Arg(keyword=None), m.Arg(keyword=None)])):
+        return node.args[0].value, node.args[1].value
+    return None
+
+
+@dataclass(frozen=True)
+class Sum:
+    first: cst.BaseExpression  # matched by ``first``, its spelling peeled
+    second: cst.BaseExpression  # the second term as written: what a rewrite repeats
+    bound: Optional[cst.BaseExpression] = None  # a batch slice ``[:n]`` on the sum or its first term
+
+
+def sum_of(node: cst.BaseExpression, first: m.BaseMatcherNode, second: m.BaseMatcherNode,
+           local: Optional[Locals] = None) -> Optional[Sum]:
+    """``node`` as ``<first> + <second>`` in any spelling (parentheses, casts,
+    batch slices, temporaries, either order, ``torch.add``), or None."""
+    outer = peel(node, local)
+    terms = operands(outer.value)
+    if terms is None:
+        return None
+    for a, b in (terms, terms[::-1]):
+        lhs = peel(a, local)
+        if m.matches(lhs.value, first) and m.matches(peel(b, local).value, second):
+            return Sum(lhs.value, b, outer.bound if outer.bound is not None else lhs.bound)
+    return None

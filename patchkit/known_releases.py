@@ -1,0 +1,44 @@
+"""Known sglang releases' hashes of the files patches touch, shipped with
+patchkit (``known_releases.json``, written by ``scripts/release_hashes.py``).
+
+apply's fetch step asks ``release_bytes`` first: a file whose bytes are its
+release's own has no vendor code, so the vendor-code check needs no download
+for it; a file a known release does not ship is all the vendor's.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import Optional
+
+PATH = Path(__file__).with_name("known_releases.json")
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> tuple[frozenset, dict[str, dict[str, set[str]]]]:
+    try:
+        data = json.loads(PATH.read_text())
+    except (OSError, ValueError):
+        return frozenset(), {}
+    files = {rel: {d: set(v.split()) for d, v in shas.items()} for rel, shas in data.get("files", {}).items()}
+    return frozenset(data.get("releases", ())), files
+
+
+def release_bytes(version: str, rel: str, source: bytes) -> Optional[bytes]:
+    """What the release ``version`` ships as ``rel``, where the shipped hashes
+    know it without a download: ``source`` itself when its sha256 is that
+    release's, b"" when the release has no such file; else None (unknown
+    release or file, or a file the vendor changed)."""
+    releases, files = _table()
+    if version not in releases or rel not in files:
+        return None
+    shas = files[rel]
+    versions = shas.get(hashlib.sha256(source).hexdigest())
+    if versions is not None and version in versions:
+        return source
+    if not any(version in v for v in shas.values()):
+        return b""
+    return None
