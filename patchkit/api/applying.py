@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Optional
 
 import patchkit
 from patchkit import fetch, git, registry
+from patchkit.api import safety
 from patchkit.api.commit import Outcome, commit
 from patchkit.api.merge import original_with_user_edits
 from patchkit.engine import Session
@@ -61,8 +62,14 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # the runtime mode's rules and that every file to change is writable.
     plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
     edited = session.edited_since_apply(plan.files)
+    # The safety rule (api/safety.py): refuse the decision, or a backend's opt-out, rather than
+    # write a tree whose audit finds a read of the mirror unguarded.
+    plan.todo, changed, refused = safety.enforce(
+        tree, plan.todo, set(record.applied), lambda todo: transformer.transform_files(_files(todo, sources), todo))
+    plan.skipped.extend(refused)
+    plan.files = _files(plan.todo, sources)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
-    for rel, new in transformer.transform_files(plan.files, plan.todo).items():
+    for rel, new in changed.items():
         outcome.changed[rel] = (sources[rel], new)
     outcome.messages.extend(transformer.notes)  # vendor code replaced on purpose, or its check skipped
     base_commit = record.base_commit or git.head(tree.package)  # what the patches are applied on
@@ -97,8 +104,12 @@ def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[s
             plan.skipped.append((patch.id, f"requires {blocked[0]}, which is not applied"))
             continue
         plan.todo.append(patch)
-    plan.files = list(dict.fromkeys(t.file for p in plan.todo for t in p.targets if t.file in sources))
+    plan.files = _files(plan.todo, sources)
     return plan
+
+
+def _files(todo: list[Patch], sources: dict[str, bytes]) -> list[str]:
+    return list(dict.fromkeys(t.file for p in todo for t in p.targets if t.file in sources))
 
 
 def _record(tree: "Tree", record: Record, plan: Plan, outcome: Outcome, sources: dict[str, bytes],
