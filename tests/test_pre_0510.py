@@ -87,3 +87,13 @@ def test_proven_not_to_run_there_0_5_7(cli, linked_tree):
     assert one_shot.verdict == "safe" and "is_extend_without_speculative" in one_shot.why
     assert _states(cli, tree)[DECISION] == "applied"
     _revert_exact(cli, tree, "0.5.7")
+
+
+def test_reads_are_vendor_only_when_the_release_is_known():
+    """Without the release in the cache, apply's line says unknown origin,
+    never the vendor's own code (a pristine release read as a fork)."""
+    unknown = audit.vendor_line(3, "0.5.9", known=False)
+    assert "unknown origin" in unknown and "vendor's own code" not in unknown
+    assert "`patchkit fetch 0.5.9`" in unknown
+    assert "vendor's own code" in audit.vendor_line(3, "0.5.9")
+    assert audit.vendor_line(0, "0.5.9", known=False) is None

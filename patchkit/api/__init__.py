@@ -200,10 +200,11 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
             outcome = apply_patches(session, selected, dry_run=dry_run, runtime=runtime, progress=progress)
             result = ChangeResult("apply", where, outcome, dry_run)
             if audit_vendor and not dry_run:  # the tree as written, the count kept with the session's findings
-                from patchkit.audit import vendor_line
+                from patchkit.audit import facts, vendor_line
 
                 count = session.vendor_problems(t.file for p in registry.all_patches() for t in p.targets)
-                result.vendor_line = vendor_line(count)
+                known = facts.cached_release(session.tree.package) is not None
+                result.vendor_line = vendor_line(count, session.tree.version, known)
     except Interrupted as exc:
         _keep_committed(exc, result, "apply", where, dry_run)
         raise
