@@ -29,12 +29,27 @@ DECISION = "needs-cpu-seq-lens"
 def first_unsafe_read(tree: "Tree", changed: dict[str, bytes]) -> Optional["Read"]:
     """The first read (by file, line) the audit finds unguarded or stale on
     the tree with ``changed`` (package-relative path -> new bytes) written."""
+    from dataclasses import asdict
+
     from patchkit import audit
+    from patchkit.transform.cache import Entry, TransformCache
 
     srt = audit.sources(tree.package)
     srt.update({rel: data for rel, data in changed.items() if rel in srt})
+    # A function of the bytes, shared like a transform: a fresh copy of a release applies without auditing again.
+    shared = TransformCache.default()
+    key = shared.key(f"unsafe-read|{audit.fingerprint(tree.package, srt)}", [])
+    entry = shared.get(key)
+    if entry is not None and isinstance(entry.before.get("unsafe_read", 0), (dict, type(None))):
+        found = entry.before["unsafe_read"]
+        try:
+            return audit.Read(**found) if found else None
+        except TypeError:
+            pass  # written by another shape of Read: audit again
     problems = audit.audit_tree(tree.package, sources=srt).problems
-    return min(problems, key=lambda r: (r.file, r.line, r.column), default=None)
+    read = min(problems, key=lambda r: (r.file, r.line, r.column), default=None)
+    shared.put(key, Entry({"unsafe_read": asdict(read) if read else None}, []))
+    return read
 
 
 def refusal(read: "Read") -> str:
@@ -63,6 +78,8 @@ def enforce(tree: "Tree", todo: list["Patch"], applied: set[str],
     when the decision is in ``todo`` or applied before."""
     skipped: list[tuple[str, str]] = []
     changed = transform(todo)
+    if not todo:  # nothing written: nothing this apply could make unsafe
+        return todo, changed, skipped
     while True:
         ids = {p.id for p in todo}
         if DECISION not in ids and DECISION not in applied:
