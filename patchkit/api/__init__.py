@@ -203,11 +203,12 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
                                     accept_vendor_code_risk=accept_vendor_code_risk, say=say)
             result = ChangeResult("apply", where, outcome, dry_run)
             if audit_vendor and not dry_run:  # the tree as written, the count kept with the session's findings
-                from patchkit.audit import vendor_line
+                from patchkit.audit import facts, vendor_line
 
                 count = session.vendor_problems((t.file for p in registry.all_patches() for t in p.targets),
                                                 outcome.release_own)
-                result.vendor_line = vendor_line(count)
+                known = facts.cached_release(session.tree.package) is not None
+                result.vendor_line = vendor_line(count, session.tree.version, known)
     except Interrupted as exc:
         _keep_committed(exc, result, "apply", where, dry_run)
         raise

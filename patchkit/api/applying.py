@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import patchkit
 from patchkit import fetch, git, registry
+from patchkit.api import safety
 from patchkit.api.commit import Outcome, commit
 from patchkit.api.merge import original_with_user_edits
 from patchkit.engine import Session
@@ -66,7 +67,19 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # since an earlier apply (a clone may recover backups). The commit checks
     # the runtime mode's rules and that every file to change is writable.
     plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
-    changed = _transform_refusing(transformer, plan, sources)
+
+    def transform(todo: list[Patch]) -> dict[str, bytes]:
+        # A vendor-code refusal takes its patch (and dependents) out of ``todo`` too, in place.
+        plan.todo, plan.files = list(todo), _files(todo, sources)
+        changed = _transform_refusing(transformer, plan, sources)
+        todo[:] = plan.todo
+        return changed
+
+    # The safety rule (api/safety.py): refuse the decision, or a backend's opt-out, rather than
+    # write a tree whose audit finds a read of the mirror unguarded.
+    plan.todo, changed, refused = safety.enforce(tree, list(plan.todo), set(record.applied), transform)
+    plan.skipped.extend(refused)
+    plan.files = _files(plan.todo, sources)
     edited = session.edited_since_apply(plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
     for rel, new in changed.items():
@@ -105,7 +118,7 @@ def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[s
             plan.skipped.append((patch.id, f"requires {blocked[0]}, which is not applied"))
             continue
         plan.todo.append(patch)
-    plan.files = list(dict.fromkeys(t.file for p in plan.todo for t in p.targets if t.file in sources))
+    plan.files = _files(plan.todo, sources)
     return plan
 
 
@@ -130,7 +143,11 @@ def _transform_refusing(transformer: Transformer, plan: Plan, sources: dict[str,
                                                    "which was refused"))
                     out.add(patch.id)
             plan.todo = [p for p in plan.todo if p.id not in out]
-            plan.files = list(dict.fromkeys(t.file for p in plan.todo for t in p.targets if t.file in sources))
+            plan.files = _files(plan.todo, sources)
+
+
+def _files(todo: list[Patch], sources: dict[str, bytes]) -> list[str]:
+    return list(dict.fromkeys(t.file for p in todo for t in p.targets if t.file in sources))
 
 
 def _record(tree: "Tree", record: Record, plan: Plan, outcome: Outcome, sources: dict[str, bytes],

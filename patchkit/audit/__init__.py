@@ -41,7 +41,7 @@ that build them (a multi-step draft backend). Each read gets one verdict:
 Each read also says where it comes from (``origin``): "release" when the
 sglang release the tree names ships it (same module, function and code; the
 release from patchkit's cache, never downloaded here), "vendor" when not,
-None when that release is not cached.
+None when that release is not cached ("unknown origin" in what apply says).
 
 Only parses (``ast``, fast); never imports sglang nor writes the tree.
 """
@@ -217,11 +217,18 @@ def vendor_problems(result: Audit, targets: Iterable[str] = ()) -> list[Read]:
             if r.origin == "vendor" or (r.origin is None and r.file not in targets)]
 
 
-def vendor_line(count: int) -> Optional[str]:
+def vendor_line(count: int, release: Optional[str] = None, known: bool = True) -> Optional[str]:
     """The line ``apply`` ends with when the vendor's own code reads the
-    mirror unguarded (``count``: ``vendor_problems``' length; None when none)."""
+    mirror unguarded (``count``: ``vendor_problems``' length; None when none).
+    ``known``: the release (``release``) was in the cache to tell its code
+    from the vendor's; without it the reads are of unknown origin."""
     if not count:
         return None
+    if not known:
+        where = (f"of unknown origin (sglang {release} is not in patchkit's cache to tell its code from a vendor's: "
+                 f"`patchkit fetch {release}`)")
+        return (f"audit: {count} read(s) of the CPU seq_lens mirror {where} are unguarded or stale once it is "
+                "dropped (`patchkit audit TREE` lists them)")
     return (f"audit: {count} read(s) of the CPU seq_lens mirror in the vendor's own code are unguarded or stale "
             "once it is dropped (`patchkit audit TREE` lists them)")
 

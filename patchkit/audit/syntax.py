@@ -44,6 +44,9 @@ MIRROR_ALWAYS = {
     "EAGLEDraftCudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
     "EAGLEDraftExtendCudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
     "TpModelWorker.forward_batch_split_prefill": "PD-multiplexing split prefill: never speculative",
+    # 0.5.4 .. 0.5.9 (forward_batch_deepseek_mha_mixin.py from 0.5.10, outside MODULES)
+    "ForwardBatch.fetch_mha_one_shot_kv_indices": "DeepSeek MHA_ONE_SHOT prefill: dispatched only under "
+    "forward_mode.is_extend_without_speculative()",
 }
 
 

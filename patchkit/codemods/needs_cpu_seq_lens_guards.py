@@ -111,6 +111,8 @@ class GuardPadInputs(MirrorGuards):
     DESCRIPTION = "ForwardBatch._pad_inputs_to_size (DP attention padding): seq_lens_sum + pad -> add_or_none"
     CLASS = "ForwardBatch"
     METHOD = "_pad_inputs_to_size"
+    # 0.5.4 .. 0.5.5.post3: the padding is inline in prepare_mlp_sync_batch
+    RENAMED = ("prepare_mlp_sync_batch",)
     GUARDS = (add_guard(attr("seq_lens_sum")),)
     UPSTREAM = none_test(attr("seq_lens_sum"))
 

@@ -42,6 +42,9 @@ UPSTREAM = m.IfExp(test=none_comparison(MIRROR_OF_BATCH, m.Is()), body=m.Name("N
 #: a fork's own: any conditional on the batch's mirror being None, either way round.
 MIRROR_TESTED = m.IfExp(test=none_comparison(MIRROR_OF_BATCH, m.Is() | m.IsNot()))
 FIXED_KWARG = m.Arg(keyword=m.Name("seq_lens_cpu"), value=OURS | UPSTREAM)
+#: 0.5.6 .. 0.5.9: `seq_lens_cpu = buffers.populate_from_forward_batch(forward_batch=..., ...)`, the
+#: tree's own helper (DecodeInputBuffers) that returns None when the batch has no mirror.
+TREE_HELPER = m.Call(func=m.Attribute(attr=m.Name("populate_from_forward_batch")))
 
 
 def _local_values(fn: cst.FunctionDef, name: str) -> list[cst.BaseExpression]:
@@ -61,7 +64,7 @@ def _verdict(fn: cst.FunctionDef, value: cst.BaseExpression) -> str:
         return "ours"
     if m.matches(value, UPSTREAM):
         return "upstream"
-    if m.matches(value, MIRROR_TESTED):
+    if m.matches(value, MIRROR_TESTED) or m.matches(value, TREE_HELPER):
         return "tree"
     if m.matches(value, PINNED):
         return "raw"

@@ -1,0 +1,100 @@
+"""apply's safety rule: a tree never ends an apply with needs-cpu-seq-lens (the
+decision that lets spec-v2 decode drop the CPU seq_lens mirror) written while
+``patchkit audit`` finds a read of the mirror unguarded (or a stale buffer) on
+the tree as it would be written.
+
+Checked after the transform and before the commit, on the transformed bytes
+(nothing is written yet). When the first such read sits in an attention
+backend that opts out only through a patch of this apply (``OPTS_OUT_WITH``),
+that patch is refused: the backend keeps the mirror and the read is safe.
+Otherwise needs-cpu-seq-lens itself is refused. Either way the patches that
+require the refused one are skipped with it, the others are applied, and the
+refusal names the read in one line (exit 1, as any patch not applied).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Optional
+
+from patchkit.audit.syntax import OPTS_OUT_WITH
+
+if TYPE_CHECKING:
+    from patchkit.audit import Read
+    from patchkit.registry import Patch
+    from patchkit.tree import Tree
+
+DECISION = "needs-cpu-seq-lens"
+
+
+def first_unsafe_read(tree: "Tree", changed: dict[str, bytes]) -> Optional["Read"]:
+    """The first read (by file, line) the audit finds unguarded or stale on
+    the tree with ``changed`` (package-relative path -> new bytes) written."""
+    from dataclasses import asdict
+
+    from patchkit import audit
+    from patchkit.transform.cache import Entry, TransformCache
+
+    srt = audit.sources(tree.package)
+    srt.update({rel: data for rel, data in changed.items() if rel in srt})
+    # A function of the bytes, shared like a transform: a fresh copy of a release applies without auditing again.
+    shared = TransformCache.default()
+    key = shared.key(f"unsafe-read|{audit.fingerprint(tree.package, srt)}", [])
+    entry = shared.get(key)
+    if entry is not None and isinstance(entry.before.get("unsafe_read", 0), (dict, type(None))):
+        found = entry.before["unsafe_read"]
+        try:
+            return audit.Read(**found) if found else None
+        except TypeError:
+            pass  # written by another shape of Read: audit again
+    problems = audit.audit_tree(tree.package, sources=srt).problems
+    read = min(problems, key=lambda r: (r.file, r.line, r.column), default=None)
+    shared.put(key, Entry({"unsafe_read": asdict(read) if read else None}, []))
+    return read
+
+
+def refusal(read: "Read") -> str:
+    return (f"refused: {read.file}:{read.line}: {read.function} reads `{read.code}` {read.verdict} once the mirror "
+            f"is dropped; nothing of it is written (`patchkit audit` lists every read)")
+
+
+def _dependents(pid: str, todo: list["Patch"]) -> list["Patch"]:
+    """The patches of ``todo`` that require ``pid``, directly or not."""
+    out, names = [], {pid}
+    changed = True
+    while changed:
+        changed = False
+        for p in todo:
+            if p.id not in names and names.intersection(p.requires):
+                names.add(p.id)
+                out.append(p)
+                changed = True
+    return out
+
+
+def enforce(tree: "Tree", todo: list["Patch"], applied: set[str],
+            transform: Callable[[list["Patch"]], dict[str, bytes]]) -> tuple[list["Patch"], dict[str, bytes], list]:
+    """``todo`` less what the rule refuses, the files they change
+    (``transform(todo)``) and the skipped ``(patch id, why)``. Checked only
+    when the decision is in ``todo`` or applied before."""
+    skipped: list[tuple[str, str]] = []
+    changed = transform(todo)
+    if not todo:  # nothing written: nothing this apply could make unsafe
+        return todo, changed, skipped
+    while True:
+        ids = {p.id for p in todo}
+        if DECISION not in ids and DECISION not in applied:
+            return todo, changed, skipped
+        read = first_unsafe_read(tree, changed)
+        if read is None:
+            return todo, changed, skipped
+        culprit = OPTS_OUT_WITH.get(read.file)
+        if culprit not in ids:
+            culprit = DECISION if DECISION in ids else None
+        if culprit is None:  # not this apply's doing: audit and verify report it
+            return todo, changed, skipped
+        dropped = _dependents(culprit, todo)
+        skipped.append((culprit, refusal(read)))
+        skipped.extend((p.id, f"requires {culprit}, which is refused") for p in dropped)
+        gone = {culprit, *(p.id for p in dropped)}
+        todo = [p for p in todo if p.id not in gone]
+        changed = transform(todo)

@@ -1,0 +1,101 @@
+"""Releases before 0.5.10 that have spec v2 (docs/research/pre-0.5.10.md), and
+apply's safety rule (patchkit/api/safety.py), one real tree per outcome: each
+test applies, audits, verifies and reverts in one go (trees are costly)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support import pristine_snapshot, snapshot
+from patchkit import audit
+
+DECISION = "needs-cpu-seq-lens"
+
+
+def _apply(cli, tree):
+    result = cli("apply", tree, "-q")
+    lines = {line.split(":")[1].strip(): line for line in result.output.splitlines() if line.startswith("not applied:")}
+    return result, lines
+
+
+def _states(cli, tree) -> dict[str, str]:
+    doc = json.loads(cli("status", tree, "--format", "json").output)
+    return {p["id"]: p["state"] for p in doc["patches"]}
+
+
+def _revert_exact(cli, tree, version):
+    assert cli("revert", tree, "-q").exit_code == 0
+    assert snapshot(tree) == pristine_snapshot(version)
+
+
+@pytest.mark.trees
+def test_guarded_by_the_patch_0_5_4(cli, linked_tree):
+    """0.5.4.post3: the DP padding sits inline in prepare_mlp_sync_batch and is
+    guarded there; TRT-LLM MLA reads the mirror unguarded in its draft extend,
+    so its opt-out is refused (the backend keeps the mirror), nothing else."""
+    tree = linked_tree("0.5.4.post3")
+    result, refused = _apply(cli, tree)
+    assert result.exit_code == 1
+    assert refused["trtllm-mla-spec-v2"].endswith(
+        "refused: srt/layers/attention/trtllm_mla_backend.py:628: TRTLLMMLABackend.init_forward_metadata reads "
+        "`forward_batch.seq_lens_cpu` unguarded once the mirror is dropped; nothing of it is written "
+        "(`patchkit audit` lists every read)")
+    assert DECISION not in refused
+    assert "add_or_none" in (tree / "srt/model_executor/forward_batch_info.py").read_text()
+    assert "needs_cpu_seq_lens" not in (tree / "srt/layers/attention/trtllm_mla_backend.py").read_text()
+    states = _states(cli, tree)
+    assert states[DECISION] == states["fa3-spec-v2"] == states["flashmla-spec-v2"] == "applied"
+    assert audit.audit_tree(tree).ok
+    _revert_exact(cli, tree, "0.5.4.post3")
+
+
+@pytest.mark.trees
+def test_refused_where_decode_reads_the_mirror_0_5_5(cli, linked_tree):
+    """0.5.5.post3: prepare_for_decode reads the mirror right after the sync
+    (req.kv_committed_len): the decision and its dependents are refused,
+    nothing of them written; the other patches apply."""
+    tree = linked_tree("0.5.5.post3")
+    result, refused = _apply(cli, tree)
+    assert result.exit_code == 1
+    assert refused[DECISION].endswith(
+        "refused: srt/speculative/eagle_info_v2.py:140: EagleDraftInputV2Mixin.prepare_for_decode reads "
+        "`batch.seq_lens_cpu` unguarded once the mirror is dropped; nothing of it is written "
+        "(`patchkit audit` lists every read)")
+    assert refused["fa3-spec-v2"].endswith(f"requires {DECISION}, which is refused")
+    pristine = pristine_snapshot("0.5.5.post3")
+    now = snapshot(tree)
+    for rel in ("srt/speculative/eagle_info_v2.py", "srt/managers/scheduler.py", "srt/managers/schedule_batch.py"):
+        assert now[rel] == pristine[rel], rel
+    states = _states(cli, tree)
+    assert states["draft-extend-graph-no-topk"] == states["min-new-tokens-no-sync"] == "applied"
+    assert states[DECISION] == "absent"
+    _revert_exact(cli, tree, "0.5.5.post3")
+
+
+@pytest.mark.trees
+def test_proven_not_to_run_there_0_5_7(cli, linked_tree):
+    """0.5.7: DeepSeek's MHA one-shot reads the mirror in forward_batch_info.py,
+    only under is_extend_without_speculative(): safe, and the decision applies."""
+    tree = linked_tree("0.5.7")
+    result, refused = _apply(cli, tree)
+    assert DECISION not in refused and "trtllm-mla-spec-v2" not in refused, result.output
+    found = audit.audit_tree(tree)
+    assert found.ok
+    (one_shot,) = [r for r in found.reads if r.function == "ForwardBatch.fetch_mha_one_shot_kv_indices"]
+    assert one_shot.verdict == "safe" and "is_extend_without_speculative" in one_shot.why
+    states = _states(cli, tree)
+    # the verify runner's own populate_from_forward_batch already hands None (replay-no-stale-mirror: done)
+    assert states[DECISION] == states["replay-no-stale-mirror"] == states["fa3-spec-v2"] == "applied"
+    _revert_exact(cli, tree, "0.5.7")
+
+
+def test_reads_are_vendor_only_when_the_release_is_known():
+    """Without the release in the cache, apply's line says unknown origin,
+    never the vendor's own code (a pristine release read as a fork)."""
+    unknown = audit.vendor_line(3, "0.5.9", known=False)
+    assert "unknown origin" in unknown and "vendor's own code" not in unknown
+    assert "`patchkit fetch 0.5.9`" in unknown
+    assert "vendor's own code" in audit.vendor_line(3, "0.5.9")
+    assert audit.vendor_line(0, "0.5.9", known=False) is None
