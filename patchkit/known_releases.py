@@ -1,9 +1,12 @@
-"""Known sglang releases' hashes of the files patches touch, shipped with
-patchkit (``known_releases.json``, written by ``scripts/release_hashes.py``).
+"""Known sglang releases' hashes of the files patches touch and of every
+module under srt/ that reads the CPU seq_lens mirror, shipped with patchkit
+(``known_releases.json``, written by ``scripts/release_hashes.py``).
 
 apply's fetch step asks ``release_bytes`` first: a file whose bytes are its
 release's own has no vendor code, so the vendor-code check needs no download
-for it; a file a known release does not ship is all the vendor's.
+for it; a file a known release does not ship is all the vendor's. The
+audit asks it too (``patchkit.audit.facts.KnownRelease``): a module that is
+its release's own bytes holds only the release's reads.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ def _table() -> tuple[frozenset, dict[str, dict[str, set[str]]]]:
         return frozenset(), {}
     files = {rel: {d: set(v.split()) for d, v in shas.items()} for rel, shas in data.get("files", {}).items()}
     return frozenset(data.get("releases", ())), files
+
+
+def knows(version: str) -> bool:
+    return version in _table()[0]
 
 
 def release_bytes(version: str, rel: str, source: bytes) -> Optional[bytes]:

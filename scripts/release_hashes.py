@@ -8,8 +8,9 @@ patch gains a target file or a release is added:
 
     PYTHONPATH=. python scripts/release_hashes.py [VERSION ...]   # default: every cached release
 
-Only the patches' target files are listed, and each distinct content once
-(with the releases that ship it), so the shipped file stays small.
+Listed: the patches' target files and every module under srt/ that reads
+the CPU seq_lens mirror (the audit tells a release's own reads by them), each
+distinct content once, with the releases that ship it.
 """
 
 from __future__ import annotations
@@ -19,23 +20,30 @@ import json
 import sys
 
 from patchkit import known_releases, registry
+from patchkit.audit import facts as audit_facts
 from patchkit.api.matrix import DEFAULT_RELEASES
 from patchkit.fetch import cache_dir
 
 
 def table(versions: list[str]) -> dict:
-    files = sorted({t.file for p in registry.all_patches() for t in p.targets})
-    out: dict = {"releases": [], "files": {rel: {} for rel in files}}
+    targets = {t.file for p in registry.all_patches() for t in p.targets}
+    trees = {}
     for version in versions:
         tree = cache_dir() / "trees" / version
         if not (tree / ".complete").exists():
             sys.exit(f"sglang {version} is not in the cache: `patchkit fetch {version}` first")
-        out["releases"].append(version)
+        trees[version] = audit_facts.sources(tree / "sglang")
+    # The audit's modules too (those that read the mirror in some release): it tells a
+    # release's own reads without the release's tree.
+    files = sorted(targets | {rel for srt in trees.values() for rel, data in srt.items()
+                              if audit_facts.reads_mirror(data)})
+    out: dict = {"releases": list(trees), "files": {rel: {} for rel in files}}
+    for version, srt in trees.items():
         for rel in files:
-            path = tree / "sglang" / rel
-            if path.exists():  # a release without the file: absent from every list of it
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                out["files"][rel].setdefault(digest, []).append(version)
+            path = cache_dir() / "trees" / version / "sglang" / rel
+            data = srt.get(rel) if rel in srt else (path.read_bytes() if path.exists() else None)
+            if data is not None:  # a release without the file: absent from every list of it
+                out["files"][rel].setdefault(hashlib.sha256(data).hexdigest(), []).append(version)
     out["files"] = {rel: {d: " ".join(v) for d, v in shas.items()} for rel, shas in out["files"].items()}
     return out
 

@@ -10,6 +10,7 @@ import pytest
 
 from patchkit import fetch
 from patchkit.transform import vendor_code
+from support import PRIMARY
 
 VERSIONS = ["0.5.11", "0.5.12.post1"]
 
@@ -40,7 +41,7 @@ SHAPES = {
     "isinstance-member": (WORKER, WHITELIST_LINE, "            or isinstance(self.draft_extend_attn_backend, AcmeVendorBackend)\n", "AcmeVendorBackend", False),
     "boolean-term": (WORKER, WHITELIST_LINE, "            or self.acme_vendor_flag\n", "acme_vendor_flag", False),
     "keyword": (REPLAY, REPLAY_KWARG, "            acme_vendor_kw=1,\n", "acme_vendor_kw=1", False),
-    "statement": (SYNC, SYNC_LINE, "        acme_vendor_stmt = batch.seq_lens.numel()\n", "acme_vendor_stmt", False),
+    "statement": (SYNC, SYNC_LINE, "        acme_vendor_stmt = batch.seq_lens.numel()\n", "acme_vendor_stmt", True),
     "decorator": (MHA, CAPTURE_DEF, "    @acme_vendor_decorator\n", "@acme_vendor_decorator", True),
 }
 
@@ -59,11 +60,27 @@ def test_vendor_token_is_carried(make_tree, cli, version, shape):
     assert cli("verify", "-q", tree).exit_code == 0
 
 
+def test_vendor_statement_inside_the_guarded_pair_is_refused_by_the_safety_rule(make_tree, cli):
+    """A vendor statement between the mirror's copy and its sum: the guard
+    would cover the copy alone and leave the sum reading None, so the safety
+    rule (api/safety.py) refuses needs-cpu-seq-lens, naming the sum's line;
+    the patches that do not require it apply; exit 1."""
+    tree = make_tree(PRIMARY)
+    line = insert(tree, SYNC, SYNC_LINE, "        acme_vendor_stmt = batch.seq_lens.numel()\n") + 1
+    before = (tree / SYNC).read_bytes()
+    result = cli("apply", tree)
+    assert result.exit_code == 1, result.output
+    refused = [x for x in result.output.splitlines() if x.startswith("not applied: needs-cpu-seq-lens: refused: ")]
+    assert len(refused) == 1 and "unguarded once the mirror is dropped" in refused[0], result.output
+    assert "applied: trtllm-mha-overlap-hook" in result.output
+    assert (tree / SYNC).read_bytes() == before  # nothing of the decision written
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_replaced_vendor_code_is_refused_with_its_line(make_tree, cli, version):
     """The refused patch and those requiring it are skipped, each with one
     line; every other patch applies (issue 45 §4); exit 1."""
-    from support import patch_states
+    from support import PRIMARY, patch_states
 
     tree = make_tree(version)
     line = insert(tree, BATCH, EAGER_SUM, " + acme_vendor_bias")

@@ -77,7 +77,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
 
     # The safety rule (api/safety.py): refuse the decision, or a backend's opt-out, rather than
     # write a tree whose audit finds a read of the mirror unguarded.
-    plan.todo, changed, refused = safety.enforce(tree, list(plan.todo), set(record.applied), transform)
+    plan.todo, changed, refused = safety.enforce(tree, list(plan.todo), set(record.applied), transform, pristine)
     plan.skipped.extend(refused)
     plan.files = _files(plan.todo, sources)
     edited = session.edited_since_apply(plan.files)

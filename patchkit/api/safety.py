@@ -26,9 +26,12 @@ if TYPE_CHECKING:
 DECISION = "needs-cpu-seq-lens"
 
 
-def first_unsafe_read(tree: "Tree", changed: dict[str, bytes]) -> Optional["Read"]:
+def first_unsafe_read(tree: "Tree", changed: dict[str, bytes],
+                      release_files: Optional[dict[str, Optional[bytes]]] = None) -> Optional["Read"]:
     """The first read (by file, line) the audit finds unguarded or stale on
-    the tree with ``changed`` (package-relative path -> new bytes) written."""
+    the tree with ``changed`` (package-relative path -> new bytes) written;
+    ``release_files``: the release's bytes of the files apply changes (its
+    fetch step), which tell the release's reads there without its tree."""
     from dataclasses import asdict
 
     from patchkit import audit
@@ -46,7 +49,7 @@ def first_unsafe_read(tree: "Tree", changed: dict[str, bytes]) -> Optional["Read
             return audit.Read(**found) if found else None
         except TypeError:
             pass  # written by another shape of Read: audit again
-    problems = audit.audit_tree(tree.package, sources=srt).problems
+    problems = audit.audit_tree(tree.package, sources=srt, release_files=release_files).problems
     read = min(problems, key=lambda r: (r.file, r.line, r.column), default=None)
     shared.put(key, Entry({"unsafe_read": asdict(read) if read else None}, []))
     return read
@@ -72,7 +75,8 @@ def _dependents(pid: str, todo: list["Patch"]) -> list["Patch"]:
 
 
 def enforce(tree: "Tree", todo: list["Patch"], applied: set[str],
-            transform: Callable[[list["Patch"]], dict[str, bytes]]) -> tuple[list["Patch"], dict[str, bytes], list]:
+            transform: Callable[[list["Patch"]], dict[str, bytes]],
+            release_files: Optional[dict[str, Optional[bytes]]] = None) -> tuple[list["Patch"], dict[str, bytes], list]:
     """``todo`` less what the rule refuses, the files they change
     (``transform(todo)``) and the skipped ``(patch id, why)``. Checked only
     when the decision is in ``todo`` or applied before."""
@@ -84,7 +88,7 @@ def enforce(tree: "Tree", todo: list["Patch"], applied: set[str],
         ids = {p.id for p in todo}
         if DECISION not in ids and DECISION not in applied:
             return todo, changed, skipped
-        read = first_unsafe_read(tree, changed)
+        read = first_unsafe_read(tree, changed, release_files)
         if read is None:
             return todo, changed, skipped
         culprit = OPTS_OUT_WITH.get(read.file)

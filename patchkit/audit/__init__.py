@@ -108,7 +108,8 @@ class Audit:
 
 
 def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional[dict[str, bytes]] = None,
-               vendor_only: bool = False, release_own: Iterable[str] = ()) -> Audit:
+               vendor_only: bool = False, release_own: Iterable[str] = (),
+               release_files: Optional[dict[str, Optional[bytes]]] = None) -> Audit:
     """The audit of the sglang package folder ``package``; ``pristine``: the
     release's package folder to compare with (default: the release the tree
     names, when patchkit's cache holds it); ``sources``: its modules under
@@ -116,18 +117,21 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
     out the modules that are the release's own bytes (every read there is the
     release's: what ``vendor_problems`` never counts), unparsed, and the
     ``release_own`` ones (files patchkit patched that were the release's
-    bytes: no vendor code either)."""
+    bytes: no vendor code either). ``release_files``: the release's bytes of
+    some modules, already fetched (apply's fetch step), for when its tree is
+    not in the cache."""
     package = Path(package)
     sources = audit_facts.sources(package) if sources is None else sources
     if pristine is None:
         pristine = audit_facts.cached_release(package)
     result = Audit(package, release=str(pristine) if pristine else None)
+    # Without the release's tree, the hashes patchkit ships still tell its unchanged modules.
+    release = audit_facts.Release(pristine) if pristine else audit_facts.KnownRelease.of(package, release_files)
     facts = {rel: audit_facts.facts_of(rel, data) for rel, data in sources.items()
              if audit_facts.reads_mirror(data) and not (vendor_only and (
-                 rel in release_own or (pristine and _shipped(pristine, rel, data))))}
+                 rel in release_own or (release and release.ships(rel, data))))}
     classes = audit_facts.ClassIndex(sources, facts)
     kept = KeptMirror(sources, classes)
-    release = audit_facts.Release(pristine) if pristine else None
     for rel, fact in list(facts.items()):
         if fact is None or not fact.reads:
             continue
@@ -137,12 +141,6 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
             result.reads.append(_combine(Read(**asdict(read)), origin, classes, kept))
     return result
 
-
-def _shipped(pristine: Path, rel: str, data: bytes) -> bool:
-    try:
-        return (pristine / rel).read_bytes() == data
-    except OSError:
-        return False
 
 
 def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex, kept: KeptMirror) -> Read:

@@ -264,6 +264,13 @@ class Release:
     def __init__(self, package: Path) -> None:
         self.package = package
 
+    def ships(self, rel: str, data: bytes) -> bool:
+        """Are ``data`` the release's own bytes of ``rel``?"""
+        try:
+            return (self.package / rel).read_bytes() == data
+        except OSError:
+            return False
+
     def origins(self, rel: str, data: bytes, reads: list[Read]) -> list[str]:
         """"release" for each read the release ships, else "vendor": lines
         the release has unchanged (aligned as ``diff`` does) are its; in a
@@ -272,27 +279,66 @@ class Release:
         path = self.package / rel
         if not path.is_file():
             return ["vendor"] * len(reads)
-        shipped = path.read_bytes()
-        if shipped == data:
-            return ["release"] * len(reads)
-        from difflib import SequenceMatcher
+        return diff_origins(rel, path.read_bytes(), data, reads)
 
-        facts = facts_of(rel, shipped)
-        old_reads = facts.reads if facts else []
-        opcodes = SequenceMatcher(None, shipped.splitlines(), data.splitlines()).get_opcodes()
-        result = []
-        left: dict[tuple, Counter] = {}
-        for read in reads:
-            line = read.line - 1
-            tag, i1, i2, j1, j2 = next(op for op in opcodes if op[3] <= line < op[4] or op[3] == op[4] == line)
-            if tag == "equal":
-                result.append("release")
-                continue
-            if tag == "insert":
-                result.append("vendor")
-                continue
-            counts = left.setdefault((i1, i2), Counter((r.function, r.code) for r in old_reads if i1 < r.line <= i2))
-            key = (read.function, read.code)
-            result.append("release" if counts[key] > 0 else "vendor")
-            counts[key] -= 1
-        return result
+
+def diff_origins(rel: str, shipped: bytes, data: bytes, reads: list[Read]) -> list[str]:
+    """Release.origins with the release's bytes of ``rel`` in hand."""
+    if shipped == data:
+        return ["release"] * len(reads)
+    from difflib import SequenceMatcher
+
+    facts = facts_of(rel, shipped)
+    old_reads = facts.reads if facts else []
+    opcodes = SequenceMatcher(None, shipped.splitlines(), data.splitlines()).get_opcodes()
+    result = []
+    left: dict[tuple, Counter] = {}
+    for read in reads:
+        line = read.line - 1
+        tag, i1, i2, j1, j2 = next(op for op in opcodes if op[3] <= line < op[4] or op[3] == op[4] == line)
+        if tag == "equal":
+            result.append("release")
+            continue
+        if tag == "insert":
+            result.append("vendor")
+            continue
+        counts = left.setdefault((i1, i2), Counter((r.function, r.code) for r in old_reads if i1 < r.line <= i2))
+        key = (read.function, read.code)
+        result.append("release" if counts[key] > 0 else "vendor")
+        counts[key] -= 1
+    return result
+
+
+class KnownRelease:
+    """A release's origins without its tree: a module whose bytes are the
+    release's own by the hashes patchkit ships (``patchkit.known_releases``:
+    every module under srt/ that reads the mirror) has only the release's
+    reads; one the release does not ship is all the vendor's; of any other
+    (a module the vendor changed) the origin is unknown until the release is
+    fetched."""
+
+    def __init__(self, version: str, files: Optional[dict[str, Optional[bytes]]] = None) -> None:
+        self.version = version
+        self.files = files or {}  # the release's bytes of some modules, where already fetched (apply's fetch step)
+
+    @classmethod
+    def of(cls, package: Path, files: Optional[dict[str, Optional[bytes]]] = None) -> Optional["KnownRelease"]:
+        from patchkit import known_releases
+        from patchkit.tree import _read_version
+
+        version = _read_version(package)
+        return cls(version, files) if version and known_releases.knows(version) else None
+
+    def ships(self, rel: str, data: bytes) -> bool:
+        from patchkit import known_releases
+
+        return known_releases.release_bytes(self.version, rel, data) == data
+
+    def origins(self, rel: str, data: bytes, reads: list[Read]) -> list[Optional[str]]:
+        from patchkit import known_releases
+
+        if self.files.get(rel) is not None:  # a module apply changes: its release bytes were fetched
+            return diff_origins(rel, self.files[rel], data, reads) if self.files[rel] else ["vendor"] * len(reads)
+        shipped = known_releases.release_bytes(self.version, rel, data)
+        origin = "release" if shipped == data and shipped else "vendor" if shipped == b"" else None
+        return [origin] * len(reads)
