@@ -74,13 +74,18 @@ def _build_kernel():
 
 
 def fill_page_table_rows_reference(req_to_token: Any, req_pool_indices: Any, kv_lens: Any, page_table: Any, page_size: int) -> None:
-    """What the kernel does, in torch (the CPU fallback and the tests' oracle)."""
-    width = page_table.shape[1]
-    for row in range(req_pool_indices.shape[0]):
-        pages = live_pages(int(kv_lens[row]), page_size, width)
-        if pages:
-            tokens = req_to_token[int(req_pool_indices[row]), : pages * page_size : page_size]
-            page_table[row, :pages] = (tokens // page_size).to(page_table.dtype)
+    """What the kernel does, in torch: the fallback without Triton (a full-width
+    gather again, but still without a host read) and the tests' oracle."""
+    import torch
+
+    rows, width = req_pool_indices.shape[0], page_table.shape[1]
+    cols = torch.arange(width, device=page_table.device)
+    pages = torch.clamp((kv_lens[:rows].to(torch.int64) + page_size - 1) // page_size, 0, width)
+    live = cols[None, :] < pages[:, None]
+    columns = torch.clamp(cols * page_size, max=req_to_token.shape[1] - 1)
+    tokens = req_to_token[req_pool_indices[:, None], columns[None, :]]
+    table = page_table[:rows]
+    table.copy_(torch.where(live, (tokens // page_size).to(table.dtype), table))
 
 
 def fill_page_table_rows(

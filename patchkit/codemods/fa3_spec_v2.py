@@ -71,6 +71,7 @@ from patchkit.codemods.common.tree_mask import (
     InitTreeMask as _InitTreeMask,
     VerifyBuffersReturnTreeMask as _VerifyBuffersReturnTreeMask,
 )
+from patchkit.codemods.common.page_table import ReplayPageTableToRealLength
 from patchkit.codemods.common.primitives import attr, call
 
 BACKEND = "FlashAttentionBackend"
@@ -203,3 +204,21 @@ class AllocTreeMask(_AllocTreeMask):
 class VerifyBuffersReturnTreeMask(_VerifyBuffersReturnTreeMask):
     DESCRIPTION = f"{BACKEND}.{GET_BUFFERS} returns [self.{MASK}, None]"
     CLASS = BACKEND
+
+
+# -- the replay's page table on the device (common's, on FA3) -------------------------------
+
+
+class ReplayPageTableOnDevice(ReplayPageTableToRealLength):
+    DESCRIPTION = (
+        f"{BACKEND} CUDA-graph replay: the target-verify and draft-extend page tables are built on the "
+        "device, each row up to its cache_seqlens (backends.page_table.fill_page_table_rows), not "
+        "gathered as wide as the static bound"
+    )
+    CLASS = BACKEND
+    MODES = ("is_target_verify", "is_draft_extend", "is_draft_extend_v2")
+    # Upstream's own form (0.5.16+) builds the verify tables on the device and
+    # keeps the draft-extend gather: no verify gather left is done.
+    DETECT_MODES = ("is_target_verify",)
+    PATCH = "fa3-spec-v2"
+    UPSTREAM = "sglang #29343, #31381"

@@ -29,6 +29,7 @@ import libcst as cst
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding
+from patchkit.codemods.common.page_table import ReplayPageTableToRealLength
 from patchkit.codemods.common.shared import EAGER_DESCRIPTION, REPLAY_DESCRIPTION, EagerMirrorReads, OptOutFlag, ReplayMirrorReads
 
 BACKEND = "TRTLLMHAAttnBackend"
@@ -76,3 +77,16 @@ class EagerMetadataWithoutMirror(_DevicePageTable, EagerMirrorReads):
 class ReplayMetadataWithoutMirror(_DevicePageTable, ReplayMirrorReads):
     DESCRIPTION = REPLAY_DESCRIPTION.format(BACKEND)
     CLASS = BACKEND
+
+
+class ReplayPageTableOnDevice(_DevicePageTable, ReplayPageTableToRealLength):
+    DESCRIPTION = (
+        f"{BACKEND} CUDA-graph replay: the decode, target-verify and draft-extend page tables are built "
+        "on the device, each row up to its cache_seqlens (backends.page_table.fill_page_table_rows), "
+        "not gathered as wide as the static bound"
+    )
+    CLASS = BACKEND
+    MODES = ("is_decode_or_idle", "is_target_verify", "is_draft_extend", "is_draft_extend_v2")
+    DETECT_MODES = MODES
+    PATCH = "trtllm-mha-spec-v2"
+    UPSTREAM = "sglang #28106"
