@@ -71,6 +71,9 @@ from patchkit.codemods.common.tree_mask import (
     InitTreeMask as _InitTreeMask,
     VerifyBuffersReturnTreeMask as _VerifyBuffersReturnTreeMask,
 )
+from patchkit.codemods.common.decode_page_writer import (
+    DecodePageWriterStopsAtLivePages as _DecodePageWriterStopsAtLivePages,
+)
 from patchkit.codemods.common.page_table import ReplayPageTableToRealLength
 from patchkit.codemods.common.primitives import attr, call
 
@@ -222,3 +225,23 @@ class ReplayPageTableOnDevice(ReplayPageTableToRealLength):
     DETECT_MODES = ("is_target_verify",)
     PATCH = "fa3-spec-v2"
     UPSTREAM = "sglang #29343, #31381"
+
+
+# -- the draft-decode page writer (common's, sglang #32109) ---------------------------------
+
+
+class DecodePageWriterStopsAtLivePages(_DecodePageWriterStopsAtLivePages):
+    DESCRIPTION = (
+        "normal_decode_set_metadata's Triton kernels (FA3's decode and draft-decode replay) write each "
+        "page-table row only up to its live pages (seq_len + delta), not max_seq_pages columns for every row"
+    )
+    PATCH = "fa3-spec-v2"
+    # The codemod runs on two files; REQUIRED_TEXT would turn the file that lacks the kernels into
+    # "missing" before detect could say where they are.
+    REQUIRED_TEXT = ()
+
+
+class FA3DecodePageWriterStopsAtLivePages(DecodePageWriterStopsAtLivePages):
+    """The kernels in FA3's own module (0.5.10 .. 0.5.12.post1)."""
+
+    ELSEWHERE = "the writer's kernels are not in this module (0.5.13+: triton_ops/metadata.py, the target beside)"
