@@ -1,6 +1,5 @@
 """trtllm-mha-draft-decode-capture (sglang #26521): snippets, then the real
-trees (0.5.10 .. 0.5.12.post1 patched; 0.5.13, 0.5.14 native; 0.5.15+ not
-applicable)."""
+trees (0.5.10 .. 0.5.12.post1 patched; 0.5.13+ native)."""
 
 from __future__ import annotations
 
@@ -91,8 +90,8 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
 
 
 @pytest.mark.trees
-@pytest.mark.parametrize("version, state", [("0.5.13", "native"), ("0.5.14", "native"), ("0.5.15", "not-applicable"), ("0.5.16", "not-applicable"),
-                                            ("0.5.23", "not-applicable")])
+@pytest.mark.parametrize("version, state", [("0.5.13", "native"), ("0.5.14", "native"), ("0.5.15", "native"), ("0.5.16", "native"),
+                                            ("0.5.23", "native")])
 def test_later_releases_are_untouched(make_tree, cli, version, state):
     tree = make_tree(version)
     before = snapshot(tree)

@@ -15,9 +15,9 @@ copies, right after the binding, before anything derived from it
 
 0.5.13 restructured capture (``_build_cuda_graph_metadata`` binds, the shared
 capture+replay body ``_apply_cuda_graph_metadata`` binds again and copies):
-the method is gone there, and the class's body that binds and copies makes
-the tree native (0.5.13, 0.5.14); 0.5.15+ fill the graph metadata with an
-in-graph kernel: superseded. #26655, the same day, rebinds the
+the method is gone there, and the class's ``init_forward_metadata_out_graph``
+(capture and replay share it; 0.5.15+ through an in-graph kernel) makes the
+tree native. #26655, the same day, rebinds the
 slice before the replay copy in that restructured body; 0.5.10 .. 0.5.12.post1
 bind it once at capture and replay copies into that very slice, so it has
 nothing to fix there (docs/research/upstream-followups-part2.md).
@@ -43,6 +43,7 @@ BINDS_TO_BUFFER = m.Assign(
     targets=[m.AssignTarget(target=attr(LENGTHS))],
     value=m.Subscript(value=m.Subscript(value=attr("decode_cuda_graph_metadata", m.Name("self")))),
 )
+OUT_GRAPH = "init_forward_metadata_out_graph"
 DRAFT_DECODE = m.If(test=none_comparison(m.Name("spec_info"), m.IsNot()))
 
 SEED = """
@@ -75,19 +76,13 @@ class SeedDraftDecodeLengthsAtCapture(MethodCodemod):
     )
     CLASS = BACKEND
     METHOD = "init_forward_metadata_capture_cuda_graph"
-    WHY_ABSENT = (
-        "no such capture method (sglang 0.5.15+: the capture metadata is built by _build_cuda_graph_metadata "
-        "and filled in the graph by a fused metadata kernel)"
-    )
 
     def detect_absent(self, cls: cst.ClassDef) -> Finding:
-        # 0.5.13+: capture runs the body replay runs (``_apply_cuda_graph_metadata``,
-        # from init_forward_metadata_out_graph), whose draft-decode branch copies
-        # the lengths: native.
-        copies = m.Call(func=attr("copy_", attr(LENGTHS)))
-        for fn in primitives.methods(cls):
-            if any(primitives.contains(b.body, copies) for b in primitives.find_all(fn, DRAFT_DECODE)):
-                return Finding.done(self.anchor, f"upstream's {fn.name.value} (capture and replay) copies the lengths")
+        # 0.5.13+: capture fills its metadata with the body replay runs
+        # (init_forward_metadata_out_graph -> _apply_cuda_graph_metadata; from
+        # 0.5.15 an in-graph kernel), which writes the lengths: upstream's own fix.
+        if primitives.find_method(cls, OUT_GRAPH) is not None:
+            return Finding.done(self.anchor, f"upstream's {OUT_GRAPH} fills the capture's lengths as replay does")
         return super().detect_absent(cls)
 
     def _branches(self, fn: cst.FunctionDef) -> list[tuple[cst.If, int, str]]:
