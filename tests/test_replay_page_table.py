@@ -79,7 +79,7 @@ def test_a_gather_before_the_lengths_are_written_is_left_alone():
 def test_fork_spellings_of_the_gather(old, new):
     src = BEFORE.replace(old, new)
     out = apply(mha.ReplayPageTableOnDevice, src)
-    assert "if not fill_page_table_rows(self.req_to_token, " in out
+    assert "if not fill_page_table_rows(self.req_to_token, req_pool_indices, metadata.cache_seqlens_int32, " in out
     assert detect(mha.ReplayPageTableOnDevice, out).state is State.DONE
     compile(out, "x.py", "exec")
 

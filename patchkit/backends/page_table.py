@@ -109,6 +109,7 @@ def fill_page_table_rows(
     global _kernel
     if swa_page_table is not None:
         return False
+    req_pool_indices = req_pool_indices.reshape(-1)  # a fork's rows[:, None]-shaped index too
     rows = req_pool_indices.shape[0]
     if rows == 0:
         return True

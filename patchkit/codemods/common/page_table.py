@@ -85,10 +85,13 @@ def _group_at(body: list, i: int) -> Optional[tuple[int, str, str]]:
     if not isinstance(index, cst.Index):
         return None
     rows = index.value
-    if isinstance(rows, cst.Subscript):  # rows[:, None]
-        rows = rows.value
+    if isinstance(rows, cst.Subscript) or m.matches(rows, m.Call(func=attr("unsqueeze"))):  # rows[:, None], rows.unsqueeze(1)
+        rows = rows.value if isinstance(rows, cst.Subscript) else rows.func.value
     uses = m.Name(name)
-    copy_into_table = m.Call(func=attr("copy_", m.Subscript(value=save_receiver())), args=[m.Arg(m.MatchIfTrue(lambda v: primitives.contains(v, uses)))])
+    copy_into_table = m.Call(
+        func=attr("copy_", m.Subscript(value=attr("page_table"))),
+        args=[m.Arg(m.MatchIfTrue(lambda v: primitives.contains(v, uses)))],
+    )
     for j in range(i + 1, len(body)):
         found = primitives.find_all(body[j], copy_into_table)
         if not found:
@@ -100,11 +103,6 @@ def _group_at(body: list, i: int) -> Optional[tuple[int, str, str]]:
             end += 1  # TRT-LLM MHA's sliding-window copy of the same gather
         return end, code_of(rows), receiver
     return None
-
-
-def save_receiver() -> m.Attribute:
-    """``<receiver>.page_table``."""
-    return m.Attribute(attr=m.Name("page_table"))
 
 
 class _Groups(cst.CSTTransformer):
