@@ -27,6 +27,11 @@ What FA3 read from the CPU mirror, and what it reads now (helpers in
   branches as well; and the page count handed to the fused Triton page-table
   writer (``normal_decode_set_metadata``, which masks only by that count) is
   kept within the preallocated table.
+* the replay's page tables (issue 42): the target-verify and draft-extend
+  gathers become patchkit's device build, each row up to its ``cache_seqlens``
+  (``ReplayPageTableOnDevice``; #29343 / #31381's form), and the fused decode
+  writer's kernels stop each row at its live pages (#32109;
+  ``DecodePageWriterStopsAtLivePages``, also in ``triton_ops/metadata.py``).
 * the verify tree mask: ``__init__`` sets ``cuda_graph_custom_mask = None``
   and records whether this instance is on the draft worker;
   ``init_cuda_graph_state`` allocates the worst case on the target backend;

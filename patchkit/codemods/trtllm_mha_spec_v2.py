@@ -10,11 +10,12 @@ and the draft extend read the host length lists. The kernels get
 ``max_seq_len=self.max_context_len`` and stop each row at the device
 ``cache_seqlens``, so the static bound is correct without the mirror: the
 guards are FA3's codemods on this class (helpers in
-``patchkit.backends.mirror_reads``). Replay writes the page table with torch
-slicing, which stops at the preallocated width by itself (no Triton writer to
-bound). Upstream instead builds the table on the device with a Triton kernel
-over the static width (``_fill_page_table_device``); that is what makes a
-0.5.14+ tree native here.
+``patchkit.backends.mirror_reads``). Replay's torch gather (as wide as the
+static bound without the mirror) becomes patchkit's device build, each row up
+to its own ``cache_seqlens`` (``ReplayPageTableOnDevice``, common's
+``page_table``; sliding-window tables keep the gather), as upstream's
+``_fill_page_table_device`` does from 0.5.14: that method makes a 0.5.14+
+tree native here. The eager metadata keeps its gather.
 
 Both ``TRTLLMHAAttnBackend`` and ``TRTLLMHAAttnMultiStepDraftBackend`` declare
 ``needs_cpu_seq_lens = False``. The verify tree mask is not preallocated:
