@@ -27,6 +27,11 @@ What FA3 read from the CPU mirror, and what it reads now (helpers in
   branches as well; and the page count handed to the fused Triton page-table
   writer (``normal_decode_set_metadata``, which masks only by that count) is
   kept within the preallocated table.
+* the replay's page tables (issue 42): the target-verify and draft-extend
+  gathers become patchkit's device build, each row up to its ``cache_seqlens``
+  (``ReplayPageTableOnDevice``; #29343 / #31381's form), and the fused decode
+  writer's kernels stop each row at its live pages (#32109;
+  ``DecodePageWriterStopsAtLivePages``, also in ``triton_ops/metadata.py``).
 * the verify tree mask: ``__init__`` sets ``cuda_graph_custom_mask = None``
   and records whether this instance is on the draft worker;
   ``init_cuda_graph_state`` allocates the worst case on the target backend;
@@ -71,6 +76,10 @@ from patchkit.codemods.common.tree_mask import (
     InitTreeMask as _InitTreeMask,
     VerifyBuffersReturnTreeMask as _VerifyBuffersReturnTreeMask,
 )
+from patchkit.codemods.common.decode_page_writer import (
+    DecodePageWriterStopsAtLivePages as _DecodePageWriterStopsAtLivePages,
+)
+from patchkit.codemods.common.page_table import ReplayPageTableToRealLength
 from patchkit.codemods.common.primitives import attr, call
 
 BACKEND = "FlashAttentionBackend"
@@ -206,3 +215,41 @@ class AllocTreeMask(_AllocTreeMask):
 class VerifyBuffersReturnTreeMask(_VerifyBuffersReturnTreeMask):
     DESCRIPTION = f"{BACKEND}.{GET_BUFFERS} returns [self.{MASK}, None]"
     CLASS = BACKEND
+
+
+# -- the replay's page table on the device (common's, on FA3) -------------------------------
+
+
+class ReplayPageTableOnDevice(ReplayPageTableToRealLength):
+    DESCRIPTION = (
+        f"{BACKEND} CUDA-graph replay: the target-verify and draft-extend page tables are built on the "
+        "device, each row up to its cache_seqlens (backends.page_table.fill_page_table_rows), not "
+        "gathered as wide as the static bound"
+    )
+    CLASS = BACKEND
+    MODES = ("is_target_verify", "is_draft_extend", "is_draft_extend_v2")
+    # Upstream's own form (0.5.16+) builds the verify tables on the device and
+    # keeps the draft-extend gather: no verify gather left is done.
+    DETECT_MODES = ("is_target_verify",)
+    PATCH = "fa3-spec-v2"
+    UPSTREAM = "sglang #29343, #31381"
+
+
+# -- the draft-decode page writer (common's, sglang #32109) ---------------------------------
+
+
+class DecodePageWriterStopsAtLivePages(_DecodePageWriterStopsAtLivePages):
+    DESCRIPTION = (
+        "normal_decode_set_metadata's Triton kernels (FA3's decode and draft-decode replay) write each "
+        "page-table row only up to its live pages (seq_len + delta), not max_seq_pages columns for every row"
+    )
+    PATCH = "fa3-spec-v2"
+    # The codemod runs on two files; REQUIRED_TEXT would turn the file that lacks the kernels into
+    # "missing" before detect could say where they are.
+    REQUIRED_TEXT = ()
+
+
+class FA3DecodePageWriterStopsAtLivePages(DecodePageWriterStopsAtLivePages):
+    """The kernels in FA3's own module (0.5.10 .. 0.5.12.post1)."""
+
+    ELSEWHERE = "the writer's kernels are not in this module (0.5.13+: triton_ops/metadata.py, the target beside)"

@@ -10,11 +10,12 @@ and the draft extend read the host length lists. The kernels get
 ``max_seq_len=self.max_context_len`` and stop each row at the device
 ``cache_seqlens``, so the static bound is correct without the mirror: the
 guards are FA3's codemods on this class (helpers in
-``patchkit.backends.mirror_reads``). Replay writes the page table with torch
-slicing, which stops at the preallocated width by itself (no Triton writer to
-bound). Upstream instead builds the table on the device with a Triton kernel
-over the static width (``_fill_page_table_device``); that is what makes a
-0.5.14+ tree native here.
+``patchkit.backends.mirror_reads``). Replay's torch gather (as wide as the
+static bound without the mirror) becomes patchkit's device build, each row up
+to its own ``cache_seqlens`` (``ReplayPageTableOnDevice``, common's
+``page_table``; sliding-window tables keep the gather), as upstream's
+``_fill_page_table_device`` does from 0.5.14: that method makes a 0.5.14+
+tree native here. The eager metadata keeps its gather.
 
 Both ``TRTLLMHAAttnBackend`` and ``TRTLLMHAAttnMultiStepDraftBackend`` declare
 ``needs_cpu_seq_lens = False``. The verify tree mask is not preallocated:
@@ -29,6 +30,7 @@ import libcst as cst
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding
+from patchkit.codemods.common.page_table import ReplayPageTableToRealLength
 from patchkit.codemods.common.shared import EAGER_DESCRIPTION, REPLAY_DESCRIPTION, EagerMirrorReads, OptOutFlag, ReplayMirrorReads
 
 BACKEND = "TRTLLMHAAttnBackend"
@@ -76,3 +78,16 @@ class EagerMetadataWithoutMirror(_DevicePageTable, EagerMirrorReads):
 class ReplayMetadataWithoutMirror(_DevicePageTable, ReplayMirrorReads):
     DESCRIPTION = REPLAY_DESCRIPTION.format(BACKEND)
     CLASS = BACKEND
+
+
+class ReplayPageTableOnDevice(_DevicePageTable, ReplayPageTableToRealLength):
+    DESCRIPTION = (
+        f"{BACKEND} CUDA-graph replay: the decode, target-verify and draft-extend page tables are built "
+        "on the device, each row up to its cache_seqlens (backends.page_table.fill_page_table_rows), "
+        "not gathered as wide as the static bound"
+    )
+    CLASS = BACKEND
+    MODES = ("is_decode_or_idle", "is_target_verify", "is_draft_extend", "is_draft_extend_v2")
+    DETECT_MODES = MODES
+    PATCH = "trtllm-mha-spec-v2"
+    UPSTREAM = "sglang #28106"

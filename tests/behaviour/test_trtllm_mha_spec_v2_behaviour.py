@@ -58,6 +58,7 @@ def backend(**extra):
     graph_md = lambda: NS(  # noqa: E731
         cache_seqlens_int32=torch.zeros(2, dtype=torch.int32), cu_seqlens_k=torch.zeros(3, dtype=torch.int32),
         page_table=torch.full((2, width), -1, dtype=torch.int32), max_seq_len_k=0, max_seq_len_q=1,
+        swa_page_table=None,
     )
     fields = dict(
         max_context_len=CTX, page_size=1, speculative_num_draft_tokens=NUM_DRAFT, speculative_step_id=0,
@@ -81,11 +82,13 @@ def test_replay_target_verify(mods, mirror):
     md = b.target_verify_metadata[2]
     assert md.cache_seqlens_int32[:2].tolist() == [5 + NUM_DRAFT, 9 + NUM_DRAFT]
     live = 9 + NUM_DRAFT
-    assert (md.page_table[:, :live] == REQ_TO_TOKEN[POOL, :live]).all()
-    if mirror:  # tight, as before
-        assert md.max_seq_len_k == live and (md.page_table[:, live:] == -1).all()
-    else:  # the static width: the whole table rewritten
-        assert (md.page_table == REQ_TO_TOKEN[POOL, :CTX]).all()
+    assert md.max_seq_len_k == (live if mirror else CTX + NUM_DRAFT)
+    # Built on the device, each row up to its own cache_seqlens, mirror or not
+    # (before: the whole static width without the mirror); the rest of a row
+    # is never read and keeps what was there.
+    for row, kv_len in enumerate(md.cache_seqlens_int32.tolist()):
+        assert (md.page_table[row, :kv_len] == REQ_TO_TOKEN[POOL[row], :kv_len]).all()
+        assert (md.page_table[row, kv_len:] == -1).all()
 
 
 @pytest.mark.parametrize("mirror", [True, False])
@@ -97,7 +100,9 @@ def test_replay_draft_decode(mods, mirror):
     )
     md = b.decode_cuda_graph_metadata[2]
     assert md.cache_seqlens_int32[:2].tolist() == [7, 11]
-    assert (md.page_table[:, :11] == REQ_TO_TOKEN[POOL, :11]).all()
+    for row, kv_len in enumerate([7, 11]):
+        assert (md.page_table[row, :kv_len] == REQ_TO_TOKEN[POOL[row], :kv_len]).all()
+        assert (md.page_table[row, kv_len:] == -1).all()
     assert md.max_seq_len_k == (11 if mirror else CTX + 2)
 
 
