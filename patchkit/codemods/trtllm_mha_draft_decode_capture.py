@@ -20,7 +20,7 @@ the method is gone there, and the class's ``init_forward_metadata_out_graph``
 tree native. #26655, the same day, rebinds the
 slice before the replay copy in that restructured body; 0.5.10 .. 0.5.12.post1
 bind it once at capture and replay copies into that very slice, so it has
-nothing to fix there (docs/research/upstream-followups-part2.md).
+nothing to fix there (docs/research/upstream-followups.md).
 """
 
 from __future__ import annotations
