@@ -1,7 +1,9 @@
 """apply's safety rule: a tree never ends an apply with needs-cpu-seq-lens (the
 decision that lets spec-v2 decode drop the CPU seq_lens mirror) written while
 ``patchkit audit`` finds a read of the mirror unguarded (or a stale buffer) on
-the tree as it would be written.
+the tree as it would be written, in code the release ships or of unknown
+origin. A read the audit knows is the vendor's own stays the vendor's to
+guard: apply ends with one line counting them (``audit.vendor_line``).
 
 Checked after the transform and before the commit, on the transformed bytes
 (nothing is written yet). When the first such read sits in an attention
@@ -49,7 +51,9 @@ def first_unsafe_read(tree: "Tree", changed: dict[str, bytes],
             return audit.Read(**found) if found else None
         except TypeError:
             pass  # written by another shape of Read: audit again
-    problems = audit.audit_tree(tree.package, sources=srt, release_files=release_files).problems
+    # The vendor's own reads are the vendor's to guard: apply names them in its audit line, as before.
+    problems = [r for r in audit.audit_tree(tree.package, sources=srt, release_files=release_files).problems
+                if r.origin != "vendor"]
     read = min(problems, key=lambda r: (r.file, r.line, r.column), default=None)
     shared.put(key, Entry({"unsafe_read": asdict(read) if read else None}, []))
     return read

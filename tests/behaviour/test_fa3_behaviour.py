@@ -298,11 +298,13 @@ def test_draft_wrapper_replay_without_the_mirror(fa, modes, page_writer):
 
 
 def test_target_backend_preallocates_the_worst_case_mask(fa):
+    """Top-k 1 (this backend's): verify never reads the mask, so it is the
+    compact QLEN_ONLY layout (sglang #32920): D x D cells a request."""
     b = backend(fa)
     assert b.cuda_graph_custom_mask is None and b.get_verify_buffers_to_fill_after_draft() == [None, None]
     b.init_cuda_graph_state(MAX_BS, MAX_BS * NUM_DRAFT)
     mask = b.cuda_graph_custom_mask
-    assert mask.dtype == torch.bool and mask.shape == (MAX_BS * NUM_DRAFT * (CTX + NUM_DRAFT),)
+    assert mask.dtype == torch.bool and mask.shape == (MAX_BS * NUM_DRAFT * NUM_DRAFT,)
     assert not mask.any()
     buffers = b.get_verify_buffers_to_fill_after_draft()
     assert buffers[0] is mask and buffers[1] is None
@@ -400,7 +402,8 @@ def test_batches_within_the_captured_size_reuse_the_mask(fa, worker, monkeypatch
     target.init_cuda_graph_state(CAPTURED_BS, CAPTURED_BS * NUM_DRAFT)
     assert target.verify_tree_mask_max_bs == CAPTURED_BS
     buf, seq_lens_sum = kernel_inputs(worker, monkeypatch, target, bs, mirror=False)
-    assert buf is target.cuda_graph_custom_mask and buf.numel() >= cells_written(bs)
+    # Top-k 1: the compact QLEN_ONLY layout (sglang #32920), D x D cells a request.
+    assert buf is target.cuda_graph_custom_mask and buf.numel() >= bs * NUM_DRAFT * NUM_DRAFT
     assert seq_lens_sum == 0  # ignored by the kernel with a buffer: no D2H
 
 

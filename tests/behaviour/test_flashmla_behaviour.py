@@ -374,7 +374,8 @@ def test_target_backend_preallocates_the_worst_case_mask(fm):
     assert b.cuda_graph_custom_mask is None and b.get_verify_buffers_to_fill_after_draft() == [None, None]
     with_graph_state(fm, b)
     mask = b.cuda_graph_custom_mask
-    assert mask.dtype == torch.bool and mask.shape == (MAX_BS * NUM_DRAFT * (CTX + NUM_DRAFT),) and not mask.any()
+    # FlashMLA's verify never reads it: the compact QLEN_ONLY layout (sglang #32920), D x D cells a request.
+    assert mask.dtype == torch.bool and mask.shape == (MAX_BS * NUM_DRAFT * NUM_DRAFT,) and not mask.any()
     buffers = b.get_verify_buffers_to_fill_after_draft()
     assert buffers[0] is mask and buffers[1] is None
 
