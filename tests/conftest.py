@@ -101,7 +101,7 @@ def cli():
     runner = CliRunner()
 
     def run(*args: str):
-        command = next((str(a) for a in args if not str(a).startswith("-")), "")
+        command = next((str(a) for a in args if str(a) in main.commands), "(no command)")
         with profiling.timed(f"cli {command}"):
             return runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
 
