@@ -9,6 +9,7 @@ exits (no traceback from exit handlers)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -57,10 +58,16 @@ def _interrupted(signum: int) -> int:
 
 def run() -> None:
     code = _exit_code()
-    try:
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        # Interrupted: the tree is settled and the line said. Leave now, without the
+        # exit handlers: concurrent.futures' joins a stopped pool's manager thread with
+        # no time limit, and one still ending at that moment once held the exit for good.
+        os._exit(code)
     sys.exit(code)
 
 
