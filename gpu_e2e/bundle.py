@@ -3,8 +3,10 @@
 Layout of the bundle folder (at most 64 MiB; the device tool carries it):
 
     manifest.json                 releases, pins, runtime mode, sizes, sha256 of every file
-    site/common.tar.gz            unpacked wheels shared by every release
-    site/<release>.tar.gz         unpacked wheels pinned per release (transformers, ...)
+    site/common.tar.xz            unpacked wheels shared by every release
+    site/<release>.tar.xz         unpacked wheels pinned per release (transformers, ...)
+                                  (xz: a third smaller than gzip, so a release with its
+                                  own flashinfer and transformers fits beside the checkout)
     trees/<release>/pristine.tar.gz   the release's sglang/ package, as published
     trees/<release>/overlay.tar.gz    the files `patchkit apply` changed or added
     trees/<release>/overlay.json      their sha256 (checked on the GPU after unpacking)
@@ -24,7 +26,9 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -35,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .wheels import COMMON_PINS, REFERENCE_RELEASES, add_wheels_to_tar, all_pins, download_wheels, wheel_cache
+from .wheels import COMMON_PINS, RELEASE_ENV, add_wheels_to_tar, all_pins, download_wheels, wheel_cache
 
 MIB = 1024 * 1024
 LIMIT_BYTES = 64 * MIB
@@ -92,6 +96,39 @@ def patched_tree(release: str, work: Path, skip: Iterable[str] = ()) -> tuple[Pa
     if verified.returncode != 0:
         raise SystemExit(f"patchkit verify {release} failed:\n{verified.stdout}{verified.stderr}")
     return pristine, dest, applied.stdout + verified.stdout
+
+
+def earlier_patched_tree(release: str, work: Path, name: str, commit: str) -> tuple[Path, str]:
+    """(patched package dir, apply+verify output) as patchkit at ``commit`` writes it: a
+    variant ``name`` that shows what later commits changed in the patched tree (issue
+    42: the patched tree with and without upstream's later fixes). That patchkit runs
+    from ``git archive`` of the commit, with a transform cache of its own (an earlier
+    patchkit may key its cache by its version alone) over the same fetched releases."""
+    from patchkit.fetch import cache_dir, fetch_tree
+
+    src = work / f"patchkit-{name}"
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(repo_root()), "archive", commit], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"git archive {commit}: {archive.stderr.decode().strip()}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(src, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(src)
+    cache = work / f"cache-{name}"
+    cache.mkdir()
+    for shared in ("wheels", "trees"):
+        (cache / shared).symlink_to(cache_dir() / shared)
+    pristine = fetch_tree(release)
+    dest = work / release / f"sglang-{name}" / "sglang"
+    shutil.copytree(pristine, dest)
+    env = dict(os.environ, PYTHONPATH=str(src), PATCHKIT_CACHE_DIR=str(cache))
+    outputs = []
+    for args in (("apply", str(dest)), ("verify", str(dest))):
+        done = subprocess.run([sys.executable, "-m", "patchkit", *args], capture_output=True, text=True,
+                              env=env, cwd=src)
+        if done.returncode != 0:
+            raise SystemExit(f"patchkit {args[0]} at {commit} on {release} failed:\n{done.stdout}{done.stderr}")
+        outputs.append(done.stdout)
+    return dest, "".join(outputs)
 
 
 def overlay(pristine: Path, patched: Path) -> tuple[dict[str, str], list[str]]:
@@ -181,11 +218,15 @@ def folder_size(root: Path) -> int:
 
 
 def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
-          limit: int = LIMIT_BYTES, log=print, minus: Iterable[str] = (), kernels: Iterable[str] = ()) -> dict:
+          limit: int = LIMIT_BYTES, log=print, minus: Iterable[str] = (), kernels: Iterable[str] = (),
+          reference: Iterable[str] = (), earlier: Optional[dict[str, str]] = None) -> dict:
     """``minus``: patch ids; each adds a tree "minus-ID" (every patch but that
     one) beside "patched", as ``overlay-minus-ID.tar.gz``: the orchestrator
-    then measures that patch's own effect side by side."""
-    releases, minus = list(releases), list(minus)
+    then measures that patch's own effect side by side. ``earlier``: {name:
+    commit}; each adds a tree "name", patched by patchkit at that commit
+    (``overlay-name.tar.gz``). ``reference``: releases carried as published."""
+    reference, earlier = list(reference), dict(earlier or {})
+    releases, minus = list(releases) + [r for r in reference if r not in releases], list(minus)
     dest = Path(dest)
     pins = all_pins(releases)
     if dest.exists():
@@ -199,10 +240,10 @@ def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
     (dest / "site").mkdir()
     for group, group_pins in pins.items():
         wheels = download_wheels(group_pins, wheel_cache())
-        with tarfile.open(dest / "site" / f"{group}.tar.gz", "w:gz", compresslevel=9) as tar:
+        with tarfile.open(dest / "site" / f"{group}.tar.xz", "w:xz", preset=9 | lzma.PRESET_EXTREME) as tar:
             kept = add_wheels_to_tar(tar, wheels)
         manifest.setdefault("site_bytes", {})[group] = kept
-        log(f"site/{group}.tar.gz: {len(wheels)} wheels")
+        log(f"site/{group}.tar.xz: {len(wheels)} wheels")
     kernels = list(kernels)
     if kernels:  # issue 44: FlashMLA's library, which the slimmed sglang-kernel leaves out
         from .bundle_kernels import add as add_kernels
@@ -214,7 +255,7 @@ def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
     runtime_modes = set()
     with tempfile.TemporaryDirectory(prefix="pk-gpu-bundle-") as tmp:
         for rel in releases:
-            if rel in REFERENCE_RELEASES:
+            if rel in reference:
                 _add_reference_tree(dest, rel, manifest)
                 log(f"trees/{rel}: upstream tree, carried as published (the reference)")
                 continue
@@ -236,7 +277,17 @@ def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
                 _tar_dir(tdir / f"overlay-minus-{pid}.tar.gz", without, "sglang", part)
                 (tdir / f"overlay-minus-{pid}.json").write_text(json.dumps(part, indent=1, sort_keys=True) + "\n")
                 log(f"trees/{rel}: minus-{pid}: {len(part)} changed file(s)")
+            for name, commit in earlier.items():
+                older, out_older = earlier_patched_tree(rel, Path(tmp), name, commit)
+                part, gone = overlay(pristine, older)
+                if gone:
+                    raise SystemExit(f"patchkit at {commit} removed files from {rel}: {gone}")
+                _tar_dir(tdir / f"overlay-{name}.tar.gz", older, "sglang", part)
+                (tdir / f"overlay-{name}.json").write_text(json.dumps(part, indent=1, sort_keys=True) + "\n")
+                log(f"trees/{rel}: {name} (patchkit at {commit}): {len(part)} changed file(s)")
             manifest["releases"][rel] = {
+                "earlier": earlier,
+                "env": RELEASE_ENV.get(rel, {}),
                 "runtime_mode": mode,
                 "patchkit_imports": mods,
                 "changed_files": sorted(changed),

@@ -67,10 +67,11 @@ def prepare_trees(bundle: Path, release: str, work: Path) -> dict[str, Path]:
 
 
 def unpacked_site(bundle: Path, group: str, work: Path) -> Path:
-    """The bundle's ``site/<group>.tar.gz`` unpacked under ``work``, reused by later
+    """The bundle's ``site/<group>.tar.xz`` (``.tar.gz`` in bundles built before) unpacked under ``work``, reused by later
     calls on a warm machine only when it is the same tar (named by its sha256: two
     bundles' "common" groups differ, e.g. 0.5.13's lacks sglang-kernel 0.4.2)."""
-    tar = bundle / "site" / f"{group}.tar.gz"
+    tar = next((t for t in (bundle / "site" / f"{group}.tar.xz", bundle / "site" / f"{group}.tar.gz") if t.exists()),
+               bundle / "site" / f"{group}.tar.xz")
     sha = hashlib.sha256(tar.read_bytes()).hexdigest()[:16]
     dest = work / "site" / f"{group}-{sha}"
     if not dest.exists():
@@ -152,9 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     log(f"site unpacked in {time.perf_counter() - t0:.0f} s")
     for member in bundle_kernels.install(args.kernels or bundle, site_common):
         log(f"{member} installed from {args.kernels or bundle} (sha256 checked)")
-    if args.fa3_lib is not None:
-        fa3 = fa3_kernel.install(args.fa3_lib, site_common)
-        log(f"FA3 kernels installed from {args.fa3_lib} (sglang-kernel {fa3['sglang_kernel']}, sha256 checked)")
 
     mem_fraction = args.mem_fraction_static or (0.25 if args.scenario == "standalone" else 0.6)
     results_path = out / "results.json"
@@ -167,11 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     for release in releases:
         info = manifest["releases"][release]
         site_rel = unpacked_site(bundle, release, work)
+        if args.fa3_lib is not None:  # beside the sgl_kernel this release imports (0.5.13: its own pin)
+            kernel_site = site_rel if (site_rel / "sgl_kernel").is_dir() else site_common
+            fa3 = fa3_kernel.install(args.fa3_lib, kernel_site)
+            log(f"FA3 kernels installed from {args.fa3_lib} into {kernel_site.name} "
+                f"(sglang-kernel {fa3['sglang_kernel']}, sha256 checked)")
         trees = prepare_trees(bundle, release, work / "trees")
         overlay = bundle / "trees" / release / "overlay.json"
         all_results["trees"][release] = {
             "runtime_mode": info["runtime_mode"],
             "patched_files_sha256": json.loads(overlay.read_text()) if overlay.exists() else {},
+            # every other tree the bundle carries (minus-ID, an earlier patchkit's): its files' sha256
+            "variant_files_sha256": {p.name[len("overlay-"):-len(".json")]: json.loads(p.read_text())
+                                     for p in sorted(overlay.parent.glob("overlay-*.json"))},
         }
         variants = list(trees) if "upstream" in trees else (
             ["patched"] if args.alternate else args.variants.split(","))
@@ -199,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1",
                            PK_E2E_SYNC_DIR=str(sync_dir), SGLANG_ENABLE_SPEC_V2="1",
                            HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **ranks.MULTICAST_OFF)
+                env.update(info.get("env", {}))  # what the release needs on this image (wheels.RELEASE_ENV)
                 if args.alternate:
                     env[mirror_control.ENV_CONTROL] = str(sync_dir / "mirror")
                     env["PK_E2E_SYNC_FLUSH_S"] = "0.05"

@@ -21,10 +21,13 @@ import zipfile
 from pathlib import Path
 from typing import Iterable, Optional
 
-#: Releases this bundle knows how to run, patched against pristine.
-RELEASES = ("0.5.12.post1", "0.5.11", "0.5.10")
-#: Releases carried as they are: the upstream reference of what sync-free means
-#: (issue 23 compares a patched 0.5.12.post1's sync table with 0.5.13's).
+#: Releases this bundle knows how to run, patched against pristine. 0.5.13 is the
+#: first whose spec v2 takes tree drafts (topk > 1, issue 44); 0.5.9 is the newest
+#: release before 0.5.10 (issue 43).
+RELEASES = ("0.5.12.post1", "0.5.11", "0.5.10", "0.5.13", "0.5.9")
+#: Releases that may also travel as they are (``bundle --reference``): the upstream
+#: reference of what sync-free means (issue 23 compares a patched 0.5.12.post1's
+#: sync table with 0.5.13's).
 REFERENCE_RELEASES = ("0.5.13",)
 
 #: What the GPU image ('cuda', python 3.12) already holds (device KINDS.md list,
@@ -131,7 +134,22 @@ RELEASE_PINS = {
         "flashinfer-python": "0.6.12",
         "sglang-kernel": "0.4.3",  # 0.5.13 pins it (built for the image's torch 2.11)
     },
+    # 0.5.9 pins torch 2.9.1 and sgl-kernel 0.3.21 (built for torch 2.9.1, which the
+    # image lacks): it runs on the common sglang-kernel 0.4.2.post2 (same sgl_kernel
+    # module), with the release's own switch SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK
+    # (its check asks for the distribution sgl-kernel; the runner sets it for 0.5.9),
+    # and flashinfer 0.6.7.post2, the build that runs on the image (0.5.9 pins 0.6.3).
+    # transformers 4.57.1 is its pin; it refuses the image's huggingface-hub 1.x.
+    "0.5.9": {
+        "transformers": "4.57.1",
+        "tokenizers": "0.22.2",
+        "huggingface-hub": "0.36.0",
+        "flashinfer-python": "0.6.7.post2",
+    },
 }
+
+#: Environment a release's engines need beyond the common one (runner.py sets it).
+RELEASE_ENV = {"0.5.9": {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1"}}
 
 PIP_PLATFORM_FLAGS = [
     "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",

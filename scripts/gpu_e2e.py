@@ -28,9 +28,13 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bundle", help="build the bundle folder (downloads from the registry)")
     b.add_argument("--out", required=True, type=Path)
-    b.add_argument("--release", action="append", choices=wheels.RELEASES + wheels.REFERENCE_RELEASES,
-                   help="release(s) to carry (default: 0.5.12.post1); 0.5.13 travels unpatched, "
-                        "as the upstream reference")
+    b.add_argument("--release", action="append", choices=wheels.RELEASES,
+                   help="release(s) to carry, pristine and patched (default: 0.5.12.post1)")
+    b.add_argument("--reference", action="append", default=[], choices=wheels.REFERENCE_RELEASES,
+                   help="release(s) carried as published: the upstream reference")
+    b.add_argument("--earlier", action="append", default=[], metavar="NAME=COMMIT",
+                   help="also carry the tree patchkit at COMMIT writes (variant NAME), to measure "
+                        "what later commits changed (issue 42: upstream's later fixes)")
     b.add_argument("--limit-mib", type=float, default=64)
     b.add_argument("--minus", action="append", default=[], metavar="PATCH",
                    help="also carry a tree with every patch but PATCH (variant minus-PATCH), to measure "
@@ -39,6 +43,8 @@ def main() -> int:
                    help="also carry this sglang-kernel library in the bundle (FlashMLA: about 4 MiB)")
     f = sub.add_parser("fa3-pack", help="pack FA3's kernel library for a device call of its own")
     f.add_argument("--out", required=True, type=Path)
+    f.add_argument("--kernel-version", default=wheels.COMMON_PINS["sglang-kernel"],
+                   help="sglang-kernel version whose FA3 library to pack (0.5.13 pins 0.4.3)")
     t = sub.add_parser("tables", help="issue 23's tables from one or more results.json (e.g. two device calls)")
     t.add_argument("results", nargs="+", type=Path)
     r = sub.add_parser("run", help="run on this (GPU) machine from a built bundle")
@@ -46,8 +52,10 @@ def main() -> int:
     r.add_argument("rest", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     if args.cmd == "bundle":
-        bundle.build(args.out, args.release or ["0.5.12.post1"],
-                     limit=int(args.limit_mib * bundle.MIB), minus=args.minus, kernels=args.kernel)
+        earlier = dict(item.split("=", 1) for item in args.earlier)
+        releases = args.release or ([] if args.reference else ["0.5.12.post1"])
+        bundle.build(args.out, releases, limit=int(args.limit_mib * bundle.MIB), minus=args.minus,
+                     kernels=args.kernel, reference=args.reference, earlier=earlier)
         return 0
     if args.cmd == "tables":
         import json
@@ -62,7 +70,7 @@ def main() -> int:
     if args.cmd == "fa3-pack":
         from gpu_e2e import fa3_kernel
 
-        version = wheels.COMMON_PINS["sglang-kernel"]
+        version = args.kernel_version
         wheel = wheels.download_wheels({"sglang-kernel": version}, wheels.wheel_cache())["sglang-kernel"]
         fa3_kernel.pack(args.out, wheel, version)
         return 0
