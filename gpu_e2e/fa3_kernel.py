@@ -114,7 +114,7 @@ def check(lib: Path, info: Optional[dict] = None) -> dict:
 def install(lib: Path, site: Path) -> dict:
     """Put the checked kernel beside the bundle's slimmed sgl_kernel."""
     info = check(lib)
-    built_for = {d.name.split("-")[1] for d in site.glob("sglang_kernel-*.dist-info")}
+    built_for = {d.name[len("sglang_kernel-"):-len(".dist-info")] for d in site.glob("sglang_kernel-*.dist-info")}
     if built_for and info["sglang_kernel"] not in built_for:
         raise SystemExit(f"FA3 library of sglang-kernel {info['sglang_kernel']}, but {site} holds "
                          f"sglang-kernel {', '.join(sorted(built_for))}: pack the matching one (fa3-pack --kernel-version)")
