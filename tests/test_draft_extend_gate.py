@@ -109,7 +109,7 @@ RUNNER_V1 = """\
 class EAGLEDraftExtendCudaGraphRunner:
     def capture_one_batch_size(self, bs):
         def run_once():
-            ret = self.model_runner.forward(ForwardBatch(forward_mode=ForwardMode.DRAFT_EXTEND))
+            ret = self.model_runner.forward(ForwardBatch(forward_mode=ForwardMode.DRAFT_EXTEND))  # the only mode
             probs = torch.softmax(ret.next_token_logits, dim=-1)
             ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
             return ret

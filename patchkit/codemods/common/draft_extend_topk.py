@@ -53,9 +53,15 @@ _NAMES_V2 = m.Name("DRAFT_EXTEND_V2") | m.Attribute(attr=m.Name("DRAFT_EXTEND_V2
 V1_ONLY = f"{RUNNER} captures DRAFT_EXTEND (V1) graphs only here, never DRAFT_EXTEND_V2: no V2 top-k to take out"
 
 
+_MODE_ARG = m.Arg(keyword=m.Name("forward_mode"))
+_V1_MODE = m.Attribute(value=m.Name("ForwardMode"), attr=m.Name("DRAFT_EXTEND"))
+
+
 def captures_v1_only(cls: cst.ClassDef) -> bool:
-    """The runner never names DRAFT_EXTEND_V2: it has no V2 graph."""
-    return not primitives.contains(cls, _NAMES_V2)
+    """The runner has no V2 graph: every batch it builds says
+    ``forward_mode=ForwardMode.DRAFT_EXTEND`` and it never names DRAFT_EXTEND_V2."""
+    modes = [arg.value for arg in primitives.find_all(cls, _MODE_ARG)]
+    return bool(modes) and all(m.matches(v, _V1_MODE) for v in modes) and not primitives.contains(cls, _NAMES_V2)
 
 
 def is_negative(test: cst.BaseExpression) -> bool:
