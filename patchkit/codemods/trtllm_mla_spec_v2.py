@@ -143,8 +143,8 @@ class DraftExtendReadsNoMirrorTwice(MethodCodemod):
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         anchor = f"{self.anchor}: draft-extend {MAX}"
         re_reads = _re_reads(fn)
-        if not re_reads:
-            return Finding.done(anchor)
+        if not re_reads:  # superseded, not done: it never makes a pristine 0.5.6+ tree look half-patched
+            return Finding.superseded(anchor, f"the draft extend reads no {MAX} from the mirror but the None-tested one")
         if _guarded_max(fn) is None:
             return self.missing_in(fn, f"the draft extend reads {MAX} from the mirror with no None-tested {MAX} before it",
                                    f"an `if ... seq_lens_cpu ... is not None: {MAX} = ... else: {MAX} = ...` to keep", re_reads[0])
