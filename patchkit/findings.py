@@ -57,7 +57,8 @@ class Finding:
 
     def as_list(self) -> list:
         """The cached form (detection and transform caches)."""
-        return [self.state.value, self.anchor, self.detail, self.by_tree, self.line, self.moots_patch]
+        listed = [self.state.value, self.anchor, self.detail, self.by_tree, self.line]
+        return listed + [True] if self.moots_patch else listed  # rare: the common form stays five items
 
     @classmethod
     def from_list(cls, cached: list) -> "Finding":
