@@ -29,13 +29,13 @@ guards (trtllm-mha-draft-extend-v2, draft-extend-graph-no-topk) in
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import ClassCodemod, Finding, Guard, MethodCodemod, MethodGuards, State
+from patchkit.codemods.common.base import ClassCodemod, Finding, Guard, MethodGuards, State
 from patchkit.codemods.common.primitives import ANY, attr, call, dotted, save
 from patchkit.layout import import_path
 
