@@ -219,7 +219,10 @@ class Session:
                 report.results.append(CodemodResult(target.file, name, self.detect(target.file, ref)))
         states = {r.finding.state for r in report.results}
         applied_by_us = patch.id in self.record.applied
-        if State.MISSING in states:
+        moot = next((r for r in report.results if r.finding.moots_patch), None)
+        if moot is not None:  # what the patch changes never runs here: its other sites do not matter
+            report.state, report.reason = NOT_APPLICABLE, f"{moot.file}: {moot.finding.detail}"
+        elif State.MISSING in states:
             first = report.missing[0]
             report.state = NOT_APPLICABLE
             # A missing file's anchor is its path: named once.

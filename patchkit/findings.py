@@ -33,6 +33,11 @@ class Finding:
     # None where nothing was found (the class or file is not there), and on
     # done and superseded findings (never reported at a line).
     line: Optional[int] = None
+    # Superseded for the whole patch: this site decides that what the patch
+    # changes never runs in this tree (e.g. no CUDA graph for a backend to
+    # join), so the patch's other sites are moot and the patch is not
+    # applicable, with this finding's detail as the reason.
+    moots_patch: bool = False
 
     @classmethod
     def todo(cls, anchor: str, detail: str = "") -> "Finding":
@@ -43,8 +48,8 @@ class Finding:
         return cls(State.DONE, anchor, detail, by_tree)
 
     @classmethod
-    def superseded(cls, anchor: str, detail: str, by_tree: bool = False) -> "Finding":
-        return cls(State.SUPERSEDED, anchor, detail, by_tree)
+    def superseded(cls, anchor: str, detail: str, by_tree: bool = False, moots_patch: bool = False) -> "Finding":
+        return cls(State.SUPERSEDED, anchor, detail, by_tree, moots_patch=moots_patch)
 
     def at(self, line: Optional[int]) -> "Finding":
         """This finding at ``line`` (the detector's own, where it has one)."""
@@ -52,12 +57,13 @@ class Finding:
 
     def as_list(self) -> list:
         """The cached form (detection and transform caches)."""
-        return [self.state.value, self.anchor, self.detail, self.by_tree, self.line]
+        listed = [self.state.value, self.anchor, self.detail, self.by_tree, self.line]
+        return listed + [True] if self.moots_patch else listed  # rare: the common form stays five items
 
     @classmethod
     def from_list(cls, cached: list) -> "Finding":
         # Entries written before ``by_tree`` existed have three items, before
-        # ``line`` four.
+        # ``line`` four, before ``moots_patch`` five.
         return cls(State(cached[0]), *cached[1:])
 
     @classmethod

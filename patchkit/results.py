@@ -43,7 +43,9 @@ class PatchReport:
         if self.state in (APPLIED, NATIVE):
             return True
         # Upstream moved on (e.g. removed the code): nothing to carry.
-        return self.state == NOT_APPLICABLE and all(r.finding.state is State.SUPERSEDED for r in self.results)
+        # Or one site says the rest is moot here (Finding.moots_patch).
+        return self.state == NOT_APPLICABLE and (
+            all(r.finding.state is State.SUPERSEDED for r in self.results) or any(r.finding.moots_patch for r in self.results))
 
     @property
     def missing(self) -> list[CodemodResult]:

@@ -78,6 +78,8 @@ def test_a_cached_finding_keeps_its_line():
     assert finding.line == 4
     assert finding.as_list() == ["todo", "Worker.step", "no return", False, 4]
     assert Finding.from_list(finding.as_list()) == finding
+    moot = Finding.superseded("A.b", "never runs here", moots_patch=True)
+    assert Finding.from_list(moot.as_list()) == moot
 
 
 SRC = """\

@@ -33,20 +33,23 @@ def _revert_exact(cli, tree, version):
 @pytest.mark.trees
 def test_guarded_by_the_patch_0_5_4(cli, linked_tree):
     """0.5.4.post3: the DP padding sits inline in prepare_mlp_sync_batch and is
-    guarded there; TRT-LLM MLA reads the mirror unguarded in its draft extend,
-    so its opt-out is refused (the backend keeps the mirror), nothing else."""
+    guarded there; TRT-LLM MLA's draft extend re-reads the mirror's max, which
+    trtllm-mla-spec-v2 drops (0.5.6's form); the worker never replays a
+    draft-extend graph, so the three draft-extend graph patches are not
+    applicable: apply exits 0."""
     tree = linked_tree("0.5.4.post3")
     result, refused = _apply(cli, tree)
-    assert result.exit_code == 1
-    assert refused["trtllm-mla-spec-v2"].endswith(
-        "refused: srt/layers/attention/trtllm_mla_backend.py:628: TRTLLMMLABackend.init_forward_metadata reads "
-        "`forward_batch.seq_lens_cpu` unguarded once the mirror is dropped; nothing of it is written "
-        "(`patchkit audit` lists every read)")
-    assert DECISION not in refused
+    assert result.exit_code == 0 and not refused, result.output
     assert "add_or_none" in (tree / "srt/model_executor/forward_batch_info.py").read_text()
-    assert "needs_cpu_seq_lens" not in (tree / "srt/layers/attention/trtllm_mla_backend.py").read_text()
-    states = _states(cli, tree)
-    assert states[DECISION] == states["fa3-spec-v2"] == states["flashmla-spec-v2"] == "applied"
+    mla = (tree / "srt/layers/attention/trtllm_mla_backend.py").read_text()
+    assert "needs_cpu_seq_lens: bool = False" in mla and mla.count("max_seq = forward_batch.seq_lens_cpu.max().item()") == 1
+    doc = json.loads(cli("status", tree, "--format", "json").output)
+    states = {p["id"]: p["state"] for p in doc["patches"]}
+    assert states[DECISION] == states["trtllm-mla-spec-v2"] == states["fa3-spec-v2"] == "applied"
+    reasons = {p["id"]: p.get("reason", "") for p in doc["patches"] if p["state"] == "not-applicable"}
+    assert set(reasons) == {"draft-extend-graph-no-topk", "fa3-draft-extend-graph", "trtllm-mha-draft-extend-v2"}
+    assert "never replays its draft-extend CUDA graph" in reasons["fa3-draft-extend-graph"]
+    assert cli("verify", tree, "-q").exit_code == 0
     assert audit.audit_tree(tree).ok
     _revert_exact(cli, tree, "0.5.4.post3")
 
@@ -64,12 +67,16 @@ def test_refused_where_decode_reads_the_mirror_0_5_5(cli, linked_tree):
         "`batch.seq_lens_cpu` unguarded once the mirror is dropped; nothing of it is written "
         "(`patchkit audit` lists every read)")
     assert refused["fa3-spec-v2"].endswith(f"requires {DECISION}, which is refused")
+    assert refused["trtllm-mla-spec-v2"].endswith(f"requires {DECISION}, which is refused")
+    # no CUDA draft-extend graph here (NPU only): not applicable, not "not applied"
+    assert "fa3-draft-extend-graph" not in refused and "trtllm-mha-draft-extend-v2" not in refused
     pristine = pristine_snapshot("0.5.5.post3")
     now = snapshot(tree)
     for rel in ("srt/speculative/eagle_info_v2.py", "srt/managers/scheduler.py", "srt/managers/schedule_batch.py"):
         assert now[rel] == pristine[rel], rel
     states = _states(cli, tree)
     assert states["draft-extend-graph-no-topk"] == states["min-new-tokens-no-sync"] == "applied"
+    assert states["fa3-draft-extend-graph"] == states["trtllm-mha-draft-extend-v2"] == "not-applicable"
     assert states[DECISION] == "absent"
     _revert_exact(cli, tree, "0.5.5.post3")
 
@@ -80,7 +87,7 @@ def test_proven_not_to_run_there_0_5_7(cli, linked_tree):
     only under is_extend_without_speculative(): safe, and the decision applies."""
     tree = linked_tree("0.5.7")
     result, refused = _apply(cli, tree)
-    assert DECISION not in refused and "trtllm-mla-spec-v2" not in refused, result.output
+    assert result.exit_code == 0 and not refused, result.output
     found = audit.audit_tree(tree)
     assert found.ok
     (one_shot,) = [r for r in found.reads if r.function == "ForwardBatch.fetch_mha_one_shot_kv_indices"]
@@ -88,7 +95,25 @@ def test_proven_not_to_run_there_0_5_7(cli, linked_tree):
     states = _states(cli, tree)
     # the verify runner's own populate_from_forward_batch already hands None (replay-no-stale-mirror: done)
     assert states[DECISION] == states["replay-no-stale-mirror"] == states["fa3-spec-v2"] == "applied"
+    # the worker captures the draft extend on NPU only: both graph patches not applicable, with why
+    assert states["fa3-draft-extend-graph"] == states["trtllm-mha-draft-extend-v2"] == "not-applicable"
+    assert cli("verify", tree, "-q").exit_code == 0
     _revert_exact(cli, tree, "0.5.7")
+
+
+@pytest.mark.trees
+def test_inline_gate_admits_fa3_and_trtllm_mha_0_5_9(cli, linked_tree):
+    """0.5.9 (as 0.5.8.post1) lists the draft-extend graph's backends inline,
+    in the `if` that captures it: both patches join that `or`; exact revert."""
+    tree = linked_tree("0.5.9")
+    patches = ("fa3-draft-extend-graph", "trtllm-mha-draft-extend-v2")
+    result = cli("apply", tree, *patches, "-q")
+    assert result.exit_code == 0, result.output
+    worker = (tree / "srt/speculative/eagle_worker_v2.py").read_text()
+    assert "or fa3_draft_extend_graph" in worker
+    assert "and isinstance(self.draft_extend_attn_backend, TRTLLMHAAttnBackend)" in worker
+    assert cli("verify", tree, *patches, "-q").exit_code == 0
+    _revert_exact(cli, tree, "0.5.9")
 
 
 def test_reads_are_vendor_only_when_the_release_is_known():

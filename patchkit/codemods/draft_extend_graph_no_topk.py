@@ -22,7 +22,8 @@ together:
 
 Done where every top-k assignment of the capture method is confined to
 non-V2 modes or gone (upstream from #31430 on) and replay copies none for V2.
-The runner must keep ``self.forward_mode`` (the guard reads it); a run of
+A runner that never names DRAFT_EXTEND_V2 (0.5.4.post3) has no V2 graph:
+not applicable. The runner must keep ``self.forward_mode`` (the guard reads it); a run of
 top-k statements mixed with other work is refused in one line.
 """
 
@@ -40,6 +41,8 @@ from patchkit.codemods.common.draft_extend_topk import (
     RUNNER,
     TOPK_ASSIGN,
     TOPK_COPY,
+    V1_ONLY,
+    captures_v1_only,
     copy_block,
     guard_copies,
     guard_topk,
@@ -71,6 +74,8 @@ class V2GraphComputesNoTopk(ClassCodemod):
         computed, copied = unguarded(capture, TOPK_ASSIGN), unguarded(replay, TOPK_COPY)
         if not computed and not copied:
             return Finding.done(anchor)
+        if captures_v1_only(cls):
+            return Finding.superseded(anchor, V1_ONLY)
         if not primitives.contains(cls, _SETS_FORWARD_MODE):
             return Finding.missing(anchor, f"{self.where(cls)}: class {self.CLASS} never sets self.forward_mode; "
                                            "the patch needs it to tell DRAFT_EXTEND_V2 from V1")

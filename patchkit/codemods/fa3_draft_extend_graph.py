@@ -27,6 +27,11 @@ Two codemods:
   stores ``self.draft_extend_metadata[bs]``; replay: one that reads it), else
   the patch is refused with one line naming the missing branch.
 
+0.5.8.post1 and 0.5.9 test the backends inline, in the ``if`` that captures
+the graph: a flag computed the same way, then one more term of that ``if``'s
+``or``. 0.5.4 .. 0.5.7 replay no CUDA draft-extend graph on spec v2 (see
+``common.draft_extend_gate``): not applicable there, with why.
+
 Done: a tree whose graph check already names ``FlashAttentionBackend``
 (0.5.23's list, ours, a vendor's own).
 """
@@ -38,7 +43,14 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCheck, Finding
-from patchkit.codemods.common.shared import GRAPH_CHECK, DraftExtendGraphCheck, code_of, graph_check
+from patchkit.codemods.common.draft_extend_gate import (
+    GRAPH_CHECK,
+    DraftExtendGraphCheck,
+    the_gate,
+    graph_check,
+    with_gate_term,
+)
+from patchkit.codemods.common.shared import code_of
 
 FA3 = "FlashAttentionBackend"
 FA3_MODULE = "sglang.srt.layers.attention.flashattention_backend"
@@ -78,6 +90,28 @@ if (
     )
 '''
 
+#: 0.5.4 .. 0.5.9 have no named check: a flag of our own, one more term of the capture gate.
+INLINE_FLAG = "fa3_draft_extend_graph"
+LET_FA3_IN_GATE = f'''
+# patchkit fa3-draft-extend-graph (upstream 0.5.23): FA3 has CUDA-graph
+# metadata for DRAFT_EXTEND_V2 (capture and replay), so its draft extend is
+# captured too. CUDA only, imported here: MUSA and NPU builds must not
+# import sgl_kernel. Eager with an FR-Spec token map: the graph's logits
+# buffer is not sized for its reduced head (EAGLE3's draft vocab is).
+{INLINE_FLAG} = False
+if (
+    _is_cuda
+    and {ADMITS}
+):
+    from {FA3_MODULE} import (
+        {FA3},
+    )
+
+    {INLINE_FLAG} = isinstance(
+        self.draft_extend_attn_backend, {FA3}
+    )
+'''
+
 
 class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
     DESCRIPTION = (
@@ -103,6 +137,8 @@ class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
             return self.missing_in(fn, f"{self.CLASS} never sets self.hot_token_id", "it to keep speculative token maps eager")
         if not self._sets_algorithm:
             return self.missing_in(fn, f"{self.CLASS} never sets self.speculative_algorithm", "it to tell EAGLE3 drafts from token maps")
+        if graph_check(fn) is None:
+            return self.inline_todo(fn, f"{FA3} is not in the draft-extend capture gate")
         return Finding.todo(anchor, f"{FA3} is not in the draft-extend graph check")
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
@@ -114,6 +150,9 @@ class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
         if _earlier_form(fn) is not None:
             return primitives.replace_statements(fn, _EARLIER, _this_form)
         check = graph_check(fn)
+        if check is None:  # 0.5.8.post1 / 0.5.9: the flag first, then one more term of the gate
+            return primitives.replace_statements(fn, the_gate(fn), lambda gate: cst.FlattenSentinel(
+                [*primitives.parse_statements_with_comments(LET_FA3_IN_GATE), with_gate_term(gate, INLINE_FLAG)]))
         return primitives.replace_statements(
             fn,
             primitives.line(primitives.is_node(check)),

@@ -17,10 +17,23 @@ every edit site. 0.5.13 has the change natively. 0.5.17 replaced
 ``cuda_graph_custom_mask`` with a ``verify_mask`` property (built by
 ``maybe_create_verify_mask``): there the mask parts are superseded and only the
 flags are checked.
+
+0.5.4.post3 and 0.5.5.post3: the draft-extend branch of
+``init_forward_metadata`` takes ``max_seq`` from the mirror a second time,
+unguarded, right after the method's own None test set it (from the mirror,
+else the device): with the opt-out, a TypeError there. 0.5.6 dropped that
+re-read; so does this patch (``DraftExtendReadsNoMirrorTwice``).
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import Finding, MethodCodemod
 from patchkit.codemods.common.shared import FLAG, ClassFlag
 from patchkit.codemods.common.tree_mask import (
     GET_BUFFERS,
@@ -92,3 +105,52 @@ class VerifyBuffersReturnCustomMask(VerifyBuffersReturnMask):
     CLASS = BACKEND
     HELPERS = HELPERS
     BUFFERS_HELPER = "verify_buffers_to_fill_after_draft"
+
+
+# -- 0.5.4 / 0.5.5: the draft extend's second, unguarded max of the mirror ---------------------
+
+MAX = "max_seq"
+_SETS_MAX = m.Assign(targets=[m.AssignTarget(target=m.Name(MAX))])
+_MIRROR = m.Attribute(value=m.Name("forward_batch"), attr=m.Name("seq_lens_cpu"))
+_IS_DRAFT_EXTEND = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend")))
+
+
+def _re_reads(fn: cst.FunctionDef) -> list[cst.SimpleStatementLine]:
+    """``max_seq = forward_batch.seq_lens_cpu...`` lines in a draft-extend branch,
+    outside the method's own None test."""
+    guarded = _guarded_max(fn)
+    kept = {id(n) for n in primitives.find_all(guarded, m.SimpleStatementLine())} if guarded is not None else set()
+    branches = primitives.find_all(fn, m.If(test=_IS_DRAFT_EXTEND))  # the branch itself, not an `or` holding it
+    return [line for b in branches for line in primitives.find_all(b.body, m.SimpleStatementLine(body=[_SETS_MAX]))
+            if primitives.contains(line, _MIRROR) and id(line) not in kept]
+
+
+def _guarded_max(fn: cst.FunctionDef) -> Optional[cst.If]:
+    """The method's own ``if <mirror> is not None: max_seq = ... else: max_seq = ...``."""
+    return next((b for b in primitives.find_all(fn, m.If()) if b.orelse is not None
+                 and primitives.contains(b.test, m.SimpleString('"seq_lens_cpu"') | _MIRROR)
+                 and primitives.contains(b.body, _SETS_MAX) and primitives.contains(b.orelse, _SETS_MAX)), None)
+
+
+class DraftExtendReadsNoMirrorTwice(MethodCodemod):
+    DESCRIPTION = (
+        f"{BACKEND}.init_forward_metadata: the draft-extend branch keeps the {MAX} its None test set "
+        "(mirror, else device) instead of reading the mirror again, unguarded (as from 0.5.6)"
+    )
+    CLASS = BACKEND
+    METHOD = "init_forward_metadata"
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        anchor = f"{self.anchor}: draft-extend {MAX}"
+        re_reads = _re_reads(fn)
+        if not re_reads:  # superseded, not done: it never makes a pristine 0.5.6+ tree look half-patched
+            return Finding.superseded(anchor, f"the draft extend reads no {MAX} from the mirror but the None-tested one")
+        if _guarded_max(fn) is None:
+            return self.missing_in(fn, f"the draft extend reads {MAX} from the mirror with no None-tested {MAX} before it",
+                                   f"an `if ... seq_lens_cpu ... is not None: {MAX} = ... else: {MAX} = ...` to keep", re_reads[0])
+        return Finding.todo(anchor, f"the draft extend reads {MAX} from the mirror again, unguarded")
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        values = {id(line.body[0].value) for line in _re_reads(fn)}
+        those = m.SimpleStatementLine(body=[m.Assign(value=m.MatchIfTrue(lambda value: id(value) in values))])
+        return primitives.replace_statements(fn, those, lambda line: cst.RemovalSentinel.REMOVE)

@@ -48,6 +48,22 @@ V2_TEST = m.If(
 )
 
 
+_NAMES_V2 = m.Name("DRAFT_EXTEND_V2") | m.Attribute(attr=m.Name("DRAFT_EXTEND_V2") | m.Name("is_draft_extend_v2"))
+#: Why a runner that never names V2 needs nothing (0.5.4.post3: every batch it builds is DRAFT_EXTEND).
+V1_ONLY = f"{RUNNER} captures DRAFT_EXTEND (V1) graphs only here, never DRAFT_EXTEND_V2: no V2 top-k to take out"
+
+
+_MODE_ARG = m.Arg(keyword=m.Name("forward_mode"))
+_V1_MODE = m.Attribute(value=m.Name("ForwardMode"), attr=m.Name("DRAFT_EXTEND"))
+
+
+def captures_v1_only(cls: cst.ClassDef) -> bool:
+    """The runner has no V2 graph: every batch it builds says
+    ``forward_mode=ForwardMode.DRAFT_EXTEND`` and it never names DRAFT_EXTEND_V2."""
+    modes = [arg.value for arg in primitives.find_all(cls, _MODE_ARG)]
+    return bool(modes) and all(m.matches(v, _V1_MODE) for v in modes) and not primitives.contains(cls, _NAMES_V2)
+
+
 def is_negative(test: cst.BaseExpression) -> bool:
     """``x != ...DRAFT_EXTEND_V2`` or ``not x.is_draft_extend_v2()``."""
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
@@ -110,6 +126,11 @@ class ReplaySkipsTopkForV2(MethodCodemod):
     CLASS = RUNNER
     METHOD = REPLAY_METHODS[0]
     RENAMED = REPLAY_METHODS[1:]
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        if captures_v1_only(cls):
+            return Finding.superseded(self.anchor, V1_ONLY)
+        return super().detect_in_class(cls)
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         anchor = self.anchor_of(fn)

@@ -19,24 +19,23 @@ stay those of the patch.
 * ``ClassFlag``, the one flag codemod: ``needs_cpu_seq_lens`` declared on a
   class, each patch saying how (needs-cpu-seq-lens' declarations, TRT-LLM
   MLA's opt-outs); ``OptOutFlag`` the backends' opt-out (FA3, FlashMLA, TRT-LLM MHA);
-* ``DraftExtendGraphCheck``: the spec-v2 worker's draft-extend CUDA-graph
-  check, found in whichever method assigns it (TRT-LLM MHA, FA3).
 
 The verify tree mask the FA3, FlashMLA and TRT-LLM MLA codemods share lives
 on the same floor, in ``tree_mask``; the draft-extend graph runner's top-k
 guards (trtllm-mha-draft-extend-v2, draft-extend-graph-no-topk) in
-``draft_extend_topk``.
+``draft_extend_topk``; the spec-v2 worker's draft-extend CUDA-graph check
+(TRT-LLM MHA, FA3) in ``draft_extend_gate``.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import ClassCodemod, Finding, Guard, MethodCodemod, MethodGuards, State
+from patchkit.codemods.common.base import ClassCodemod, Finding, Guard, MethodGuards, State
 from patchkit.codemods.common.primitives import ANY, attr, call, dotted, save
 from patchkit.layout import import_path
 
@@ -319,40 +318,3 @@ REPLAY_DESCRIPTION = (
     "{} CUDA-graph replay metadata: seq_lens_cpu may be None; host max from the mirror "
     "or the static max_context_len"
 )
-
-
-# -- the spec-v2 worker's draft-extend CUDA-graph check (TRT-LLM MHA, FA3) ---------------------
-
-GRAPH_CHECK = "supports_cuda_draft_extend_graph"
-
-
-def graph_check(fn: cst.FunctionDef) -> Optional[cst.Assign]:
-    """The assignment of the draft-extend graph check in ``fn``, if any."""
-    found = primitives.find_all(fn, primitives.assigns_name(GRAPH_CHECK))
-    return found[0] if found else None
-
-
-class DraftExtendGraphCheck(MethodCodemod):
-    """A change to ``EagleDraftWorker``'s draft-extend CUDA-graph check, in
-    whichever method assigns it (0.5.17 renamed ``init_cuda_graphs`` to
-    ``_capture_cuda_graphs``)."""
-
-    CLASS = "EagleDraftWorker"
-    METHOD = "init_cuda_graphs"
-    REQUIRED_TEXT = (CLASS, GRAPH_CHECK)
-
-    @property
-    def anchor(self) -> str:
-        return f"{self.CLASS}.{GRAPH_CHECK}"
-
-    def anchor_of(self, fn: cst.FunctionDef) -> str:
-        return f"{self.CLASS}.{fn.name.value}: {GRAPH_CHECK}"
-
-    def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
-        return next((f for f in primitives.methods(cls) if graph_check(f) is not None), None)
-
-    def line_node(self, fn: cst.FunctionDef) -> cst.CSTNode:
-        return graph_check(fn)  # what anchor_of names
-
-    def detect_absent(self, cls: cst.ClassDef) -> Finding:
-        return Finding.missing(self.anchor, f"{self.where(cls)}: no method of {self.CLASS} assigns {GRAPH_CHECK}")

@@ -20,7 +20,9 @@ Four structural changes, one codemod each (plus one for the test kit):
   (only where a tree ships it): ``_assert_draft_extend_v2_outputs_close``
   compares logits and hidden states only, and the V2 runner cases use it.
 
-Upstream's own shapes count as done: 0.5.13 renamed the MHA methods (``_build_cuda_graph_metadata``
+0.5.8.post1 and 0.5.9 list the backends inline, in the ``if`` that captures the graph: one more
+``or`` term there. 0.5.4 .. 0.5.7 replay no CUDA draft-extend graph on spec v2: not applicable
+(``common.draft_extend_gate``). Upstream's own shapes count as done: 0.5.13 renamed the MHA methods (``_build_cuda_graph_metadata``
 / ``_apply_cuda_graph_metadata``) and has the change; 0.5.17 made the whitelist a list, gave V2
 its own ``elif is_draft_extend_v2()`` branches and dropped top-k from the runner output (``execute``).
 """
@@ -35,7 +37,14 @@ import libcst.matchers as m
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod, PatchCodemod
 from patchkit.codemods.common.draft_extend_topk import ReplaySkipsTopkForV2
-from patchkit.codemods.common.shared import GRAPH_CHECK, DraftExtendGraphCheck, code_of, graph_check
+from patchkit.codemods.common.draft_extend_gate import (
+    GRAPH_CHECK,
+    DraftExtendGraphCheck,
+    the_gate,
+    graph_check,
+    with_gate_term,
+)
+from patchkit.codemods.common.shared import code_of
 from patchkit.codemods.trtllm_mha_draft_extend_v2.branches import (
     HELPER,
     IS_DRAFT_EXTEND,
@@ -58,6 +67,10 @@ MHA_BACKEND = "TRTLLMHAAttnBackend"
 MHA_MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
 WHITELIST = GRAPH_CHECK
 SUBJECT = "self.draft_extend_attn_backend"
+
+#: 0.5.8.post1 / 0.5.9's inline gate: a term like the vendor's own (CUDA, then the class), on the
+#: draft-extend backend the graph runs (as from 0.5.10).
+GATE_TERM = f"(\n    _is_cuda\n    and isinstance({SUBJECT}, {MHA_BACKEND})\n)"
 
 
 def _whitelist_site(fn: cst.FunctionDef) -> Optional[tuple[cst.Assign, cst.BaseExpression]]:
@@ -97,6 +110,8 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
             if self._imported or primitives.contains(fn, _LOCAL_IMPORT):
                 return Finding.done(anchor)
             return Finding.todo(anchor, f"{MHA_BACKEND} is whitelisted but not imported")
+        if graph_check(fn) is None:
+            return self.inline_todo(fn, f"{MHA_BACKEND} is not in the draft-extend capture gate")
         if _whitelist_site(fn) is None:
             assign = graph_check(fn)
             return self.missing_in(
@@ -110,6 +125,9 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         if _mentions(fn, MHA_BACKEND):
             return fn
+        if graph_check(fn) is None:  # 0.5.8.post1 / 0.5.9: one more term of the capture gate's `or`
+            return primitives.replace_statements(
+                fn, the_gate(fn), lambda gate: with_gate_term(gate, GATE_TERM))
         assign, _disjunction = _whitelist_site(fn)
         new_value = primitives.add_isinstance_classes(assign.value, SUBJECT, [MHA_BACKEND], after="TRTLLMMLABackend")
         return primitives.replace_statements(

@@ -1,0 +1,123 @@
+"""The spec-v2 worker's draft-extend CUDA-graph check, which TRT-LLM MHA
+(trtllm-mha-draft-extend-v2) and FA3 (fa3-draft-extend-graph) each add their
+backend to: ``supports_cuda_draft_extend_graph`` from 0.5.10, inline in the
+``if`` that captures the graph before (0.5.4 .. 0.5.9)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import Finding, MethodCodemod
+from patchkit.codemods.common.shared import code_of
+
+# -- the spec-v2 worker's draft-extend CUDA-graph check (TRT-LLM MHA, FA3) ---------------------
+
+GRAPH_CHECK = "supports_cuda_draft_extend_graph"
+_DRAFT_EXTEND_RUNNER = m.Attribute(value=m.Name("self"), attr=m.Name("cuda_graph_runner_for_draft_extend"))
+_SETS_DRAFT_EXTEND_RUNNER = m.Assign(targets=[m.AssignTarget(target=_DRAFT_EXTEND_RUNNER)])
+_ISINSTANCE = m.Call(func=m.Name("isinstance"))
+
+
+def graph_check(fn: cst.FunctionDef) -> Optional[cst.Assign]:
+    """The assignment of the draft-extend graph check in ``fn``, if any."""
+    found = primitives.find_all(fn, primitives.assigns_name(GRAPH_CHECK))
+    return found[0] if found else None
+
+
+def capture_gate(fn: cst.FunctionDef) -> Optional[cst.If]:
+    """0.5.4 .. 0.5.9 have no named check: the ``if`` that captures the
+    draft-extend graph (its body sets ``self.cuda_graph_runner_for_draft_extend``)
+    holds it inline in its test."""
+    found = [g for g in primitives.find_all(fn, m.If()) if primitives.contains(g.body, _SETS_DRAFT_EXTEND_RUNNER)]
+    return found[-1] if found else None  # the innermost
+
+
+def the_gate(fn: cst.FunctionDef) -> m.If:
+    """Matches ``capture_gate(fn)`` itself (for ``primitives.replace_statements``)."""
+    return m.If(test=primitives.is_node(capture_gate(fn).test))
+
+
+def gate_disjunction(gate: cst.If) -> Optional[cst.BooleanOperation]:
+    """The widest ``or`` of the gate's test that lists backends by isinstance
+    (0.5.8.post1 / 0.5.9: ``_is_npu or (_is_cuda and isinstance(...)) or ...``)."""
+    ors = primitives.find_all(gate.test, m.BooleanOperation(operator=m.Or()))
+    return next((o for o in ors if primitives.contains(o, _ISINSTANCE)), None)
+
+
+def with_gate_term(gate: cst.If, term: str) -> cst.If:
+    """``gate`` whose backend ``or`` gains ``or <term>`` as its last term, laid
+    out as the vendor's last one (``term``: source; a parenthesised one may
+    span lines, indented by four past the ``or``)."""
+    ors = gate_disjunction(gate)
+    op = ors.operator
+    indent = op.whitespace_before.last_line.value if isinstance(op.whitespace_before, cst.ParenthesizedWhitespace) else ""
+    expr = cst.parse_expression(term.replace("\n", "\n" + indent))
+    grown = cst.BooleanOperation(
+        left=ors.with_changes(lpar=[], rpar=[]), operator=cst.Or(op.whitespace_before, op.whitespace_after),
+        right=expr, lpar=ors.lpar, rpar=ors.rpar)
+    return gate.with_changes(test=gate.test.deep_replace(ors, grown))
+
+
+class DraftExtendGraphCheck(MethodCodemod):
+    """A change to ``EagleDraftWorker``'s draft-extend CUDA-graph check, in
+    whichever method assigns it (0.5.17 renamed ``init_cuda_graphs`` to
+    ``_capture_cuda_graphs``), or inline in the ``if`` that captures the
+    graph (0.5.4 .. 0.5.9). Where that ``if`` shows that no CUDA backend's
+    draft extend is replayed from a graph, the patch is moot (not applicable,
+    with why): 0.5.4 captures one for every backend but never replays it,
+    0.5.5 .. 0.5.7 capture it on NPU only."""
+
+    CLASS = "EagleDraftWorker"
+    METHOD = "init_cuda_graphs"
+    REQUIRED_TEXT = (CLASS,)
+
+    @property
+    def anchor(self) -> str:
+        return f"{self.CLASS}.{GRAPH_CHECK}"
+
+    def anchor_of(self, fn: cst.FunctionDef) -> str:
+        what = GRAPH_CHECK if graph_check(fn) is not None else "the draft-extend capture gate"
+        return f"{self.CLASS}.{fn.name.value}: {what}"
+
+    def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
+        named = next((f for f in primitives.methods(cls) if graph_check(f) is not None), None)
+        return named or next((f for f in primitives.methods(cls) if capture_gate(f) is not None), None)
+
+    def line_node(self, fn: cst.FunctionDef) -> cst.CSTNode:
+        return graph_check(fn) or capture_gate(fn)  # what anchor_of names
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        fn = self.find_method(cls)
+        if fn is not None and graph_check(fn) is None:
+            why = self._moot(cls, capture_gate(fn))
+            if why:
+                return Finding.superseded(self.anchor_of(fn), why, moots_patch=True)
+        return super().detect_in_class(cls)
+
+    def _moot(self, cls: cst.ClassDef, gate: cst.If) -> str:
+        """Why no backend can join a draft-extend CUDA graph here ("" if one can)."""
+        reads = primitives.find_all(cls, _DRAFT_EXTEND_RUNNER)
+        sets = primitives.find_all(cls, _SETS_DRAFT_EXTEND_RUNNER)
+        if len(reads) == len(sets):  # every mention is an assignment
+            return (f"{self.CLASS} never replays its draft-extend CUDA graph here (nothing reads "
+                    "self.cuda_graph_runner_for_draft_extend): the spec-v2 draft extend runs eagerly on every backend")
+        if primitives.contains(gate.test, m.Name("_is_npu")) and not primitives.contains(gate.test, _ISINSTANCE):
+            return (f"the spec-v2 draft extend is captured on NPU only here (`if {code_of(gate.test)}:`): "
+                    "no CUDA draft-extend graph for a backend to join")
+        return ""
+
+    def inline_todo(self, fn: cst.FunctionDef, todo: str) -> Finding:
+        """An inline gate: ``todo``, or missing when it lists no backends in an ``or``."""
+        gate = capture_gate(fn)
+        if gate_disjunction(gate) is None:
+            return self.missing_in(fn, f"the draft-extend capture gate `if {code_of(gate.test)}:` lists no backends "
+                                   "in an `or` of isinstance checks", "one to add a backend to", gate)
+        return Finding.todo(self.anchor_of(fn), todo)
+
+    def detect_absent(self, cls: cst.ClassDef) -> Finding:
+        return Finding.missing(self.anchor, f"{self.where(cls)}: no method of {self.CLASS} assigns {GRAPH_CHECK} "
+                               "or captures the draft-extend graph")
