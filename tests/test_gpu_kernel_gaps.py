@@ -1,0 +1,29 @@
+"""gpu_e2e/kernel_gaps.py: a name the image's sgl_kernel lacks imports, and raises when called."""
+
+import types
+
+import pytest
+
+from gpu_e2e import kernel_gaps, syncs
+
+
+def test_a_missing_name_imports_and_raises_naming_itself_when_called():
+    module = types.ModuleType("sgl_kernel")
+    module.__version__ = "0.4.2.post2"
+    module.present = lambda: "here"
+    kernel_gaps.fill(module)
+    assert module.present() == "here"
+    missing = getattr(module, "awq_marlin_moe_repack")  # what `from sgl_kernel import X` does
+    assert missing.__name__ == "awq_marlin_moe_repack"
+    assert "awq_marlin_moe_repack" in syncs._notes["kernel_gaps"]
+    with pytest.raises(kernel_gaps.KernelGap, match="awq_marlin_moe_repack is not in sglang-kernel 0.4.2.post2"):
+        missing(1, 2)
+    assert syncs._notes["kernel_gaps_called"] == ["awq_marlin_moe_repack"]
+    with pytest.raises(AttributeError):
+        module.__wrapped__  # dunder lookups (inspect, copy) still miss
+
+
+def test_only_0_5_9_runs_with_the_gaps_filled():
+    from gpu_e2e import wheels
+
+    assert {r for r, env in wheels.RELEASE_ENV.items() if kernel_gaps.ENV in env} == {"0.5.9"}
