@@ -9,13 +9,15 @@ module, which every model config imports, although an unquantized Llama never ca
 Where ``PK_E2E_KERNEL_GAPS`` is set (``wheels.RELEASE_ENV`` sets it for 0.5.9 only),
 ``sgl_kernel`` answers a name it lacks with a stand-in that raises when called, naming
 itself: an import-only gap lets the engine start, and a gap on the served path stops the
-run with that name rather than passing silently. Each name asked for, and each one
+run with that name rather than passing silently. A submodule not imported yet is
+imported, not stood in for (``from sgl_kernel import flash_ops`` loads FA3's ops). Each name asked for, and each one
 called, is noted in the process's sync dump (``kernel_gaps``, ``kernel_gaps_called``), so
 the report says which gaps the run met.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -50,6 +52,12 @@ def fill(module: Any) -> None:
     def __getattr__(name: str):
         if name.startswith("__"):
             raise AttributeError(name)
+        if hasattr(module, "__path__"):  # a package: a submodule not imported yet is no gap
+            try:  # (`from sgl_kernel import flash_ops` loads FA3's ops)
+                return importlib.import_module(f"{module.__name__}.{name}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{module.__name__}.{name}":
+                    raise
         _asked.add(name)
         syncs.note("kernel_gaps", sorted(_asked))
         return stand_in(name, version)

@@ -27,3 +27,19 @@ def test_only_0_5_9_runs_with_the_gaps_filled():
     from gpu_e2e import wheels
 
     assert {r for r, env in wheels.RELEASE_ENV.items() if kernel_gaps.ENV in env} == {"0.5.9"}
+
+
+def test_a_submodule_not_yet_imported_is_imported_not_stood_in_for(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakekernel"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    module = importlib.import_module("fakekernel")
+    kernel_gaps.fill(module)
+    from fakekernel import ops  # noqa: E402  what sgl_kernel.flash_attn does for FA3's library
+
+    assert ops.LOADED is True
+    assert callable(module.not_there)
