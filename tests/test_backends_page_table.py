@@ -54,6 +54,22 @@ def test_a_table_too_short_is_one_line():
         pt.fill_page_table_rows(req_to_token, idx, lens, table[:2], 1)
 
 
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_the_eager_table_is_new_full_width_and_rows_stop_at_their_length(page_size):
+    """The eager metadata's table (sglang #28106's eager half): a fresh int32
+    table as many pages wide as a req_to_token row, what the old gather and
+    its striding gave up to each row's live pages, zeros after."""
+    req_to_token, idx, lens, _ = _batch(page_size)
+    table = pt.eager_page_table(req_to_token, idx, lens, page_size)
+    assert table.shape == (4, -(-5000 // page_size)) and table.dtype == torch.int32
+    old = req_to_token[idx, :5000][:, torch.arange(0, 5000, page_size)] // page_size  # gather, then stride
+    for row in range(4):
+        live = pt.live_pages(int(lens[row]), page_size, table.shape[1])
+        assert torch.equal(table[row, :live], old[row, :live])
+        assert (table[row, live:] == 0).all()
+    assert pt.eager_page_table(req_to_token, idx[:0], lens[:0], page_size).shape == (0, table.shape[1])  # idle
+
+
 def test_the_triton_kernel_matches_the_reference_under_the_interpreter():
     pytest.importorskip("triton")
     script = (

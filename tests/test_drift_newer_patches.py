@@ -313,3 +313,33 @@ def test_forked_tree_applies_verifies_and_reverts_exactly(make_tree, cli):
 
     assert cli("revert", tree).exit_code == 0
     assert snapshot(tree) == forked
+
+
+# -- TRT-LLM MHA: the eager page table (sglang #28106's eager half) --------------------------------
+
+STRIDE_BLOCK = r"\n        if self\.page_size > 1:\n            self\.strided_indices = .*?// self\.page_size\n                \)\n"
+EAGER_FORKS = {
+    # the striding moved into a helper of the fork's own
+    "striding-in-a-helper": lambda t: sub(
+        STRIDE_BLOCK, "\n        metadata.page_table = self._pages_of(metadata.page_table)\n", t, expected=1
+    ),
+    # the SWA switch spelled as 0.5.13 does, the translator called by keyword
+    "swa-switch-and-keyword": lambda t: sub(
+        r"if not self\.use_sliding_window_kv_pool:\n            return None\n        shape",
+        "if self._swa_kv_pool is None:\n            return None\n        shape",
+        sub(r"self\._maybe_translate_swa\(metadata\.page_table\)", "self._maybe_translate_swa(token_indices=metadata.page_table)", t, expected=1),
+        expected=1,
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(EAGER_FORKS))
+def test_eager_page_table_on_forked_real_file(variant):
+    forked = EAGER_FORKS[variant]((fetch_tree(PRIMARY) / TRTLLM_MHA).read_text())
+    before, after, again = run(mha.EagerPageTableOnDevice, forked)
+    assert (before, again) == (State.TODO, State.DONE)
+    compile(after, TRTLLM_MHA, "exec")
+    switch = "self._swa_kv_pool is None" if variant == "swa-switch-and-keyword" else "not self.use_sliding_window_kv_pool"
+    assert f"        page_table_on_device = {switch}\n" in after
+    assert after.count("if not page_table_on_device:") == 5  # four gathers and the striding
+    assert "eager_page_table(forward_batch.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, " in after

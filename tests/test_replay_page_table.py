@@ -167,8 +167,9 @@ def _codemods(patch_id: str, rel: str) -> list[type]:
 @pytest.mark.parametrize(
     "patch_id, rel, version, new",
     [
-        ("trtllm-mha-spec-v2", MHA_FILE, "0.5.10", (mha.ReplayPageTableOnDevice,)),
-        ("trtllm-mha-spec-v2", MHA_FILE, "0.5.13", (mha.ReplayPageTableOnDevice,)),
+        # patchkits without the replay's device build had no eager one either
+        ("trtllm-mha-spec-v2", MHA_FILE, "0.5.10", (mha.ReplayPageTableOnDevice, mha.EagerPageTableOnDevice)),
+        ("trtllm-mha-spec-v2", MHA_FILE, "0.5.13", (mha.ReplayPageTableOnDevice, mha.EagerPageTableOnDevice)),
         ("fa3-spec-v2", FA3_FILE, "0.5.12.post1", (fa3.ReplayPageTableOnDevice, fa3.FA3DecodePageWriterStopsAtLivePages)),
         ("fa3-spec-v2", FA3_FILE, "0.5.15", (fa3.ReplayPageTableOnDevice,)),
         ("fa3-spec-v2", "srt/layers/attention/triton_ops/metadata.py", "0.5.14", (fa3.DecodePageWriterStopsAtLivePages,)),

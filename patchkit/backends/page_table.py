@@ -14,6 +14,12 @@ each row keeps what an earlier replay left there, which nothing reads.
 Sliding-window (SWA) models translate every entry through their pool; the
 helper declines them (returns False) and the caller keeps its own gather.
 
+The eager metadata (no CUDA graph: batches above the captured size, prefill)
+gathered a fresh ``bs x width`` token table the same way and strided it into
+pages: :func:`eager_page_table` builds the page table directly instead, a
+fresh table per forward as upstream's does (sglang #28578 announced a reused
+eager buffer; it never landed, see docs/research/upstream-followups.md).
+
 Imported by patched sglang code: standard library only at import time; torch
 and Triton are imported when the first table is built.
 """
@@ -25,7 +31,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["fill_page_table_rows", "fill_page_table_rows_reference", "live_pages"]
+__all__ = ["eager_page_table", "fill_page_table_rows", "fill_page_table_rows_reference", "live_pages"]
 
 #: Page-table columns one Triton program writes.
 BLOCK_COLS = 1024
@@ -134,6 +140,23 @@ def fill_page_table_rows(
         BLOCK=BLOCK_COLS,
     )
     return True
+
+
+def eager_page_table(req_to_token: Any, req_pool_indices: Any, kv_lens: Any, page_size: int) -> Any:
+    """A new int32 page table for an eager forward: one row per entry of
+    ``req_pool_indices``, ``ceil(req_to_token.shape[1] / page_size)`` columns
+    (as many pages as a ``req_to_token`` row holds, so any row fits), row
+    ``i`` built up to ``ceil(kv_lens[i] / page_size)`` by
+    :func:`fill_page_table_rows`. The rest is zeros, not left uninitialised
+    as upstream's ``torch.empty``: no kernel reads past ``kv_lens``, and a
+    zero is a valid page should one prefetch."""
+    import torch
+
+    rows = req_pool_indices.reshape(-1).shape[0]
+    width = -(-req_to_token.shape[1] // page_size)
+    table = torch.zeros((rows, width), dtype=torch.int32, device=req_to_token.device)
+    fill_page_table_rows(req_to_token, req_pool_indices, kv_lens, table, page_size)
+    return table
 
 
 def _interpreting() -> bool:

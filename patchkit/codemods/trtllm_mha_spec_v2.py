@@ -15,7 +15,10 @@ static bound without the mirror) becomes patchkit's device build, each row up
 to its own ``cache_seqlens`` (``ReplayPageTableOnDevice``, common's
 ``page_table``; sliding-window tables keep the gather), as upstream's
 ``_fill_page_table_device`` does from 0.5.14: that method makes a 0.5.14+
-tree native here. The eager metadata keeps its gather.
+tree native here. So does the eager metadata's (``EagerPageTableOnDevice``:
+a fresh page table built after the forward-mode branches, each row up to its
+``cache_seqlens``, in the place of each branch's token gather and its
+striding into pages), as upstream's eager ``init_forward_metadata`` does.
 
 Both ``TRTLLMHAAttnBackend`` and ``TRTLLMHAAttnMultiStepDraftBackend`` declare
 ``needs_cpu_seq_lens = False``. The verify tree mask is not preallocated:
@@ -30,7 +33,7 @@ import libcst as cst
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding
-from patchkit.codemods.common.page_table import ReplayPageTableToRealLength
+from patchkit.codemods.common.page_table import EagerPageTableToRealLength, ReplayPageTableToRealLength
 from patchkit.codemods.common.shared import EAGER_DESCRIPTION, REPLAY_DESCRIPTION, EagerMirrorReads, OptOutFlag, ReplayMirrorReads
 
 BACKEND = "TRTLLMHAAttnBackend"
@@ -89,5 +92,16 @@ class ReplayPageTableOnDevice(_DevicePageTable, ReplayPageTableToRealLength):
     CLASS = BACKEND
     MODES = ("is_decode_or_idle", "is_target_verify", "is_draft_extend", "is_draft_extend_v2")
     DETECT_MODES = MODES
+    PATCH = "trtllm-mha-spec-v2"
+    UPSTREAM = "sglang #28106"
+
+
+class EagerPageTableOnDevice(_DevicePageTable, EagerPageTableToRealLength):
+    DESCRIPTION = (
+        f"{BACKEND} eager metadata: the page table is built on the device after the forward-mode "
+        "branches, each row up to its cache_seqlens (backends.page_table.eager_page_table), not "
+        "gathered as wide as the static bound and strided (sliding-window backends keep the gather)"
+    )
+    CLASS = BACKEND
     PATCH = "trtllm-mha-spec-v2"
     UPSTREAM = "sglang #28106"

@@ -67,6 +67,7 @@ def backend(**extra):
         target_verify_metadata={2: graph_md()},
         _copy_swa_page_table=lambda *args: None,
         _maybe_translate_swa=lambda table: None,
+        use_sliding_window_kv_pool=False,
     )
     fields.update(extra)
     return NS(**fields)
@@ -119,14 +120,53 @@ def test_eager_draft_extend_v2_without_the_mirror(mods):
     md = b.forward_metadata
     assert md.max_seq_len_q == NUM_DRAFT
     assert md.cu_seqlens_q.tolist() == [0, NUM_DRAFT, 2 * NUM_DRAFT]
-    assert md.page_table.shape == (2, CTX)
-    assert (md.page_table[1, :9] == REQ_TO_TOKEN[1, :9]).all()
+    assert_eager_rows(md, [5, 9], page_size=1)
 
 
-def test_eager_target_verify_with_the_mirror_is_unchanged(mods):
-    b = backend()
+def assert_eager_rows(md, kv_lens, page_size):
+    """The eager table is built on the device (sglang #28106's eager half): as
+    many pages as a req_to_token row, each row up to its cache_seqlens (what
+    the kernels read) and zeros after; no longer as wide as the static bound."""
+    pages = -(-(CTX + EXTRA) // page_size)
+    assert md.page_table.shape == (2, pages) and md.page_table.dtype == torch.int32
+    assert md.cache_seqlens_int32.tolist() == kv_lens
+    for row, kv_len in enumerate(kv_lens):
+        live = -(-kv_len // page_size)
+        want = REQ_TO_TOKEN[POOL[row], 0 : live * page_size : page_size] // page_size
+        assert torch.equal(md.page_table[row, :live], want.to(torch.int32))
+        assert (md.page_table[row, live:] == 0).all()
+    assert md.swa_page_table is None
+
+
+@pytest.mark.parametrize("mirror", [True, False])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_eager_target_verify(mods, mirror, page_size):
+    b = backend(page_size=page_size, device="cpu")
+    fb = NS(forward_mode=mods.modes.TARGET_VERIFY, batch_size=2, seq_lens=SEQ_LENS,
+            seq_lens_cpu=SEQ_LENS.clone() if mirror else None,
+            req_pool_indices=POOL, req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN), spec_info=NS())
+    mods.mha.TRTLLMHAAttnBackend.init_forward_metadata(b, fb)
+    assert b.forward_metadata.max_seq_len_k == (9 if mirror else CTX) + NUM_DRAFT
+    assert_eager_rows(b.forward_metadata, [5 + NUM_DRAFT, 9 + NUM_DRAFT], page_size)
+
+
+def test_eager_draft_decode_without_the_mirror(mods):
+    b = backend(speculative_step_id=1)
+    fb = NS(forward_mode=mods.modes.DECODE, batch_size=2, seq_lens=SEQ_LENS, seq_lens_cpu=None,
+            req_pool_indices=POOL, req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN), spec_info=NS())
+    mods.mha.TRTLLMHAAttnBackend.init_forward_metadata(b, fb)
+    assert_eager_rows(b.forward_metadata, [7, 11], page_size=1)
+
+
+def test_eager_sliding_window_keeps_the_gather(mods):
+    """A sliding-window backend: the token gather, its translation and its
+    striding, as before (page size 4, with the mirror)."""
+    b = backend(page_size=4, device="cpu", use_sliding_window_kv_pool=True,
+                _maybe_translate_swa=lambda table: table + 100000)
     fb = NS(forward_mode=mods.modes.TARGET_VERIFY, batch_size=2, seq_lens=SEQ_LENS, seq_lens_cpu=SEQ_LENS.clone(),
             req_pool_indices=POOL, req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN), spec_info=NS())
     mods.mha.TRTLLMHAAttnBackend.init_forward_metadata(b, fb)
-    assert b.forward_metadata.max_seq_len_k == 9 + NUM_DRAFT
-    assert b.forward_metadata.page_table.shape == (2, 9 + NUM_DRAFT)
+    md = b.forward_metadata
+    tokens = REQ_TO_TOKEN[POOL, : 9 + NUM_DRAFT][:, 0::4]
+    assert torch.equal(md.page_table, tokens // 4)
+    assert torch.equal(md.swa_page_table, (tokens + 100000) // 4)
