@@ -101,14 +101,19 @@ class DecideInInitOverlap(MethodCodemod):
 
 GATE = "not needs_cpu_seq_lens()"
 GATED = call("needs_cpu_seq_lens") | m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Attribute(attr=m.Name("needs_cpu_seq_lens"))))
-# `batch.seq_lens_cpu = batch.seq_lens.cpu()` (or a fork's `.to("cpu", ...)`): the D2H copy.
+# `batch.seq_lens_cpu = batch.seq_lens.cpu()` (or a fork's `.to("cpu", ...)`): the D2H copy,
+# the device lengths and the copy in any spelling (`primitives.spelled`: casts, a batch slice).
 _TO_CPU = m.Arg(value=m.SimpleString('"cpu"') | m.SimpleString("'cpu'"))
+_DEVICE_LENS = primitives.spelled(attr("seq_lens"))
 D2H = line(
     assigns_attr(
         "seq_lens_cpu",
         receiver=save(m.Name(), "BATCH"),
-        value=m.Call(func=m.Attribute(value=attr("seq_lens"), attr=m.Name("cpu")))
-        | m.Call(func=m.Attribute(value=attr("seq_lens"), attr=m.Name("to")), args=[_TO_CPU, m.ZeroOrMore()]),
+        value=primitives.spelled(
+            m.Call(func=m.Attribute(value=_DEVICE_LENS, attr=m.Name("cpu")))
+            | m.Call(func=m.Attribute(value=_DEVICE_LENS, attr=m.Name("to")), args=[_TO_CPU, m.ZeroOrMore()]),
+            slices=False,
+        ),
     )
 )
 SUM = line(assigns_attr("seq_lens_sum"))
@@ -161,11 +166,7 @@ class GateDecodeSync(MethodCodemod):
             )
         dropped = primitives.find_all(fn, MIRROR_DROPPED)
         if dropped:
-            return Finding.superseded(
-                self.anchor,
-                f"this tree already avoids the seq_lens sync at {self.where(dropped[0])}; patchkit does not gate it again",
-                by_tree=True,
-            )
+            return self.vendors_own(self.anchor, "avoids the seq_lens sync", dropped[0])
         return Finding.superseded(self.anchor, "prepare_for_decode copies no seq_lens to the host in this tree")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:

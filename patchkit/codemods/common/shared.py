@@ -37,7 +37,7 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCodemod, Finding, Guard, MethodCodemod, MethodGuards, State
-from patchkit.codemods.common.primitives import ANY, attr, call, dotted, save
+from patchkit.codemods.common.primitives import ANY, attr, call, save
 from patchkit.layout import import_path
 
 RUNTIME = import_path("runtime")
@@ -195,10 +195,12 @@ def _guarded_regions(fn: cst.FunctionDef) -> list[cst.CSTNode]:
 
 
 def max_item(receiver: m.BaseMatcherNode) -> m.BaseMatcherNode:
-    """The host max of a tensor, as a Python number: ``<receiver>.max().item()``,
-    ``int(<receiver>.max())``, ``torch.max(<receiver>).item()`` or ``int(torch.max(<receiver>))``."""
-    tensor_max = m.Call(func=attr("max", receiver), args=[]) | m.Call(func=dotted("torch.max"), args=[m.Arg(receiver, keyword=None)])
-    return m.Call(func=attr("item", tensor_max), args=[]) | m.Call(func=m.Name("int"), args=[m.Arg(tensor_max, keyword=None)])
+    """The host max of a tensor, as a Python number, in the spellings vendors
+    use (``primitives.host_scalar``): ``<receiver>.max().item()``,
+    ``int(<receiver>.max())``, ``torch.max(<receiver>).item()``, casts on the
+    receiver or the max (``<receiver>.int().max().item()``). A batch slice of
+    the receiver is another value (``first_rows``: the rows' max)."""
+    return primitives.host_scalar("max", receiver, slices=False)
 
 
 def first_rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:
