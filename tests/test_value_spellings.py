@@ -165,3 +165,53 @@ def test_triton_kv_size_in_each_spelling(value):
     # The read as the vendor wrote it (parentheses kept), inside its cast.
     assert f"seq_lens_sum_or_bound({value.removeprefix('int(').removesuffix(')') if value.startswith('int') else value}, forward_batch.batch_size, self.max_context_len)" in out, out
     assert detect(guards.GuardTritonMetadata, out).state is State.DONE
+
+
+# -- a None-able value plus another term (DP padding; FlashMLA's verify lengths) --------------
+
+from patchkit.codemods.flashmla_spec_v2 import EagerMetadataWithoutMirror as FlashMLAEager  # noqa: E402
+
+PAD = '''
+class ForwardBatch:
+    def _pad_inputs_to_size(self, model_runner, num_tokens, bs):
+        self.seq_lens_sum = {value}
+'''
+ADD_SPELLINGS = {
+    "plain": "self.seq_lens_sum + fill * (bs - self.seq_lens.shape[0])",
+    "operand-order": "fill * (bs - self.seq_lens.shape[0]) + self.seq_lens_sum",
+    "torch-add": "torch.add(self.seq_lens_sum, fill * (bs - self.seq_lens.shape[0]))",
+    "torch-add-order": "torch.add(fill * (bs - self.seq_lens.shape[0]), self.seq_lens_sum)",
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(ADD_SPELLINGS))
+def test_padded_sum_in_each_operand_order(spelling):
+    src = PAD.format(value=ADD_SPELLINGS[spelling])
+    out = apply(guards.GuardPadInputs, src)
+    assert "self.seq_lens_sum = add_or_none(self.seq_lens_sum, fill * (bs - self.seq_lens.shape[0]))\n" in out, out
+    assert detect(guards.GuardPadInputs, out).state is State.DONE
+
+
+def test_added_captures_the_value_as_left():
+    matcher = primitives.added(primitives.attr("seq_lens_sum"))
+    for src in ("a.seq_lens_sum + 1", "1 + a.seq_lens_sum", "torch.add(1, a.seq_lens_sum)"):
+        found = m.extract(cst.parse_expression(src), matcher)
+        assert code_of(found["LEFT"]) == "a.seq_lens_sum" and code_of(found["RIGHT"]) == "1"
+    assert m.extract(cst.parse_expression("a.seq_lens_sum - 1"), matcher) is None
+
+
+FLASHMLA_VERIFY = '''
+class FlashMLABackend(FlashInferMLAAttnBackend):
+    def init_forward_metadata(self, forward_batch):
+        seq_lens_cpu = {value}
+        max_seqlen_pad = triton.cdiv(seq_lens_cpu.max().item(), PAGE_SIZE)
+'''
+
+
+@pytest.mark.parametrize("value", ["forward_batch.seq_lens_cpu + self.num_draft_tokens",
+                                   "self.num_draft_tokens + forward_batch.seq_lens_cpu",
+                                   "torch.add(forward_batch.seq_lens_cpu, self.num_draft_tokens)"])
+def test_flashmla_verify_lengths_in_each_operand_order(value):
+    out = apply(FlashMLAEager, FLASHMLA_VERIFY.format(value=value))
+    assert "seq_lens_cpu = plus_or_none(forward_batch.seq_lens_cpu, self.num_draft_tokens)\n" in out, out
+    assert "host_max_seq_len(seq_lens_cpu, self.max_context_len + self.num_draft_tokens)" in out

@@ -27,14 +27,15 @@ import libcst.matchers as m
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, Guard, State
 from patchkit.codemods.common.shared import MirrorGuards
-from patchkit.codemods.common.primitives import ANY, attr, call, none_test, plus, save
+from patchkit.codemods.common.primitives import ANY, attr, call, none_test, save
 
 # `A + B` where A is the mirror: None-aware addition (an AugAssign becomes an Assign).
 ADD_TEMPLATE = "add_or_none(LEFT, RIGHT)"
 
 
 def add_guard(left: m.BaseMatcherNode) -> Guard:
-    return Guard(plus(left), ADD_TEMPLATE, "add_or_none")
+    # `left + pad`, `pad + left`, `torch.add(...)`: the None-able value stays LEFT (primitives.added).
+    return Guard(primitives.added(left), ADD_TEMPLATE, "add_or_none")
 
 
 def aug_add_guard(target: m.BaseMatcherNode) -> Guard:

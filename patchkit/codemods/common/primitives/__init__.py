@@ -20,7 +20,7 @@ Find a primitive by where it acts:
 - ``search``: ``find_all``, ``contains``
 - ``values``: a value by meaning, through its spellings (parentheses, casts, batch
   slices ``x[:bs]``, temporaries, operand order): ``peel``, ``sum_of``, ``Locals``;
-  as matchers keeping captures: ``spelled``, ``host_scalar``
+  as matchers keeping captures: ``spelled``, ``host_scalar``, ``added``
 - ``lines``: ``line_of`` (the line a finding points at)
 - ``matchers``: what codemods look for: ``attr``, ``call``, ``assigns_attr``, ``none_test``,
   ``find_isinstance_disjunction``, and ``NoneGuards`` / ``unguarded`` (is a read only reached
@@ -148,6 +148,7 @@ from patchkit.codemods.common.primitives.values import (  # noqa: F401
     Locals,
     Peeled,
     Sum,
+    added,
     host_scalar,
     operands,
     peel,

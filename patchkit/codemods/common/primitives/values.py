@@ -17,7 +17,8 @@ values, each matched by a libcst matcher, in any of these spellings.
 Where a codemod's anchor is a matcher whose captures (``save``) its rewrite
 fills in, ``spelled`` is the same value as a matcher (casts, parentheses and,
 unless told not to, a batch slice around it; captures inside still extract),
-and ``host_scalar`` a reduction read to the host (``x.max().item()``,
+``added`` the value plus another term in either order (captures ``LEFT``:
+the value, ``RIGHT``: the other), and ``host_scalar`` a reduction read to the host (``x.max().item()``,
 ``int(x.max())``, ``torch.max(x).item()`` ...) of such a value: the mirror
 reads, sums and widths the shared codemods anchor on.
 """
@@ -30,7 +31,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common.primitives.matchers import attr, call, dotted
+from patchkit.codemods.common.primitives.matchers import ANY, attr, call, dotted, save
 from patchkit.codemods.common.primitives.search import find_all
 
 CASTS = "to|int|long|type|contiguous"
@@ -170,3 +171,16 @@ def host_scalar(reduction: str, receiver: m.BaseMatcherNode, slices: bool = True
     reduced = (m.Call(func=attr(reduction, value), args=[])
                | m.Call(func=dotted(f"torch.{reduction}"), args=[m.Arg(value, keyword=None)]))
     return m.Call(func=attr("item", spelled(reduced, slices=False, depth=1)), args=[]) | _cast_of(reduced)
+
+
+def added(value: m.BaseMatcherNode) -> m.BaseMatcherNode:
+    """``<value> + X`` in any operand order: ``X + <value>``, ``torch.add`` either
+    way round. Captures ``LEFT`` (the value) and ``RIGHT`` (the other term),
+    so a rewrite such as ``add_or_none(LEFT, RIGHT)`` reads the same however
+    the vendor ordered the sum."""
+    mine, other = save(value, "LEFT"), save(ANY, "RIGHT")
+    torch_add = dotted("torch.add")
+    return (m.BinaryOperation(left=mine, operator=m.Add(), right=other)
+            | m.BinaryOperation(left=other, operator=m.Add(), right=mine)
+            | m.Call(func=torch_add, args=[m.Arg(mine, keyword=None), m.Arg(other, keyword=None)])
+            | m.Call(func=torch_add, args=[m.Arg(other, keyword=None), m.Arg(mine, keyword=None)]))
