@@ -151,3 +151,25 @@ def test_fork_with_its_own_penalty_select_gets_every_other_patch(make_tree, cli)
     others = {pid: p["state"] for pid, p in states.items() if pid != "min-new-tokens-no-sync"}
     assert set(others.values()) <= {"applied", "native", "not-applicable"} and "applied" in others.values()
     assert path.read_text().count("# acme") == 1
+
+
+from patchkit.codemods import fa3_spec_v2 as fa3  # noqa: E402
+
+OPTED_OUT = '''
+class FlashAttentionBackend(AttentionBackend):
+    def __init__(self, model_runner):
+        super().__init__()
+        self.needs_cpu_seq_lens = False  # acme: no host mirror on our kernels
+'''
+
+
+def test_opt_out_declared_per_instance_by_the_vendor_is_superseded_with_its_line():
+    finding = detect(fa3.BackendOptsOut, OPTED_OUT)
+    assert finding.state is State.SUPERSEDED and finding.by_tree
+    assert finding.detail == ("this tree opts FlashAttentionBackend out of the CPU mirror (per instance) itself at line 4 "
+                              "(`self.needs_cpu_seq_lens = False`); patchkit leaves it as it is")
+
+
+def test_an_instance_value_other_than_false_is_still_to_do():
+    src = OPTED_OUT.replace("self.needs_cpu_seq_lens = False", "self.needs_cpu_seq_lens = acme_flag")
+    assert detect(fa3.BackendOptsOut, src).state is State.TODO
