@@ -173,3 +173,28 @@ def test_opt_out_declared_per_instance_by_the_vendor_is_superseded_with_its_line
 def test_an_instance_value_other_than_false_is_still_to_do():
     src = OPTED_OUT.replace("self.needs_cpu_seq_lens = False", "self.needs_cpu_seq_lens = acme_flag")
     assert detect(fa3.BackendOptsOut, src).state is State.TODO
+
+
+VENDOR_GATE = '''
+class EagleDraftInputV2Mixin:
+    def prepare_for_decode(self, batch):
+        batch.maybe_wait_verify_done()
+        if self.acme_keeps_mirror:
+            batch.seq_lens_cpu = batch.seq_lens.cpu()
+            batch.seq_lens_sum = batch.seq_lens_cpu.sum().item()
+        else:
+            batch.seq_lens_cpu = None
+            batch.seq_lens_sum = None
+'''
+
+
+def test_decode_sync_gated_by_the_vendor_is_superseded_with_its_line():
+    finding = detect(sync.GateDecodeSync, VENDOR_GATE)
+    assert finding.state is State.SUPERSEDED and finding.by_tree
+    assert finding.detail == ("this tree skips the seq_lens sync on a branch itself at line 8 "
+                              "(`batch.seq_lens_cpu = None`); patchkit leaves it as it is")
+
+
+def test_decode_sync_nested_without_a_branch_dropping_the_mirror_is_still_gated():
+    src = VENDOR_GATE.split("        else:")[0]
+    assert detect(sync.GateDecodeSync, src).state is State.TODO
