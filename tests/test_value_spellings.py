@@ -215,3 +215,23 @@ def test_flashmla_verify_lengths_in_each_operand_order(value):
     out = apply(FlashMLAEager, FLASHMLA_VERIFY.format(value=value))
     assert "seq_lens_cpu = plus_or_none(forward_batch.seq_lens_cpu, self.num_draft_tokens)\n" in out, out
     assert "host_max_seq_len(seq_lens_cpu, self.max_context_len + self.num_draft_tokens)" in out
+
+
+# -- the replay's page count (FA3's page-table writer) ------------------------------------------
+
+REPLAY_PAGES = '''
+class FlashAttentionBackend(AttentionBackend):
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens,
+                                                 forward_mode, spec_info, seq_lens_cpu):
+        normal_decode_set_metadata(metadata.cache_seqlens_int32, metadata.cu_seqlens_k, metadata.page_table,
+                                   self.req_to_token, req_pool_indices, strided, {pages}, seq_lens, 1, self.page_size)
+'''
+
+
+@pytest.mark.parametrize("pages", ["max_seq_pages", "int(max_seq_pages)", "max_seq_pages.to(torch.int32)", "(max_seq_pages)"])
+def test_replay_page_count_in_each_spelling(pages):
+    src = REPLAY_PAGES.format(pages=pages)
+    assert detect(fa3.ReplayPageTableFits, src).state is State.TODO
+    out = apply(fa3.ReplayPageTableFits, src)
+    assert f"pages_within({pages}, metadata.page_table)" in out, out
+    assert detect(fa3.ReplayPageTableFits, out).state is State.DONE
