@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Mapping, Optional
 
 from patchkit import settings
 from patchkit.errors import PatchkitError
+from patchkit.tree import base_release
 
 # Pure-Python parts are identical across platforms; pin one wheel flavour so the
 # download works from any host.
@@ -114,8 +115,10 @@ def pristine_source(version: str, rel: str) -> Optional[bytes]:
     """``rel`` as the sglang ``version`` release ships it, from patchkit's cache
     (an extracted tree, else a downloaded wheel); b"" when the cached release
     has no such file (all of it is the vendor's); None when the release is not
-    in the cache (or the version is unknown). Never downloads."""
-    if not version or version == "unknown":
+    in the cache (or the version names no release). A local version
+    (``0.5.11+acme``) reads its base release. Never downloads."""
+    version = base_release(version)
+    if version is None:
         return None
     cache = cache_dir()
     tree = cache / "trees" / version
@@ -141,9 +144,12 @@ def pristine_source(version: str, rel: str) -> Optional[bytes]:
 def release_file(version: str, rel: str) -> Optional[bytes]:
     """``rel`` as the sglang ``version`` wheel ships it, the wheel fetched
     from the package registry where patchkit's cache lacks it; None where the
-    release cannot be had or has no such file."""
+    release cannot be had or has no such file (a local version: its base release's)."""
+    release = base_release(version)
+    if release is None:
+        return None
     try:
-        return (fetch_tree(version) / rel).read_bytes()
+        return (fetch_tree(release) / rel).read_bytes()
     except (PatchkitError, OSError):
         return None
 
@@ -162,21 +168,31 @@ def release_sources(version: str, files: Iterable[str], sources: Optional[Mappin
     from patchkit import known_releases
 
     sources = sources or {}
+    files = list(files)
+    release = base_release(version)
+    if release is None:
+        if download and not accept_risk and files and version and version != "unknown":
+            raise PatchkitError(
+                f"cannot run the vendor-code check: sglang {version!r} names no release to compare with; "
+                f"nothing was changed ({RISK_FLAG} to apply without the check)")
+        return dict.fromkeys(files)
+    if release != version and files:
+        say(f"the vendor-code check compares with sglang {release}: {version} is a local build of that release")
     out: dict[str, Optional[bytes]] = {}
     for rel in files:
-        known = known_releases.release_bytes(version, rel, sources[rel]) if rel in sources else None
-        out[rel] = known if known is not None else pristine_source(version, rel)
+        known = known_releases.release_bytes(release, rel, sources[rel]) if rel in sources else None
+        out[rel] = known if known is not None else pristine_source(release, rel)
     missing = [rel for rel, data in out.items() if data is None]
-    if not missing or not download or accept_risk or not is_release(version):
+    if not missing or not download or accept_risk:
         return out
-    say(f"fetching sglang {version} from the package registry for the vendor-code check "
+    say(f"fetching sglang {release} from the package registry for the vendor-code check "
         f"({len(missing)} file(s) differ from the release)")
     try:
-        package = fetch_tree(version)
+        package = fetch_tree(release)
     except PatchkitError as exc:
         raise PatchkitError(
             f"cannot run the vendor-code check: {exc}; nothing was changed "
-            f"(`patchkit fetch {version}` when online, or {RISK_FLAG} to apply without the check)") from None
+            f"(`patchkit fetch {release}` when online, or {RISK_FLAG} to apply without the check)") from None
     for rel in missing:
         try:
             out[rel] = (package / rel).read_bytes()
@@ -189,6 +205,10 @@ RISK_FLAG = "--accept-vendor-code-risk"
 
 
 def release_note(version: str, risk: bool = False) -> str:
+    if risk and base_release(version) is None:
+        return (f"note: the vendor-code check was skipped ({RISK_FLAG}): sglang {version!r} names no release to "
+                "compare with, so code your fork added to the patched files was not checked to survive")
+    version = base_release(version) or version
     if risk:
         return (f"note: the vendor-code check was skipped ({RISK_FLAG}): sglang {version} was not downloaded, "
                 "so code your fork added to the patched files was not checked to survive")
@@ -197,4 +217,4 @@ def release_note(version: str, risk: bool = False) -> str:
 
 
 def is_release(version: str) -> bool:
-    return bool(version) and version != "unknown"
+    return base_release(version) is not None

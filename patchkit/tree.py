@@ -175,3 +175,19 @@ def check_writable(tree: Tree, files: Iterable[str]) -> None:
         for what, node in (*nodes, ("folder", folder)):
             if not os.access(node, os.W_OK) or not node.stat().st_mode & stat.S_IWUSR:
                 raise PatchkitError(f"{node}: read-only {what}, cannot write {path.name} (nothing was changed)")
+
+
+# A PEP 440 public version (``0.5.11``, ``0.5.12.post1``, ``0.5.0rc2``, ``1!2.0.dev3``) and
+# an optional local segment (``+acme``, ``+cu124.acme-2``): a fork's build of that release.
+_PEP440 = re.compile(
+    r"^(?P<public>(?:\d+!)?\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?)"
+    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?$", re.IGNORECASE)
+
+
+def base_release(version: str) -> str | None:
+    """The sglang release a version string names: itself, or for a PEP 440
+    local version (``0.5.11+acme``, a fork's build) its public part
+    (``0.5.11``), the release whose bytes the vendor-code check compares
+    with; None when it names no release (``unknown``, ``acme-main``)."""
+    found = _PEP440.match(version or "")
+    return found.group("public") if found else None

@@ -229,7 +229,7 @@ def test_decode_sync_a_fork_already_dropped(helper):
             batch.seq_lens_cpu = None
             batch.seq_lens_sum = None
     """
-    assert_state(sync.GateDecodeSync, fork, State.SUPERSEDED, detail="this tree already avoids the seq_lens sync at line 5;")
+    assert_state(sync.GateDecodeSync, fork, State.SUPERSEDED, detail="this tree avoids the seq_lens sync itself at line 5 (`batch.seq_lens_cpu = None`);")
 
 
 # FutureMap.resolve_seq_lens_cpu as it was between the FutureMap rewrite and #26128.

@@ -161,3 +161,56 @@ def test_cold_apply_audits_only_what_the_vendor_changed(tree, tmp_path, monkeypa
     result = api.apply(str(tree))
     assert read == ["srt/acme_reads.py"]
     assert result.vendor_line and result.vendor_line.startswith("audit: 1 read(s)")
+
+
+# -- a fork's own version string ----------------------------------------------------------------
+
+
+def set_version(tree: Path, version: str) -> None:
+    path = tree / "_version.py"
+    path.write_text(path.read_text().replace(f"'{PRIMARY}'", f"'{version}'"))
+
+
+def test_base_release_of_a_version_string():
+    from patchkit.tree import base_release
+
+    assert base_release("0.5.11") == "0.5.11" and base_release("0.5.12.post1") == "0.5.12.post1"
+    assert base_release("0.5.11+acme") == "0.5.11"
+    assert base_release("0.5.12.post1+cu124.acme-2") == "0.5.12.post1"
+    for none in ("unknown", "acme-main", "", "0.5.11+", "v0.5.11"):
+        assert base_release(none) is None
+
+
+def test_a_local_version_is_checked_against_its_base_release(tree, cli, empty_cache):
+    set_version(tree, f"{PRIMARY}+acme")
+    add_after(tree, SYNC, SUM_LINE, "        acme_vendor_stmt = batch.seq_lens.numel()\n")
+    result = cli("apply", tree)
+    assert result.exit_code == 0, result.output
+    assert empty_cache == [PRIMARY]
+    assert (f"the vendor-code check compares with sglang {PRIMARY}: {PRIMARY}+acme is a local build of that release"
+            in result.output)
+    assert "skipped" not in result.output and "acme_vendor_stmt" in (tree / SYNC).read_text()
+
+
+def test_a_local_version_still_refuses_vendor_code_it_would_remove(tree, cli, empty_cache):
+    set_version(tree, f"{PRIMARY}+acme")
+    add_after(tree, BATCH, EAGER_SUM, " + acme_vendor_bias")
+    result = cli("apply", tree)
+    assert result.exit_code == 1, result.output
+    assert "refused" in result.output and "acme_vendor_bias" in result.output
+
+
+def test_a_version_naming_no_release_refuses_in_one_line(tree, cli, empty_cache):
+    set_version(tree, "acme-main")
+    before = snapshot(tree)
+    result = cli("apply", tree)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if "cannot" in line]
+    assert errors == [f"patchkit: error: cannot run the vendor-code check: sglang 'acme-main' names no release to compare with; "
+                      "nothing was changed (--accept-vendor-code-risk to apply without the check)"], result.output
+    assert snapshot(tree) == before and empty_cache == []
+    risked = cli("apply", "--accept-vendor-code-risk", tree)
+    # Applied unchecked. The safety rule may still refuse needs-cpu-seq-lens (exit 1) where the audit
+    # cannot place a read: whether it does follows the shared transform cache, not this change.
+    assert risked.exit_code in (0, 1) and "applied: min-new-tokens-no-sync" in risked.output, risked.output
+    assert "the vendor-code check was skipped (--accept-vendor-code-risk): sglang 'acme-main' names no release" in risked.output

@@ -206,7 +206,7 @@ def test_a_fork_that_dropped_the_sync_is_not_gated_again(release, helper):
     finding = sync.GateDecodeSync(CodemodContext(filename=SYNC)).detect(cst.parse_module(forked))
     line = next(i for i, text in enumerate(forked.splitlines(), 1) if text.strip() == "batch.seq_lens_cpu = None")
     assert finding.state is State.SUPERSEDED
-    assert finding.detail == f"this tree already avoids the seq_lens sync at {SYNC}:{line}; patchkit does not gate it again"
+    assert finding.detail == f"this tree avoids the seq_lens sync itself at {SYNC}:{line} (`batch.seq_lens_cpu = None`); patchkit leaves it as it is"
     assert run(sync.GateDecodeSync, forked) == (State.SUPERSEDED, forked, State.SUPERSEDED)
 
 
@@ -296,7 +296,7 @@ def test_vendor_fork_applies_verifies_and_reverts_exactly(make_tree, cli, releas
     # One verdict for the sync, with its place; nothing claims another file owns it.
     line = next(i for i, t in enumerate((tree / SYNC).read_text().splitlines(), 1) if t.strip() == "batch.seq_lens_cpu = None")
     notes = states["needs-cpu-seq-lens"]["notes"]
-    assert f"EagleDraftInputV2Mixin.prepare_for_decode: this tree already avoids the seq_lens sync at {SYNC}:{line}; patchkit does not gate it again" in notes
+    assert f"EagleDraftInputV2Mixin.prepare_for_decode: this tree avoids the seq_lens sync itself at {SYNC}:{line} (`batch.seq_lens_cpu = None`); patchkit leaves it as it is" in notes
     assert not any("owns" in note for note in notes)
     # The fork's guarded metrics are left as they are; the parts that still mean something are there.
     assert snapshot(tree)[METRICS] == forked[METRICS]

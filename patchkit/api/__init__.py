@@ -208,7 +208,10 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
                 count = session.vendor_problems((t.file for p in registry.all_patches() for t in p.targets),
                                                 outcome.release_own)
                 known = facts.cached_release(session.tree.package) is not None
-                result.vendor_line = vendor_line(count, session.tree.version, known)
+                from patchkit.tree import base_release
+
+                release = base_release(session.tree.version) or session.tree.version  # 0.5.11+acme: 0.5.11
+                result.vendor_line = vendor_line(count, release, known)
     except Interrupted as exc:
         _keep_committed(exc, result, "apply", where, dry_run)
         raise

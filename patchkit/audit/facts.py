@@ -243,10 +243,10 @@ def cached_release(package: Path) -> Optional[Path]:
     patchkit's cache holds it (never downloaded here); None for the cached
     release itself."""
     from patchkit import settings
-    from patchkit.tree import _read_version
+    from patchkit.tree import _read_version, base_release
 
-    version = _read_version(package)
-    if not version or version == "unknown":
+    version = base_release(_read_version(package))  # a fork's local build (0.5.11+acme): its release
+    if not version:
         return None
     folder = settings.cache_dir() / "trees" / version
     pristine = folder / "sglang"
@@ -324,9 +324,9 @@ class KnownRelease:
     @classmethod
     def of(cls, package: Path, files: Optional[dict[str, Optional[bytes]]] = None) -> Optional["KnownRelease"]:
         from patchkit import known_releases
-        from patchkit.tree import _read_version
+        from patchkit.tree import _read_version, base_release
 
-        version = _read_version(package)
+        version = base_release(_read_version(package))  # a fork's local build (0.5.11+acme): its release's
         return cls(version, files) if version and known_releases.knows(version) else None
 
     def ships(self, rel: str, data: bytes) -> bool:

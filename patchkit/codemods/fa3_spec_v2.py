@@ -153,8 +153,10 @@ class ReplayPageTableFits(ClassCodemod):
 
     @staticmethod
     def _fixable(write: cst.Call) -> bool:
-        # The old signature, the page count a local name computed from the host max.
-        return len(write.args) > PAGES_ARG and m.matches(write.args[PAGES_ARG], m.Arg(keyword=None, value=m.Name()))
+        # The old signature, the page count a local name computed from the host max
+        # (under a vendor's cast too: `int(max_seq_pages)`; primitives.spelled).
+        pages = primitives.spelled(m.Name(), slices=False)
+        return len(write.args) > PAGES_ARG and m.matches(write.args[PAGES_ARG], m.Arg(keyword=None, value=pages))
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         return self.located(self._detect_in_class(cls), primitives.find_method(cls, self.METHODS[0]))

@@ -12,7 +12,8 @@ Anchored by meaning: in the penalizer's ``_apply(self, LOGITS)``, an
 augmented ``LOGITS[MASK] += PENALTIES[MASK]`` whose ``MASK`` the method
 assigned (``MASK = (COND).expand_as(LOGITS)`` in 0.5.10 .. 0.5.13, or the
 condition alone). Upstream's shape (0.5.14+: ``torch.where`` and no masked
-add) is native.
+add) is native. A vendor's own select (``logits += torch.where(...)``, in a
+shape of its own) is the change done its way: superseded, naming its line.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def _masked_add(logits: str) -> m.AugAssign:
         operator=m.AddAssign(),
         value=m.Subscript(slice=[index]),
     )
+
+
+def _where_added(logits: str) -> m.Call:
+    """``LOGITS.add_(torch.where(...))``: the shape this codemod writes, and upstream's."""
+    return m.Call(func=m.Attribute(value=m.Name(logits), attr=m.Name("add_")), args=[m.Arg(value=call("torch.where"))])
+
+
+# An elementwise select of the penalties (``torch.where``) where the masked add was: no data-dependent count.
+_NO_SYNC = m.MatchIfTrue(lambda node: primitives.contains(node, call("torch.where")))
 
 
 class AddPenaltyWithoutSync(MethodCodemod):
@@ -84,8 +94,13 @@ class AddPenaltyWithoutSync(MethodCodemod):
         site = self._site(fn)
         if site is not None:
             return Finding.todo(self.anchor, "logits[mask] += ... copies the mask's count to the host every step")
-        if primitives.contains(fn, call("torch.where")):
-            return Finding.done(self.anchor)
+        logits = self._logits(fn)
+        if logits is not None and primitives.contains(fn, _where_added(logits)):
+            return Finding.done(self.anchor)  # ours, and upstream's (0.5.14+)
+        own = primitives.find_all(fn, primitives.line(_NO_SYNC))
+        if own:
+            # A vendor's own select (``logits += torch.where(...)``, ``masked_fill`` ...): no sync left.
+            return self.vendors_own(self.anchor, "adds the stop-token penalties without a host sync", own[0])
         return self.missing_in(fn, "no masked add of the stop-token penalties (LOGITS[MASK] += PENALTIES[MASK])",
                                "it to turn into a torch.where")
 

@@ -96,10 +96,7 @@ class DeferFilterBatchSum(DeferSeqLensSum):
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         eager = primitives.find_all(fn, EAGER_WRITE)
         if eager and not any(primitives.contains(stmt, DEVICE_SEQ_LENS) for stmt in eager):
-            code = cst.Module([]).code_for_node(eager[0].body[0]).strip()
-            return Finding.superseded(
-                self.anchor, f"this tree computes seq_lens_sum without a device sync itself at {self.where(eager[0])} "
-                             f"(`{code}`); patchkit leaves it as it is", by_tree=True)
+            return self.vendors_own(self.anchor, "computes seq_lens_sum without a device sync", eager[0])
         return super().detect_in_method(fn)
 
 

@@ -24,16 +24,18 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, Guard, State
 from patchkit.codemods.common.shared import MirrorGuards
-from patchkit.codemods.common.primitives import ANY, attr, call, none_test, plus, save
+from patchkit.codemods.common.primitives import ANY, attr, call, none_test, save
 
 # `A + B` where A is the mirror: None-aware addition (an AugAssign becomes an Assign).
 ADD_TEMPLATE = "add_or_none(LEFT, RIGHT)"
 
 
 def add_guard(left: m.BaseMatcherNode) -> Guard:
-    return Guard(plus(left), ADD_TEMPLATE, "add_or_none")
+    # `left + pad`, `pad + left`, `torch.add(...)`: the None-able value stays LEFT (primitives.added).
+    return Guard(primitives.added(left), ADD_TEMPLATE, "add_or_none")
 
 
 def aug_add_guard(target: m.BaseMatcherNode) -> Guard:
@@ -218,7 +220,8 @@ class GuardTritonMetadata(MirrorGuards):
             save(attr("seq_lens_sum", save(ANY, "BATCH")), "SUM"),
             SEQ_LENS_SUM_BOUND,
             "seq_lens_sum_or_bound",
-            within=call("torch.empty", m.Arg(value=attr("seq_lens_sum")), m.ZeroOrMore()),
+            # The size as a vendor spells it too: `int(forward_batch.seq_lens_sum)`.
+            within=call("torch.empty", m.Arg(value=primitives.spelled(attr("seq_lens_sum"), slices=False)), m.ZeroOrMore()),
         ),
         Guard(
             call("sum", m.Arg(value=save(attr("extend_prefix_lens_cpu", save(ANY, "BATCH")), "LENS"))),
@@ -251,7 +254,8 @@ class GuardTritonDraftTemplate(MirrorGuards):
 
 # -- observability/scheduler_metrics_mixin.py: decode metrics ------------------------------------------
 
-MIRROR_TOTAL = m.Call(func=attr("item", m.Call(func=attr("sum", attr("seq_lens_cpu", save(ANY, "BATCH"))))))
+# The batch's total length read from the mirror, however spelled (`int(M.sum())`, `M.sum().int().item()` ...).
+MIRROR_TOTAL = primitives.host_scalar("sum", attr("seq_lens_cpu", save(ANY, "BATCH")), slices=False)
 
 
 class MetricsGuards(MirrorGuards):

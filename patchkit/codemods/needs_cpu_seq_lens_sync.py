@@ -19,7 +19,9 @@
 * A vendor fork may have removed the sync its own way: ``prepare_for_decode``
   sets ``seq_lens_cpu = None`` and a helper of its own fills the mirror
   later. There is nothing to gate: that part is superseded, naming the line,
-  and the rest of the patch (flags, decision, guards) still applies.
+  and the rest of the patch (flags, decision, guards) still applies. So is
+  a gate of its own: an ``if`` whose one branch copies the lengths and whose
+  other sets the mirror None.
 
 Upstream shapes (0.5.13+) count as done: the property exists,
 ``init_overlap`` calls ``decide_needs_cpu_seq_lens``, and
@@ -101,14 +103,19 @@ class DecideInInitOverlap(MethodCodemod):
 
 GATE = "not needs_cpu_seq_lens()"
 GATED = call("needs_cpu_seq_lens") | m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Attribute(attr=m.Name("needs_cpu_seq_lens"))))
-# `batch.seq_lens_cpu = batch.seq_lens.cpu()` (or a fork's `.to("cpu", ...)`): the D2H copy.
+# `batch.seq_lens_cpu = batch.seq_lens.cpu()` (or a fork's `.to("cpu", ...)`): the D2H copy,
+# the device lengths and the copy in any spelling (`primitives.spelled`: casts, a batch slice).
 _TO_CPU = m.Arg(value=m.SimpleString('"cpu"') | m.SimpleString("'cpu'"))
+_DEVICE_LENS = primitives.spelled(attr("seq_lens"))
 D2H = line(
     assigns_attr(
         "seq_lens_cpu",
         receiver=save(m.Name(), "BATCH"),
-        value=m.Call(func=m.Attribute(value=attr("seq_lens"), attr=m.Name("cpu")))
-        | m.Call(func=m.Attribute(value=attr("seq_lens"), attr=m.Name("to")), args=[_TO_CPU, m.ZeroOrMore()]),
+        value=primitives.spelled(
+            m.Call(func=m.Attribute(value=_DEVICE_LENS, attr=m.Name("cpu")))
+            | m.Call(func=m.Attribute(value=_DEVICE_LENS, attr=m.Name("to")), args=[_TO_CPU, m.ZeroOrMore()]),
+            slices=False,
+        ),
     )
 )
 SUM = line(assigns_attr("seq_lens_sum"))
@@ -140,6 +147,19 @@ def _sync_run(block: cst.IndentedBlock) -> Optional[tuple[int, int, str]]:
     return None
 
 
+def _vendor_gate(fn: cst.FunctionDef) -> Optional[cst.CSTNode]:
+    """A fork's own gate of the sync: an ``if`` one branch of which copies
+    the lengths to the host and another sets the mirror None (whatever it
+    tests). The None assignment, where found."""
+    for node in primitives.find_all(fn, m.If()):
+        branches = [node.body, node.orelse.body if node.orelse is not None else None]
+        copies = [b is not None and primitives.contains(b, D2H.body[0]) for b in branches]
+        drops = [primitives.find_all(b, MIRROR_DROPPED) if b is not None else [] for b in branches]
+        if (copies[0] and drops[1]) or (copies[1] and drops[0]):
+            return (drops[1] or drops[0])[0]
+    return None
+
+
 class GateDecodeSync(MethodCodemod):
     DESCRIPTION = (
         "EagleDraftInputV2Mixin.prepare_for_decode: the seq_lens D2H copy and sum run only "
@@ -151,6 +171,9 @@ class GateDecodeSync(MethodCodemod):
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if primitives.contains(fn, GATED):
             return Finding.done(self.anchor)
+        gate = _vendor_gate(fn)
+        if gate is not None:
+            return self.vendors_own(self.anchor, "skips the seq_lens sync on a branch", gate)
         if _sync_block(fn) is not None:
             return Finding.todo(self.anchor, "`seq_lens_cpu = seq_lens.cpu()` runs every decode step")
         copies = primitives.find_all(fn, D2H.body[0])
@@ -161,11 +184,7 @@ class GateDecodeSync(MethodCodemod):
             )
         dropped = primitives.find_all(fn, MIRROR_DROPPED)
         if dropped:
-            return Finding.superseded(
-                self.anchor,
-                f"this tree already avoids the seq_lens sync at {self.where(dropped[0])}; patchkit does not gate it again",
-                by_tree=True,
-            )
+            return self.vendors_own(self.anchor, "avoids the seq_lens sync", dropped[0])
         return Finding.superseded(self.anchor, "prepare_for_decode copies no seq_lens to the host in this tree")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:

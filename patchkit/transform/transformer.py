@@ -59,7 +59,8 @@ class Transformer:
         if data is None:
             from patchkit.fetch import is_release, release_note
 
-            note = release_note(self.tree.version, self.risk_accepted) if is_release(self.tree.version) else None
+            known = is_release(self.tree.version) or self.risk_accepted
+            note = release_note(self.tree.version, self.risk_accepted) if known else None
             self.notes.extend([note] if note and note not in self.notes else [])
         return data
 

@@ -65,6 +65,19 @@ class PatchCodemod(Codemod):
             return filename or "this file"
         return f"{filename}:{line}" if filename else f"line {line}"
 
+    def vendors_own(self, anchor: str, what: str, node: cst.CSTNode) -> Finding:
+        """The tree already does what this codemod would, its own way (issue 45
+        §3): superseded, not a conflict, with one note (the patch's report
+        carries it, ``by_tree``) saying ``what`` the tree does and naming the
+        vendor's line, ``node``: ``this tree <what> itself at FILE:LINE
+        (`<code>`); patchkit leaves it as it is``. The rest of the apply goes
+        on; code the codemod would remove is still refused (the vendor-code
+        check), so only an anchor with nothing left to change says this."""
+        code = next((ln.strip() for ln in _code(node).splitlines() if ln.strip() and not ln.strip().startswith("#")), "")
+        code = code if len(code) <= 80 else code[:77] + "..."
+        return Finding.superseded(anchor, f"this tree {what} itself at {self.where(node)} (`{code}`); patchkit leaves it as it is",
+                                  by_tree=True)
+
     def located(self, finding: Finding, node: Optional[cst.CSTNode]) -> Finding:
         """``finding`` at the line of ``node`` (a node of the detected module),
         unless it has a line already. Only a finding verify and status report

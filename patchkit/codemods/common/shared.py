@@ -36,7 +36,7 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCodemod, Finding, Guard, MethodGuards, State
-from patchkit.codemods.common.primitives import ANY, attr, call, dotted, save
+from patchkit.codemods.common.primitives import ANY, attr, call, save
 from patchkit.layout import import_path
 
 RUNTIME = import_path("runtime")
@@ -100,6 +100,9 @@ class ClassFlag(ClassCodemod):
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.{FLAG}"
         found = primitives.find_class_attribute(cls, FLAG)
+        own = self._vendor_opt_out(cls) if found is None else None
+        if own is not None:
+            return self.vendors_own(anchor, f"opts {self.CLASS} out of the CPU mirror (per instance)", own)
         if found is None:
             why = "" if self.KEEPS_TREE_VALUE else " (inherits True / treated as True)"
             return Finding.todo(anchor, "class attribute not declared" + why)
@@ -114,6 +117,18 @@ class ClassFlag(ClassCodemod):
         if others:
             return self.located(Finding.todo(anchor, f"__init__ sets self.{FLAG} = {code_of(others[0].value)}"), found)
         return Finding.done(anchor)
+
+    def _vendor_opt_out(self, cls: cst.ClassDef) -> Optional[cst.Assign]:
+        """An opt-out the tree declares its own way: no class attribute, but
+        ``__init__`` sets ``self.needs_cpu_seq_lens = False`` and nothing else
+        (the decision reads the instance's value, as the audit does)."""
+        init = primitives.find_method(cls, "__init__") if not self.KEEPS_TREE_VALUE and self.VALUE is False else None
+        if init is None:
+            return None
+        assignments = primitives.find_all(init, m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)]))
+        if assignments and all(m.matches(a.value, m.Name("False")) for a in assignments):
+            return assignments[0]
+        return None
 
     def _overriding_assignments(self, cls: cst.ClassDef) -> list[cst.Assign]:
         """0.5.15's per-instance value (dflash only) that shadows the class
@@ -194,10 +209,12 @@ def _guarded_regions(fn: cst.FunctionDef) -> list[cst.CSTNode]:
 
 
 def max_item(receiver: m.BaseMatcherNode) -> m.BaseMatcherNode:
-    """The host max of a tensor, as a Python number: ``<receiver>.max().item()``,
-    ``int(<receiver>.max())``, ``torch.max(<receiver>).item()`` or ``int(torch.max(<receiver>))``."""
-    tensor_max = m.Call(func=attr("max", receiver), args=[]) | m.Call(func=dotted("torch.max"), args=[m.Arg(receiver, keyword=None)])
-    return m.Call(func=attr("item", tensor_max), args=[]) | m.Call(func=m.Name("int"), args=[m.Arg(tensor_max, keyword=None)])
+    """The host max of a tensor, as a Python number, in the spellings vendors
+    use (``primitives.host_scalar``): ``<receiver>.max().item()``,
+    ``int(<receiver>.max())``, ``torch.max(<receiver>).item()``, casts on the
+    receiver or the max (``<receiver>.int().max().item()``). A batch slice of
+    the receiver is another value (``first_rows``: the rows' max)."""
+    return primitives.host_scalar("max", receiver, slices=False)
 
 
 def first_rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:

@@ -61,7 +61,7 @@ from patchkit.codemods.flashmla_spec_v2.fixed_q import (
     routed_terms,
     verify_lengths,
 )
-from patchkit.codemods.common.primitives import attr, plus, save
+from patchkit.codemods.common.primitives import attr, save
 from patchkit.layout import import_path
 
 BACKEND = "FlashMLABackend"
@@ -110,7 +110,7 @@ class EagerMetadataWithoutMirror(shared.MirrorReadGuards):
         # decode: `triton.cdiv(forward_batch.seq_lens_cpu.max().item(), PAGE_SIZE)`
         Guard(shared.max_item(save(BATCH_MIRROR, "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
         # verify: `seq_lens_cpu = forward_batch.seq_lens_cpu + self.num_draft_tokens`, then its max
-        Guard(plus(BATCH_MIRROR), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
+        Guard(primitives.added(BATCH_MIRROR), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
         Guard(shared.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {VERIFY_BOUND})", "host_max_seq_len"),
     )
 
@@ -130,7 +130,7 @@ class ReplayMetadataWithoutMirror(shared.MirrorReadGuards):
         # 0.5.10 .. 0.5.12.post1, decode: the mirror was required.
         Guard(REPLAY_ASSERT, "assert M is None or len(M) >= bs"),
         # verify: `seq_lens_cpu[:bs] + self.num_draft_tokens` (before the slice is rewritten)
-        Guard(plus(shared.first_rows(LOCAL_MIRROR, "N")), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
+        Guard(primitives.added(shared.first_rows(LOCAL_MIRROR, "N")), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
         shared.REPLAY_GUARDS[0],  # seq_lens_cpu[:bs] -> rows_or_none
         # 0.5.13 .. 0.5.15: `seq_lens_cpu.max().item() if seq_lens_cpu is not None
         # else seq_lens.max().item()`, a D2H of its own without the mirror.

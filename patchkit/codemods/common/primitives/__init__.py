@@ -19,7 +19,8 @@ Find a primitive by where it acts:
   ``add_imports``, ``add_import_sorted``)
 - ``search``: ``find_all``, ``contains``
 - ``values``: a value by meaning, through its spellings (parentheses, casts, batch
-  slices ``x[:bs]``, temporaries, operand order): ``peel``, ``sum_of``, ``Locals``
+  slices ``x[:bs]``, temporaries, operand order): ``peel``, ``sum_of``, ``Locals``;
+  as matchers keeping captures: ``spelled``, ``host_scalar``, ``added``
 - ``lines``: ``line_of`` (the line a finding points at)
 - ``matchers``: what codemods look for: ``attr``, ``call``, ``assigns_attr``, ``none_test``,
   ``find_isinstance_disjunction``, and ``NoneGuards`` / ``unguarded`` (is a read only reached
@@ -147,8 +148,11 @@ from patchkit.codemods.common.primitives.values import (  # noqa: F401
     Locals,
     Peeled,
     Sum,
+    added,
+    host_scalar,
     operands,
     peel,
+    spelled,
     strip_casts,
     sum_of,
 )

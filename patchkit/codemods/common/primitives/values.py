@@ -13,6 +13,14 @@ Equivalent spellings of one value:
 
 ``peel`` takes the spelling off one expression; ``sum_of`` finds a sum of two
 values, each matched by a libcst matcher, in any of these spellings.
+
+Where a codemod's anchor is a matcher whose captures (``save``) its rewrite
+fills in, ``spelled`` is the same value as a matcher (casts, parentheses and,
+unless told not to, a batch slice around it; captures inside still extract),
+``added`` the value plus another term in either order (captures ``LEFT``:
+the value, ``RIGHT``: the other), and ``host_scalar`` a reduction read to the host (``x.max().item()``,
+``int(x.max())``, ``torch.max(x).item()`` ...) of such a value: the mirror
+reads, sums and widths the shared codemods anchor on.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common.primitives.matchers import attr, call
+from patchkit.codemods.common.primitives.matchers import ANY, attr, call, dotted, save
 from patchkit.codemods.common.primitives.search import find_all
 
 CASTS = "to|int|long|type|contiguous"
@@ -126,3 +134,53 @@ def sum_of(node: cst.BaseExpression, first: m.BaseMatcherNode, second: m.BaseMat
         if m.matches(lhs.value, first) and m.matches(peel(b, local).value, second):
             return Sum(lhs.value, b, outer.bound if outer.bound is not None else lhs.bound)
     return None
+
+
+# -- a value as a matcher (captures kept) -------------------------------------------------
+
+
+def _cast_of(value: m.BaseMatcherNode) -> m.BaseMatcherNode:
+    """``value`` under one cast: ``.to(...)``, ``.int()`` ..., ``int(value)``, ``torch.as_tensor(value, ...)``."""
+    return (m.Call(func=attr(CASTS, value))
+            | m.Call(func=m.Name("int") | dotted("torch.as_tensor"), args=[m.Arg(value=value, keyword=None), m.ZeroOrMore()]))
+
+
+def _slice_of(value: m.BaseMatcherNode) -> m.Subscript:
+    """``value[:n]``: the batch's rows of it."""
+    return m.Subscript(value=value, slice=[m.SubscriptElement(slice=m.Slice(lower=None, upper=m.DoNotCare(), step=None))])
+
+
+def spelled(value: m.BaseMatcherNode, slices: bool = True, depth: int = 2) -> m.BaseMatcherNode:
+    """``value`` in the spellings vendors use, as one matcher: itself, under
+    casts and (``slices``) a batch slice ``[:n]``, up to ``depth`` of them
+    nested; parentheses need nothing (a matcher naming none ignores them).
+    Captures (``save``) inside ``value`` extract as from ``value`` itself.
+    Temporary variables need the method: ``peel`` with ``Locals``."""
+    matcher = value
+    for _ in range(depth):
+        matcher = value | _cast_of(matcher) | _slice_of(matcher) if slices else value | _cast_of(matcher)
+    return matcher
+
+
+def host_scalar(reduction: str, receiver: m.BaseMatcherNode, slices: bool = True) -> m.BaseMatcherNode:
+    """A reduction of ``receiver`` read to the host as a Python number, however
+    spelled: ``<r>.<reduction>().item()``, ``int(<r>.<reduction>())``,
+    ``torch.<reduction>(<r>).item()``, ``int(torch.<reduction>(<r>))``; ``<r>``
+    itself in any spelling of ``spelled`` (a cast, a batch slice with ``slices``)."""
+    value = spelled(receiver, slices=slices)
+    reduced = (m.Call(func=attr(reduction, value), args=[])
+               | m.Call(func=dotted(f"torch.{reduction}"), args=[m.Arg(value, keyword=None)]))
+    return m.Call(func=attr("item", spelled(reduced, slices=False, depth=1)), args=[]) | _cast_of(reduced)
+
+
+def added(value: m.BaseMatcherNode) -> m.BaseMatcherNode:
+    """``<value> + X`` in any operand order: ``X + <value>``, ``torch.add`` either
+    way round. Captures ``LEFT`` (the value) and ``RIGHT`` (the other term),
+    so a rewrite such as ``add_or_none(LEFT, RIGHT)`` reads the same however
+    the vendor ordered the sum."""
+    mine, other = save(value, "LEFT"), save(ANY, "RIGHT")
+    torch_add = dotted("torch.add")
+    return (m.BinaryOperation(left=mine, operator=m.Add(), right=other)
+            | m.BinaryOperation(left=other, operator=m.Add(), right=mine)
+            | m.Call(func=torch_add, args=[m.Arg(mine, keyword=None), m.Arg(other, keyword=None)])
+            | m.Call(func=torch_add, args=[m.Arg(other, keyword=None), m.Arg(mine, keyword=None)]))
