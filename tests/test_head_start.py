@@ -37,7 +37,7 @@ def two_workers(monkeypatch):
 def test_side_jobs_and_after_run_in_the_workers(tmp_path, two_workers):
     jobs = [(str(tmp_path / f"m{i}.py"), (tmp_path / f"m{i}.py", b"x = %d\n" % i, [["ref"]], None)) for i in range(3)]
     taken: list = []
-    head = parallel.HeadStart([lambda: 1, lambda: 2], taken.append, _record_after)
+    head = parallel.HeadStart(lambda: [lambda: 1, lambda: 2], taken.append, _record_after)
     entries = parallel.prepare_all(jobs, TransformCache(None), head_start=head)
     assert [e.new for e in entries] == [b"x = %d\n# changed\n" % i for i in range(3)]
     assert sorted(taken) == [1, 2]
@@ -47,7 +47,7 @@ def test_side_jobs_and_after_run_in_the_workers(tmp_path, two_workers):
 def test_a_failing_head_start_changes_nothing(tmp_path, two_workers):
     jobs = [(f"m{i}.py", (tmp_path / f"m{i}.py", b"y = %d\n" % i, [["ref"]], None)) for i in range(2)]
     taken: list = []
-    head = parallel.HeadStart([_fail, lambda: 3], taken.append, lambda rel, new: _fail())
+    head = parallel.HeadStart(lambda: [_fail, lambda: 3], taken.append, lambda rel, new: _fail())
     entries = parallel.prepare_all(jobs, TransformCache(None), head_start=head)
     assert [e.new for e in entries] == [b"y = %d\n# changed\n" % i for i in range(2)]
     assert taken == [3]

@@ -87,19 +87,21 @@ def head_start(tree: "Tree", selected: list["Patch"], applied: set[str]) -> tupl
     from patchkit.transform.parallel import HeadStart
 
     srt = audit.sources(tree.package)
-    modules = sorted(((rel, data) for rel, data in srt.items() if facts.reads_mirror(data)), key=lambda m: -len(m[1]))
-    chunks: list[list[tuple[str, bytes]]] = [[] for _ in range(min(8, len(modules)))]
-    sizes = [0] * len(chunks)
-    for rel, data in modules:  # biggest first, each to the lightest chunk: chunks of about one size
-        k = sizes.index(min(sizes))
-        chunks[k].append((rel, data))
-        sizes[k] += len(data)
+
+    def side() -> list:  # only when files are transformed in worker processes (a warm apply has none)
+        modules = sorted(((rel, data) for rel, data in srt.items() if facts.reads_mirror(data)), key=lambda m: -len(m[1]))
+        chunks: list[list[tuple[str, bytes]]] = [[] for _ in range(min(8, len(modules)))]
+        sizes = [0] * len(chunks)
+        for rel, data in modules:  # biggest first, each to the lightest chunk: chunks of about one size
+            k = sizes.index(min(sizes))
+            chunks[k].append((rel, data))
+            sizes[k] += len(data)
+        return [partial(facts.facts_of_many, chunk) for chunk in chunks]
 
     def after(rel: str, new: bytes) -> None:
         if rel in srt and facts.reads_mirror(new):
             facts.facts_of(rel, new)
 
-    side = [partial(facts.facts_of_many, chunk) for chunk in chunks]
     return HeadStart(side, facts.remember, after), srt
 
 

@@ -39,20 +39,22 @@ Job = tuple[Path, bytes, Sequence[Sequence], Optional[bytes]]
 # The jobs the forked workers compute, by index (set in the parent just before
 # the pool forks; each worker has its own copy-on-write copy of them).
 _JOBS: list[tuple[str, Job]] = []
-# Work beside the transforms (``HeadStart``), inherited by the fork like the jobs.
+# Work beside the transforms (``HeadStart``, and its side jobs once planned),
+# inherited by the fork like the jobs.
 _HEAD: Optional["HeadStart"] = None
+_SIDE: list[Callable[[], object]] = []
 
 
 @dataclass
 class HeadStart:
     """Later work the pool's workers start on while they are there (only when
-    files are computed in worker processes): ``side``, callables run after the
-    files, each result handed to ``take`` in the parent; ``after(rel, new
-    bytes)``, called in the worker for each file it transformed. Only ever a
-    head start: what it computes is computed again, or found in a cache, by
-    whoever needs it, and its errors are ignored."""
+    files are computed in worker processes): ``side()``, called then, gives
+    callables run after the files, each result handed to ``take`` in the
+    parent; ``after(rel, new bytes)``, called in the worker for each file it
+    transformed. Only ever a head start: what it computes is computed again,
+    or found in a cache, by whoever needs it, and its errors are ignored."""
 
-    side: Sequence[Callable[[], object]] = ()
+    side: Callable[[], Sequence[Callable[[], object]]] = lambda: ()
     take: Callable[[object], None] = lambda result: None
     after: Optional[Callable[[str, bytes], None]] = None
 
@@ -118,7 +120,7 @@ def _work(index: int) -> Optional[Entry]:
 
 
 def _side(index: int) -> object:
-    return _HEAD.side[index]() if _HEAD is not None else None
+    return _SIDE[index]()
 
 
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -244,7 +246,7 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
     """``prepare`` for jobs that may name one file several times (``export``
     transforms each file's original with every prefix of the series): an
     entry, or None where the serial path must decide, per job, in order."""
-    global _JOBS, _HEAD
+    global _JOBS, _HEAD, _SIDE
     from patchkit import registry
 
     out: list[Optional[Entry]] = [None] * len(jobs)
@@ -293,7 +295,10 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
                     registry.load_codemod(ref)
         import libcst  # noqa: F401
 
-        _JOBS, _HEAD = list(jobs), head_start
+        _JOBS, _HEAD, _SIDE = list(jobs), head_start, []
+        if head_start is not None:
+            with contextlib.suppress(Exception):  # a head start never decides an error
+                _SIDE = list(head_start.side())
         # What the parent holds stays out of every collection in the workers
         # (no copy-on-write of its pages for the GC's bookkeeping).
         gc.freeze()
@@ -308,7 +313,7 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
                                            initializer=_worker_init, initargs=(blocked,))
                 futures = {i: pool.submit(_work, i) for i, _ in todo}
                 # Queued behind the files: a worker done with its files takes them.
-                side = [pool.submit(_side, k) for k in range(len(head_start.side if head_start else ()))]
+                side = [pool.submit(_side, k) for k in range(len(_SIDE))]
             finally:
                 _restore_signals(blocked)
             for i, future in futures.items():
@@ -329,7 +334,7 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
                 _stop(pool)
             raise
         finally:
-            _JOBS, _HEAD = [], None
+            _JOBS, _HEAD, _SIDE = [], None, []
             gc.unfreeze()
     for i, key in todo:
         out[i] = results.get(i)
