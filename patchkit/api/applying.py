@@ -62,7 +62,9 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
                                      accept_risk=accept_vendor_code_risk, say=say)
     transformer = Transformer(tree, session.findings, session.modules, sources, pristine,
                               risk_accepted=accept_vendor_code_risk)
-    transformer.prepare(selected, progress)
+    # The safety rule's audit gets a head start in the workers (api/safety.py).
+    head_start, srt = safety.head_start(tree, selected, set(record.applied))
+    transformer.prepare(selected, progress, head_start)
     # Plan; then, before any transform, what the plan's files need: edits made
     # since an earlier apply (a clone may recover backups). The commit checks
     # the runtime mode's rules and that every file to change is writable.
@@ -77,7 +79,7 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
 
     # The safety rule (api/safety.py): refuse the decision, or a backend's opt-out, rather than
     # write a tree whose audit finds a read of the mirror unguarded.
-    plan.todo, changed, refused = safety.enforce(tree, list(plan.todo), set(record.applied), transform, pristine)
+    plan.todo, changed, refused = safety.enforce(tree, list(plan.todo), set(record.applied), transform, pristine, srt)
     plan.skipped.extend(refused)
     plan.files = _files(plan.todo, sources)
     edited = session.edited_since_apply(plan.files)

@@ -16,6 +16,7 @@ refusal names the read in one line (exit 1, as any patch not applied).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Optional
 
 from patchkit.audit.syntax import OPTS_OUT_WITH
@@ -23,23 +24,26 @@ from patchkit.audit.syntax import OPTS_OUT_WITH
 if TYPE_CHECKING:
     from patchkit.audit import Read
     from patchkit.registry import Patch
+    from patchkit.transform.parallel import HeadStart
     from patchkit.tree import Tree
 
 DECISION = "needs-cpu-seq-lens"
 
 
 def first_unsafe_read(tree: "Tree", changed: dict[str, bytes],
-                      release_files: Optional[dict[str, Optional[bytes]]] = None) -> Optional["Read"]:
+                      release_files: Optional[dict[str, Optional[bytes]]] = None,
+                      srt: Optional[dict[str, bytes]] = None) -> Optional["Read"]:
     """The first read (by file, line) the audit finds unguarded or stale on
     the tree with ``changed`` (package-relative path -> new bytes) written;
     ``release_files``: the release's bytes of the files apply changes (its
-    fetch step), which tell the release's reads there without its tree."""
+    fetch step), which tell the release's reads there without its tree;
+    ``srt``: the tree's modules under srt/ as read, when already read."""
     from dataclasses import asdict
 
     from patchkit import audit
     from patchkit.transform.cache import Entry, TransformCache
 
-    srt = audit.sources(tree.package)
+    srt = dict(audit.sources(tree.package) if srt is None else srt)
     srt.update({rel: data for rel, data in changed.items() if rel in srt})
     # A function of the bytes, shared like a transform: a fresh copy of a release applies without auditing again.
     shared = TransformCache.default()
@@ -51,12 +55,54 @@ def first_unsafe_read(tree: "Tree", changed: dict[str, bytes],
             return audit.Read(**found) if found else None
         except TypeError:
             pass  # written by another shape of Read: audit again
+    from patchkit.transform.parallel import no_gc
+
     # The vendor's own reads are the vendor's to guard: apply names them in its audit line, as before.
-    problems = [r for r in audit.audit_tree(tree.package, sources=srt, release_files=release_files).problems
-                if r.origin != "vendor"]
+    with no_gc():  # ast trees hold no cycles; a collection would re-scan every node the transform left alive
+        found = audit.audit_tree(tree.package, sources=srt, release_files=release_files)
+    problems = [r for r in found.problems if r.origin != "vendor"]
     read = min(problems, key=lambda r: (r.file, r.line, r.column), default=None)
     shared.put(key, Entry({"unsafe_read": asdict(read) if read else None}, []))
     return read
+
+
+def head_start(tree: "Tree", selected: list["Patch"], applied: set[str]) -> tuple[Optional["HeadStart"], Optional[dict]]:
+    """Work the transform's worker processes can take on for the rule's audit
+    (api/applying.py hands it to ``Transformer.prepare``), and the tree's
+    modules under srt/ as read (``audit.sources``, for ``first_unsafe_read``);
+    ``(None, None)`` when the rule will not audit (the decision neither
+    selected nor applied before). Once their files are transformed, the
+    workers compute the facts of every module that reads the mirror, as read
+    (the modules apply leaves as they are, and the release's own bytes of
+    those it changes, on a release tree), in chunks taken into this process's
+    memory; and each worker, the facts of the new bytes of the files it
+    transformed (kept in the shared cache, where the audit finds them). So
+    the audit after the transform is shared between the cores. Only a head
+    start: that audit is the same call on the same bytes, and computes
+    whatever is missing."""
+    if DECISION not in {p.id for p in selected} and DECISION not in applied:
+        return None, None
+    from patchkit import audit
+    from patchkit.audit import facts
+    from patchkit.transform.parallel import HeadStart
+
+    srt = audit.sources(tree.package)
+
+    def side() -> list:  # only when files are transformed in worker processes (a warm apply has none)
+        modules = sorted(((rel, data) for rel, data in srt.items() if facts.reads_mirror(data)), key=lambda m: -len(m[1]))
+        chunks: list[list[tuple[str, bytes]]] = [[] for _ in range(min(8, len(modules)))]
+        sizes = [0] * len(chunks)
+        for rel, data in modules:  # biggest first, each to the lightest chunk: chunks of about one size
+            k = sizes.index(min(sizes))
+            chunks[k].append((rel, data))
+            sizes[k] += len(data)
+        return [partial(facts.facts_of_many, chunk) for chunk in chunks]
+
+    def after(rel: str, new: bytes) -> None:
+        if rel in srt and facts.reads_mirror(new):
+            facts.facts_of(rel, new)
+
+    return HeadStart(side, facts.remember, after), srt
 
 
 def refusal(read: "Read") -> str:
@@ -80,7 +126,8 @@ def _dependents(pid: str, todo: list["Patch"]) -> list["Patch"]:
 
 def enforce(tree: "Tree", todo: list["Patch"], applied: set[str],
             transform: Callable[[list["Patch"]], dict[str, bytes]],
-            release_files: Optional[dict[str, Optional[bytes]]] = None) -> tuple[list["Patch"], dict[str, bytes], list]:
+            release_files: Optional[dict[str, Optional[bytes]]] = None,
+            srt: Optional[dict[str, bytes]] = None) -> tuple[list["Patch"], dict[str, bytes], list]:
     """``todo`` less what the rule refuses, the files they change
     (``transform(todo)``) and the skipped ``(patch id, why)``. Checked only
     when the decision is in ``todo`` or applied before."""
@@ -92,7 +139,7 @@ def enforce(tree: "Tree", todo: list["Patch"], applied: set[str],
         ids = {p.id for p in todo}
         if DECISION not in ids and DECISION not in applied:
             return todo, changed, skipped
-        read = first_unsafe_read(tree, changed, release_files)
+        read = first_unsafe_read(tree, changed, release_files, srt)
         if read is None:
             return todo, changed, skipped
         culprit = OPTS_OUT_WITH.get(read.file)

@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -38,6 +39,24 @@ Job = tuple[Path, bytes, Sequence[Sequence], Optional[bytes]]
 # The jobs the forked workers compute, by index (set in the parent just before
 # the pool forks; each worker has its own copy-on-write copy of them).
 _JOBS: list[tuple[str, Job]] = []
+# Work beside the transforms (``HeadStart``, and its side jobs once planned),
+# inherited by the fork like the jobs.
+_HEAD: Optional["HeadStart"] = None
+_SIDE: list[Callable[[], object]] = []
+
+
+@dataclass
+class HeadStart:
+    """Later work the pool's workers start on while they are there (only when
+    files are computed in worker processes): ``side()``, called then, gives
+    callables run after the files, each result handed to ``take`` in the
+    parent; ``after(rel, new bytes)``, called in the worker for each file it
+    transformed. Only ever a head start: what it computes is computed again,
+    or found in a cache, by whoever needs it, and its errors are ignored."""
+
+    side: Callable[[], Sequence[Callable[[], object]]] = lambda: ()
+    take: Callable[[object], None] = lambda result: None
+    after: Optional[Callable[[str, bytes], None]] = None
 
 
 def jobs_wanted() -> int:
@@ -93,7 +112,15 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
 
 
 def _work(index: int) -> Optional[Entry]:
-    return compute(*_JOBS[index])
+    entry = compute(*_JOBS[index])
+    if _HEAD is not None and _HEAD.after is not None and entry is not None and entry.new is not None:
+        with contextlib.suppress(Exception):  # a head start never decides an error
+            _HEAD.after(_JOBS[index][0], entry.new)
+    return entry
+
+
+def _side(index: int) -> object:
+    return _SIDE[index]()
 
 
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -185,7 +212,7 @@ def _stop(pool) -> None:
 
 
 @contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
+def no_gc() -> Iterator[None]:
     """The cyclic GC off while files are parsed and transformed: a parse makes
     hundreds of thousands of CST nodes (freed by reference counting, no cycles),
     and re-scanning them in full collections cost a fifth of an apply's time."""
@@ -204,21 +231,22 @@ def _no_gc() -> Iterator[None]:
 Progress = Callable[[int, int], None]
 
 
-def prepare(jobs: dict[str, Job], cache: TransformCache, progress: Optional[Progress] = None) -> dict[str, Entry]:
+def prepare(jobs: dict[str, Job], cache: TransformCache, progress: Optional[Progress] = None,
+            head_start: Optional[HeadStart] = None) -> dict[str, Entry]:
     """Entries for ``jobs`` (rel -> path, bytes, codemod refs grouped by
     patch): from the transform cache where it has them, else computed (in
     parallel when more than one file needs it). New results are stored in the
-    cache."""
-    entries = prepare_all(list(jobs.items()), cache, progress)
+    cache. ``head_start``: later work the workers take on beside the files."""
+    entries = prepare_all(list(jobs.items()), cache, progress, head_start)
     return {rel: entry for rel, entry in zip(jobs, entries) if entry is not None}
 
 
 def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
-                progress: Optional[Progress] = None) -> list[Optional[Entry]]:
+                progress: Optional[Progress] = None, head_start: Optional[HeadStart] = None) -> list[Optional[Entry]]:
     """``prepare`` for jobs that may name one file several times (``export``
     transforms each file's original with every prefix of the series): an
     entry, or None where the serial path must decide, per job, in order."""
-    global _JOBS
+    global _JOBS, _HEAD, _SIDE
     from patchkit import registry
 
     out: list[Optional[Entry]] = [None] * len(jobs)
@@ -254,7 +282,7 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
             progress(len(results), len(todo))
 
     if workers <= 1:
-        with _no_gc():
+        with no_gc():
             for i, _ in todo:
                 computed(i, compute(*jobs[i]))
     else:
@@ -267,7 +295,10 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
                     registry.load_codemod(ref)
         import libcst  # noqa: F401
 
-        _JOBS = list(jobs)
+        _JOBS, _HEAD, _SIDE = list(jobs), head_start, []
+        if head_start is not None:
+            with contextlib.suppress(Exception):  # a head start never decides an error
+                _SIDE = list(head_start.side())
         # What the parent holds stays out of every collection in the workers
         # (no copy-on-write of its pages for the GC's bookkeeping).
         gc.freeze()
@@ -281,15 +312,20 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
                 pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                            initializer=_worker_init, initargs=(blocked,))
                 futures = {i: pool.submit(_work, i) for i, _ in todo}
+                # Queued behind the files: a worker done with its files takes them.
+                side = [pool.submit(_side, k) for k in range(len(_SIDE))]
             finally:
                 _restore_signals(blocked)
             for i, future in futures.items():
                 try:
                     entry = future.result()
                 except Exception:  # noqa: BLE001 - a dead worker: compute it here
-                    with _no_gc():
+                    with no_gc():
                         entry = compute(*jobs[i])
                 computed(i, entry)
+            for future in side:
+                with contextlib.suppress(Exception):  # a head start never decides an error
+                    head_start.take(future.result())
             pool.shutdown(wait=True)
         except BaseException:
             # Ctrl-C, SIGTERM or an error: the workers are ended now, never
@@ -298,7 +334,7 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
                 _stop(pool)
             raise
         finally:
-            _JOBS = []
+            _JOBS, _HEAD, _SIDE = [], None, []
             gc.unfreeze()
     for i, key in todo:
         out[i] = results.get(i)

@@ -25,7 +25,7 @@ from patchkit.transform.cache import Entry, TransformCache
 if TYPE_CHECKING:
     import libcst as cst
 
-    from patchkit.transform.parallel import Progress
+    from patchkit.transform.parallel import HeadStart, Progress
     from patchkit.registry import Patch
     from patchkit.tree import Tree
 
@@ -64,10 +64,13 @@ class Transformer:
             self.notes.extend([note] if note and note not in self.notes else [])
         return data
 
-    def prepare(self, patches: Iterable["Patch"], progress: Optional["Progress"] = None) -> None:
+    def prepare(self, patches: Iterable["Patch"], progress: Optional["Progress"] = None,
+                head_start: Optional["HeadStart"] = None) -> None:
         """Detect and transform, per file of ``sources``, with the codemods of
         all ``patches`` (grouped by patch). Findings seed ``findings``; files
-        whose findings are all known and none is TODO need nothing."""
+        whose findings are all known and none is TODO need nothing.
+        ``head_start``: later work for the worker processes, when files are
+        computed there (``parallel.prepare``)."""
         from patchkit.transform import parallel
 
         sources = self.sources
@@ -83,7 +86,7 @@ class Transformer:
             if any(k is None or k[0] == State.TODO.value for k in known):
                 need[rel] = groups
         jobs = {rel: (self.tree.path(rel), sources[rel], groups, self.release_bytes(rel)) for rel, groups in need.items()}
-        for rel, entry in parallel.prepare(jobs, self.cache, progress).items():
+        for rel, entry in parallel.prepare(jobs, self.cache, progress, head_start).items():
             digest = sha256(sources[rel])
             for name, finding in entry.before.items():
                 self.findings.setdefault(f"{name}|{digest}", finding)
