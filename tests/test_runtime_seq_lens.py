@@ -255,3 +255,20 @@ def test_gpu_only_path_helpers_never_sync_the_host():
     assert bound == 3 * 1024
     assert prefix.device.type == "cuda" and prefix.dtype == torch.int32
     assert prefix.tolist() == [11, 30, 7]
+
+
+def test_piecewise_is_read_by_each_releases_own_switch():
+    """0.5.10+: on unless disable_piecewise_cuda_graph; 0.5.4 .. 0.5.9: off unless
+    enable_piecewise_cuda_graph (no disable field there: a missing one is not 'on');
+    server args with neither switch count as on (the mirror kept)."""
+    on = impl._piecewise_cuda_graph_on
+    assert on(SimpleNamespace(disable_piecewise_cuda_graph=False)) is True
+    assert on(SimpleNamespace(disable_piecewise_cuda_graph=True)) is False
+    assert on(SimpleNamespace(enable_piecewise_cuda_graph=False)) is False
+    assert on(SimpleNamespace(enable_piecewise_cuda_graph=True)) is True
+    assert on(SimpleNamespace()) is True
+    opted_out = [SimpleNamespace(needs_cpu_seq_lens=False)]
+    old_release = SimpleNamespace(enable_two_batch_overlap=False, enable_piecewise_cuda_graph=False)
+    assert impl.decide_needs_cpu_seq_lens(old_release, opted_out) is False
+    assert impl.decide_needs_cpu_seq_lens(
+        SimpleNamespace(enable_two_batch_overlap=False, enable_piecewise_cuda_graph=True), opted_out) is True

@@ -51,6 +51,16 @@ def set_needs_cpu_seq_lens(flag: bool) -> None:
     _needs_cpu_seq_lens = bool(flag)
 
 
+def _piecewise_cuda_graph_on(server_args: Any) -> bool:
+    """Whether the server runs piecewise CUDA graph: on unless disabled from 0.5.10
+    (``disable_piecewise_cuda_graph``); before, only when asked for
+    (``enable_piecewise_cuda_graph``, off by default in 0.5.4 .. 0.5.9); with
+    neither switch, on (keeping the mirror is the safe side)."""
+    if hasattr(server_args, "disable_piecewise_cuda_graph"):
+        return not server_args.disable_piecewise_cuda_graph
+    return bool(getattr(server_args, "enable_piecewise_cuda_graph", True))
+
+
 def decide_needs_cpu_seq_lens(server_args: Any, attn_backends: Sequence[Any], piecewise_reads_mirror: bool = True) -> bool:
     """sglang's rule (#26128, with #26738's fixes).
 
@@ -66,7 +76,7 @@ def decide_needs_cpu_seq_lens(server_args: Any, attn_backends: Sequence[Any], pi
     """
     if getattr(server_args, "enable_two_batch_overlap", False):
         return True
-    if piecewise_reads_mirror and not getattr(server_args, "disable_piecewise_cuda_graph", False):
+    if piecewise_reads_mirror and _piecewise_cuda_graph_on(server_args):
         return True
     return any(getattr(b, "needs_cpu_seq_lens", True) for b in attn_backends if b is not None)
 
@@ -100,7 +110,7 @@ def configure_needs_cpu_seq_lens(server_args: Any, draft_worker: Any, tp_worker:
     else:
         flag = decide_needs_cpu_seq_lens(server_args, backends, piecewise_reads_mirror)
         why = "backends " + ", ".join(type(b).__name__ for b in backends if b is not None)
-        if piecewise_reads_mirror and not getattr(server_args, "disable_piecewise_cuda_graph", False):
+        if piecewise_reads_mirror and _piecewise_cuda_graph_on(server_args):
             why += "; piecewise CUDA graph on"
     set_needs_cpu_seq_lens(flag)
     import logging

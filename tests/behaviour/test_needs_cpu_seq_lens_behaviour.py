@@ -5,8 +5,8 @@ stand-ins where a step needs a GPU kernel.
 
 One tree per process (see tests/sglang_cpu_env.py): this module patches and
 imports $PATCHKIT_BEHAVIOUR_VERSION (default 0.5.12.post1);
-``test_other_releases`` runs this module again in a subprocess for 0.5.10 and
-0.5.11, the other shapes of the patched code.
+``test_other_releases`` runs this module again in a subprocess for 0.5.10,
+0.5.11 and 0.5.9, the other shapes of the patched code.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from patchkit.fetch import copy_tree  # noqa: E402
 
 PID = "needs-cpu-seq-lens"
 VERSION = os.environ.get("PATCHKIT_BEHAVIOUR_VERSION", "0.5.12.post1")
-OTHER_RELEASES = ["0.5.10", "0.5.11"]
+OTHER_RELEASES = ["0.5.10", "0.5.11", "0.5.9"]  # 0.5.9: the last release before 0.5.10 (issue 43)
 
 
 @pytest.fixture(scope="module")
@@ -86,18 +86,23 @@ def test_decision_truth_table_with_real_backends_and_server_args(sglang, rt):
     from sglang.srt.server_args import ServerArgs
 
     fields = ServerArgs.__dataclass_fields__
-    assert "enable_two_batch_overlap" in fields and "disable_piecewise_cuda_graph" in fields
-    assert fields["disable_piecewise_cuda_graph"].default is False  # PCG on by default
+    assert "enable_two_batch_overlap" in fields
+    if "disable_piecewise_cuda_graph" in fields:  # 0.5.10+: PCG on by default
+        assert fields["disable_piecewise_cuda_graph"].default is False
+        pcg_off, pcg_on = {"disable_piecewise_cuda_graph": True}, {"disable_piecewise_cuda_graph": False}
+    else:  # 0.5.4 .. 0.5.9: off unless asked for
+        assert fields["enable_piecewise_cuda_graph"].default is False
+        pcg_off, pcg_on = {"enable_piecewise_cuda_graph": False}, {"enable_piecewise_cuda_graph": True}
 
     def args(**kw):
         base = {name: f.default for name, f in fields.items() if f.default is not f.default_factory}
-        base.update({"enable_two_batch_overlap": False, "disable_piecewise_cuda_graph": True, **kw})
+        base.update({"enable_two_batch_overlap": False, **pcg_off, **kw})
         return SimpleNamespace(**base)
 
     triton = backends_of(sglang, TritonAttnBackend, TritonMultiStepDraftBackend, None, TritonAttnBackend)
     assert rt.decide_needs_cpu_seq_lens(args(), triton) is False
     assert rt.decide_needs_cpu_seq_lens(args(enable_two_batch_overlap=True), triton) is True
-    assert rt.decide_needs_cpu_seq_lens(args(disable_piecewise_cuda_graph=False), triton) is True
+    assert rt.decide_needs_cpu_seq_lens(args(**pcg_on), triton) is True
     mixed = backends_of(sglang, TRTLLMHAAttnBackend, TritonMultiStepDraftBackend, None)
     assert rt.decide_needs_cpu_seq_lens(args(), mixed) is True
     assert rt.decide_needs_cpu_seq_lens(args(), [*triton, SimpleNamespace()]) is True
@@ -335,6 +340,7 @@ def test_forward_batch_gets_the_filled_sum(sglang, monkeypatch):
     batch.reqs[0].done = True
     batch.filter_batch()
     batch.spec_info = None  # a plain decode forward
+    batch.input_ids = torch.tensor([1, 2])  # 0.5.9's init_new counts them unconditionally
     runner = SimpleNamespace(
         spec_algorithm=batch.spec_algorithm,
         device="cpu",
@@ -429,7 +435,10 @@ def test_model_worker_batch_without_the_mirror(sglang):
 
 
 def test_decode_metrics_without_the_mirror(sglang):
-    from sglang.srt.observability.scheduler_metrics_mixin import SchedulerMetricsMixin
+    try:
+        from sglang.srt.observability.scheduler_metrics_mixin import SchedulerMetricsMixin
+    except ModuleNotFoundError:  # 0.5.9: the sum sits inside log_decode_stats (CPU tests: tests/test_pre_0510.py)
+        pytest.skip("no sglang.srt.observability before 0.5.10")
 
     batch = schedule_batch(sglang, [5, 9], mirror=False)
     batch.reqs[0].seqlen, batch.reqs[1].seqlen = 6, 10  # the lengths the requests know
