@@ -28,7 +28,6 @@ import ast
 import hashlib
 import io
 import json
-import lzma
 import os
 import shutil
 import subprocess
@@ -219,12 +218,16 @@ def folder_size(root: Path) -> int:
 
 def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
           limit: int = LIMIT_BYTES, log=print, minus: Iterable[str] = (), kernels: Iterable[str] = (),
-          reference: Iterable[str] = (), earlier: Optional[dict[str, str]] = None) -> dict:
+          reference: Iterable[str] = (), earlier: Optional[dict[str, str]] = None,
+          site_compression: str = "xz") -> dict:
     """``minus``: patch ids; each adds a tree "minus-ID" (every patch but that
     one) beside "patched", as ``overlay-minus-ID.tar.gz``: the orchestrator
     then measures that patch's own effect side by side. ``earlier``: {name:
     commit}; each adds a tree "name", patched by patchkit at that commit
-    (``overlay-name.tar.gz``). ``reference``: releases carried as published."""
+    (``overlay-name.tar.gz``). ``reference``: releases carried as published.
+    ``site_compression``: "xz" (a third smaller) or "gz" (minutes faster to build)."""
+    if site_compression not in ("xz", "gz"):
+        raise SystemExit(f"site compression {site_compression!r}: xz or gz")
     reference, earlier = list(reference), dict(earlier or {})
     releases, minus = list(releases) + [r for r in reference if r not in releases], list(minus)
     dest = Path(dest)
@@ -240,10 +243,12 @@ def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
     (dest / "site").mkdir()
     for group, group_pins in pins.items():
         wheels = download_wheels(group_pins, wheel_cache())
-        with tarfile.open(dest / "site" / f"{group}.tar.xz", "w:xz", preset=9 | lzma.PRESET_EXTREME) as tar:
+        name = dest / "site" / f"{group}.tar.{site_compression}"
+        options = {"preset": 9} if site_compression == "xz" else {"compresslevel": 9}
+        with tarfile.open(name, f"w:{site_compression}", **options) as tar:
             kept = add_wheels_to_tar(tar, wheels)
         manifest.setdefault("site_bytes", {})[group] = kept
-        log(f"site/{group}.tar.xz: {len(wheels)} wheels")
+        log(f"site/{name.name}: {len(wheels)} wheels")
     kernels = list(kernels)
     if kernels:  # issue 44: FlashMLA's library, which the slimmed sglang-kernel leaves out
         from .bundle_kernels import add as add_kernels

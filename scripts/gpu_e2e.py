@@ -36,6 +36,8 @@ def main() -> int:
                    help="also carry the tree patchkit at COMMIT writes (variant NAME), to measure "
                         "what later commits changed (issue 42: upstream's later fixes)")
     b.add_argument("--limit-mib", type=float, default=64)
+    b.add_argument("--site-compression", choices=["xz", "gz"], default="xz",
+                   help="the site tars: xz (a third smaller: 0.5.13's fits beside the checkout) or gz (faster)")
     b.add_argument("--minus", action="append", default=[], metavar="PATCH",
                    help="also carry a tree with every patch but PATCH (variant minus-PATCH), to measure "
                         "that patch's own effect side by side")
@@ -55,7 +57,8 @@ def main() -> int:
         earlier = dict(item.split("=", 1) for item in args.earlier)
         releases = args.release or ([] if args.reference else ["0.5.12.post1"])
         bundle.build(args.out, releases, limit=int(args.limit_mib * bundle.MIB), minus=args.minus,
-                     kernels=args.kernel, reference=args.reference, earlier=earlier)
+                     kernels=args.kernel, reference=args.reference, earlier=earlier,
+                     site_compression=args.site_compression)
         return 0
     if args.cmd == "tables":
         import json
