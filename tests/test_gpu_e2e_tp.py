@@ -276,7 +276,7 @@ def test_mirror_kept_backend_wants_true_on_every_rank():
 
 #: Releases the harness serves at TP 1 and piecewise as defaulted only: 0.5.9 (issue
 #: 43) has no enforce_disable_flashinfer_allreduce_fusion, which TP 2 needs on this
-#: image, nor enforce_piecewise_cuda_graph (--piecewise on).
+#: image, nor 0.5.10's piecewise switches (--piecewise on / off).
 TP1_ONLY = ("0.5.9",)
 
 
@@ -303,9 +303,10 @@ def test_tp_engine_kwargs_are_server_args_of_each_release(release, tmp_path):
     for piecewise in ("on", "off"):  # issue 40's switches: ServerArgs fields of every release too
         switched = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="fa3", cuda_graph_max_bs=8,
                                         mem_fraction_static=0.6, piecewise=piecewise, context_length=8192)
-        # 0.5.9 runs piecewise as it defaults it (off); its switch to turn it on is
-        # enable_piecewise_cuda_graph, not 0.5.10's enforce_piecewise_cuda_graph
-        missing = {"enforce_piecewise_cuda_graph"} if release in TP1_ONLY and piecewise == "on" else set()
+        # 0.5.9 runs piecewise as it defaults it (off): its one switch is
+        # enable_piecewise_cuda_graph, not 0.5.10's enforce_/disable_piecewise_cuda_graph
+        switch = {"on": "enforce_piecewise_cuda_graph", "off": "disable_piecewise_cuda_graph"}[piecewise]
+        missing = {switch} if release in TP1_ONLY else set()
         assert set(switched) - fields == missing
     single = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="triton",
                                   cuda_graph_max_bs=8, mem_fraction_static=0.6)
