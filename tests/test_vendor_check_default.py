@@ -210,7 +210,9 @@ def test_a_version_naming_no_release_refuses_in_one_line(tree, cli, empty_cache)
                       "nothing was changed (--accept-vendor-code-risk to apply without the check)"], result.output
     assert snapshot(tree) == before and empty_cache == []
     risked = cli("apply", "--accept-vendor-code-risk", tree)
-    # Applied unchecked. The safety rule may still refuse needs-cpu-seq-lens (exit 1) where the audit
-    # cannot place a read: whether it does follows the shared transform cache, not this change.
-    assert risked.exit_code in (0, 1) and "applied: min-new-tokens-no-sync" in risked.output, risked.output
+    # Applied unchecked. Without a release to place the tree's reads by, the safety rule refuses
+    # needs-cpu-seq-lens (exit 1), whatever an earlier apply of the same bytes with a release left in
+    # the shared cache (its result is keyed by the release bytes it was given, too).
+    assert risked.exit_code == 1 and "applied: min-new-tokens-no-sync" in risked.output, risked.output
+    assert "not applied: needs-cpu-seq-lens" in risked.output, risked.output
     assert "the vendor-code check was skipped (--accept-vendor-code-risk): sglang 'acme-main' names no release" in risked.output

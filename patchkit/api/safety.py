@@ -16,6 +16,8 @@ refusal names the read in one line (exit 1, as any patch not applied).
 
 from __future__ import annotations
 
+import hashlib
+
 from functools import partial
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -47,7 +49,13 @@ def first_unsafe_read(tree: "Tree", changed: dict[str, bytes],
     srt.update({rel: data for rel, data in changed.items() if rel in srt})
     # A function of the bytes, shared like a transform: a fresh copy of a release applies without auditing again.
     shared = TransformCache.default()
-    key = shared.key(f"unsafe-read|{audit.fingerprint(tree.package, srt)}", [])
+    # The release's bytes place reads too (origins): the same tree audited without them
+    # (a version that names no release) may refuse where it passed with them.
+    release = hashlib.sha256()
+    for rel, data in sorted((release_files or {}).items()):
+        release.update(rel.encode() + b"\0" + (hashlib.sha256(data).digest() if data is not None else b"-"))
+    given = release.hexdigest() if release_files else "none"
+    key = shared.key(f"unsafe-read|{audit.fingerprint(tree.package, srt)}|{given}", [])
     entry = shared.get(key)
     if entry is not None and isinstance(entry.before.get("unsafe_read", 0), (dict, type(None))):
         found = entry.before["unsafe_read"]
