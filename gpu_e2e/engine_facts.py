@@ -29,7 +29,9 @@ from typing import Any, Iterable, Mapping, Optional
 from . import ranks, syncs
 
 NOTE = "engine"
-SERVER_FIELDS = ("disable_piecewise_cuda_graph", "enforce_piecewise_cuda_graph", "attention_backend",
+SERVER_FIELDS = ("disable_piecewise_cuda_graph", "enforce_piecewise_cuda_graph",
+                 "enable_piecewise_cuda_graph",  # 0.5.4 … 0.5.9's only switch (off by default)
+                 "attention_backend",
                  "prefill_attention_backend", "decode_attention_backend", "load_format",
                  "speculative_draft_load_format", "disable_cuda_graph", "speculative_algorithm",
                  # issue 44: MLA page size, tree drafts, the captured batch size
@@ -119,6 +121,14 @@ def log_facts(text: str) -> dict:
     return {key: text.count(line) for key, line in LOG_LINES.items()}
 
 
+def _piecewise_switched_off(facts: Mapping) -> bool:
+    """Whether the server arguments turned piecewise CUDA graph off: 0.5.10+ name
+    ``disable_piecewise_cuda_graph``; 0.5.4 … 0.5.9 have only ``enable_…`` (off unless set)."""
+    if facts.get("disable_piecewise_cuda_graph") is not None:
+        return bool(facts["disable_piecewise_cuda_graph"])
+    return not facts.get("enable_piecewise_cuda_graph")
+
+
 def in_force(run: Mapping) -> dict:
     """One run's settings in force, over its scheduler processes: a value all agree
     on, or ``"mixed: a, b"``; ``"?"`` where no process noted facts."""
@@ -131,9 +141,9 @@ def in_force(run: Mapping) -> dict:
 
     return {
         "processes": len(procs),
-        "piecewise": ("?" if not procs else "on" if all(not p.get("disable_piecewise_cuda_graph") and
+        "piecewise": ("?" if not procs else "on" if all(not _piecewise_switched_off(p) and
                                                         p.get("piecewise_runner") for p in procs)
-                      else "off" if all(p.get("disable_piecewise_cuda_graph") and not p.get("piecewise_runner")
+                      else "off" if all(_piecewise_switched_off(p) and not p.get("piecewise_runner")
                                         for p in procs) else "mixed"),
         "piecewise_runner": agreed("piecewise_runner"),
         "draft_piecewise_runner": agreed("draft_piecewise_runner"),

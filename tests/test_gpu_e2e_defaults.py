@@ -200,6 +200,15 @@ def test_facts_of_a_scheduler_and_what_was_in_force():
     assert engine_facts.in_force({})["piecewise"] == "?" and engine_facts.backend_in_force({}, "triton") == "triton"
 
 
+def test_piecewise_in_force_on_a_release_with_only_the_enable_switch():
+    """0.5.4 … 0.5.9 have no disable_piecewise_cuda_graph: enable_… (off by default) is the switch."""
+    old = dict(disable_piecewise_cuda_graph=None, enforce_piecewise_cuda_graph=None)
+    default = dict(old, enable_piecewise_cuda_graph=False, piecewise_runner=None)
+    assert engine_facts.in_force({"engine_facts": [default]})["piecewise"] == "off"
+    on = dict(old, enable_piecewise_cuda_graph=True, piecewise_runner="PiecewiseCudaGraphRunner")
+    assert engine_facts.in_force({"engine_facts": [on]})["piecewise"] == "on"
+
+
 def test_facts_are_noted_after_the_scheduler_starts():
     from gpu_e2e import syncs
 
