@@ -68,3 +68,14 @@ def fill(module: Any) -> None:
 def install() -> None:
     if os.environ.get(ENV):
         syncs.on_import(MODULE, fill)
+
+
+def met(dumps: Any) -> dict:
+    """Which stand-ins a run's processes were asked for, and which they called, over
+    every process's dump (the run's record keeps them: ``runner.py``)."""
+    seen: dict = {"asked": set(), "called": set()}
+    for dump in dumps:
+        notes = dump.get("notes") or {}
+        seen["asked"].update(notes.get("kernel_gaps") or ())
+        seen["called"].update(notes.get("kernel_gaps_called") or ())
+    return {key: sorted(names) for key, names in seen.items()}

@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                     all_results["problems"].extend(engine_facts.problems(key, res))
                     (out / "settings.md").write_text(engine_facts.settings_markdown(all_results["runs"]))
                     log(f"  in force: {engine_facts.in_force(res)}")
+                    if (res.get("kernel_gaps") or {}).get("asked"):  # 0.5.9's stand-ins (kernel_gaps.py)
+                        log(f"  sgl_kernel stand-ins: {res['kernel_gaps']}")
                     for b in res.get("batches", []):
                         if "summary" not in b:
                             log(f"  {b.get('workload', 'uniform')} bs={b['batch_size']}: {b['tok_per_s']:.1f} "

@@ -40,7 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import deepseek, draft_checkpoint, engine_facts, mirror_control, ranks, syncs, tree_mask_probe, workloads
+from . import (deepseek, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, ranks, syncs, tree_mask_probe,
+               workloads)
 from .models import DRAFTS, SIZES, write_models
 
 #: mtp (issue 44): DeepSeek's own MTP layer as the draft, named as users name it
@@ -317,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(late) > len(result["engine_facts"]):
             result["engine_facts"] = late
     finally:
+        result["kernel_gaps"] = kernel_gaps.met(ranks.read(sync_dir))  # 0.5.9's stand-ins: asked, called
         Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         engine.shutdown()
     return 0

@@ -21,6 +21,8 @@
 #              before42 (patchkit at 1fc5ee5: neither), 2 rounds, the order flipped in
 #              the second (ABC CBA).
 #   p9         0.5.9 small Llama, pristine vs patched (its pins made to run: wheels.py).
+#   p9-rounds  the same, 2 rounds, the order flipped in the second (2026-11-26, fourth
+#              session; the run records which sgl_kernel stand-ins it met).
 #   t13-memcheck  0.5.13 patched only, bs 16 eager, 16 new tokens, piecewise off (a
 #              comparison setting: speed under the sanitizer), compute-sanitizer memcheck.
 R=${R:-/tmp/pkrun}
@@ -65,6 +67,9 @@ step() {  # name: run it when its inputs are there (return 2: not yet)
     p9) ready "$B9" "$FA3" || return 2
       orchestrate "$1" "$B9" 1100 --releases 0.5.9 --fa3-lib "$FA3" --sizes small \
         --attention-backend default --batch-sizes 1,8 --runs 3 --run-timeout 520 ;;
+    p9-rounds) ready "$B9" "$FA3" || return 2  # fourth session: run 3's settings, 2 rounds (AB BA)
+      orchestrate "$1" "$B9" 1500 --releases 0.5.9 --fa3-lib "$FA3" --sizes small \
+        --attention-backend default --batch-sizes 1,8 --runs 3 --rounds 2 --run-timeout 520 ;;
     t13-memcheck) ready "$B13" "$FA3_13" || return 2
       local cs; cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
       [ -n "$cs" ] || { note "no compute-sanitizer on this image"; mkdir -p "$R/$1"; touch "$R/$1/.done"; return 0; }
