@@ -110,7 +110,31 @@ def test_the_8b_ab_table_is_the_json_and_the_page_tables_save_time_at_bs_48_in_b
 
 # ---------------------------------------------------------------- issue 43: 0.5.9
 
-def test_0_5_9_stops_where_the_docs_say():
+def test_0_5_9_is_served_with_identical_outputs_and_the_sync_gone():
+    section = _section()
+    for step in ("p9/run3", "p9/rounds"):
+        data = _results(step)
+        assert data["rows"] and all(r["identical"] for r in data["rows"])
+        assert {(r["batch_size"], *r["prepare_per_step"]) for r in data["rows"]} == {(1, 1.0, 0.0), (8, 1.0, 0.0)}
+        assert all(not r["new_sites"] for r in data["rows"]) and data["problems"] == []
+        for key, run in data["runs"].items():
+            f = engine_facts.in_force(run)
+            assert run["rc"] == 0 and run["sglang_version"] == "0.5.9"
+            assert (f["attn_backend"], f["piecewise"], f["hot_token_id_shape"]) == ("FlashAttentionBackend", "off",
+                                                                                    "[32000]")
+            patched = key.endswith("patched")
+            assert (f["draft_extend_graph_runner"] != "None") is patched
+    for run in _results("p9/rounds")["runs"].values():
+        assert run["kernel_gaps"]["called"] == [] and "awq_marlin_moe_repack" in run["kernel_gaps"]["asked"]
+    for row in _results("p9/run3")["rows"]:
+        before, after = (f"{v:.1f}" for v in row["tok_per_s"])
+        assert f"{before} → {after}" in section
+    speed = (RUNS / "p9" / "rounds" / "speed.md").read_text()
+    for cells in ("256.4 → 307.9 | 0.980, 1.432", "1992.4 → 2312.5 | 1.090, 1.223"):
+        assert cells in speed and cells in section
+
+
+def test_0_5_9_first_runs_stopped_where_the_docs_say():
     run1 = (RUNS / "p9" / "run1" / "engine.log").read_text()
     assert run1.count("cannot import name 'awq_marlin_moe_repack' from 'sgl_kernel'") >= 2
     run2 = (RUNS / "p9" / "run2" / "engine.log").read_text()
@@ -121,7 +145,8 @@ def test_0_5_9_stops_where_the_docs_say():
 
 # ---------------------------------------------------------------- every step: device, commit, digests
 
-@pytest.mark.parametrize("step", ["ab12-8b", "t13-fa3", "t13-tree", "t13-memcheck", "p9/run1", "p9/run2"])
+@pytest.mark.parametrize("step", ["ab12-8b", "t13-fa3", "t13-tree", "t13-memcheck", "p9/run1", "p9/run2",
+                                  "p9/run3", "p9/rounds"])
 def test_docs_name_device_commit_and_each_tree(step):
     data, section = _results(step), _section()
     assert data["device"].startswith("NVIDIA H100") and data["patchkit_commit"][:7] in section
