@@ -36,6 +36,19 @@ def parse(source: bytes, path: Path) -> "cst.Module":
         ) from None
 
 
+def parse_for(source: bytes, path: Path, codemods: Sequence[type["PatchCodemod"]],
+              pristine: Optional[bytes] = None) -> "cst.Module":
+    """``source`` parsed for ``codemods``: the top-level classes and functions
+    none of them reads left unparsed (``patchkit.transform.partial``), unless
+    the vendor-code check will read the whole tree (``source`` is not the
+    release's ``pristine`` bytes)."""
+    from patchkit.transform import partial
+
+    whole = pristine is not None and pristine != source
+    module = None if whole else partial.parse(source, partial.names_read(codemods))
+    return module if module is not None else parse(source, path)
+
+
 def detect(rel: str, source: bytes, module: Callable[[], "cst.Module"], codemod: type["PatchCodemod"]) -> Finding:
     """``codemod``'s finding on the file ``rel``; ``module`` parses it, and
     is not called when the bytes lack the codemod's REQUIRED_TEXT."""

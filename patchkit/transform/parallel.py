@@ -86,7 +86,8 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
         def parsed():
             nonlocal module
             if module is None:
-                module = transform.parse(source, path)
+                codemods = [registry.load_codemod(r) for group in groups for r in group]
+                module = transform.parse_for(source, path, codemods, pristine)
             return module
 
         names = [[registry.codemod_name(r) for r in group] for group in groups]

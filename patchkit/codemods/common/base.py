@@ -44,6 +44,14 @@ class PatchCodemod(Codemod):
     def detect(self, module: cst.Module) -> Finding:
         raise NotImplementedError
 
+    @classmethod
+    def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
+        """What ``detect`` and the transform read of the module: top-level
+        class or function name -> None (all of it) or the names of the
+        methods read in that class; None: the whole module. The engine
+        leaves the rest unparsed (``patchkit.transform.partial``)."""
+        return None
+
     def transform_module(self, tree: cst.Module) -> cst.Module:
         # Codemod.transform_module wraps the tree in a MetadataWrapper, which
         # deep-copies the whole module: as costly as parsing it. Our codemods
@@ -98,6 +106,16 @@ class PatchCodemod(Codemod):
         primitives.require_import(self.context, module, obj, among_siblings)
 
 
+# Where a codemod reads the module, and where the class (``reads``: a
+# subclass that overrides one reads more than its CLASS, or its METHOD).
+_MODULE_HOOKS = ("detect", "transform_module", "transform_module_impl")
+_CLASS_HOOKS = ("detect_in_class", "transform_class", "find_method")
+
+
+def _inherits(cls: type, base: type, hooks: tuple[str, ...]) -> bool:
+    return all(getattr(cls, name) is getattr(base, name) for name in hooks)
+
+
 class ClassCodemod(PatchCodemod):
     """A change confined to one top-level class: subclasses set CLASS and
     implement ``detect_in_class`` / ``transform_class``."""
@@ -110,6 +128,11 @@ class ClassCodemod(PatchCodemod):
         # CLASS and no REQUIRED_TEXT of its own gets (CLASS,).
         if "CLASS" in cls.__dict__ and "REQUIRED_TEXT" not in cls.__dict__:
             cls.REQUIRED_TEXT = (cls.CLASS,)
+
+    @classmethod
+    def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
+        # CLASS, unless a subclass reads the module its own way.
+        return {cls.CLASS: None} if _inherits(cls, ClassCodemod, _MODULE_HOOKS) else None
 
     def detect(self, module: cst.Module) -> Finding:
         self.detect_module(module)
@@ -186,6 +209,14 @@ class MethodCodemod(ClassCodemod):
     def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
         return primitives.find_first_method(cls, (self.METHOD, *self.RENAMED))
 
+    @classmethod
+    def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
+        # The method alone, unless a subclass reads its class its own way.
+        found = super().reads()
+        if found is None or not _inherits(cls, MethodCodemod, _CLASS_HOOKS):
+            return found
+        return {cls.CLASS: frozenset((cls.METHOD, *cls.RENAMED))}
+
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         fn = self.find_method(cls)
         if fn is None:
@@ -261,6 +292,13 @@ class MethodGuards(MethodCodemod):
     UPSTREAM_MARKER: ClassVar[Optional[m.BaseMatcherNode]] = None
     UPSTREAM_FUNCTION: ClassVar[str] = ""
     MOVED_OUT: ClassVar[Optional[tuple[m.BaseMatcherNode, str]]] = None
+
+    @classmethod
+    def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
+        if not _inherits(cls, MethodGuards, _MODULE_HOOKS):
+            return None
+        methods = frozenset((cls.METHOD, *cls.RENAMED)) if _inherits(cls, MethodCodemod, _CLASS_HOOKS) else None
+        return {cls.CLASS: methods, **({cls.UPSTREAM_FUNCTION: None} if cls.UPSTREAM_FUNCTION else {})}
 
     def detect(self, module: cst.Module) -> Finding:
         finding = super().detect(module)

@@ -1,0 +1,172 @@
+"""patchkit/transform/partial.py: a file parsed only where its codemods read,
+the rest kept verbatim, generates the file's own bytes, and transforms to the
+very bytes and findings a whole parse gives (on real trees)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from support import PRIMARY, pristine
+
+from patchkit import registry, transform
+from patchkit.codemods.common import base, primitives
+from patchkit.findings import State
+from patchkit.transform import partial
+
+SOURCE = b'''"""A module."""
+import os
+
+
+class A:
+    def f(self):
+        return 1
+
+
+@decorated
+class B:
+    x = 1
+
+    def keep(self):
+        return os.sep
+
+    @property
+    def left(self):
+        return 2
+        # a comment of left's body
+
+
+def helper():
+''' + b"".join(b"    x%d = %d\n" % (i, i) for i in range(400)) + b'''    return 3
+
+
+class C:
+  def g(self):
+    return 4
+
+  # indented comments at the end of the file: libcst's parser drops these
+  # when they follow a statement at the top level (the skeleton's placeholder)
+'''
+
+
+def test_what_no_codemod_reads_is_kept_verbatim_and_the_bytes_are_the_files():
+    module = partial.parse(SOURCE, {"B": frozenset({"keep"})})
+    assert module is not None and module.bytes == SOURCE
+    kinds = [type(s).__name__ for s in module.body]
+    assert kinds == ["SimpleStatementLine", "SimpleStatementLine", "Verbatim", "ClassDef", "Verbatim", "Verbatim"]
+    b = primitives.find_class(module, "B")
+    assert [type(s).__name__ for s in b.body.body] == ["SimpleStatementLine", "FunctionDef", "Verbatim"]
+    assert primitives.find_method(b, "keep") is not None and primitives.find_method(b, "left") is None
+    assert primitives.find_class(module, "A") is None and primitives.find_function(module, "helper") is None
+    # Lines are the file's: `keep` is at line 14 either way.
+    whole = cst.parse_module(SOURCE)
+    assert primitives.line_of(module, primitives.find_method(b, "keep")) == 14 == primitives.line_of(
+        whole, primitives.find_method(primitives.find_class(whole, "B"), "keep"))
+
+
+def test_a_whole_parse_where_the_kept_code_is_indented_unlike_the_files_first_block():
+    # The file's first block (A's, 4 spaces) is left out, and the kept class C
+    # indents by 2: libcst would take 2 for the file's indentation (new code, and
+    # every block it calls default-indented), so the whole file is parsed.
+    assert partial.parse(SOURCE, {"C": None}) is None
+    module = partial.parse(SOURCE, {"A": None})
+    assert module is not None and module.default_indent == cst.parse_module(SOURCE).default_indent == "    "
+
+
+@pytest.mark.parametrize("source, reads", [
+    (SOURCE, None),  # a codemod reads the whole module
+    (SOURCE.replace(b"\n", b"\r\n"), {"B": None}),
+    (SOURCE[:-1], {"B": None}),  # no final newline
+    (b"\xef\xbb\xbf" + SOURCE, {"B": None}),
+    (b"class A:\n    def f(self):\n        return 1\n", {}),  # too little left out to be worth it
+    (b"class A(:\n", {}),  # the whole parse reports it
+])
+def test_a_whole_parse_where_the_shortcut_is_not_plainly_right(source, reads):
+    assert partial.parse(source, reads) is None
+
+
+class _Plain(base.MethodCodemod):
+    CLASS, METHOD, RENAMED = "B", "keep", ("kept",)
+
+
+class _WholeClass(base.ClassCodemod):
+    CLASS = "B"
+
+
+class _OwnDetect(base.ClassCodemod):
+    CLASS = "B"
+
+    def detect(self, module):
+        return super().detect(module)
+
+
+class _OwnFind(base.MethodCodemod):
+    CLASS, METHOD = "B", "keep"
+
+    def find_method(self, cls):
+        return super().find_method(cls)
+
+
+class _Guards(base.MethodGuards):
+    CLASS, METHOD, UPSTREAM_FUNCTION = "B", "keep", "moved_here"
+
+
+def test_what_each_kind_of_codemod_reads():
+    assert _Plain.reads() == {"B": frozenset({"keep", "kept"})}
+    assert _WholeClass.reads() == {"B": None} and _OwnFind.reads() == {"B": None}
+    assert _OwnDetect.reads() is None and base.PatchCodemod.reads() is None
+    assert _Guards.reads() == {"B": frozenset({"keep"}), "moved_here": None}
+    assert partial.names_read([_Plain, _Guards]) == {"B": frozenset({"keep", "kept"}), "moved_here": None}
+    assert partial.names_read([_Plain, _WholeClass]) == {"B": None}
+    assert partial.names_read([_Plain, _OwnDetect]) is None
+
+
+def _transformed(rel: str, source: bytes, module: cst.Module, codemods: list) -> tuple:
+    found = [transform.detect(rel, source, lambda: module, c) for c in codemods]
+    effective = [(c, f) for c, f in zip(codemods, found) if f.state is not State.MISSING]
+    result = transform.run(rel, Path(rel), module, [c for c, _ in effective], [f for _, f in effective], source)
+    return result.new, {k: f.as_list() for k, f in result.after.items()}, [f.as_list() for f in found]
+
+
+@pytest.mark.parametrize("version", [PRIMARY, "0.5.9"])
+def test_real_files_transform_alike_parsed_whole_or_in_part(version):
+    root = pristine(version)
+    files: dict[str, list] = {}
+    for patch in registry.all_patches():
+        for target in patch.targets:
+            if (root / target.file).is_file():
+                files.setdefault(target.file, []).extend(registry.load_codemod(r) for r in target.refs)
+    in_part = 0
+    for rel, codemods in files.items():
+        source = (root / rel).read_bytes()
+        module = transform.parse_for(source, root / rel, codemods)
+        assert module.bytes == source
+        if any(type(s) is partial.Verbatim for s in module.body) or _has_verbatim_method(module):
+            in_part += 1
+            assert _transformed(rel, source, module, codemods) == _transformed(
+                rel, source, transform.parse(source, root / rel), codemods), rel
+    assert in_part >= 6  # scheduler.py, schedule_batch.py, the metrics mixin, ...
+
+
+def _has_verbatim_method(module: cst.Module) -> bool:
+    return any(type(s) is cst.ClassDef and isinstance(s.body, cst.IndentedBlock)
+               and any(type(i) is partial.Verbatim for i in s.body.body) for s in module.body)
+
+
+def test_every_module_of_the_attention_and_speculative_packages_round_trips():
+    """Every class and method left out at once: the skeleton's parse must give
+    the bytes back (it is how the libcst comment quirk above was found)."""
+    root = pristine(PRIMARY) / "srt"
+    checked = 0
+    for folder in ("layers/attention", "speculative", "managers", "model_executor"):
+        for path in sorted((root / folder).rglob("*.py")):
+            source = path.read_bytes()
+            classes = {c.name: frozenset() for c in ast.parse(source).body if isinstance(c, ast.ClassDef)}
+            for reads in ({}, classes):
+                module = partial.parse(source, reads)
+                if module is not None:
+                    checked += 1
+                    assert module.bytes == source, path
+    assert checked > 50
