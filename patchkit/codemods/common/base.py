@@ -106,14 +106,21 @@ class PatchCodemod(Codemod):
         primitives.require_import(self.context, module, obj, among_siblings)
 
 
-# Where a codemod reads the module, and where the class (``reads``: a
-# subclass that overrides one reads more than its CLASS, or its METHOD).
+# Where a codemod reads the module, and where its class (``reads``): a hook
+# overridden below the base that defines it reads more than CLASS (or METHOD),
+# unless the overriding class says it only adds imports (ONLY_ADDS_IMPORTS).
 _MODULE_HOOKS = ("detect", "transform_module", "transform_module_impl")
 _CLASS_HOOKS = ("detect_in_class", "transform_class", "find_method")
 
 
-def _inherits(cls: type, base: type, hooks: tuple[str, ...]) -> bool:
-    return all(getattr(cls, name) is getattr(base, name) for name in hooks)
+def reads_only(cls: type, hooks: tuple[str, ...], *bases: type) -> bool:
+    """Whether each of ``hooks`` comes to ``cls`` from one of ``bases``, or
+    from a class whose override only adds imports."""
+    for name in hooks:
+        owner = next(k for k in cls.__mro__ if name in k.__dict__)
+        if owner not in bases and not owner.__dict__.get("ONLY_ADDS_IMPORTS"):
+            return False
+    return True
 
 
 class ClassCodemod(PatchCodemod):
@@ -132,7 +139,12 @@ class ClassCodemod(PatchCodemod):
     @classmethod
     def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
         # CLASS, unless a subclass reads the module its own way.
-        return {cls.CLASS: None} if _inherits(cls, ClassCodemod, _MODULE_HOOKS) else None
+        return {cls.CLASS: cls.methods_read()} if reads_only(cls, _MODULE_HOOKS, PatchCodemod, ClassCodemod) else None
+
+    @classmethod
+    def methods_read(cls) -> Optional[frozenset[str]]:
+        """The methods of CLASS read (None: the whole class)."""
+        return None
 
     def detect(self, module: cst.Module) -> Finding:
         self.detect_module(module)
@@ -210,12 +222,11 @@ class MethodCodemod(ClassCodemod):
         return primitives.find_first_method(cls, (self.METHOD, *self.RENAMED))
 
     @classmethod
-    def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
+    def methods_read(cls) -> Optional[frozenset[str]]:
         # The method alone, unless a subclass reads its class its own way.
-        found = super().reads()
-        if found is None or not _inherits(cls, MethodCodemod, _CLASS_HOOKS):
-            return found
-        return {cls.CLASS: frozenset((cls.METHOD, *cls.RENAMED))}
+        if reads_only(cls, _CLASS_HOOKS, ClassCodemod, MethodCodemod):
+            return frozenset((cls.METHOD, *cls.RENAMED))
+        return None
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         fn = self.find_method(cls)
@@ -295,10 +306,10 @@ class MethodGuards(MethodCodemod):
 
     @classmethod
     def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
-        if not _inherits(cls, MethodGuards, _MODULE_HOOKS):
+        # detect reads UPSTREAM_FUNCTION too (a module function)
+        if not reads_only(cls, _MODULE_HOOKS, PatchCodemod, ClassCodemod, MethodGuards):
             return None
-        methods = frozenset((cls.METHOD, *cls.RENAMED)) if _inherits(cls, MethodCodemod, _CLASS_HOOKS) else None
-        return {cls.CLASS: methods, **({cls.UPSTREAM_FUNCTION: None} if cls.UPSTREAM_FUNCTION else {})}
+        return {cls.CLASS: cls.methods_read(), **({cls.UPSTREAM_FUNCTION: None} if cls.UPSTREAM_FUNCTION else {})}
 
     def detect(self, module: cst.Module) -> Finding:
         finding = super().detect(module)

@@ -24,7 +24,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import Finding, PatchCodemod
+from patchkit.codemods.common.base import Finding, PatchCodemod, reads_only
 
 KERNELS = ("_fused_metadata_kernel_ps1_no_swa", "_fused_metadata_kernel_general")
 #: The names the guard reads; a kernel lacking one of them is a fork's (missing anchor).
@@ -78,6 +78,12 @@ class DecodePageWriterStopsAtLivePages(PatchCodemod):
     #: 0.5.13 on): their absence is superseded, with this reason.
     ELSEWHERE: ClassVar[str] = ""
     REQUIRED_TEXT = ("_fused_metadata_kernel",)
+
+    @classmethod
+    def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
+        own = reads_only(cls, ("detect", "transform_module", "transform_module_impl"), PatchCodemod,
+                         DecodePageWriterStopsAtLivePages)
+        return {name: None for name in KERNELS} if own else None
 
     def _kernels(self, module: cst.Module) -> list[cst.FunctionDef]:
         return [fn for name in KERNELS if (fn := primitives.find_function(module, name)) is not None]

@@ -218,6 +218,8 @@ class AllocMask(_MaskMethod):
             return self.missing_in(fn, f"parameters ({', '.join(params)})", "a max_num_tokens parameter to size the mask with")
         return self._needs_max_bs(fn) or Finding.todo(self.anchor, f"self.{MASK} not allocated")
 
+    ONLY_ADDS_IMPORTS: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
+
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.require_import(self.HELPERS, self.ALLOC_HELPER, among_siblings=True)
         return super().transform_module_impl(tree)
@@ -297,6 +299,8 @@ class VerifyBuffersReturnMask(ClassCodemod):
             return Finding.superseded(anchor, SUPERSEDED_WHY)
         return Finding.todo(anchor, "not overridden (the base returns [None, None])")
 
+    ONLY_ADDS_IMPORTS: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
+
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.require_import(self.HELPERS, self.BUFFERS_HELPER, among_siblings=True)
         return super().transform_module_impl(tree)
@@ -321,6 +325,8 @@ class _TreeMaskPart:
 
     HELPERS: ClassVar[str] = import_path("backends.fa3")
     HELPER: ClassVar[str]
+
+    ONLY_ADDS_IMPORTS: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.require_import(self.HELPERS, self.HELPER)
