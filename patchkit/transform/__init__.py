@@ -69,6 +69,20 @@ class Transformed:
     notes: list[str] = field(default_factory=list)  # vendor code a codemod replaces on purpose (one line each)
 
 
+def _reads_unchanged(codemod: "PatchCodemod", before: "cst.Module", after: "cst.Module") -> bool:
+    """Whether the top-level statements ``codemod`` reads (``PatchCodemod.reads``)
+    are the very nodes in both modules: its detection on ``before`` holds."""
+    reads = codemod.reads()
+    if reads is None:
+        return False
+
+    def named(module: "cst.Module") -> list:
+        return [s for s in module.body if getattr(getattr(s, "name", None), "value", None) in reads]
+
+    old, new = named(before), named(after)
+    return len(old) == len(new) and all(a is b for a, b in zip(old, new))
+
+
 def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["PatchCodemod"]],
         known: Sequence[Optional[Finding]] = (), source: Optional[bytes] = None,
         pristine: Optional[bytes] = None, owners: Optional[Mapping[str, str]] = None) -> Transformed:
@@ -89,10 +103,15 @@ def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["Pat
     transformed: list[str] = []
     original = module
     for i, inst in enumerate(instances):
-        finding = known[i] if i < len(known) and known[i] is not None and not transformed else inst.detect(module)
-        if finding.state is State.MISSING:
+        given = known[i] if i < len(known) else None
+        if given is not None and (not transformed or _reads_unchanged(inst, original, module)):
+            state = given.state  # what it reads is as it was detected
+        else:
+            state = inst.state_of(module)
+        if state is State.MISSING:
+            finding = inst.detect(module)  # again, with its lines, for the message
             raise PatchkitError(f"{path}: anchor {finding.anchor} missing: {finding.detail}")
-        if finding.state is State.TODO:
+        if state is State.TODO:
             module = inst.transform_module(module)
             transformed.append(inst.name())
     module = add_needed_imports(module, context)

@@ -66,12 +66,21 @@ class PatchCodemod(Codemod):
     def where(self, node: cst.CSTNode) -> str:
         """``FILE:LINE`` of a node of the detected module, for messages: the
         file as the engine names it (``context.filename``), else "line N"."""
-        module = getattr(self, "_module", None)
+        module = None if getattr(self, "_no_lines", False) else getattr(self, "_module", None)
         line = primitives.line_of(module, node) if module is not None else None
         filename = self.context.filename
         if line is None:
             return filename or "this file"
         return f"{filename}:{line}" if filename else f"line {line}"
+
+    def state_of(self, module: cst.Module) -> State:
+        """``detect(module).state``, without the lines its words would carry
+        (each costs a code generation): for the engine, between two edits."""
+        self._no_lines = True
+        try:
+            return self.detect(module).state
+        finally:
+            self._no_lines = False
 
     def vendors_own(self, anchor: str, what: str, node: cst.CSTNode) -> Finding:
         """The tree already does what this codemod would, its own way (issue 45
@@ -91,7 +100,7 @@ class PatchCodemod(Codemod):
         unless it has a line already. Only a finding verify and status report
         at a line (todo, missing) gets one: a line costs a partial code
         generation (``primitives.line_of``), and done findings are the most."""
-        module = getattr(self, "_module", None)
+        module = None if getattr(self, "_no_lines", False) else getattr(self, "_module", None)
         if finding.line is not None or node is None or module is None or finding.state not in (State.TODO, State.MISSING):
             return finding
         return finding.at(primitives.line_of(module, node))
