@@ -118,48 +118,76 @@ def _group_at(body: list, i: int) -> Optional[tuple[int, str, str]]:
     return None
 
 
-class _Groups(cst.CSTTransformer):
-    """Every group in a method, with the forward mode of the branch it is in;
-    with ``edit`` (a function of the group's statements and the group), each
-    group whose mode is in ``modes`` is replaced by what it returns."""
+def _branch_modes(node: cst.If, modes: dict[int, Optional[str]]) -> None:
+    """The forward mode of the blocks an ``if`` opens (``modes``: id(block) -> mode)."""
+    if m.matches(node.test, _OURS):
+        modes[id(node.body)] = "ours"
+        return
+    mode = _mode(node.test)
+    if mode is not None:
+        modes[id(node.body)] = mode
+        if isinstance(node.orelse, cst.Else):
+            modes[id(node.orelse.body)] = "other"
 
-    def __init__(self, modes: tuple[str, ...] = (), edit=None) -> None:
+
+def _block_groups(block: cst.IndentedBlock, mode: Optional[str]) -> list[_Group]:
+    """The groups among a block's statements (none in our own branch)."""
+    if mode == "ours":
+        return []
+    groups, body, i = [], list(block.body), 0
+    while i < len(body):
+        found = _group_at(body, i)
+        if found is None:
+            i += 1
+            continue
+        end, rows, receiver = found
+        if any(_writes_lengths(s, receiver) for s in body[:i]):
+            groups.append(_Group(block, i, end, rows, receiver, mode))
+        i = end
+    return groups
+
+
+def groups_in(fn: cst.FunctionDef) -> list[_Group]:
+    """Every group in a method with its branch's forward mode, as
+    :class:`_Groups` finds them, by a walk that rebuilds nothing (detection
+    runs it on the longest methods of the backends, several times an apply)."""
+    groups: list[_Group] = []
+    modes: dict[int, Optional[str]] = {}
+    stack = [(fn, None)]  # (node, mode of the innermost block around it)
+    while stack:
+        node, mode = stack.pop()
+        if type(node) is cst.If:
+            _branch_modes(node, modes)
+        elif type(node) is cst.IndentedBlock:
+            mode = modes.get(id(node), mode)
+            groups.extend(_block_groups(node, mode))
+        stack.extend((child, mode) for child in reversed(primitives.children(node)))
+    return groups
+
+
+class _Groups(cst.CSTTransformer):
+    """The transform: each group (``groups_in``) whose mode is in ``modes``
+    is replaced by what ``edit`` (a function of the group's statements and
+    the group) returns."""
+
+    def __init__(self, modes: tuple[str, ...], edit) -> None:
         self.groups: list[_Group] = []
         self._modes: dict[int, Optional[str]] = {}  # id(block) -> mode of the branch it is
         self._stack: list[Optional[str]] = [None]
         self._wanted, self._edit = modes, edit
 
     def visit_If(self, node: cst.If) -> None:
-        if m.matches(node.test, _OURS):
-            self._modes[id(node.body)] = "ours"
-            return
-        mode = _mode(node.test)
-        if mode is not None:
-            self._modes[id(node.body)] = mode
-            if isinstance(node.orelse, cst.Else):
-                self._modes[id(node.orelse.body)] = "other"
+        _branch_modes(node, self._modes)
 
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         mode = self._modes.get(id(node), self._stack[-1])
         self._stack.append(mode)
-        if mode == "ours":
-            return
-        body = list(node.body)
-        i = 0
-        while i < len(body):
-            found = _group_at(body, i)
-            if found is None:
-                i += 1
-                continue
-            end, rows, receiver = found
-            if any(_writes_lengths(s, receiver) for s in body[:i]):
-                self.groups.append(_Group(node, i, end, rows, receiver, mode))
-            i = end
+        self.groups.extend(_block_groups(node, mode))
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
         self._stack.pop()
         mine = [g for g in self.groups if g.block is original_node and g.mode in self._wanted]
-        if self._edit is None or not mine:
+        if not mine:
             return updated_node
         body = list(updated_node.body)  # nested edits keep the statement positions
         for group in reversed(mine):
@@ -182,9 +210,7 @@ class ReplayPageTableToRealLength(MethodCodemod):
     UPSTREAM: ClassVar[str] = ""
 
     def _groups(self, fn: cst.FunctionDef, modes: tuple[str, ...]) -> list[_Group]:
-        visitor = _Groups()
-        fn.visit(visitor)
-        return [g for g in visitor.groups if g.mode in modes]
+        return [g for g in groups_in(fn) if g.mode in modes]
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         left = self._groups(fn, self.DETECT_MODES)

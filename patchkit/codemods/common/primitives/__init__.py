@@ -44,6 +44,7 @@ from patchkit.codemods.common.primitives.snippets import (  # noqa: F401
 from patchkit.codemods.common.primitives.lines import line_of  # noqa: F401
 from patchkit.codemods.common.primitives.search import (  # noqa: F401
     paths_to,
+    children,
     contains,
     find_all,
     _INDEX,

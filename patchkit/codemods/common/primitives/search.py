@@ -216,6 +216,11 @@ def _kind(value_type: type) -> int:
     return kind
 
 
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """A node's direct children in source order, without rebuilding it."""
+    return _children(node)
+
+
 def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     node_type = type(node)
     names = _FIELD_NAMES.get(node_type)
