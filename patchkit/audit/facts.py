@@ -21,8 +21,11 @@ from typing import Optional
 from patchkit.audit.syntax import PATCH, FileAudit, Read
 from patchkit.audit.scan import MIRROR, ClassFacts, scan
 
-# The text pre-filter: a module whose bytes name neither is never parsed.
-_NEEDLES = tuple(m.encode() for m in MIRROR)
+# The text pre-filter: a module is parsed only where its bytes may load an
+# attribute of a mirror's name: a dot, then (whitespace, a line continuation,
+# comments: all legal in brackets) the name. Names, keywords, strings and
+# comments that only mention it (two in five modules that name it) are not.
+_ATTRIBUTE = re.compile(rb"\.(?:\s|\\\r?\n|#[^\n]*\n)*(?:" + b"|".join(m.encode() for m in MIRROR) + rb")\b")
 # Where a class is defined (the pre-filter of the inheritance walk: only the
 # modules defining a base by that name are parsed for it).
 _CLASS_RE = re.compile(rb"class[ \t]+(\w+)")  # a superset (strings, comments): ast decides
@@ -52,7 +55,7 @@ def sources(package: Path) -> dict[str, bytes]:
 
 
 def reads_mirror(data: bytes) -> bool:
-    return any(needle in data for needle in _NEEDLES)
+    return _ATTRIBUTE.search(data) is not None
 
 
 @dataclass
