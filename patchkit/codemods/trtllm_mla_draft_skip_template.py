@@ -23,6 +23,8 @@ encoder_lens, forward_mode, spec_info, seq_lens_cpu)``. 0.5.13+ has
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -98,6 +100,8 @@ class _DirectOverride(MethodCodemod):
 
     def detect_absent(self, cls: cst.ClassDef) -> Finding:
         return Finding.todo(self.anchor, "inherited from FlashInferMLAMultiStepDraftBackend (runs common_template)")
+
+    IMPORTS_ONLY: ClassVar[bool] = True  # its module hooks (PatchCodemod.reads)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         # No-ops where the module already imports them (every release does).

@@ -29,8 +29,11 @@ from libcst._nodes.internal import visit_sequence
 
 # A left-out statement stands in the skeleton as this one-line assignment.
 _PLACEHOLDER = "__patchkit_verbatim_{}__"
-# Below this many bytes left out, a whole parse costs about the same.
+# Below this many bytes, or this share of the file, left out, a whole parse
+# costs about the same: the check that the module generates the file's bytes
+# is a code generation of the part parsed.
 _WORTH = 4096
+_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,8 @@ def parse(source: bytes, reads: Optional[Reads]) -> Optional[cst.Module]:
             for item in stmt.body:
                 if isinstance(item, _METHODS) and item.name not in reads[stmt.name] and item.lineno > stmt.lineno:
                     regions.append(_region(item, lines[item.lineno - 1][: item.col_offset], lines))
-    if sum(len(line) for first, last, _ in regions for line in lines[first - 1:last]) < _WORTH:
+    left_out = sum(len(line) for first, last, _ in regions for line in lines[first - 1:last])
+    if left_out < _WORTH or left_out < len(source) * _SHARE:
         return None
     skeleton, texts, at = [], {}, 0
     for k, (first, last, indent) in enumerate(regions):

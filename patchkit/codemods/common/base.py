@@ -117,17 +117,19 @@ class PatchCodemod(Codemod):
 
 # Where a codemod reads the module, and where its class (``reads``): a hook
 # overridden below the base that defines it reads more than CLASS (or METHOD),
-# unless the overriding class says it only adds imports (ONLY_ADDS_IMPORTS).
+# unless the overriding class says its override only reads or adds top-level
+# imports (IMPORTS_ONLY: a partial parse keeps every top-level statement but
+# classes and functions).
 _MODULE_HOOKS = ("detect", "transform_module", "transform_module_impl")
 _CLASS_HOOKS = ("detect_in_class", "transform_class", "find_method")
 
 
 def reads_only(cls: type, hooks: tuple[str, ...], *bases: type) -> bool:
     """Whether each of ``hooks`` comes to ``cls`` from one of ``bases``, or
-    from a class whose override only adds imports."""
+    from a class whose override only reads or adds imports."""
     for name in hooks:
         owner = next(k for k in cls.__mro__ if name in k.__dict__)
-        if owner not in bases and not owner.__dict__.get("ONLY_ADDS_IMPORTS"):
+        if owner not in bases and not owner.__dict__.get("IMPORTS_ONLY"):
             return False
     return True
 

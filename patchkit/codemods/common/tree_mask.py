@@ -218,7 +218,7 @@ class AllocMask(_MaskMethod):
             return self.missing_in(fn, f"parameters ({', '.join(params)})", "a max_num_tokens parameter to size the mask with")
         return self._needs_max_bs(fn) or Finding.todo(self.anchor, f"self.{MASK} not allocated")
 
-    ONLY_ADDS_IMPORTS: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
+    IMPORTS_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.require_import(self.HELPERS, self.ALLOC_HELPER, among_siblings=True)
@@ -299,7 +299,7 @@ class VerifyBuffersReturnMask(ClassCodemod):
             return Finding.superseded(anchor, SUPERSEDED_WHY)
         return Finding.todo(anchor, "not overridden (the base returns [None, None])")
 
-    ONLY_ADDS_IMPORTS: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
+    IMPORTS_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.require_import(self.HELPERS, self.BUFFERS_HELPER, among_siblings=True)
@@ -326,7 +326,7 @@ class _TreeMaskPart:
     HELPERS: ClassVar[str] = import_path("backends.fa3")
     HELPER: ClassVar[str]
 
-    ONLY_ADDS_IMPORTS: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
+    IMPORTS_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.require_import(self.HELPERS, self.HELPER)

@@ -29,7 +29,7 @@ its own ``elif is_draft_extend_v2()`` branches and dropped top-k from the runner
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -98,6 +98,8 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
         f"EagleDraftWorker: the draft-extend CUDA-graph whitelist ({WHITELIST}) accepts {MHA_BACKEND}, "
         "written as one isinstance(backend, (...)) tuple; import it beside the other backends"
     )
+
+    IMPORTS_ONLY: ClassVar[bool] = True  # its module hooks (PatchCodemod.reads)
 
     def detect(self, module: cst.Module) -> Finding:
         self._imported = primitives.imports_name(module, MHA_MODULE, MHA_BACKEND)
@@ -188,6 +190,8 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
         f"max_seq_len_q ({HELPER_MODULE}.{HELPER}); V1 keeps its cumsum path"
     )
     METHOD, RENAMED = REPLAY_METHODS[0], REPLAY_METHODS[1:]
+
+    IMPORTS_ONLY: ClassVar[bool] = True  # its module hooks (PatchCodemod.reads)
 
     def detect(self, module: cst.Module) -> Finding:
         self._helper_imported = primitives.imports_name(module, HELPER_MODULE, HELPER)
