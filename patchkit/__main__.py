@@ -9,6 +9,7 @@ exits (no traceback from exit handlers)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -57,7 +58,12 @@ def _interrupted(signum: int) -> int:
 
 
 def run() -> None:
+    # A command is one short process: the cyclic GC would only re-scan what
+    # the imports and the command made (the transform's workers run without
+    # it too), and at exit, frozen, that is not scanned once more.
+    gc.disable()
     code = _exit_code()
+    gc.freeze()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
