@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from patchkit import python_ast
 from patchkit.audit.syntax import PATCH, FileAudit, Read
 from patchkit.audit.scan import MIRROR, ClassFacts, scan
 
@@ -54,8 +55,12 @@ def sources(package: Path) -> dict[str, bytes]:
     return found
 
 
+_NAMES = tuple(m.encode() for m in MIRROR)
+
+
 def reads_mirror(data: bytes) -> bool:
-    return _ATTRIBUTE.search(data) is not None
+    # The plain search first: most modules do not name the mirror at all.
+    return any(name in data for name in _NAMES) and _ATTRIBUTE.search(data) is not None
 
 
 @dataclass
@@ -85,8 +90,8 @@ def facts_of(rel: str, data: bytes, reads: bool = True) -> Optional[Facts]:
         except (OSError, ValueError, KeyError, TypeError):
             pass
     source = data.decode("utf-8", errors="surrogateescape")
-    try:
-        tree = ast.parse(source)
+    try:  # the bytes the transform just compiled are parsed already (python_ast)
+        tree = python_ast.parse(data) if python_ast.plain_utf8(data) else ast.parse(source)
     except (SyntaxError, ValueError):
         facts = None
     else:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
+from patchkit import python_ast
 from patchkit.errors import PatchkitError
 from patchkit.findings import Finding, State
 
@@ -125,14 +126,9 @@ def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["Pat
             )
         after[inst.name()] = finding
     check = pristine is not None and source is not None and source != pristine and bool(transformed)
-    try:
-        if check:  # one parse: the tree serves the vendor-code check too
-            import ast
-
-            tree = ast.parse(new, str(path))
-            compile(tree, str(path), "exec", dont_inherit=True)
-        else:
-            compile(new, str(path), "exec", dont_inherit=True)
+    try:  # one parse, shared: the vendor-code check and the safety rule's audit read the tree too
+        tree = python_ast.parse(new, str(path))
+        compile(tree, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:  # a codemod bug, never the user's input
         raise PatchkitError(f"{path}:{exc.lineno}: patched code does not compile: {exc.msg}") from None
     notes: list[str] = []
