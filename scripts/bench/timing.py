@@ -30,13 +30,14 @@ def patchkit_cmd() -> list[str]:
     script = Path(sys.executable).parent / "patchkit"
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "import sys; from patchkit.cli import main; sys.exit(main())"]
+    # What the console script runs (pyproject's [project.scripts]: patchkit.__main__:run).
+    return [sys.executable, "-c", "from patchkit.__main__ import run; run()"]
 
 
 def baseline_cmd(root: Path) -> tuple[list[str], dict]:
     """The CLI of another patchkit checkout (same interpreter and libcst), with its own patches."""
     code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import patchkit, importlib.resources; "
-            "from patchkit.cli import main; sys.exit(main())")
+            "from patchkit.__main__ import run; run()")
     return [sys.executable, "-c", code, str(root)], {**os.environ, "PYTHONPATH": str(root)}
 
 
