@@ -170,3 +170,54 @@ def test_every_module_of_the_attention_and_speculative_packages_round_trips():
                     checked += 1
                     assert module.bytes == source, path
     assert checked > 50
+
+
+# -- beside the partial parse: what else a cold apply no longer does twice ---------------
+
+def test_the_audit_parses_only_modules_that_may_load_a_mirror_attribute():
+    from patchkit.audit.facts import reads_mirror
+
+    for loads in (b"x.seq_lens_cpu", b"x . seq_lens_sum += 1", b"(x.\n  # why\n  seq_lens_cpu)", b"x.\\\n  seq_lens_cpu",
+                  b"# x.seq_lens_cpu  (a comment: a superset is fine)"):
+        assert reads_mirror(loads), loads
+    for names in (b"seq_lens_cpu = batch", b"f(seq_lens_cpu=x)", b"x.seq_lens_cpu_copy", b"'seq_lens_cpu'"):
+        assert not reads_mirror(names), names
+
+
+def test_one_ast_parse_is_shared_and_only_where_bytes_and_text_parse_alike():
+    from patchkit import python_ast
+
+    data = b"def f():\n    return 1\n"
+    assert python_ast.parse(data) is python_ast.parse(data)
+    assert python_ast.plain_utf8(data) and python_ast.plain_utf8("x = 'é'\n".encode())
+    for other in (b"# -*- coding: latin-1 -*-\nx = 1\n", b"#!/usr/bin/env python\n# coding=utf-8\n", b"\xef\xbb\xbfx = 1\n",
+                  b"x = '\xff'\n"):
+        assert not python_ast.plain_utf8(other), other
+    with pytest.raises(SyntaxError):
+        python_ast.parse(b"def (:\n")
+
+
+class _Counting(base.MethodCodemod):
+    CLASS, METHOD = "B", "keep"
+    calls = 0
+
+    def detect_in_method(self, fn):
+        type(self).calls += 1
+        return base.Finding.todo(self.anchor, f"first at {self.where(fn)}")
+
+
+def test_between_two_edits_a_codemod_whose_class_is_untouched_is_not_asked_again(monkeypatch):
+    module = cst.parse_module(SOURCE)
+    other = module.with_changes(body=[s.with_changes(leading_lines=()) if type(s) is cst.ClassDef and s.name.value == "A"
+                                      else s for s in module.body])
+    assert transform._reads_unchanged(_Counting, module, other)  # only A changed
+    changed_b = module.with_changes(body=[s.with_changes(leading_lines=()) if type(s) is cst.ClassDef and s.name.value == "B"
+                                          else s for s in module.body])
+    assert not transform._reads_unchanged(_Counting, module, changed_b)
+    assert not transform._reads_unchanged(_OwnDetect, module, other)  # reads the whole module
+    from libcst.codemod import CodemodContext
+
+    codemod = _Counting(CodemodContext(filename="x.py"))
+    assert codemod.detect(module).detail == "first at x.py:14"
+    monkeypatch.setattr(primitives, "line_of", lambda *a: pytest.fail("a line computed for the state alone"))
+    assert codemod.state_of(module) is State.TODO
