@@ -1,7 +1,7 @@
-"""min-new-tokens-no-sync, run: the patched 0.5.12.post1 penalizer's _apply
-(imported on CPU) gives exactly the logits the pristine masked add gives,
--inf stop tokens, bf16 and float32 logits, requests past their minimum
-included."""
+"""min-new-tokens-no-sync, run: the patched penalizer's _apply (imported on
+CPU; 0.5.12.post1, and releases before 0.5.10: issue 43) gives exactly the
+logits the pristine masked add gives, -inf stop tokens, bf16 and float32
+logits, requests past their minimum included."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ pytest.importorskip("transformers")
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree  # noqa: E402
 
-VERSION = "0.5.12.post1"
+VERSIONS = ["0.5.12.post1", "0.5.9", "0.5.4.post3"]
 MODULE = "sglang.srt.sampling.penaltylib.min_new_tokens"
 
 
-@pytest.fixture(scope="module")
-def penalizer_class(tmp_path_factory, load_sglang):
-    package = copy_tree(VERSION, tmp_path_factory.mktemp("mnt"), "package")
+@pytest.fixture(scope="module", params=VERSIONS)
+def penalizer_class(request, tmp_path_factory, load_sglang):
+    package = copy_tree(request.param, tmp_path_factory.mktemp("mnt"), "package")
     result = CliRunner().invoke(main, ["apply", str(package), "min-new-tokens-no-sync"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     load_sglang(package)
@@ -35,7 +35,7 @@ def penalizer_class(tmp_path_factory, load_sglang):
 
 
 def pristine_apply(state, logits):
-    """0.5.12.post1's _apply, as it reads there."""
+    """The releases' _apply, as it reads there (0.5.4.post3 … 0.5.12.post1 alike)."""
     mask = (state.len_output_tokens < state.min_new_tokens).expand_as(logits)
     logits[mask] += state.stop_token_penalties[mask]
 

@@ -1,5 +1,5 @@
 """trtllm-mla-spec-v2 and trtllm-mla-draft-skip-template, run: the patched
-0.5.12.post1 ``trtllm_mla_backend`` imported on CPU, its parents' GPU-only
+0.5.12.post1 (and 0.5.9) ``trtllm_mla_backend`` imported on CPU, its parents' GPU-only
 parts and the step backends replaced by mocks."""
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ pytest.importorskip("transformers")
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree  # noqa: E402
 
-VERSION = "0.5.12.post1"
+VERSIONS = ["0.5.12.post1", "0.5.9"]  # 0.5.9: a release before 0.5.10 (issue 43)
 MODULE = "sglang.srt.layers.attention.trtllm_mla_backend"
 PATCHES = ("trtllm-mla-spec-v2", "trtllm-mla-draft-skip-template")
 
 
-@pytest.fixture(scope="module")
-def mla(tmp_path_factory, load_sglang):
+@pytest.fixture(scope="module", params=VERSIONS)
+def mla(request, tmp_path_factory, load_sglang):
     """The patched module (a private copy of the release, patched by the CLI)."""
-    package = copy_tree(VERSION, tmp_path_factory.mktemp("mla"), "package")
+    package = copy_tree(request.param, tmp_path_factory.mktemp("mla"), "package")
     result = CliRunner().invoke(main, ["apply", str(package), *PATCHES], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     load_sglang(package)

@@ -1,7 +1,7 @@
 """trtllm-mla-overlap-hook, run: under SGLANG_ENABLE_OVERLAP_PLAN_STREAM=1 the
 spec-v2 worker calls the target backend's
 ``update_verify_buffers_to_fill_after_draft`` after every draft. On a pristine
-0.5.12.post1 TRTLLMMLABackend that raises NotImplementedError (neither it nor
+0.5.12.post1 (and 0.5.9) TRTLLMMLABackend that raises NotImplementedError (neither it nor
 its FlashInfer MLA parent overrides the base class); patched, it returns and
 touches nothing."""
 
@@ -22,12 +22,12 @@ pytest.importorskip("transformers")
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree  # noqa: E402
 
-VERSION = "0.5.12.post1"
+VERSIONS = ["0.5.12.post1", "0.5.9"]  # 0.5.9: a release before 0.5.10 (issue 43)
 MODULE = "sglang.srt.layers.attention.trtllm_mla_backend"
 
 
-def backend_class(tmp_path_factory, load_sglang, patched: bool):
-    package = copy_tree(VERSION, tmp_path_factory.mktemp("patched" if patched else "pristine"), "package")
+def backend_class(tmp_path_factory, load_sglang, patched: bool, version: str):
+    package = copy_tree(version, tmp_path_factory.mktemp("patched" if patched else "pristine"), "package")
     if patched:
         result = CliRunner().invoke(main, ["apply", str(package), "trtllm-mla-overlap-hook"], catch_exceptions=False)
         assert result.exit_code == 0, result.output
@@ -44,14 +44,16 @@ def call_hook(cls):
     return backend.update_verify_buffers_to_fill_after_draft(spec_info, 8), vars(backend), spec_info
 
 
-def test_pristine_raises_under_the_overlap_plan_stream(tmp_path_factory, load_sglang):
-    cls = backend_class(tmp_path_factory, load_sglang, patched=False)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_pristine_raises_under_the_overlap_plan_stream(tmp_path_factory, load_sglang, version):
+    cls = backend_class(tmp_path_factory, load_sglang, patched=False, version=version)
     with pytest.raises(NotImplementedError):
         call_hook(cls)
 
 
-def test_patched_is_a_no_op(tmp_path_factory, load_sglang):
-    cls = backend_class(tmp_path_factory, load_sglang, patched=True)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_patched_is_a_no_op(tmp_path_factory, load_sglang, version):
+    cls = backend_class(tmp_path_factory, load_sglang, patched=True, version=version)
     returned, state, spec_info = call_hook(cls)
     assert returned is None and state == {}
     assert set(vars(spec_info)) == {"custom_mask", "positions"}
