@@ -221,3 +221,21 @@ def test_between_two_edits_a_codemod_whose_class_is_untouched_is_not_asked_again
     assert codemod.detect(module).detail == "first at x.py:14"
     monkeypatch.setattr(primitives, "line_of", lambda *a: pytest.fail("a line computed for the state alone"))
     assert codemod.state_of(module) is State.TODO
+
+
+class _AddsAMethod(base.AddMethodCodemod):
+    CLASS, METHOD, SOURCE = "B", "added", "def added(self):\n    return 0\n"
+
+
+def test_indented_comments_ending_a_file_are_never_lost():
+    """libcst's parser drops indented comments that end a file after a
+    top-level statement: the transform refuses rather than write the file
+    without them."""
+    from patchkit.errors import PatchkitError
+
+    source = b"class B:\n    def keep(self):\n        return 1\n\n\nx = 1\n    # old code, kept as a comment\n"
+    assert cst.parse_module(source).bytes != source  # the quirk
+    with pytest.raises(PatchkitError, match=r"x.py:7: the indented comments that end this file would be lost"):
+        transform.run("x.py", Path("x.py"), cst.parse_module(source), [_AddsAMethod], source=source)
+    fine = source.replace(b"\n    # old", b"\n# old")
+    assert b"def added" in transform.run("x.py", Path("x.py"), cst.parse_module(fine), [_AddsAMethod], source=fine).new

@@ -7,6 +7,7 @@ in worker processes, so neither climbs back up to whoever asked.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
@@ -70,6 +71,21 @@ class Transformed:
     notes: list[str] = field(default_factory=list)  # vendor code a codemod replaces on purpose (one line each)
 
 
+# Indented comment lines ending a file (blank lines between them and after):
+# after a top-level statement, libcst's parser drops them, so they must be
+# found at the end of what the transform writes.
+_TRAILING_COMMENTS = re.compile(rb"(?:\n[ \t]+#[^\n]*)(?:\n[ \t]*(?:#[^\n]*)?)*\n?\Z")
+
+
+def _trailing_comments_kept(source: bytes, new: bytes) -> Optional[int]:
+    """None where ``new`` keeps the indented comments ending ``source``, else
+    the 1-based line where the first of them is."""
+    found = _TRAILING_COMMENTS.search(source[-65536:])
+    if found is None or new.rstrip().endswith(found.group().rstrip()):
+        return None
+    return source.count(b"\n", 0, len(source) - len(found.group())) + 2
+
+
 def _reads_unchanged(codemod: "PatchCodemod", before: "cst.Module", after: "cst.Module") -> bool:
     """Whether the top-level statements ``codemod`` reads (``PatchCodemod.reads``)
     are the very nodes in both modules: its detection on ``before`` holds."""
@@ -117,6 +133,10 @@ def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["Pat
             transformed.append(inst.name())
     module = add_needed_imports(module, context)
     new = module.bytes
+    lost = None if source is None else _trailing_comments_kept(source, new)
+    if lost is not None:  # never the user's lines lost: refused, nothing written
+        raise PatchkitError(f"{path}:{lost}: the indented comments that end this file would be lost "
+                            "(libcst drops them after a top-level statement); dedent or move them, then apply again")
     after = {}
     for inst in instances:
         finding = inst.detect(module)
