@@ -13,6 +13,7 @@ from support import PRIMARY, pristine
 
 from patchkit import registry, transform
 from patchkit.codemods.common import base, primitives
+from patchkit.codemods.common.reads import Methods
 from patchkit.findings import State
 from patchkit.transform import partial
 
@@ -52,7 +53,7 @@ class C:
 
 
 def test_what_no_codemod_reads_is_kept_verbatim_and_the_bytes_are_the_files():
-    module = partial.parse(SOURCE, {"B": frozenset({"keep"})})
+    module = partial.parse(SOURCE, {"B": _named("keep")})
     assert module is not None and module.bytes == SOURCE
     kinds = [type(s).__name__ for s in module.body]
     assert kinds == ["SimpleStatementLine", "SimpleStatementLine", "Verbatim", "ClassDef", "Verbatim", "Verbatim"]
@@ -64,6 +65,14 @@ def test_what_no_codemod_reads_is_kept_verbatim_and_the_bytes_are_the_files():
     whole = cst.parse_module(SOURCE)
     assert primitives.line_of(module, primitives.find_method(b, "keep")) == 14 == primitives.line_of(
         whole, primitives.find_method(primitives.find_class(whole, "B"), "keep"))
+
+
+def test_a_method_holding_a_word_read_is_parsed_and_the_others_are_kept_verbatim():
+    module = partial.parse(SOURCE, {"B": Methods(words=frozenset({"os.sep"}))})
+    assert module is not None and module.bytes == SOURCE
+    b = primitives.find_class(module, "B")
+    assert [type(s).__name__ for s in b.body.body] == ["SimpleStatementLine", "FunctionDef", "Verbatim"]
+    assert primitives.is_definition(b.body.body[2])  # a layout that asks "is a def next?" sees one
 
 
 def test_a_whole_parse_where_the_kept_code_is_indented_unlike_the_files_first_block():
@@ -113,12 +122,16 @@ class _Guards(base.MethodGuards):
     CLASS, METHOD, UPSTREAM_FUNCTION = "B", "keep", "moved_here"
 
 
+def _named(*names: str) -> Methods:
+    return Methods(frozenset(names))
+
+
 def test_what_each_kind_of_codemod_reads():
-    assert _Plain.reads() == {"B": frozenset({"keep", "kept"})}
+    assert _Plain.reads() == {"B": _named("keep", "kept")}
     assert _WholeClass.reads() == {"B": None} and _OwnFind.reads() == {"B": None}
     assert _OwnDetect.reads() is None and base.PatchCodemod.reads() is None
-    assert _Guards.reads() == {"B": frozenset({"keep"}), "moved_here": None}
-    assert partial.names_read([_Plain, _Guards]) == {"B": frozenset({"keep", "kept"}), "moved_here": None}
+    assert _Guards.reads() == {"B": _named("keep"), "moved_here": None}
+    assert partial.names_read([_Plain, _Guards]) == {"B": _named("keep", "kept"), "moved_here": None}
     assert partial.names_read([_Plain, _WholeClass]) == {"B": None}
     assert partial.names_read([_Plain, _OwnDetect]) is None
 
@@ -141,7 +154,7 @@ def test_real_files_transform_alike_parsed_whole_or_in_part(version):
     in_part = 0
     for rel, codemods in files.items():
         source = (root / rel).read_bytes()
-        module = transform.parse_for(source, root / rel, codemods)
+        module = transform.parse_for(rel, source, root / rel, codemods)
         assert module.bytes == source
         if any(type(s) is partial.Verbatim for s in module.body) or _has_verbatim_method(module):
             in_part += 1
@@ -163,7 +176,7 @@ def test_every_module_of_the_attention_and_speculative_packages_round_trips():
     for folder in ("layers/attention", "speculative", "managers", "model_executor"):
         for path in sorted((root / folder).rglob("*.py")):
             source = path.read_bytes()
-            classes = {c.name: frozenset() for c in ast.parse(source).body if isinstance(c, ast.ClassDef)}
+            classes = {c.name: Methods() for c in ast.parse(source).body if isinstance(c, ast.ClassDef)}
             for reads in ({}, classes):
                 module = partial.parse(source, reads)
                 if module is not None:

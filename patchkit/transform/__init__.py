@@ -38,15 +38,18 @@ def parse(source: bytes, path: Path) -> "cst.Module":
         ) from None
 
 
-def parse_for(source: bytes, path: Path, codemods: Sequence[type["PatchCodemod"]],
+def parse_for(rel: str, source: bytes, path: Path, codemods: Sequence[type["PatchCodemod"]],
               pristine: Optional[bytes] = None) -> "cst.Module":
-    """``source`` parsed for ``codemods``: the top-level classes and functions
-    none of them reads left unparsed (``patchkit.transform.partial``), unless
-    the vendor-code check will read the whole tree (``source`` is not the
-    release's ``pristine`` bytes)."""
+    """``source`` (the file ``rel``) parsed for ``codemods``: the parts none
+    of them reads left unparsed (``patchkit.transform.partial``) where the
+    bytes are a known release's own (``known_releases.ships``: tests prove
+    each codemod's declaration of what it reads on every such release),
+    unless the vendor-code check will read the whole tree (``source`` is not
+    the tree's release's ``pristine`` bytes)."""
+    from patchkit import known_releases
     from patchkit.transform import partial
 
-    whole = pristine is not None and pristine != source
+    whole = (pristine is not None and pristine != source) or not known_releases.ships(rel, source)
     module = None if whole else partial.parse(source, partial.names_read(codemods))
     return module if module is not None else parse(source, path)
 

@@ -87,7 +87,7 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
             nonlocal module
             if module is None:
                 codemods = [registry.load_codemod(r) for group in groups for r in group]
-                module = transform.parse_for(source, path, codemods, pristine)
+                module = transform.parse_for(rel, source, path, codemods, pristine)
             return module
 
         names = [[registry.codemod_name(r) for r in group] for group in groups]
@@ -166,24 +166,35 @@ def interruptible_pool(workers: int) -> Iterator:
     workers are ended at once (``_stop``), never waited for; else the pool
     shuts down as ``with ProcessPoolExecutor`` does."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     fork = "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin"
     pool = None
     try:
-        blocked = _block_signals()
-        try:
-            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork") if fork else None,
-                                       initializer=_worker_init, initargs=(blocked, True))
-            pool.submit(int)  # a forking pool starts all its workers on its first submit
-        finally:
-            _restore_signals(blocked)
+        pool = _forked_pool(workers, graceful=True, fork=fork)
         yield pool
         pool.shutdown(wait=True)
     except BaseException:
         if pool is not None:
             _stop(pool)
         raise
+
+
+def _forked_pool(workers: int, graceful: bool = False, fork: bool = True):
+    """A pool of ``workers`` processes (forked unless ``fork`` is False),
+    all started here: SIGINT and SIGTERM wait (blocked) until every one has
+    its own handlers (``_worker_init``), so a signal never runs the parent's
+    handlers in a worker."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    blocked = _block_signals()
+    try:
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork") if fork else None,
+                                   initializer=_worker_init, initargs=(blocked, graceful))
+        pool.submit(int)  # a forking pool starts all its workers on its first submit
+        return pool
+    finally:
+        _restore_signals(blocked)
 
 
 def _stop(pool) -> None:
@@ -287,36 +298,30 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
             for i, _ in todo:
                 computed(i, compute(*jobs[i]))
     else:
-        from concurrent.futures import ProcessPoolExecutor
-
-        # Import what the workers need once, here, so every fork inherits it.
-        for i, _ in todo:
-            for group in jobs[i][1][2]:
-                for ref in group:
-                    registry.load_codemod(ref)
-        import libcst  # noqa: F401
-
         _JOBS, _HEAD, _SIDE = list(jobs), head_start, []
         if head_start is not None:
             with contextlib.suppress(Exception):  # a head start never decides an error
                 _SIDE = list(head_start.side())
-        # What the parent holds stays out of every collection in the workers
-        # (no copy-on-write of its pages for the GC's bookkeeping).
-        gc.freeze()
-        pool = None
+        pool = side_pool = None
         try:
-            # The workers are forked by the first submit: SIGINT and SIGTERM
-            # wait (blocked) until every fork has its own handlers (_worker_init),
-            # so a signal never runs the parent's handlers in a worker.
-            blocked = _block_signals()
-            try:
-                pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                           initializer=_worker_init, initargs=(blocked,))
-                futures = {i: pool.submit(_work, i) for i, _ in todo}
-                # Queued behind the files: a worker done with its files takes them.
-                side = [pool.submit(_side, k) for k in range(len(_SIDE))]
-            finally:
-                _restore_signals(blocked)
+            side = []
+            if _SIDE:
+                # The side work needs no libcst: its process, forked before
+                # libcst is imported below, works while this one imports it.
+                side_pool = _forked_pool(1)
+                side = [side_pool.submit(_side, k) for k in range(len(_SIDE))]
+            # Import what the workers need once, here, so every fork inherits it.
+            for i, _ in todo:
+                for group in jobs[i][1][2]:
+                    for ref in group:
+                        registry.load_codemod(ref)
+            import libcst  # noqa: F401
+
+            # What the parent holds stays out of every collection in the workers
+            # (no copy-on-write of its pages for the GC's bookkeeping).
+            gc.freeze()
+            pool = _forked_pool(workers)
+            futures = {i: pool.submit(_work, i) for i, _ in todo}
             for i, future in futures.items():
                 try:
                     entry = future.result()
@@ -327,12 +332,15 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
             for future in side:
                 with contextlib.suppress(Exception):  # a head start never decides an error
                     head_start.take(future.result())
-            pool.shutdown(wait=True)
+            for each in (pool, side_pool):
+                if each is not None:
+                    each.shutdown(wait=True)
         except BaseException:
             # Ctrl-C, SIGTERM or an error: the workers are ended now, never
             # waited for (their results are only ever a cache of the serial path's).
-            if pool is not None:
-                _stop(pool)
+            for each in (pool, side_pool):
+                if each is not None:
+                    _stop(each)
             raise
         finally:
             _JOBS, _HEAD, _SIDE = [], None, []

@@ -1,17 +1,19 @@
 """Parse only what a file's codemods read (issue 45: a cold apply's cost).
 
-Most codemods change one top-level class (``ClassCodemod``): they never look
-at the file's other top-level classes and functions. ``parse`` hands them a
-module where each top-level ``class``/``def`` none of them names is a
-:class:`Verbatim` node holding its source lines as they are: libcst parses
-the rest (imports, module statements, the classes named), and code
-generation writes the verbatim lines back unchanged. A big module whose
+Most codemods change one top-level class (``ClassCodemod``), often one
+method of it: they never look at the file's other top-level classes and
+functions, nor at the methods they do not declare (``reads.Methods``: by
+name, or by a word the method's source must hold). ``parse`` hands them a
+module where each of those is a :class:`Verbatim` node holding its source
+lines as they are: libcst parses the rest (imports, module statements, the
+classes' own statements, the methods read), and code generation writes the
+verbatim lines back unchanged. A big module whose
 change sits in one class (``scheduler.py``: 170 KB) costs a fraction of a
 whole parse and of a whole code generation.
 
 ``None`` (the caller parses the whole file) whenever that shortcut is not
 plainly right: a codemod of the file reads the whole module
-(``PatchCodemod.top_level_names`` is None), the file has ``\\r`` line ends, no
+(``PatchCodemod.reads`` is None), the file has ``\\r`` line ends, no
 final newline or a byte-order mark, nothing is worth leaving out, or the
 skeleton does not parse as expected. The module generates the file's exact
 bytes, with the indentation libcst would detect on the whole file
@@ -21,11 +23,12 @@ bytes, with the indentation libcst would detect on the whole file
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 import libcst as cst
-from libcst._nodes.internal import visit_sequence
+from patchkit import python_ast
+from patchkit.codemods.common.primitives.module import Verbatim
+from patchkit.codemods.common.reads import Reads, merged
 
 # A left-out statement stands in the skeleton as this one-line assignment.
 _PLACEHOLDER = "__patchkit_verbatim_{}__"
@@ -36,24 +39,6 @@ _WORTH = 4096
 _SHARE = 0.25
 
 
-@dataclass(frozen=True)
-class Verbatim(cst.BaseCompoundStatement):
-    """A top-level statement kept as its source lines (``text``, each ending
-    in a newline), after the blank lines and comments before it."""
-
-    text: str
-    leading_lines: Sequence[cst.EmptyLine] = ()
-
-    def _visit_and_replace_children(self, visitor) -> "Verbatim":
-        return Verbatim(self.text, visit_sequence(self, "leading_lines", self.leading_lines, visitor))
-
-    def _codegen_impl(self, state) -> None:
-        for line in self.leading_lines:
-            line._codegen(state)
-        state.add_token(self.text)
-
-
-Reads = dict[str, Optional[frozenset[str]]]  # top-level name -> None (all of it) or the methods read
 _DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 _METHODS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
@@ -61,17 +46,7 @@ _METHODS = (ast.FunctionDef, ast.AsyncFunctionDef)
 def names_read(codemods: Iterable[type]) -> Optional[Reads]:
     """What ``codemods`` read together (``PatchCodemod.reads``; None: one
     reads the whole module)."""
-    merged: Reads = {}
-    for codemod in codemods:
-        wanted = codemod.reads()
-        if wanted is None:
-            return None
-        for name, methods in wanted.items():
-            if name in merged and (merged[name] is None or methods is None):
-                merged[name] = None
-            else:
-                merged[name] = (merged.get(name) or frozenset()) | methods if methods is not None else None
-    return merged
+    return merged([codemod.reads() for codemod in codemods])
 
 
 def parse(source: bytes, reads: Optional[Reads]) -> Optional[cst.Module]:
@@ -80,8 +55,8 @@ def parse(source: bytes, reads: Optional[Reads]) -> Optional[cst.Module]:
     with methods, every other method. None where a whole parse must be made."""
     if reads is None or b"\r" in source or not source.endswith(b"\n") or source.startswith(b"\xef\xbb\xbf"):
         return None
-    try:
-        tree = ast.parse(source)
+    try:  # shared with the audit of the same bytes in this process (python_ast)
+        tree = python_ast.parse(source)
     except (SyntaxError, ValueError):
         return None  # the whole parse reports it
     lines = source.splitlines(keepends=True)
@@ -91,8 +66,10 @@ def parse(source: bytes, reads: Optional[Reads]) -> Optional[cst.Module]:
             regions.append(_region(stmt, b"", lines))
         elif isinstance(stmt, ast.ClassDef) and reads.get(stmt.name) is not None:
             for item in stmt.body:
-                if isinstance(item, _METHODS) and item.name not in reads[stmt.name] and item.lineno > stmt.lineno:
-                    regions.append(_region(item, lines[item.lineno - 1][: item.col_offset], lines))
+                if isinstance(item, _METHODS) and item.lineno > stmt.lineno:
+                    region = _region(item, lines[item.lineno - 1][: item.col_offset], lines)
+                    if not reads[stmt.name].read(item.name, b"".join(lines[region[0] - 1:region[1]])):
+                        regions.append(region)
     left_out = sum(len(line) for first, last, _ in regions for line in lines[first - 1:last])
     if left_out < _WORTH or left_out < len(source) * _SHARE:
         return None

@@ -149,7 +149,7 @@ class Transformer:
             return source  # every change is there (a file a patch to apply leaves as it is): nothing to parse
         pristine = self.release_bytes(rel)
         classes = [registry.load_codemod(codemod) for codemod in codemods]
-        module = self.modules.get(digest) or transform.parse_for(source, self.tree.path(rel), classes, pristine)
+        module = self.modules.get(digest) or transform.parse_for(rel, source, self.tree.path(rel), classes, pristine)
         result = transform.run(rel, self.tree.path(rel), module, classes,
                                [None if k is None else Finding.from_list(k) for k in known], source,
                                pristine, owners)

@@ -18,6 +18,7 @@ import libcst.matchers as m
 from libcst.codemod import Codemod, CodemodContext
 
 from patchkit.codemods.common import primitives
+from patchkit.codemods.common.reads import MODULE_HOOKS, Methods, Reads, declared_methods, reads_only
 from patchkit.findings import Finding, State  # noqa: F401 - re-exported: codemods import them from here
 
 
@@ -45,10 +46,10 @@ class PatchCodemod(Codemod):
         raise NotImplementedError
 
     @classmethod
-    def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
+    def reads(cls) -> Optional[Reads]:
         """What ``detect`` and the transform read of the module: top-level
-        class or function name -> None (all of it) or the names of the
-        methods read in that class; None: the whole module. The engine
+        class or function name -> None (all of it) or the methods read in
+        that class (``reads.Methods``); None: the whole module. The engine
         leaves the rest unparsed (``patchkit.transform.partial``)."""
         return None
 
@@ -115,30 +116,16 @@ class PatchCodemod(Codemod):
         primitives.require_import(self.context, module, obj, among_siblings)
 
 
-# Where a codemod reads the module, and where its class (``reads``): a hook
-# overridden below the base that defines it reads more than CLASS (or METHOD),
-# unless the overriding class says its override only reads or adds top-level
-# imports (IMPORTS_ONLY: a partial parse keeps every top-level statement but
-# classes and functions).
-_MODULE_HOOKS = ("detect", "transform_module", "transform_module_impl")
-_CLASS_HOOKS = ("detect_in_class", "transform_class", "find_method")
-
-
-def reads_only(cls: type, hooks: tuple[str, ...], *bases: type) -> bool:
-    """Whether each of ``hooks`` comes to ``cls`` from one of ``bases``, or
-    from a class whose override only reads or adds imports."""
-    for name in hooks:
-        owner = next(k for k in cls.__mro__ if name in k.__dict__)
-        if owner not in bases and not owner.__dict__.get("IMPORTS_ONLY"):
-            return False
-    return True
-
-
 class ClassCodemod(PatchCodemod):
     """A change confined to one top-level class: subclasses set CLASS and
     implement ``detect_in_class`` / ``transform_class``."""
 
     CLASS: ClassVar[str]
+    # What detect_in_class and transform_class read of CLASS besides its own
+    # statements: the methods named and those holding one of the words
+    # (``reads.declared_methods``); None: every method.
+    METHODS_READ: ClassVar[Optional[tuple[str, ...]]] = None
+    WORDS_READ: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -148,14 +135,14 @@ class ClassCodemod(PatchCodemod):
             cls.REQUIRED_TEXT = (cls.CLASS,)
 
     @classmethod
-    def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
+    def reads(cls) -> Optional[Reads]:
         # CLASS, unless a subclass reads the module its own way.
-        return {cls.CLASS: cls.methods_read()} if reads_only(cls, _MODULE_HOOKS, PatchCodemod, ClassCodemod) else None
+        return {cls.CLASS: cls.methods_read()} if reads_only(cls, MODULE_HOOKS, PatchCodemod, ClassCodemod) else None
 
     @classmethod
-    def methods_read(cls) -> Optional[frozenset[str]]:
+    def methods_read(cls) -> Optional[Methods]:
         """The methods of CLASS read (None: the whole class)."""
-        return None
+        return declared_methods(cls)
 
     def detect(self, module: cst.Module) -> Finding:
         self.detect_module(module)
@@ -232,12 +219,12 @@ class MethodCodemod(ClassCodemod):
     def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
         return primitives.find_first_method(cls, (self.METHOD, *self.RENAMED))
 
+    METHODS_READ = ()  # the method alone (and what a subclass that reads more declares)
+
     @classmethod
-    def methods_read(cls) -> Optional[frozenset[str]]:
-        # The method alone, unless a subclass reads its class its own way.
-        if reads_only(cls, _CLASS_HOOKS, ClassCodemod, MethodCodemod):
-            return frozenset((cls.METHOD, *cls.RENAMED))
-        return None
+    def methods_read(cls) -> Optional[Methods]:
+        declared = declared_methods(cls)
+        return None if declared is None else declared | Methods(frozenset((cls.METHOD, *cls.RENAMED)))
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         fn = self.find_method(cls)
@@ -316,9 +303,9 @@ class MethodGuards(MethodCodemod):
     MOVED_OUT: ClassVar[Optional[tuple[m.BaseMatcherNode, str]]] = None
 
     @classmethod
-    def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
+    def reads(cls) -> Optional[Reads]:
         # detect reads UPSTREAM_FUNCTION too (a module function)
-        if not reads_only(cls, _MODULE_HOOKS, PatchCodemod, ClassCodemod, MethodGuards):
+        if not reads_only(cls, MODULE_HOOKS, PatchCodemod, ClassCodemod, MethodGuards):
             return None
         return {cls.CLASS: cls.methods_read(), **({cls.UPSTREAM_FUNCTION: None} if cls.UPSTREAM_FUNCTION else {})}
 

@@ -24,7 +24,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import Finding, PatchCodemod, reads_only
+from patchkit.codemods.common.base import Finding, PatchCodemod
+from patchkit.codemods.common.reads import Reads, reads_only
 
 KERNELS = ("_fused_metadata_kernel_ps1_no_swa", "_fused_metadata_kernel_general")
 #: The names the guard reads; a kernel lacking one of them is a fork's (missing anchor).
@@ -80,7 +81,7 @@ class DecodePageWriterStopsAtLivePages(PatchCodemod):
     REQUIRED_TEXT = ("_fused_metadata_kernel",)
 
     @classmethod
-    def reads(cls) -> Optional[dict[str, Optional[frozenset[str]]]]:
+    def reads(cls) -> Optional[Reads]:
         own = reads_only(cls, ("detect", "transform_module", "transform_module_impl"), PatchCodemod,
                          DecodePageWriterStopsAtLivePages)
         return {name: None for name in KERNELS} if own else None

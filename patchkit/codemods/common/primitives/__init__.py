@@ -8,7 +8,8 @@ method, where code is small, they use libcst matchers.
 Find a primitive by where it acts:
 
 - ``snippets``: parse code given as text (``parse_statement`` ...), ``AnchorError``
-- ``module``: top-level classes and functions (``find_class``, ``add_function`` ...)
+- ``module``: top-level classes and functions (``find_class``, ``add_function`` ...), and
+  ``Verbatim``, a definition no codemod reads kept as its source lines
 - ``classes``: a class's body, methods and attributes (``find_method``, ``add_method``,
   ``add_class_attribute`` ...)
 - ``function_body``: statements inside a function (``insert_at_start``,
@@ -65,6 +66,8 @@ from patchkit.codemods.common.primitives.module import (  # noqa: F401
     find_function,
     replace_function,
     add_function,
+    Verbatim,
+    is_definition,
 )
 from patchkit.codemods.common.primitives.classes import (  # noqa: F401
     class_body,

@@ -7,7 +7,7 @@ from typing import Iterator, Optional, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common.primitives.module import FunctionEdit, _find_named
+from patchkit.codemods.common.primitives.module import FunctionEdit, _find_named, is_definition
 from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, parse_statement
 
 
@@ -118,7 +118,7 @@ def space_class_attribute(cls: cst.ClassDef, name: str, comment: str = "") -> cs
         lines.insert(0, cst.EmptyLine(indent=False))
     body[index] = stmt.with_changes(leading_lines=lines)
     following = body[index + 1] if index + 1 < len(body) else None
-    if isinstance(following, (cst.FunctionDef, cst.ClassDef)) and not _starts_blank(following.leading_lines):
+    if is_definition(following) and not _starts_blank(following.leading_lines):
         body[index + 1] = following.with_changes(leading_lines=[cst.EmptyLine(indent=False), *following.leading_lines])
     return _with_class_body(cls, body)
 

@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import libcst as cst
+from libcst._nodes.internal import visit_sequence
 
 from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, parse_statement
+
+
+@dataclass(frozen=True)
+class Verbatim(cst.BaseCompoundStatement):
+    """A class, function or method no codemod of the file reads, kept as its
+    source lines (``text``, each ending in a newline), after the blank lines
+    and comments before it (``patchkit.transform.partial`` makes them)."""
+
+    text: str
+    leading_lines: Sequence[cst.EmptyLine] = ()
+
+    def _visit_and_replace_children(self, visitor) -> "Verbatim":
+        return Verbatim(self.text, visit_sequence(self, "leading_lines", self.leading_lines, visitor))
+
+    def _codegen_impl(self, state) -> None:
+        for line in self.leading_lines:
+            line._codegen(state)
+        state.add_token(self.text)
+
+
+def is_definition(stmt: cst.CSTNode) -> bool:
+    """A ``class`` or ``def``, parsed or kept verbatim."""
+    return isinstance(stmt, (cst.FunctionDef, cst.ClassDef, Verbatim))
 
 
 ClassEdit = Callable[[cst.ClassDef], cst.ClassDef]

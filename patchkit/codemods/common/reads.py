@@ -1,0 +1,84 @@
+"""What a codemod reads of its file (``PatchCodemod.reads``): the engine
+parses only that (``patchkit.transform.partial``), and between two edits a
+codemod whose part of the file is untouched is not asked again.
+
+A codemod declares it; what it does not declare it reads whole. A hook
+(``detect``, ``detect_in_class`` ...) overridden below the class that made a
+declaration may read more, so the declaration then no longer holds, unless
+the overriding class declares again. tests/test_transform_partial.py proves
+the declarations on every release patchkit knows: the partial parse is only
+ever used on a file whose bytes are such a release's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Methods:
+    """The methods of a class a codemod reads: those ``named``, and every one
+    whose source holds one of ``words`` (identifiers its matchers need
+    spelled out: a method without them cannot hold a match). The class's
+    own statements (attributes, docstring) are always read."""
+
+    named: frozenset[str] = frozenset()
+    words: frozenset[str] = frozenset()
+
+    def __or__(self, other: "Methods") -> "Methods":
+        return Methods(self.named | other.named, self.words | other.words)
+
+    def read(self, name: str, source: bytes) -> bool:
+        return name in self.named or any(word.encode() in source for word in self.words)
+
+
+# Top-level class or function name -> None (all of it) or the methods read.
+Reads = dict[str, Optional[Methods]]
+
+# Where a codemod reads the module, and where its class.
+MODULE_HOOKS = ("detect", "transform_module", "transform_module_impl")
+CLASS_HOOKS = ("detect_in_class", "transform_class", "find_method")
+
+
+def _owner(cls: type, name: str) -> type:
+    return next(k for k in cls.__mro__ if name in k.__dict__)
+
+
+def reads_only(cls: type, hooks: tuple[str, ...], *bases: type) -> bool:
+    """Whether each of ``hooks`` comes to ``cls`` from one of ``bases``, or
+    from a class whose override only reads or adds top-level imports
+    (``IMPORTS_ONLY``: a partial parse keeps every top-level statement but
+    classes and functions)."""
+    for name in hooks:
+        owner = _owner(cls, name)
+        if owner not in bases and not owner.__dict__.get("IMPORTS_ONLY"):
+            return False
+    return True
+
+
+def declared_methods(cls: type) -> Optional[Methods]:
+    """The methods of its class ``cls`` reads: ``METHODS_READ`` and
+    ``WORDS_READ`` of the nearest class that sets either, as long as every
+    class hook of ``cls`` is that class's or one of its bases'; None (the
+    whole class) otherwise, or where ``METHODS_READ`` is None."""
+    declarer = next((k for k in cls.__mro__ if "METHODS_READ" in k.__dict__ or "WORDS_READ" in k.__dict__), None)
+    if declarer is None or cls.METHODS_READ is None:
+        return None
+    if any(_owner(cls, hook) not in declarer.__mro__ for hook in CLASS_HOOKS if any(hook in k.__dict__ for k in cls.__mro__)):
+        return None
+    return Methods(frozenset(cls.METHODS_READ), frozenset(cls.WORDS_READ))
+
+
+def merged(wanted: list[Optional[Reads]]) -> Optional[Reads]:
+    """What codemods that read ``wanted`` read together (None: one reads the whole module)."""
+    out: Reads = {}
+    for reads in wanted:
+        if reads is None:
+            return None
+        for name, methods in reads.items():
+            if name in out and (out[name] is None or methods is None):
+                out[name] = None
+            else:
+                out[name] = out[name] | methods if name in out else methods
+    return out
