@@ -42,6 +42,7 @@ from patchkit.codemods.common.draft_extend_topk import (
     TOPK_ASSIGN,
     TOPK_COPY,
     V1_ONLY,
+    V1_ONLY_WORDS,
     captures_v1_only,
     copy_block,
     guard_copies,
@@ -63,6 +64,7 @@ class V2GraphComputesNoTopk(ClassCodemod):
         "than DRAFT_EXTEND_V2, and replay copies top-k slices only for those modes"
     )
     CLASS = RUNNER
+    METHODS_READ, WORDS_READ = CAPTURE_METHODS + REPLAY_METHODS, V1_ONLY_WORDS  # self.forward_mode too
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         capture = primitives.find_first_method(cls, CAPTURE_METHODS)

@@ -118,6 +118,8 @@ class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
         f"EagleDraftWorker: the draft-extend CUDA-graph check ({GRAPH_CHECK}) admits {FA3} on CUDA "
         "(without a speculative token map), imported where it is used"
     )
+    TOP_LEVEL_ONLY = True  # detect reads a module flag (a top-level assignment)
+    METHODS_READ, WORDS_READ = (), ("hot_token_id", "speculative_algorithm")  # detect_in_class
 
     def detect(self, module: cst.Module) -> Finding:
         # The inserted check reads the module's _is_cuda flag (every release has it).
@@ -197,6 +199,7 @@ class FA3HasDraftExtendGraphBranches(ClassCheck):
         "self.draft_extend_metadata[bs] and a replay branch that reads it (checked, not changed)"
     )
     CLASS = FA3
+    METHODS_READ, WORDS_READ = (), ("is_draft_extend",)  # the branches' tests
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{FA3}: DRAFT_EXTEND_V2 CUDA-graph branches"

@@ -142,6 +142,7 @@ class ReplayPageTableFits(ClassCodemod):
     )
     CLASS = BACKEND
     METHODS = ("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
+    METHODS_READ, WORDS_READ = METHODS, (PAGE_WRITER,)
 
     @staticmethod
     def _writes(node: cst.CSTNode) -> list[cst.Call]:

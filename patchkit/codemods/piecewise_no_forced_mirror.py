@@ -73,6 +73,8 @@ def mirror_reads(cls: cst.ClassDef) -> list[cst.Attribute]:
 class RunnerHandsMirrorThrough(ClassCheck):
     """``CLASS`` never reads the mirror itself (checked, not changed)."""
 
+    METHODS_READ, WORDS_READ = (), MIRROR  # the methods that name it
+
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}: reads of seq_lens_cpu / seq_lens_sum"
         reads = mirror_reads(cls)

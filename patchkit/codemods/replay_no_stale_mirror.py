@@ -20,11 +20,14 @@ its mirror: its runner is left alone.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, PatchCodemod
+from patchkit.codemods.common.reads import EVERY, MODULE_HOOKS, Methods, Reads, reads_only
 from patchkit.codemods.common.shared import MIRROR_READS, code_of, none_comparison
 from patchkit.codemods.common.primitives import attr, call
 
@@ -93,6 +96,12 @@ class ReplayPassesNoStaleMirror(PatchCodemod):
 
     DESCRIPTION = "CUDA-graph replay hands the backend seq_lens_cpu=None, not the stale pinned buffer, when the batch has no CPU mirror"
     REQUIRED_TEXT = ("seq_lens_cpu",)
+
+    @classmethod
+    def reads(cls) -> Optional[Reads]:
+        # The functions and methods that name the keyword.
+        own = reads_only(cls, MODULE_HOOKS, PatchCodemod, ReplayPassesNoStaleMirror)
+        return {EVERY: Methods(words=frozenset({"seq_lens_cpu"}))} if own else None
 
     @staticmethod
     def _functions(module: cst.Module) -> list[cst.FunctionDef]:

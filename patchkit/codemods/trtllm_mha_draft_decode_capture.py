@@ -76,6 +76,7 @@ class SeedDraftDecodeLengthsAtCapture(MethodCodemod):
     )
     CLASS = BACKEND
     METHOD = "init_forward_metadata_capture_cuda_graph"
+    METHODS_READ = (OUT_GRAPH,)  # detect_absent
 
     def detect_absent(self, cls: cst.ClassDef) -> Finding:
         # 0.5.13+: capture fills its metadata with the body replay runs

@@ -46,6 +46,8 @@ DEVICE_PAGE_TABLE = "_fill_page_table_device"
 class _DevicePageTable:
     """Mixin: a class with upstream's on-device page-table build is done."""
 
+    METHODS_READ = (DEVICE_PAGE_TABLE,)
+
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         if primitives.find_method(cls, DEVICE_PAGE_TABLE) is not None:
             return Finding.done(self.anchor, f"upstream's device-side page table ({DEVICE_PAGE_TABLE})")

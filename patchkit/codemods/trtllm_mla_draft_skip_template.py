@@ -89,6 +89,7 @@ class _DirectOverride(MethodCodemod):
     CLASS = DRAFT_BACKEND
     REQUIRED_TEXT = (DRAFT_BACKEND,)
     SOURCE: str
+    METHODS_READ = ("__init__", INIT)  # place_after
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if _direct_override(fn, self.METHOD):
@@ -101,7 +102,7 @@ class _DirectOverride(MethodCodemod):
     def detect_absent(self, cls: cst.ClassDef) -> Finding:
         return Finding.todo(self.anchor, "inherited from FlashInferMLAMultiStepDraftBackend (runs common_template)")
 
-    IMPORTS_ONLY: ClassVar[bool] = True  # its module hooks (PatchCodemod.reads)
+    TOP_LEVEL_ONLY: ClassVar[bool] = True  # its module hooks (PatchCodemod.reads)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         # No-ops where the module already imports them (every release does).
@@ -130,6 +131,7 @@ class DraftReplaySkipsTemplate(_DirectOverride):
     )
     METHOD = REPLAY
     SOURCE = REPLAY_SOURCE
+    METHODS_READ = (REPLAY_RENAMED, INIT)  # detect_absent, place_after
 
     def detect_absent(self, cls: cst.ClassDef) -> Finding:
         renamed = primitives.find_method(cls, REPLAY_RENAMED)

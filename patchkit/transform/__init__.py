@@ -92,8 +92,10 @@ def _trailing_comments_kept(source: bytes, new: bytes) -> Optional[int]:
 def _reads_unchanged(codemod: "PatchCodemod", before: "cst.Module", after: "cst.Module") -> bool:
     """Whether the top-level statements ``codemod`` reads (``PatchCodemod.reads``)
     are the very nodes in both modules: its detection on ``before`` holds."""
+    from patchkit.codemods.common.reads import EVERY
+
     reads = codemod.reads()
-    if reads is None:
+    if reads is None or EVERY in reads:
         return False
 
     def named(module: "cst.Module") -> list:

@@ -28,7 +28,7 @@ from typing import Iterable, Optional, Sequence
 import libcst as cst
 from patchkit import python_ast
 from patchkit.codemods.common.primitives.module import Verbatim
-from patchkit.codemods.common.reads import Reads, merged
+from patchkit.codemods.common.reads import EVERY, Reads, merged
 
 # A left-out statement stands in the skeleton as this one-line assignment.
 _PLACEHOLDER = "__patchkit_verbatim_{}__"
@@ -60,15 +60,24 @@ def parse(source: bytes, reads: Optional[Reads]) -> Optional[cst.Module]:
     except (SyntaxError, ValueError):
         return None  # the whole parse reports it
     lines = source.splitlines(keepends=True)
+    every = reads.get(EVERY)
+    if EVERY in reads and every is None:
+        return None
     regions = []  # (first line, last line, indentation) of each statement left out, in order
     for stmt in tree.body:
-        if isinstance(stmt, _DEFS) and stmt.name not in reads:
-            regions.append(_region(stmt, b"", lines))
-        elif isinstance(stmt, ast.ClassDef) and reads.get(stmt.name) is not None:
+        if not isinstance(stmt, _DEFS) or (stmt.name in reads and reads[stmt.name] is None):
+            continue  # parsed: a statement, or a definition read whole
+        methods = reads.get(stmt.name)
+        if every is not None:
+            methods = every if methods is None else methods | every
+        region = _region(stmt, b"", lines)
+        if methods is None or (not isinstance(stmt, ast.ClassDef) and not methods.read(stmt.name, _text(region, lines))):
+            regions.append(region)
+        elif isinstance(stmt, ast.ClassDef):
             for item in stmt.body:
                 if isinstance(item, _METHODS) and item.lineno > stmt.lineno:
                     region = _region(item, lines[item.lineno - 1][: item.col_offset], lines)
-                    if not reads[stmt.name].read(item.name, b"".join(lines[region[0] - 1:region[1]])):
+                    if not methods.read(item.name, _text(region, lines)):
                         regions.append(region)
     left_out = sum(len(line) for first, last, _ in regions for line in lines[first - 1:last])
     if left_out < _WORTH or left_out < len(source) * _SHARE:
@@ -125,6 +134,10 @@ def _region(stmt: ast.stmt, indent: bytes, lines: list[bytes]) -> tuple[int, int
         elif code:
             break
     return first, last, indent
+
+
+def _text(region: tuple[int, int, bytes], lines: list[bytes]) -> bytes:
+    return b"".join(lines[region[0] - 1:region[1]])
 
 
 def _placeholder_name(stmt: cst.CSTNode) -> Optional[str]:

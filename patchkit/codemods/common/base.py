@@ -121,10 +121,11 @@ class ClassCodemod(PatchCodemod):
     implement ``detect_in_class`` / ``transform_class``."""
 
     CLASS: ClassVar[str]
-    # What detect_in_class and transform_class read of CLASS besides its own
-    # statements: the methods named and those holding one of the words
-    # (``reads.declared_methods``); None: every method.
-    METHODS_READ: ClassVar[Optional[tuple[str, ...]]] = None
+    # What this class's own class hooks (detect_in_class, transform_class ...)
+    # read of CLASS besides its own statements: the methods named, and those
+    # holding one of the words; None: every method. Each class that defines
+    # such a hook says it (``reads.declared_methods``); these read nothing.
+    METHODS_READ: ClassVar[Optional[tuple[str, ...]]] = ()
     WORDS_READ: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -167,6 +168,8 @@ class ClassCheck(ClassCodemod):
     decide whether it is absent, applied or native) and "missing", saying
     why, when it does not. It never reports "todo", so nothing is transformed."""
 
+    METHODS_READ = ()  # its transform reads nothing
+
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         return cls
 
@@ -179,6 +182,12 @@ class AddMethodCodemod(ClassCodemod):
     METHOD: ClassVar[str]
     SOURCE: ClassVar[str]
     AFTER: ClassVar[tuple[str, ...]] = ()
+    METHODS_READ = ()  # METHOD and AFTER (methods_read)
+
+    @classmethod
+    def methods_read(cls) -> Optional[Methods]:
+        declared = declared_methods(cls)
+        return None if declared is None else declared | Methods(frozenset((cls.METHOD, *cls.AFTER)))
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.{self.METHOD}"
@@ -219,7 +228,7 @@ class MethodCodemod(ClassCodemod):
     def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
         return primitives.find_first_method(cls, (self.METHOD, *self.RENAMED))
 
-    METHODS_READ = ()  # the method alone (and what a subclass that reads more declares)
+    METHODS_READ = ()  # the method alone (methods_read)
 
     @classmethod
     def methods_read(cls) -> Optional[Methods]:

@@ -74,6 +74,8 @@ class DraftExtendGraphCheck(MethodCodemod):
     CLASS = "EagleDraftWorker"
     METHOD = "init_cuda_graphs"
     REQUIRED_TEXT = (CLASS,)
+    # find_method: the method assigning the check, or the gate's; _moot: every mention of the runner.
+    METHODS_READ, WORDS_READ = (), (GRAPH_CHECK, "cuda_graph_runner_for_draft_extend")
 
     @property
     def anchor(self) -> str:

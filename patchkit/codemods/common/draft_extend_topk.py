@@ -54,6 +54,8 @@ V1_ONLY = f"{RUNNER} captures DRAFT_EXTEND (V1) graphs only here, never DRAFT_EX
 
 
 _MODE_ARG = m.Arg(keyword=m.Name("forward_mode"))
+#: The words a method needs for ``captures_v1_only`` to look at it (``reads.Methods``).
+V1_ONLY_WORDS = ("forward_mode", "DRAFT_EXTEND_V2", "is_draft_extend_v2")
 _V1_MODE = m.Attribute(value=m.Name("ForwardMode"), attr=m.Name("DRAFT_EXTEND"))
 
 
@@ -126,6 +128,7 @@ class ReplaySkipsTopkForV2(MethodCodemod):
     CLASS = RUNNER
     METHOD = REPLAY_METHODS[0]
     RENAMED = REPLAY_METHODS[1:]
+    METHODS_READ, WORDS_READ = (), V1_ONLY_WORDS
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         if captures_v1_only(cls):

@@ -307,6 +307,8 @@ class EagerPageTableToRealLength(MethodCodemod):
     METHOD = "init_forward_metadata"
     PATCH: ClassVar[str] = ""
     UPSTREAM: ClassVar[str] = ""
+    # _plan reads the sliding-window translator the method calls: these releases' names for it.
+    METHODS_READ = ("_maybe_translate_swa", "kv_index_translator")
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         self._cls = cls

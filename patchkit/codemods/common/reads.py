@@ -2,10 +2,9 @@
 parses only that (``patchkit.transform.partial``), and between two edits a
 codemod whose part of the file is untouched is not asked again.
 
-A codemod declares it; what it does not declare it reads whole. A hook
-(``detect``, ``detect_in_class`` ...) overridden below the class that made a
-declaration may read more, so the declaration then no longer holds, unless
-the overriding class declares again. tests/test_transform_partial.py proves
+A codemod declares it; what it does not declare it reads whole. Each class
+that defines a hook of its own (``detect``, ``detect_in_class`` ...) says
+what that hook reads, else the whole module (or class) counts as read. tests/test_transform_partial.py proves
 the declarations on every release patchkit knows: the partial parse is only
 ever used on a file whose bytes are such a release's own.
 """
@@ -33,12 +32,15 @@ class Methods:
         return name in self.named or any(word.encode() in source for word in self.words)
 
 
-# Top-level class or function name -> None (all of it) or the methods read.
+# Top-level class or function name -> None (all of it) or the methods read;
+# EVERY -> the methods read of every top-level class, and the top-level
+# functions read (those holding its words).
 Reads = dict[str, Optional[Methods]]
+EVERY = "*"
 
 # Where a codemod reads the module, and where its class.
 MODULE_HOOKS = ("detect", "transform_module", "transform_module_impl")
-CLASS_HOOKS = ("detect_in_class", "transform_class", "find_method")
+CLASS_HOOKS = ("detect_in_class", "transform_class", "find_method", "detect_absent")
 
 
 def _owner(cls: type, name: str) -> type:
@@ -47,27 +49,33 @@ def _owner(cls: type, name: str) -> type:
 
 def reads_only(cls: type, hooks: tuple[str, ...], *bases: type) -> bool:
     """Whether each of ``hooks`` comes to ``cls`` from one of ``bases``, or
-    from a class whose override only reads or adds top-level imports
-    (``IMPORTS_ONLY``: a partial parse keeps every top-level statement but
-    classes and functions)."""
+    from a class whose override reads or adds only top-level statements that
+    are not classes or functions (imports, module flags: ``TOP_LEVEL_ONLY``;
+    a partial parse keeps them all)."""
     for name in hooks:
         owner = _owner(cls, name)
-        if owner not in bases and not owner.__dict__.get("IMPORTS_ONLY"):
+        if owner not in bases and not owner.__dict__.get("TOP_LEVEL_ONLY"):
             return False
     return True
 
 
 def declared_methods(cls: type) -> Optional[Methods]:
-    """The methods of its class ``cls`` reads: ``METHODS_READ`` and
-    ``WORDS_READ`` of the nearest class that sets either, as long as every
-    class hook of ``cls`` is that class's or one of its bases'; None (the
-    whole class) otherwise, or where ``METHODS_READ`` is None."""
-    declarer = next((k for k in cls.__mro__ if "METHODS_READ" in k.__dict__ or "WORDS_READ" in k.__dict__), None)
-    if declarer is None or cls.METHODS_READ is None:
-        return None
-    if any(_owner(cls, hook) not in declarer.__mro__ for hook in CLASS_HOOKS if any(hook in k.__dict__ for k in cls.__mro__)):
-        return None
-    return Methods(frozenset(cls.METHODS_READ), frozenset(cls.WORDS_READ))
+    """The methods of its class ``cls`` reads: what each class of its MRO
+    declares its own hooks read (``METHODS_READ``, and ``WORDS_READ``),
+    together; None (the whole class) where one declares None, or defines a
+    class hook without declaring what it reads."""
+    named: set[str] = set()
+    words: set[str] = set()
+    for k in cls.__mro__:
+        own = k.__dict__
+        if "METHODS_READ" in own:
+            if own["METHODS_READ"] is None:
+                return None
+            named.update(own["METHODS_READ"])
+            words.update(own.get("WORDS_READ", ()))
+        elif any(hook in own for hook in CLASS_HOOKS):
+            return None
+    return Methods(frozenset(named), frozenset(words))
 
 
 def merged(wanted: list[Optional[Reads]]) -> Optional[Reads]:

@@ -93,6 +93,7 @@ class ClassFlag(ClassCodemod):
 
     VALUE: ClassVar[bool] = False
     WHY: ClassVar[str] = ""
+    METHODS_READ = ("__init__",)  # a per-instance value
     KEEPS_TREE_VALUE: ClassVar[bool] = False
     INIT: ClassVar[bool] = False
     UPSTREAM_LAYOUT: ClassVar[bool] = False
@@ -229,6 +230,8 @@ class _NoneTestGuards(MethodGuards):
     """MethodGuards where upstream's own guard is a None test on the mirror
     around the read (an ``if`` or a conditional expression), anywhere in the
     method, or an ``if`` matching UPSTREAM; such reads need nothing."""
+
+    METHODS_READ = ()  # detect_in_class reads the method alone
 
     def _unguarded(self, fn: cst.FunctionDef, guard: Guard) -> list[cst.CSTNode]:
         found = primitives.find_all(fn, guard.site, guard.within)

@@ -37,6 +37,9 @@ DRAFT_RUNNER = "is_draft_runner"
 ASSIGNS_DRAFT_RUNNER = m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name(DRAFT_RUNNER)))])
 
 SUPERSEDED_WHY = f"upstream replaced {MASK} with the verify_mask property (sglang 0.5.17+)"
+#: The methods the mask's codemods read (``reads.declared_methods``): theirs,
+#: those that tell upstream's later shape, those a new method goes after.
+MASK_METHODS = ("__init__", "init_cuda_graph_state", "verify_mask", GET_BUFFERS, "get_cuda_graph_seq_len_fill_value")
 
 
 def _assigns_mask(fn: cst.FunctionDef | None) -> bool:
@@ -71,6 +74,8 @@ def _mask_superseded(cls: cst.ClassDef) -> bool:
 class _MaskMethod(MethodCodemod):
     """A method of the target backend that gets a part of the custom mask;
     superseded where upstream replaced the mask (:func:`_mask_superseded`)."""
+
+    METHODS_READ = MASK_METHODS
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         self._superseded = _mask_superseded(cls)
@@ -110,6 +115,7 @@ class InitMaskAndDraftRunner(InitMask):
 
     #: The helper whose call marks patchkit's own allocation.
     ALLOC_HELPER: ClassVar[str]
+    METHODS_READ = MASK_METHODS
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         alloc = primitives.find_method(cls, "init_cuda_graph_state")
@@ -218,7 +224,7 @@ class AllocMask(_MaskMethod):
             return self.missing_in(fn, f"parameters ({', '.join(params)})", "a max_num_tokens parameter to size the mask with")
         return self._needs_max_bs(fn) or Finding.todo(self.anchor, f"self.{MASK} not allocated")
 
-    IMPORTS_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
+    TOP_LEVEL_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.require_import(self.HELPERS, self.ALLOC_HELPER, among_siblings=True)
@@ -283,6 +289,7 @@ class VerifyBuffersReturnMask(ClassCodemod):
 
     HELPERS: ClassVar[str]
     BUFFERS_HELPER: ClassVar[str] = "verify_buffers_to_fill_after_draft"
+    METHODS_READ = MASK_METHODS
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.{GET_BUFFERS}"
@@ -299,7 +306,7 @@ class VerifyBuffersReturnMask(ClassCodemod):
             return Finding.superseded(anchor, SUPERSEDED_WHY)
         return Finding.todo(anchor, "not overridden (the base returns [None, None])")
 
-    IMPORTS_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
+    TOP_LEVEL_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.require_import(self.HELPERS, self.BUFFERS_HELPER, among_siblings=True)
@@ -326,7 +333,7 @@ class _TreeMaskPart:
     HELPERS: ClassVar[str] = import_path("backends.fa3")
     HELPER: ClassVar[str]
 
-    IMPORTS_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
+    TOP_LEVEL_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.require_import(self.HELPERS, self.HELPER)
@@ -339,6 +346,7 @@ class InitTreeMask(InitMask):
 
     #: The backend's name in the comment the transform writes.
     KIND: ClassVar[str]
+    METHODS_READ = MASK_METHODS
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         finding = super().detect_in_class(cls)
@@ -387,6 +395,7 @@ class VerifyBuffersReturnTreeMask(_TreeMaskPart, VerifyBuffersReturnMask):
     """``get_verify_buffers_to_fill_after_draft`` returns the mask (``verify_buffers``)."""
 
     HELPER = "verify_buffers"
+    METHODS_READ = MASK_METHODS
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         source = f'''

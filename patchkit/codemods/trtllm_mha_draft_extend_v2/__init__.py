@@ -99,7 +99,8 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
         "written as one isinstance(backend, (...)) tuple; import it beside the other backends"
     )
 
-    IMPORTS_ONLY: ClassVar[bool] = True  # its module hooks (PatchCodemod.reads)
+    TOP_LEVEL_ONLY: ClassVar[bool] = True  # its module hooks (PatchCodemod.reads)
+    METHODS_READ = ()  # transform_class reads the method alone
 
     def detect(self, module: cst.Module) -> Finding:
         self._imported = primitives.imports_name(module, MHA_MODULE, MHA_BACKEND)
@@ -159,6 +160,7 @@ class _DraftExtendMetadataMethod(MethodCodemod):
     draft-extend branch."""
 
     CLASS = "TRTLLMHAAttnBackend"
+    METHODS_READ = ()  # find_method reads METHOD and RENAMED alone
 
     def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
         return draft_extend_method(cls, (self.METHOD, *self.RENAMED))
@@ -191,7 +193,7 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
     )
     METHOD, RENAMED = REPLAY_METHODS[0], REPLAY_METHODS[1:]
 
-    IMPORTS_ONLY: ClassVar[bool] = True  # its module hooks (PatchCodemod.reads)
+    TOP_LEVEL_ONLY: ClassVar[bool] = True  # its module hooks (PatchCodemod.reads)
 
     def detect(self, module: cst.Module) -> Finding:
         self._helper_imported = primitives.imports_name(module, HELPER_MODULE, HELPER)
