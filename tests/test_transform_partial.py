@@ -11,7 +11,7 @@ import libcst as cst
 import pytest
 from support import PRIMARY, pristine
 
-from patchkit import registry, transform
+from patchkit import known_releases, registry, transform
 from patchkit.codemods.common import base, primitives
 from patchkit.codemods.common.reads import Methods
 from patchkit.findings import State
@@ -103,6 +103,33 @@ class _Plain(base.MethodCodemod):
 class _WholeClass(base.ClassCodemod):
     CLASS = "B"
 
+    def detect_in_class(self, cls):  # says nothing of what it reads: all of the class
+        return super().detect_in_class(cls)
+
+
+class _Declared(base.ClassCodemod):
+    CLASS = "B"
+    METHODS_READ, WORDS_READ = ("__init__",), ("os.sep",)
+
+    def detect_in_class(self, cls):
+        return super().detect_in_class(cls)
+
+
+class _OverridesBelow(_Declared):
+    def transform_class(self, cls):  # a hook of its own, undeclared: all of the class again
+        return cls
+
+
+class _Mixin:
+    METHODS_READ = ("left",)
+
+    def detect_in_class(self, cls):
+        return super().detect_in_class(cls)
+
+
+class _MixedIn(_Mixin, base.MethodCodemod):
+    CLASS, METHOD = "B", "keep"
+
 
 class _OwnDetect(base.ClassCodemod):
     CLASS = "B"
@@ -129,6 +156,10 @@ def _named(*names: str) -> Methods:
 def test_what_each_kind_of_codemod_reads():
     assert _Plain.reads() == {"B": _named("keep", "kept")}
     assert _WholeClass.reads() == {"B": None} and _OwnFind.reads() == {"B": None}
+    assert _Declared.reads() == {"B": Methods(frozenset({"__init__"}), frozenset({"os.sep"}))}
+    assert _OverridesBelow.reads() == {"B": None}
+    assert type("Below", (_WholeClass,), {"METHODS_READ": ()}).reads() == {"B": None}  # _WholeClass's hook, undeclared
+    assert _MixedIn.reads() == {"B": _named("left", "keep")}  # the mixin's and the method's
     assert _OwnDetect.reads() is None and base.PatchCodemod.reads() is None
     assert _Guards.reads() == {"B": _named("keep"), "moved_here": None}
     assert partial.names_read([_Plain, _Guards]) == {"B": _named("keep", "kept"), "moved_here": None}
@@ -143,8 +174,11 @@ def _transformed(rel: str, source: bytes, module: cst.Module, codemods: list) ->
     return result.new, {k: f.as_list() for k, f in result.after.items()}, [f.as_list() for f in found]
 
 
-@pytest.mark.parametrize("version", [PRIMARY, "0.5.9"])
+@pytest.mark.parametrize("version", sorted(known_releases._table()[0]))
 def test_real_files_transform_alike_parsed_whole_or_in_part(version):
+    """The proof of every codemod's declaration of what it reads
+    (``reads.Methods``): on each release patchkit knows, the only bytes a
+    partial parse is used on, it transforms alike parsed whole or in part."""
     root = pristine(version)
     files: dict[str, list] = {}
     for patch in registry.all_patches():
