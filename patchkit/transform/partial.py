@@ -27,6 +27,7 @@ from typing import Iterable, Optional, Sequence
 
 import libcst as cst
 from patchkit import python_ast
+from patchkit.codemods.common import primitives
 from patchkit.codemods.common.primitives.module import Verbatim
 from patchkit.codemods.common.reads import EVERY, Reads, merged
 
@@ -117,7 +118,10 @@ def parse(source: bytes, reads: Optional[Reads]) -> Optional[cst.Module]:
         return None  # (a block indented unlike the file's first one would be generated with the latter)
     module = module.with_changes(body=body)
     # The file's bytes, or a whole parse: what is written back must be what was read.
-    return module if module.bytes == source else None
+    if module.bytes != source:
+        return None
+    primitives.remember_starts(module, _starts(module, tree))
+    return module
 
 
 def _region(stmt: ast.stmt, indent: bytes, lines: list[bytes]) -> tuple[int, int, bytes]:
@@ -134,6 +138,24 @@ def _region(stmt: ast.stmt, indent: bytes, lines: list[bytes]) -> tuple[int, int
         elif code:
             break
     return first, last, indent
+
+
+def _starts(module: cst.Module, tree: ast.Module) -> list[tuple[cst.CSTNode, int, bool]]:
+    """Where each parsed function, method and class starts (``primitives.line_of``):
+    the module's definitions, parsed or verbatim, are the ast's in order."""
+    starts = []
+    for stmt, node in zip(_definitions(module.body, cst.ClassDef), [s for s in tree.body if isinstance(s, _DEFS)]):
+        if type(stmt) is cst.ClassDef and isinstance(stmt.body, cst.IndentedBlock):
+            methods = [i for i in node.body if isinstance(i, _METHODS)]
+            starts += [(f, i.lineno, False) for f, i in zip(_definitions(stmt.body.body), methods) if type(f) is cst.FunctionDef]
+        if type(stmt) is not Verbatim:
+            starts.append((stmt, node.lineno, type(stmt) is cst.ClassDef))
+    return starts
+
+
+def _definitions(body: Sequence, *also: type) -> list:
+    """The functions (and ``also``) of ``body``, parsed or verbatim."""
+    return [s for s in body if type(s) in (cst.FunctionDef, Verbatim, *also)]
 
 
 def _text(region: tuple[int, int, bytes], lines: list[bytes]) -> bytes:

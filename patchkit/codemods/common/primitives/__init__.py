@@ -42,7 +42,7 @@ from patchkit.codemods.common.primitives.snippets import (  # noqa: F401
     parse_expression,
     parse_statements_with_comments,
 )
-from patchkit.codemods.common.primitives.lines import line_of  # noqa: F401
+from patchkit.codemods.common.primitives.lines import line_of, remember_starts  # noqa: F401
 from patchkit.codemods.common.primitives.search import (  # noqa: F401
     paths_to,
     children,

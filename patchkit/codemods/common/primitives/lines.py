@@ -25,6 +25,9 @@ def line_of(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
     at LINE"); generating the module up to the node for each call, a tenth."""
     if node is module:
         return 1  # a Module starts where its code does: line 1
+    known = _from_a_known_start(module, node)
+    if known is not None:
+        return known
     line = 1
     for item in (*module.header, *module.body, *module.footer):
         lines = _lines(item, module.default_indent, module.default_newline)
@@ -32,6 +35,47 @@ def line_of(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
         if found is not None:
             return found
         line += lines[1]
+    return None
+
+
+# Where definitions of a module start, as its parser knew (``remember_starts``):
+# id(module) -> (module, [(definition, its `def`/`class` line, a class?)]).
+_STARTS: dict[int, tuple] = {}
+_IDS: dict[int, tuple] = {}  # id(definition) -> (definition, the ids of the nodes in it)
+
+
+def remember_starts(module: cst.Module, starts: list[tuple[cst.CSTNode, int, bool]]) -> None:
+    """Where the functions, methods and classes of ``module`` (as it is, not
+    a module made from it) start: ``(definition, line of its def or class
+    keyword, whether a class)``, methods before their classes. A node in one
+    of them is then found at the line its definition starts plus its place
+    in it, without generating the code before (``patchkit.transform.partial``
+    knows them from its ``ast``)."""
+    if len(_STARTS) > 64:
+        _STARTS.clear()
+    _STARTS[id(module)] = (module, starts)
+
+
+def _from_a_known_start(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
+    hit = _STARTS.get(id(module))
+    if hit is None or hit[0] is not module:
+        return None
+    from patchkit.codemods.common.primitives.search import _index
+
+    for unit, start, is_class in hit[1]:
+        if node is unit:
+            return start
+        if is_class:
+            continue  # inside a class but no method: generating the class is the way
+        ids = _IDS.get(id(unit))
+        if ids is None or ids[0] is not unit:
+            if len(_IDS) > 4096:
+                _IDS.clear()
+            ids = _IDS[id(unit)] = (unit, {id(n) for n in _index(unit)[0]})
+        if id(node) in ids[1]:
+            lines = _lines(unit, module.default_indent, module.default_newline)
+            own, at = _line_in(lines, unit, 0), _line_in(lines, node, 0)
+            return None if own is None or at is None else start - own + at
     return None
 
 
