@@ -112,5 +112,5 @@ class SeedDraftDecodeLengthsAtCapture(MethodCodemod):
             body = list(branch.body.body)
             body[i + 1 : i + 1] = primitives.parse_statements_with_comments(SEED.format(receiver=receiver))
             new_body = branch.body.with_changes(body=body)
-            fn = m.replace(fn, m.MatchIfTrue(lambda node, old=branch.body: node is old), lambda _o, _f, new=new_body: new)
+            fn = primitives.replace_node(fn, branch.body, new_body)
         return fn

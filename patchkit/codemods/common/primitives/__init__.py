@@ -124,6 +124,7 @@ from patchkit.codemods.common.primitives.matchers import (  # noqa: F401
 )
 from patchkit.codemods.common.primitives.expressions import (  # noqa: F401
     replace_expressions,
+    replace_node,
     isinstance_class_names,
     isinstance_tuple,
     add_isinstance_classes,

@@ -10,13 +10,61 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.matchers import _isinstance_parts, _strip_parens, find_isinstance_disjunction, is_node, isinstance_subject, or_terms
-from patchkit.codemods.common.primitives.search import find_all, paths_to
+from patchkit.codemods.common.primitives.search import _index, find_all, paths_to
 from patchkit.codemods.common.primitives.snippets import AnchorError, parse_expression, parse_statement
 
 
 def replace_expressions(node: cst.CSTNode, matcher: m.BaseMatcherNode, replacement) -> cst.CSTNode:
-    """libcst's own matcher replace, re-exported so codemods use one spelling."""
-    return m.replace(node, matcher, replacement)
+    """libcst's ``m.replace(node, matcher, replacement)``, visiting only the
+    paths to the matches (``search.paths_to``): ``m.replace`` visits, and
+    rebuilds, every node of ``node`` (a whole method) for a few matches.
+    ``replacement(updated node, captures)`` as there: the captures of the
+    match on the original node, as updated below it (a capture that was
+    itself replaced is no match, as there)."""
+    if isinstance(matcher, m.MatchIfTrue):  # m.replace tests it on each node; m.matches does not take one
+        hits = [n for n in _index(node)[0] if matcher.func(n)]
+    else:
+        hits = find_all(node, matcher)
+    if not hits:
+        return node
+    return node.visit(_Replacer(matcher, replacement, hits, paths_to(node, hits)))
+
+
+class _Replacer(cst.CSTTransformer):
+    def __init__(self, matcher, replacement, hits: list[cst.CSTNode], visit: set[int]) -> None:
+        super().__init__()
+        self.matcher, self.replacement = matcher, replacement
+        self.hits, self.visit = {id(h) for h in hits}, visit
+        self.updated: dict[int, cst.CSTNode] = {}  # id(original) -> updated, where they differ
+        self.replaced: set[int] = set()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return id(node) in self.visit
+
+    def on_leave(self, original, updated):
+        if updated is not original:
+            self.updated[id(original)] = updated
+        if id(original) not in self.hits:
+            return updated
+        captures = {} if isinstance(self.matcher, m.MatchIfTrue) else m.extract(original, self.matcher)
+        if captures is None or any(id(c) in self.replaced for c in _captured(captures)):
+            return updated
+        self.replaced.add(id(original))
+        return self.replacement(updated, {name: self._now(value) for name, value in captures.items()})
+
+    def _now(self, value):
+        if isinstance(value, Sequence) and not isinstance(value, cst.CSTNode):
+            return tuple(self.updated.get(id(v), v) for v in value)
+        return self.updated.get(id(value), value)
+
+
+def replace_node(node: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
+    """``node`` with its subtree ``old`` (that very node) replaced by ``new``."""
+    return node.visit(_Replacer(is_node(old), lambda _old, _found: new, [old], paths_to(node, [old])))
+
+
+def _captured(captures: dict) -> list:
+    return [v for value in captures.values() for v in (value if isinstance(value, Sequence) else (value,))]
 
 
 def isinstance_class_names(node: cst.BaseExpression) -> Optional[tuple[str, list[str]]]:

@@ -9,6 +9,7 @@ from typing import Callable, Optional, Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 
+from patchkit.codemods.common.primitives.expressions import replace_node
 from patchkit.codemods.common.primitives.search import find_all, paths_to
 from patchkit.codemods.common.primitives.snippets import AnchorError, _docstring_count, parse_expression, parse_statement, parse_statements, parse_statements_with_comments
 
@@ -148,4 +149,4 @@ def replace_block_statements(
     body = list(block.body)
     body[start:end] = [edit(body[start:end])]
     edited = block.with_changes(body=body)
-    return m.replace(node, m.MatchIfTrue(lambda candidate: candidate is block), lambda _old, _found: edited)
+    return replace_node(node, block, edited)
