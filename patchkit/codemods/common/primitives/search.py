@@ -1,4 +1,6 @@
-"""Searching a subtree: ``find_all`` (source order, without rebuilding nodes) and ``contains``."""
+"""Searching a subtree: ``find_all`` (source order, without rebuilding nodes) and ``contains``.
+
+Whitespace, comments and punctuation (``_TRIVIA``) are never walked: no search finds one."""
 
 from __future__ import annotations
 
@@ -207,11 +209,19 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 # type -> 1 (a CST node), 2 (a list or tuple), 0 (anything else): isinstance
 # against CSTNode, an ABC, cost a Python-level __instancecheck__ per field.
 _KINDS: dict[type, int] = {}
+# Whitespace, comments and punctuation: two thirds of a method's nodes, and
+# no codemod looks for one, so the walks (and every search) leave them out.
+_TRIVIA = (
+    cst.BaseParenthesizableWhitespace, cst.TrailingWhitespace, cst.Newline, cst.EmptyLine, cst.Comment,
+    cst.Dot, cst.Comma, cst.Colon, cst.Semicolon, cst.AssignEqual, cst.LeftParen, cst.RightParen,
+    cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace,
+)
 
 
 def _kind(value_type: type) -> int:
     kind = _KINDS[value_type] = (
-        1 if issubclass(value_type, cst.CSTNode) else 2 if issubclass(value_type, (list, tuple)) else 0
+        0 if issubclass(value_type, _TRIVIA) else 1 if issubclass(value_type, cst.CSTNode)
+        else 2 if issubclass(value_type, (list, tuple)) else 0
     )
     return kind
 
