@@ -19,8 +19,8 @@ def _fake_compute(rel, job):
     return Entry({}, [["x"]], new=job[1] + b"# changed\n")
 
 
-def _record_after(rel: str, new: bytes) -> None:
-    Path(rel).write_bytes(new)  # rel: a path under tmp_path (the worker's only way back here)
+def _record_after(rel: str, source: bytes, new: bytes) -> None:
+    Path(rel).write_bytes(source + b"->" + new)  # rel: a path under tmp_path (the worker's only way back here)
 
 
 def _fail() -> object:
@@ -37,17 +37,17 @@ def two_workers(monkeypatch):
 def test_side_jobs_and_after_run_in_the_workers(tmp_path, two_workers):
     jobs = [(str(tmp_path / f"m{i}.py"), (tmp_path / f"m{i}.py", b"x = %d\n" % i, [["ref"]], None)) for i in range(3)]
     taken: list = []
-    head = parallel.HeadStart(lambda: [lambda: 1, lambda: 2], taken.append, _record_after)
+    head = parallel.HeadStart(lambda files: [lambda: 1, lambda: len(files)], taken.append, _record_after)
     entries = parallel.prepare_all(jobs, TransformCache(None), head_start=head)
     assert [e.new for e in entries] == [b"x = %d\n# changed\n" % i for i in range(3)]
-    assert sorted(taken) == [1, 2]
-    assert [(tmp_path / f"m{i}.py").read_bytes() for i in range(3)] == [e.new for e in entries]
+    assert sorted(taken) == [1, 3]  # side() was told the three files the workers transform
+    assert [(tmp_path / f"m{i}.py").read_bytes() for i in range(3)] == [b"x = %d\n->" % i + e.new for i, e in enumerate(entries)]
 
 
 def test_a_failing_head_start_changes_nothing(tmp_path, two_workers):
     jobs = [(f"m{i}.py", (tmp_path / f"m{i}.py", b"y = %d\n" % i, [["ref"]], None)) for i in range(2)]
     taken: list = []
-    head = parallel.HeadStart(lambda: [_fail, lambda: 3], taken.append, lambda rel, new: _fail())
+    head = parallel.HeadStart(lambda files: [_fail, lambda: 3], taken.append, lambda rel, source, new: _fail())
     entries = parallel.prepare_all(jobs, TransformCache(None), head_start=head)
     assert [e.new for e in entries] == [b"y = %d\n# changed\n" % i for i in range(2)]
     assert taken == [3]

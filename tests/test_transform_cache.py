@@ -19,6 +19,7 @@ import pytest
 from drift import drift
 from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
 from patchkit import registry, transform
+from patchkit.audit import facts
 from patchkit.transform import cache as transform_cache
 from patchkit.api.applying import apply_patches
 from patchkit.engine import locked_session
@@ -44,7 +45,9 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 def entries(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    """The transform entries (not the audit's facts beside them: the test below)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")
+                  and "audit" not in p.relative_to(folder).parts)
 
 
 @lru_cache(maxsize=None)
@@ -269,3 +272,15 @@ def test_status_and_verify_on_a_patched_tree_import_neither_libcst_nor_codemods(
     proc = subprocess.run([sys.executable, "-c", "import json\n" + code, str(tree)], capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode()
     assert json.loads(proc.stdout.decode().strip().splitlines()[-1]) == []
+
+
+def test_a_damaged_audit_facts_file_is_computed_again_and_rewritten(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path))
+    monkeypatch.setattr(facts, "_MEMO", {})
+    source = b"class B:\n    def f(self, batch):\n        return batch.seq_lens_cpu.max()\n"
+    good = facts.facts_of("srt/m.py", source)
+    (path,) = tmp_path.rglob("*.json")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    monkeypatch.setattr(facts, "_MEMO", {})  # a new process
+    assert facts.facts_of("srt/m.py", source) == good
+    assert json.loads(path.read_text())["reads"]  # written whole again

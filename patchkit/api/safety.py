@@ -82,9 +82,10 @@ def head_start(tree: "Tree", selected: list["Patch"], applied: set[str]) -> tupl
     selected nor applied before). Once their files are transformed, the
     workers compute the facts of every module that reads the mirror, as read
     (the modules apply leaves as they are, and the release's own bytes of
-    those it changes, on a release tree), in chunks taken into this process's
-    memory; and each worker, the facts of the new bytes of the files it
-    transformed (kept in the shared cache, where the audit finds them). So
+    those it changes, on a release tree) but the files the workers
+    transform, in chunks taken into this process's memory; and each worker,
+    the facts of the files it transformed, as read and as written (kept in
+    the shared cache, where the audit finds them). So
     the audit after the transform is shared between the cores. Only a head
     start: that audit is the same call on the same bytes, and computes
     whatever is missing."""
@@ -96,8 +97,9 @@ def head_start(tree: "Tree", selected: list["Patch"], applied: set[str]) -> tupl
 
     srt = audit.sources(tree.package)
 
-    def side() -> list:  # only when files are transformed in worker processes (a warm apply has none)
-        modules = sorted(((rel, data) for rel, data in srt.items() if facts.reads_mirror(data)), key=lambda m: -len(m[1]))
+    def side(transformed: frozenset) -> list:  # only when files are transformed in worker processes (a warm apply has none)
+        modules = sorted(((rel, data) for rel, data in srt.items() if rel not in transformed and facts.reads_mirror(data)),
+                         key=lambda m: -len(m[1]))
         chunks: list[list[tuple[str, bytes]]] = [[] for _ in range(min(8, len(modules)))]
         sizes = [0] * len(chunks)
         for rel, data in modules:  # biggest first, each to the lightest chunk: chunks of about one size
@@ -106,9 +108,10 @@ def head_start(tree: "Tree", selected: list["Patch"], applied: set[str]) -> tupl
             sizes[k] += len(data)
         return [partial(facts.facts_of_many, chunk) for chunk in chunks]
 
-    def after(rel: str, new: bytes) -> None:
-        if rel in srt and facts.reads_mirror(new):
-            facts.facts_of(rel, new)
+    def after(rel: str, source: bytes, new: bytes) -> None:
+        for data in (source, new):  # as read and as written: their ast is the transform's
+            if rel in srt and facts.reads_mirror(data):
+                facts.facts_of(rel, data)
 
     return HeadStart(side, facts.remember, after), srt
 

@@ -47,16 +47,18 @@ _SIDE: list[Callable[[], object]] = []
 
 @dataclass
 class HeadStart:
-    """Later work the pool's workers start on while they are there (only when
-    files are computed in worker processes): ``side()``, called then, gives
-    callables run after the files, each result handed to ``take`` in the
-    parent; ``after(rel, new bytes)``, called in the worker for each file it
-    transformed. Only ever a head start: what it computes is computed again,
-    or found in a cache, by whoever needs it, and its errors are ignored."""
+    """Later work done in worker processes (only when files are computed
+    there): ``side(the files the workers transform)``, called then, gives
+    callables run in a process of their own (needing no libcst, it is forked
+    first), each result handed to ``take`` in the parent; ``after(rel, bytes
+    read, new bytes)``, called in the worker for each file it transformed
+    (where the ``ast`` of both is at hand: ``python_ast``). Only ever a head
+    start: what it computes is computed again, or found in a cache, by
+    whoever needs it, and its errors are ignored."""
 
-    side: Callable[[], Sequence[Callable[[], object]]] = lambda: ()
+    side: Callable[[frozenset], Sequence[Callable[[], object]]] = lambda files: ()
     take: Callable[[object], None] = lambda result: None
-    after: Optional[Callable[[str, bytes], None]] = None
+    after: Optional[Callable[[str, bytes, bytes], None]] = None
 
 
 def jobs_wanted() -> int:
@@ -116,7 +118,7 @@ def _work(index: int) -> Optional[Entry]:
     entry = compute(*_JOBS[index])
     if _HEAD is not None and _HEAD.after is not None and entry is not None and entry.new is not None:
         with contextlib.suppress(Exception):  # a head start never decides an error
-            _HEAD.after(_JOBS[index][0], entry.new)
+            _HEAD.after(_JOBS[index][0], _JOBS[index][1][1], entry.new)
     return entry
 
 
@@ -301,7 +303,7 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
         _JOBS, _HEAD, _SIDE = list(jobs), head_start, []
         if head_start is not None:
             with contextlib.suppress(Exception):  # a head start never decides an error
-                _SIDE = list(head_start.side())
+                _SIDE = list(head_start.side(frozenset(jobs[i][0] for i, _ in todo)))
         pool = side_pool = None
         try:
             side = []

@@ -53,7 +53,7 @@ def remember_starts(module: cst.Module, starts: list[tuple[cst.CSTNode, int, boo
     knows them from its ``ast``)."""
     if len(_STARTS) > 64:
         _STARTS.clear()
-    _STARTS[id(module)] = (module, starts)
+    _STARTS[id(module)] = (module, starts, {id(unit): (unit, start) for unit, start, _ in starts})
 
 
 def _from_a_known_start(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
@@ -62,9 +62,10 @@ def _from_a_known_start(module: cst.Module, node: cst.CSTNode) -> Optional[int]:
         return None
     from patchkit.codemods.common.primitives.search import _index
 
+    itself = hit[2].get(id(node))
+    if itself is not None and itself[0] is node:
+        return itself[1]
     for unit, start, is_class in hit[1]:
-        if node is unit:
-            return start
         if is_class:
             continue  # inside a class but no method: generating the class is the way
         ids = _IDS.get(id(unit))
