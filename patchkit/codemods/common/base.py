@@ -121,10 +121,8 @@ class ClassCodemod(PatchCodemod):
     implement ``detect_in_class`` / ``transform_class``."""
 
     CLASS: ClassVar[str]
-    # What this class's own class hooks (detect_in_class, transform_class ...)
-    # read of CLASS besides its own statements: the methods named, and those
-    # holding one of the words; None: every method. Each class that defines
-    # such a hook says it (``reads.declared_methods``); these read nothing.
+    # What this class's own class hooks read of CLASS besides its statements: the methods
+    # named, those holding one of the words; None: all. Each class defining one says it.
     METHODS_READ: ClassVar[Optional[tuple[str, ...]]] = ()
     WORDS_READ: ClassVar[tuple[str, ...]] = ()
 
@@ -182,12 +180,11 @@ class AddMethodCodemod(ClassCodemod):
     METHOD: ClassVar[str]
     SOURCE: ClassVar[str]
     AFTER: ClassVar[tuple[str, ...]] = ()
-    METHODS_READ = ()  # METHOD and AFTER (methods_read)
+    METHODS_READ = ()
 
     @classmethod
     def methods_read(cls) -> Optional[Methods]:
-        declared = declared_methods(cls)
-        return None if declared is None else declared | Methods(frozenset((cls.METHOD, *cls.AFTER)))
+        return declared_methods(cls, cls.METHOD, *cls.AFTER)
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.{self.METHOD}"
@@ -228,12 +225,11 @@ class MethodCodemod(ClassCodemod):
     def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
         return primitives.find_first_method(cls, (self.METHOD, *self.RENAMED))
 
-    METHODS_READ = ()  # the method alone (methods_read)
+    METHODS_READ = ()
 
     @classmethod
     def methods_read(cls) -> Optional[Methods]:
-        declared = declared_methods(cls)
-        return None if declared is None else declared | Methods(frozenset((cls.METHOD, *cls.RENAMED)))
+        return declared_methods(cls, cls.METHOD, *cls.RENAMED)  # the method, and what classes below declare
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         fn = self.find_method(cls)

@@ -59,12 +59,12 @@ def reads_only(cls: type, hooks: tuple[str, ...], *bases: type) -> bool:
     return True
 
 
-def declared_methods(cls: type) -> Optional[Methods]:
-    """The methods of its class ``cls`` reads: what each class of its MRO
-    declares its own hooks read (``METHODS_READ``, and ``WORDS_READ``),
-    together; None (the whole class) where one declares None, or defines a
-    class hook without declaring what it reads."""
-    named: set[str] = set()
+def declared_methods(cls: type, *named_too: str) -> Optional[Methods]:
+    """The methods of its class ``cls`` reads: ``named_too`` and what each
+    class of its MRO declares its own hooks read (``METHODS_READ``, and
+    ``WORDS_READ``), together; None (the whole class) where one declares
+    None, or defines a class hook without declaring what it reads."""
+    named: set[str] = set(named_too)
     words: set[str] = set()
     for k in cls.__mro__:
         own = k.__dict__

@@ -1,9 +1,7 @@
-"""The verify tree mask (``cuda_graph_custom_mask``) the FA3, FlashMLA and
-TRT-LLM MLA codemods share, on the floor of ``common``: TRT-LLM MLA's
-(``InitMask``, ``AllocMask``, ``VerifyBuffersReturnMask``, helpers imported at
-the module's last import) and FA3's on top of them, also FlashMLA's
-(``InitTreeMask``, ``AllocTreeMask``, ``VerifyBuffersReturnTreeMask``, helpers
-from ``backends.fa3``). Patch modules subclass them under their own names."""
+"""The verify tree mask (``cuda_graph_custom_mask``) the FA3, FlashMLA and TRT-LLM MLA
+codemods share: TRT-LLM MLA's (``InitMask``, ``AllocMask``, ``VerifyBuffersReturnMask``)
+and, on top of them, FA3's and FlashMLA's (``InitTreeMask``, ``AllocTreeMask``,
+``VerifyBuffersReturnTreeMask``). Patch modules subclass them under their own names."""
 
 from __future__ import annotations
 
@@ -37,8 +35,7 @@ DRAFT_RUNNER = "is_draft_runner"
 ASSIGNS_DRAFT_RUNNER = m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name(DRAFT_RUNNER)))])
 
 SUPERSEDED_WHY = f"upstream replaced {MASK} with the verify_mask property (sglang 0.5.17+)"
-#: The methods the mask's codemods read (``reads.declared_methods``): theirs,
-#: those that tell upstream's later shape, those a new method goes after.
+#: What the mask's codemods read (theirs, upstream's later shape's, those a new one goes after).
 MASK_METHODS = ("__init__", "init_cuda_graph_state", "verify_mask", GET_BUFFERS, "get_cuda_graph_seq_len_fill_value")
 
 
@@ -47,9 +44,8 @@ def _assigns_mask(fn: cst.FunctionDef | None) -> bool:
 
 
 def record_max_bs(fn: cst.FunctionDef) -> cst.FunctionDef:
-    """``self.verify_tree_mask_max_bs = max_bs`` right after the statement
-    that allocates the mask (a fresh apply and an upgrade of a tree patched
-    before the bound was recorded read the same)."""
+    """``self.verify_tree_mask_max_bs = max_bs`` right after the statement that allocates
+    the mask (a fresh apply and an upgrade of a tree patched before read the same)."""
     source = f"""
         # The mask holds max_bs requests: the spec worker hands it to
         # build_tree_kernel_efficient only for a batch it fits, so an eager
@@ -64,9 +60,7 @@ def record_max_bs(fn: cst.FunctionDef) -> cst.FunctionDef:
 
 def _mask_superseded(cls: cst.ClassDef) -> bool:
     """Upstream's later shape: a ``verify_mask`` accessor and no custom mask."""
-    if primitives.find_method(cls, "verify_mask") is None:
-        return False
-    return not any(
+    return primitives.find_method(cls, "verify_mask") is not None and not any(
         _assigns_mask(primitives.find_method(cls, name)) for name in ("__init__", "init_cuda_graph_state")
     )
 
@@ -322,13 +316,9 @@ class VerifyBuffersReturnMask(ClassCodemod):
         return primitives.add_method(cls, source, after=after)
 
 
-# FA3's tree mask (FlashMLA's too): the detection above, FA3's own code from
-# patchkit.backends.fa3, imported by the engine (ClassCodemod's transform, not
-# the TRT-LLM MLA import above).
-
-
 class _TreeMaskPart:
-    """Mixin: the FA3 transform, with FA3's helpers imported by the engine."""
+    """Mixin: FA3's tree mask (FlashMLA's too): the detection above, FA3's
+    own code from ``patchkit.backends.fa3``, imported by the engine."""
 
     HELPERS: ClassVar[str] = import_path("backends.fa3")
     HELPER: ClassVar[str]
