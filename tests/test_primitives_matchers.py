@@ -225,6 +225,8 @@ def test_line_of_is_libcsts_position_for_every_node():
         ''')
     module = cst.parse_module(source)
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    nodes = list(primitives.search._walk(module))
+    nodes = list(positions)  # every node, whitespace too (searches never walk it: below)
     assert len(nodes) > 150
     assert [primitives.line_of(module, n) for n in nodes] == [positions[n].start.line for n in nodes]
+    walked = list(primitives.search._walk(module))
+    assert 50 < len(walked) < len(nodes) and not primitives.find_all(module, m.Comma() | m.Comment())

@@ -170,22 +170,23 @@ def interruptible_pool(workers: int) -> Iterator:
     import multiprocessing
 
     fork = "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin"
-    pool = None
+    pools: list = []
     try:
-        pool = _forked_pool(workers, graceful=True, fork=fork)
+        pool = _forked_pool(workers, pools, graceful=True, fork=fork)
         yield pool
         pool.shutdown(wait=True)
     except BaseException:
-        if pool is not None:
+        for pool in pools:
             _stop(pool)
         raise
 
 
-def _forked_pool(workers: int, graceful: bool = False, fork: bool = True):
+def _forked_pool(workers: int, pools: list, graceful: bool = False, fork: bool = True):
     """A pool of ``workers`` processes (forked unless ``fork`` is False),
-    all started here: SIGINT and SIGTERM wait (blocked) until every one has
-    its own handlers (``_worker_init``), so a signal never runs the parent's
-    handlers in a worker."""
+    all started here and added to ``pools`` (what the caller ends when it is
+    interrupted) before a signal can run a handler here: SIGINT and SIGTERM
+    wait (blocked) until every worker has its own handlers (``_worker_init``),
+    so a signal never runs the parent's handlers in a worker."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -193,10 +194,11 @@ def _forked_pool(workers: int, graceful: bool = False, fork: bool = True):
     try:
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork") if fork else None,
                                    initializer=_worker_init, initargs=(blocked, graceful))
+        pools.append(pool)
         pool.submit(int)  # a forking pool starts all its workers on its first submit
-        return pool
     finally:
-        _restore_signals(blocked)
+        _restore_signals(blocked)  # a signal that waited is handled from here on
+    return pool
 
 
 def _stop(pool) -> None:
@@ -304,13 +306,13 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
         if head_start is not None:
             with contextlib.suppress(Exception):  # a head start never decides an error
                 _SIDE = list(head_start.side(frozenset(jobs[i][0] for i, _ in todo)))
-        pool = side_pool = None
+        pools: list = []  # every pool started, ended at once on an interrupt
         try:
             side = []
             if _SIDE:
                 # The side work needs no libcst: its process, forked before
                 # libcst is imported below, works while this one imports it.
-                side_pool = _forked_pool(1)
+                side_pool = _forked_pool(1, pools)
                 side = [side_pool.submit(_side, k) for k in range(len(_SIDE))]
             # Import what the workers need once, here, so every fork inherits it.
             for i, _ in todo:
@@ -322,7 +324,7 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
             # What the parent holds stays out of every collection in the workers
             # (no copy-on-write of its pages for the GC's bookkeeping).
             gc.freeze()
-            pool = _forked_pool(workers)
+            pool = _forked_pool(workers, pools)
             futures = {i: pool.submit(_work, i) for i, _ in todo}
             for i, future in futures.items():
                 try:
@@ -334,15 +336,13 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
             for future in side:
                 with contextlib.suppress(Exception):  # a head start never decides an error
                     head_start.take(future.result())
-            for each in (pool, side_pool):
-                if each is not None:
-                    each.shutdown(wait=True)
+            for each in pools:
+                each.shutdown(wait=True)
         except BaseException:
             # Ctrl-C, SIGTERM or an error: the workers are ended now, never
             # waited for (their results are only ever a cache of the serial path's).
-            for each in (pool, side_pool):
-                if each is not None:
-                    _stop(each)
+            for each in pools:
+                _stop(each)
             raise
         finally:
             _JOBS, _HEAD, _SIDE = [], None, []
