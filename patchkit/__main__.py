@@ -45,10 +45,12 @@ def _exit_code() -> int:
     except KeyboardInterrupt:  # a Ctrl-C before the handlers were installed
         return _interrupted(signal.SIGINT)
     except BaseException as exc:  # noqa: BLE001
-        signum = getattr(exc, "signum", None)
-        if signum is None:
+        from patchkit.errors import interrupt_in
+
+        interrupt = interrupt_in(exc)
+        if interrupt is None:
             raise
-        return _interrupted(signum)
+        return _interrupted(interrupt.signum)
 
 
 def _interrupted(signum: int) -> int:

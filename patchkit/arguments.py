@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from patchkit import registry, terminal
-from patchkit.errors import Interrupted, PatchkitError
+from patchkit.errors import Interrupted, PatchkitError, interrupt_in
 
 EXIT_CODES = """\b
 Exit codes:
@@ -133,6 +133,12 @@ class PatchkitGroup(click.Group):
             # Raised by patchkit's handlers, or at the end of a transaction the signal waited for.
             report_interrupt(ctx.obj, exc.signum)
             sys.exit(128 + exc.signum)
+        except Exception as exc:
+            interrupt = interrupt_in(exc)  # wrapped on its way (errors.interrupt_in)
+            if interrupt is None:
+                raise
+            report_interrupt(ctx.obj, interrupt.signum)
+            sys.exit(128 + interrupt.signum)
         except SystemExit:
             _release_tree_line(ctx)
             raise

@@ -23,3 +23,16 @@ class Interrupted(BaseException):
     def __init__(self, signum: int, waited: bool = False) -> None:
         super().__init__(signum)
         self.signum, self.waited = signum, waited
+
+
+def interrupt_in(exc: BaseException) -> "Interrupted | None":
+    """The ``Interrupted`` that ``exc`` is, or that caused it: Python wraps
+    one raised where it cannot pass as itself (a ``__set_name__`` while a
+    class is made, as when a signal comes while libcst is imported)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, Interrupted):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -140,9 +140,14 @@ def test_one_signal_ends_a_parallel_matrix(tmp_path, sig):
     """matrix -j 2 (a process pool of its own): ended within 2 s, its workers
     gone and their copies of the releases removed."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "PATCHKIT_TRANSFORM_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "matrix", "-j", "2", PRIMARY, "0.5.12"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(4)
+    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "matrix", "-j", "2", PRIMARY, "0.5.12", "0.5.11", "0.5.10"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # Signalled once its workers copy releases (a fixed wait let a fast machine finish first).
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith("patchkit-matrix-") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    time.sleep(0.5)
     sent = time.monotonic()
     os.killpg(proc.pid, sig) if sig == signal.SIGINT else proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
@@ -179,3 +184,23 @@ def test_an_interrupt_says_what_it_left(tmp_path, monkeypatch, cli):
     result = cli("apply", early, hook)
     assert result.exit_code == 130 and result.output == "patchkit: interrupted by SIGINT: nothing changed\n", result.output
     assert snapshot(early) == pristine_snapshot(PRIMARY)
+
+
+def test_an_interrupt_wrapped_on_its_way_is_still_one_line(tmp_path, monkeypatch, cli):
+    """A signal while a class is made (as while libcst is imported) reaches
+    the command wrapped in a RuntimeError: the same one line, no traceback."""
+    from patchkit.api import applying
+    from patchkit.errors import Interrupted
+    from patchkit.fetch import copy_tree
+
+    def wrapped(*args, **kwargs):
+        try:
+            raise Interrupted(signal.SIGINT)
+        except Interrupted as exc:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from exc
+
+    tree = copy_tree(PRIMARY, tmp_path / "t")
+    monkeypatch.setattr(applying, "apply_patches", wrapped)
+    result = cli("apply", tree)
+    assert result.exit_code == 130 and result.output == "patchkit: interrupted by SIGINT: nothing changed\n", result.output
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)

@@ -309,9 +309,11 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
         pools: list = []  # every pool started, ended at once on an interrupt
         try:
             side = []
-            if _SIDE:
+            if _SIDE and multiprocessing.parent_process() is None:
                 # The side work needs no libcst: its process, forked before
                 # libcst is imported below, works while this one imports it.
+                # (Not in a worker of a pool already, e.g. the matrix's: there
+                # it queues behind the files, as the cores are taken.)
                 side_pool = _forked_pool(1, pools)
                 side = [side_pool.submit(_side, k) for k in range(len(_SIDE))]
             # Import what the workers need once, here, so every fork inherits it.
@@ -326,6 +328,7 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
             gc.freeze()
             pool = _forked_pool(workers, pools)
             futures = {i: pool.submit(_work, i) for i, _ in todo}
+            side = side or [pool.submit(_side, k) for k in range(len(_SIDE))]
             for i, future in futures.items():
                 try:
                     entry = future.result()
