@@ -109,8 +109,8 @@ def head_start(tree: "Tree", selected: list["Patch"], applied: set[str]) -> tupl
         return [partial(facts.facts_of_many, chunk) for chunk in chunks]
 
     def after(rel: str, source: bytes, new: bytes) -> None:
-        for data in (source, new):  # as read and as written: their ast is the transform's
-            if rel in srt and facts.reads_mirror(data):
+        for data in (source, new) if rel in srt else ():  # as read and as written: their ast is the transform's
+            if facts.reads_mirror(data):
                 facts.facts_of(rel, data)
 
     return HeadStart(side, facts.remember, after), srt

@@ -50,7 +50,8 @@ class HeadStart:
     """Later work done in worker processes (only when files are computed
     there): ``side(the files the workers transform)``, called then, gives
     callables run in a process of their own (needing no libcst, it is forked
-    first), each result handed to ``take`` in the parent; ``after(rel, bytes
+    first; in a pool's worker already, queued behind the files), each result
+    handed to ``take`` in the parent; ``after(rel, bytes
     read, new bytes)``, called in the worker for each file it transformed
     (where the ``ast`` of both is at hand: ``python_ast``). Only ever a head
     start: what it computes is computed again, or found in a cache, by

@@ -10,7 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.matchers import _isinstance_parts, _strip_parens, find_isinstance_disjunction, is_node, isinstance_subject, or_terms
-from patchkit.codemods.common.primitives.search import _index, find_all, paths_to
+from patchkit.codemods.common.primitives.search import find_all, paths_to
 from patchkit.codemods.common.primitives.snippets import AnchorError, parse_expression, parse_statement
 
 
@@ -21,10 +21,7 @@ def replace_expressions(node: cst.CSTNode, matcher: m.BaseMatcherNode, replaceme
     ``replacement(updated node, captures)`` as there: the captures of the
     match on the original node, as updated below it (a capture that was
     itself replaced is no match, as there)."""
-    if isinstance(matcher, m.MatchIfTrue):  # m.replace tests it on each node; m.matches does not take one
-        hits = [n for n in _index(node)[0] if matcher.func(n)]
-    else:
-        hits = find_all(node, matcher)
+    hits = find_all(node, matcher)
     if not hits:
         return node
     return node.visit(_Replacer(matcher, replacement, hits, paths_to(node, hits)))

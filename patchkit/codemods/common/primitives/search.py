@@ -25,6 +25,8 @@ def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.B
     if within is not None:
         return [hit for outer in find_all(node, within) for hit in find_all(outer, matcher)]
     nodes, by_type = _index(node)
+    if isinstance(matcher, m.MatchIfTrue):  # as m.replace tests one on each node (m.matches takes none)
+        return [n for n in nodes if matcher.func(n)]
     types = _types_of(matcher)
     if types is None:
         candidates = nodes  # MatchIfTrue, ~X, ...: test every node
