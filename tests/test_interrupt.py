@@ -17,7 +17,9 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -204,3 +206,54 @@ def test_an_interrupt_wrapped_on_its_way_is_still_one_line(tmp_path, monkeypatch
     result = cli("apply", tree)
     assert result.exit_code == 130 and result.output == "patchkit: interrupted by SIGINT: nothing changed\n", result.output
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
+
+
+def _hold_a_folder(where: str) -> int:
+    with tempfile.TemporaryDirectory(dir=where):
+        time.sleep(60)
+    return os.getpid()
+
+
+def test_a_matrix_worker_ends_itself_on_sigterm(tmp_path):
+    """SIGTERM in a matrix worker (interruptible_pool) ends the process once
+    its ``with`` blocks have removed their folders: exit 143 at once, not a
+    SIGKILL a second later (the pool's worker loop caught the SystemExit and
+    waited for more work)."""
+    from patchkit.transform.parallel import interruptible_pool
+
+    with interruptible_pool(1) as pool:
+        future = pool.submit(_hold_a_folder, str(tmp_path))
+        deadline = time.monotonic() + 30
+        while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (worker,) = pool._pool._processes.values()
+        sent = time.monotonic()
+        worker.terminate()
+        worker.join(5)
+        took = time.monotonic() - sent
+        assert worker.exitcode == 128 + signal.SIGTERM and took < 0.9, (worker.exitcode, took)
+        assert list(tmp_path.iterdir()) == []
+        with pytest.raises(Exception):
+            future.result(timeout=5)
+
+
+def _send_half_a_result(fd: int) -> None:
+    os.write(fd, struct.pack("!i", 1 << 20) + b"x" * 64)  # a 1 MiB message's header, 64 bytes of it
+    time.sleep(60)
+
+
+def test_a_worker_killed_while_it_sends_a_result_does_not_hold_up_the_exit(tmp_path):
+    """A worker killed in the middle of sending its result leaves part of a
+    message in the pool's result pipe. Stopping the pool still ends its
+    manager thread at once (it waited 1.5 s for the rest, then lived on)."""
+    from patchkit.transform.parallel import _forked_pool, _stop
+
+    pools: list = []
+    pool = _forked_pool(1, pools)
+    manager = pool._executor_manager_thread
+    pool.submit(_send_half_a_result, pool._result_queue._writer.fileno())
+    time.sleep(0.3)
+    sent = time.monotonic()
+    _stop(pool)
+    took = time.monotonic() - sent
+    assert not manager.is_alive() and took < 0.5, took

@@ -161,6 +161,28 @@ def _exit(signum: int, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _to_the_end(fn, *args):
+    """A graceful worker's call. SIGTERM's SystemExit ends the process once
+    the call's ``with`` blocks have cleaned up: the pool's worker loop would
+    catch it, send it back and wait for more work until ``_stop`` kills it
+    (a second later)."""
+    try:
+        return fn(*args)
+    except SystemExit as exc:
+        os._exit(exc.code if isinstance(exc.code, int) else 1)
+
+
+class _GracefulPool:
+    """What ``interruptible_pool`` yields: ``submit`` runs each call through
+    ``_to_the_end``."""
+
+    def __init__(self, pool) -> None:
+        self._pool = pool
+
+    def submit(self, fn, *args):
+        return self._pool.submit(_to_the_end, fn, *args)
+
+
 @contextlib.contextmanager
 def interruptible_pool(workers: int) -> Iterator:
     """A process pool (forked where that is safe) whose workers ignore SIGINT
@@ -174,7 +196,7 @@ def interruptible_pool(workers: int) -> Iterator:
     pools: list = []
     try:
         pool = _forked_pool(workers, pools, graceful=True, fork=fork)
-        yield pool
+        yield _GracefulPool(pool)
         pool.shutdown(wait=True)
     except BaseException:
         for pool in pools:
@@ -211,6 +233,7 @@ def _stop(pool) -> None:
     # pipe ("Exception ignored ... Bad file descriptor" on stderr). So it is
     # joined here too, once the workers are gone (shutdown forgets it).
     manager = getattr(pool, "_executor_manager_thread", None)
+    results = getattr(pool, "_result_queue", None)  # shutdown forgets it too
     for process in processes:
         with contextlib.suppress(Exception):
             process.terminate()
@@ -223,6 +246,11 @@ def _stop(pool) -> None:
             if process.is_alive():
                 process.kill()
                 process.join(1.0)
+    # A worker killed while it sent a result left part of a message in the
+    # result pipe: the manager thread's read waits for the rest while a writer
+    # is open, and this process holds one. Closed, the read ends (EOF).
+    with contextlib.suppress(Exception):
+        results._writer.close()
     if manager is not None:
         with contextlib.suppress(Exception):
             manager.join(max(0.2, deadline + 0.5 - time.monotonic()))
