@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
+from support import import_cost
 from patchkit.backends import trtllm_mla
 
 
 def test_module_imports_fast_and_light():
     """Patched sglang imports it: stdlib only at import time (torch lazily)."""
-    code = (
-        "import sys, time; t = time.perf_counter(); import patchkit.backends.trtllm_mla; "
-        "dt = time.perf_counter() - t; "
-        "heavy = [m for m in ('libcst', 'click', 'torch') if m in sys.modules]; "
-        "print(heavy, dt)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    heavy, seconds = out.rsplit(" ", 1)
-    assert heavy == "[]"
-    assert float(seconds) < 0.5
+    heavy, seconds = import_cost("patchkit.backends.trtllm_mla")
+    assert heavy == [] and seconds < 0.5
 
 
 @pytest.mark.parametrize(
