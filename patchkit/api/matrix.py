@@ -132,9 +132,9 @@ def run_matrix(releases: Iterable[str], jobs: int = 1, progress: Optional[Callab
     else:
         from patchkit.transform.parallel import interruptible_pool
 
-        # Ctrl-C / SIGTERM end the workers at once, not after their releases. Their
-        # copies sit in one folder of ours, removed after the pool has ended: also
-        # what a worker killed in the middle of removing its own left behind.
+        # Ctrl-C / SIGTERM kill the workers at once (with the workers they
+        # forked), not after their releases. Their copies sit in one folder of
+        # ours, removed after the pool has ended.
         with tempfile.TemporaryDirectory(prefix="patchkit-matrix-", dir=workdir) as shared, \
                 interruptible_pool(min(jobs, len(releases))) as pool:
             futures = [pool.submit(run_release, version, shared) for version in releases]

@@ -143,60 +143,35 @@ def _restore_signals(mask: Optional[set]) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _worker_init(mask: Optional[set], graceful: bool = False) -> None:
+def _worker_init(mask: Optional[set], gc_on: bool = False) -> None:
     """A worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process
     group; the parent decides and ends the workers) and dies on SIGTERM
     without Python (the parent's handlers must not run here), then takes the
-    parent's signal mask back. ``graceful``: SIGTERM raises SystemExit
-    instead, so the worker's ``with`` blocks clean up (temporary folders), and
-    the GC stays on."""
-    if not graceful:
+    parent's signal mask back. The GC is off (a transform's nodes make no
+    cycles) unless ``gc_on``."""
+    if not gc_on:
         gc.disable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _exit if graceful else signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _restore_signals(mask)
-
-
-def _exit(signum: int, frame) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _to_the_end(fn, *args):
-    """A graceful worker's call. SIGTERM's SystemExit ends the process once
-    the call's ``with`` blocks have cleaned up: the pool's worker loop would
-    catch it, send it back and wait for more work until ``_stop`` kills it
-    (a second later)."""
-    try:
-        return fn(*args)
-    except SystemExit as exc:
-        os._exit(exc.code if isinstance(exc.code, int) else 1)
-
-
-class _GracefulPool:
-    """What ``interruptible_pool`` yields: ``submit`` runs each call through
-    ``_to_the_end``."""
-
-    def __init__(self, pool) -> None:
-        self._pool = pool
-
-    def submit(self, fn, *args):
-        return self._pool.submit(_to_the_end, fn, *args)
 
 
 @contextlib.contextmanager
 def interruptible_pool(workers: int) -> Iterator:
-    """A process pool (forked where that is safe) whose workers ignore SIGINT
-    and exit on SIGTERM, cleaning up (``_worker_init``); every worker is
-    started here. When the block raises (Ctrl-C, SIGTERM, an error) the
-    workers are ended at once (``_stop``), never waited for; else the pool
-    shuts down as ``with ProcessPoolExecutor`` does."""
+    """A process pool (forked where that is safe) for work that forks pools of
+    its own (the matrix: a release's apply). Each worker leads a process
+    group (``_forked_pool``), so that ``_stop`` ends it with the workers it
+    forked, at once, wherever it is (a native call runs no signal handler).
+    When the block raises (Ctrl-C, SIGTERM, an error) the workers are ended
+    that way, never waited for; else the pool shuts down as ``with
+    ProcessPoolExecutor`` does."""
     import multiprocessing
 
     fork = "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin"
     pools: list = []
     try:
-        pool = _forked_pool(workers, pools, graceful=True, fork=fork)
-        yield _GracefulPool(pool)
+        pool = _forked_pool(workers, pools, fork=fork, groups=True)
+        yield pool
         pool.shutdown(wait=True)
     except BaseException:
         for pool in pools:
@@ -204,29 +179,45 @@ def interruptible_pool(workers: int) -> Iterator:
         raise
 
 
-def _forked_pool(workers: int, pools: list, graceful: bool = False, fork: bool = True):
+def _forked_pool(workers: int, pools: list, fork: bool = True, groups: bool = False):
     """A pool of ``workers`` processes (forked unless ``fork`` is False),
     all started here and added to ``pools`` (what the caller ends when it is
     interrupted) before a signal can run a handler here: SIGINT and SIGTERM
     wait (blocked) until every worker has its own handlers (``_worker_init``),
-    so a signal never runs the parent's handlers in a worker."""
+    so a signal never runs the parent's handlers in a worker. ``groups``:
+    each worker leads a process group, set here before it can fork (and its
+    GC stays on: it runs job after job)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     blocked = _block_signals()
     try:
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork") if fork else None,
-                                   initializer=_worker_init, initargs=(blocked, graceful))
+                                   initializer=_worker_init, initargs=(blocked, groups))
         pools.append(pool)
         pool.submit(int)  # a forking pool starts all its workers on its first submit
+        for pid in pool._processes if groups else ():
+            with contextlib.suppress(OSError):  # a spawned worker that has exec'd keeps ours
+                os.setpgid(pid, pid)
     finally:
         _restore_signals(blocked)  # a signal that waited is handled from here on
     return pool
 
 
+def _end(process) -> None:
+    """SIGKILL to the process group a worker leads (the worker and the
+    workers it forked), else SIGTERM to the worker."""
+    with contextlib.suppress(OSError):
+        if os.getpgid(process.pid) == process.pid:
+            os.killpg(process.pid, signal.SIGKILL)
+            return
+    with contextlib.suppress(Exception):
+        process.terminate()
+
+
 def _stop(pool) -> None:
-    """End a pool's workers now: SIGTERM, then SIGKILL to any still alive
-    after a second; reap them all, so that nothing joins them at exit."""
+    """End a pool's workers now (``_end``), SIGKILL to any still alive after
+    a second; reap them all, so that nothing joins them at exit."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
     # Its manager thread closes the pool's wake-up pipe when it ends; one still
     # ending at exit races concurrent.futures' atexit hook, which writes to that
@@ -235,8 +226,7 @@ def _stop(pool) -> None:
     manager = getattr(pool, "_executor_manager_thread", None)
     results = getattr(pool, "_result_queue", None)  # shutdown forgets it too
     for process in processes:
-        with contextlib.suppress(Exception):
-            process.terminate()
+        _end(process)
     with contextlib.suppress(Exception):
         pool.shutdown(wait=False, cancel_futures=True)
     deadline = time.monotonic() + 1.0
