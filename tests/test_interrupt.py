@@ -35,18 +35,24 @@ EXIT_WITHIN = 2.0  # seconds from the signal to the process's exit
 BUDGET = 120.0  # seconds of waiting for all points: fewer points (6 at least) where a cold apply is very slow
 
 
+def _stat(path: Path) -> tuple[str, list[str]]:
+    """``/proc/PID/stat``: the process's "PID (name)", and the fields after it
+    (state ppid pgrp session ...); ("", []) where it is gone."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return "", []
+    return text[:text.rindex(")") + 1], text[text.rindex(")") + 2:].split()
+
+
 def _session_processes(sid: int) -> list[str]:
     """Live processes of session ``sid`` (patchkit runs as a session leader,
     its workers inherit the session, even once orphaned)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()  # state ppid pgrp session ...
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(f"{stat.parent.name}: {text[:text.rindex(')') + 1]}")
+        who, fields = _stat(stat)
+        if fields and int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{stat.parent.name}: {who}")
     return found
 
 
@@ -216,11 +222,8 @@ def _fork_two_workers(said: str) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
+    _, fields = _stat(Path(f"/proc/{pid}/stat"))
+    return bool(fields) and fields[0] != "Z"
 
 
 def test_a_matrix_worker_ends_with_the_workers_it_forked(tmp_path):

@@ -213,7 +213,7 @@ if forward_batch.forward_mode.is_draft_extend_v2():
         self.require_import(MIRROR_READS, "host_max_seq_len")
         verify = self._verify_branches(fn)[0]
         elif_branch = branch.with_changes(orelse=verify.orelse)
-        return primitives.replace_expressions(fn, primitives.is_node(verify), lambda old, _: old.with_changes(orelse=elif_branch))
+        return primitives.replace_node(fn, verify, verify.with_changes(orelse=elif_branch))
 
 
 @dataclass

@@ -120,7 +120,7 @@ def add_isinstance_classes(expr: cst.BaseExpression, subject: str, add: Sequence
         kept = [merged if t is checks[0] else t for t in terms if not any(t is c for c in checks[1:])]
         lines = [textwrap.indent(code(t), "    ")[4:] for t in kept]
         new = parse_expression("(\n    " + "\n    or ".join(lines) + "\n)")
-    return replace_expressions(expr, is_node(found), lambda _node, _found: new)
+    return replace_node(expr, found, new)
 
 
 def set_keyword_argument(call: cst.Call, name: str, value_source: str) -> cst.Call:
