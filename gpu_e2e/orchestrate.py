@@ -21,7 +21,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import bundle_kernels, engine_facts, fa3_kernel, mirror_control, rank_report, ranks, report
+from . import bundle_kernels, engine_facts, fa3_kernel, mirror_control, rank_report, ranks, report, wait_report
 
 
 def log(msg: str) -> None:
@@ -277,8 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                 used = engine_facts.backend_in_force(got["patched"], args.attention_backend)
                 mirror_kept = used not in report.SYNC_FREE_BACKENDS
                 all_results["problems"].extend(report.verdict(rows, mirror_kept=mirror_kept))
+                all_results["problems"].extend(wait_report.problems(rows))  # torch's count (issue 53)
                 all_results["notes"].extend(_startup_notes(rows))
-                (out / "table.md").write_text(report.markdown(all_results["rows"]))
+                (out / "table.md").write_text(tables(all_results["rows"]))
                 if args.rounds > 1:
                     (out / "speed.md").write_text(report.speed_markdown(all_results["rows"]))
                 print(report.markdown(rows), flush=True)
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(rank_report.markdown(rank_rows), flush=True)
             results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
 
-    print("\n" + report.markdown(all_results["rows"]))
+    print("\n" + tables(all_results["rows"]))
     if args.rounds > 1:
         print("\n" + report.speed_markdown(all_results["rows"]))
     if args.tp > 1:
@@ -310,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     ran = all_results["rows"] or extra
     print("verdict:", "OK" if not all_results["problems"] and ran else "NOT OK")
     return 0 if ran and not all_results["problems"] else 1
+
+
+def tables(rows: list[dict]) -> str:
+    """table.md: the wrapper counter's table, then torch's host waits per site (issue 53)."""
+    waits = [r for r in rows if r.get("waits")]
+    return report.markdown(rows) + ("\n" + wait_report.markdown(waits) if waits else "")
 
 
 def _variant(spec: str, default_backend: str) -> tuple[str, str]:
@@ -354,6 +361,8 @@ def _startup_notes(rows: list[dict]) -> list[str]:
         if r.get("new_sites_startup"):
             tag = f"{r['release']} {r['size']}" + (f" rank {r['tp_rank']}" if "tp_rank" in r else "")
             seen[tag] = r["new_sites_startup"]
+        if r.get("new_wait_sites_startup"):
+            seen[f"{r['release']} {r['size']} (torch's count)"] = r["new_wait_sites_startup"]
     return [f"{tag}: new sync sites during start-up only (graph capture; not a problem): {', '.join(s)}"
             for tag, s in seen.items()]
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from . import mirror_control
+from . import mirror_control, wait_report
 from .sites import by_function, new_sites
+from .syncs import wrapper_only
 
 PREPARE_FOR_DECODE = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
 
@@ -46,7 +47,9 @@ def best_tok_per_s(batch: Mapping) -> Optional[float]:
 def compare_batch(release: str, pristine: Mapping, patched: Mapping, size: str) -> dict:
     """One table row from the same batch size of both variants."""
     a, b = pristine, patched
-    fa, fb = by_function(a["syncs"]), by_function(b["syncs"])
+    # The wrapper counter's columns (the cross-check since issue 53); torch's count: "waits".
+    wa, wb = wrapper_only(a["syncs"]), wrapper_only(b["syncs"])
+    fa, fb = by_function(wa), by_function(wb)
     other_a = {k: v for k, v in fa.items() if k.split(" ", 1)[1] != PREPARE_FOR_DECODE}
     other_b = {k: v for k, v in fb.items() if k.split(" ", 1)[1] != PREPARE_FOR_DECODE}
     new_sites = sorted(set(fb) - set(fa))
@@ -56,9 +59,10 @@ def compare_batch(release: str, pristine: Mapping, patched: Mapping, size: str) 
         "size": size,
         "batch_size": a["batch_size"],
         "workload": a.get("workload", "uniform"),
-        "prepare_per_step": (per_step(prepare_syncs(a["syncs"]), a["decode_steps"]),
-                             per_step(prepare_syncs(b["syncs"]), b["decode_steps"])),
+        "prepare_per_step": (per_step(prepare_syncs(wa), a["decode_steps"]),
+                             per_step(prepare_syncs(wb), b["decode_steps"])),
         "decode_steps": (a["decode_steps"], b["decode_steps"]),
+        **({"waits": wait_report.compare_batch(a, b)} if wait_report.armed(a, b) else {}),
         "other_sites": (other_a, other_b),
         "new_sites": new_sites,
         "tok_per_s": (a["tok_per_s"], b["tok_per_s"]),
@@ -79,13 +83,18 @@ def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
     e.g. capturing a graph a patch adds (``new_sites_startup``, reported; see sites.py)."""
     rows = []
     pb = {_batch_key(x): x for x in patched["batches"]}
-    new_whole, new_startup = new_sites(pristine.get("syncs_whole_run") or {}, patched.get("syncs_whole_run") or {},
-                                       patched.get("syncs_startup"))
+    whole_a, whole_b = pristine.get("syncs_whole_run") or {}, patched.get("syncs_whole_run") or {}
+    startup_b = patched.get("syncs_startup")
+    new_whole, new_startup = new_sites(wrapper_only(whole_a), wrapper_only(whole_b),
+                                       None if startup_b is None else wrapper_only(startup_b))
+    new_waits = wait_report.new_sites(whole_a, whole_b, startup_b)
     for batch in pristine["batches"]:
         other = pb.get(_batch_key(batch))
         if other is not None and "summary" not in batch:
             row = compare_batch(release, batch, other, pristine["size"])
             row["new_sites_whole_run"], row["new_sites_startup"] = new_whole, new_startup
+            if "waits" in row:
+                row["new_wait_sites_whole_run"], row["new_wait_sites_startup"] = new_waits
             if pristine.get("scenario", "eagle3") != "eagle3" or pristine.get("deterministic"):
                 row["scenario"] = pristine["scenario"] + (" det" if pristine.get("deterministic") else "")
             rows.append(row)

@@ -169,7 +169,14 @@ def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
         "tree_mask": tree_mask_probe.counts(timed),
         "ranks": ranks.batch_per_rank(ranks.read(sync_dir), before_ranks),
         "verify_ct": verify,
+        "sync_debug_armed": armed_in(sync_dir),
     }
+
+
+def armed_in(sync_dir: str | None) -> bool:
+    """Whether torch's sync debug mode was armed in every scheduler process (host_waits.py)."""
+    schedulers = [d for d in ranks.read(sync_dir) if ranks.rank_of(d) is not None]
+    return bool(schedulers) and all((d.get("notes") or {}).get("sync_debug_armed") for d in schedulers)
 
 
 def alternated_runs(engine, requests, pairs: int, sync_dir: str | None,

@@ -44,6 +44,8 @@ import time
 from collections import Counter
 from typing import Any, Iterable, Mapping, Optional
 
+from . import host_waits
+
 ENV_DIR = "PK_E2E_SYNC_DIR"
 ENV_FLUSH = "PK_E2E_SYNC_FLUSH_S"
 #: Tensor reads that copy to the host, then "wait": a host wait on the device
@@ -51,7 +53,10 @@ ENV_FLUSH = "PK_E2E_SYNC_FLUSH_S"
 #: ``torch.cuda.synchronize``), which blocks as a copy does without moving data.
 TENSOR_KINDS = ("cpu", "item", "tolist")
 WAIT = "wait"
-KINDS = TENSOR_KINDS + (WAIT,)
+#: The wrapper counter's kinds (the cross-check since issue 53).
+WRAPPER_KINDS = TENSOR_KINDS + (WAIT,)
+#: Every kind a sync table keeps: the wrapper's and torch's own (host_waits.py).
+KINDS = WRAPPER_KINDS + host_waits.KINDS
 
 #: module -> (class or None, function): calls counted under "call" keys.
 CALL_PROBES = {
@@ -102,6 +107,10 @@ def _bump(key: str) -> None:
     with _lock:
         _counts[key] += 1
         _version += 1
+
+
+def _count_at(kind: str, frame: Any) -> None:
+    _bump(f"{kind}|{attribute(frame)}")
 
 
 def _wrap_tensor_method(torch: Any, kind: str) -> None:
@@ -276,6 +285,8 @@ def install(directory: Optional[str] = None) -> bool:
     for kind in TENSOR_KINDS:
         _wrap_tensor_method(torch, kind)
     _wrap_waits(torch)
+    # torch's own count of host waits and the pageable-copy check (issue 53)
+    note("sync_debug_armed", host_waits.install(torch, _count_at))
     sys.meta_path.insert(0, _ProbeFinder())
     for name, probe in CALL_PROBES.items():
         on_import(name, lambda module, probe=probe: _wrap_call_probe(module, *probe))
@@ -328,7 +339,13 @@ def split_key(key: str) -> tuple[str, str]:
 
 
 def syncs_only(table: Mapping[str, int]) -> dict[str, int]:
+    """Both counters' entries (no probe calls)."""
     return {k: v for k, v in table.items() if split_key(k)[0] in KINDS}
+
+
+def wrapper_only(table: Mapping[str, int]) -> dict[str, int]:
+    """The wrapper counter's entries (``.cpu/.item/.tolist``, waits): the cross-check."""
+    return {k: v for k, v in table.items() if split_key(k)[0] in WRAPPER_KINDS}
 
 
 def calls_of(table: Mapping[str, int], func: str) -> int:

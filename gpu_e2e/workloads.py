@@ -10,7 +10,11 @@ Two workloads (issue 23):
   the first half decodes: requests leave the batch one by one (``filter_batch``)
   and join it (``merge_batch``), as in real traffic.
 
-``ignore_eos`` holds in both, so a request's length is exactly its ``max_new_tokens``
+* ``penalized`` (issue 53): ``uniform`` with ``min_new_tokens`` (half the output) and a
+  ``frequency_penalty`` on every request, so sglang's penalizers run every decode step
+  (their copy of the latest output ids to the device is what is watched).
+
+``ignore_eos`` holds in all, so a request's length is exactly its ``max_new_tokens``
 and two trees that compute the same tokens do the same number of steps.
 Pure functions: unit-tested on CPU.
 """
@@ -18,9 +22,11 @@ Pure functions: unit-tested on CPU.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-WORKLOADS = ("uniform", "mixed")
+WORKLOADS = ("uniform", "mixed", "penalized")
+#: The penalized workload's sampling (greedy stays deterministic under a penalty).
+PENALTY = 0.5
 MIXED_PROMPT_LENS = (16, 256)
 MIXED_OUTPUT_LENS = (32, 512)
 #: Seconds between the waves of late requests of the mixed workload.
@@ -34,6 +40,9 @@ class Request:
     max_new_tokens: int
     #: Seconds after the generate call starts (0: with the first batch).
     arrive_s: float = 0.0
+    #: 0 / 0.0: no penalizer asked for.
+    min_new_tokens: int = 0
+    frequency_penalty: float = 0.0
 
 
 def _prompt(rng: random.Random, length: int, vocab: int) -> tuple[int, ...]:
@@ -70,11 +79,25 @@ def build(name: str, batch_size: int, *, input_len: int, max_new_tokens: int, vo
                        vocab=vocab, seed=seed)
     if name == "mixed":
         return mixed(batch_size, vocab=vocab, seed=seed, max_new_tokens=max_new_tokens)
+    if name == "penalized":
+        return [replace(r, min_new_tokens=max(1, r.max_new_tokens // 2), frequency_penalty=PENALTY)
+                for r in uniform(batch_size, input_len=input_len, max_new_tokens=max_new_tokens,
+                                 vocab=vocab, seed=seed)]
     raise ValueError(f"unknown workload {name!r} (choose from {', '.join(WORKLOADS)})")
 
 
 def staggered(requests: list[Request]) -> bool:
     return any(r.arrive_s > 0 for r in requests)
+
+
+def params(r: Request) -> dict:
+    """sglang's sampling parameters of one request (penalties only where asked for)."""
+    out = {"temperature": 0.0, "max_new_tokens": r.max_new_tokens, "ignore_eos": True}
+    if r.min_new_tokens:
+        out["min_new_tokens"] = r.min_new_tokens
+    if r.frequency_penalty:
+        out["frequency_penalty"] = r.frequency_penalty
+    return out
 
 
 def generate(engine, requests: list[Request]) -> list[dict]:
@@ -84,11 +107,8 @@ def generate(engine, requests: list[Request]) -> list[dict]:
     request is its own ``async_generate`` on the engine's event loop, started after
     its delay, so late requests join a batch that is decoding.
     """
-    def params(r: Request) -> dict:
-        return {"temperature": 0.0, "max_new_tokens": r.max_new_tokens, "ignore_eos": True}
-
     if not staggered(requests):
-        if len({r.max_new_tokens for r in requests}) == 1:
+        if len({tuple(sorted(params(r).items())) for r in requests}) == 1:
             return engine.generate(input_ids=[list(r.input_ids) for r in requests],
                                    sampling_params=params(requests[0]))
         return engine.generate(input_ids=[list(r.input_ids) for r in requests],
