@@ -134,7 +134,7 @@ def _guarded(torch: Any, original: Callable, check: Callable) -> Callable:
     (a subclass's ``__torch_function__`` re-enters the wrapped method), never while
     dynamo traces."""
     def wrapped(*args, **kwargs):
-        if getattr(_local, "inside", False) or _compiling(torch):
+        if _compiling(torch) or getattr(_local, "inside", False):  # dynamo: first, no thread-local
             return original(*args, **kwargs)
         _local.inside = True
         try:

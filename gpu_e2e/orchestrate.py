@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a command put before every runner (e.g. compute-sanitizer --tool memcheck ...)")
     ap.add_argument("--deterministic", action="store_true",
                     help="enable_deterministic_inference in every engine")
-    ap.add_argument("--workloads", default="uniform", help="comma list: uniform, mixed")
+    ap.add_argument("--workloads", default="uniform", help="comma list: uniform, mixed, penalized")
     ap.add_argument("--alternate", type=int, default=0,
                     help="N > 0: patched only, N ABBA alternations of mirror kept / dropped "
                          "inside each engine (the sync's cost, in one process)")
