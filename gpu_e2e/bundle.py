@@ -219,13 +219,15 @@ def folder_size(root: Path) -> int:
 def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
           limit: int = LIMIT_BYTES, log=print, minus: Iterable[str] = (), kernels: Iterable[str] = (),
           reference: Iterable[str] = (), earlier: Optional[dict[str, str]] = None,
-          site_compression: str = "xz") -> dict:
+          site_compression: str = "xz", reuse_site: Optional[Path] = None) -> dict:
     """``minus``: patch ids; each adds a tree "minus-ID" (every patch but that
     one) beside "patched", as ``overlay-minus-ID.tar.gz``: the orchestrator
     then measures that patch's own effect side by side. ``earlier``: {name:
     commit}; each adds a tree "name", patched by patchkit at that commit
     (``overlay-name.tar.gz``). ``reference``: releases carried as published.
-    ``site_compression``: "xz" (a third smaller) or "gz" (minutes faster to build)."""
+    ``site_compression``: "xz" (a third smaller) or "gz" (minutes faster to build).
+    ``reuse_site``: an earlier bundle whose site tars of the same pins are copied, not
+    rebuilt (compressing them takes minutes; a rebuild after a codemod change needs none)."""
     if site_compression not in ("xz", "gz"):
         raise SystemExit(f"site compression {site_compression!r}: xz or gz")
     reference, earlier = list(reference), dict(earlier or {})
@@ -241,9 +243,15 @@ def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
                       "patchkit_commit": _git_head()}
 
     (dest / "site").mkdir()
+    earlier_site = json.loads((reuse_site / "manifest.json").read_text()) if reuse_site else {}
     for group, group_pins in pins.items():
         wheels = download_wheels(group_pins, wheel_cache())
         name = dest / "site" / f"{group}.tar.{site_compression}"
+        if earlier_site.get("pins", {}).get(group) == group_pins and (reuse_site / "site" / name.name).exists():
+            shutil.copy2(reuse_site / "site" / name.name, name)
+            manifest.setdefault("site_bytes", {})[group] = earlier_site["site_bytes"][group]
+            log(f"site/{name.name}: copied from {reuse_site} (same pins)")
+            continue
         options = {"preset": 9} if site_compression == "xz" else {"compresslevel": 9}
         with tarfile.open(name, f"w:{site_compression}", **options) as tar:
             kept = add_wheels_to_tar(tar, wheels)

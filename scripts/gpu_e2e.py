@@ -38,6 +38,8 @@ def main() -> int:
     b.add_argument("--limit-mib", type=float, default=64)
     b.add_argument("--site-compression", choices=["xz", "gz"], default="xz",
                    help="the site tars: xz (a third smaller: 0.5.13's fits beside the checkout) or gz (faster)")
+    b.add_argument("--reuse-site", type=Path, default=None,
+                   help="an earlier bundle: copy its site tars where the pins are the same (no recompression)")
     b.add_argument("--minus", action="append", default=[], metavar="PATCH",
                    help="also carry a tree with every patch but PATCH (variant minus-PATCH), to measure "
                         "that patch's own effect side by side")
@@ -58,7 +60,7 @@ def main() -> int:
         releases = args.release or ([] if args.reference else ["0.5.12.post1"])
         bundle.build(args.out, releases, limit=int(args.limit_mib * bundle.MIB), minus=args.minus,
                      kernels=args.kernel, reference=args.reference, earlier=earlier,
-                     site_compression=args.site_compression)
+                     site_compression=args.site_compression, reuse_site=args.reuse_site)
         return 0
     if args.cmd == "tables":
         import json

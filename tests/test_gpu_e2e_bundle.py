@@ -164,3 +164,25 @@ def test_site_tars_are_read_in_either_compression(tmp_path, compression):
     assert (site / "pkg" / "__init__.py").read_bytes() == b"x = 1\n"
     with pytest.raises(SystemExit, match="xz or gz"):
         bundle.build(tmp_path / "b", ["0.5.12.post1"], site_compression="bz2")
+
+
+def test_reuse_site_copies_the_site_tars_of_the_same_pins(tmp_path, monkeypatch):
+    # no wheels, no trees: only the site step and the manifest (a rebuild after a codemod
+    # change compresses nothing again)
+    monkeypatch.setattr(bundle, "download_wheels", lambda pins, cache: {})
+    monkeypatch.setattr(bundle, "add_wheels_to_tar", lambda tar, wheels: 0)
+    first = tmp_path / "first"
+    bundle.build(first, [], log=lambda *_: None, site_compression="gz")
+    (site,) = (first / "site").iterdir()
+    site.write_bytes(b"built once")
+    manifest = json.loads((first / "manifest.json").read_text())
+    manifest["site_bytes"] = {group: 7 for group in manifest["pins"]}
+    (first / "manifest.json").write_text(json.dumps(manifest))
+    again = tmp_path / "again"
+    built = bundle.build(again, [], log=lambda *_: None, site_compression="gz", reuse_site=first)
+    assert (again / "site" / site.name).read_bytes() == b"built once"
+    assert built["site_bytes"] == manifest["site_bytes"]
+    manifest["pins"] = {group: {"other": "1"} for group in manifest["pins"]}  # pins changed: rebuilt
+    (first / "manifest.json").write_text(json.dumps(manifest))
+    bundle.build(again, [], log=lambda *_: None, site_compression="gz", reuse_site=first)
+    assert (again / "site" / site.name).read_bytes() != b"built once"
