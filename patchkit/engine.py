@@ -30,7 +30,7 @@ from patchkit.state.record import Record
 from patchkit.registry import Patch
 from patchkit.state.snapshot import Snapshot, read_snapshot
 from patchkit.state import Store, sha256
-from patchkit.tree import find_tree
+from patchkit.tree import base_release, find_tree
 
 if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must be parsed
     import libcst as cst
@@ -208,7 +208,7 @@ class Session:
         for target in patch.targets:
             if self.read(target.file) is None:
                 if target.optional:
-                    report.notes.append(f"{target.file}: not applicable here ({target.when_missing or 'file not in this tree'})")
+                    report.notes.append(f"{target.file}: not applicable here ({target.why_missing(base_release(self.tree.version))})")
                     continue
                 report.results.append(
                     CodemodResult(target.file, "-", Finding.missing(target.file, "file not in this tree"))
