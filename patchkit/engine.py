@@ -225,9 +225,12 @@ class Session:
         elif State.MISSING in states:
             first = report.missing[0]
             report.state = NOT_APPLICABLE
-            # A missing file's anchor is its path: named once.
+            # A missing file's anchor is its path, and a detail that starts with FILE:LINE names it: named once.
             anchor = "" if first.finding.anchor == first.file else f"{first.finding.anchor}: "
-            report.reason = f"{first.file}: {anchor}{first.finding.detail}"
+            where, detail = first.file, first.finding.detail
+            if detail.startswith(f"{where}:") and (line := detail[len(where) + 1:].split(":", 1)[0]).isdigit():
+                where, detail = f"{where}:{line}", detail[len(where) + len(line) + 2:].lstrip()
+            report.reason = f"{where}: {anchor}{detail}"
         elif states <= {State.SUPERSEDED}:
             report.state = NOT_APPLICABLE
             report.reason = "; ".join(sorted({r.finding.detail for r in report.results})) or "no targets in this tree"

@@ -113,7 +113,7 @@ def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[s
             continue
         if report.state == NOT_APPLICABLE:
             if not report.ok:
-                plan.skipped.append((patch.id, report.reason))
+                plan.skipped.append((patch.id, refused_anchor(patch.id, report.reason)))
             continue
         blocked = [r for r in patch.requires if r not in usable and r not in {p.id for p in plan.todo}]
         if blocked:
@@ -122,6 +122,12 @@ def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[s
         plan.todo.append(patch)
     plan.files = _files(plan.todo, sources)
     return plan
+
+
+def refused_anchor(pid: str, reason: str) -> str:
+    """A patch whose anchor this tree lacks, in one line: why, and what the maintainer can do."""
+    return (f"refused: {reason}; give that code the shape the patch needs, or `--skip {pid}` "
+            "(the other patches still apply)")
 
 
 def _transform_refusing(transformer: Transformer, plan: Plan, sources: dict[str, bytes]) -> dict[str, bytes]:

@@ -116,9 +116,39 @@ def head_start(tree: "Tree", selected: list["Patch"], applied: set[str]) -> tupl
     return HeadStart(side, facts.remember, after), srt
 
 
-def refusal(read: "Read") -> str:
-    return (f"refused: {read.file}:{read.line}: {read.function} reads `{read.code}` {read.verdict} once the mirror "
-            f"is dropped; nothing of it is written (`patchkit audit` lists every read)")
+def disk_line(read: "Read", written: Optional[bytes], on_disk: Optional[bytes]) -> int:
+    """The line of ``read`` (a read of ``written``, the file as apply would
+    write it) in the file as it is on disk (``on_disk``): where the
+    maintainer finds it. Lines apply leaves as they are map one to one; in
+    lines it changes, the line on disk that holds the same code."""
+    if written is None or on_disk is None or written == on_disk:
+        return read.line
+    from difflib import SequenceMatcher
+
+    new, old = written.splitlines(), on_disk.splitlines()
+    at = read.line - 1
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if j1 <= at < j2 or (j1 == j2 == at):
+            if tag == "equal":
+                return i1 + (at - j1) + 1
+            code = read.code.encode("utf-8", "surrogateescape")
+            return next((i + 1 for i in range(i1, i2) if code in old[i]), i1 + 1 if i2 > i1 else max(i1, 1))
+    return read.line
+
+
+def refusal(read: "Read", line: Optional[int] = None, patch: str = DECISION) -> str:
+    """One line: what is refused and why, and what the maintainer can do
+    (``line``: the read's line on disk, :func:`disk_line`)."""
+    return (f"refused: {read.file}:{line or read.line}: {read.function} reads `{read.code}` {read.verdict} once the "
+            f"mirror is dropped, so nothing of {patch} is written: guard that line with a None test "
+            f"(`if ... is None:`), or `--skip {patch}` (the other patches still apply; `patchkit audit` lists every read)")
+
+
+def _read(tree: "Tree", rel: str) -> Optional[bytes]:
+    try:
+        return tree.path(rel).read_bytes()
+    except OSError:
+        return None
 
 
 def _dependents(pid: str, todo: list["Patch"]) -> list["Patch"]:
@@ -159,7 +189,8 @@ def enforce(tree: "Tree", todo: list["Patch"], applied: set[str],
         if culprit is None:  # not this apply's doing: audit and verify report it
             return todo, changed, skipped
         dropped = _dependents(culprit, todo)
-        skipped.append((culprit, refusal(read)))
+        on_disk = srt.get(read.file) if srt is not None else _read(tree, read.file)
+        skipped.append((culprit, refusal(read, disk_line(read, changed.get(read.file), on_disk), culprit)))
         skipped.extend((p.id, f"requires {culprit}, which is refused") for p in dropped)
         gone = {culprit, *(p.id for p in dropped)}
         todo = [p for p in todo if p.id not in gone]
