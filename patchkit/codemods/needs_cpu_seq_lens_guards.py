@@ -139,6 +139,26 @@ class GuardDraftExtendGraphReplay(MirrorGuards):
     RENAMED = ("execute",)  # 0.5.14+
     GUARDS = (add_guard(attr("seq_lens_sum")),)
     UPSTREAM_MARKER = none_test(m.Name("seq_lens_sum"))
+    # A fork's runner with upstream's guard and a padded sum of its own beside it: that
+    # read is the vendor's, in the shape the release's runner has; guarded there too.
+    REPLACES_VENDOR = ((
+        r"seq_lens_sum",
+        "the vendor's padded sum of the mirror, in the shape the release's runner has, becomes "
+        "add_or_none (the same value with the mirror, None without it); the vendor's statement stays",
+    ),)
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        finding = super().detect_in_method(fn)
+        if finding.state is State.DONE and primitives.contains(fn, self.UPSTREAM_MARKER):
+            left = [read for guard in self.GUARDS for read in self._unguarded(fn, guard)]
+            if left:
+                return Finding.todo(self.anchor_of(fn), f"{len(left)} read(s) of {self.READS} beside upstream's guard, "
+                                    f"in the shape the release's runner has (first at {self.where(left[0])})")
+            ours = primitives.find_all(fn, primitives.call("add_or_none"))
+            if ours:  # said in status's notes: the vendor's code is kept, and guarded
+                return Finding.done(self.anchor_of(fn), f"the vendor's own padded sum at {self.where(ours[0])} is kept, "
+                                    "guarded by add_or_none beside upstream's guard", by_tree=True)
+        return finding
 
 
 # -- speculative/eagle_worker_v2.py: EagleDraftWorker.draft ------------------------------------------------
