@@ -239,15 +239,18 @@ def test_a_missing_anchor_is_refused_in_one_line_with_what_to_do(make_tree, cli)
           "            isinstance(self.draft_extend_attn_backend, TritonAttnBackend)\n"
           "            or isinstance(self.draft_extend_attn_backend, TRTLLMMLABackend)\n"
           "        )\n", "        supports_cuda_draft_extend_graph = acme_graph_ok(self)\n")
+    # status and verify say the same of it.
+    status = patch_states(cli, tree, "trtllm-mha-draft-extend-v2")["trtllm-mha-draft-extend-v2"]
+    assert status["state"] == "not-applicable"
+    assert "trtllm-mha-draft-extend-v2: not-applicable" in cli("verify", tree).output.splitlines()[-1]
+    text = cli("status", tree, "trtllm-mha-draft-extend-v2").output
+    assert re.search(r"trtllm-mha-draft-extend-v2\s+not-applicable\s+\(.*; verify fails on it\)", text), text
+    on_disk = next(i for i, t in enumerate((tree / WORKER).read_text().splitlines(), 1) if "acme_graph_ok(self)" in t)
+    assert f"({WORKER}:{on_disk}: EagleDraftWorker." in text  # the path once, with the line
     result = cli("apply", tree)
     [line] = [ln for ln in result.output.splitlines() if ln.startswith("not applied: trtllm-mha-draft-extend-v2: ")]
+    # The line of the file as the apply leaves it (other patches add imports above it).
     on_disk = next(i for i, t in enumerate((tree / WORKER).read_text().splitlines(), 1) if "acme_graph_ok(self)" in t)
     assert line.startswith(f"not applied: trtllm-mha-draft-extend-v2: refused: {WORKER}:{on_disk}: ")
     assert line.endswith("or `--skip trtllm-mha-draft-extend-v2` (the other patches still apply)")
     _paths_named_once_and_relative(result.output, tree, WORKER)
-    # status and verify say the same of it.
-    status = patch_states(cli, tree, "trtllm-mha-draft-extend-v2")["trtllm-mha-draft-extend-v2"]
-    verify = cli("verify", tree)
-    assert f"trtllm-mha-draft-extend-v2: {status['state']}" in verify.output.splitlines()[-1]
-    text = cli("status", tree, "trtllm-mha-draft-extend-v2").output
-    assert re.search(r"trtllm-mha-draft-extend-v2\s+not-applicable\s+\(.*; verify fails on it\)", text), text

@@ -81,6 +81,8 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # write a tree whose audit finds a read of the mirror unguarded.
     plan.todo, changed, refused = safety.enforce(tree, list(plan.todo), set(record.applied), transform, pristine, srt)
     plan.skipped.extend(refused)
+    if not dry_run:  # a refusal names the line of the file as this apply leaves it on disk
+        plan.skipped[:] = [(pid, safety.lines_after(why, sources, changed)) for pid, why in plan.skipped]
     plan.files = _files(plan.todo, sources)
     edited = session.edited_since_apply(plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)

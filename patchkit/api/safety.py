@@ -17,6 +17,7 @@ refusal names the read in one line (exit 1, as any patch not applied).
 from __future__ import annotations
 
 import hashlib
+import re
 
 from functools import partial
 from typing import TYPE_CHECKING, Callable, Optional
@@ -116,24 +117,47 @@ def head_start(tree: "Tree", selected: list["Patch"], applied: set[str]) -> tupl
     return HeadStart(side, facts.remember, after), srt
 
 
+def map_line(src: bytes, dst: bytes, line: int, code: Optional[bytes] = None) -> int:
+    """Line ``line`` of ``src`` in ``dst`` (another version of the file):
+    lines both have map one to one; in a run that changed, the line of
+    ``dst``'s run that holds ``code`` (default: the line's own text), else
+    the run's first."""
+    if src == dst:
+        return line
+    from difflib import SequenceMatcher
+
+    old, new = src.splitlines(), dst.splitlines()
+    at = line - 1
+    code = (old[at].strip() if at < len(old) else b"") if code is None else code
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if i1 <= at < i2 or (i1 == i2 == at):
+            if tag == "equal":
+                return j1 + (at - i1) + 1
+            return next((j + 1 for j in range(j1, j2) if code and code in new[j]), j1 + 1 if j2 > j1 else max(j1, 1))
+    return line
+
+
 def disk_line(read: "Read", written: Optional[bytes], on_disk: Optional[bytes]) -> int:
     """The line of ``read`` (a read of ``written``, the file as apply would
     write it) in the file as it is on disk (``on_disk``): where the
-    maintainer finds it. Lines apply leaves as they are map one to one; in
-    lines it changes, the line on disk that holds the same code."""
-    if written is None or on_disk is None or written == on_disk:
+    maintainer finds it."""
+    if written is None or on_disk is None:
         return read.line
-    from difflib import SequenceMatcher
+    return map_line(written, on_disk, read.line, read.code.encode("utf-8", "surrogateescape"))
 
-    new, old = written.splitlines(), on_disk.splitlines()
-    at = read.line - 1
-    for tag, i1, i2, j1, j2 in SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
-        if j1 <= at < j2 or (j1 == j2 == at):
-            if tag == "equal":
-                return i1 + (at - j1) + 1
-            code = read.code.encode("utf-8", "surrogateescape")
-            return next((i + 1 for i in range(i1, i2) if code in old[i]), i1 + 1 if i2 > i1 else max(i1, 1))
-    return read.line
+
+_REFUSED_AT = re.compile(r"^refused: ([^:\s]+):(\d+): ")
+
+
+def lines_after(why: str, before: dict[str, bytes], after: dict[str, bytes]) -> str:
+    """A refusal line (``refused: FILE:LINE: ...``) naming the line of the file
+    as the apply leaves it (``after``: the files it writes; ``before``: as
+    they were), when the other patches change that file too."""
+    found = _REFUSED_AT.match(why)
+    if not found or found.group(1) not in after or found.group(1) not in before:
+        return why
+    rel, line = found.group(1), int(found.group(2))
+    return f"refused: {rel}:{map_line(before[rel], after[rel], line)}: {why[found.end():]}"
 
 
 def refusal(read: "Read", line: Optional[int] = None, patch: str = DECISION) -> str:
