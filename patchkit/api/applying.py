@@ -128,8 +128,8 @@ def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[s
 
 def refused_anchor(pid: str, reason: str) -> str:
     """A patch whose anchor this tree lacks, in one line: why, and what the maintainer can do."""
-    return (f"refused: {reason}; give that code the shape the patch needs, or `--skip {pid}` "
-            "(the other patches still apply)")
+    what = "restore that file" if reason.endswith("file not in this tree") else "give that code the shape the patch needs"
+    return f"refused: {reason}; {what}, or `--skip {pid}` (the other patches still apply)"
 
 
 def _transform_refusing(transformer: Transformer, plan: Plan, sources: dict[str, bytes]) -> dict[str, bytes]:
