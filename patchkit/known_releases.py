@@ -57,6 +57,12 @@ def is_release_sha(version: str, rel: str, sha: str) -> bool:
     return version in releases and version in files.get(rel, {}).get(sha, ())
 
 
+def tracks(rel: str) -> bool:
+    """Whether some known release has ``rel`` among the files the table holds
+    (the files patches touch, the modules that read the mirror)."""
+    return rel in _table()[1]
+
+
 def ships(rel: str, source: bytes) -> bool:
     """Whether ``source`` is, byte for byte, ``rel`` as some known release ships it."""
     return hashlib.sha256(source).hexdigest() in _table()[1].get(rel, {})

@@ -399,6 +399,8 @@ class KnownRelease:
 
         if self.files.get(rel) is not None:  # a module apply changes: its release bytes were fetched
             return diff_origins(rel, self.files[rel], data, reads) if self.files[rel] else ["vendor"] * len(reads)
-        shipped = known_releases.release_bytes(self.version, rel, data)
+        # A module no known release has among those reading the mirror: this release does not ship
+        # its reads, so they are the vendor's (as the release's tree would tell: cache or not, one answer).
+        shipped = known_releases.release_bytes(self.version, rel, data) if known_releases.tracks(rel) else b""
         origin = "release" if shipped == data and shipped else "vendor" if shipped == b"" else None
         return [origin] * len(reads)
