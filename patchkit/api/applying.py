@@ -145,7 +145,7 @@ def _transform_refusing(transformer: Transformer, plan: Plan, sources: dict[str,
             if exc.patch is None or exc.patch not in {p.id for p in plan.todo}:
                 raise  # not one patch's doing (the import block): the whole apply stops
             transformer.notes[:] = notes  # what the refused attempt noted no longer holds
-            plan.skipped.append((exc.patch, exc.site))
+            plan.skipped.append((exc.patch, f"{exc.site}; {exc.remedy}"))
             out = {exc.patch}
             for patch in plan.todo:  # in order: a patch comes after those it requires
                 if patch.id not in out and any(r in out for r in patch.requires):

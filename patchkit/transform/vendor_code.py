@@ -293,8 +293,10 @@ class VendorCodeLost(PatchkitError):
 
     def __init__(self, site: str, patch: Optional[str]) -> None:
         skip = f"`--skip {patch}`" if patch else "`--skip` that patch"
-        super().__init__(f"{site}; nothing was changed: keep that code out of the patch's site, carry the change by "
-                         f"hand there, or {skip} (the other patches still apply)")
+        # What the maintainer can do, said in the same line as the refusal.
+        self.remedy = (f"keep that code out of the patch's site, carry the change by hand there, or {skip} "
+                       "(the other patches still apply)")
+        super().__init__(f"{site}; nothing was changed: {self.remedy}")
         self.site, self.patch = site, patch  # the refusal without its consequence; the refused patch (None: unknown)
 
 
