@@ -30,7 +30,7 @@ from patchkit.state.record import Record
 from patchkit.registry import Patch
 from patchkit.state.snapshot import Snapshot, read_snapshot
 from patchkit.state import Store, sha256
-from patchkit.tree import find_tree
+from patchkit.tree import base_release, find_tree
 
 if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must be parsed
     import libcst as cst
@@ -208,7 +208,7 @@ class Session:
         for target in patch.targets:
             if self.read(target.file) is None:
                 if target.optional:
-                    report.notes.append(f"{target.file}: not applicable here ({target.when_missing or 'file not in this tree'})")
+                    report.notes.append(f"{target.file}: not applicable here ({target.why_missing(base_release(self.tree.version))})")
                     continue
                 report.results.append(
                     CodemodResult(target.file, "-", Finding.missing(target.file, "file not in this tree"))
@@ -225,9 +225,12 @@ class Session:
         elif State.MISSING in states:
             first = report.missing[0]
             report.state = NOT_APPLICABLE
-            # A missing file's anchor is its path: named once.
+            # A missing file's anchor is its path, and a detail that starts with FILE:LINE names it: named once.
             anchor = "" if first.finding.anchor == first.file else f"{first.finding.anchor}: "
-            report.reason = f"{first.file}: {anchor}{first.finding.detail}"
+            where, detail = first.file, first.finding.detail
+            if detail.startswith(f"{where}:") and (line := detail[len(where) + 1:].split(":", 1)[0]).isdigit():
+                where, detail = f"{where}:{line}", detail[len(where) + len(line) + 2:].lstrip()
+            report.reason = f"{where}: {anchor}{detail}"
         elif states <= {State.SUPERSEDED}:
             report.state = NOT_APPLICABLE
             report.reason = "; ".join(sorted({r.finding.detail for r in report.results})) or "no targets in this tree"

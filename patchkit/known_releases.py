@@ -51,6 +51,18 @@ def release_bytes(version: str, rel: str, source: bytes) -> Optional[bytes]:
     return None
 
 
+def is_release_sha(version: str, rel: str, sha: str) -> bool:
+    """Whether ``sha`` (a sha256, hex) is that of ``rel`` as the release ``version`` ships it."""
+    releases, files = _table()
+    return version in releases and version in files.get(rel, {}).get(sha, ())
+
+
+def tracks(rel: str) -> bool:
+    """Whether some known release has ``rel`` among the files the table holds
+    (the files patches touch, the modules that read the mirror)."""
+    return rel in _table()[1]
+
+
 def ships(rel: str, source: bytes) -> bool:
     """Whether ``source`` is, byte for byte, ``rel`` as some known release ships it."""
     return hashlib.sha256(source).hexdigest() in _table()[1].get(rel, {})

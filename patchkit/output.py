@@ -238,7 +238,8 @@ def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, r
     for r in reports:
         line = f"  {r.patch.id:<{width}}  {terminal.state(r.state)}"
         if r.reason:
-            line += f"  ({r.reason})"
+            # verify fails on a patch this tree cannot carry (it names each with its state): status says so.
+            line += f"  ({r.reason}{'; verify fails on it' if r.state == NOT_APPLICABLE and not r.ok else ''})"
         lines.append(line)
         for note in () if quiet else r.notes:
             lines.append(f"  {'':<{width}}  note: {note}")
@@ -394,4 +395,5 @@ def render(fmt: str, tree: Tree, reports: list[PatchReport], given: str, verbose
         text += "\n  " + verify_line(audit_problems)
     if pending:
         return text + "\n" + terminal.styled("verify: FAILED (an interrupted transaction is pending)")
-    return text + "\n" + terminal.styled("verify: OK" if not failed else f"verify: FAILED ({', '.join(r.patch.id for r in failed)})")
+    return text + "\n" + terminal.styled("verify: OK" if not failed else
+                                         f"verify: FAILED ({', '.join(f'{r.patch.id}: {r.state}' for r in failed)})")

@@ -198,18 +198,19 @@ def test_apply_ends_with_one_line_naming_the_vendor_reads(trees):
     assert "vendor's own code" not in applied.stdout
 
 
-def test_without_the_release_the_vendor_is_every_problem_outside_the_targets(trees, monkeypatch):
+def test_without_the_release_the_vendor_s_modules_are_still_the_vendor_s(trees, monkeypatch):
     """No cached release to compare with (never downloaded): the hashes
-    patchkit ships tell the release's unchanged modules (origin "release");
-    the vendor's modules are of unknown origin (null), and apply's count
-    falls back to the problems outside patchkit's targets."""
+    patchkit ships tell the release's unchanged modules (origin "release"),
+    the modules patchkit patched from them (the manifest), and the modules no
+    known release reads the mirror in (the vendor's): the same origins, and
+    the same count for apply, as with the release in the cache."""
     _, _, _, tree = trees
+    warm = audit.audit_tree(tree)
     monkeypatch.setattr(audit_facts, "cached_release", lambda package: None)
     result = audit.audit_tree(tree)
-    assert result.release is None and {r.origin for r in result.reads} == {"release", None}
-    assert {r.origin for r in result.reads if r.file in VENDOR} == {None}
-    targets = ["srt/layers/attention/acme_backends.py"]
-    counted = audit.vendor_problems(result, targets)
-    assert not [r for r in counted if r.file in targets]
-    assert len([r for r in counted if r.file in VENDOR]) == PROBLEMS - 3
+    assert result.release is None and {r.origin for r in result.reads} == {"release", "vendor"}
+    assert {r.origin for r in result.reads if r.file in VENDOR} == {"vendor"}
+    assert [(r.file, r.line, r.verdict, r.origin) for r in result.reads] == [
+        (r.file, r.line, r.verdict, r.origin) for r in warm.reads]
+    assert len(audit.vendor_problems(result)) == len(audit.vendor_problems(warm)) == PROBLEMS
     assert not result.ok

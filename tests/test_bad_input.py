@@ -136,6 +136,6 @@ def test_a_missing_file_is_named_once(make_tree, cli):
     (tree / MHA).unlink()
     result = cli("status", tree, "trtllm-mha-overlap-hook")
     line = next(line for line in result.output.splitlines() if "trtllm-mha-overlap-hook " in line)
-    assert f"({MHA}: file not in this tree)" in line and line.count(MHA) == 1, line
+    assert f"({MHA}: file not in this tree; verify fails on it)" in line and line.count(MHA) == 1, line
     verify = cli("verify", tree, "trtllm-mha-overlap-hook")
     assert verify.exit_code == 1 and not any(line.count(MHA) > 1 for line in verify.output.splitlines()), verify.output

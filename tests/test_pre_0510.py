@@ -63,9 +63,12 @@ def test_refused_where_decode_reads_the_mirror_0_5_5(cli, linked_tree):
     result, refused = _apply(cli, tree)
     assert result.exit_code == 1
     assert refused[DECISION].endswith(
-        "refused: srt/speculative/eagle_info_v2.py:140: EagleDraftInputV2Mixin.prepare_for_decode reads "
-        "`batch.seq_lens_cpu` unguarded once the mirror is dropped; nothing of it is written "
-        "(`patchkit audit` lists every read)")
+        "refused: srt/speculative/eagle_info_v2.py:133: EagleDraftInputV2Mixin.prepare_for_decode reads "
+        "`batch.seq_lens_cpu` unguarded once the mirror is dropped, so nothing of needs-cpu-seq-lens is written: "
+        "guard that line with a None test (`if ... is None:`), or `--skip needs-cpu-seq-lens` (the other patches "
+        "still apply; `patchkit audit` lists every read)")
+    # The line of the file on disk (apply's would-be file has its imports above it).
+    assert "batch.seq_lens_cpu[i]" in (tree / "srt/speculative/eagle_info_v2.py").read_text().splitlines()[132]
     assert refused["fa3-spec-v2"].endswith(f"requires {DECISION}, which is refused")
     assert refused["trtllm-mla-spec-v2"].endswith(f"requires {DECISION}, which is refused")
     # no CUDA draft-extend graph here (NPU only): not applicable, not "not applied"

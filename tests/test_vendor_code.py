@@ -87,9 +87,10 @@ def test_replaced_vendor_code_is_refused_with_its_line(make_tree, cli, version):
     batch = (tree / BATCH).read_bytes()
     result = cli("apply", tree)
     assert result.exit_code == 1, result.output
-    refused = [x for x in result.output.splitlines() if f"{BATCH}:{line}: refused" in x]
+    refused = [x for x in result.output.splitlines() if f"refused: {BATCH}:{line}: " in x]
     assert len(refused) == 1 and refused[0].startswith("not applied: needs-cpu-seq-lens: ")
     assert "acme_vendor_bias" in refused[0] and "DeferFilterBatchSum" in refused[0]
+    assert refused[0].endswith("or `--skip needs-cpu-seq-lens` (the other patches still apply)")
     assert "nothing was changed" not in result.output
     assert (tree / BATCH).read_bytes() == batch  # only the refused patch touches it
     states = {pid: p["state"] for pid, p in patch_states(cli, tree).items()}

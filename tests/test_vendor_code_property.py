@@ -139,7 +139,7 @@ def test_random_vendor_insertions_survive_or_are_refused(version, seed):
             try:
                 new = _run(rel, source.encode(), pristine).decode()
             except vendor_code.VendorCodeLost as exc:
-                line = int(re.search(r":(\d+): refused", str(exc)).group(1))
+                line = int(re.search(r"^refused: [^:]+:(\d+): ", str(exc)).group(1))
                 hit = [t for t in tokens if t in lines[line - 1]]
                 assert hit, f"{rel}:{line} refused, but none of the vendor's tokens is there: {exc}"
                 skip.update(hit)

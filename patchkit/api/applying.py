@@ -81,6 +81,8 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # write a tree whose audit finds a read of the mirror unguarded.
     plan.todo, changed, refused = safety.enforce(tree, list(plan.todo), set(record.applied), transform, pristine, srt)
     plan.skipped.extend(refused)
+    if not dry_run:  # a refusal names the line of the file as this apply leaves it on disk
+        plan.skipped[:] = [(pid, safety.lines_after(why, sources, changed)) for pid, why in plan.skipped]
     plan.files = _files(plan.todo, sources)
     edited = session.edited_since_apply(plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
@@ -113,7 +115,7 @@ def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[s
             continue
         if report.state == NOT_APPLICABLE:
             if not report.ok:
-                plan.skipped.append((patch.id, report.reason))
+                plan.skipped.append((patch.id, refused_anchor(patch.id, report.reason)))
             continue
         blocked = [r for r in patch.requires if r not in usable and r not in {p.id for p in plan.todo}]
         if blocked:
@@ -122,6 +124,12 @@ def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[s
         plan.todo.append(patch)
     plan.files = _files(plan.todo, sources)
     return plan
+
+
+def refused_anchor(pid: str, reason: str) -> str:
+    """A patch whose anchor this tree lacks, in one line: why, and what the maintainer can do."""
+    what = "restore that file" if reason.endswith("file not in this tree") else "give that code the shape the patch needs"
+    return f"refused: {reason}; {what}, or `--skip {pid}` (the other patches still apply)"
 
 
 def _transform_refusing(transformer: Transformer, plan: Plan, sources: dict[str, bytes]) -> dict[str, bytes]:
@@ -137,7 +145,7 @@ def _transform_refusing(transformer: Transformer, plan: Plan, sources: dict[str,
             if exc.patch is None or exc.patch not in {p.id for p in plan.todo}:
                 raise  # not one patch's doing (the import block): the whole apply stops
             transformer.notes[:] = notes  # what the refused attempt noted no longer holds
-            plan.skipped.append((exc.patch, exc.site))
+            plan.skipped.append((exc.patch, f"{exc.site}; {exc.remedy}"))
             out = {exc.patch}
             for patch in plan.todo:  # in order: a patch comes after those it requires
                 if patch.id not in out and any(r in out for r in patch.requires):

@@ -17,6 +17,7 @@ refusal names the read in one line (exit 1, as any patch not applied).
 from __future__ import annotations
 
 import hashlib
+import re
 
 from functools import partial
 from typing import TYPE_CHECKING, Callable, Optional
@@ -116,9 +117,62 @@ def head_start(tree: "Tree", selected: list["Patch"], applied: set[str]) -> tupl
     return HeadStart(side, facts.remember, after), srt
 
 
-def refusal(read: "Read") -> str:
-    return (f"refused: {read.file}:{read.line}: {read.function} reads `{read.code}` {read.verdict} once the mirror "
-            f"is dropped; nothing of it is written (`patchkit audit` lists every read)")
+def map_line(src: bytes, dst: bytes, line: int, code: Optional[bytes] = None) -> int:
+    """Line ``line`` of ``src`` in ``dst`` (another version of the file):
+    lines both have map one to one; in a run that changed, the line of
+    ``dst``'s run that holds ``code`` (default: the line's own text), else
+    the run's first."""
+    if src == dst:
+        return line
+    from difflib import SequenceMatcher
+
+    old, new = src.splitlines(), dst.splitlines()
+    at = line - 1
+    code = (old[at].strip() if at < len(old) else b"") if code is None else code
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if i1 <= at < i2 or (i1 == i2 == at):
+            if tag == "equal":
+                return j1 + (at - i1) + 1
+            return next((j + 1 for j in range(j1, j2) if code and code in new[j]), j1 + 1 if j2 > j1 else max(j1, 1))
+    return line
+
+
+def disk_line(read: "Read", written: Optional[bytes], on_disk: Optional[bytes]) -> int:
+    """The line of ``read`` (a read of ``written``, the file as apply would
+    write it) in the file as it is on disk (``on_disk``): where the
+    maintainer finds it."""
+    if written is None or on_disk is None:
+        return read.line
+    return map_line(written, on_disk, read.line, read.code.encode("utf-8", "surrogateescape"))
+
+
+_REFUSED_AT = re.compile(r"^refused: ([^:\s]+):(\d+): ")
+
+
+def lines_after(why: str, before: dict[str, bytes], after: dict[str, bytes]) -> str:
+    """A refusal line (``refused: FILE:LINE: ...``) naming the line of the file
+    as the apply leaves it (``after``: the files it writes; ``before``: as
+    they were), when the other patches change that file too."""
+    found = _REFUSED_AT.match(why)
+    if not found or found.group(1) not in after or found.group(1) not in before:
+        return why
+    rel, line = found.group(1), int(found.group(2))
+    return f"refused: {rel}:{map_line(before[rel], after[rel], line)}: {why[found.end():]}"
+
+
+def refusal(read: "Read", line: Optional[int] = None, patch: str = DECISION) -> str:
+    """One line: what is refused and why, and what the maintainer can do
+    (``line``: the read's line on disk, :func:`disk_line`)."""
+    return (f"refused: {read.file}:{line or read.line}: {read.function} reads `{read.code}` {read.verdict} once the "
+            f"mirror is dropped, so nothing of {patch} is written: guard that line with a None test "
+            f"(`if ... is None:`), or `--skip {patch}` (the other patches still apply; `patchkit audit` lists every read)")
+
+
+def _read(tree: "Tree", rel: str) -> Optional[bytes]:
+    try:
+        return tree.path(rel).read_bytes()
+    except OSError:
+        return None
 
 
 def _dependents(pid: str, todo: list["Patch"]) -> list["Patch"]:
@@ -159,7 +213,8 @@ def enforce(tree: "Tree", todo: list["Patch"], applied: set[str],
         if culprit is None:  # not this apply's doing: audit and verify report it
             return todo, changed, skipped
         dropped = _dependents(culprit, todo)
-        skipped.append((culprit, refusal(read)))
+        on_disk = srt.get(read.file) if srt is not None else _read(tree, read.file)
+        skipped.append((culprit, refusal(read, disk_line(read, changed.get(read.file), on_disk), culprit)))
         skipped.extend((p.id, f"requires {culprit}, which is refused") for p in dropped)
         gone = {culprit, *(p.id for p in dropped)}
         todo = [p for p in todo if p.id not in gone]

@@ -127,16 +127,21 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
     result = Audit(package, release=str(pristine) if pristine else None)
     # Without the release's tree, the hashes patchkit ships still tell its unchanged modules.
     release = audit_facts.Release(pristine) if pristine else audit_facts.KnownRelease.of(package, release_files)
+    # Modules patchkit patched from the release's own bytes: the release's reads, cache or no cache.
+    patched = audit_facts.patched_release_modules(package, sources)
     facts = {rel: audit_facts.facts_of(rel, data) for rel, data in sources.items()
              if audit_facts.reads_mirror(data) and not (vendor_only and (
-                 rel in release_own or (release and release.ships(rel, data))))}
+                 rel in release_own or rel in patched or (release and release.ships(rel, data))))}
     classes = audit_facts.ClassIndex(sources, facts)
     kept = KeptMirror(sources, classes)
     for rel, fact in list(facts.items()):
         if fact is None or not fact.reads:
             continue
         result.modules.append(rel)
-        origins = release.origins(rel, sources[rel], fact.reads) if release else [None] * len(fact.reads)
+        if rel in patched:
+            origins = ["release"] * len(fact.reads)
+        else:
+            origins = release.origins(rel, sources[rel], fact.reads) if release else [None] * len(fact.reads)
         for read, origin in zip(fact.reads, origins):
             result.reads.append(_combine(Read(**asdict(read)), origin, classes, kept))
     return result
@@ -200,7 +205,8 @@ def fingerprint(package: Path, sources: Optional[dict[str, bytes]] = None) -> st
     """sha256 over every module under srt/ (path and bytes) and the release
     compared with: an audit's result is a function of them, so ``verify``
     caches its count under this key."""
-    digest = hashlib.sha256(str(audit_facts.cached_release(Path(package))).encode() + b"\0")
+    digest = hashlib.sha256(str(audit_facts.cached_release(Path(package))).encode() + b"\0"
+                            + audit_facts.manifest_digest(Path(package)))
     for rel, data in (audit_facts.sources(Path(package)) if sources is None else sources).items():
         digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()

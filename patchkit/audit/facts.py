@@ -37,6 +37,7 @@ ROOT = "AttentionBackend"
 OPTED_OUT_BY_PATCH = frozenset({"TritonAttnBackend", "TritonMultiStepDraftBackend"})
 BY_PATCH = " (by the patch)"  # ends the ``where`` of a flag that only the patch declares
 SKIP = ("srt/_patchkit/",)  # patchkit's vendored runtime
+MANIFEST = "srt/_patchkit/manifest.json"  # the tree's record of what patchkit changed (patchkit.state.vendoring)
 
 
 def sources(package: Path) -> dict[str, bytes]:
@@ -333,6 +334,41 @@ def diff_origins(rel: str, shipped: bytes, data: bytes, reads: list[Read]) -> li
     return result
 
 
+def patched_release_modules(package: Path, sources: dict[str, bytes]) -> set[str]:
+    """The modules patchkit changed from the release's own bytes and nobody
+    changed since: the tree's manifest (``srt/_patchkit/manifest.json``,
+    tracked with the tree) records each file's sha256 before and after, and
+    the ``before`` is the release's own by the hashes patchkit ships. Their
+    reads are the release's (patchkit's edits only guard), whether or not
+    the release is in the cache: what the audit says of them is a function
+    of the tree's bytes alone. Only paths in ``sources`` are looked up."""
+    from patchkit import known_releases
+    from patchkit.tree import _read_version, base_release
+
+    try:
+        doc = json.loads((package / MANIFEST).read_bytes())
+        version = base_release(_read_version(package))  # the release the tree is now
+        files = doc["files"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+    found = set()
+    for rel, data in sources.items():
+        entry = files.get(rel) if isinstance(files, dict) else None
+        if not (isinstance(entry, dict) and isinstance(entry.get("before"), str) and version):
+            continue
+        if entry.get("after") == hashlib.sha256(data).hexdigest() and known_releases.is_release_sha(version, rel, entry["before"]):
+            found.add(rel)
+    return found
+
+
+def manifest_digest(package: Path) -> bytes:
+    """The manifest's bytes' sha256 (b"" without one): part of what an audit is a function of."""
+    try:
+        return hashlib.sha256((package / MANIFEST).read_bytes()).digest()
+    except OSError:
+        return b""
+
+
 class KnownRelease:
     """A release's origins without its tree: a module whose bytes are the
     release's own by the hashes patchkit ships (``patchkit.known_releases``:
@@ -363,6 +399,8 @@ class KnownRelease:
 
         if self.files.get(rel) is not None:  # a module apply changes: its release bytes were fetched
             return diff_origins(rel, self.files[rel], data, reads) if self.files[rel] else ["vendor"] * len(reads)
-        shipped = known_releases.release_bytes(self.version, rel, data)
+        # A module no known release has among those reading the mirror: this release does not ship
+        # its reads, so they are the vendor's (as the release's tree would tell: cache or not, one answer).
+        shipped = known_releases.release_bytes(self.version, rel, data) if known_releases.tracks(rel) else b""
         origin = "release" if shipped == data and shipped else "vendor" if shipped == b"" else None
         return [origin] * len(reads)

@@ -203,12 +203,31 @@ class FileAudit:
 
     @staticmethod
     def _fills_when_none(stmt: ast.AST, target: str) -> bool:
-        """``if x is None: x = <not None>``: after it, x is set."""
+        """``if x is None: x = <not None>`` (on every path of the ``if``'s
+        body: 0.5.13's ``if tree_mask_buf is None: x = ... else: x = 0``): after it, x is set."""
         return (
             isinstance(stmt, ast.If) and _none_test(stmt.test) is False and ast.unparse(stmt.test).startswith(target)
-            and any(isinstance(s, ast.Assign) and not _is_none(s.value) and any(ast.unparse(t) == target for t in s.targets)
-                    for s in stmt.body)
+            and _assigns(stmt.body, target)
         )
+
+    def _filled_above(self, node: ast.AST, scope: ast.AST, name: str) -> Optional[int]:
+        """Line of ``if name is None: name = <not None>`` earlier in a block
+        enclosing ``node``, with no other assignment of ``name`` between: a
+        local the code fills itself when the mirror is absent (0.5.13's
+        ``seq_lens_sum = forward_batch.seq_lens_sum`` then a bound)."""
+        for parent, child in self._ancestors(node, scope):
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(parent, field, None)
+                if not (isinstance(block, list) and child in block):
+                    continue
+                for stmt in reversed(block[: block.index(child)]):
+                    if self._fills_when_none(stmt, name):
+                        return stmt.lineno
+                    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                            return None
+        return None
 
     def _passed_on(self, node: ast.AST, scope: ast.AST) -> Optional[tuple[str, str]]:
         """A plain copy or hand-off: the value (possibly one branch of ``a if c
@@ -231,11 +250,41 @@ class FileAudit:
         return None
 
     def _alias(self, assign: ast.Assign, scope: ast.AST, names: list[str]) -> Optional[tuple[str, str]]:
-        uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)]
-        verdicts = [self._handled(n, scope) or self._guard(n, scope) or self._passed_on(n, scope) for n in uses]
+        uses = self._uses_of(assign, scope, names)
+        verdicts = [self._handled(n, scope) or self._guard(n, scope) or self._filled(n, scope) or self._passed_on(n, scope)
+                    for n in uses]
         if uses and all(verdicts):
             return verdicts[0][0], f"held in {', '.join(names)}; its uses: " + "; ".join(w for _, w in verdicts)
         return None
+
+    def _uses_of(self, assign: ast.Assign, scope: ast.AST, names: list[str]) -> list[ast.Name]:
+        """The loads of ``names`` the assignment reaches: in the statements
+        after it in its block, then after the blocks enclosing it, up to one
+        that assigns a name again (another value held in the same local:
+        0.5.13's init_forward_metadata holds three sums in ``seq_lens_sum``,
+        one per branch)."""
+        def loads(node: ast.AST) -> list[ast.Name]:
+            return [n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)]
+
+        uses, current = [], assign
+        while current is not scope:
+            parent = self.parents.get(current)
+            if parent is None:
+                break
+            block = next((b for f in ("body", "orelse", "finalbody")
+                          if isinstance(b := getattr(parent, f, None), list) and current in b), None)
+            for stmt in (block[block.index(current) + 1:] if block is not None else ()):
+                uses += loads(stmt)
+                if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in stmt.targets):
+                    return uses
+            if isinstance(parent, (ast.For, ast.While)):  # a loop reads its body again: every load in it
+                uses += [n for n in loads(parent) if n not in uses]
+            current = parent
+        return uses
+
+    def _filled(self, use: ast.Name, scope: ast.AST) -> Optional[tuple[str, str]]:
+        line = self._filled_above(use, scope, use.id)
+        return ("guarded", f"`if {use.id} is None:` fills it at line {line}") if line else None
 
     # -- CUDA-graph runner buffers ------------------------------------------------
 
@@ -292,7 +341,7 @@ class FileAudit:
 
     def _buffer_local(self, assign: ast.Assign, names: list[str]) -> Optional[str]:
         scope = self._function(assign) or self.tree
-        uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)]
+        uses = self._uses_of(assign, scope, names)
         whys = [self._handed_to_backend(n) for n in uses]
         if uses and all(whys):
             return f"held in {', '.join(names)}; " + "; ".join(dict.fromkeys(whys))
@@ -328,6 +377,16 @@ class FileAudit:
                 names.append(current.name)
             current = self.parents.get(current)
         return ".".join(reversed(names)) or "<module>"
+
+
+def _assigns(block: list, target: str) -> bool:
+    """Every path through ``block`` assigns ``target`` something other than None."""
+    for stmt in block:
+        if isinstance(stmt, ast.Assign) and not _is_none(stmt.value) and any(ast.unparse(t) == target for t in stmt.targets):
+            return True
+        if isinstance(stmt, ast.If) and stmt.orelse and _assigns(stmt.body, target) and _assigns(stmt.orelse, target):
+            return True
+    return False
 
 
 def _is_none(node: ast.AST) -> bool:

@@ -139,6 +139,26 @@ class GuardDraftExtendGraphReplay(MirrorGuards):
     RENAMED = ("execute",)  # 0.5.14+
     GUARDS = (add_guard(attr("seq_lens_sum")),)
     UPSTREAM_MARKER = none_test(m.Name("seq_lens_sum"))
+    # A fork's runner with upstream's guard and a padded sum of its own beside it: that
+    # read is the vendor's, in the shape the release's runner has; guarded there too.
+    REPLACES_VENDOR = ((
+        r"seq_lens_sum",
+        "the vendor's padded sum of the mirror, in the shape the release's runner has, becomes "
+        "add_or_none (the same value with the mirror, None without it); the vendor's statement stays",
+    ),)
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        finding = super().detect_in_method(fn)
+        if finding.state is State.DONE and primitives.contains(fn, self.UPSTREAM_MARKER):
+            left = [read for guard in self.GUARDS for read in self._unguarded(fn, guard)]
+            if left:
+                return Finding.todo(self.anchor_of(fn), f"{len(left)} read(s) of {self.READS} beside upstream's guard, "
+                                    f"in the shape the release's runner has (first at {self.where(left[0])})")
+            ours = primitives.find_all(fn, primitives.call("add_or_none"))
+            if ours:  # said in status's notes: the vendor's code is kept, and guarded
+                return Finding.done(self.anchor_of(fn), f"the vendor's own padded sum at {self.where(ours[0])} is kept, "
+                                    "guarded by add_or_none beside upstream's guard", by_tree=True)
+        return finding
 
 
 # -- speculative/eagle_worker_v2.py: EagleDraftWorker.draft ------------------------------------------------
@@ -262,7 +282,20 @@ class MetricsGuards(MirrorGuards):
     """A metrics method may stop reading the mirror in a fork (it sums
     ``req.seqlen`` itself, say): nothing is left to guard there, which is the
     tree's own change, said as a note (as ``GateDecodeSync`` says of a fork
-    that dropped the sync), not a missing anchor."""
+    that dropped the sync), not a missing anchor.
+
+    Upstream moved the metrics between releases (observability/ from 0.5.10,
+    ``managers/scheduler_components/metrics_reporter.py`` from 0.5.13), and
+    forks carry those moves before their release does: the module is then
+    no code of the release, all of it "the vendor's", though its read of the
+    mirror is upstream's. The rewrite keeps the value (the same sum with the
+    mirror), so it replaces that read on purpose, said in one line."""
+
+    REPLACES_VENDOR = ((
+        r"seq_lens_cpu",
+        "the decode metrics' read of the CPU mirror (upstream's, in a module this release does not have there) "
+        "becomes the same value from the requests when the mirror is dropped",
+    ),)
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         finding = super().detect_in_method(fn)
@@ -273,6 +306,20 @@ class MetricsGuards(MirrorGuards):
                 by_tree=True,
             )
         return finding
+
+    def detect_absent(self, cls: cst.ClassDef) -> Finding:
+        """A metrics method the tree does not have (a fork that carries an
+        early form of upstream's move to observability/: ``log_decode_stats``
+        and none of the methods that replaced it) reads nothing: nothing to
+        guard there, said as a note, not a missing anchor."""
+        if self.WHY_ABSENT:
+            return super().detect_absent(cls)
+        return Finding.superseded(
+            self.anchor,
+            f"this tree's {self.CLASS} has no {self.METHOD} ({self.where(cls)}), so no read of the CPU seq_lens "
+            "mirror there; patchkit has nothing to guard",
+            by_tree=True,
+        )
 
 
 class GuardDecodePerfMetrics(MetricsGuards):
@@ -302,3 +349,52 @@ class GuardScheduledRequestMetrics(MetricsGuards):
         ),
     )
     WHY_ABSENT = "no forward-pass request metrics in this release (added in 0.5.12)"
+
+
+class GuardLogDecodeStats(MetricsGuards):
+    DESCRIPTION = (
+        "SchedulerMetricsMixin.log_decode_stats (the decode metrics before 0.5.10, as forks that moved the mixin "
+        "to observability/ early carry them): decode_sum_seq_lens = seq_lens_cpu.sum().item() -> decode_total_seq_lens"
+    )
+    CLASS = "SchedulerMetricsMixin"
+    METHOD = "log_decode_stats"
+    GUARDS = (Guard(MIRROR_TOTAL, "decode_total_seq_lens(BATCH)", "decode_total_seq_lens"),)
+    WHY_ABSENT = "the decode metrics are report_decode_stats from 0.5.10 (log_decode_stats before)"
+
+
+# -- managers/scheduler_components/metrics_reporter.py: the decode metrics from 0.5.13 ---------------------------------
+# Forks taken from upstream between 0.5.12 and 0.5.13 have the reporter before
+# sglang #26128 made its decode sums sync-free: the same reads as the mixin's.
+
+UPSTREAM_DECODE_SUM = "_decode_total_seq_lens"  # the reporter's own None-aware sum (sglang #26128, 0.5.13)
+
+
+class ReporterGuards(MetricsGuards):
+    """The reporter's reads; a reporter with upstream's sync-free sum
+    (``_decode_total_seq_lens``, 0.5.13+) is upstream's as it is."""
+
+    CLASS = "SchedulerMetricsReporter"
+    UPSTREAM_FUNCTION = UPSTREAM_DECODE_SUM
+
+    def detect(self, module: cst.Module) -> Finding:
+        if primitives.find_function(module, UPSTREAM_DECODE_SUM) is not None:
+            return Finding.done(self.anchor, f"upstream's metrics reporter ({UPSTREAM_DECODE_SUM}(), sglang #26128)")
+        return super().detect(module)
+
+
+class GuardReporterDecodePerf(ReporterGuards):
+    DESCRIPTION = "SchedulerMetricsReporter._estimate_decode_perf: seq_lens_cpu.sum() -> decode_total_seq_lens"
+    METHOD = "_estimate_decode_perf"
+    GUARDS = GuardDecodePerfMetrics.GUARDS
+
+
+class GuardReporterDecodeStats(ReporterGuards):
+    DESCRIPTION = "SchedulerMetricsReporter.report_decode_stats: seq_lens_cpu.sum().item() -> decode_total_seq_lens"
+    METHOD = "report_decode_stats"
+    GUARDS = GuardDecodeStats.GUARDS
+
+
+class GuardReporterScheduledRequestMetrics(ReporterGuards):
+    DESCRIPTION = "SchedulerMetricsReporter._build_scheduled_request_metrics: for sl in seq_lens_cpu -> decode_seq_lens"
+    METHOD = "_build_scheduled_request_metrics"
+    GUARDS = GuardScheduledRequestMetrics.GUARDS

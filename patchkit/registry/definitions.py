@@ -12,6 +12,7 @@ without reading any patch set.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Optional
 
@@ -21,6 +22,14 @@ if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
     from patchkit.codemods.common.base import PatchCodemod
+
+
+_REMOVED_IN = re.compile(r"removed upstream in (\d+(?:\.\d+)*)")
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    """The release numbers of a version (``0.5.12.post1`` -> (0, 5, 12)), for ordering releases."""
+    return tuple(int(n) for n in re.findall(r"\d+", version.split(".post")[0].split("+")[0])[:3])
 
 
 class Target:
@@ -39,6 +48,16 @@ class Target:
         self.optional = optional  # a file some releases lack: that part is not applicable there
         self.when_missing = when_missing  # why it may be missing
         self._loaded: Optional[tuple] = None
+
+    def why_missing(self, release: Optional[str]) -> str:
+        """Why the file is not in a tree of ``release`` (its base release, None
+        when it names none): ``when_missing`` where that tells this tree's
+        story, and "not in this tree" where it cannot (a release from before
+        the one ``when_missing`` says removed it never had the file)."""
+        removed = _REMOVED_IN.match(self.when_missing)
+        if not self.when_missing or (removed and (release is None or _numbers(release) < _numbers(removed.group(1)))):
+            return "not in this tree"
+        return self.when_missing
 
     @property
     def names(self) -> tuple[str, ...]:

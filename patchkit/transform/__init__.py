@@ -105,6 +105,20 @@ def _reads_unchanged(codemod: "PatchCodemod", before: "cst.Module", after: "cst.
     return len(old) == len(new) and all(a is b for a, b in zip(old, new))
 
 
+def _owners(rel: str, names: Sequence[str]) -> dict[str, str]:
+    """Which patch each codemod named is of, for the file ``rel`` (the first patch that lists it there)."""
+    from patchkit import registry
+
+    found: dict[str, str] = {}
+    for patch in registry.all_patches():
+        for target in patch.targets:
+            if target.file == rel:
+                for name in target.names:
+                    if name in names:
+                        found.setdefault(name, patch.id)
+    return found
+
+
 def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["PatchCodemod"]],
         known: Sequence[Optional[Finding]] = (), source: Optional[bytes] = None,
         pristine: Optional[bytes] = None, owners: Optional[Mapping[str, str]] = None) -> Transformed:
@@ -160,5 +174,7 @@ def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["Pat
     if check:
         from patchkit.transform import vendor_code
 
-        notes = vendor_code.check(path, source, pristine, new, tree, original, instances, transformed, owners or {})
+        # The file named as the tree names it (relative), once; each codemod by its patch.
+        notes = vendor_code.check(Path(rel), source, pristine, new, tree, original, instances, transformed,
+                                  owners if owners is not None else _owners(rel, transformed))
     return Transformed(new, after, transformed, notes)

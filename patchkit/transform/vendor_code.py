@@ -292,8 +292,11 @@ class VendorCodeLost(PatchkitError):
     exit_code = EXIT_CHANGES
 
     def __init__(self, site: str, patch: Optional[str]) -> None:
-        super().__init__(f"{site}; nothing was changed (carry the patch's change by hand there, or declare the "
-                         "replacement in the codemod's REPLACES_VENDOR)")
+        skip = f"`--skip {patch}`" if patch else "`--skip` that patch"
+        # What the maintainer can do, said in the same line as the refusal.
+        self.remedy = (f"keep that code out of the patch's site, carry the change by hand there, or {skip} "
+                       "(the other patches still apply)")
+        super().__init__(f"{site}; nothing was changed: {self.remedy}")
         self.site, self.patch = site, patch  # the refusal without its consequence; the refused patch (None: unknown)
 
 
@@ -309,22 +312,23 @@ def check(path: Path, before: bytes, pristine: bytes, after: bytes, after_tree: 
     if not found:
         return []
     blame = _blame(pristine, before, original, instances, transformed, found)
-    notes, refused = [], []
+    notes: dict[tuple, str] = {}
+    refused = []
     for item in found:
         inst = blame.get(item)
         why = _declared(inst, item) if inst is not None else None
         who = f"{inst.name()} (patch {owners.get(inst.name(), '?')})" if inst is not None else "the import block edit"
         if why is None:
             refused.append((item, who))
-        else:
-            notes.append(f"{path}:{item.line}: {who} replaces the vendor's {describe(item)} on purpose: {why}")
+        else:  # one line per line of code and codemod, however many of its tokens go
+            notes.setdefault((item.line, who), f"{path}:{item.line}: {who} replaces the vendor's {describe(item)} on purpose: {why}")
     if refused:
         item, who = refused[0]
         more = f" (and {len(refused) - 1} more vendor token(s))" if len(refused) > 1 else ""
         inst = blame.get(item)
-        raise VendorCodeLost(f"{path}:{item.line}: refused: {who} would remove code the vendor added, {describe(item)}{more}",
+        raise VendorCodeLost(f"refused: {path}:{item.line}: {who} would remove code the vendor added, {describe(item)}{more}",
                              owners.get(inst.name()) if inst is not None else None)
-    return list(dict.fromkeys(notes))
+    return list(notes.values())
 
 
 def _blame(pristine: bytes, before: bytes, original: "cst.Module", instances: Sequence["PatchCodemod"],

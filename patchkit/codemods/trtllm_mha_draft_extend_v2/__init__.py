@@ -85,6 +85,33 @@ def _whitelist_site(fn: cst.FunctionDef) -> Optional[tuple[cst.Assign, cst.BaseE
     return None
 
 
+#: The classes the releases' chain checks (0.5.10 .. 0.5.12.post1): merged into one tuple with MHA's.
+RELEASE_CLASSES = frozenset({"TritonAttnBackend", "TRTLLMMLABackend"})
+MHA_TERM = f"isinstance({SUBJECT}, {MHA_BACKEND})"
+_ISINSTANCE = m.Call(func=m.Name("isinstance"))
+
+
+def _vendor_checks(disjunction: cst.BaseExpression) -> bool:
+    """A chain of isinstance checks of the backend in which a vendor checks a
+    class of its own in a term of its own (``... or isinstance(b,
+    AcmeMLABackend)``): merging the chain into one tuple would rewrite the
+    vendor's term, so MHA gets a term of its own instead."""
+    checks = [t for t in primitives.or_terms(disjunction) if primitives.isinstance_subject(t) == SUBJECT]
+    classes = set()
+    for check in checks:
+        kinds = primitives.find_all(check, _ISINSTANCE)[0].args[1].value
+        classes |= {code_of(e.value) for e in kinds.elements} if isinstance(kinds, cst.Tuple) else {code_of(kinds)}
+    return len(checks) > 1 and not classes <= RELEASE_CLASSES
+
+
+def _with_or_term(disjunction: cst.BooleanOperation, term: str) -> cst.BooleanOperation:
+    """``disjunction or <term>``, laid out as its last ``or``."""
+    op = disjunction.operator
+    return cst.BooleanOperation(
+        left=disjunction.with_changes(lpar=[], rpar=[]), operator=cst.Or(op.whitespace_before, op.whitespace_after),
+        right=cst.parse_expression(term), lpar=disjunction.lpar, rpar=disjunction.rpar)
+
+
 def _mentions(node: cst.CSTNode, name: str) -> bool:
     return primitives.contains(node, m.Name(name))
 
@@ -131,8 +158,11 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
         if graph_check(fn) is None:  # 0.5.8.post1 / 0.5.9: one more term of the capture gate's `or`
             return primitives.replace_statements(
                 fn, the_gate(fn), lambda gate: with_gate_term(gate, GATE_TERM))
-        assign, _disjunction = _whitelist_site(fn)
-        new_value = primitives.add_isinstance_classes(assign.value, SUBJECT, [MHA_BACKEND], after="TRTLLMMLABackend")
+        assign, disjunction = _whitelist_site(fn)
+        if _vendor_checks(disjunction):  # the vendor's own isinstance terms stay as written: one more term
+            new_value = primitives.replace_node(assign.value, disjunction, _with_or_term(disjunction, MHA_TERM))
+        else:
+            new_value = primitives.add_isinstance_classes(assign.value, SUBJECT, [MHA_BACKEND], after="TRTLLMMLABackend")
         return primitives.replace_statements(
             fn,
             primitives.line(primitives.is_node(assign)),
