@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
+from patchkit import containment
 from patchkit.errors import Interrupted, PatchkitError
 from patchkit.state.record import Record
 from patchkit.tree import sha256  # noqa: F401 - the state names files by it
@@ -140,10 +141,10 @@ class Store:
         return digests
 
     def has_blob(self, digest: str) -> bool:
-        return (self.blobs / digest).is_file()
+        return (self.blobs / containment.digest(digest, str(self.blobs))).is_file()
 
     def get_blob(self, digest: str) -> bytes:
-        path = self.blobs / digest
+        path = self.blobs / containment.digest(digest, str(self.blobs))
         try:
             data = path.read_bytes()
         except OSError:
@@ -225,7 +226,8 @@ class Store:
                 crash_point("file")
             # The files' renames are durable before the state says they happened:
             # each folder once, not once a file (the journal covers a kill before).
-            for folder in dict.fromkeys((root / rel).parent for rel, (_, data) in changes.items() if data is not None):
+            for folder in dict.fromkeys(containment.inside(root, rel).parent
+                                        for rel, (_, data) in changes.items() if data is not None):
                 _fsync_dir(folder)
             self.save(new_record)
             crash_point("state")
@@ -240,6 +242,10 @@ class Store:
         try:
             journal = json.loads(self.journal.read_text(encoding="utf-8"))
             entries, state, old = journal["files"], journal["state"], journal.get("old_state")
+            for entry in entries:
+                containment.relative(entry["file"], where)
+                containment.digest(entry["before"], where)
+                containment.digest(entry["after"], where)
             return Pending(journal.get("verb", "apply"), entries, Record.from_state(state, where),
                            None if old is None else Record.from_state(old, where))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, PatchkitError):
@@ -255,9 +261,9 @@ class Store:
         forward = pending.verb == verb or pending.old_state is None  # journals of patchkit 0.2.0 only go forward
         side = "after" if forward else "before"
         moved = 0
+        paths = [containment.writable(root, entry["file"]) for entry in pending.files]  # all, before any write
         with held_signals():
-            for entry in pending.files:
-                path = root / entry["file"]
+            for entry, path in zip(pending.files, paths):
                 # A kill inside this file's write left its temp file beside it.
                 remove_temp_files(path)
                 current = file_sha(path)
@@ -342,18 +348,19 @@ def held_signals() -> Iterator[None]:
 
 def _write_or_remove(root: Path, rel: str, data: Optional[bytes], sync_folder: bool = True) -> None:
     """Write a file (creating its folders), or remove it and the folders it
-    leaves empty (with the bytecode Python cached there), up to ``root``."""
-    path = root / rel
+    leaves empty (with the bytecode Python cached there), up to ``root`` and
+    never above it (``patchkit.containment``)."""
+    path = containment.writable(root, rel)
     if data is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, data, sync_folder)
         return
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-    folder = path.parent
-    while folder != root and root in folder.parents:
+    for folder in containment.folders_of(root, rel):
+        if folder.is_symlink():  # the user's link (inside the tree): neither removed nor followed
+            break
         if not folder.is_dir():  # removed already (by an earlier removal, or a run a kill cut short)
-            folder = folder.parent
             continue
         cache = folder / "__pycache__"
         others = [c for c in folder.iterdir() if c.name != "__pycache__"]
@@ -365,7 +372,6 @@ def _write_or_remove(root: Path, rel: str, data: Optional[bytes], sync_folder: b
             folder.rmdir()
         except OSError:  # not empty: something else lives there
             break
-        folder = folder.parent
 
 
 def _dumps(obj: object) -> bytes:
