@@ -34,7 +34,7 @@ from patchkit import containment
 from patchkit.errors import Interrupted, PatchkitError
 from patchkit.state.files import (TEMP_SUFFIX, atomic_write, crash_point, fsync_dir,  # noqa: F401 - their home
                                   remove, remove_all_temp_files, remove_temp_files, write_or_remove)
-from patchkit.state.record import Record
+from patchkit.state.record import CorruptState, Record
 from patchkit.tree import sha256  # noqa: F401 - the state names files by it
 
 
@@ -103,9 +103,9 @@ class Store:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            raise PatchkitError(f"{path}: corrupt patchkit state (not the expected JSON)") from None
+            raise CorruptState(f"{path}: corrupt patchkit state (not the expected JSON)") from None
         if not isinstance(doc, dict):
-            raise PatchkitError(f"{path}: corrupt patchkit state (not the expected JSON)")
+            raise CorruptState(f"{path}: corrupt patchkit state (not the expected JSON)")
         return Record.from_state(doc, str(path))
 
     def save(self, record: Record) -> None:
@@ -156,19 +156,24 @@ class Store:
         back at once: every file written gets its bytes before, the state
         and the journal go back, and the failure is one line. Where the
         rollback cannot write either, the journal stays for the next command."""
-        try:
-            self.ensure_folder()
-            self.put_blobs([*backups, *(data for pair in changes.values() for data in pair if data is not None)])
-        except OSError as exc:
-            raise self._failed(exc, verb, "nothing was changed") from None
         entries = [{"file": rel, "before": None if old is None else sha256(old),
                     "after": None if new is None else sha256(new)} for rel, (old, new) in changes.items()]
+        journal = _dumps({"verb": verb, "files": entries, "old_state": old_record.to_state(),
+                          "state": new_record.to_state()})
+        try:
+            self.ensure_folder()
+            # The journal among the blobs too: `revert --recover` reads it there, should journal.json be lost.
+            self.put_blobs([*backups, *(data for pair in changes.values() for data in pair if data is not None),
+                            journal])
+        except OSError as exc:
+            raise self._failed(exc, verb, "nothing was changed") from None
+        with contextlib.suppress(OSError):  # the newest journal among the blobs is the last one (recovery.lost_writes)
+            os.utime(self.blobs / sha256(journal))
         written: list[str] = []  # files whose write began (a failed one may have made its folder)
         saved = False
         with held_signals():
             try:
-                atomic_write(self.journal, _dumps({"verb": verb, "files": entries,
-                                                   "old_state": old_record.to_state(), "state": new_record.to_state()}))
+                atomic_write(self.journal, journal)
                 crash_point("journal")
                 for rel, (_, data) in changes.items():
                     written.append(rel)
@@ -228,7 +233,8 @@ class Store:
             return Pending(journal.get("verb", "apply"), entries, Record.from_state(state, where),
                            None if old is None else Record.from_state(old, where))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, PatchkitError):
-            raise PatchkitError(f"{self.journal}: corrupt transaction journal; inspect it, then remove it") from None
+            raise PatchkitError(f"{self.journal}: corrupt transaction journal; `patchkit revert --recover` puts every "
+                                "file back from the backups (and keeps the journal, set aside)") from None
 
     def recover(self, verb: str, root: Path, say: Callable[[str], None]) -> None:
         """Settle a transaction a killed run left behind: the same command
@@ -256,7 +262,8 @@ class Store:
                 if current not in (entry["before"], entry["after"]):
                     raise PatchkitError(
                         f"{path}: changed since an interrupted patchkit {pending.verb}; cannot settle its "
-                        f"transaction ({self.journal}: restore the file, or remove the journal to leave the tree as it is)"
+                        f"transaction (restore the file, or run `patchkit revert --recover`: every other file back "
+                        "from the backups, this one left as it is)"
                     )
                 write_or_remove(root, entry["file"], None if entry[side] is None else self.get_blob(entry[side]))
                 moved += 1

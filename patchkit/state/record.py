@@ -20,6 +20,12 @@ from patchkit.containment import digest, relative
 from patchkit.errors import PatchkitError
 
 STATE_FORMAT = 1
+
+
+class CorruptState(PatchkitError):
+    """``state.json`` is not the JSON patchkit writes: the manifest, where
+    there is one, is believed instead (``patchkit.state.snapshot``)."""
+
 MANIFEST_SCHEMA = "patchkit.manifest/1"
 
 
@@ -90,7 +96,7 @@ class Record:
                 sglang=doc.get("sglang"), base_commit=doc.get("base_commit"),
             )
         except (KeyError, TypeError, AttributeError):
-            raise PatchkitError(f"{where}: corrupt patchkit state (not the expected JSON)") from None
+            raise CorruptState(f"{where}: corrupt patchkit state (not the expected JSON)") from None
 
     # -- srt/_patchkit/manifest.json (tracked) -------------------------------------
 
