@@ -119,16 +119,21 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
 @main.command(epilog=TREE_EPILOG)
 @tree_and_patches
 @click.option("--cascade", is_flag=True, help="Also revert applied patches that require the named ones.")
-@click.option("--force", is_flag=True, help="Discard edits made after apply that conflict with the revert.")
+@click.option("--force", is_flag=True,
+              help="Discard the edits made after apply that overlap a patch (the others stay; a copy is kept).")
+@click.option("--recover", is_flag=True,
+              help="Every file back to its original from .patchkit/blobs alone (a corrupt journal or state).")
 @dry_run_option("reverting")
 @diff_option("is reverted (with --dry-run: would be)")
 @format_option("revert")
 @click.pass_obj
-def revert(obj: Ctx, args, cascade: bool, force: bool, dry_run: bool, show_diff: bool, fmt: str) -> None:
+def revert(obj: Ctx, args, cascade: bool, force: bool, recover: bool, dry_run: bool, show_diff: bool,
+           fmt: str) -> None:
     """Revert patches patchkit applied (all by default), byte for byte. Edits
     made after apply are kept by a 3-way merge, or the revert stops."""
     given, ids = args
-    result = _changing(obj, api.revert, given, ids, cascade=cascade, force=force, dry_run=dry_run, say=obj.say)
+    result = _changing(obj, api.revert, given, ids, cascade=cascade, force=force, dry_run=dry_run, say=obj.say,
+                       recover=recover)
     _finish(obj, result, fmt, show_diff, False)
 
 

@@ -313,6 +313,13 @@ class locked_session:
         if self.verb or (store.folder.is_dir() and os.access(store.folder, os.W_OK)):
             self._lock = store.locked(self.timeout)
             self._lock.__enter__()
+        try:
+            return self._open(store)
+        except BaseException as exc:  # __exit__ does not run: a caller in this process must get the lock back
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def _open(self, store: Store) -> Session:
         if self.verb:
             store.recover(self.verb, self.tree.package, self.say)
         session = self._session = Session(read_snapshot(self.tree, store), store)

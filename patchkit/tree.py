@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from patchkit import containment
 from patchkit.errors import PatchkitError
 
 def sha256(data: bytes) -> str:
@@ -43,7 +44,8 @@ class Tree:
         return self.package / ".patchkit"
 
     def path(self, relpath: str) -> Path:
-        return self.package / relpath
+        """A file of the package, which it never leaves (``patchkit.containment``)."""
+        return containment.inside(self.package, relpath)
 
     def repo_path(self, relpath: str) -> str:
         """Path as it appears in an upstream checkout (for diffs and patches)."""
@@ -165,9 +167,9 @@ def check_writable(tree: Tree, files: Iterable[str]) -> None:
     """Stop before any write if one of ``files`` cannot be written: the file,
     or, for a file to create, the nearest folder that exists. Mode bits count
     too: root may write anything, but a file the user marked read-only is not
-    ours to replace (os.replace would)."""
+    ours to replace (os.replace would). Nor is a symlink (``containment.writable``)."""
     for rel in files:
-        path = tree.path(rel)
+        path = containment.writable(tree.package, rel)
         nodes = [("file", path)] if path.exists() else []
         folder = path.parent
         while not folder.exists():

@@ -219,12 +219,18 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
 
 
 def revert(tree: Optional[str] = None, ids: Iterable[str] = (), cascade: bool = False, force: bool = False,
-           dry_run: bool = False, say: Say = _drop) -> ChangeResult:
+           dry_run: bool = False, say: Say = _drop, recover: bool = False) -> ChangeResult:
     """Revert the patches patchkit applied (all by default), byte for byte;
-    edits made since are kept by a 3-way merge, or (``force``) discarded."""
+    edits made since are kept by a 3-way merge, or (``force``) discarded.
+    ``recover``: every file back to its original from the backups alone, for
+    a journal or state that cannot be read (``patchkit.state.recovery``)."""
     from patchkit.api.reverting import revert_patches
 
     where = locate(tree, say)
+    if recover:
+        if ids or cascade or force:
+            raise PatchkitError("--recover puts every file back: it takes no PATCH, --cascade or --force")
+        return _recover(where, dry_run)
     result = None
     try:
         with locked_session(where.given, say, None if dry_run else "revert") as session:
@@ -236,6 +242,20 @@ def revert(tree: Optional[str] = None, ids: Iterable[str] = (), cascade: bool = 
         _keep_committed(exc, result, "revert", where, dry_run)
         raise
     return result
+
+
+def _recover(where: Located, dry_run: bool) -> ChangeResult:
+    from patchkit import settings
+    from patchkit.state import Store, recovery
+
+    store = Store(where.tree.state_dir)
+    with store.locked(settings.lock_timeout()):
+        done = recovery.recover(store, where.tree, dry_run)
+    outcome = Outcome([], changed=done.changed)
+    outcome.messages += [f"set aside: .patchkit/{path.relative_to(store.folder)}" for path in done.set_aside]
+    outcome.messages += [f"{where.tree.shown_path(rel, where.given)}: holds bytes patchkit never wrote "
+                         "(edited since?); left as it is" for rel in done.unknown]
+    return ChangeResult("revert", where, outcome, dry_run)
 
 
 def _keep_committed(exc: Interrupted, result: Optional[ChangeResult], verb: str, where: Located,

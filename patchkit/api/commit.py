@@ -62,9 +62,9 @@ def commit(session: "Session", verb: str, outcome: Outcome, record: "Record", ru
     check_writable(session.tree, outcome.changed)
     if dry_run or not (outcome.changed or record.applied != session.record.applied):
         return
-    session.store.put_blobs([*outcome.blobs.values(), *session.recovered.values()])
     try:
-        session.store.commit(verb, session.tree.package, outcome.changed, session.record, record)
+        session.store.commit(verb, session.tree.package, outcome.changed, session.record, record,
+                             backups=[*outcome.blobs.values(), *session.recovered.values()])
     except Interrupted as exc:
         if exc.waited:  # the signal came during the write and waited for its end: all is written
             exc.outcome = outcome

@@ -7,6 +7,7 @@ revert keeps them), revert carries them onto the reverted text.
 
 from __future__ import annotations
 
+import difflib
 import shutil
 import subprocess
 import tempfile
@@ -19,8 +20,13 @@ if TYPE_CHECKING:
     from patchkit.api.commit import Outcome
 
 
-def three_way_merge(ours: bytes, base: bytes, theirs: bytes) -> tuple[bytes, bool]:
-    """``git merge-file``: git's own 3-way merge, the one vendors already trust."""
+MARKER = 40  # conflict markers longer than any line a source file is likely to hold
+
+
+def three_way_merge(ours: bytes, base: bytes, theirs: bytes, favor: str = "") -> tuple[bytes, bool]:
+    """``git merge-file``: git's own 3-way merge, the one vendors already trust.
+    ``favor`` "theirs": a conflicting hunk takes ``theirs``'s side, every
+    other hunk of either side is merged as usual (``--theirs``)."""
     if shutil.which("git") is None:
         raise PatchkitError("git is needed to keep edits made after apply (3-way merge), and it is not installed")
     with tempfile.TemporaryDirectory() as tmp:
@@ -29,10 +35,36 @@ def three_way_merge(ours: bytes, base: bytes, theirs: bytes) -> tuple[bytes, boo
             p = Path(tmp) / name
             p.write_bytes(data)
             paths.append(str(p))
-        proc = subprocess.run(["git", "merge-file", "-p", *paths], capture_output=True)
+        options = [f"--marker-size={MARKER}", "--diff3", "-L", "ours", "-L", "base", "-L", "theirs",
+                   *([f"--{favor}"] if favor else [])]
+        proc = subprocess.run(["git", "merge-file", "-p", *options, *paths], capture_output=True)
     if proc.returncode < 0 or proc.returncode > 127:
         raise PatchkitError(f"git merge-file failed: {proc.stderr.decode(errors='replace').strip()}")
     return proc.stdout, proc.returncode == 0
+
+
+def conflicts(merged: bytes) -> list[tuple[int, int]]:
+    """The conflicts of a merge's output with its (diff3) markers: (the line
+    at which the ``theirs`` side stands in the file ``--theirs`` resolves it
+    to, how many lines ``ours`` changed or added there, against the base)."""
+    found, line, side, sides = [], 0, None, {}
+    for text in merged.splitlines():
+        if side is None and text.startswith(b"<" * MARKER + b" ours"):
+            side, sides = "ours", {"ours": [], "base": []}
+            found.append(line + 1)
+        elif side == "ours" and text.startswith(b"|" * MARKER + b" base"):
+            side = "base"
+        elif side == "base" and text == b"=" * MARKER:
+            side = "theirs"
+        elif side == "theirs" and text.startswith(b">" * MARKER + b" theirs"):
+            side = None
+            matcher = difflib.SequenceMatcher(a=sides["base"], b=sides["ours"], autojunk=False)
+            found[-1] = (found[-1], sum(j2 - j1 for op, _, _, j1, j2 in matcher.get_opcodes() if op != "equal"))
+        elif side in ("ours", "base"):
+            sides[side].append(text)
+        else:
+            line += 1
+    return found
 
 
 def original_with_user_edits(path: Path, current: bytes, patched: bytes, original: bytes) -> bytes:
@@ -51,16 +83,21 @@ def keep_user_edits(path: Path, current: bytes, patched: bytes, target: bytes, f
                     outcome: "Outcome") -> bytes:
     """Revert over a file edited since apply (``current``, where patchkit
     wrote ``patched``): ``target`` (the reverted text) with the user's edits,
-    or, where they overlap the patch, an error (with ``force``: ``target``,
-    the edited file kept as a blob)."""
+    or, where they overlap the patch, an error (with ``force``: ``target``
+    with the edits that do not overlap, the edited file kept as a blob and
+    the dropped lines named)."""
     merged, clean = three_way_merge(current, patched, target)
     if clean:
         outcome.messages.append(f"{path}: kept your edits made after apply (3-way merge)")
         return merged
     if force:
+        # Hunk by hunk: only the edits that overlap the patch go; the rest stay.
+        forced, _ = three_way_merge(current, patched, target, favor="theirs")
+        where = "; ".join(f"{dropped} line(s) of yours at line {at}" for at, dropped in conflicts(merged))
         kept = outcome.keep(current)
-        outcome.messages.append(f"{path}: your edits conflicted; --force discarded them (copy kept in .patchkit/blobs/{kept})")
-        return target
+        outcome.messages.append(f"{path}: --force discarded your edits that overlap the patch ({where} of the "
+                                f"reverted file) and kept the others; your whole copy: .patchkit/blobs/{kept}")
+        return forced
     raise PatchkitError(
         f"{path}: edited after apply and the edits overlap the patch; nothing was reverted "
         "(resolve by hand, or pass --force to discard the edits)"

@@ -33,6 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
+from patchkit.containment import relative
 from patchkit.registry import definitions
 from patchkit.registry.definitions import Patch, Target
 from patchkit.errors import PatchkitError
@@ -49,7 +50,7 @@ def _parse(text: str, source: str, patch_set: Optional[PatchSet] = None) -> Patc
         pid = data["id"]
         targets = tuple(
             Target(
-                file=t["file"],
+                file=relative(t["file"], source),  # a vendor's set names files inside the package only
                 codemods=tuple(patch_set.ref(ref, pid) for ref in t["codemods"]),
                 optional=t.get("optional", False),
                 when_missing=t.get("when_missing", ""),

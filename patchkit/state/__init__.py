@@ -21,86 +21,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import glob
 import json
 import os
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
+from patchkit import containment
 from patchkit.errors import Interrupted, PatchkitError
-from patchkit.state.record import Record
+from patchkit.state.files import (TEMP_SUFFIX, atomic_write, crash_point, fsync_dir,  # noqa: F401 - their home
+                                  remove, remove_all_temp_files, remove_temp_files, write_or_remove)
+from patchkit.state.record import CorruptState, Record
 from patchkit.tree import sha256  # noqa: F401 - the state names files by it
-
-TEMP_SUFFIX = ".patchkit-tmp"
-
-
-def atomic_write(path: Path, data: bytes, sync_folder: bool = True) -> None:
-    """Replace ``path`` with ``data``: temp file in the same folder, fsync,
-    rename. Readers see the old or the new file, never a mix. Keeps the mode.
-    A kill between the two leaves the temp file (see ``remove_temp_files``).
-    ``sync_folder`` False: the caller fsyncs the folder (once for many files)."""
-    mode = path.stat().st_mode & 0o7777 if path.exists() else None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if sync_folder:
-        _fsync_dir(path.parent)
-
-
-def remove_temp_files(path: Path) -> None:
-    """Remove the temp files a killed ``atomic_write`` of ``path`` left beside
-    it (they hold bytes patchkit was writing, never the user's)."""
-    with contextlib.suppress(OSError):
-        for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{TEMP_SUFFIX}"):
-            tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def crash_point(label: str) -> None:
-    """Fault injection for the crash-safety tests only. ``PATCHKIT_TEST_CRASH_AT``
-    names a point (``label`` or ``label:N`` for its N-th pass); reaching it kills
-    the process as SIGKILL would, without cleanup. ``PATCHKIT_TEST_SIGNAL_AT``
-    (``label:N:SIGTERM``) sends the process that signal there instead."""
-    for variable in ("PATCHKIT_TEST_CRASH_AT", "PATCHKIT_TEST_SIGNAL_AT"):
-        target = os.environ.get(variable)
-        if not target:
-            continue
-        name, _, rest = target.partition(":")
-        nth, _, signame = rest.partition(":")
-        if name != label:
-            continue
-        counter = f"_PATCHKIT_{variable}_COUNT_{label}"
-        count = int(os.environ.get(counter, "0")) + 1
-        os.environ[counter] = str(count)
-        if nth and int(nth) != count:
-            continue
-        if signame:
-            os.kill(os.getpid(), getattr(signal, signame))
-        else:
-            os._exit(137)
 
 
 class Store:
@@ -132,18 +67,21 @@ class Store:
             path = self.blobs / digest
             if not path.exists():
                 self.ensure_folder()  # never a .patchkit/ without its .gitignore
+                if self.blobs.exists() and not self.blobs.is_dir():
+                    raise PatchkitError(f"{self.blobs}: not a folder, where patchkit keeps its backups "
+                                        "(move it away; nothing was changed)")
                 self.blobs.mkdir(exist_ok=True)
                 atomic_write(path, data, sync_folder=False)
                 written = True
         if written:
-            _fsync_dir(self.blobs)
+            fsync_dir(self.blobs)
         return digests
 
     def has_blob(self, digest: str) -> bool:
-        return (self.blobs / digest).is_file()
+        return (self.blobs / containment.digest(digest, str(self.blobs))).is_file()
 
     def get_blob(self, digest: str) -> bytes:
-        path = self.blobs / digest
+        path = self.blobs / containment.digest(digest, str(self.blobs))
         try:
             data = path.read_bytes()
         except OSError:
@@ -165,9 +103,9 @@ class Store:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            raise PatchkitError(f"{path}: corrupt patchkit state (not the expected JSON)") from None
+            raise CorruptState(f"{path}: corrupt patchkit state (not the expected JSON)") from None
         if not isinstance(doc, dict):
-            raise PatchkitError(f"{path}: corrupt patchkit state (not the expected JSON)")
+            raise CorruptState(f"{path}: corrupt patchkit state (not the expected JSON)")
         return Record.from_state(doc, str(path))
 
     def save(self, record: Record) -> None:
@@ -181,7 +119,7 @@ class Store:
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / f"state-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
         os.replace(self.folder / "state.json", target)
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
         return target
 
     # -- detection cache -----------------------------------------------------
@@ -205,32 +143,80 @@ class Store:
         return self.folder / "journal.json"
 
     def commit(self, verb: str, root: Path, changes: dict[str, tuple[Optional[bytes], Optional[bytes]]],
-               old_record: Record, new_record: Record) -> None:
+               old_record: Record, new_record: Record, backups: Iterable[bytes] = ()) -> None:
         """Write files and the new state as one transaction.
 
         changes: relpath -> (bytes on disk now, new bytes); None: no such
-        file (created / removed). Both sides are stored as blobs before the
+        file (created / removed). Both sides, and ``backups`` (originals a
+        clone recovered, copies of edits), are stored as blobs before the
         journal, so an interrupted transaction can be finished or rolled back.
-        SIGINT and SIGTERM wait until it is committed."""
-        self.ensure_folder()
-        self.put_blobs(data for pair in changes.values() for data in pair if data is not None)
+        SIGINT and SIGTERM wait until it is committed.
+
+        A write that fails (disk full, permission: any ``OSError``) is rolled
+        back at once: every file written gets its bytes before, the state
+        and the journal go back, and the failure is one line. Where the
+        rollback cannot write either, the journal stays for the next command."""
         entries = [{"file": rel, "before": None if old is None else sha256(old),
                     "after": None if new is None else sha256(new)} for rel, (old, new) in changes.items()]
+        journal = _dumps({"verb": verb, "files": entries, "old_state": old_record.to_state(),
+                          "state": new_record.to_state()})
+        try:
+            self.ensure_folder()
+            # The journal among the blobs too: `revert --recover` reads it there, should journal.json be lost.
+            self.put_blobs([*backups, *(data for pair in changes.values() for data in pair if data is not None),
+                            journal])
+        except OSError as exc:
+            raise self._failed(exc, verb, "nothing was changed") from None
+        with contextlib.suppress(OSError):  # the newest journal among the blobs is the last one (recovery.lost_writes)
+            os.utime(self.blobs / sha256(journal))
+        written: list[str] = []  # files whose write began (a failed one may have made its folder)
+        saved = False
         with held_signals():
-            atomic_write(self.journal, _dumps({"verb": verb, "files": entries, "old_state": old_record.to_state(),
-                                               "state": new_record.to_state()}))
-            crash_point("journal")
-            for rel, (_, data) in changes.items():
-                _write_or_remove(root, rel, data, sync_folder=False)
-                crash_point("file")
-            # The files' renames are durable before the state says they happened:
-            # each folder once, not once a file (the journal covers a kill before).
-            for folder in dict.fromkeys((root / rel).parent for rel, (_, data) in changes.items() if data is not None):
-                _fsync_dir(folder)
-            self.save(new_record)
-            crash_point("state")
-            self.journal.unlink()
-            _fsync_dir(self.folder)
+            try:
+                atomic_write(self.journal, journal)
+                crash_point("journal")
+                for rel, (_, data) in changes.items():
+                    written.append(rel)
+                    write_or_remove(root, rel, data, sync_folder=False)
+                    crash_point("file")
+                # The files' renames are durable before the state says they happened:
+                # each folder once, not once a file (the journal covers a kill before).
+                for folder in dict.fromkeys(containment.inside(root, rel).parent
+                                            for rel, (_, data) in changes.items() if data is not None):
+                    fsync_dir(folder)
+                self.save(new_record)
+                saved = True
+                crash_point("state")
+                remove(self.journal)
+                fsync_dir(self.folder)
+            except OSError as exc:
+                raise self._roll_back(exc, verb, root, {rel: changes[rel][0] for rel in written},
+                                      old_record if saved else None) from None
+
+    def _roll_back(self, exc: OSError, verb: str, root: Path, before: dict[str, Optional[bytes]],
+                   old_record: Optional[Record]) -> PatchkitError:
+        """Put back the bytes ``before`` of each file written (None: remove
+        it and the folders it made), the state (``old_record``, where the new
+        one was saved) and no journal; the line that says so."""
+        try:
+            for rel, old in reversed(before.items()):
+                path = containment.inside(root, rel)
+                remove_temp_files(path)
+                if old is None or file_sha(path) != sha256(old):
+                    write_or_remove(root, rel, old)
+            if old_record is not None:
+                self.save(old_record)
+            remove_temp_files(self.journal)
+            self.journal.unlink(missing_ok=True)
+            fsync_dir(self.folder)
+        except OSError as again:
+            return self._failed(exc, verb, f"rolling it back failed too ({_why(again)}): {self.journal} stays, "
+                                           "and `patchkit revert` will finish it")
+        return self._failed(exc, verb, f"rolled back ({len(before)} file(s) restored): nothing was changed")
+
+    @staticmethod
+    def _failed(exc: OSError, verb: str, then: str) -> PatchkitError:
+        return PatchkitError(f"{_why(exc)}, during {verb}; {then}")
 
     def pending(self) -> Optional["Pending"]:
         """The transaction a killed run left behind, if any."""
@@ -240,37 +226,46 @@ class Store:
         try:
             journal = json.loads(self.journal.read_text(encoding="utf-8"))
             entries, state, old = journal["files"], journal["state"], journal.get("old_state")
+            for entry in entries:
+                containment.relative(entry["file"], where)
+                containment.digest(entry["before"], where)
+                containment.digest(entry["after"], where)
             return Pending(journal.get("verb", "apply"), entries, Record.from_state(state, where),
                            None if old is None else Record.from_state(old, where))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, PatchkitError):
-            raise PatchkitError(f"{self.journal}: corrupt transaction journal; inspect it, then remove it") from None
+            raise PatchkitError(f"{self.journal}: corrupt transaction journal; `patchkit revert --recover` puts every "
+                                "file back from the backups (and keeps the journal, set aside)") from None
 
     def recover(self, verb: str, root: Path, say: Callable[[str], None]) -> None:
         """Settle a transaction a killed run left behind: the same command
         finishes it, the other rolls it back (every file back to its bytes
-        before, and the state before)."""
+        before, and the state before). A killed run's temp files in
+        ``.patchkit/`` and its blobs go first (nothing points at them)."""
+        for folder in (self.folder, self.blobs):
+            remove_all_temp_files(folder)
         pending = self.pending()
         if pending is None:
             return
         forward = pending.verb == verb or pending.old_state is None  # journals of patchkit 0.2.0 only go forward
         side = "after" if forward else "before"
         moved = 0
-        with held_signals():
-            for entry in pending.files:
-                path = root / entry["file"]
+        paths = [containment.writable(root, entry["file"]) for entry in pending.files]  # all, before any write
+        with held_signals(), _settling(self.journal, pending.verb):
+            for entry, path in zip(pending.files, paths):
                 # A kill inside this file's write left its temp file beside it.
                 remove_temp_files(path)
                 current = file_sha(path)
                 if current == entry[side]:
                     if current is None:  # a kill between a removal's unlink and its rmdir left the folder
-                        _write_or_remove(root, entry["file"], None)
+                        write_or_remove(root, entry["file"], None)
                     continue
                 if current not in (entry["before"], entry["after"]):
                     raise PatchkitError(
                         f"{path}: changed since an interrupted patchkit {pending.verb}; cannot settle its "
-                        f"transaction ({self.journal}: restore the file, or remove the journal to leave the tree as it is)"
+                        f"transaction (restore the file, or run `patchkit revert --recover`: every other file back "
+                        "from the backups, this one left as it is)"
                     )
-                _write_or_remove(root, entry["file"], None if entry[side] is None else self.get_blob(entry[side]))
+                write_or_remove(root, entry["file"], None if entry[side] is None else self.get_blob(entry[side]))
                 moved += 1
             self.save(pending.state if forward else pending.old_state)
             self.journal.unlink()
@@ -340,32 +335,19 @@ def held_signals() -> Iterator[None]:
         raise Interrupted(received[0], waited=True)
 
 
-def _write_or_remove(root: Path, rel: str, data: Optional[bytes], sync_folder: bool = True) -> None:
-    """Write a file (creating its folders), or remove it and the folders it
-    leaves empty (with the bytecode Python cached there), up to ``root``."""
-    path = root / rel
-    if data is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, data, sync_folder)
-        return
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    folder = path.parent
-    while folder != root and root in folder.parents:
-        if not folder.is_dir():  # removed already (by an earlier removal, or a run a kill cut short)
-            folder = folder.parent
-            continue
-        cache = folder / "__pycache__"
-        others = [c for c in folder.iterdir() if c.name != "__pycache__"]
-        if not others and cache.is_dir() and all(f.suffix == ".pyc" for f in cache.iterdir()):
-            for f in cache.iterdir():
-                f.unlink()
-            cache.rmdir()
-        try:
-            folder.rmdir()
-        except OSError:  # not empty: something else lives there
-            break
-        folder = folder.parent
+@contextlib.contextmanager
+def _settling(journal: Path, verb: str) -> Iterator[None]:
+    """A write that fails while a pending transaction is settled: one line; the journal stays."""
+    try:
+        yield
+    except OSError as exc:
+        raise PatchkitError(f"{_why(exc)}, while settling an interrupted {verb}; {journal} stays, and the next "
+                            "`patchkit revert` (or the same command, once it can write) will finish it") from None
+
+
+def _why(exc: OSError) -> str:
+    """``path: cannot write (No space left on device)``."""
+    return f"{exc.filename or '?'}: cannot write ({exc.strerror or exc})"
 
 
 def _dumps(obj: object) -> bytes:

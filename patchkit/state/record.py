@@ -5,7 +5,9 @@ sha256 of its bytes before (None: patchkit created it) and after. It is kept
 in two places that must agree (``patchkit.state.reconcile``): the local
 ``.patchkit/state.json`` (with the backups) and the tracked manifest
 ``srt/_patchkit/manifest.json``. Both are written from a ``Record`` and read
-back into one here; no other module reads their JSON keys.
+back into one here; no other module reads their JSON keys. Every path and
+sha256 they name is checked as it is read (``patchkit.containment``): a file
+that names a path outside the package is refused, never followed.
 """
 
 from __future__ import annotations
@@ -14,9 +16,16 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
+from patchkit.containment import digest, relative
 from patchkit.errors import PatchkitError
 
 STATE_FORMAT = 1
+
+
+class CorruptState(PatchkitError):
+    """``state.json`` is not the JSON patchkit writes: the manifest, where
+    there is one, is believed instead (``patchkit.state.snapshot``)."""
+
 MANIFEST_SCHEMA = "patchkit.manifest/1"
 
 
@@ -80,13 +89,14 @@ class Record:
                 raise PatchkitError(f"{where}: written by a newer patchkit (state format {doc['format']}); "
                                     "upgrade patchkit")
             return cls(
-                applied={pid: list(entry["files"]) for pid, entry in doc["applied"].items()},
-                files={rel: FileRecord(f["original"], f["patched"]) for rel, f in doc["files"].items()},
+                applied={pid: [relative(rel, where) for rel in entry["files"]] for pid, entry in doc["applied"].items()},
+                files={relative(rel, where): FileRecord(digest(f["original"], where), digest(f["patched"], where))
+                       for rel, f in doc["files"].items()},
                 runtime=doc.get("runtime"), runtime_api=doc.get("runtime_api"), patchkit=doc.get("patchkit"),
                 sglang=doc.get("sglang"), base_commit=doc.get("base_commit"),
             )
         except (KeyError, TypeError, AttributeError):
-            raise PatchkitError(f"{where}: corrupt patchkit state (not the expected JSON)") from None
+            raise CorruptState(f"{where}: corrupt patchkit state (not the expected JSON)") from None
 
     # -- srt/_patchkit/manifest.json (tracked) -------------------------------------
 
@@ -112,7 +122,8 @@ class Record:
                 raise PatchkitError(f"{where}: unknown manifest schema {doc['schema']!r}; upgrade patchkit")
             return cls(
                 applied={pid: [] for pid in doc["patches"]},
-                files={rel: FileRecord(f["before"], f["after"]) for rel, f in doc["files"].items()},
+                files={relative(rel, where): FileRecord(digest(f["before"], where), digest(f["after"], where))
+                       for rel, f in doc["files"].items()},
                 runtime=doc["runtime"], runtime_api=doc.get("runtime_api"), patchkit=doc.get("patchkit", "?"),
                 sglang=doc.get("sglang"), base_commit=doc.get("base_commit"),
             )

@@ -10,15 +10,16 @@ again; only the commit writes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional
 
 from patchkit import registry
-from patchkit.state import vendoring
+from patchkit.state import recovery, vendoring
 from patchkit.errors import PatchkitError
 from patchkit.state.reconcile import Believed, reconcile
-from patchkit.state.record import Record
+from patchkit.state.record import CorruptState, Record
 from patchkit.state import Pending, Store, sha256
 from patchkit.tree import Tree
 
@@ -73,7 +74,12 @@ def read_snapshot(tree: Tree, store: Store) -> Snapshot:
     manifest_bytes = read(vendoring.MANIFEST)
     manifest = None if manifest_bytes is None else vendoring.read_manifest(
         manifest_bytes, str(tree.path(vendoring.MANIFEST)))
-    local = store.load()
+    try:
+        local, corrupt = store.load(), None
+    except CorruptState as exc:
+        if manifest is None:
+            raise PatchkitError(f"{exc}; `patchkit revert --recover` puts every file back from the backups") from None
+        local, corrupt = None, "it cannot be read (not the expected JSON)"
     wanted = {rel for mode in vendoring.MODES for rel in vendoring.runtime_files(patches, mode)}
     on_disk = {path.relative_to(tree.package).as_posix() for path in tree.path(vendoring.FOLDER).rglob("*")
                if path.is_file() and path.suffix in (".py", ".json")}
@@ -86,6 +92,13 @@ def read_snapshot(tree: Tree, store: Store) -> Snapshot:
         return None if data is None else sha256(data)
 
     believed = reconcile(tree.version, local, manifest, current_sha)
+    if corrupt:  # the manifest is believed; a command that writes sets the state aside
+        believed = dataclasses.replace(believed, disbelieved=corrupt)
+    lost = recovery.lost_writes(store, believed.record, current_sha)
+    if lost:
+        raise PatchkitError(f"{tree.path(lost[0])}: holds bytes of an interrupted patchkit run whose journal is gone "
+                            f"({len(lost)} file(s) so); `patchkit revert --recover` puts every file back from the "
+                            "backups")
     if believed.source == "manifest":
         # The manifest lists files, not which patch touched which.
         for patch in patches:

@@ -1,0 +1,156 @@
+"""How patchkit writes one file: by rename, inside the package, and the
+fault injection the crash and write-fault tests drive.
+
+Every byte patchkit writes into a tree or its ``.patchkit/`` goes through
+``atomic_write`` (a temp file beside the target, fsync, rename), and every
+file it removes through ``write_or_remove``: the two places a write can fail,
+so the two places a test makes it fail (``fault_point``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import os
+import signal
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from patchkit import containment
+
+TEMP_SUFFIX = ".patchkit-tmp"
+
+
+def atomic_write(path: Path, data: bytes, sync_folder: bool = True) -> None:
+    """Replace ``path`` with ``data``: temp file in the same folder, fsync,
+    rename. Readers see the old or the new file, never a mix. Keeps the mode.
+    A kill between the two leaves the temp file (see ``remove_temp_files``);
+    a failure (disk full, permission) removes it and raises the ``OSError``.
+    ``sync_folder`` False: the caller fsyncs the folder (once for many files)."""
+    mode = path.stat().st_mode & 0o7777 if path.exists() else None
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data[: len(data) // 2])
+            fault_point("write", path)  # half written, as a disk that fills up leaves it
+            fh.write(data[len(data) // 2:])
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if sync_folder:
+        fsync_dir(path.parent)
+
+
+def remove_temp_files(path: Path) -> None:
+    """Remove the temp files a killed ``atomic_write`` of ``path`` left beside
+    it (they hold bytes patchkit was writing, never the user's)."""
+    with contextlib.suppress(OSError):
+        for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{TEMP_SUFFIX}"):
+            tmp.unlink(missing_ok=True)
+
+
+def remove_all_temp_files(folder: Path) -> None:
+    """Remove every temp file a killed ``atomic_write`` left in ``folder``
+    (patchkit's own: ``.patchkit/``, its ``blobs/``)."""
+    with contextlib.suppress(OSError):
+        for tmp in folder.glob(f".*{TEMP_SUFFIX}"):
+            tmp.unlink(missing_ok=True)
+
+
+def fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def remove(path: Path) -> None:
+    """Remove one of patchkit's own files (the journal); a failure raises the ``OSError``."""
+    fault_point("remove", path)
+    path.unlink()
+
+
+def write_or_remove(root: Path, rel: str, data: Optional[bytes], sync_folder: bool = True) -> None:
+    """Write a file (creating its folders), or remove it and the folders it
+    leaves empty (with the bytecode Python cached there), up to ``root`` and
+    never above it (``patchkit.containment``)."""
+    path = containment.writable(root, rel)
+    if data is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data, sync_folder)
+        return
+    fault_point("remove", path)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    for folder in containment.folders_of(root, rel):
+        if folder.is_symlink():  # the user's link (inside the tree): neither removed nor followed
+            break
+        if not folder.is_dir():  # removed already (by an earlier removal, or a run a kill cut short)
+            continue
+        cache = folder / "__pycache__"
+        others = [c for c in folder.iterdir() if c.name != "__pycache__"]
+        if not others and cache.is_dir() and all(f.suffix == ".pyc" for f in cache.iterdir()):
+            for f in cache.iterdir():
+                f.unlink()
+            cache.rmdir()
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else lives there
+            break
+
+
+# -- fault injection (tests only) ---------------------------------------------------
+
+
+def _reached(variable: str, label: str) -> Optional[str]:
+    """Whether the point ``label`` is the one ``variable`` names (``label``,
+    ``label:N`` for its N-th pass in this process, ``label:N+`` for that pass
+    and every later one, ``label:N:EXTRA``); its EXTRA part ("" where none)
+    when it is."""
+    target = os.environ.get(variable)
+    if not target:
+        return None
+    name, _, rest = target.partition(":")
+    nth, _, extra = rest.partition(":")
+    if name != label:
+        return None
+    counter = f"_PATCHKIT_{variable}_COUNT_{label}"
+    count = int(os.environ.get(counter, "0")) + 1
+    os.environ[counter] = str(count)
+    if nth.endswith("+"):
+        return extra if count >= int(nth[:-1]) else None
+    return None if nth and int(nth) != count else extra
+
+
+def crash_point(label: str) -> None:
+    """Fault injection for the crash-safety tests only. ``PATCHKIT_TEST_CRASH_AT``
+    names a point (``label`` or ``label:N`` for its N-th pass); reaching it kills
+    the process as SIGKILL would, without cleanup. ``PATCHKIT_TEST_SIGNAL_AT``
+    (``label:N:SIGTERM``) sends the process that signal there instead."""
+    if _reached("PATCHKIT_TEST_CRASH_AT", label) is not None:
+        os._exit(137)
+    signame = _reached("PATCHKIT_TEST_SIGNAL_AT", label)
+    if signame:
+        os.kill(os.getpid(), getattr(signal, signame))
+
+
+def fault_point(label: str, path: Path) -> None:
+    """Fault injection for the write-fault tests only. ``PATCHKIT_TEST_FAIL_AT``
+    (``write:N:ENOSPC``, ``remove:N:EACCES``) makes the N-th file write (of
+    any file, in this process: blobs, journal, tree files, state) or removal
+    fail with that errno, as a full disk or a permission would; ``write:N+``
+    fails that one and every later one (a rollback that cannot write either)."""
+    name = _reached("PATCHKIT_TEST_FAIL_AT", label)
+    if name is not None:
+        code = getattr(errno, name or "ENOSPC")
+        raise OSError(code, os.strerror(code), str(path))

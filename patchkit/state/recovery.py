@@ -1,0 +1,145 @@
+"""``patchkit revert --recover``: every file back to its original, from the
+backups alone, when the journal (or the state) cannot be read.
+
+Every transaction stores its journal as a blob too (``Store.commit``), and
+the bytes each side of it needs before the journal is written. So the blobs
+hold, for every file patchkit ever wrote, records that name its patched bytes
+and its original: the journals' states before and after, plus ``state.json``
+and the tracked manifest where they can be read. A file whose bytes now are
+bytes patchkit wrote goes back to that original (a file patchkit created is
+removed); a file whose bytes patchkit never wrote (the release's, or edited
+by hand since) is left as it is, and named. The damaged journal and state are
+moved to ``.patchkit/set-aside/``, never deleted.
+
+Pure planning here; the writes are one ``Store.commit`` transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from patchkit import containment
+from patchkit.errors import PatchkitError
+from patchkit.state import Store, file_sha, vendoring
+from patchkit.state.record import Record
+from patchkit.tree import Tree
+
+JOURNAL_START = b'{\n "files": ['  # how every journal's bytes begin (sorted keys, indent 1)
+
+
+@dataclass
+class Recovery:
+    """What ``--recover`` will write: rel -> (bytes now, original; None: remove)."""
+
+    changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)  # bytes patchkit never wrote: left as they are
+    set_aside: list[Path] = field(default_factory=list)
+
+
+def records(store: Store, tree: Tree) -> list[Record]:
+    """Every record of patched bytes and their originals that can be read:
+    the journals kept among the blobs, the journal, the state, the manifest."""
+    found: list[Record] = []
+    candidates = [store.journal, *(sorted(store.blobs.iterdir()) if store.blobs.is_dir() else [])]
+    for path in candidates:
+        doc = _journal(path)
+        with contextlib.suppress(KeyError, TypeError, AttributeError, PatchkitError):
+            found.extend(Record.from_state(doc[key], str(path)) for key in ("state", "old_state") if doc.get(key))
+    for read in (store.load, lambda: vendoring.read_manifest(tree.path(vendoring.MANIFEST).read_bytes(),
+                                                              str(tree.path(vendoring.MANIFEST)))):
+        with contextlib.suppress(OSError, PatchkitError):
+            record = read()
+            if record is not None:
+                found.append(record)
+    return found
+
+
+def _journal(path: Path) -> Optional[dict]:
+    """The journal a blob holds, if it is one."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(path, "rb") as handle:
+            if handle.read(len(JOURNAL_START)) == JOURNAL_START:
+                doc = json.loads(JOURNAL_START + handle.read())
+                return doc if isinstance(doc, dict) else None
+    return None
+
+
+def lost_writes(store: Store, record: Record, current_sha: Callable[[str], Optional[str]]) -> list[str]:
+    """Files that hold bytes the last transaction wrote and ``record`` does
+    not name: its journal was lost (removed by hand) before it was settled.
+    They are patchkit's half-done work, never the release's own code."""
+    if not store.blobs.is_dir() or store.journal.exists():
+        return []
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.scandir(store.blobs), key=lambda e: e.stat().st_mtime, reverse=True):
+            doc = _journal(Path(entry.path))
+            if doc is None:
+                continue
+            with contextlib.suppress(KeyError, TypeError, AttributeError, PatchkitError):
+                last = Record.from_state(doc["state"], entry.path)
+                return sorted(rel for rel, f in last.changed().items()
+                              if f.patched != f.original and current_sha(rel) == f.patched
+                              and (record.files.get(rel) is None or record.files[rel].patched != f.patched))
+            return []
+    return []
+
+
+def plan(store: Store, tree: Tree) -> Recovery:
+    """Each file a record names, from the bytes patchkit wrote back to the original."""
+    originals: dict[tuple[str, str], Optional[str]] = {}  # (rel, patched sha) -> original sha
+    for record in records(store, tree):
+        for rel, entry in record.files.items():
+            if entry.patched is not None:
+                originals.setdefault((rel, entry.patched), entry.original)
+    recovery = Recovery()
+    for rel in sorted({rel for rel, _ in originals}):
+        path = tree.path(rel)
+        now = file_sha(path)
+        if now is None:
+            continue
+        if (rel, now) not in originals:
+            if now not in {o for (r, _), o in originals.items() if r == rel}:
+                recovery.unknown.append(rel)
+            continue
+        original = originals[(rel, now)]
+        recovery.changed[rel] = (path.read_bytes(), None if original is None else _blob(store, path, original))
+    return recovery
+
+
+def _blob(store: Store, path: Path, digest: str) -> bytes:
+    if not store.has_blob(digest):
+        raise PatchkitError(f"{path}: its original ({digest[:12]}) is not among the backups in {store.blobs}; "
+                            "nothing was changed (fetch it from git: git checkout -- the file)")
+    return store.get_blob(digest)
+
+
+def set_aside(store: Store) -> list[Path]:
+    """Move the journal and the state out of the way (kept, never deleted)."""
+    moved = []
+    folder = store.folder / "set-aside"
+    for path in (store.journal, store.folder / "state.json"):
+        if path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            target = folder / f"{path.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
+            os.replace(path, target)
+            moved.append(target)
+    return moved
+
+
+def recover(store: Store, tree: Tree, dry_run: bool) -> Recovery:
+    """Plan, then (not ``dry_run``) set the journal and state aside and write
+    every original back as one transaction whose new state is empty."""
+    recovery = plan(store, tree)
+    for rel in recovery.changed:
+        containment.writable(tree.package, rel)  # every path, before any write
+    if dry_run:
+        return recovery
+    recovery.set_aside = set_aside(store)
+    store.commit("revert", tree.package, recovery.changed, Record(sglang=tree.version), Record(sglang=tree.version))
+    return recovery
