@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional
 
-from patchkit import settings
+from patchkit import lifetimes, settings
 from patchkit.errors import PatchkitError
 from patchkit.tree import base_release
 
@@ -50,7 +50,8 @@ def download_wheel(version: str) -> Path:
     with tempfile.TemporaryDirectory(dir=wheels) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", *([] if shown else ["-q"]), *_WHEEL_FLAGS,
                f"sglang=={version}", "-d", tmp]
-        proc = subprocess.run(cmd, stdout=sys.stderr if shown else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run(cmd, stdout=sys.stderr if shown else subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              **lifetimes.in_child_process())  # pip dies with us
         got = sorted(Path(tmp).glob("sglang-*.whl"))
         if proc.returncode != 0 or not got:
             last = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
+from patchkit import lifetimes
 from patchkit.errors import Interrupted, PatchkitError
 from patchkit.state.record import Record
 from patchkit.tree import sha256  # noqa: F401 - the state names files by it
@@ -283,7 +284,9 @@ class Store:
         """Hold the tree's lock; wait up to ``timeout`` seconds for another run."""
         try:
             self.ensure_folder()
-            fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            # Forked workers close their copy: sharing the flock, one that
+            # outlived a killed run held the tree (patchkit.lifetimes).
+            fd = lifetimes.close_on_fork(os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644))
         except OSError as exc:
             raise PatchkitError(f"{self.folder}: cannot create patchkit state ({exc.strerror})") from None
         try:
@@ -302,7 +305,7 @@ class Store:
                     time.sleep(0.05)
             yield
         finally:
-            os.close(fd)
+            lifetimes.close(fd)
 
 
 @dataclass(frozen=True)
