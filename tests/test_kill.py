@@ -115,3 +115,25 @@ def test_kill_9_of_a_parallel_matrix(tmp_path, monkeypatch):
     assert matrix.run_matrix(["a"])["ok"]
     assert len(seen[0]) == 1 and seen[0][0] != left[0].name  # its own folder only
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_forked_child_does_not_hold_the_trees_lock(tmp_path):
+    """flock locks belong to the open file description, which a fork shares:
+    a child forked while the lock was held kept it after the parent let go."""
+    store = Store(tmp_path / ".patchkit")
+    ready, said = os.pipe()
+    with store.locked(0):
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child says it runs, then waits to be killed
+            os.write(said, b"x")
+            time.sleep(30)
+            os._exit(0)
+        os.read(ready, 1)  # the child's fork handlers have run
+    try:
+        with Store(tmp_path / ".patchkit").locked(0):
+            pass
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        os.close(ready)
+        os.close(said)

@@ -146,8 +146,9 @@ def _restore_signals(mask: Optional[set]) -> None:
 
 def _worker_init(mask: Optional[set], gc_on: bool = False, parent: Optional[int] = None) -> None:
     """A worker dies with ``parent`` (``lifetimes.die_with_parent``: a
-    ``kill -9`` of patchkit left its workers running), ignores SIGINT (a terminal's Ctrl-C reaches the whole process
-    group; the parent decides and ends the workers) and dies on SIGTERM
+    ``kill -9`` of patchkit left its workers running), ignores SIGINT (a
+    terminal's Ctrl-C reaches the whole process group; the parent decides
+    and ends the workers) and dies on SIGTERM
     without Python (the parent's handlers must not run here), then takes the
     parent's signal mask back. The GC is off (a transform's nodes make no
     cycles) unless ``gc_on``."""
