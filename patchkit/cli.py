@@ -295,7 +295,7 @@ def fetch(version: str) -> None:
     (copy it before patching)."""
     from patchkit.fetch import fetch_tree
 
-    click.echo(fetch_tree(version))
+    click.echo(fetch_tree(version, fallback=False))
 
 
 def _changing(obj: Ctx, command, *args, **kwargs) -> "api.ChangeResult":

@@ -7,6 +7,9 @@ committed; trees live under ``$PATCHKIT_CACHE_DIR`` (``patchkit.settings.cache_d
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -14,10 +17,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional
 
-from patchkit import settings
+from patchkit import known_releases, lifetimes, settings
 from patchkit.errors import PatchkitError
 from patchkit.tree import base_release
 
@@ -38,19 +42,26 @@ def cache_dir() -> Path:
     return settings.cache_dir()
 
 
-def download_wheel(version: str) -> Path:
-    wheels = cache_dir() / "wheels"
+def download_wheel(version: str, cache: Optional[Path] = None) -> Path:
+    """The release's wheel in ``cache`` (patchkit's), downloaded where it is not there."""
+    wheels = (cache or cache_dir()) / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
     if found:
         return found[0]
+    return download_from_registry(version, wheels)
+
+
+def download_from_registry(version: str, wheels: Path) -> Path:
+    wheels.mkdir(parents=True, exist_ok=True)
     # On a terminal pip draws its download progress (on stderr: stdout stays
     # patchkit's results); elsewhere it is quiet.
     shown = sys.stderr.isatty()
     with tempfile.TemporaryDirectory(dir=wheels) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", *([] if shown else ["-q"]), *_WHEEL_FLAGS,
                f"sglang=={version}", "-d", tmp]
-        proc = subprocess.run(cmd, stdout=sys.stderr if shown else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run(cmd, stdout=sys.stderr if shown else subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              **lifetimes.in_child_process())  # pip dies with us
         got = sorted(Path(tmp).glob("sglang-*.whl"))
         if proc.returncode != 0 or not got:
             last = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
@@ -60,12 +71,51 @@ def download_wheel(version: str) -> Path:
         return target
 
 
-def fetch_tree(version: str) -> Path:
+def fetch_tree(version: str, say: Optional[Callable[[str], None]] = None, fallback: bool = True) -> Path:
     """Return the cached, pristine ``sglang/`` package folder of a release.
 
-    Callers must copy it before changing anything (see ``copy_tree``).
+    Callers must copy it before changing anything (see ``copy_tree``). A
+    cached wheel that is not a whole zip (cut short, damaged) is removed and
+    downloaded again. Where patchkit's cache cannot be written (a read-only
+    mount, no permission) a release it lacks goes to a temporary cache for
+    this process, which ``say`` (else stderr) tells in one line; with
+    ``fallback`` False that is refused in one line instead.
     """
-    dest = cache_dir() / "trees" / version
+    for cache in [cache_dir(), *_TEMPORARY[:1]]:
+        if (cache / "trees" / version / ".complete").exists():
+            return cache / "trees" / version / "sglang"
+    try:
+        return _fetch_into(cache_dir(), version)
+    except OSError as exc:
+        if exc.errno not in _UNWRITABLE:
+            raise
+        if not fallback:
+            raise PatchkitError(f"cannot write patchkit's cache {cache_dir()} ({exc.strerror}): set "
+                                "PATCHKIT_CACHE_DIR to a folder patchkit may write") from None
+        temporary = _temporary_cache()
+        (say or _note)(f"patchkit's cache {cache_dir()} cannot be written ({exc.strerror}): sglang {version} is "
+                       f"fetched into a temporary cache, {temporary}, removed when this command ends")
+        return _fetch_into(temporary, version)
+
+
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+_TEMPORARY: list = []  # the temporary cache of this process, once made: [path, its owned_folder]
+
+
+def _note(line: str) -> None:
+    sys.stderr.write(f"patchkit: note: {line}\n")
+
+
+def _temporary_cache() -> Path:
+    if not _TEMPORARY:
+        owned = lifetimes.owned_folder("patchkit-cache-")
+        _TEMPORARY[:] = [owned.__enter__(), owned]
+        atexit.register(owned.__exit__, None, None, None)
+    return _TEMPORARY[0]
+
+
+def _fetch_into(cache: Path, version: str) -> Path:
+    dest = cache / "trees" / version
     package = dest / "sglang"
     if (dest / ".complete").exists():
         return package
@@ -77,12 +127,22 @@ def fetch_tree(version: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (dest / ".complete").exists():
             return package
-        wheel = download_wheel(version)
         tmp = Path(tempfile.mkdtemp(dir=dest.parent))
         try:
-            with zipfile.ZipFile(wheel) as zf:
-                members = [n for n in zf.namelist() if n.startswith("sglang/")]
-                zf.extractall(tmp, members)
+            wheel = _wheel(version, cache)
+            try:
+                _extract(wheel, tmp)
+            except _DAMAGED:  # cut short or damaged in the cache: fetched again, once
+                with contextlib.suppress(OSError):  # a read-only cache's (see _wheel)
+                    wheel.unlink()
+                shutil.rmtree(tmp)
+                wheel = download_from_registry(version, cache / "wheels")
+                try:
+                    _extract(wheel, tmp)
+                except _DAMAGED as exc:
+                    wheel.unlink()
+                    raise PatchkitError(f"the wheel of sglang {version} from the package registry is not a "
+                                        f"whole zip ({exc}); nothing was kept, run again to retry") from None
             (tmp / ".complete").write_text(wheel.name)
             if dest.exists():  # an extraction a kill cut short
                 shutil.rmtree(dest)
@@ -91,6 +151,27 @@ def fetch_tree(version: str) -> Path:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return package
+
+
+def _wheel(version: str, cache: Path) -> Path:
+    """The wheel to extract into ``cache``: from patchkit's own cache where it
+    has it (read-only or not), else downloaded."""
+    if cache == cache_dir():
+        return download_wheel(version)  # the one-argument call (what tests stand in)
+    found = sorted((cache_dir() / "wheels").glob(f"sglang-{version}-*.whl"))
+    return found[0] if found else download_wheel(version, cache)
+
+
+# What a zip that is not whole raises (no end record, a member cut short or
+# with a bad CRC, a broken deflate stream).
+_DAMAGED = (zipfile.BadZipFile, EOFError, zlib.error)
+
+
+def _extract(wheel: Path, into: Path) -> None:
+    into.mkdir(exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        members = [n for n in zf.namelist() if n.startswith("sglang/")]
+        zf.extractall(into, members)
 
 
 def copy_tree(version: str, target: Path, layout: str = "package") -> Path:
@@ -111,12 +192,17 @@ def copy_tree(version: str, target: Path, layout: str = "package") -> Path:
 # -- a release's bytes, from the cache only (the vendor-code check) ---------------------
 
 
-def pristine_source(version: str, rel: str) -> Optional[bytes]:
+def pristine_source(version: str, rel: str, say: Callable[[str], None] = lambda line: None) -> Optional[bytes]:
     """``rel`` as the sglang ``version`` release ships it, from patchkit's cache
     (an extracted tree, else a downloaded wheel); b"" when the cached release
     has no such file (all of it is the vendor's); None when the release is not
     in the cache (or the version names no release). A local version
-    (``0.5.11+acme``) reads its base release. Never downloads."""
+    (``0.5.11+acme``) reads its base release. Never downloads.
+
+    Checked before use: a cached copy that the sha256 patchkit ships for the
+    release contradicts (edited, cut short) is not used, and is removed from
+    the cache (so that the next fetch extracts or downloads it again), which
+    ``say`` tells; a wheel that is not a whole zip is removed too."""
     version = base_release(version)
     if version is None:
         return None
@@ -124,21 +210,45 @@ def pristine_source(version: str, rel: str) -> Optional[bytes]:
     tree = cache / "trees" / version
     if (tree / ".complete").exists():
         try:
-            return (tree / "sglang" / rel).read_bytes()
+            data: Optional[bytes] = (tree / "sglang" / rel).read_bytes()
         except FileNotFoundError:
-            return b""
+            data = b""
         except OSError:
-            return None
+            data = None
+        if data is not None and _checked(version, rel, data, tree / ".complete", say):
+            return data
     for wheel in sorted((cache / "wheels").glob(f"sglang-{version}-*.whl")):
         try:
             with zipfile.ZipFile(wheel) as zf:
                 try:
-                    return zf.read(f"sglang/{rel}")
+                    data = zf.read(f"sglang/{rel}")
                 except KeyError:
-                    return b""
-        except (OSError, zipfile.BadZipFile):
+                    data = b""
+        except _DAMAGED:
+            _remove(wheel, f"patchkit's cached {wheel.name} is not a whole zip", say)
             continue
+        except OSError:
+            continue
+        if _checked(version, rel, data, wheel, say):
+            return data
     return None
+
+
+def _checked(version: str, rel: str, data: bytes, marker: Path, say: Callable[[str], None]) -> bool:
+    """Whether the shipped hashes allow ``data`` as the release's ``rel``;
+    where not, ``marker`` (a wheel, or the tree's completion mark) is removed."""
+    if not known_releases.contradicts(version, rel, data):
+        return True
+    _remove(marker, f"patchkit's cached sglang {version} does not match the sha256 patchkit ships for {rel}", say)
+    return False
+
+
+def _remove(path: Path, why: str, say: Callable[[str], None]) -> None:
+    try:
+        path.unlink(missing_ok=True)
+        say(f"{why}: not used, and removed from the cache ({path.parent}) to be fetched again")
+    except OSError as exc:
+        say(f"{why}: not used (the cache cannot be changed: {exc.strerror})")
 
 
 def release_file(version: str, rel: str) -> Optional[bytes]:
@@ -165,8 +275,6 @@ def release_sources(version: str, files: Iterable[str], sources: Optional[Mappin
     and a release that cannot be had refuses the run in one line, unless
     ``accept_risk`` (then nothing is downloaded and those files go unchecked:
     None, which the transform's notes say)."""
-    from patchkit import known_releases
-
     sources = sources or {}
     files = list(files)
     release = base_release(version)
@@ -181,14 +289,14 @@ def release_sources(version: str, files: Iterable[str], sources: Optional[Mappin
     out: dict[str, Optional[bytes]] = {}
     for rel in files:
         known = known_releases.release_bytes(release, rel, sources[rel]) if rel in sources else None
-        out[rel] = known if known is not None else pristine_source(release, rel)
+        out[rel] = known if known is not None else pristine_source(release, rel, say)
     missing = [rel for rel, data in out.items() if data is None]
     if not missing or not download or accept_risk:
         return out
     say(f"fetching sglang {release} from the package registry for the vendor-code check "
         f"({len(missing)} file(s) differ from the release)")
     try:
-        package = fetch_tree(release)
+        package = fetch_tree(release, say)
     except PatchkitError as exc:
         raise PatchkitError(
             f"cannot run the vendor-code check: {exc}; nothing was changed "
@@ -198,6 +306,10 @@ def release_sources(version: str, files: Iterable[str], sources: Optional[Mappin
             out[rel] = (package / rel).read_bytes()
         except FileNotFoundError:
             out[rel] = b""  # the release has no such file: all of it is the vendor's
+        if known_releases.contradicts(release, rel, out[rel]):  # a cache that could not be set right
+            raise PatchkitError(
+                f"cannot run the vendor-code check: {package / rel} is not sglang {release}'s {rel} (not the "
+                f"sha256 patchkit ships); nothing was changed (remove {package.parent} and run again)")
     return out
 
 

@@ -66,3 +66,13 @@ def tracks(rel: str) -> bool:
 def ships(rel: str, source: bytes) -> bool:
     """Whether ``source`` is, byte for byte, ``rel`` as some known release ships it."""
     return hashlib.sha256(source).hexdigest() in _table()[1].get(rel, {})
+
+
+def contradicts(version: str, rel: str, data: bytes) -> bool:
+    """Whether the shipped hashes say ``data`` is *not* what the release
+    ``version`` ships as ``rel`` (b"": the file is absent): a cached release
+    that was edited, cut short or mixed up. False where they do not know."""
+    releases, files = _table()
+    if version not in releases or rel not in files:
+        return False
+    return release_bytes(version, rel, data) != data

@@ -111,3 +111,29 @@ def import_cost(module: str) -> tuple[list[str], float]:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     heavy, seconds = out.rsplit(" ", 1)
     return [m for m in heavy.split(",") if m], float(seconds)
+
+
+def _stat(path: Path) -> tuple[str, list[str]]:
+    """``/proc/PID/stat``: the process's "PID (name)", and the fields after it
+    (state ppid pgrp session ...); ("", []) where it is gone."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return "", []
+    return text[:text.rindex(")") + 1], text[text.rindex(")") + 2:].split()
+
+
+def session_processes(sid: int) -> list[str]:
+    """Live processes of session ``sid`` (patchkit runs as a session leader,
+    its workers inherit the session, even once orphaned)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        who, fields = _stat(stat)
+        if fields and int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{stat.parent.name}: {who}")
+    return found
+
+
+def alive(pid: int) -> bool:
+    _, fields = _stat(Path(f"/proc/{pid}/stat"))
+    return bool(fields) and fields[0] != "Z"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PRIMARY, linked_copy, pristine_snapshot, snapshot
+from support import PRIMARY, alive, linked_copy, pristine_snapshot, session_processes, snapshot
 
 pytestmark = [pytest.mark.trees, pytest.mark.slow,
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")]
@@ -33,27 +33,6 @@ pytestmark = [pytest.mark.trees, pytest.mark.slow,
 POINTS = 20
 EXIT_WITHIN = 2.0  # seconds from the signal to the process's exit
 BUDGET = 120.0  # seconds of waiting for all points: fewer points (6 at least) where a cold apply is very slow
-
-
-def _stat(path: Path) -> tuple[str, list[str]]:
-    """``/proc/PID/stat``: the process's "PID (name)", and the fields after it
-    (state ppid pgrp session ...); ("", []) where it is gone."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return "", []
-    return text[:text.rindex(")") + 1], text[text.rindex(")") + 2:].split()
-
-
-def _session_processes(sid: int) -> list[str]:
-    """Live processes of session ``sid`` (patchkit runs as a session leader,
-    its workers inherit the session, even once orphaned)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        who, fields = _stat(stat)
-        if fields and int(fields[3]) == sid and fields[0] != "Z":
-            found.append(f"{stat.parent.name}: {who}")
-    return found
 
 
 def _start(tree: Path, cache: Path) -> subprocess.Popen:
@@ -123,7 +102,7 @@ def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
         took = time.monotonic() - sent
         where = f"point {i} ({sig.name} at {delay:.2f}s of {cold:.2f}s): rc {proc.returncode}, stderr {err!r}"
         time.sleep(0.05)  # the kernel reaps what the exit ended
-        assert _session_processes(proc.pid) == [], where
+        assert session_processes(proc.pid) == [], where
         assert took < EXIT_WITHIN, f"{where}: took {took:.2f}s"
         assert "Traceback" not in err, where
         if proc.returncode == 0:  # it had finished before the signal came
@@ -160,7 +139,7 @@ def test_one_signal_ends_a_parallel_matrix(tmp_path, sig):
     _, err = proc.communicate(timeout=30)
     took = time.monotonic() - sent
     time.sleep(0.05)
-    assert _session_processes(proc.pid) == []
+    assert session_processes(proc.pid) == []
     assert proc.returncode == 128 + sig and err == f"patchkit: interrupted by {sig.name}: nothing changed\n", (proc.returncode, err)
     assert took < EXIT_WITHIN, took
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("patchkit-matrix-")] == []
@@ -221,11 +200,6 @@ def _fork_two_workers(said: str) -> None:
     time.sleep(60)
 
 
-def _alive(pid: int) -> bool:
-    _, fields = _stat(Path(f"/proc/{pid}/stat"))
-    return bool(fields) and fields[0] != "Z"
-
-
 def test_a_matrix_worker_ends_with_the_workers_it_forked(tmp_path):
     """Stopping the matrix's pool (interruptible_pool) ends each worker and the
     transform workers it forked, at once: a worker busy in a native call runs
@@ -245,9 +219,9 @@ def test_a_matrix_worker_ends_with_the_workers_it_forked(tmp_path):
     took = time.monotonic() - sent
     pids = [int(pid) for pid in said.read_text().split()]
     deadline = time.monotonic() + 1
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert [pid for pid in pids if _alive(pid)] == [] and took < 0.9, took
+    assert [pid for pid in pids if alive(pid)] == [] and took < 0.9, took
 
 
 def _send_half_a_result(fd: int) -> None:

@@ -20,7 +20,10 @@ from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from patchkit import lifetimes
+
 MATRIX_SCHEMA = "patchkit.matrix/1"
+WORKDIR_PREFIX = "patchkit-matrix-"
 DEFAULT_RELEASES = (
     ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"] + [f"0.5.{n}" for n in range(13, 24)]
 )
@@ -126,20 +129,22 @@ def run_matrix(releases: Iterable[str], jobs: int = 1, progress: Optional[Callab
         if progress:
             progress(len(rows), len(releases), f"sglang {row['release']}: {'ok' if row['ok'] else 'FAILED'}")
 
-    if jobs <= 1 or len(releases) <= 1:
-        for version in releases:
-            done(run_release(version, workdir))
-    else:
-        from patchkit.transform.parallel import interruptible_pool
+    # The releases' copies sit in one folder of ours, removed after the
+    # pool has ended; one that a kill -9 left is removed by the next matrix
+    # (patchkit.lifetimes.owned_folder: its owner's lock is free).
+    with lifetimes.owned_folder(WORKDIR_PREFIX, workdir) as shared:
+        if jobs <= 1 or len(releases) <= 1:
+            for version in releases:
+                done(run_release(version, str(shared)))
+        else:
+            from patchkit.transform.parallel import interruptible_pool
 
-        # Ctrl-C / SIGTERM kill the workers at once (with the workers they
-        # forked), not after their releases. Their copies sit in one folder of
-        # ours, removed after the pool has ended.
-        with tempfile.TemporaryDirectory(prefix="patchkit-matrix-", dir=workdir) as shared, \
-                interruptible_pool(min(jobs, len(releases))) as pool:
-            futures = [pool.submit(run_release, version, shared) for version in releases]
-            for future in as_completed(futures):
-                done(future.result())
+            # Ctrl-C / SIGTERM kill the workers at once (with the workers they
+            # forked), not after their releases; a kill -9 too (they die with us).
+            with interruptible_pool(min(jobs, len(releases))) as pool:
+                futures = [pool.submit(run_release, version, str(shared)) for version in releases]
+                for future in as_completed(futures):
+                    done(future.result())
     return {
         "schema": MATRIX_SCHEMA,
         "patchkit": __version__,

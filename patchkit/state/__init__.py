@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
-from patchkit import containment
+from patchkit import containment, lifetimes
 from patchkit.errors import Interrupted, PatchkitError
 from patchkit.state.files import (TEMP_SUFFIX, atomic_write, crash_point, fsync_dir,  # noqa: F401 - their home
                                   remove, remove_all_temp_files, remove_temp_files, write_or_remove)
@@ -278,7 +278,9 @@ class Store:
         """Hold the tree's lock; wait up to ``timeout`` seconds for another run."""
         try:
             self.ensure_folder()
-            fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            # Forked workers close their copy: sharing the flock, one that
+            # outlived a killed run held the tree (patchkit.lifetimes).
+            fd = lifetimes.close_on_fork(os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644))
         except OSError as exc:
             raise PatchkitError(f"{self.folder}: cannot create patchkit state ({exc.strerror})") from None
         try:
@@ -297,7 +299,7 @@ class Store:
                     time.sleep(0.05)
             yield
         finally:
-            os.close(fd)
+            lifetimes.close(fd)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from patchkit import lifetimes
 from patchkit.tree import sha256
 from patchkit.transform.cache import Entry, TransformCache, cacheable
 
@@ -143,12 +144,16 @@ def _restore_signals(mask: Optional[set]) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _worker_init(mask: Optional[set], gc_on: bool = False) -> None:
-    """A worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process
-    group; the parent decides and ends the workers) and dies on SIGTERM
+def _worker_init(mask: Optional[set], gc_on: bool = False, parent: Optional[int] = None) -> None:
+    """A worker dies with ``parent`` (``lifetimes.die_with_parent``: a
+    ``kill -9`` of patchkit left its workers running), ignores SIGINT (a
+    terminal's Ctrl-C reaches the whole process group; the parent decides
+    and ends the workers) and dies on SIGTERM
     without Python (the parent's handlers must not run here), then takes the
     parent's signal mask back. The GC is off (a transform's nodes make no
     cycles) unless ``gc_on``."""
+    if parent is not None:
+        lifetimes.die_with_parent(parent)
     if not gc_on:
         gc.disable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -193,7 +198,7 @@ def _forked_pool(workers: int, pools: list, fork: bool = True, groups: bool = Fa
     blocked = _block_signals()
     try:
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork") if fork else None,
-                                   initializer=_worker_init, initargs=(blocked, groups))
+                                   initializer=_worker_init, initargs=(blocked, groups, os.getpid()))
         pools.append(pool)
         pool.submit(int)  # a forking pool starts all its workers on its first submit
         for pid in pool._processes if groups else ():
