@@ -10,9 +10,13 @@ Two workloads (issue 23):
   the first half decodes: requests leave the batch one by one (``filter_batch``)
   and join it (``merge_batch``), as in real traffic.
 
-* ``penalized`` (issue 53): ``uniform`` with ``min_new_tokens`` (half the output) and a
-  ``frequency_penalty`` on every request, so sglang's penalizers run every decode step
-  (their copy of the latest output ids to the device is what is watched).
+* ``penalized`` (issue 53): ``uniform`` with a ``frequency_penalty`` and a
+  ``presence_penalty`` on every request, so sglang's penalizers run every decode step
+  (their copy of the latest output ids to the device is what is watched). Not
+  ``min_new_tokens``: its penalizer reads ``req.tokenizer.additional_stop_token_ids``,
+  and with ``skip_tokenizer_init`` (no tokenizer) the scheduler of 0.5.12.post1 dies on
+  the first such request (AttributeError, ``min_new_tokens.py:31``), pristine alike
+  (seen on the H100, 2026-11-26).
 
 ``ignore_eos`` holds in all, so a request's length is exactly its ``max_new_tokens``
 and two trees that compute the same tokens do the same number of steps.
@@ -40,9 +44,9 @@ class Request:
     max_new_tokens: int
     #: Seconds after the generate call starts (0: with the first batch).
     arrive_s: float = 0.0
-    #: 0 / 0.0: no penalizer asked for.
-    min_new_tokens: int = 0
+    #: 0.0: no penalizer asked for.
     frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 def _prompt(rng: random.Random, length: int, vocab: int) -> tuple[int, ...]:
@@ -80,7 +84,7 @@ def build(name: str, batch_size: int, *, input_len: int, max_new_tokens: int, vo
     if name == "mixed":
         return mixed(batch_size, vocab=vocab, seed=seed, max_new_tokens=max_new_tokens)
     if name == "penalized":
-        return [replace(r, min_new_tokens=max(1, r.max_new_tokens // 2), frequency_penalty=PENALTY)
+        return [replace(r, frequency_penalty=PENALTY, presence_penalty=PENALTY)
                 for r in uniform(batch_size, input_len=input_len, max_new_tokens=max_new_tokens,
                                  vocab=vocab, seed=seed)]
     raise ValueError(f"unknown workload {name!r} (choose from {', '.join(WORKLOADS)})")
@@ -93,10 +97,10 @@ def staggered(requests: list[Request]) -> bool:
 def params(r: Request) -> dict:
     """sglang's sampling parameters of one request (penalties only where asked for)."""
     out = {"temperature": 0.0, "max_new_tokens": r.max_new_tokens, "ignore_eos": True}
-    if r.min_new_tokens:
-        out["min_new_tokens"] = r.min_new_tokens
     if r.frequency_penalty:
         out["frequency_penalty"] = r.frequency_penalty
+    if r.presence_penalty:
+        out["presence_penalty"] = r.presence_penalty
     return out
 
 

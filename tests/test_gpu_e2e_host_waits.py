@@ -156,7 +156,8 @@ def test_penalized_workload_asks_for_the_penalizers():
     same = workloads.build("uniform", 4, input_len=32, max_new_tokens=256, vocab=1000, seed=8)
     assert [r.input_ids for r in reqs] == [r.input_ids for r in same]
     assert workloads.params(reqs[0]) == {"temperature": 0.0, "max_new_tokens": 256, "ignore_eos": True,
-                                         "min_new_tokens": 128, "frequency_penalty": workloads.PENALTY}
+                                         "frequency_penalty": workloads.PENALTY,
+                                         "presence_penalty": workloads.PENALTY}
     assert workloads.params(same[0]) == {"temperature": 0.0, "max_new_tokens": 256, "ignore_eos": True}
 
 
