@@ -66,12 +66,23 @@ def test_after_a_crash_at_each_point_recover_puts_back_every_original(linked_tre
     assert cli("apply", tree).exit_code == 0 and cli("verify", tree).exit_code == 0
 
 
-def test_recover_after_a_crashed_revert(linked_tree, cli):
+def test_recover_after_a_crashed_revert(linked_tree, cli, monkeypatch):
+    """A killed revert; then a --recover whose own write fails (rolled back:
+    the damaged journal is back in place, so every command still names
+    --recover), then one that succeeds."""
     tree = linked_tree(PRIMARY)
     assert cli("apply", tree).exit_code == 0
     crash(tree, "revert", "file:10")
     (tree / ".patchkit" / "journal.json").write_text("{")
     assert_names_recover(cli("apply", tree))
+    before = snapshot(tree)
+    with monkeypatch.context() as faulty:
+        faulty.setenv("PATCHKIT_TEST_FAIL_AT", "write:3:ENOSPC")
+        faulty.delenv("_PATCHKIT_PATCHKIT_TEST_FAIL_AT_COUNT_write", raising=False)
+        failed = cli("revert", tree, "--recover")
+    assert failed.exit_code == 2 and "rolled back" in failed.output, failed.output
+    assert snapshot(tree) == before
+    assert_names_recover(cli("status", tree))
     assert cli("revert", tree, "--recover").exit_code == 0
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
 
