@@ -229,9 +229,10 @@ def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, r
                 notes: tuple[str, ...] = (), quiet: bool = False) -> str:
     """``notes``: lines about the tree as a whole (a pending transaction,
     leftovers of an earlier base), printed under its first line. ``quiet``
-    (-q): no per-patch ``note:`` lines, the states and reasons only."""
-    lines = [f"sglang {tree.version} at {tree.package} ({tree.layout} layout)"]
-    if runtime_line(runtime):
+    (-q): no tree line, no runtime line, no per-patch ``note:`` lines: the
+    states and reasons only (docs/ci.md)."""
+    lines = [] if quiet else [f"sglang {tree.version} at {tree.package} ({tree.layout} layout)"]
+    if runtime_line(runtime) and not quiet:
         lines.append(runtime_line(runtime))
     lines += [f"  {note}" for note in notes]
     width = max((len(r.patch.id) for r in reports), default=0)

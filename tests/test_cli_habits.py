@@ -170,12 +170,16 @@ def test_readme_shows_what_the_demo_and_ci_run():
 
 def test_quiet_prints_no_notes(make_tree, cli):
     """-q: results and errors only; 0.5.12.post1 lacks optional files, which
-    status and verify note under their patch."""
+    status and verify note under their patch. Nor the tree line, nor (once
+    applied) the "patched by" line (issue 54)."""
     tree = make_tree(PRIMARY)
     assert "note: " in cli("status", tree).output
+    assert cli("apply", tree).exit_code == 0
+    assert "patched by patchkit" in cli("status", tree).output
     for args in (("-q", "status", tree), ("status", "-q", tree), ("-q", "verify", tree)):
         result = cli(*args)
-        assert "note:" not in result.output and f"sglang {PRIMARY} at" in result.output, result.output
+        assert "note:" not in result.output and f"sglang {PRIMARY} at" not in result.output, result.output
+        assert "patched by" not in result.output and "  needs-cpu-seq-lens" in result.output, result.output
 
 
 def test_a_copied_package_under_another_name_is_a_tree(make_tree, cli, monkeypatch):

@@ -9,7 +9,7 @@ and the tracked manifest where they can be read. A file whose bytes now are
 bytes patchkit wrote goes back to that original (a file patchkit created is
 removed); a file whose bytes patchkit never wrote (the release's, or edited
 by hand since) is left as it is, and named. The damaged journal and state are
-moved to ``.patchkit/set-aside/``, never deleted.
+copied to ``.patchkit/set-aside/`` first, never deleted.
 
 Pure planning here; the writes are one ``Store.commit`` transaction.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,26 +121,39 @@ def _blob(store: Store, path: Path, digest: str) -> bytes:
 
 
 def set_aside(store: Store) -> list[Path]:
-    """Move the journal and the state out of the way (kept, never deleted)."""
-    moved = []
+    """Copy the journal and the state out of the way (kept, never deleted);
+    the transaction then replaces them."""
+    copied = []
     folder = store.folder / "set-aside"
     for path in (store.journal, store.folder / "state.json"):
         if path.exists():
             folder.mkdir(parents=True, exist_ok=True)
             target = folder / f"{path.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
-            os.replace(path, target)
-            moved.append(target)
-    return moved
+            shutil.copy2(path, target)
+            copied.append(target)
+    return copied
 
 
 def recover(store: Store, tree: Tree, dry_run: bool) -> Recovery:
     """Plan, then (not ``dry_run``) set the journal and state aside and write
-    every original back as one transaction whose new state is empty."""
+    every original back as one transaction whose new state is empty. Where
+    that transaction fails (and is rolled back), the damaged journal goes
+    back in place: every command keeps naming ``--recover``."""
     recovery = plan(store, tree)
     for rel in recovery.changed:
         containment.writable(tree.package, rel)  # every path, before any write
     if dry_run:
         return recovery
-    recovery.set_aside = set_aside(store)
-    store.commit("revert", tree.package, recovery.changed, Record(sglang=tree.version), Record(sglang=tree.version))
+    try:
+        recovery.set_aside = set_aside(store)
+    except OSError as exc:
+        raise PatchkitError(f"{store.folder / 'set-aside'}: cannot write ({exc.strerror}); nothing was changed") from None
+    try:
+        store.commit("revert", tree.package, recovery.changed, Record(sglang=tree.version), Record(sglang=tree.version))
+    except PatchkitError:
+        journal = [p for p in recovery.set_aside if p.name.startswith("journal-")]
+        if journal and not store.journal.exists():
+            with contextlib.suppress(OSError):
+                shutil.copy2(journal[0], store.journal)
+        raise
     return recovery
