@@ -182,3 +182,38 @@ def test_tbo_splits_a_verify_batch_by_its_mirror(sglang):
     assert child.seq_lens_cpu.tolist() == [7] and child.custom_mask.numel() == 64 - (5 + 2) * 2
     with pytest.raises(AttributeError):
         split_spec_info(verify_input(sglang, None), 1, 2, 2, 4)
+
+
+def dp_padded(sglang, batch, bs):
+    """``batch`` after the real ForwardBatch._pad_inputs_to_size to ``bs``
+    requests (one token each), as prepare_mlp_sync_batch pads every DP rank's."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    fields = dict(lora_ids=[], out_cache_loc_swa=None, encoder_lens=None, positions=batch.input_ids.clone(),
+                  mamba_track_indices=None, mamba_track_mask=None, mamba_track_seqlens=None, mrope_positions=None,
+                  extend_seq_lens=None, spec_info=None)
+    padded = NS(**{**fields, **{k: getattr(batch, k) for k in ("input_ids", "req_pool_indices", "seq_lens",
+                                                                "seq_lens_cpu", "seq_lens_sum", "out_cache_loc")}})
+    padded._pad_tensor_to_size = lambda tensor, size, value=0: ForwardBatch._pad_tensor_to_size(
+        padded, tensor, size, value=value)
+    runner = NS(attn_backend=NS(get_cuda_graph_seq_len_fill_value=lambda: 1))
+    ForwardBatch._pad_inputs_to_size(padded, runner, bs, bs)
+    return padded
+
+
+def test_dp_padding_of_a_busy_rank_without_the_mirror_and_an_idle_rank_with_one(sglang, monkeypatch):
+    """An idle DP rank's batch always has a mirror (prepare_for_idle: empty, sum 0);
+    a busy rank's lacks it once the decision drops it. The DP padding pads both
+    and reads the mirror only where there is one."""
+    from sglang.srt.managers import schedule_batch as module
+
+    monkeypatch.setattr(module.SamplingBatchInfo, "from_schedule_batch", lambda *a: "sampling")
+    idle = NS(device="cpu", model_config=NS(vocab_size=32))
+    module.ScheduleBatch.prepare_for_idle(idle)
+    assert idle.seq_lens_cpu.numel() == 0 and idle.seq_lens_sum == 0 and idle.forward_mode.is_idle()
+    busy = NS(input_ids=torch.tensor([3]), req_pool_indices=torch.tensor([0]), seq_lens=torch.tensor([9]),
+              seq_lens_cpu=None, seq_lens_sum=None, out_cache_loc=torch.tensor([9]))
+
+    idle, busy = dp_padded(sglang, idle, 2), dp_padded(sglang, busy, 2)
+    assert idle.seq_lens_cpu.tolist() == [1, 1] and idle.seq_lens_sum == 2
+    assert busy.seq_lens.tolist() == [9, 1] and busy.seq_lens_cpu is None and busy.seq_lens_sum is None
