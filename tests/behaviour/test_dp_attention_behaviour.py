@@ -43,13 +43,15 @@ BACKENDS = {
                        "flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend"),
 }
 KEEPS_MIRROR = {"flashinfer_mla"}
+#: The decision and the flags of the backends above (with what they require).
+PATCHES = ("needs-cpu-seq-lens", "piecewise-no-forced-mirror", "fa3-spec-v2", "flashmla-spec-v2", "trtllm-mla-spec-v2")
 
 
 @pytest.fixture(scope="module")
 def sglang(tmp_path_factory, load_sglang):
-    """The patched tree (every patch), imported."""
+    """The patched tree, imported."""
     package = linked_copy(fetch_tree(VERSION), tmp_path_factory.mktemp("dp") / "sglang")
-    result = CliRunner().invoke(main, ["apply", str(package)], catch_exceptions=False)
+    result = CliRunner().invoke(main, ["apply", str(package), *PATCHES], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return load_sglang(package)
 
