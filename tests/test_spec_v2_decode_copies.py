@@ -138,10 +138,26 @@ def test_with_every_patch_on_the_primary_release(make_tree, cli):
 
 
 @pytest.mark.trees
-@pytest.mark.parametrize("version, state", [(NATIVE, "native"), ("0.5.16", "not-applicable"), ("0.5.4.post3", "not-applicable")])
+@pytest.mark.parametrize("version, state", [(NATIVE, "native"), ("0.5.16", "native"), ("0.5.23", "native"), ("0.5.4.post3", "not-applicable")])
 def test_upstream_releases_are_left_alone(make_tree, cli, version, state):
     tree = make_tree(version)
     before = snapshot(tree)
     report = patch_states(cli, tree, PATCH)[PATCH]
     assert report["state"] == state and report["ok"]
     assert cli("apply", tree, PATCH).exit_code == 0 and snapshot(tree) == before
+
+
+def test_the_moved_function_upstreams_copies_are_done_a_forks_blocking_ones_are_carried():
+    """0.5.15+: upstream moved the method to eagle_utils.eagle_prepare_for_decode."""
+    from patchkit.codemods.spec_v2_decode_copies import MovedKvLensCopiesWithoutWait as MOVED
+
+    upstream = code('''
+        def eagle_prepare_for_decode(batch):
+            cur_kv_lens_cpu = torch.tensor(cur_kv_lens, dtype=torch.int32, device="cpu")
+            cur_kv_lens_device = cur_kv_lens_cpu.to(device=batch.device, non_blocking=True)
+    ''')
+    assert_state(MOVED, upstream, State.DONE, "0.5.13+")
+    fork = upstream.replace(", non_blocking=True", "")
+    out = apply(MOVED, fork)
+    assert "cur_kv_lens_cpu.to(device=batch.device, non_blocking=True)" in out and PIN in out
+    assert_state(MOVED, "def other():\n    pass\n", State.SUPERSEDED, "eagle_info_v2.py")
