@@ -42,12 +42,14 @@ def test_guarded_by_the_patch_0_5_4(cli, linked_tree):
     assert result.exit_code == 0 and not refused, result.output
     assert "add_or_none" in (tree / "srt/model_executor/forward_batch_info.py").read_text()
     mla = (tree / "srt/layers/attention/trtllm_mla_backend.py").read_text()
-    assert "needs_cpu_seq_lens: bool = False" in mla and mla.count("max_seq = forward_batch.seq_lens_cpu.max().item()") == 1
+    assert "needs_cpu_seq_lens: bool = False" in mla and "max_seq = forward_batch.seq_lens_cpu.max().item()" not in mla
+    assert mla.count("max_seq = host_max_seq_len(") == 1  # the None-tested max, with the static bound (issue 53)
     doc = json.loads(cli("status", tree, "--format", "json").output)
     states = {p["id"]: p["state"] for p in doc["patches"]}
     assert states[DECISION] == states["trtllm-mla-spec-v2"] == states["fa3-spec-v2"] == "applied"
     reasons = {p["id"]: p.get("reason", "") for p in doc["patches"] if p["state"] == "not-applicable"}
-    assert set(reasons) == {"draft-extend-graph-no-topk", "fa3-draft-extend-graph", "trtllm-mha-draft-extend-v2"}
+    assert set(reasons) == {"draft-extend-graph-no-topk", "fa3-draft-extend-graph", "trtllm-mha-draft-extend-v2",
+                            "spec-v2-decode-copies"}  # the kv lengths stay on the device there
     assert "never replays its draft-extend CUDA graph" in reasons["fa3-draft-extend-graph"]
     assert cli("verify", tree, "-q").exit_code == 0
     assert audit.audit_tree(tree).ok
@@ -75,8 +77,11 @@ def test_refused_where_decode_reads_the_mirror_0_5_5(cli, linked_tree):
     assert "fa3-draft-extend-graph" not in refused and "trtllm-mha-draft-extend-v2" not in refused
     pristine = pristine_snapshot("0.5.5.post3")
     now = snapshot(tree)
-    for rel in ("srt/speculative/eagle_info_v2.py", "srt/managers/scheduler.py", "srt/managers/schedule_batch.py"):
+    for rel in ("srt/speculative/eagle_info_v2.py", "srt/managers/scheduler.py"):
         assert now[rel] == pristine[rel], rel
+    # schedule_batch.py: min-new-tokens-no-sync's pinned output ids only (issue 53), nothing of the decision
+    batch = (tree / "srt/managers/schedule_batch.py").read_text()
+    assert "pin_memory=pin_memory_for(self.device)" in batch and "needs_cpu_seq_lens" not in batch
     states = _states(cli, tree)
     assert states["draft-extend-graph-no-topk"] == states["min-new-tokens-no-sync"] == "applied"
     assert states["fa3-draft-extend-graph"] == states["trtllm-mha-draft-extend-v2"] == "not-applicable"

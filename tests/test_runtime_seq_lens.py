@@ -215,12 +215,15 @@ def test_import_is_cheap_and_standalone():
 
 
 def test_public_names():
-    assert set(rt.__all__) - {"RUNTIME_API"} == {name for name in dir(impl) if not name.startswith("_")} - {
-        "annotations", "TYPE_CHECKING",
-    }
+    """The package's names are its modules' public ones (seq_lens, host_copies), each the same object."""
+    from patchkit.runtime import host_copies
+
+    modules = (impl, host_copies)
+    public = {name: module for module in modules for name in dir(module) if not name.startswith("_")}
+    assert set(rt.__all__) - {"RUNTIME_API"} == set(public) - {"annotations", "TYPE_CHECKING"}
     assert isinstance(rt.RUNTIME_API, int)
     for name in set(rt.__all__) - {"RUNTIME_API"}:
-        assert getattr(rt, name) is getattr(impl, name)
+        assert getattr(rt, name) is getattr(public[name], name)
 
 
 # -- on a GPU ----------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common import primitives
+from patchkit.codemods.common import host_copies, primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod
 from patchkit.codemods.common.primitives import call
 from patchkit.codemods.common.shared import code_of
@@ -121,3 +121,65 @@ class AddPenaltyWithoutSync(MethodCodemod):
         body[last] = new_add.with_changes(leading_lines=body[last].leading_lines)
         self.require_import("torch", None)
         return fn.with_changes(body=fn.body.with_changes(body=body))
+
+
+# -- the penalizers' output ids, copied to the device without a wait (sglang #28491, #28500) ---
+
+CUMULATE = primitives.method_call("cumulate_output_tokens")
+UPSTREAM_CUMULATE = primitives.method_call("cumulate_penalty_output_tokens")  # 0.5.14+
+
+
+class _OutputIdsCopyWithoutWait(MethodCodemod):
+    """With a penalizer active (``min_new_tokens``, a frequency or presence
+    penalty), ``prepare_for_decode`` built the last output ids as
+    ``torch.tensor(LIST, ..., device=D)``: a copy from pageable memory that
+    blocks the host every decode step. As upstream (0.5.14), they are built
+    pinned and copied ``non_blocking`` (``common.host_copies``). Anchored by
+    what the ids feed: ``cumulate_output_tokens(X)``, ``X`` that tensor or a
+    name the method assigned it to. 0.5.14+ calls upstream's
+    ``cumulate_penalty_output_tokens()``: native."""
+
+    METHOD = "prepare_for_decode"
+
+    def _fed(self, fn: cst.FunctionDef) -> list[cst.BaseExpression]:
+        """What each ``cumulate_output_tokens(X)`` is handed: ``X``, or the values the method assigned to it."""
+        out = []
+        for c in primitives.find_all(fn, CUMULATE):
+            arg = c.args[0].value if c.args else None
+            if isinstance(arg, cst.Name):
+                out += [a.value for a in primitives.find_all(fn, primitives.assigns_name(arg.value))]
+            elif arg is not None:
+                out.append(arg)
+        return out
+
+    def _sites(self, fn: cst.FunctionDef) -> list[cst.Call]:
+        return [v for v in self._fed(fn) if host_copies.built_on_device(v) is not None]
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        if self._sites(fn):
+            return Finding.todo(self.anchor, "the penalizers' output ids are copied from pageable memory (a host wait every step)")
+        if primitives.contains(fn, UPSTREAM_CUMULATE):
+            return Finding.done(self.anchor, "upstream's cumulate_penalty_output_tokens (0.5.14+)")
+        if any(host_copies.is_pinned_copy(v) for v in self._fed(fn)):
+            return Finding.done(self.anchor)
+        return Finding.superseded(self.anchor, "no host list of output ids is copied for the penalizers here")
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        for site in self._sites(fn):
+            fn = primitives.replace_node(fn, site, host_copies.pinned_copy(site))
+        self.require_import(host_copies.HELPERS, host_copies.PIN)
+        return fn
+
+
+class OutputIdsCopyWithoutWait(_OutputIdsCopyWithoutWait):
+    __doc__ = _OutputIdsCopyWithoutWait.__doc__
+    DESCRIPTION = ("ScheduleBatch.prepare_for_decode: the penalizers' output ids built pinned and copied non_blocking "
+                   "(sglang #28491), not torch.tensor(list, device=...) (a host wait every decode step)")
+    CLASS = "ScheduleBatch"
+
+
+class SpecV2OutputIdsCopyWithoutWait(_OutputIdsCopyWithoutWait):
+    __doc__ = _OutputIdsCopyWithoutWait.__doc__
+    DESCRIPTION = ("EagleDraftInputV2Mixin.prepare_for_decode: the penalizers' output ids built pinned and copied "
+                   "non_blocking (sglang #28500), not torch.tensor(list, device=...) (a host wait every decode step)")
+    CLASS = "EagleDraftInputV2Mixin"

@@ -32,9 +32,9 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common import primitives
+from patchkit.codemods.common import primitives, shared
 from patchkit.codemods.common.base import Finding, MethodCodemod
-from patchkit.codemods.common.shared import FLAG, ClassFlag
+from patchkit.codemods.common.shared import FLAG, MIRROR_READS, ClassFlag, code_of
 from patchkit.codemods.common.tree_mask import (
     GET_BUFFERS,
     MASK,
@@ -154,3 +154,69 @@ class DraftExtendReadsNoMirrorTwice(MethodCodemod):
         values = {id(line.body[0].value) for line in _re_reads(fn)}
         those = m.SimpleStatementLine(body=[m.Assign(value=m.MatchIfTrue(lambda value: id(value) in values))])
         return primitives.replace_statements(fn, those, lambda line: cst.RemovalSentinel.REMOVE)
+
+
+# -- the eager max without the mirror (sglang 0.5.16) --------------------------------------------
+
+_DEVICE_MAX = shared.max_item(m.Attribute(value=m.Name("forward_batch"), attr=m.Name("seq_lens")))
+_BOUND_MAX = m.Attribute(value=m.Name("self"), attr=m.Name("max_context_len"))  # upstream's, 0.5.16+
+_OURS = m.Call(func=m.Name("alloc_cuda_graph_custom_mask") | m.Name("host_max_seq_len"))
+
+
+def _fallback(guarded: cst.If) -> Optional[cst.BaseExpression]:
+    """The value the guarded max takes without the mirror (its ``else``)."""
+    sets = primitives.find_all(guarded.orelse, _SETS_MAX)
+    return sets[0].value if len(sets) == 1 else None
+
+
+class EagerMaxWithoutMirror(MethodCodemod):
+    """Without the CPU mirror (the opt-out above), ``init_forward_metadata``
+    fell back to ``forward_batch.seq_lens.max().item()``: a host wait in every
+    eager verify, draft step and draft extend (a batch above
+    ``cuda_graph_max_bs``, or CUDA graphs off). ``max_seq`` only sizes the
+    block table and the kernel's bound, so 0.5.16 takes the static
+    ``self.max_context_len`` there; the patched tree reads it through
+    ``host_max_seq_len`` (FlashMLA's helper: the mirror's max when there).
+    Upstream's own opt-out (0.5.13 .. 0.5.15) kept the device max: left as
+    upstream wrote it (superseded), as the patch's other parts are there."""
+
+    DESCRIPTION = (
+        f"{BACKEND}.init_forward_metadata: without the CPU mirror, {MAX} is the static max_context_len "
+        "(host_max_seq_len), not seq_lens.max().item() (a host wait every eager step; sglang 0.5.16)"
+    )
+    CLASS = BACKEND
+    METHOD = "init_forward_metadata"
+    METHODS_READ = ("init_cuda_graph_state",)
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        # Upstream's own opt-out (0.5.13 .. 0.5.15): the flag declared, no patchkit helper.
+        alloc = primitives.find_method(cls, "init_cuda_graph_state")
+        self._upstreams = primitives.find_class_attribute(cls, FLAG) is not None and not (
+            alloc is not None and primitives.contains(alloc, _OURS))
+        return super().detect_in_class(cls)
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        if primitives.contains(fn, m.Assign(targets=[m.AssignTarget(target=m.Name(MAX))], value=primitives.call("host_max_seq_len"))):
+            return Finding.done(self.anchor)
+        guarded = _guarded_max(fn)
+        fallback = _fallback(guarded) if guarded is not None else None
+        if fallback is not None and m.matches(fallback, _BOUND_MAX):
+            return Finding.done(self.anchor, "upstream's static bound (0.5.16+)")
+        if fallback is None or not m.matches(fallback, _DEVICE_MAX):
+            return self.missing_in(fn, f"no `if <mirror> is not None: {MAX} = ... else: {MAX} = forward_batch.seq_lens.max().item()`",
+                                   f"that fallback to bound by max_context_len", guarded)
+        if self._upstreams:
+            return Finding.superseded(self.anchor, f"upstream's own opt-out (0.5.13 .. 0.5.15) keeps the device {MAX}: left as upstream wrote it")
+        return Finding.todo(self.anchor, f"without the mirror {MAX} is read from the device (a host wait every eager step)")
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        guarded = _guarded_max(fn)
+        mirror = primitives.find_all(guarded.test, m.Comparison())[0].left
+        source = f"""
+            # Without the CPU mirror, the static bound (sglang 0.5.16): it only sizes
+            # the block table; seq_lens.max().item() waited for the GPU every eager step.
+            {MAX} = host_max_seq_len({code_of(mirror)}, self.max_context_len)
+        """
+        (line,) = primitives.parse_statements_with_comments(source)
+        self.require_import(MIRROR_READS, "host_max_seq_len")
+        return primitives.replace_node(fn, guarded, line.with_changes(leading_lines=[*guarded.leading_lines, *line.leading_lines]))

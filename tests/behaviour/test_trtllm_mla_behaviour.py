@@ -175,6 +175,35 @@ def test_build_tree_fills_the_buffer_in_place_without_seq_lens_sum(mla):
     assert kernel.call_args.args[3] is backend.cuda_graph_custom_mask
 
 
+def eager_batch(mode, seq_lens_cpu):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return SimpleNamespace(
+        batch_size=2,
+        forward_mode=getattr(ForwardMode, mode),
+        req_pool_indices=torch.tensor([0, 1]),
+        seq_lens=torch.tensor([5, 7]),
+        seq_lens_cpu=seq_lens_cpu,
+        extend_seq_lens=torch.tensor([4, 4]),
+        extend_seq_lens_cpu=[4, 4],
+    )
+
+
+@pytest.mark.parametrize("mode", ["DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"])
+def test_eager_metadata_without_the_mirror_reads_nothing_from_the_device(mla, mode):
+    """sglang 0.5.16: with the opt-out the batch has no mirror, and the eager
+    metadata takes the static bound, not seq_lens.max().item() (a host wait
+    every eager step): no .item() is called at all; with the mirror, its max."""
+    backend = make_backend(mla, num_draft_tokens=4)
+    backend._create_block_kv_indices = mock.Mock(return_value=torch.zeros((2, 4), dtype=torch.int32))
+    verify = 4 if mode == "TARGET_VERIFY" else 0
+    with mock.patch.object(torch.Tensor, "item", side_effect=AssertionError("a device value read on the host")):
+        backend.init_forward_metadata(eager_batch(mode, None))
+    assert backend.forward_decode_metadata.max_seq_len_k == backend.max_context_len + verify
+    backend.init_forward_metadata(eager_batch(mode, torch.tensor([5, 7])))
+    assert backend.forward_decode_metadata.max_seq_len_k == 7 + verify
+
+
 # --- #26241 ---------------------------------------------------------------------------
 
 

@@ -1,0 +1,122 @@
+"""Spec-v2 ``prepare_for_decode``: the kv-lens copies to the device without a host wait (issue 53).
+
+``EagleDraftInputV2Mixin.prepare_for_decode`` builds each request's current
+and next allocated KV lengths as host tensors (``torch.tensor(LIST, ...,
+device="cpu")``) and copies them to the device every decode step: twice for
+``assign_req_to_token_pool_func``, twice more for the paged allocator when
+``page_size > 1``. Each ``.to(device=...)`` from pageable memory blocked the
+host (measured with torch's sync debug mode on an H200, 0.5.12.post1: the
+two assign copies, every step). Upstream made the copies ``non_blocking``
+in 0.5.13 (with the WAR barrier's schedule stream, sglang #26380, in mind:
+a blocking copy there waits a whole forward); a ``non_blocking`` copy from
+pageable memory is still staged synchronously, so the patched tree also
+pins the host tensors (``pin_memory_for``, shared ``common.host_copies``).
+
+Anchored by meaning: in the method, every ``T.to(...)`` copy of a name
+``T`` the method assigned from ``torch.tensor(...)`` built on the host.
+Done when each copy is ``non_blocking``: pinned (ours) or upstream's own
+(0.5.13, 0.5.14: from pageable memory, left as upstream wrote it; from
+0.5.15 in ``eagle_utils.eagle_prepare_for_decode``, read there too).
+0.5.4, 0.5.5 keep the lengths on the device: superseded there. Not
+carried: upstream's copying each tensor once for both consumers (0.5.13):
+two more small queued copies where ``page_size > 1``, no wait.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods.common import host_copies, primitives
+from patchkit.codemods.common.base import Finding, MethodCodemod, PatchCodemod
+
+
+def _host_tensors(fn: cst.FunctionDef) -> dict[str, cst.Call]:
+    """Names the function assigns from ``torch.tensor(...)`` built on the host."""
+    out = {}
+    for assign in primitives.find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=host_copies.TENSOR)):
+        if host_copies.built_on_device(assign.value) is None:
+            out[assign.targets[0].target.value] = assign.value
+    return out
+
+
+def _copies(fn: cst.FunctionDef) -> list[cst.Call]:
+    """Each ``T.to(...)`` copy to a device of one of those names."""
+    names = _host_tensors(fn)
+    return [c for c in primitives.find_all(fn, host_copies.TO)
+            if isinstance(c.func.value, cst.Name) and c.func.value.value in names and host_copies.copy_device(c) is not None]
+
+
+class _Copies:
+    """Detection and rewrite of one function's kv-lens copies (the mixin's
+    method up to 0.5.14, ``eagle_utils.eagle_prepare_for_decode`` after)."""
+
+    def detect_copies(self, fn: cst.FunctionDef, anchor: str) -> Finding:
+        copies = _copies(fn)
+        if not copies and not primitives.contains(fn, host_copies.TENSOR):
+            # 0.5.4, 0.5.5: the allocated lengths live on the device (their waits are of another shape).
+            return Finding.superseded(anchor, "no host tensor of kv lengths is built here (they stay on the device)")
+        if not copies:
+            return Finding.missing(anchor, f"{self.where(fn)}: no copy of a host tensor (torch.tensor(...) on the CPU) "
+                                           "to the device; the patch needs the kv-lens copies (T.to(device=...)) to make non_blocking")
+        blocking = [c for c in copies if host_copies.blocks(c)]
+        if blocking:
+            return Finding.todo(anchor, f"{len(blocking)} blocking copy(ies) of host kv lengths to the device "
+                                        f"(first at {self.where(blocking[0])})")
+        tensors = _host_tensors(fn)
+        if all(host_copies.is_pinned(tensors[c.func.value.value]) for c in copies):
+            return Finding.done(anchor)
+        return Finding.done(anchor, "upstream's non_blocking copies (0.5.13+)")
+
+    def transform_copies(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        copies, tensors = _copies(fn), _host_tensors(fn)
+        pin = {}
+        for c in copies:
+            pin.setdefault(c.func.value.value, host_copies.copy_device(c))
+        for c in [c for c in copies if host_copies.blocks(c)]:
+            fn = primitives.replace_node(fn, c, host_copies.non_blocking(c))
+        for name, device in pin.items():
+            if not host_copies.is_pinned(tensors[name]):
+                fn = primitives.replace_node(fn, tensors[name], host_copies.pinned(tensors[name], device))
+        self.require_import(host_copies.HELPERS, host_copies.PIN)
+        return fn
+
+
+class KvLensCopiesWithoutWait(_Copies, MethodCodemod):
+    DESCRIPTION = (
+        "EagleDraftInputV2Mixin.prepare_for_decode: the kv-lens host tensors pinned and their copies to the "
+        "device non_blocking (as 0.5.13), not .to(device=...) from pageable memory (a host wait every decode step)"
+    )
+    CLASS = "EagleDraftInputV2Mixin"
+    METHOD = "prepare_for_decode"
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        return self.detect_copies(fn, self.anchor)
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        return self.transform_copies(fn)
+
+
+MOVED = "eagle_prepare_for_decode"
+
+
+class MovedKvLensCopiesWithoutWait(_Copies, PatchCodemod):
+    DESCRIPTION = (
+        f"eagle_utils.{MOVED} (0.5.15+, where upstream moved the method): the same copies, "
+        "non_blocking upstream"
+    )
+
+    @classmethod
+    def reads(cls):
+        return {MOVED: None}
+
+    def detect(self, module: cst.Module) -> Finding:
+        self.detect_module(module)
+        fn = primitives.find_function(module, MOVED)
+        if fn is None:
+            return Finding.superseded(MOVED, "spec-v2 decode preparation is EagleDraftInputV2Mixin's (eagle_info_v2.py) here")
+        return self.detect_copies(fn, MOVED)
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        fn = primitives.find_function(tree, MOVED)
+        return primitives.replace_node(tree, fn, self.transform_copies(fn))
