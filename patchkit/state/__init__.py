@@ -239,10 +239,12 @@ class Store:
     def recover(self, verb: str, root: Path, say: Callable[[str], None]) -> None:
         """Settle a transaction a killed run left behind: the same command
         finishes it, the other rolls it back (every file back to its bytes
-        before, and the state before). A killed run's temp files in
-        ``.patchkit/`` and its blobs go first (nothing points at them)."""
-        for folder in (self.folder, self.blobs):
-            remove_all_temp_files(folder)
+        before, and the state before). A killed run's temp files of the
+        state, the journal and the blobs go first (nothing points at them;
+        every writer of those holds the lock, unlike ``.gitignore``'s)."""
+        for path in (self.folder / "state.json", self.journal, self.folder / "cache.json"):
+            remove_temp_files(path)
+        remove_all_temp_files(self.blobs)
         pending = self.pending()
         if pending is None:
             return
