@@ -8,9 +8,11 @@
   the command (apply or revert), each file's sha256 before and after, and the
   state before and after; every blob either side needs is stored before it is
   written. A later run of the same command finishes the transaction, a run of
-  the other one rolls it back; read commands only report it.
-- ``set-aside/``: local state that disagreed with the tree, moved out of the
-  way (never deleted) by a command that rebuilt it from the tree.
+  the other one rolls it back; read commands only report it. A copy of it is
+  kept among the blobs, for ``revert --recover`` (``patchkit.state.recovery``).
+  A write that fails rolls the transaction back at once (``Store.commit``).
+- ``set-aside/``: local state that disagreed with the tree (or could not be
+  read), moved out of the way (never deleted) by a command that rebuilt it.
 - ``lock``: serialises patchkit processes on one tree.
 - ``cache.json``: detection results keyed by codemod and file sha256, so
   ``status`` and ``verify`` need not parse files that did not change.
