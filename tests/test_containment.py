@@ -15,7 +15,8 @@ import pytest
 
 from support import PRIMARY, snapshot
 from patchkit.errors import PatchkitError
-from patchkit.state import _write_or_remove, vendoring
+from patchkit.state import vendoring
+from patchkit.state.files import write_or_remove
 
 pytestmark = pytest.mark.trees
 
@@ -183,12 +184,12 @@ def test_folder_clean_up_never_leaves_the_package(tmp_path, victim):
     package = tmp_path / "pkg"
     (package / "a" / "b").mkdir(parents=True)
     (package / "a" / "b" / "f.py").write_text("")
-    _write_or_remove(package, "a/b/f.py", None)
+    write_or_remove(package, "a/b/f.py", None)
     assert package.is_dir() and not (package / "a").exists()
     (package / "only.py").write_text("")
-    _write_or_remove(package, "only.py", None)
+    write_or_remove(package, "only.py", None)
     assert package.is_dir()
     for rel in (f"../{victim.parent.name}/{victim.name}", str(victim)):
         with pytest.raises(PatchkitError, match="refused"):
-            _write_or_remove(package, rel, None)
+            write_or_remove(package, rel, None)
     assert victim.is_file() and snapshot(tmp_path)

@@ -8,9 +8,11 @@
   the command (apply or revert), each file's sha256 before and after, and the
   state before and after; every blob either side needs is stored before it is
   written. A later run of the same command finishes the transaction, a run of
-  the other one rolls it back; read commands only report it.
-- ``set-aside/``: local state that disagreed with the tree, moved out of the
-  way (never deleted) by a command that rebuilt it from the tree.
+  the other one rolls it back; read commands only report it. A copy of it is
+  kept among the blobs, for ``revert --recover`` (``patchkit.state.recovery``).
+  A write that fails rolls the transaction back at once (``Store.commit``).
+- ``set-aside/``: local state that disagreed with the tree (or could not be
+  read), moved out of the way (never deleted) by a command that rebuilt it.
 - ``lock``: serialises patchkit processes on one tree.
 - ``cache.json``: detection results keyed by codemod and file sha256, so
   ``status`` and ``verify`` need not parse files that did not change.
@@ -239,10 +241,12 @@ class Store:
     def recover(self, verb: str, root: Path, say: Callable[[str], None]) -> None:
         """Settle a transaction a killed run left behind: the same command
         finishes it, the other rolls it back (every file back to its bytes
-        before, and the state before). A killed run's temp files in
-        ``.patchkit/`` and its blobs go first (nothing points at them)."""
-        for folder in (self.folder, self.blobs):
-            remove_all_temp_files(folder)
+        before, and the state before). A killed run's temp files of the
+        state, the journal and the blobs go first (nothing points at them;
+        every writer of those holds the lock, unlike ``.gitignore``'s)."""
+        for path in (self.folder / "state.json", self.journal, self.folder / "cache.json"):
+            remove_temp_files(path)
+        remove_all_temp_files(self.blobs)
         pending = self.pending()
         if pending is None:
             return
