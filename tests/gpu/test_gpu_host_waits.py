@@ -91,9 +91,9 @@ s.setup()
 before = syncs.snapshot()["counts"]
 for name in {names!r}:
     getattr(s, name)()
+counts = syncs.delta(syncs.snapshot()["counts"], before)  # before this script's own waits below
 torch.cuda.synchronize()
-print(json.dumps({{"counts": syncs.delta(syncs.snapshot()["counts"], before),
-                  "mode": torch.cuda.get_sync_debug_mode()}}))
+print(json.dumps({{"counts": counts, "mode": torch.cuda.get_sync_debug_mode()}}))
 '''
 
 
