@@ -47,10 +47,10 @@ def _exit_code() -> int:
     except BaseException as exc:  # noqa: BLE001
         from patchkit.errors import interrupt_in
 
-        interrupt = interrupt_in(exc)
-        if interrupt is None:
+        caught = interrupt_in(exc)
+        if caught is None:
             raise
-        return _interrupted(interrupt.signum)
+        return _interrupted(caught.signum)
 
 
 def _interrupted(signum: int) -> int:

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -146,7 +147,7 @@ class PatchkitGroup(click.Group):
         return result
 
 
-def report_interrupt(obj: object, signum: int) -> None:
+def report_interrupt(obj: Any, signum: int) -> None:
     """Say what a SIGINT or SIGTERM left: an apply or revert whose
     transaction was committed before it (the signal waited for the commit, or
     came after) prints its results and that all was done; otherwise nothing
@@ -213,7 +214,7 @@ def _complete_patches(ctx: click.Context, param: click.Parameter, incomplete: st
     shell where it reads as a path (``./``, ``~/``, ``a/``), else as names."""
     from click.shell_completion import CompletionItem
 
-    value = ctx.params.get(param.name) or ()
+    value: Any = ctx.params.get(param.name or "") or ()
     if param.name == "args":  # (TREE or None, ids), as _split_tree left it
         tree, ids = value if len(value) == 2 and not isinstance(value[1], str) else (None, value)
         given, first = set(ids), tree is None and not ids

@@ -248,7 +248,7 @@ def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, a
     with obj.progress("export: transforming") as progress:
         result = api.export(tree, author, obj.say, progress)
     series = result.series
-    if to_stdout:
+    if to_stdout or out is None:
         obj.echo(series.mbox(), nl=False)
         return
     written = write_series(series, Path(out)) if series.patches else []
@@ -302,11 +302,12 @@ def _changing(obj: Ctx, command, *args, **kwargs) -> "api.ChangeResult":
     """Run api.apply or api.revert, keeping its result where an interrupt
     finds it: once the transaction is committed, a Ctrl-C reports what was done."""
     try:
-        obj.change = command(*args, **kwargs)
+        result = command(*args, **kwargs)
     except Interrupted as exc:
         obj.change = getattr(exc, "change", None)
         raise
-    return obj.change
+    obj.change = result
+    return result
 
 
 def _finish(obj: Ctx, result: "api.ChangeResult", fmt: str, show_diff: bool, check: bool) -> None:

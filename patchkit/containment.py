@@ -49,7 +49,12 @@ def relative(rel: object, where: str) -> str:
 
 def digest(value: object, where: str) -> Optional[str]:
     """A blob's name as ``where`` gave it: a sha256, or None (no such file)."""
-    if value is None or (isinstance(value, str) and _DIGEST.fullmatch(value)):
+    return None if value is None else blob_name(value, where)
+
+
+def blob_name(value: object, where: str) -> str:
+    """A blob's name as ``where`` gave it: a sha256, nothing else."""
+    if isinstance(value, str) and _DIGEST.fullmatch(value):
         return value
     raise PatchkitError(f"{where}: names {value!r} where a sha256 belongs; refused (nothing was changed)")
 

@@ -25,7 +25,7 @@ class Interrupted(BaseException):
         self.signum, self.waited = signum, waited
 
 
-def interrupt_in(exc: BaseException) -> "Interrupted | None":
+def interrupt_in(exc: BaseException | None) -> "Interrupted | None":
     """The ``Interrupted`` that ``exc`` is, or that caused it: Python wraps
     one raised where it cannot pass as itself (a ``__set_name__`` while a
     class is made, as when a signal comes while libcst is imported)."""

@@ -203,11 +203,11 @@ def pristine_source(version: str, rel: str, say: Callable[[str], None] = lambda 
     release contradicts (edited, cut short) is not used, and is removed from
     the cache (so that the next fetch extracts or downloads it again), which
     ``say`` tells; a wheel that is not a whole zip is removed too."""
-    version = base_release(version)
-    if version is None:
+    release = base_release(version)
+    if release is None:
         return None
     cache = cache_dir()
-    tree = cache / "trees" / version
+    tree = cache / "trees" / release
     if (tree / ".complete").exists():
         try:
             data: Optional[bytes] = (tree / "sglang" / rel).read_bytes()
@@ -215,9 +215,9 @@ def pristine_source(version: str, rel: str, say: Callable[[str], None] = lambda 
             data = b""
         except OSError:
             data = None
-        if data is not None and _checked(version, rel, data, tree / ".complete", say):
+        if data is not None and _checked(release, rel, data, tree / ".complete", say):
             return data
-    for wheel in sorted((cache / "wheels").glob(f"sglang-{version}-*.whl")):
+    for wheel in sorted((cache / "wheels").glob(f"sglang-{release}-*.whl")):
         try:
             with zipfile.ZipFile(wheel) as zf:
                 try:
@@ -229,7 +229,7 @@ def pristine_source(version: str, rel: str, say: Callable[[str], None] = lambda 
             continue
         except OSError:
             continue
-        if _checked(version, rel, data, wheel, say):
+        if _checked(release, rel, data, wheel, say):
             return data
     return None
 
@@ -303,10 +303,11 @@ def release_sources(version: str, files: Iterable[str], sources: Optional[Mappin
             f"(`patchkit fetch {release}` when online, or {RISK_FLAG} to apply without the check)") from None
     for rel in missing:
         try:
-            out[rel] = (package / rel).read_bytes()
+            data = (package / rel).read_bytes()
         except FileNotFoundError:
-            out[rel] = b""  # the release has no such file: all of it is the vendor's
-        if known_releases.contradicts(release, rel, out[rel]):  # a cache that could not be set right
+            data = b""  # the release has no such file: all of it is the vendor's
+        out[rel] = data
+        if known_releases.contradicts(release, rel, data):  # a cache that could not be set right
             raise PatchkitError(
                 f"cannot run the vendor-code check: {package / rel} is not sglang {release}'s {rel} (not the "
                 f"sha256 patchkit ships); nothing was changed (remove {package.parent} and run again)")

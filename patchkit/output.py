@@ -7,7 +7,7 @@ ever grows (new keys), so consumers written against it keep working.
 from __future__ import annotations
 
 import json
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from patchkit import terminal
 from patchkit.audit import verify_line
@@ -168,7 +168,7 @@ def report_dict(report: PatchReport, shown: Optional[Callable[[str], str]] = Non
     failing = {id(r) for r in failures(report)} if shown else set()
     checks = []
     for r in report.results:
-        check = {
+        check: dict[str, object] = {
             "file": r.file,
             "codemod": r.codemod,
             "state": r.finding.state.value,
@@ -226,14 +226,15 @@ def runtime_line(runtime: Optional[dict]) -> Optional[str]:
 
 
 def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, runtime: Optional[dict] = None,
-                notes: tuple[str, ...] = (), quiet: bool = False) -> str:
+                notes: Sequence[str] = (), quiet: bool = False) -> str:
     """``notes``: lines about the tree as a whole (a pending transaction,
     leftovers of an earlier base), printed under its first line. ``quiet``
     (-q): no tree line, no runtime line, no per-patch ``note:`` lines: the
     states and reasons only (docs/ci.md)."""
     lines = [] if quiet else [f"sglang {tree.version} at {tree.package} ({tree.layout} layout)"]
-    if runtime_line(runtime) and not quiet:
-        lines.append(runtime_line(runtime))
+    line = runtime_line(runtime)
+    if line and not quiet:
+        lines.append(line)
     lines += [f"  {note}" for note in notes]
     width = max((len(r.patch.id) for r in reports), default=0)
     for r in reports:
@@ -294,7 +295,7 @@ def status_junit(tree: Tree, reports: list[PatchReport], given: str, suite: str 
         ET.SubElement(props, "property", name=key, value=value)
     for r in reports:
         case = ET.SubElement(ts, "testcase", classname=f"patchkit.sglang-{tree.version}", name=r.patch.id)
-        first = (failures(r) or r.results or [None])[0]
+        first = next(iter(failures(r) or r.results), None)
         if first is not None:
             case.set("file", tree.shown_path(first.file, given))
         if not r.ok:
@@ -369,7 +370,7 @@ def status_github(tree: Tree, reports: list[PatchReport], given: str) -> str:
 
 
 def render(fmt: str, tree: Tree, reports: list[PatchReport], given: str, verbose: bool = False,
-           runtime: Optional[dict] = None, notes: tuple[str, ...] = (), pending: bool = False,
+           runtime: Optional[dict] = None, notes: Sequence[str] = (), pending: bool = False,
            audit_problems: Optional[int] = None, quiet: bool = False) -> str:
     """verify's output in one of FORMATS; ``given``: the tree argument as
     typed (paths are shown from it); ``pending``: an interrupted

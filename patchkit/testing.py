@@ -157,11 +157,16 @@ class CodemodTest(unittest.TestCase):
         super().__init_subclass__(**kwargs)
         cls.__test__ = True
 
+    def _codemod(self) -> type:
+        if self.TRANSFORM is None:
+            raise TypeError(f"{type(self).__name__}: set TRANSFORM to the codemod class under test")
+        return self.TRANSFORM
+
     def assertCodemod(self, before: str, after: str) -> None:  # noqa: N802 - unittest's naming
-        assert_codemod(self.TRANSFORM, before, after)
+        assert_codemod(self._codemod(), before, after)
 
     def assertState(self, src: str, state: State, detail: Optional[str] = None) -> Finding:  # noqa: N802
-        return assert_state(self.TRANSFORM, src, state, detail)
+        return assert_state(self._codemod(), src, state, detail)
 
     def test_examples(self) -> None:
         for i, (before, after) in enumerate(self.EXAMPLES):

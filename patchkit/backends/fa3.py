@@ -54,7 +54,7 @@ def alloc_verify_tree_mask(
     """The preallocated verify tree mask (zeroed bool, see
     :func:`verify_tree_mask_numel`; compact where ``reads_mask`` is False) on
     ``device``, or None for an instance that never verifies."""
-    if not needs_verify_tree_mask(num_draft_tokens, skip_prefill, is_draft_runner):
+    if not num_draft_tokens or not needs_verify_tree_mask(num_draft_tokens, skip_prefill, is_draft_runner):
         return None
     import torch
 

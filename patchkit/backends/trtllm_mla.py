@@ -53,7 +53,7 @@ def alloc_cuda_graph_custom_mask(
     ``device``. ``build_tree`` fills it in place, so the GPU-only spec-v2 path
     never needs ``seq_lens_sum`` (a host value) to size it.
     """
-    if not needs_cuda_graph_custom_mask(num_draft_tokens, skip_prefill, is_draft_runner):
+    if not num_draft_tokens or not needs_cuda_graph_custom_mask(num_draft_tokens, skip_prefill, is_draft_runner):
         return None
     import torch
 

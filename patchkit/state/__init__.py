@@ -80,10 +80,10 @@ class Store:
         return digests
 
     def has_blob(self, digest: str) -> bool:
-        return (self.blobs / containment.digest(digest, str(self.blobs))).is_file()
+        return (self.blobs / containment.blob_name(digest, str(self.blobs))).is_file()
 
     def get_blob(self, digest: str) -> bytes:
-        path = self.blobs / containment.digest(digest, str(self.blobs))
+        path = self.blobs / containment.blob_name(digest, str(self.blobs))
         try:
             data = path.read_bytes()
         except OSError:
@@ -271,7 +271,7 @@ class Store:
                     )
                 write_or_remove(root, entry["file"], None if entry[side] is None else self.get_blob(entry[side]))
                 moved += 1
-            self.save(pending.state if forward else pending.old_state)
+            self.save(pending.state if forward or pending.old_state is None else pending.old_state)
             self.journal.unlink()
         done = "finished it" if forward else "rolled it back"
         say(f"an interrupted {pending.verb} of {len(pending.files)} files was pending: {done} "

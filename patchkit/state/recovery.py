@@ -50,6 +50,8 @@ def records(store: Store, tree: Tree) -> list[Record]:
     candidates = [store.journal, *(sorted(store.blobs.iterdir()) if store.blobs.is_dir() else [])]
     for path in candidates:
         doc = _journal(path)
+        if doc is None:
+            continue
         with contextlib.suppress(KeyError, TypeError, AttributeError, PatchkitError):
             found.extend(Record.from_state(doc[key], str(path)) for key in ("state", "old_state") if doc.get(key))
     for read in (store.load, lambda: vendoring.read_manifest(tree.path(vendoring.MANIFEST).read_bytes(),

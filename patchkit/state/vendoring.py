@@ -55,7 +55,7 @@ _API_RE = re.compile(r"^RUNTIME_API = (\d+)$", re.M)
 # The runtime contract this patchkit writes, read from the runtime's source:
 # patchkit itself never imports its runtime (a process that checks patched
 # code with the runtime unimportable can still run patchkit).
-RUNTIME_API = int(_API_RE.search(resources.files("patchkit").joinpath("runtime/__init__.py").read_text()).group(1))
+RUNTIME_API = int(_API_RE.findall(resources.files("patchkit").joinpath("runtime/__init__.py").read_text())[0])
 
 
 # --- what the folder holds --------------------------------------------------------
@@ -285,11 +285,13 @@ def patchkit_imports(package, rels: Iterable[str]) -> list[str]:
         except (OSError, SyntaxError, ValueError):
             continue
         for node in ast.walk(module):
-            names = []
+            names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level:
                 names = [node.module or ""]
+            else:
+                continue
             if any(n == "patchkit" or n.startswith("patchkit.") for n in names):
                 found.append(f"{rel}:{node.lineno}")
     return found
