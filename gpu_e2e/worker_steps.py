@@ -49,12 +49,12 @@ def _probe_worker(module: Any) -> None:
     if original is None or getattr(original, "__pk_e2e_wrapped__", False):
         return
 
-    def forward_batch_generation(self, model_worker_batch, *args, **kwargs):
-        try:
-            syncs.bump(KEY + kind_of(model_worker_batch))
+    def forward_batch_generation(self, *args, **kwargs):
+        try:  # the batch: first argument (model_worker_batch up to 0.5.12.post1, batch in 0.5.13)
+            syncs.bump(KEY + kind_of(args[0] if args else next(iter(kwargs.values()), None)))
         except Exception:  # noqa: BLE001  never disturb the step being counted
             pass
-        return original(self, model_worker_batch, *args, **kwargs)
+        return original(self, *args, **kwargs)
 
     forward_batch_generation.__pk_e2e_wrapped__ = True
     forward_batch_generation.__name__ = original.__name__
