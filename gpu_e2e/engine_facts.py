@@ -24,6 +24,7 @@ here syncs. :func:`log_facts` adds the engine log's own lines (rank 0 logs them)
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Mapping, Optional
 
 from . import ranks, syncs
@@ -194,3 +195,21 @@ def problems(key: str, run: Mapping) -> list[str]:
         return []
     shape = in_force(run)["hot_token_id_shape"]
     return [] if shape.startswith("[") else [f"{key}: the checkpoint draft has no hot_token_id ({shape})"]
+
+
+#: The runner's own line when ``Engine(...)`` raised in its process (ServerArgs' checks).
+FAILURE_PREFIX = "[runner] engine failed: "
+#: The last line of a Python traceback: ``ValueError: ...``, ``deep_ep.X: ...``.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
+
+
+def failure_line(log_text: str) -> Optional[str]:
+    """Why an engine did not run, as its log says it (issue 58: a release refusing a
+    setting, a package the image lacks): the runner's own line if it caught the
+    error, else the last exception line of any traceback (a scheduler's, before
+    sglang killed the process tree). None when the log names none."""
+    lines = [line.strip() for line in log_text.splitlines()]
+    for line in reversed(lines):
+        if line.startswith(FAILURE_PREFIX):
+            return line[len(FAILURE_PREFIX):]
+    return next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)

@@ -21,7 +21,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import bundle_kernels, engine_facts, fa3_kernel, mirror_control, rank_report, ranks, report, wait_report
+from . import bundle_kernels, dp, engine_facts, fa3_kernel, mirror_control, rank_report, ranks, report, wait_report
 
 
 def log(msg: str) -> None:
@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                          "the speed ratio is then read per round, so noise between processes shows")
     ap.add_argument("--tp", type=int, default=1,
                     help="tp_size of every engine; above 1 also a row per rank in ranks.md (see ranks.py)")
+    dp.add_arguments(ap)  # issue 58: DP attention, two-batch overlap, the a2a backend (GPUs: --tp)
     args = ap.parse_args(argv)
     gpus = ranks.gpus_visible() if args.tp > 1 else None
     if args.tp > 1 and (gpus or 0) < args.tp:
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                        "--alternate", str(args.alternate), "--mem-fraction-static", str(mem_fraction),
                        "--tp", str(args.tp), "--piecewise", args.piecewise, "--draft", args.draft,
                        "--context-length", str(args.context_length), "--engine-extra", args.engine_extra,
-                       "--input-len", str(args.input_len),
+                       "--input-len", str(args.input_len), *dp.forwarded(args),
                        "--models-dir", str(work / "models"), "--out", str(res_file)]
                 if args.deterministic:
                     cmd.append("--deterministic")
@@ -252,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
                         got[variant] = res
                 else:
                     all_results["runs"][key] = {"rc": rc}
+                run = all_results["runs"][key]
+                if rc != 0 and not run.get("batches"):  # a refused setting, a missing package (issue 58)
+                    run["engine_failure"] = run.get("engine_failure") or engine_facts.failure_line(
+                        _section(engine_log, section_start))
+                    all_results["problems"].append(f"{key}: the engine did not run (rc={rc}): {run['engine_failure']}")
+                    log(f"  engine failed: {run['engine_failure']}")
                 results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
             # One variant (--alternate, an upstream reference) has no pair to compare.
             first, second = pair if len(pair) == 2 else (None, None)
@@ -338,6 +345,7 @@ def _setting(args) -> str:
         parts.append(f"alt{args.alternate}")
     if args.tp > 1:
         parts.append(f"tp{args.tp}")
+    parts += dp.setting_parts(args)
     if getattr(args, "piecewise", "default") != "default":
         parts.append(f"pw-{args.piecewise}")
     if getattr(args, "draft", "checkpoint") != "checkpoint":

@@ -34,14 +34,17 @@ import inspect
 import subprocess
 from typing import Any, Iterable, Mapping, Optional
 
-from . import syncs
+from . import syncs, worker_steps
 
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 #: Where ``configure_needs_cpu_seq_lens`` lives: the tree's vendored runtime
 #: (patchkit.state.vendoring.import_path("runtime.seq_lens")) and the installed
 #: runtime it forwards to in package mode.
 RUNTIME_MODULES = ("sglang.srt._patchkit.runtime.seq_lens", "patchkit.runtime.seq_lens")
-RANK_FIELDS = ("tp_rank", "pp_rank", "dp_rank", "gpu_id")
+RANK_FIELDS = ("tp_rank", "pp_rank", "dp_rank", "attn_tp_rank", "gpu_id")
+#: Rank fields the Scheduler sets on itself but takes no parameter for (DP attention:
+#: a rank's place inside its attention TP group; 0.5.10 … 0.5.12.post1).
+ATTRIBUTE_ONLY_FIELDS = ("attn_tp_rank",)
 DECISION_NOTE = "needs_cpu_seq_lens"
 RANK_NOTE = "rank"
 
@@ -52,16 +55,31 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
                  "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def engine_kwargs(tp_size: int) -> dict:
+def engine_kwargs(tp_size: int, dp_size: int = 1, dp_attention: bool = False, tbo: bool = False,
+                  moe_a2a_backend: Optional[str] = None) -> dict:
     """What a run with ``tp_size`` adds to the Engine's settings. Beyond one GPU,
     every all-reduce path that could use multicast is named off (these are
     sglang's defaults for Llama, except the FlashInfer fusion, which sglang
     switches on by itself for some models); fields of ServerArgs in 0.5.10 and
-    0.5.12.post1."""
+    0.5.12.post1.
+
+    Issue 58, as DeepSeek is served at scale: ``dp_size`` with ``dp_attention``
+    (``--dp N --enable-dp-attention``), two-batch overlap (``tbo``) and the MoE
+    all-to-all backend, each passed only when asked, so the release decides the
+    rest (and refuses what it refuses: TBO with no a2a backend, ServerArgs'
+    ``check_server_args``)."""
     kwargs: dict = {"tp_size": tp_size}
     if tp_size > 1:
         kwargs.update(enable_nccl_nvls=False, enable_symm_mem=False, enable_torch_symm_mem=False,
                       enforce_disable_flashinfer_allreduce_fusion=True)
+    if dp_size > 1:
+        kwargs["dp_size"] = dp_size
+    if dp_attention:
+        kwargs["enable_dp_attention"] = True
+    if tbo:
+        kwargs["enable_two_batch_overlap"] = True
+    if moe_a2a_backend:
+        kwargs["moe_a2a_backend"] = moe_a2a_backend
     return kwargs
 
 
@@ -83,6 +101,7 @@ _decisions: list = []
 def install() -> None:
     """Hook the scheduler and the runtime in this process (after :func:`syncs.install`)."""
     syncs.on_import(SCHEDULER_MODULE, _label_scheduler)
+    worker_steps.install()  # every step, busy or idle, of each rank's spec-v2 worker
     for name in RUNTIME_MODULES:
         syncs.on_import(name, _record_decision)
 
@@ -172,14 +191,16 @@ def by_rank(dumps: Iterable[Mapping]) -> dict[int, list[Mapping]]:
 
 
 def batch_per_rank(after: Iterable[Mapping], before: Iterable[Mapping]) -> list[dict]:
-    """Per rank, what its processes counted between two reads: syncs by site and
-    decode steps (calls of ``prepare_for_decode``)."""
+    """Per rank, what its processes counted between two reads: syncs by site,
+    decode steps (calls of ``prepare_for_decode``: busy ones only) and every step
+    of its spec-v2 worker by kind (:mod:`.worker_steps`: idle DP ranks too)."""
     prior = by_rank(before)
     out = []
     for rank, dumps in by_rank(after).items():
         timed = syncs.delta(syncs.aggregate(dumps), syncs.aggregate(prior.get(rank, [])))
         out.append({"tp_rank": rank, "syncs": syncs.syncs_only(timed),
-                    "decode_steps": syncs.calls_of(timed, "prepare_for_decode")})
+                    "decode_steps": syncs.calls_of(timed, "prepare_for_decode"),
+                    "worker_steps": worker_steps.steps_of(timed)})
     return out
 
 

@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import (deepseek, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, ranks, syncs, tree_mask_probe,
-               workloads)
+from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, ranks, syncs,
+               tree_mask_probe, workloads)
 from .models import DRAFTS, SIZES, write_models
 
 #: mtp (issue 44): DeepSeek's own MTP layer as the draft, named as users name it
@@ -62,10 +62,11 @@ def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_gra
                   mem_fraction_static: float, scenario: str = "eagle3",
                   deterministic: bool = False, tp_size: int = 1, piecewise: str = "default",
                   draft_kind: str = "checkpoint", context_length: int = 0,
-                  engine_extra: dict | None = None) -> dict:
+                  engine_extra: dict | None = None, scale: dict | None = None) -> dict:
     """The Engine's settings; ``attention_backend`` "default" and ``piecewise``
     "default" name nothing, so the release's own defaults decide. ``engine_extra``
-    (issue 44: page size, top-k, draft tokens, captured batch size) goes over the rest."""
+    (issue 44: page size, top-k, draft tokens, captured batch size) goes over the rest;
+    ``scale`` (issue 58: :func:`dp.engine_kwargs`) goes to :func:`ranks.engine_kwargs`."""
     extra: dict = {"enable_deterministic_inference": True} if deterministic else {}
     if attention_backend != "default":
         extra["attention_backend"] = attention_backend
@@ -95,7 +96,7 @@ def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_gra
         mem_fraction_static=mem_fraction_static,
         random_seed=1234,
         log_level="info",
-        **ranks.engine_kwargs(tp_size),
+        **ranks.engine_kwargs(tp_size, **(scale or {})),
         **SPEC,
         **extra,
     )
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context-length", type=int, default=0, help="0: the model's own (131072)")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6)
     ap.add_argument("--tp", type=int, default=1, help="tp_size of the engine (one scheduler process per rank)")
+    dp.add_arguments(ap)
     ap.add_argument("--engine-extra", default="{}", help="JSON object of Engine settings over the rest")
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
@@ -275,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "input_len": args.input_len,
         "max_new_tokens": args.max_new_tokens,
         "tp_size": args.tp,
+        "dp_size": args.dp,
         "batches": [],
     }
     from sglang.srt.entrypoints.engine import Engine
@@ -284,10 +287,17 @@ def main(argv: list[str] | None = None) -> int:
                            mem_fraction_static=args.mem_fraction_static,
                            scenario=args.scenario, deterministic=args.deterministic, tp_size=args.tp,
                            piecewise=args.piecewise, draft_kind=args.draft, context_length=args.context_length,
-                           engine_extra=json.loads(args.engine_extra))
+                           engine_extra=json.loads(args.engine_extra), scale=dp.engine_kwargs(args))
     result["engine_kwargs"] = kwargs
+    Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))  # kept if the engine kills us
     t0 = time.perf_counter()
-    engine = Engine(**kwargs)
+    try:
+        engine = Engine(**kwargs)
+    except Exception as exc:  # noqa: BLE001  a refused setting is a result (issue 58), not a crash
+        result["engine_failure"] = (f"{type(exc).__name__}: {exc}".splitlines() or ["?"])[0]
+        print(engine_facts.FAILURE_PREFIX + result["engine_failure"], flush=True)
+        Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
+        return 3
     result["engine_start_s"] = round(time.perf_counter() - t0, 1)
     print(f"[runner] engine up in {result['engine_start_s']} s", flush=True)
     # Up: every graph captured. What is in force, and what start-up synced (sites.py).

@@ -109,6 +109,10 @@ def _bump(key: str) -> None:
         _version += 1
 
 
+#: For other modules' probes (worker_steps.py): count one call under ``key``.
+bump = _bump
+
+
 def _count_at(kind: str, frame: Any) -> None:
     _bump(f"{kind}|{attribute(frame)}")
 

@@ -151,9 +151,12 @@ def test_the_scheduler_of_each_release_names_its_rank_as_the_hook_reads_it(relea
     path = fetch_tree(release) / Path(*ranks.SCHEDULER_MODULE.split(".")[1:]).with_suffix(".py")
     cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Scheduler")
     init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
-    assert set(ranks.RANK_FIELDS) <= {a.arg for a in init.args.args}
+    assert set(ranks.RANK_FIELDS) - set(ranks.ATTRIBUTE_ONLY_FIELDS) <= {a.arg for a in init.args.args}
     kept = any(isinstance(n, ast.Assign) and ast.unparse(n) == "self.tp_rank = tp_rank" for n in ast.walk(init))
     assert kept or release == "0.5.13"
+    # DP attention's attn_tp_rank (issue 58): an attribute the scheduler sets itself
+    source = ast.unparse(cls)
+    assert all(f"self.{field}" in source for field in ranks.ATTRIBUTE_ONLY_FIELDS) or release == "0.5.13"
 
 
 # ---------------------------------------------------------------- reading side
@@ -186,9 +189,10 @@ def test_ranks_from_recorded_process_files(tmp_path):
     read = ranks.read(str(sync_dir))
     assert ranks.read(None) == [] and len(read) == 4
 
+    no_worker_steps = {"decode": 0, "extend": 0, "idle": 0}
     assert ranks.batch_per_rank(read, before) == [
-        {"tp_rank": 0, "syncs": {f"cpu|{PFD}:174": 10}, "decode_steps": 10},
-        {"tp_rank": 1, "syncs": {}, "decode_steps": 10},
+        {"tp_rank": 0, "syncs": {f"cpu|{PFD}:174": 10}, "decode_steps": 10, "worker_steps": no_worker_steps},
+        {"tp_rank": 1, "syncs": {}, "decode_steps": 10, "worker_steps": no_worker_steps},
     ]
     whole = ranks.run_per_rank(read)
     assert [r["tp_rank"] for r in whole] == [0, 1] and [r["pids"] for r in whole] == [[12], [13]]
@@ -227,7 +231,8 @@ def test_ranks_agree_and_the_sync_is_gone_on_every_rank():
         (0, (1.0, 0.0), False), (1, (1.0, 0.0), False)]
     assert rank_report.verdict(rows, tp=2) == []
     md = rank_report.markdown(rows)
-    assert "| 0.5.12.post1 | small | 2 | 1 | 1 | False | 1.00 → 0.00 | none | 100.0 → 110.0 | yes |" in md
+    assert ("| 0.5.12.post1 | small | 2 | 1 | 1 | 1 | False | 1.00 → 0.00 | n/a → n/a | n/a → n/a "
+            "| 0 / 0 → 0 / 0 | none | 100.0 → 110.0 | yes |") in md
     # the engine-wide table of the same run: all ranks summed, still 1 → 0 per step
     (row,) = report.compare("0.5.12.post1", PRISTINE, patched)
     assert row["prepare_per_step"] == (1.0, 0.0) and report.verdict([row]) == []
@@ -249,7 +254,7 @@ def test_one_rank_still_syncing_fails_even_when_both_decided_alike():
     rows = rank_report.compare("0.5.12.post1", PRISTINE, patched)
     problems = rank_report.verdict(rows, tp=2)
     assert problems == ["0.5.12.post1 small bs=1 rank 1: patched has 1.00 prepare_for_decode syncs/step (expected 0)"]
-    assert rank_report.markdown(rows).splitlines()[-1].startswith("| 0.5.12.post1 | small | 2 | 1 | 1 | False | 1.00 → 1.00 |")
+    assert rank_report.markdown(rows).splitlines()[-1].startswith("| 0.5.12.post1 | small | 2 | 1 | 1 | 1 | False | 1.00 → 1.00 |")
 
 
 def test_missing_rank_missing_decision_and_new_site_per_rank():
@@ -324,12 +329,20 @@ FAKE_ENGINE = """
 
     PFD = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
     CALL = "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode"
+    WORKER = "call|sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.forward_batch_generation@"
 
     class Engine:
         def __init__(self, **kwargs):
             assert os.environ["NCCL_NVLS_ENABLE"] == "0", "multicast must stay off"
+            if kwargs.get("enable_two_batch_overlap"):  # as 0.5.12.post1 refuses or fails it
+                if not kwargs.get("moe_a2a_backend"):
+                    raise ValueError("When enabling two batch overlap, moe_a2a_backend cannot be 'none'.")
+                print("Traceback (most recent call last):\\n  File \\"deepep.py\\", line 47, in <module>\\n"
+                      "ModuleNotFoundError: No module named 'deep_ep'", flush=True)
+                os.kill(os.getpid(), 9)  # sglang kills its process tree when a scheduler fails
             self.tp = kwargs["tp_size"]
-            self.steps = [0] * self.tp
+            self.dp_attention = kwargs.get("enable_dp_attention", False)
+            self.steps, self.idle, self.sent = [0] * self.tp, [0] * self.tp, 0
             self.dir = os.environ["PK_E2E_SYNC_DIR"]
             os.makedirs(self.dir, exist_ok=True)
             self._dump()
@@ -338,7 +351,7 @@ FAKE_ENGINE = """
             for rank in range(self.tp):
                 odd = rank == 1 and os.environ.get("PK_FAKE_RANK1")
                 syncing = VARIANT == "pristine" or odd
-                counts = {CALL: self.steps[rank]}
+                counts = {CALL: self.steps[rank], WORKER + "decode": self.steps[rank], WORKER + "idle": self.idle[rank]}
                 if syncing:
                     counts[f"cpu|{PFD}:174"] = self.steps[rank]
                 notes = {"rank": {"tp_rank": rank, "source": "Scheduler.__init__ arguments"}}
@@ -349,7 +362,14 @@ FAKE_ENGINE = """
 
         def generate(self, input_ids, sampling_params):
             n = sampling_params["max_new_tokens"]
-            self.steps = [s + n for s in self.steps]
+            # DP attention: the controller deals requests round robin; a rank with none runs idle
+            busy = {(self.sent + i) % self.tp for i in range(len(input_ids))} if self.dp_attention else range(self.tp)
+            self.sent += len(input_ids)
+            for rank in range(self.tp):
+                if rank in busy:
+                    self.steps[rank] += n
+                else:
+                    self.idle[rank] += n
             self._dump()
             return [{"output_ids": list(range(n)), "meta_info": {"completion_tokens": n, "spec_verify_ct": n}}
                     for _ in input_ids]
@@ -413,8 +433,8 @@ def test_orchestrate_tp_reaches_the_engine_and_judges_per_rank(tmp_path, monkeyp
     table = (out / "ranks.md").read_text()
     if not rank1:
         assert rc == 0 and results["problems"] == []
-        assert "| 9.9 | small | 2 | 1 | 1 | False | 1.00 → 0.00 | none |" in table
+        assert "| 9.9 | small | 2 | 1 | 1 | 1 | False | 1.00 → 0.00 | n/a → n/a | 1.00 → 0.00 | 16 / 0 → 16 / 0 | none |" in table
     else:
         assert rc == 1
         assert "ranks disagree on needs_cpu_seq_lens: rank 0 False, rank 1 True" in results["problems"]
-        assert "| 9.9 | small | 2 | 1 | 1 | True | 1.00 → 1.00 | none |" in table
+        assert "| 9.9 | small | 2 | 1 | 1 | 1 | True | 1.00 → 1.00 |" in table
