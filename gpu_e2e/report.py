@@ -329,7 +329,7 @@ def traffic_markdown(rows: list[dict]) -> str:
 
 def cost_rows(results: list[Mapping]) -> list[dict]:
     rows = []
-    for release, key, run in _runs(results):
+    for release, _key, run in _runs(results):
         for b in run["batches"]:
             if "summary" in b:
                 # from the recorded calls when there are (the current method), else as recorded

@@ -50,7 +50,7 @@ def report(folder: Path, top: int = 30) -> str:
            f"({total / (finish - begin):.2f} workers busy on average).", ""]
 
     workers: dict[str, list[float]] = defaultdict(lambda: [0.0, float("inf"), 0.0])
-    for test, (worker, start, end) in spans.items():
+    for worker, start, end in spans.values():
         w = workers[worker]
         w[0] += end - start
         w[1], w[2] = min(w[1], start), max(w[2], end)

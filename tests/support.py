@@ -73,7 +73,7 @@ def linked_copy(src: Path, dest: Path) -> Path:
     the linked originals keep their bytes; a test that edits a file itself
     must take a real copy (``make_tree``)."""
     with profiling.timed("copy tree"):
-        for folder, dirs, files in os.walk(src):
+        for folder, _dirs, files in os.walk(src):
             here = dest / Path(folder).relative_to(src)
             here.mkdir(parents=True, exist_ok=True)
             for name in files:

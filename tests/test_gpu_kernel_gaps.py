@@ -20,7 +20,7 @@ def test_a_missing_name_imports_and_raises_naming_itself_when_called():
         missing(1, 2)
     assert syncs._notes["kernel_gaps_called"] == ["awq_marlin_moe_repack"]
     with pytest.raises(AttributeError):
-        module.__wrapped__  # dunder lookups (inspect, copy) still miss
+        module.__wrapped__  # noqa: B018 - dunder lookups (inspect, copy) still miss
 
 
 def test_only_0_5_9_runs_with_the_gaps_filled():

@@ -66,7 +66,7 @@ def test_vendor_statement_inside_the_guarded_pair_is_refused_by_the_safety_rule(
     rule (api/safety.py) refuses needs-cpu-seq-lens, naming the sum's line;
     the patches that do not require it apply; exit 1."""
     tree = make_tree(PRIMARY)
-    line = insert(tree, SYNC, SYNC_LINE, "        acme_vendor_stmt = batch.seq_lens.numel()\n") + 1
+    insert(tree, SYNC, SYNC_LINE, "        acme_vendor_stmt = batch.seq_lens.numel()\n")
     before = (tree / SYNC).read_bytes()
     result = cli("apply", tree)
     assert result.exit_code == 1, result.output

@@ -114,7 +114,7 @@ def test_a_failed_write_at_each_kind_of_point_rolls_back(linked_tree, cli, monke
         fail_at(None)
         assert cli(verb, tree).exit_code == 0, kind  # the same command, once it can write, does the work
         assert cli("verify", tree).exit_code == (0 if verb == "apply" else 1)
-    print(f"{verb}: failed at {', '.join(f'{k} ({l}:{n})' for k, (l, n) in points.items())}; each rolled back")
+    print(f"{verb}: failed at {', '.join(f'{k} ({at}:{n})' for k, (at, n) in points.items())}; each rolled back")
 
 
 def test_a_rollback_that_cannot_write_keeps_the_journal_for_revert(linked_tree, cli, monkeypatch, fail_at):

@@ -29,7 +29,7 @@ guards (trtllm-mha-draft-extend-v2, draft-extend-graph-no-topk) in
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import libcst as cst
 import libcst.matchers as m

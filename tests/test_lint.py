@@ -1,0 +1,24 @@
+"""The habits that keep the code readable, run with the tests (so `.ci/run`
+runs them): ruff's lint and format check and mypy on ``patchkit/``, each
+configured in pyproject.toml. Versions are pinned in the ``test`` extra, so a
+new release of either tool never fails a landing on code that did not change."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_mypy_is_clean_on_patchkit():
+    result = _run("mypy", "--no-incremental")
+    assert result.returncode == 0, result.stdout + result.stderr
