@@ -203,12 +203,35 @@ FAILURE_PREFIX = "[runner] engine failed: "
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
 
 
+#: The log line that opens a scheduler's traceback, before sglang kills the process tree.
+_SCHEDULER_TRACEBACK = "hit an exception: Traceback"
+
+
+def _scheduler_exception(lines: list[str]) -> Optional[str]:
+    """The exception line of the first traceback a scheduler logged: the root cause,
+    which the runner only sees wrapped ("Rank 0 scheduler died during initialization").
+    A chained traceback names the first exception first."""
+    for i, line in enumerate(lines):
+        if _SCHEDULER_TRACEBACK not in line:
+            continue
+        for later in lines[i + 1:]:
+            if _EXCEPTION_LINE.match(later):
+                return later
+            if later.startswith("["):  # the next log line: this traceback named no exception
+                break
+    return None
+
+
 def failure_line(log_text: str) -> Optional[str]:
     """Why an engine did not run, as its log says it (issue 58: a release refusing a
-    setting, a package the image lacks): the runner's own line if it caught the
-    error, else the last exception line of any traceback (a scheduler's, before
-    sglang killed the process tree). None when the log names none."""
+    setting, a package the image lacks): a scheduler's own exception if one logged a
+    traceback (the runner's line then only says the scheduler died), else the runner's
+    line if it caught the error (ServerArgs' checks, in its own process), else the last
+    exception line of any traceback. None when the log names none."""
     lines = [line.strip() for line in log_text.splitlines()]
+    root = _scheduler_exception(lines)
+    if root is not None:
+        return root
     for line in reversed(lines):
         if line.startswith(FAILURE_PREFIX):
             return line[len(FAILURE_PREFIX):]

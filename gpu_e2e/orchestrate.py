@@ -255,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                     all_results["runs"][key] = {"rc": rc}
                 run = all_results["runs"][key]
                 if rc != 0 and not run.get("batches"):  # a refused setting, a missing package (issue 58)
-                    run["engine_failure"] = run.get("engine_failure") or engine_facts.failure_line(
-                        _section(engine_log, section_start))
+                    # the log's root cause before the runner's own line, which may only say
+                    # that a scheduler died (dp-tbo's "ImportError: DeepEP is not installed")
+                    run["engine_failure"] = engine_facts.failure_line(
+                        _section(engine_log, section_start)) or run.get("engine_failure")
                     all_results["problems"].append(f"{key}: the engine did not run (rc={rc}): {run['engine_failure']}")
                     log(f"  engine failed: {run['engine_failure']}")
                 results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))

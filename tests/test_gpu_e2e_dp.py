@@ -204,9 +204,40 @@ NameError: name 'Buffer' is not defined
 
 def test_the_failure_line_is_read_back_from_the_engine_log():
     assert engine_facts.failure_line(TRACEBACK) == "NameError: name 'Buffer' is not defined"
-    caught = TRACEBACK + engine_facts.FAILURE_PREFIX + "ValueError: When enabling two batch overlap, ...\n"
+    caught = "[2026-11-27 02:10:00] Load weight begin.\n" + engine_facts.FAILURE_PREFIX + \
+        "ValueError: When enabling two batch overlap, ...\n"
     assert engine_facts.failure_line(caught) == "ValueError: When enabling two batch overlap, ..."
     assert engine_facts.failure_line("[runner] engine up in 80.1 s\n") is None
+
+
+# shaped like docs/results/gpu-dp-2026-11-27/dp-tbo/engine.log (written here, shortened): the
+# runner catches only the wrapper, after the scheduler's own traceback
+SCHEDULER_DIED = """\
+[2026-11-27 02:16:47 DP0 TP0 EP0] SBO/TBO enabled: incompatible with fusing shared expert into MoE kernel.
+[2026-11-27 02:16:47 DP0 TP0 EP0] Scheduler hit an exception: Traceback (most recent call last):
+  File "/tmp/t/sglang/srt/managers/scheduler.py", line 4025, in run_scheduler_process
+    scheduler = Scheduler(
+  File "/tmp/t/sglang/srt/layers/moe/token_dispatcher/deepep.py", line 317, in __init__
+    raise ImportError(
+ImportError: DeepEP is not installed. Please install DeepEP package.
+
+[2026-11-27 02:16:48 DP2 TP2 EP2] Scheduler hit an exception: Traceback (most recent call last):
+  File "/tmp/t/sglang/srt/distributed/parallel_state.py", line 90, in barrier
+RuntimeError: NCCL communicator was aborted.
+
+[runner] engine failed: RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). If exit code \
+is -9 (SIGKILL), a common cause is the OS OOM killer.
+"""
+
+
+def test_the_scheduler_s_own_exception_comes_before_the_runner_s_wrapper():
+    """dp-tbo on 4 H200s said only "scheduler died during initialization"; the cause is
+    the first scheduler traceback's exception line."""
+    assert engine_facts.failure_line(SCHEDULER_DIED) == "ImportError: DeepEP is not installed. Please install DeepEP package."
+    # a traceback cut short (no exception line before the next log line) leaves the runner's line
+    cut = SCHEDULER_DIED.split("ImportError")[0] + "[2026-11-27 02:16:49] Received sigquit.\n" + \
+        SCHEDULER_DIED.split("\n\n")[-1]
+    assert engine_facts.failure_line(cut).startswith("RuntimeError: Rank 0 scheduler died during initialization")
 
 
 # ---------------------------------------------------------------- end to end, stand-in engine
@@ -245,23 +276,28 @@ def test_orchestrate_dp_attention_reaches_the_engine_and_accepts_idle_ranks(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("a2a", ["", "deepep"])
-def test_a_refused_or_failing_engine_is_one_line_not_a_crash(tmp_path, monkeypatch, a2a):
+@pytest.mark.parametrize("a2a, wrapped", [("", False), ("deepep", False), ("deepep", True)])
+def test_a_refused_or_failing_engine_is_one_line_not_a_crash(tmp_path, monkeypatch, a2a, wrapped):
     """TBO as 0.5.12.post1 answers it: with no a2a backend ServerArgs refuses it in the
     runner's own process; with deepep and no deep_ep package a scheduler fails and
-    sglang kills the process tree. Either way every variant's run says why, once."""
+    sglang kills the process tree, or (``wrapped``, as on the 4 H200s) the runner catches
+    "scheduler died" after the scheduler logged its own exception, which is the line
+    kept. Either way every variant's run says why, once."""
     pytest.importorskip("torch")
+    if wrapped:
+        monkeypatch.setenv("PK_FAKE_SCHEDULER_DIES", "1")
     extra = ["--moe-a2a-backend", a2a] if a2a else []
     rc, results, out = _orchestrate(tmp_path, monkeypatch, "--batch-sizes", "1", "--dp", "4", "--dp-attention",
                                     "--tbo", *extra)
     assert rc == 1
-    why = ("ModuleNotFoundError: No module named 'deep_ep'" if a2a
+    why = ("ImportError: DeepEP is not installed." if wrapped
+           else "ModuleNotFoundError: No module named 'deep_ep'" if a2a
            else "ValueError: When enabling two batch overlap, moe_a2a_backend cannot be 'none'.")
     setting = "tp4-dp4-dpa-a2a-deepep-tbo" if a2a else "tp4-dp4-dpa-tbo"
     for variant in ("pristine", "patched"):
         key = f"9.9/small/triton/{setting}/{variant}"
         run = results["runs"][key]
-        assert run["rc"] == (-9 if a2a else 3) and run["engine_failure"] == why
+        assert run["rc"] == (-9 if a2a and not wrapped else 3) and run["engine_failure"] == why
         assert run["engine_kwargs"]["enable_two_batch_overlap"] is True  # written before the engine started
         assert f"{key}: the engine did not run (rc={run['rc']}): {why}" in results["problems"]
     if not a2a:  # the runner caught it and said so itself

@@ -337,6 +337,11 @@ FAKE_ENGINE = """
             if kwargs.get("enable_two_batch_overlap"):  # as 0.5.12.post1 refuses or fails it
                 if not kwargs.get("moe_a2a_backend"):
                     raise ValueError("When enabling two batch overlap, moe_a2a_backend cannot be 'none'.")
+                if os.environ.get("PK_FAKE_SCHEDULER_DIES"):  # dp-tbo's log (0.5.12.post1, 4 H200s)
+                    print("[2026-11-27 02:16:47 DP0 TP0 EP0] Scheduler hit an exception: Traceback (most recent "
+                          "call last):\\n  File \\"deepep.py\\", line 317, in __init__\\n    raise ImportError(\\n"
+                          "ImportError: DeepEP is not installed.\\n", flush=True)
+                    raise RuntimeError("Rank 0 scheduler died during initialization (exit code: -3).")
                 print("Traceback (most recent call last):\\n  File \\"deepep.py\\", line 47, in <module>\\n"
                       "ModuleNotFoundError: No module named 'deep_ep'", flush=True)
                 os.kill(os.getpid(), 9)  # sglang kills its process tree when a scheduler fails
