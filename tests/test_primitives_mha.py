@@ -239,6 +239,9 @@ def test_imports_name_forms():
         ("f(a)", "f(a, check=chk)"),
         ("f()", "f(check=chk)"),
         ("f(a, check=old)", "f(a, check=chk)"),
+        # wrapped without a trailing comma (black's hug): ")" keeps its own line
+        ("f(\n    a, b=2\n)", "f(\n    a, b=2, check=chk\n)"),
+        ("f(\n    a,\n    b=2\n)", "f(\n    a,\n    b=2,\n    check=chk\n)"),
     ],
 )
 def test_set_keyword_argument(before, after):

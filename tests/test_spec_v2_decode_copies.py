@@ -13,11 +13,13 @@ import pytest
 from codemod_testing import apply, assert_codemod, assert_state, code, detect
 from support import NATIVE, PRE_UPSTREAM, patch_states, snapshot
 from patchkit.codemods.common.base import State
+from patchkit.codemods.spec_v2_decode_copies import ExtendLensCopiesPinned as INIT_NEW
 from patchkit.codemods.spec_v2_decode_copies import KvLensCopiesWithoutWait as CODEMOD
 from patchkit.runtime import host_copies
 
 PATCH = "spec-v2-decode-copies"
 FILE = "srt/speculative/eagle_info_v2.py"
+FORWARD_BATCH = "srt/model_executor/forward_batch_info.py"
 
 BEFORE = code('''
     import torch
@@ -39,6 +41,7 @@ BEFORE = code('''
             )
 ''')
 PIN = ', pin_memory=pin_memory_for(batch.device))'
+PINNED = "pin_for=device"
 AFTER = (BEFORE.replace("import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pin_memory_for\n")
          .replace('device="cpu")', 'device="cpu"' + PIN)
          .replace(".to(device=batch.device)", ".to(device=batch.device, non_blocking=True)"))
@@ -98,6 +101,80 @@ def test_pin_memory_for_pins_only_cuda_with_a_driver():
         assert host_copies.pin_memory_for("cuda") is False
 
 
+# --- ForwardBatch.init_new: the host lists copied every draft extend ----------------------
+
+INIT_BEFORE = code('''
+    import torch
+
+
+    class ForwardBatch:
+        @classmethod
+        def init_new(cls, batch, model_runner):
+            ret = cls(forward_mode=batch.forward_mode)
+            device = model_runner.device
+            if enable_num_token_non_padded():
+                ret.num_token_non_padded = torch.tensor(num_tokens, dtype=torch.int32).to(
+                    device, non_blocking=True
+                )
+            positions = torch.tensor([1, 2], dtype=torch.int32).to(device, non_blocking=True)
+            if ret.forward_mode.is_decode():
+                pass
+            else:
+                ret.extend_seq_lens = torch.tensor(
+                    batch.extend_seq_lens, dtype=torch.int32
+                ).to(device, non_blocking=True)
+                ret.extend_prefix_lens = torch.tensor(
+                    batch.extend_prefix_lens, dtype=torch.int32
+                ).to(device, non_blocking=True)
+            return ret
+''')
+INIT_AFTER = (INIT_BEFORE.replace("import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pinned_tensor\n")
+              .replace("= torch.tensor(num_tokens, dtype=torch.int32).to(\n", "= pinned_tensor(num_tokens, dtype=torch.int32, pin_for=device).to(\n")
+              .replace("lens = torch.tensor(\n", "lens = pinned_tensor(\n")
+              .replace("lens, dtype=torch.int32\n", "lens, dtype=torch.int32, pin_for=device\n"))
+
+
+def test_init_new_pins_the_extend_lengths_in_the_calls_layout():
+    """Each per-step list copied to the device is built pinned; a copy of
+    another list (dLLM positions, not per step) is left as it was."""
+    assert INIT_AFTER.count(PINNED) == 3
+    assert_codemod(INIT_NEW, INIT_BEFORE, INIT_AFTER)
+
+
+def test_init_new_needs_cpu_seq_lens_as_tensor_form_is_pinned_too():
+    """needs-cpu-seq-lens makes the extend lengths ``torch.as_tensor(...)``
+    (device lengths pass): the same helper, which keeps a tensor as it is."""
+    guarded = INIT_BEFORE.replace("lens = torch.tensor(\n", "lens = torch.as_tensor(\n")
+    assert apply(INIT_NEW, guarded) == INIT_AFTER
+
+
+def test_init_new_upstreams_pinned_copies_are_done():
+    """0.5.19+: ``pin_memory=is_pin_memory_available(device)``, or a name holding it."""
+    upstream = (INIT_BEFORE.replace("dtype=torch.int32).to(\n", "dtype=torch.int32, pin_memory=is_pin_memory_available(device)).to(\n")
+                .replace("lens, dtype=torch.int32\n", "lens, dtype=torch.int32, pin_memory=pin_memory\n"))
+    assert_state(INIT_NEW, upstream, State.DONE, "0.5.19")
+
+
+def test_init_new_a_forks_blocking_copy_becomes_non_blocking_and_no_extend_copy_is_missing():
+    head, tail = INIT_BEFORE.rsplit(").to(device, non_blocking=True)", 1)  # the prefix lengths' copy
+    fork = head + ").to(device)" + tail
+    assert apply(INIT_NEW, fork) == INIT_AFTER
+    gone = INIT_BEFORE.replace("ret.extend_seq_lens = ", "extend_seq_lens = ")
+    finding = detect(INIT_NEW, gone)
+    assert finding.state is State.MISSING and "extend lengths" in finding.detail
+
+
+def test_pinned_tensor_keeps_a_tensor_and_pins_a_list_where_pinning_is_available():
+    torch = pytest.importorskip("torch")
+    on_device = torch.tensor([3, 4])
+    assert host_copies.pinned_tensor(on_device, dtype=torch.int64, pin_for="cuda") is on_device
+    built = host_copies.pinned_tensor([3, 4], dtype=torch.int32, pin_for="cpu")
+    assert built.dtype == torch.int32 and built.tolist() == [3, 4] and not built.is_pinned()
+    with mock.patch.object(host_copies, "pin_memory_for", return_value=True), mock.patch("torch.tensor") as tensor:
+        host_copies.pinned_tensor([3, 4], dtype=torch.int32, pin_for="cuda")
+    tensor.assert_called_once_with([3, 4], pin_memory=True, dtype=torch.int32)
+
+
 # --- real trees --------------------------------------------------------------------------
 
 
@@ -119,9 +196,11 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
     tree = make_tree(version)
     before = snapshot(tree)
     assert kv_copies((tree / FILE).read_text()) == [(False, False)] * 4
+    assert PINNED not in (tree / FORWARD_BATCH).read_text()
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "absent"
     assert cli("apply", tree, PATCH).exit_code == 0
     assert kv_copies((tree / FILE).read_text()) == [(True, True)] * 4
+    assert (tree / FORWARD_BATCH).read_text().count(PINNED) == 5  # extend lengths, EP count, DP counts
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "applied"
     assert cli("verify", tree, PATCH).exit_code == 0
     after = snapshot(tree)
@@ -134,17 +213,37 @@ def test_with_every_patch_on_the_primary_release(make_tree, cli):
     tree = make_tree("0.5.12.post1")
     assert cli("apply", tree).exit_code == 0
     assert kv_copies((tree / FILE).read_text()) == [(True, True)] * 4
+    assert (tree / FORWARD_BATCH).read_text().count(PINNED) == 5
     assert cli("verify", tree).exit_code == 0
 
 
 @pytest.mark.trees
-@pytest.mark.parametrize("version, state", [(NATIVE, "native"), ("0.5.16", "native"), ("0.5.23", "native"), ("0.5.4.post3", "not-applicable")])
+@pytest.mark.parametrize("version, state", [("0.5.19", "native"), ("0.5.23", "native"), ("0.5.4.post3", "not-applicable")])
 def test_upstream_releases_are_left_alone(make_tree, cli, version, state):
     tree = make_tree(version)
     before = snapshot(tree)
     report = patch_states(cli, tree, PATCH)[PATCH]
     assert report["state"] == state and report["ok"]
     assert cli("apply", tree, PATCH).exit_code == 0 and snapshot(tree) == before
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("version, pins", [(NATIVE, 5), ("0.5.16", 5), ("0.5.18", 3)])
+def test_between_upstreams_copies_and_its_pins_only_init_new_is_carried(make_tree, cli, version, pins):
+    """0.5.13 .. 0.5.18: prepare_for_decode's copies are upstream's (native),
+    init_new's lists still pageable (pinned in 0.5.19): partial, and the
+    apply writes forward_batch_info.py alone (0.5.18: the DP counts moved to
+    init_mlp_sync_metadata, not carried)."""
+    tree = make_tree(version)
+    before = snapshot(tree)
+    report = patch_states(cli, tree, PATCH)[PATCH]
+    assert report["state"] == "partial" and "ForwardBatch.init_new" in report["reason"]
+    assert cli("apply", tree, PATCH).exit_code == 0
+    changed = {f for f, digest in snapshot(tree).items() if before.get(f) != digest}
+    assert {f for f in changed if not f.startswith("srt/_patchkit/")} == {FORWARD_BATCH}
+    assert (tree / FORWARD_BATCH).read_text().count(PINNED) == pins
+    assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "applied" and cli("verify", tree, PATCH).exit_code == 0
+    assert cli("revert", tree, PATCH).exit_code == 0 and snapshot(tree) == before
 
 
 def test_the_moved_function_upstreams_copies_are_done_a_forks_blocking_ones_are_carried():

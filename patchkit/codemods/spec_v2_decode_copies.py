@@ -20,6 +20,15 @@ Done when each copy is ``non_blocking``: pinned (ours) or upstream's own
 0.5.4, 0.5.5 keep the lengths on the device: superseded there. Not
 carried: upstream's copying each tensor once for both consumers (0.5.13):
 two more small queued copies where ``page_size > 1``, no wait.
+
+The draft extend of every decode step builds a ``ForwardBatch`` too
+(``ForwardBatch.init_new``, forward_batch_info.py): its extend lengths
+(``torch.tensor(batch.extend_seq_lens, ...).to(device, non_blocking=True)``,
+the prefix lengths likewise) came from pageable memory up to 0.5.18, one
+staged copy a step by torch's count; 0.5.19 pins them with
+``pin_memory=is_pin_memory_available(device)``, as this patch does with the
+runtime's ``pinned_tensor`` (and the two per-step copies of the same shape
+under MoE expert parallelism and DP attention, pinned by 0.5.19 too).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import host_copies, primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod, PatchCodemod
+from patchkit.codemods.common.shared import code_of
 
 
 def _host_tensors(fn: cst.FunctionDef) -> dict[str, cst.Call]:
@@ -55,7 +65,9 @@ class _Copies:
         copies = _copies(fn)
         if not copies and not primitives.contains(fn, host_copies.TENSOR):
             # 0.5.4, 0.5.5: the allocated lengths live on the device (their waits are of another shape).
-            return Finding.superseded(anchor, "no host tensor of kv lengths is built here (they stay on the device)")
+            # The step waits there anyway (its lengths are read back with .cpu()): nothing of the patch is carried.
+            return Finding.superseded(anchor, "no host tensor of kv lengths is built here (they stay on the device)",
+                                      moots_patch=True)
         if not copies:
             return Finding.missing(anchor, f"{self.where(fn)}: no copy of a host tensor (torch.tensor(...) on the CPU) "
                                            "to the device; the patch needs the kv-lens copies (T.to(device=...)) to make non_blocking")
@@ -120,3 +132,66 @@ class MovedKvLensCopiesWithoutWait(_Copies, PatchCodemod):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         fn = primitives.find_function(tree, MOVED)
         return primitives.replace_node(tree, fn, self.transform_copies(fn))
+
+
+#: ``ForwardBatch.init_new``'s per-step copies of host lists: the extend lengths (every draft
+#: extend), the non-padded token count (MoE expert parallelism), the DP token counts.
+PER_STEP_COPIES = ("extend_seq_lens", "extend_prefix_lens", "num_token_non_padded",
+                   "global_num_tokens_gpu", "global_num_tokens_for_logprob_gpu")
+PINNED_TENSOR = "pinned_tensor"
+# torch.tensor (the releases), torch.as_tensor (needs-cpu-seq-lens: device lengths pass), ours.
+_BUILD = host_copies.TENSOR | primitives.call("torch.as_tensor") | primitives.call(PINNED_TENSOR)
+_COPY = m.Assign(
+    targets=[m.AssignTarget(target=m.Attribute(attr=m.Name(m.MatchIfTrue(lambda name: name in PER_STEP_COPIES))))],
+    value=m.Call(func=m.Attribute(value=_BUILD, attr=m.Name("to"))),
+)
+
+
+def _list_copies(fn: cst.FunctionDef) -> dict[str, cst.Call]:
+    """Each ``X.<one of PER_STEP_COPIES> = torch.tensor(LIST, ...).to(D, ...)`` built on the host, by name."""
+    return {a.targets[0].target.attr.value: a.value for a in primitives.find_all(fn, _COPY)
+            if host_copies.built_on_device(a.value.func.value) is None and host_copies.copy_device(a.value) is not None}
+
+
+def _pinned(build: cst.Call) -> bool:
+    return m.matches(build, primitives.call(PINNED_TENSOR)) or host_copies.is_pinned(build)
+
+
+def _waits(call: cst.Call) -> bool:
+    return host_copies.blocks(call) or not _pinned(call.func.value)
+
+
+class ExtendLensCopiesPinned(MethodCodemod):
+    DESCRIPTION = (
+        "ForwardBatch.init_new: the extend lengths (and the EP / DP token counts) built as pinned host "
+        "tensors before their non_blocking copy (as 0.5.19), not from pageable memory (a staged copy every draft extend)"
+    )
+    CLASS = "ForwardBatch"
+    METHOD = "init_new"
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        copies = _list_copies(fn)
+        if "extend_seq_lens" not in copies:
+            return Finding.missing(self.anchor, f"{self.where(fn)}: no copy of the extend lengths to the device "
+                                                "(X.extend_seq_lens = torch.tensor(LIST, ...).to(device, ...)); "
+                                                "the patch pins that host tensor")
+        waiting = [c for c in copies.values() if _waits(c)]
+        if waiting:
+            return Finding.todo(self.anchor, f"{len(waiting)} copy(ies) of a host list from pageable memory "
+                                             f"(first at {self.where(waiting[0])})")
+        if all(m.matches(c.func.value, primitives.call(PINNED_TENSOR)) for c in copies.values()):
+            return Finding.done(self.anchor)
+        return Finding.done(self.anchor, "upstream's pinned copies (0.5.19+)")
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        """``torch.tensor(LIST, ...)`` / ``torch.as_tensor(LIST, ...)`` -> ``pinned_tensor(LIST, ..., pin_for=D)``:
+        one call for both (a keyword would not do: torch.as_tensor has no ``pin_memory``)."""
+        for copy in [c for c in _list_copies(fn).values() if _waits(c)]:
+            host = copy.func.value
+            if not _pinned(host):
+                host = primitives.set_keyword_argument(host.with_changes(func=cst.Name(PINNED_TENSOR)), "pin_for",
+                                                       code_of(host_copies.copy_device(copy)))
+            new = copy.with_changes(func=copy.func.with_changes(value=host))
+            fn = primitives.replace_node(fn, copy, host_copies.non_blocking(new) if host_copies.blocks(new) else new)
+        self.require_import(host_copies.HELPERS, PINNED_TENSOR)
+        return fn

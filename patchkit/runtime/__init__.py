@@ -8,7 +8,7 @@ imports the names below from there (or, in package mode, through a forwarder,
 from ``patchkit.runtime``).
 """
 
-from .host_copies import pin_memory_for
+from .host_copies import pin_memory_for, pinned_tensor
 from .seq_lens import (
     add_or_none,
     cat_or_none,
@@ -46,6 +46,7 @@ __all__ = [
     "max_of_extend_lens",
     "needs_cpu_seq_lens",
     "pin_memory_for",
+    "pinned_tensor",
     "prefix_lens_sum_or_bound",
     "seq_lens_sum_or_bound",
     "set_needs_cpu_seq_lens",

@@ -20,7 +20,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["pin_memory_for"]
+__all__ = ["pin_memory_for", "pinned_tensor"]
 
 
 def pin_memory_for(device: Any) -> bool:
@@ -30,3 +30,15 @@ def pin_memory_for(device: Any) -> bool:
     import torch
 
     return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+def pinned_tensor(data: Any, *, pin_for: Any, **kwargs: Any) -> Any:
+    """``torch.tensor(data, **kwargs)``, pinned where ``pin_memory_for(pin_for)``
+    (``ForwardBatch.init_new``'s per-step lists, as 0.5.19 builds them). A
+    tensor is kept as ``torch.as_tensor`` keeps it: needs-cpu-seq-lens's
+    GPU-only draft extend hands its lengths over on the device."""
+    import torch
+
+    if isinstance(data, torch.Tensor):
+        return torch.as_tensor(data, **kwargs)
+    return torch.tensor(data, pin_memory=pin_memory_for(pin_for), **kwargs)

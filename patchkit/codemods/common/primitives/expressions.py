@@ -150,8 +150,10 @@ def set_keyword_argument(call: cst.Call, name: str, value_source: str) -> cst.Ca
         args.append(new.with_changes(comma=last.comma))
     else:
         between = args[-2].comma if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else None
-        args[-1] = last.with_changes(comma=between or cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        args.append(new)
+        # The space before ``)`` (a line break in a wrapped call) stays before ``)``: the new arg takes it.
+        args[-1] = last.with_changes(comma=between or cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
+                                     whitespace_after_arg=cst.SimpleWhitespace(""))
+        args.append(new.with_changes(whitespace_after_arg=last.whitespace_after_arg))
     return call.with_changes(args=args)
 
 
