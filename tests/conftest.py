@@ -36,6 +36,27 @@ def pytest_collection_modifyitems(config, items):
     unknown = max(seconds.values(), default=0.0)
     root = Path(str(config.rootpath))
     items.sort(key=lambda item: -seconds.get(Path(str(item.path)).relative_to(root).as_posix(), unknown))
+    _mark_tree_tests(items)
+
+
+# What a test that reads a real release uses: a fixture that copies one, or a helper that fetches one.
+TREE_FIXTURES = {"make_tree", "pristine_tree", "patched_tree", "reference", "tree"}
+TREE_CALLS = ("fetch_tree(", "copy_tree(", "make_tree", "pristine(", "pristine_snapshot(", "git_checkout(",
+              "release_sources(", "linked_copy(", "PRIMARY_TREE", "patched_tree")
+
+
+def _mark_tree_tests(items) -> None:
+    """Mark ``trees`` every test that reads a real release, so that
+    ``-m "not trees and not behaviour and not slow"`` (the quick loop,
+    README) runs only what needs no download and no whole-tree transform."""
+    reads: dict[Path, bool] = {}
+    for item in items:
+        module = Path(str(item.path))
+        if module not in reads:
+            text = module.read_text(encoding="utf-8") if module.suffix == ".py" else ""
+            reads[module] = any(call in text for call in TREE_CALLS)
+        if reads[module] or TREE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.trees)
 
 
 def pytest_sessionfinish(session):
