@@ -2,7 +2,8 @@
 
 A patch names them in its TOML, ``postconditions = ["module:Name"]`` (a
 class of its own set, loaded on first use as its codemods are; patchkit's
-own set names a module of patchkit, ``patchkit.audit.rule:MirrorReadsGuarded``).
+own set names a module of patchkit:
+``patchkit.checks.mirror_reads:MirrorReadsGuarded``).
 ``apply`` checks each one, once the files are transformed and before
 anything is written, whenever its patch is applied now or was before
 (``patchkit.api.checking``): a check that fails names the patch to refuse
@@ -15,26 +16,44 @@ The engine knows no check by name: this module is all it knows of them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from patchkit.transform.parallel import HeadStart
     from patchkit.tree import Tree
+
+
+@dataclass
+class HeadStart:
+    """Work a check asks of the transform's worker processes
+    (``patchkit.transform.parallel``; only when files are computed there):
+    ``side(the files the workers transform)``, called then, gives callables
+    run in a process of their own (needing no libcst, it is forked first; in
+    a pool's worker already, queued behind the files), each result handed to
+    ``take`` in the parent; ``after(rel, bytes read, new bytes)``, called in
+    the worker for each file it transformed (where the ``ast`` of both is at
+    hand: ``python_ast``). Only ever a head start: what it computes is
+    computed again, or found in a cache, by whoever needs it, and its errors
+    are ignored."""
+
+    side: Callable[[frozenset], Sequence[Callable[[], object]]] = lambda files: ()
+    take: Callable[[object], None] = lambda result: None
+    after: Callable[[str, bytes, bytes], None] | None = None
 
 
 @dataclass(frozen=True)
 class Proposed:
     """The tree as an apply would leave it (nothing is written yet)."""
 
-    tree: "Tree"
+    tree: Tree
     changed: Mapping[str, bytes]  # package-relative path -> the bytes apply would write
-    release: Mapping[str, Optional[bytes]]  # the release's bytes of the files apply changes (None: not shipped)
+    release: Mapping[str, bytes | None]  # the release's bytes of the files apply changes (None: unknown)
     applying: frozenset[str]  # the ids this apply writes
     applied: frozenset[str]  # the ids applied before
     owner: str  # the patch that declared the check
 
-    def written(self, rel: str) -> Optional[bytes]:
+    def written(self, rel: str) -> bytes | None:
         """The file ``rel`` as apply would leave it (None: not in the tree)."""
         if rel in self.changed:
             return self.changed[rel]
@@ -43,7 +62,7 @@ class Proposed:
         except OSError:
             return None
 
-    def line_on_disk(self, rel: str, line: int, code: Optional[bytes] = None) -> int:
+    def line_on_disk(self, rel: str, line: int, code: bytes | None = None) -> int:
         """Line ``line`` of ``rel`` as written, in the file as it is on disk
         now (``map_line``): the line a ``Violation`` names."""
         if rel not in self.changed:
@@ -71,20 +90,20 @@ class Postcondition(ABC):
     """A check a patch declares. One instance per apply: what ``head_start``
     reads it may keep for ``check``."""
 
-    def head_start(self, tree: "Tree") -> Optional["HeadStart"]:
+    def head_start(self, tree: Tree) -> HeadStart | None:
         """Work the transform's worker processes may do ahead for ``check``
-        (``patchkit.transform.parallel.HeadStart``), or None. Only a head
-        start: ``check`` must find the same answer without it."""
+        (``HeadStart``), or None. Only a head start: ``check`` must find the
+        same answer without it."""
         return None
 
     @abstractmethod
-    def check(self, proposed: Proposed) -> Optional[Violation]:
+    def check(self, proposed: Proposed) -> Violation | None:
         """None when the check holds on ``proposed``; else what to refuse.
         A violation naming no patch of ``proposed.applying`` is not this
         apply's doing: it is ignored (``status``, ``verify`` and the check's
         own command report it)."""
 
-    def audit(self, tree: "Tree") -> Optional["Report"]:
+    def audit(self, tree: Tree) -> Report | None:
         """The check's whole report on ``tree`` as it stands, for
         ``patchkit audit`` (None: this check offers none)."""
         return None
@@ -102,12 +121,12 @@ class Report(Protocol):
     def json(self, tree: dict, paths: Callable[[str], str]) -> str: ...
 
 
-def map_line(src: bytes, dst: bytes, line: int, code: Optional[bytes] = None) -> int:
+def map_line(src: bytes, dst: bytes, line: int, code: bytes | None = None) -> int:
     """Line ``line`` of ``src`` in ``dst`` (another version of the file):
     lines both have map one to one; in a run that changed, the line of
     ``dst``'s run that holds ``code`` (default: the line's own text), else
-    the run's first. A violation names the line of the file as written; this
-    finds where the maintainer sees it."""
+    the run's first. So a line of the file as a check saw it is found on
+    disk (``Proposed.line_on_disk``), and in the file as apply leaves it."""
     if src == dst:
         return line
     from difflib import SequenceMatcher

@@ -6,9 +6,10 @@ written, the other patches applied) and applies it when the check holds."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-from support import PRIMARY
+from support import PRIMARY, snapshot
 
 SET = Path(__file__).resolve().parents[1] / "examples" / "acme-patches" / "acme_patches"
 PATCH = "acme-torch-native-spec-v2"
@@ -38,9 +39,10 @@ def test_a_failing_vendor_postcondition_refuses_its_patch_in_one_line(make_tree,
     result = cli("--patches", SET, "apply", tree, PATCH, OTHER)
     assert result.exit_code == 1, result.output
     refused = [text.strip() for text in result.output.splitlines() if "refused" in text]
-    assert refused == [f"not applied: {PATCH}: refused: {FILE}:{line}: AcmeTorchNativeBackend.forward_decode "
-                       f"reshapes q on every call: guard it with `if decode_q_needs_reshape(q):` as {PATCH} does in "
-                       f"TorchNativeAttnBackend, or `--skip {PATCH}` (the other patches still apply)"], result.output
+    why = (f"refused: {FILE}:{line}: AcmeTorchNativeBackend.forward_decode reshapes q on every call: guard it "
+           f"with `if decode_q_needs_reshape(q):` as {PATCH} does in TorchNativeAttnBackend, or `--skip {PATCH}` "
+           "(the other patches still apply)")
+    assert refused == [f"not applied: {PATCH}: {why}"], result.output
     assert f"applied: {OTHER}" in result.output
     assert (tree / FILE).read_bytes() == before  # nothing of the refused patch is written
     assert not (tree / "srt" / "_patchkit" / "acme_runtime.py").exists()
@@ -64,3 +66,20 @@ def test_a_postcondition_that_cannot_be_loaded_is_one_line(cli, tmp_path):
     (clash / "mine.toml").write_text('id = "mine"\ntitle = "t"\npostconditions = "checks:Check"\n')
     listed = cli("--patches", clash, "list")
     assert listed.exit_code == 2 and "postconditions must be a list" in listed.output
+
+
+def test_a_postcondition_that_fails_to_run_changes_nothing(make_tree, cli, tmp_path):
+    broken = tmp_path / "acme"
+    shutil.copytree(SET, broken)
+    (broken / "checks.py").write_text(
+        "from patchkit.postconditions import Postcondition\n\n\n"
+        "class SubclassesGuardReshape(Postcondition):\n"
+        "    def check(self, proposed):\n"
+        "        raise RuntimeError('boom')\n")
+    tree = make_tree(PRIMARY)
+    before = snapshot(tree)
+    result = cli("--patches", broken, "apply", tree, PATCH, OTHER)
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        f"patchkit: error: postcondition SubclassesGuardReshape of {PATCH} failed to run: RuntimeError: boom; "
+        "nothing was changed"], result.output
+    assert snapshot(tree) == before

@@ -14,15 +14,15 @@ checked again, until every check holds or fails for no patch of this apply
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Optional
+from typing import TYPE_CHECKING, NamedTuple
 
 from patchkit.errors import PatchkitError, interrupt_in
-from patchkit.postconditions import Postcondition, Proposed, Report, Violation, map_line
+from patchkit.postconditions import HeadStart, Postcondition, Proposed, Report, Violation, map_line
 from patchkit.registry import Patch, definitions
 
 if TYPE_CHECKING:
-    from patchkit.transform.parallel import HeadStart
     from patchkit.tree import Tree
 
 Skipped = list[tuple[str, str]]  # (patch id, why)
@@ -57,21 +57,25 @@ def declared(patches: Iterable[Patch], wanted: Iterable[str]) -> list[Check]:
 
 def _made(owner: str, ref) -> Check:
     made = definitions.load_postcondition(ref)
+    if not (isinstance(made, type) and issubclass(made, Postcondition)):
+        raise PatchkitError(f"postcondition {ref if isinstance(ref, str) else f'{ref.module}:{ref.cls}'} of {owner} is not a "
+                            "patchkit.postconditions.Postcondition")
     return Check(owner, _guarded(owner, made.__name__, made))
 
 
-def head_start(checks: list[Check], tree: "Tree") -> Optional["HeadStart"]:
+def head_start(checks: list[Check], tree: Tree) -> HeadStart | None:
     """The head starts the checks ask of the transform's workers, as one."""
     starts = [s for c in checks if (s := _guarded(c.owner, c.name, c.postcondition.head_start, tree)) is not None]
     if len(starts) <= 1:
         return starts[0] if starts else None
-    from patchkit.transform.parallel import HeadStart
 
     def side(files: frozenset) -> list:
         return [_Tagged(k, job) for k, s in enumerate(starts) for job in s.side(files)]
 
-    def take(result: tuple) -> None:
-        starts[result[0]].take(result[1])
+    def take(result: object) -> None:
+        start, found = result if isinstance(result, tuple) else (None, None)
+        if start is not None:
+            starts[start].take(found)
 
     def after(rel: str, source: bytes, new: bytes) -> None:
         for s in starts:
@@ -81,7 +85,7 @@ def head_start(checks: list[Check], tree: "Tree") -> Optional["HeadStart"]:
     return HeadStart(side, take, after)
 
 
-def audit(patches: Iterable[Patch], tree: "Tree") -> "Report":
+def audit(patches: Iterable[Patch], tree: Tree) -> Report:
     """``patchkit audit``: the report of the first check ``patches`` declare
     that offers one (``Postcondition.audit``) on ``tree`` as it stands."""
     for patch in patches:
@@ -93,19 +97,20 @@ def audit(patches: Iterable[Patch], tree: "Tree") -> "Report":
     raise PatchkitError("no loaded patch declares a postcondition that audits a tree")
 
 
-class _Tagged(NamedTuple):
+@dataclass(frozen=True)
+class _Tagged:
     """A side job of one of several head starts: its result comes back with the index of its ``take``."""
 
-    index: int
+    start: int
     job: Callable[[], object]
 
     def __call__(self) -> tuple:
-        return self.index, self.job()
+        return self.start, self.job()
 
 
-def refuse_until_checks_hold(tree: "Tree", todo: list[Patch], applied: Iterable[str], checks: list[Check],
+def refuse_until_checks_hold(tree: Tree, todo: list[Patch], applied: Iterable[str], checks: list[Check],
                              transform: Callable[[list[Patch]], Transformed],
-                             release: dict[str, Optional[bytes]]) -> Transformed:
+                             release: dict[str, bytes | None]) -> Transformed:
     """``todo`` transformed, less what the checks refuse, with everything
     skipped: the transform's refusals, then the checks'."""
     applied = frozenset(applied)
@@ -125,9 +130,9 @@ def refuse_until_checks_hold(tree: "Tree", todo: list[Patch], applied: Iterable[
     return Transformed(todo, changed, skipped + refused)
 
 
-def _first_violation(checks: list[Check], tree: "Tree", changed: dict[str, bytes],
-                     release: dict[str, Optional[bytes]], ids: frozenset[str],
-                     applied: frozenset[str]) -> Optional[Violation]:
+def _first_violation(checks: list[Check], tree: Tree, changed: dict[str, bytes],
+                     release: dict[str, bytes | None], ids: frozenset[str],
+                     applied: frozenset[str]) -> Violation | None:
     """The first violation, of the checks whose owner is applied now or
     before, that names a patch of this apply (``ids``)."""
     for check in checks:
@@ -149,7 +154,7 @@ def _guarded(owner: str, name: str, method: Callable, *args):
         return method(*args)
     except PatchkitError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a vendor's check may fail any way: one line
+    except Exception as exc:  # a vendor's check may fail any way: one line
         if interrupt_in(exc) is not None:  # a signal, wrapped by Python (an import): it ends the command as itself
             raise
         raise PatchkitError(f"postcondition {name} of {owner} failed to run: {type(exc).__name__}: {exc}; "

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
     from patchkit.codemods.common.base import PatchCodemod
-    from patchkit.postconditions import Postcondition
 
 
 _REMOVED_IN = re.compile(r"removed upstream in (\d+(?:\.\d+)*)")
@@ -204,11 +203,10 @@ def _load_external(ref: ExternalRef) -> type:
     return codemod
 
 
-def load_postcondition(ref) -> "type[Postcondition]":
-    """The check class of a patch's ``postconditions`` reference
-    (``module:Name`` of patchkit, or an ``ExternalRef``), imported on first use."""
-    from patchkit.postconditions import Postcondition
-
+def load_postcondition(ref) -> object:
+    """What a patch's ``postconditions`` reference names (``module:Name`` of
+    patchkit, or an ``ExternalRef``), imported on first use; the commands
+    check that it is a ``patchkit.postconditions.Postcondition``."""
     if isinstance(ref, ExternalRef):
         key, module, name = ref.name(), f"{ref.package}.{ref.module}", ref.cls
         what = f"postcondition {ref.module}:{ref.cls} of {ref.label}"
@@ -216,8 +214,5 @@ def load_postcondition(ref) -> "type[Postcondition]":
         key, (module, _, name), what = ref, ref.partition(":"), f"postcondition {ref}"
     found = _LOADED.get(f"postcondition {key}")
     if found is None:
-        found = _import(module, name, what)
-        if not (isinstance(found, type) and issubclass(found, Postcondition)):
-            raise PatchkitError(f"{what} is not a patchkit.postconditions.Postcondition")
-        _LOADED[f"postcondition {key}"] = found
+        found = _LOADED[f"postcondition {key}"] = _import(module, name, what)
     return found

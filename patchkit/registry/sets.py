@@ -68,7 +68,7 @@ class PatchSet:
     def postcondition_ref(self, ref: str, patch_id: str):
         """A reference of a patch's ``postconditions``, checked as codemod
         references are: ``module:Name`` of a module of this set; in
-        patchkit's own set, of a module of patchkit (``patchkit.audit.rule:...``).
+        patchkit's own set, of a module of patchkit (``patchkit.checks.mirror_reads:...``).
         Found without importing it; the class is imported on first use."""
         module_name, sep, name = ref.partition(":")
         if sep and module_name and name:

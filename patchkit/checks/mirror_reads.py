@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import hashlib
 from functools import partial
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from patchkit.audit.syntax import OPTS_OUT_WITH
-from patchkit.postconditions import Postcondition, Proposed, Violation, map_line
+from patchkit.postconditions import HeadStart, Postcondition, Proposed, Violation, map_line
 
 if TYPE_CHECKING:
     from patchkit.audit import Audit, Read
-    from patchkit.transform.parallel import HeadStart
     from patchkit.tree import Tree
 
 
@@ -33,9 +32,9 @@ class MirrorReadsGuarded(Postcondition):
     """No read of the CPU seq_lens mirror unguarded or stale once it is dropped."""
 
     def __init__(self) -> None:
-        self.srt: Optional[dict[str, bytes]] = None  # the tree's modules under srt/ as read (head_start)
+        self.srt: dict[str, bytes] | None = None  # the tree's modules under srt/ as read (head_start)
 
-    def head_start(self, tree: "Tree") -> "HeadStart":
+    def head_start(self, tree: Tree) -> HeadStart:
         """Work the transform's worker processes can take on for the audit
         (and the tree's modules under srt/ as read, kept for ``check``).
         Once their files are transformed, the workers compute the facts of
@@ -49,7 +48,6 @@ class MirrorReadsGuarded(Postcondition):
         same call on the same bytes, and computes whatever is missing."""
         from patchkit import audit
         from patchkit.audit import facts
-        from patchkit.transform.parallel import HeadStart
 
         srt = self.srt = audit.sources(tree.package)
 
@@ -71,7 +69,7 @@ class MirrorReadsGuarded(Postcondition):
 
         return HeadStart(side, facts.remember, after)
 
-    def check(self, proposed: Proposed) -> Optional[Violation]:
+    def check(self, proposed: Proposed) -> Violation | None:
         read = first_unsafe_read(proposed.tree, dict(proposed.changed), dict(proposed.release), self.srt)
         if read is None:
             return None
@@ -83,16 +81,16 @@ class MirrorReadsGuarded(Postcondition):
         on_disk = self.srt.get(read.file) if self.srt is not None else _read(proposed.tree, read.file)
         return Violation(culprit, refusal(read, disk_line(read, proposed.changed.get(read.file), on_disk), culprit))
 
-    def audit(self, tree: "Tree") -> "Audit":
+    def audit(self, tree: Tree) -> Audit:
         """``patchkit audit``: every read of the mirror on ``tree`` as it is, classified."""
         from patchkit.audit import audit_tree
 
         return audit_tree(tree.package)
 
 
-def first_unsafe_read(tree: "Tree", changed: dict[str, bytes],
-                      release_files: Optional[dict[str, Optional[bytes]]] = None,
-                      srt: Optional[dict[str, bytes]] = None) -> Optional["Read"]:
+def first_unsafe_read(tree: Tree, changed: dict[str, bytes],
+                      release_files: dict[str, bytes | None] | None = None,
+                      srt: dict[str, bytes] | None = None) -> Read | None:
     """The first read (by file, line) the audit finds unguarded or stale on
     the tree with ``changed`` (package-relative path -> new bytes) written;
     ``release_files``: the release's bytes of the files apply changes (its
@@ -116,23 +114,23 @@ def first_unsafe_read(tree: "Tree", changed: dict[str, bytes],
     key = shared.key(f"unsafe-read|{audit.fingerprint(tree.package, srt)}|{given}", [])
     entry = shared.get(key)
     if entry is not None and isinstance(entry.before.get("unsafe_read", 0), (dict, type(None))):
-        found = entry.before["unsafe_read"]
+        cached = entry.before["unsafe_read"]
         try:
-            return audit.Read(**found) if found else None
+            return audit.Read(**cached) if cached else None
         except TypeError:
             pass  # written by another shape of Read: audit again
     from patchkit.transform.parallel import no_gc
 
     # The vendor's own reads are the vendor's to guard: apply names them in its audit line, as before.
     with no_gc():  # ast trees hold no cycles; a collection would re-scan every node the transform left alive
-        found = audit.audit_tree(tree.package, sources=srt, release_files=release_files)
-    problems = [r for r in found.problems if r.origin != "vendor"]
+        audited = audit.audit_tree(tree.package, sources=srt, release_files=release_files)
+    problems = [r for r in audited.problems if r.origin != "vendor"]
     read = min(problems, key=lambda r: (r.file, r.line, r.column), default=None)
     shared.put(key, Entry({"unsafe_read": asdict(read) if read else None}, []))
     return read
 
 
-def disk_line(read: "Read", written: Optional[bytes], on_disk: Optional[bytes]) -> int:
+def disk_line(read: Read, written: bytes | None, on_disk: bytes | None) -> int:
     """The line of ``read`` (a read of ``written``, the file as apply would
     write it) in the file as it is on disk (``on_disk``): where the
     maintainer finds it."""
@@ -141,7 +139,7 @@ def disk_line(read: "Read", written: Optional[bytes], on_disk: Optional[bytes]) 
     return map_line(written, on_disk, read.line, read.code.encode("utf-8", "surrogateescape"))
 
 
-def refusal(read: "Read", line: Optional[int], patch: str) -> str:
+def refusal(read: Read, line: int | None, patch: str) -> str:
     """One line: what is refused and why, and what the maintainer can do
     (``line``: the read's line on disk, :func:`disk_line`)."""
     return (f"refused: {read.file}:{line or read.line}: {read.function} reads `{read.code}` {read.verdict} once the "
@@ -149,7 +147,7 @@ def refusal(read: "Read", line: Optional[int], patch: str) -> str:
             f"(`if ... is None:`), or `--skip {patch}` (the other patches still apply; `patchkit audit` lists every read)")
 
 
-def _read(tree: "Tree", rel: str) -> Optional[bytes]:
+def _read(tree: Tree, rel: str) -> bytes | None:
     try:
         return tree.path(rel).read_bytes()
     except OSError:
