@@ -167,15 +167,13 @@ def audit(obj: Ctx, tree: Optional[str], fmt: str, strict: bool) -> None:
     TREE, each guarded, patched, safe, unguarded (reads None once the mirror is
     dropped) or stale (reads a buffer no longer refreshed). Text shows the
     unguarded and stale ones (-v: all). Works on any tree; writes nothing."""
-    from patchkit.audit import to_json, to_text
-
     report = api.audit(tree, obj.say)
     found, result = report.where.tree, report.result
 
     def paths(rel: str) -> str:
         return found.shown_path(rel, report.where.given)
 
-    obj.echo(to_json(result, output.tree_dict(found), paths) if fmt == "json" else to_text(result, paths, obj.verbose))
+    obj.echo(result.json(output.tree_dict(found), paths) if fmt == "json" else result.text(paths, obj.verbose))
     sys.exit(EXIT_CHANGES if strict and not result.ok else EXIT_OK)
 
 

@@ -1,7 +1,7 @@
 """One ``ast`` parse of a file's bytes, shared within a process: the
 transform's compile check parses the bytes it wrote, and the safety rule's
 audit (``patchkit.audit.facts``) reads the same bytes right after, in the
-same worker (``patchkit.api.safety.head_start``)."""
+same worker (``patchkit.checks.mirror_reads.MirrorReadsGuarded.head_start``)."""
 
 from __future__ import annotations
 

@@ -149,7 +149,7 @@ def test_a_command_leaves_no_set_loaded_behind(cli):
 def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path, make_tree):
     clash = tmp_path / "clash"
     clash.mkdir()
-    for module in ("torch_native.py", "acme_runtime.py"):
+    for module in ("torch_native.py", "acme_runtime.py", "checks.py"):
         shutil.copy(SET / module, clash)
     text = (SET / "torch-native-spec-v2.toml").read_text()
     (clash / "mine.toml").write_text(text.replace(f'id = "{PATCH}"', 'id = "needs-cpu-seq-lens"'))

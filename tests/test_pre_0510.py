@@ -1,6 +1,7 @@
 """Releases before 0.5.10 that have spec v2 (docs/research/pre-0.5.10.md), and
-apply's safety rule (patchkit/api/safety.py), one real tree per outcome: each
-test applies, audits, verifies and reverts in one go (trees are costly)."""
+apply's safety rule (needs-cpu-seq-lens's postcondition, patchkit/checks/mirror_reads.py),
+one real tree per outcome: each test applies, audits, verifies and reverts in
+one go (trees are costly)."""
 
 from __future__ import annotations
 

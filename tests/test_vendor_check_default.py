@@ -151,8 +151,8 @@ def test_cold_apply_audits_only_what_the_vendor_changed(tree, tmp_path, monkeypa
     audit_facts._MEMO.clear()
     # The safety rule's audit of the tree as it would be written is a cost of its own (kept by the
     # tree's bytes in the transform cache: tests/test_pre_0510.py); here only the vendor audit.
-    from patchkit.api import safety
-    monkeypatch.setattr(safety, "first_unsafe_read", lambda *args, **kwargs: None)
+    from patchkit.checks import mirror_reads
+    monkeypatch.setattr(mirror_reads, "first_unsafe_read", lambda *args, **kwargs: None)
     (tree / "srt" / "acme_reads.py").write_text("def f(forward_batch):\n    return forward_batch.seq_lens_cpu.max()\n")
     read = []
     real = audit_facts.facts_of

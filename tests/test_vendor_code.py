@@ -63,7 +63,7 @@ def test_vendor_token_is_carried(make_tree, cli, version, shape):
 def test_vendor_statement_inside_the_guarded_pair_is_refused_by_the_safety_rule(make_tree, cli):
     """A vendor statement between the mirror's copy and its sum: the guard
     would cover the copy alone and leave the sum reading None, so the safety
-    rule (api/safety.py) refuses needs-cpu-seq-lens, naming the sum's line;
+    rule (patchkit/checks/mirror_reads.py) refuses needs-cpu-seq-lens, naming the sum's line;
     the patches that do not require it apply; exit 1."""
     tree = make_tree(PRIMARY)
     insert(tree, SYNC, SYNC_LINE, "        acme_vendor_stmt = batch.seq_lens.numel()\n")

@@ -24,7 +24,7 @@ from patchkit.results import PatchReport
 from patchkit.errors import Interrupted, PatchkitError
 
 if TYPE_CHECKING:
-    from patchkit.audit import AuditResult
+    from patchkit.postconditions import Report
     from patchkit.api.exporting import Series
     from patchkit.transform.parallel import Progress
     from patchkit.registry import Patch
@@ -110,7 +110,7 @@ class DiffResult:
 @dataclass
 class AuditReport:
     where: Located
-    result: "AuditResult"
+    result: "Report"
 
 
 def locate(given: Optional[str], say: Say = _drop, announce: bool = True) -> Located:
@@ -322,8 +322,9 @@ def export(tree: Optional[str] = None, author: Optional[str] = None, say: Say = 
 
 
 def audit(tree: Optional[str] = None, say: Say = _drop) -> AuditReport:
-    """Every read of the CPU seq_lens mirror on the spec-v2 paths, classified."""
-    from patchkit.audit import audit_tree
+    """Every read of the CPU seq_lens mirror on the spec-v2 paths, classified:
+    the report of the postcondition the patch that drops the mirror declares."""
+    from patchkit.api import checking
 
     where = locate(tree, say)
-    return AuditReport(where, audit_tree(trees.find_tree(where.given).package))
+    return AuditReport(where, checking.audit(registry.load().patches, trees.find_tree(where.given)))

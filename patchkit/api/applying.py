@@ -3,19 +3,21 @@
 Plan: which selected patches still need applying (status of each, ``requires``
 honoured). Transform: each touched file once, with the codemods of every patch
 to apply (``Transformer.run`` checks each codemod's postcondition and that
-the result compiles). Check: every file writable, edits made since an earlier
-apply carried onto the backup. Commit: backups, state, the runtime folder and
-manifest, written as one transaction.
+the result compiles). Check: the postconditions patches declare, on the tree
+as it would be written (``patchkit.api.checking``); every file writable, edits
+made since an earlier apply carried onto the backup. Commit: backups, state,
+the runtime folder and manifest, written as one transaction.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Optional
 
 import patchkit
 from patchkit import fetch, git, registry
-from patchkit.api import safety
+from patchkit.api import checking
+from patchkit.api.checking import Transformed
 from patchkit.api.commit import Outcome, commit
 from patchkit.api.merge import original_with_user_edits
 from patchkit.engine import Session
@@ -62,28 +64,21 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
                                      accept_risk=accept_vendor_code_risk, say=say)
     transformer = Transformer(tree, session.findings, session.modules, sources, pristine,
                               risk_accepted=accept_vendor_code_risk)
-    # The safety rule's audit gets a head start in the workers (api/safety.py).
-    head_start, srt = safety.head_start(tree, selected, set(record.applied))
-    transformer.prepare(selected, progress, head_start)
+    # The postconditions of the patches selected or applied before; their head start goes to the workers.
+    applied = set(record.applied)
+    checks = checking.declared(registry.all_patches(), applied | {p.id for p in selected})
+    transformer.prepare(selected, progress, checking.head_start(checks, tree))
     # Plan; then, before any transform, what the plan's files need: edits made
     # since an earlier apply (a clone may recover backups). The commit checks
     # the runtime mode's rules and that every file to change is writable.
-    plan = plan_apply(session.reports(selected), selected, set(record.applied), sources)
-
-    def transform(todo: list[Patch]) -> dict[str, bytes]:
-        # A vendor-code refusal takes its patch (and dependents) out of ``todo`` too, in place.
-        plan.todo, plan.files = list(todo), _files(todo, sources)
-        changed = _transform_refusing(transformer, plan, sources)
-        todo[:] = plan.todo
-        return changed
-
-    # The safety rule (api/safety.py): refuse the decision, or a backend's opt-out, rather than
-    # write a tree whose audit finds a read of the mirror unguarded.
-    plan.todo, changed, refused = safety.enforce(tree, list(plan.todo), set(record.applied), transform, pristine, srt)
-    plan.skipped.extend(refused)
+    plan = plan_apply(session.reports(selected), selected, applied, sources)
+    # Transform and check: a patch a check refuses (api/checking.py) is not written, nor those that require it.
+    done = checking.refuse_until_checks_hold(tree, plan.todo, applied, checks,
+                                             lambda todo: _transform_refusing(transformer, todo, sources), pristine)
+    changed, skipped = done.changed, plan.skipped + done.skipped
     if not dry_run:  # a refusal names the line of the file as this apply leaves it on disk
-        plan.skipped[:] = [(pid, safety.lines_after(why, sources, changed)) for pid, why in plan.skipped]
-    plan.files = _files(plan.todo, sources)
+        skipped = [(pid, checking.lines_after(why, sources, changed)) for pid, why in skipped]
+    plan = replace(plan, todo=done.todo, skipped=skipped, files=_files(done.todo, sources))
     edited = session.edited_since_apply(plan.files)
     outcome = Outcome(list(plan.reports.values()), done=[p.id for p in plan.todo], skipped=plan.skipped)
     for rel, new in changed.items():
@@ -132,28 +127,28 @@ def refused_anchor(pid: str, reason: str) -> str:
     return f"refused: {reason}; {what}, or `--skip {pid}` (the other patches still apply)"
 
 
-def _transform_refusing(transformer: Transformer, plan: Plan, sources: dict[str, bytes]) -> dict[str, bytes]:
-    """The plan's files transformed (rel -> new bytes, those that change). A
-    patch the vendor-code check refuses is taken out of the plan, with the
+def _transform_refusing(transformer: Transformer, todo: list[Patch], sources: dict[str, bytes]) -> Transformed:
+    """The files of ``todo`` transformed (rel -> new bytes, those that
+    change). A patch the vendor-code check refuses is taken out, with the
     patches that require it, each skipped with its one-line reason; the
     others are transformed again without it (one refusal never blocks the rest)."""
     notes = list(transformer.notes)
+    skipped: list[tuple[str, str]] = []
     while True:
         try:
-            return transformer.transform_files(plan.files, plan.todo)
+            return Transformed(todo, transformer.transform_files(_files(todo, sources), todo), skipped)
         except VendorCodeLost as exc:
-            if exc.patch is None or exc.patch not in {p.id for p in plan.todo}:
+            if exc.patch is None or exc.patch not in {p.id for p in todo}:
                 raise  # not one patch's doing (the import block): the whole apply stops
             transformer.notes[:] = notes  # what the refused attempt noted no longer holds
-            plan.skipped.append((exc.patch, f"{exc.site}; {exc.remedy}"))
+            skipped.append((exc.patch, f"{exc.site}; {exc.remedy}"))
             out = {exc.patch}
-            for patch in plan.todo:  # in order: a patch comes after those it requires
+            for patch in todo:  # in order: a patch comes after those it requires
                 if patch.id not in out and any(r in out for r in patch.requires):
-                    plan.skipped.append((patch.id, f"requires {next(r for r in patch.requires if r in out)}, "
-                                                   "which was refused"))
+                    skipped.append((patch.id, f"requires {next(r for r in patch.requires if r in out)}, "
+                                              "which was refused"))
                     out.add(patch.id)
-            plan.todo = [p for p in plan.todo if p.id not in out]
-            plan.files = _files(plan.todo, sources)
+            todo = [p for p in todo if p.id not in out]
 
 
 def _files(todo: list[Patch], sources: dict[str, bytes]) -> list[str]:

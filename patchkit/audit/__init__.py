@@ -106,6 +106,12 @@ class Audit:
     def ok(self) -> bool:
         return not self.problems
 
+    def text(self, paths, verbose: bool = False) -> str:
+        return to_text(self, paths, verbose)
+
+    def json(self, tree: dict, paths) -> str:
+        return to_json(self, tree, paths)
+
 
 def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional[dict[str, bytes]] = None,
                vendor_only: bool = False, release_own: Iterable[str] = (),

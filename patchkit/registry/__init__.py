@@ -66,11 +66,20 @@ def _parse(text: str, source: str, patch_set: Optional[PatchSet] = None) -> Patc
             targets=targets,
             runtime=tuple(patch_set.runtime_module(name, pid) for name in data.get("runtime", [])),
             origin=patch_set.label,
+            postconditions=tuple(patch_set.postcondition_ref(ref, pid) for ref in _references(data, source)),
         )
     except tomllib.TOMLDecodeError as exc:
         raise PatchkitError(f"{source}: not valid TOML ({exc})") from None
     except KeyError as exc:
         raise PatchkitError(f"{source}: a patch definition needs {exc.args[0]!r}") from None
+
+
+def _references(data: dict, source: str) -> list[str]:
+    """A definition's ``postconditions``: a list of ``module:Name`` strings."""
+    refs = data.get("postconditions", [])
+    if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+        raise PatchkitError(f"{source}: postconditions must be a list of \"module:Name\" references")
+    return refs
 
 
 # The engine, the commands and their tests load codemods as

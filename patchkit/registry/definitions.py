@@ -1,7 +1,8 @@
 """What a patch is: its definition (``Patch``), the files it changes
 (``Target``), the runtime modules it needs in the tree (``RuntimeModule``),
 and the codemod references its targets name (``module:Class`` of patchkit's
-own set, ``ExternalRef`` of another set), loaded on first use.
+own set, ``ExternalRef`` of another set), loaded on first use, as are the
+references of the checks it declares (``patchkit.postconditions``).
 
 Plain values with no knowledge of where definitions come from
 (``patchkit.registry.sets``) or of the registry that reads them
@@ -97,6 +98,9 @@ class Patch:
     # The set the definition came from (``PatchSet.label``): "patchkit" for
     # patchkit's own, else the folder or the entry point.
     origin: str = "patchkit"
+    # Checks that must hold on the tree the patch leaves (``patchkit.postconditions``):
+    # ``module:Name`` of a module of patchkit for its own set, ``ExternalRef`` of another set.
+    postconditions: tuple = ()
 
     @property
     def files(self) -> list[str]:
@@ -178,15 +182,19 @@ def load_codemod(ref) -> "type[PatchCodemod]":
     return codemod
 
 
+def _import(module: str, name: str, what: str) -> object:
+    """``name`` of ``module``, imported; ``what`` names it in the one-line error."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception as exc:  # noqa: BLE001 - a vendor's module may fail any way: one line
+        raise PatchkitError(f"{what} cannot be loaded: {type(exc).__name__}: {exc}") from None
+
+
 def _load_external(ref: ExternalRef) -> type:
     key = ref.name()
     codemod = _LOADED.get(key)
     if codemod is None:
-        try:
-            found = getattr(importlib.import_module(f"{ref.package}.{ref.module}"), ref.cls)
-        except Exception as exc:  # noqa: BLE001 - a vendor's module may fail any way: one line
-            raise PatchkitError(f"codemod {ref.module}:{ref.cls} of {ref.label} cannot be loaded: "
-                                f"{type(exc).__name__}: {exc}") from None
+        found = _import(f"{ref.package}.{ref.module}", ref.cls, f"codemod {ref.module}:{ref.cls} of {ref.label}")
         # Reports and caches know a codemod by name(): the loaded class answers
         # with its reference's name, never a bare module.Class that could be
         # one of patchkit's own.
@@ -194,3 +202,17 @@ def _load_external(ref: ExternalRef) -> type:
                                                                 "__module__": found.__module__})
     return codemod
 
+
+def load_postcondition(ref) -> object:
+    """What a patch's ``postconditions`` reference names (``module:Name`` of
+    patchkit, or an ``ExternalRef``), imported on first use; the commands
+    check that it is a ``patchkit.postconditions.Postcondition``."""
+    if isinstance(ref, ExternalRef):
+        key, module, name = ref.name(), f"{ref.package}.{ref.module}", ref.cls
+        what = f"postcondition {ref.module}:{ref.cls} of {ref.label}"
+    else:
+        key, (module, _, name), what = ref, ref.partition(":"), f"postcondition {ref}"
+    found = _LOADED.get(f"postcondition {key}")
+    if found is None:
+        found = _LOADED[f"postcondition {key}"] = _import(module, name, what)
+    return found

@@ -60,13 +60,33 @@ class PatchSet:
             if self.builtin:
                 if importlib.util.find_spec(f"{self.package}.{module_name}") is not None:
                     return ref
-            else:
-                source = self._module_source(module_name)
-                if source is not None:
-                    return ExternalRef(self.package, module_name, class_name, self.label,
-                                       hashlib.sha256(source).hexdigest()[:12])
+            elif (external := self._external(module_name, class_name)) is not None:
+                return external
         raise PatchkitError(f"patch {patch_id}: codemod {ref} cannot be loaded: no module {module_name} in "
                             f"{'patchkit.codemods' if self.builtin else self.label}")
+
+    def postcondition_ref(self, ref: str, patch_id: str):
+        """A reference of a patch's ``postconditions``, checked as codemod
+        references are: ``module:Name`` of a module of this set; in
+        patchkit's own set, of a module of patchkit (``patchkit.checks.mirror_reads:...``).
+        Found without importing it; the class is imported on first use."""
+        module_name, sep, name = ref.partition(":")
+        if sep and module_name and name:
+            if self.builtin:
+                top, _, below = module_name.partition(".")
+                if top == "patchkit" and below and self._module_source(below, importlib.resources.files("patchkit")):
+                    return ref
+            elif (external := self._external(module_name, name)) is not None:
+                return external
+        raise PatchkitError(f"patch {patch_id}: postcondition {ref} cannot be loaded: no module {module_name} in "
+                            f"{'patchkit' if self.builtin else self.label}")
+
+    def _external(self, module_name: str, name: str) -> Optional[ExternalRef]:
+        """``module_name:name`` of this set (not patchkit's own), None when the set has no such module."""
+        source = self._module_source(module_name)
+        if source is None:
+            return None
+        return ExternalRef(self.package, module_name, name, self.label, hashlib.sha256(source).hexdigest()[:12])
 
     def runtime_module(self, name: str, patch_id: str) -> RuntimeModule:
         """A module named in a patch's ``runtime = [...]``: one of patchkit's

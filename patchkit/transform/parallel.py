@@ -25,11 +25,11 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from patchkit import lifetimes
+from patchkit.postconditions import HeadStart  # what a check asks of the workers (its type lives with the checks)
 from patchkit.tree import sha256
 from patchkit.transform.cache import Entry, TransformCache, cacheable
 
@@ -44,23 +44,6 @@ _JOBS: list[tuple[str, Job]] = []
 # inherited by the fork like the jobs.
 _HEAD: Optional["HeadStart"] = None
 _SIDE: list[Callable[[], object]] = []
-
-
-@dataclass
-class HeadStart:
-    """Later work done in worker processes (only when files are computed
-    there): ``side(the files the workers transform)``, called then, gives
-    callables run in a process of their own (needing no libcst, it is forked
-    first; in a pool's worker already, queued behind the files), each result
-    handed to ``take`` in the parent; ``after(rel, bytes
-    read, new bytes)``, called in the worker for each file it transformed
-    (where the ``ast`` of both is at hand: ``python_ast``). Only ever a head
-    start: what it computes is computed again, or found in a cache, by
-    whoever needs it, and its errors are ignored."""
-
-    side: Callable[[frozenset], Sequence[Callable[[], object]]] = lambda files: ()
-    take: Callable[[object], None] = lambda result: None
-    after: Optional[Callable[[str, bytes, bytes], None]] = None
 
 
 def jobs_wanted() -> int:
