@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
+from collections.abc import Callable, Iterable
 
 import patchkit
 from patchkit import registry, transform

@@ -19,7 +19,8 @@ import tempfile
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Optional
+from collections.abc import Callable, Iterable, Mapping
 
 from patchkit import known_releases, lifetimes, settings
 from patchkit.errors import PatchkitError

@@ -5,7 +5,7 @@ module under srt/ that reads the CPU seq_lens mirror, shipped with patchkit
 apply's fetch step asks ``release_bytes`` first: a file whose bytes are its
 release's own has no vendor code, so the vendor-code check needs no download
 for it; a file a known release does not ship is all the vendor's. The
-audit asks it too (``patchkit.audit.facts.KnownRelease``): a module that is
+audit asks it too (``patchkit.audit.origins.KnownRelease``): a module that is
 its release's own bytes holds only the release's reads.
 """
 

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 _CLOSE_ON_FORK: set[int] = set()
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

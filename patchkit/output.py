@@ -1,13 +1,13 @@
 """How reports are written: text for people, JSON/JUnit/GitHub for CI.
 
-The JSON shape (``patchkit.status/1``) is documented in ``docs/ci.md``; it only
-ever grows (new keys), so consumers written against it keep working.
+The JSON shape (``patchkit.status/1``, ``docs/ci.md``) only ever grows (new keys).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Callable, Optional, Sequence
+from typing import Optional
+from collections.abc import Callable, Sequence
 
 from patchkit import terminal
 from patchkit.audit import verify_line
@@ -232,8 +232,7 @@ def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, r
     (-q): no tree line, no runtime line, no per-patch ``note:`` lines: the
     states and reasons only (docs/ci.md)."""
     lines = [] if quiet else [f"sglang {tree.version} at {tree.package} ({tree.layout} layout)"]
-    line = runtime_line(runtime)
-    if line and not quiet:
+    if (line := runtime_line(runtime)) and not quiet:
         lines.append(line)
     lines += [f"  {note}" for note in notes]
     width = max((len(r.patch.id) for r in reports), default=0)

@@ -13,7 +13,8 @@ import contextlib
 import os
 import re
 import sys
-from typing import Callable, Iterator, Optional, TextIO
+from typing import Optional, TextIO
+from collections.abc import Callable, Iterator
 
 import click
 

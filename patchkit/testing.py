@@ -39,7 +39,8 @@ import textwrap
 import unittest
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, ClassVar, Optional, Union
+from collections.abc import Iterable, Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext

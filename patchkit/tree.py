@@ -17,7 +17,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 from patchkit import containment
 from patchkit.errors import PatchkitError

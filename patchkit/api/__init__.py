@@ -14,7 +14,8 @@ stderr printer; the default drops them). Errors raise ``PatchkitError``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Callable, Iterable
 
 from patchkit import registry
 from patchkit import tree as trees

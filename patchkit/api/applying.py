@@ -12,7 +12,8 @@ the runtime folder and manifest, written as one transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Callable
 
 import patchkit
 from patchkit import fetch, git, registry

@@ -18,7 +18,8 @@ import time
 import traceback
 from concurrent.futures import as_completed
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Optional
+from collections.abc import Callable, Iterable
 
 from patchkit import lifetimes
 

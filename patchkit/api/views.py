@@ -7,7 +7,8 @@ are on disk, and write nothing (the read-command rule of the safety contract).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Optional
+from collections.abc import Iterable
 
 from patchkit import registry
 from patchkit.engine import Session

@@ -52,9 +52,11 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
+from collections.abc import Iterable
 
 from patchkit.audit import facts as audit_facts
+from patchkit.audit import origins as audit_origins
 from patchkit.audit.facts import sources
 from patchkit.audit.reach import KeptMirror
 from patchkit.audit.syntax import Read
@@ -132,9 +134,9 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
         pristine = audit_facts.cached_release(package)
     result = Audit(package, release=str(pristine) if pristine else None)
     # Without the release's tree, the hashes patchkit ships still tell its unchanged modules.
-    release = audit_facts.Release(pristine) if pristine else audit_facts.KnownRelease.of(package, release_files)
+    release = audit_origins.Release(pristine) if pristine else audit_origins.KnownRelease.of(package, release_files)
     # Modules patchkit patched from the release's own bytes: the release's reads, cache or no cache.
-    patched = audit_facts.patched_release_modules(package, sources)
+    patched = audit_origins.patched_release_modules(package, sources)
     facts = {rel: audit_facts.facts_of(rel, data) for rel, data in sources.items()
              if audit_facts.reads_mirror(data) and not (vendor_only and (
                  rel in release_own or rel in patched or (release and release.ships(rel, data))))}
@@ -212,7 +214,7 @@ def fingerprint(package: Path, sources: Optional[dict[str, bytes]] = None) -> st
     compared with: an audit's result is a function of them, so ``verify``
     caches its count under this key."""
     digest = hashlib.sha256(str(audit_facts.cached_release(Path(package))).encode() + b"\0"
-                            + audit_facts.manifest_digest(Path(package)))
+                            + audit_origins.manifest_digest(Path(package)))
     for rel, data in (audit_facts.sources(Path(package)) if sources is None else sources).items():
         digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
+from collections.abc import Iterator
 
+from patchkit.audit.guards import assigns, decision_test, is_none, none_test
 from patchkit.audit.scan import FUNCTIONS, MIRROR, scan
 
 PATCH = "needs-cpu-seq-lens"
@@ -69,7 +71,7 @@ class Read:
 _EXITS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _runtime_helpers() -> frozenset[str]:
     """The None-aware helpers patched code calls on the mirror (the runtime's
     and the backends' mirror reads): their ``__all__``, read from the source,
@@ -152,22 +154,22 @@ class FileAudit:
                     return "patched", f"argument of the None-aware runtime helper {parent.func.id}()"
             if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
                 in_body = child in parent.body if isinstance(parent.body, list) else child is parent.body
-                if _decision_test(parent.test) is in_body:
+                if decision_test(parent.test) is in_body:
                     return "patched", "in the branch where needs_cpu_seq_lens() is True"
         return None
 
     def _guard(self, node: ast.AST, scope: ast.AST) -> Optional[tuple[str, str]]:
         for parent, child in self._ancestors(node, scope):
-            if isinstance(parent, ast.Compare) and child is parent.left and _none_test(parent) is not None:
+            if isinstance(parent, ast.Compare) and child is parent.left and none_test(parent) is not None:
                 return "guarded", "the None test itself"
             if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
                 in_body = child in parent.body if isinstance(parent.body, list) else child is parent.body
-                if _none_test(parent.test) is in_body:
+                if none_test(parent.test) is in_body:
                     return "guarded", f"inside `{'if' if isinstance(parent, ast.If) else '... if'} {ast.unparse(parent.test)}`"
             if isinstance(parent, ast.BoolOp) and child is not parent.values[0]:
                 wanted = isinstance(parent.op, ast.And)
                 before = parent.values[: parent.values.index(child)]
-                if any(_none_test(v) is wanted for v in before):
+                if any(none_test(v) is wanted for v in before):
                     return "guarded", f"right of `{ast.unparse(before[0])} {'and' if wanted else 'or'} ...`"
             exit_ = self._early_exit_before(parent, child)
             if exit_ is not None:
@@ -180,7 +182,7 @@ class FileAudit:
             block = getattr(parent, name, None)
             if isinstance(block, list) and child in block:
                 for stmt in block[: block.index(child)]:
-                    if isinstance(stmt, ast.If) and _none_test(stmt.test) is False and isinstance(stmt.body[-1], _EXITS):
+                    if isinstance(stmt, ast.If) and none_test(stmt.test) is False and isinstance(stmt.body[-1], _EXITS):
                         return stmt
         return None
 
@@ -196,7 +198,7 @@ class FileAudit:
                     continue
                 for stmt in reversed(block[: block.index(child)]):
                     if isinstance(stmt, ast.Assign) and any(ast.unparse(t) == target for t in stmt.targets):
-                        return None if _is_none(stmt.value) else stmt.lineno
+                        return None if is_none(stmt.value) else stmt.lineno
                     if self._fills_when_none(stmt, target):
                         return stmt.lineno
         return None
@@ -206,8 +208,8 @@ class FileAudit:
         """``if x is None: x = <not None>`` (on every path of the ``if``'s
         body: 0.5.13's ``if tree_mask_buf is None: x = ... else: x = 0``): after it, x is set."""
         return (
-            isinstance(stmt, ast.If) and _none_test(stmt.test) is False and ast.unparse(stmt.test).startswith(target)
-            and _assigns(stmt.body, target)
+            isinstance(stmt, ast.If) and none_test(stmt.test) is False and ast.unparse(stmt.test).startswith(target)
+            and assigns(stmt.body, target)
         )
 
     def _filled_above(self, node: ast.AST, scope: ast.AST, name: str) -> Optional[int]:
@@ -377,59 +379,3 @@ class FileAudit:
                 names.append(current.name)
             current = self.parents.get(current)
         return ".".join(reversed(names)) or "<module>"
-
-
-def _assigns(block: list, target: str) -> bool:
-    """Every path through ``block`` assigns ``target`` something other than None."""
-    for stmt in block:
-        if isinstance(stmt, ast.Assign) and not _is_none(stmt.value) and any(ast.unparse(t) == target for t in stmt.targets):
-            return True
-        if isinstance(stmt, ast.If) and stmt.orelse and _assigns(stmt.body, target) and _assigns(stmt.orelse, target):
-            return True
-    return False
-
-
-def _is_none(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and node.value is None
-
-
-def _named_mirror(node: ast.AST) -> bool:
-    """``x.seq_lens_cpu``, ``seq_lens_cpu``, or ``getattr(x, "seq_lens_cpu", None)``."""
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
-        return node.args[1].value in MIRROR
-    return (isinstance(node, ast.Attribute) and node.attr in MIRROR) or (isinstance(node, ast.Name) and node.id in MIRROR)
-
-
-def _none_test(test: ast.AST) -> Optional[bool]:
-    """True: ``test`` holds only when a mirror value is not None (``x is not
-    None``, alone or in an ``and``); False: only when it is None (``x is
-    None``, alone or in an ``or``); None: neither. As
-    ``primitives.NoneGuards`` decides for the codemods; this one reads ast."""
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and _named_mirror(test.left) and _is_none(test.comparators[0]):
-        if isinstance(test.ops[0], ast.IsNot):
-            return True
-        if isinstance(test.ops[0], ast.Is):
-            return False
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _none_test(test.operand)
-        return None if inner is None else not inner
-    if isinstance(test, ast.BoolOp):
-        found = [_none_test(v) for v in test.values]
-        if isinstance(test.op, ast.And) and True in found:
-            return True
-        if isinstance(test.op, ast.Or) and False in found:
-            return False
-    return None
-
-
-def _decision_test(test: ast.AST) -> Optional[bool]:
-    """True: ``test`` is ``needs_cpu_seq_lens()``; False: ``not needs_cpu_seq_lens()``; None: another test."""
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _decision_test(test.operand)
-        return None if inner is None else not inner
-    if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "needs_cpu_seq_lens":
-        return True
-    return None
-
-

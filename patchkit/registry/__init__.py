@@ -31,7 +31,8 @@ import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Iterable
 
 from patchkit.containment import relative
 from patchkit.registry import definitions

@@ -15,7 +15,8 @@ from __future__ import annotations
 import importlib
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Iterable
 
 from patchkit.errors import PatchkitError
 

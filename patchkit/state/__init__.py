@@ -30,7 +30,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Optional
+from collections.abc import Callable, Iterable, Iterator
 
 from patchkit import containment, lifetimes
 from patchkit.errors import Interrupted, PatchkitError

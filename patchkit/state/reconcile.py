@@ -22,7 +22,8 @@ Pure: the caller reads the files and moves a disbelieved state aside.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
+from collections.abc import Callable
 
 from patchkit.state import vendoring
 from patchkit.state.record import FileRecord, Record

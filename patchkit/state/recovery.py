@@ -23,7 +23,8 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
+from collections.abc import Callable
 
 from patchkit import containment
 from patchkit.errors import PatchkitError

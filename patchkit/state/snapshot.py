@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Optional
+from collections.abc import Mapping
 
 from patchkit import registry
 from patchkit.state import recovery, vendoring

@@ -33,7 +33,8 @@ import json
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Iterable
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Callable, Mapping, Sequence
 
 from patchkit import python_ast
 from patchkit.errors import PatchkitError

@@ -26,7 +26,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Optional
+from collections.abc import Callable, Iterator, Sequence
 
 from patchkit import lifetimes
 from patchkit.postconditions import HeadStart  # what a check asks of the workers (its type lives with the checks)

@@ -23,7 +23,8 @@ bytes, with the indentation libcst would detect on the whole file
 from __future__ import annotations
 
 import ast
-from typing import Iterable, Optional, Sequence
+from typing import Optional
+from collections.abc import Iterable, Sequence
 
 import libcst as cst
 from patchkit import python_ast

@@ -15,7 +15,8 @@ provably the same as the serial path's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Iterable, Sequence
 
 from patchkit import registry, transform
 from patchkit.findings import Finding, State

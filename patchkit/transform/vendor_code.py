@@ -30,7 +30,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
+from collections.abc import Iterator, Mapping, Sequence
 
 from patchkit.errors import EXIT_CHANGES, PatchkitError
 
