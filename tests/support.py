@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import profiling
@@ -56,7 +56,7 @@ def pristine(version: str) -> Path:
         return fetch_tree(version)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pristine_snapshot(version: str) -> tuple:
     return tuple(snapshot(fetch_tree(version)).items())
 

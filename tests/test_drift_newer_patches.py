@@ -12,7 +12,6 @@ in test_forks.py; the whole tree, with one fork of each file, runs once here.
 
 from __future__ import annotations
 
-import json
 import re
 
 import libcst as cst

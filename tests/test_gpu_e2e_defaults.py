@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import types
-from pathlib import Path
 
 import pytest
 
@@ -118,9 +117,9 @@ def _load_weights_of(release: str):
     cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "LlamaForCausalLMEagle3")
     func = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "load_weights")
     import textwrap
-    from typing import Iterable, Tuple
+    from collections.abc import Iterable
 
-    namespace: dict = {"torch": __import__("torch"), "default_weight_loader": None, "Iterable": Iterable, "Tuple": Tuple}
+    namespace: dict = {"torch": __import__("torch"), "default_weight_loader": None, "Iterable": Iterable, "Tuple": tuple}
     exec(textwrap.dedent(ast.get_source_segment(source, func)), namespace)
     return namespace["load_weights"]
 

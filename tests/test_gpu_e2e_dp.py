@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_gpu_e2e_tp import PFD, PFD_CALL, _fake_bundle, _write
+from test_gpu_e2e_tp import PFD, _fake_bundle, _write
 
 from gpu_e2e import dp, engine_facts, rank_report, ranks, runner, wheels, worker_steps
 from gpu_e2e.bundle import repo_root

@@ -13,7 +13,7 @@ def test_a_missing_name_imports_and_raises_naming_itself_when_called():
     module.present = lambda: "here"
     kernel_gaps.fill(module)
     assert module.present() == "here"
-    missing = getattr(module, "awq_marlin_moe_repack")  # what `from sgl_kernel import X` does
+    missing = module.awq_marlin_moe_repack  # what `from sgl_kernel import X` does
     assert missing.__name__ == "awq_marlin_moe_repack"
     assert "awq_marlin_moe_repack" in syncs._notes["kernel_gaps"]
     with pytest.raises(kernel_gaps.KernelGap, match="awq_marlin_moe_repack is not in sglang-kernel 0.4.2.post2"):

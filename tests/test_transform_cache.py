@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -50,7 +50,7 @@ def entries(folder: Path) -> list[Path]:
                   and "audit" not in p.relative_to(folder).parts)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _reference(version: str, base: str) -> tuple:
     """The plain engine's result: no cache, one process."""
     env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": "off", "PATCHKIT_JOBS": "1"}

@@ -206,7 +206,7 @@ def test_a_version_naming_no_release_refuses_in_one_line(tree, cli, empty_cache)
     result = cli("apply", tree)
     assert result.exit_code == 2, result.output
     errors = [line for line in result.output.splitlines() if "cannot" in line]
-    assert errors == [f"patchkit: error: cannot run the vendor-code check: sglang 'acme-main' names no release to compare with; "
+    assert errors == ["patchkit: error: cannot run the vendor-code check: sglang 'acme-main' names no release to compare with; "
                       "nothing was changed (--accept-vendor-code-risk to apply without the check)"], result.output
     assert snapshot(tree) == before and empty_cache == []
     risked = cli("apply", "--accept-vendor-code-risk", tree)

@@ -83,7 +83,7 @@ def test_vendor_statement_inside_the_guarded_pair_is_refused_by_the_safety_rule(
 def test_replaced_vendor_code_is_refused_with_its_line(make_tree, cli, version):
     """The refused patch and those requiring it are skipped, each with one
     line; every other patch applies (issue 45 §4); exit 1."""
-    from support import PRIMARY, patch_states
+    from support import patch_states
 
     tree = make_tree(version)
     line = insert(tree, BATCH, EAGER_SUM, " + acme_vendor_bias")
