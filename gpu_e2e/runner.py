@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, ranks, syncs,
-               tree_mask_probe, workloads)
+from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, ranks, server_args_names,
+               syncs, tree_mask_probe, workloads)
 from .models import DRAFTS, SIZES, write_models
 
 #: mtp (issue 44): DeepSeek's own MTP layer as the draft, named as users name it
@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                            scenario=args.scenario, deterministic=args.deterministic, tp_size=args.tp,
                            piecewise=args.piecewise, draft_kind=args.draft, context_length=args.context_length,
                            engine_extra=json.loads(args.engine_extra), scale=dp.engine_kwargs(args))
+    # 0.5.17 renamed three settings (server_args_names.py): the names this tree's ServerArgs has
+    kwargs, result["engine_kwargs_renamed"] = server_args_names.for_fields(kwargs, server_args_names.server_args_fields())
     result["engine_kwargs"] = kwargs
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))  # kept if the engine kills us
     t0 = time.perf_counter()
