@@ -262,3 +262,19 @@ def test_the_017_tree_imports_the_engine_path_from_the_bundle_site(built, tmp_pa
     for kwargs in _harness_kwargs(tmp_path):
         named, _ = server_args_names.for_fields(kwargs, got["fields"])
         assert set(named) <= set(got["fields"]), set(named) - set(got["fields"])
+
+
+def test_decode_steps_are_the_workers_where_no_prepare_for_decode_is_counted():
+    pfd = "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode"
+    worker = "call|sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.forward_batch_generation@"
+    # up to 0.5.13: prepare_for_decode's calls, whatever the worker counted
+    assert runner.decode_steps_of({pfd: 64, worker + "decode": 64, worker + "extend": 1}) == (64, "prepare_for_decode")
+    # 0.5.17 (no eagle_info_v2): the worker's decode calls, not its prefills
+    assert runner.decode_steps_of({worker + "decode": 70, worker + "extend": 1}) == (70, "worker")
+    assert runner.decode_steps_of({}) == (0, None)
+
+
+def test_the_renamed_settings_are_read_back_from_the_engine():
+    from gpu_e2e import engine_facts
+
+    assert {new for new, _ in server_args_names.RENAMED.values()} <= set(engine_facts.SERVER_FIELDS)
