@@ -9,7 +9,8 @@ travel in parts, one call each, on one warm machine:
     # call 1, carry .gpubundle-17-a:
     python3 gpu_e2e/bundle_parts.py join --part .gpubundle-17-a --dest /tmp/b17
     # call 2, carry .gpubundle-17-b: the same with -b; it says "complete" once
-    # every file is there, each checked against its sha256
+    # every file is there, each checked against its sha256, and only then is
+    # /tmp/b17 there (the parts gather in /tmp/b17.parts)
 
 Files are packed whole where they fit (largest first, each into the first part with
 room); a file bigger than a part is cut into chunks that ``join`` puts back together.
@@ -94,33 +95,41 @@ def split(folder: Path, part_bytes: int = PART_BYTES, log=print) -> list[Path]:
 
 
 def join(part: Path, dest: Path) -> list[str]:
-    """Copy one part into ``dest`` and put together every file whose pieces are all
-    there (each checked against its sha256). Returns the files still missing."""
+    """Copy one part in and put together every file whose pieces are all there (each
+    checked against its sha256). The parts gather in ``<dest>.parts``, which becomes
+    ``dest`` once every file is there, so a folder at ``dest`` is always whole (a plan
+    waiting for it may start at once). Returns the files still missing."""
     part, dest = Path(part), Path(dest)
     index = json.loads((part / INDEX).read_text())
-    dest.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        raise SystemExit(f"{dest} is there already: remove it to join again")
+    staging = dest.with_name(dest.name + ".parts")
+    staging.mkdir(parents=True, exist_ok=True)
     for name in index["holds"]:
-        target = (dest / name).resolve()
-        if dest.resolve() not in target.parents:
-            raise SystemExit(f"{name}: outside {dest}")
+        target = (staging / name).resolve()
+        if staging.resolve() not in target.parents:
+            raise SystemExit(f"{name}: outside {staging}")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(part / name, target)
     missing = []
     for rel, entry in sorted(index["files"].items()):
-        target = dest / rel
-        chunks = [dest / c for c in entry["chunks"]]
+        target = staging / rel
+        chunks = [staging / c for c in entry["chunks"]]
         if chunks and all(c.exists() for c in chunks):
-            with open(target.with_name(target.name + ".joining"), "wb") as out:
+            joining = target.with_name(target.name + ".joining")
+            with open(joining, "wb") as out:
                 for chunk in chunks:
                     with open(chunk, "rb") as src:
                         shutil.copyfileobj(src, out, 1 << 22)
-            target.with_name(target.name + ".joining").rename(target)
+            joining.rename(target)
             for chunk in chunks:
                 chunk.unlink()
         if not target.exists() or target.stat().st_size != entry["bytes"]:
             missing.append(rel)
         elif _sha256(target) != entry["sha256"]:
             raise SystemExit(f"{target}: sha256 is not the one split ({entry['sha256']})")
+    if not missing:
+        staging.rename(dest)
     return missing
 
 

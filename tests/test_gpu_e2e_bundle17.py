@@ -135,15 +135,19 @@ def test_split_and_join_put_every_file_back(tmp_path):
     dest = tmp_path / "joined"
     assert bundle_parts.join(parts[1], dest)  # parts may come in any order
     assert bundle_parts.join(parts[2], dest)
+    assert not dest.exists()  # whole, or not there: a plan waiting for it never starts on half
     assert bundle_parts.join(parts[0], dest) == []
+    assert not dest.with_name("joined.parts").exists()
     for f in ("site/big.tar.xz", "site/small.tar.xz", "manifest.json"):
         assert (dest / f).read_bytes() == (src / f).read_bytes()
     assert not list(dest.rglob("*.chunk-*"))
     index = json.loads((parts[0] / bundle_parts.INDEX).read_text())
     index["holds"] = ["../escape"]
     (parts[0] / bundle_parts.INDEX).write_text(json.dumps(index))
-    with pytest.raises(SystemExit, match="outside"):
+    with pytest.raises(SystemExit, match="there already"):
         bundle_parts.join(parts[0], dest)
+    with pytest.raises(SystemExit, match="outside"):
+        bundle_parts.join(parts[0], tmp_path / "again")
 
 
 # ------------------------------------------------------------------ the built bundle
