@@ -105,6 +105,12 @@ for t in tops:
     if getattr(mod, env.STAND_IN_MARKER, False):
         out[t] = ["<stand-in>", dist_of_import(t)]
         continue
+    where = [getattr(mod, "__file__", None) or "", *map(str, getattr(mod, "__path__", None) or [])]
+    if any("/setuptools/_vendor/" in w for w in where):
+        # setuptools' own copies (jaraco, more_itertools, backports), put on the path when
+        # setuptools is imported (0.5.17: through torch's cpp_extension): setuptools is the image's
+        out[t] = ["setuptools", dist_of_import(t)]
+        continue
     out[t] = [(pd.get(t) or [None])[0], dist_of_import(t)]
 print(json.dumps({"modules": out, "stood_in": stood_in}))
 """
