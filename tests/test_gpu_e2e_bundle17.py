@@ -249,12 +249,13 @@ def test_the_017_tree_imports_the_engine_path_from_the_bundle_site(built, tmp_pa
     # the bundle's versions, not the CPU environment's
     assert coverage.present_modules(trees["upstream"]) == [m for m in coverage.ENGINE_PATH_MODULES
                                                            if m != "sglang.srt.speculative.eagle_info_v2"]
-    probe = ("import sys, json, dataclasses, transformers, xgrammar, tvm_ffi;"
+    probe = ("import sys, json, dataclasses, importlib.metadata as md, transformers;"
              "sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2]);"
              "import sglang_cpu_env as env; env.install_import_stubs(sys.argv[1] + '/sglang');"
              "from sglang.srt.server_args import ServerArgs;"
              "print(json.dumps({'fields': sorted(f.name for f in dataclasses.fields(ServerArgs)),"
-             "'versions': [transformers.__version__, xgrammar.__version__, tvm_ffi.__version__]}))")
+             "'versions': [md.version(d) for d in ('transformers', 'xgrammar', 'apache-tvm-ffi')],"
+             "'transformers': transformers.__file__}))")
     import os
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, path)))
@@ -263,6 +264,7 @@ def test_the_017_tree_imports_the_engine_path_from_the_bundle_site(built, tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["versions"] == ["5.12.1", "0.2.1", "0.1.11"]
+    assert got["transformers"].startswith(str(site[0]))  # the bundle's, not the CPU environment's 5.6.0
     for kwargs in _harness_kwargs(tmp_path):
         named, _ = server_args_names.for_fields(kwargs, got["fields"])
         assert set(named) <= set(got["fields"]), set(named) - set(got["fields"])
