@@ -284,3 +284,58 @@ def test_the_renamed_settings_are_read_back_from_the_engine():
     from gpu_e2e import engine_facts
 
     assert {new for new, _ in server_args_names.RENAMED.values()} <= set(engine_facts.SERVER_FIELDS)
+
+
+PLAN = Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu-yardstick" / "plan.sh"
+STUB = """
+import json, os, sys
+from pathlib import Path
+args = sys.argv[1:]
+out = Path(args[args.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+with open(os.environ["PK_PLAN_LOG"], "a") as fh:
+    fh.write(json.dumps({"bundle": Path.cwd().name, "args": args}) + "\\n")
+print("verdict: stub")
+"""
+
+
+def test_the_yardstick_plan_runs_abba_rounds_of_each_bundle_with_its_own_fa3(tmp_path):
+    import os
+
+    log = tmp_path / "calls.jsonl"
+    for name in ("b12", "b17"):
+        (tmp_path / name / "e2e" / "pk_gpu_e2e").mkdir(parents=True)
+        (tmp_path / name / "e2e" / "pk_gpu_e2e" / "__init__.py").write_text("")
+        (tmp_path / name / "e2e" / "pk_gpu_e2e" / "orchestrate.py").write_text(STUB)
+        (tmp_path / name / "manifest.json").write_text("{}")
+    for name in ("fa3", "fa3_17"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "fa3.json").write_text("{}")
+    bin_dir = tmp_path / "bin"  # the plan's python3 is this interpreter
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = dict(os.environ, R=str(tmp_path / "run"), B12=str(tmp_path / "b12"), B17=str(tmp_path / "b17"),
+               FA3_12=str(tmp_path / "fa3" / "lib.so"), FA3_17=str(tmp_path / "fa3_17" / "lib.so"),
+               PK_PLAN_LOG=str(log), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(PLAN)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    order = [(c["bundle"], c["args"][c["args"].index("--label") + 1],
+              c["args"][c["args"].index("--attention-backend") + 1]) for c in calls]
+    assert order == [("b12", "r1", "default"), ("b17", "r1", "default"), ("b17", "r2", "default"),
+                     ("b12", "r2", "default"), ("b12", "r3", "default"), ("b17", "r3", "default"),
+                     ("b12", "r1", "triton"), ("b17", "r1", "triton"), ("b17", "r2", "triton"),
+                     ("b12", "r2", "triton"), ("b12", "r3", "triton"), ("b17", "r3", "triton")]
+    for c in calls:
+        a = c["args"]
+        assert a[a.index("--batch-sizes") + 1] == "1,8,32" and a[a.index("--sizes") + 1] == "small"
+        release = a[a.index("--releases") + 1]
+        assert release == {"b12": "0.5.12.post1", "b17": "0.5.17"}[c["bundle"]]
+        if "--fa3-lib" in a:  # each bundle its own sglang-kernel's FA3
+            assert Path(a[a.index("--fa3-lib") + 1]).parent.name == {"b12": "fa3", "b17": "fa3_17"}[c["bundle"]]
+        else:
+            assert a[a.index("--attention-backend") + 1] == "triton"
+        if c["bundle"] == "b12":  # pristine beside patched in round 1 only
+            r1 = a[a.index("--label") + 1] == "r1"
+            assert a[a.index("--variants") + 1] == ("pristine,patched" if r1 else "patched")
+    assert "all done" in (tmp_path / "run" / "progress.log").read_text()
