@@ -190,13 +190,27 @@ def copy_runtime(dest: Path) -> list[str]:
     return copied
 
 
+#: The image's Python. The cached trees are the releases' cp311 wheels; an extension
+#: module built for another Python (0.5.17's Rust server, gRPC and multimodal cores,
+#: 23 MB, none on the Engine path) cannot load there, so a reference tree leaves it out.
+IMAGE_EXTENSION_TAG = ".cpython-312-"
+
+
+def loads_on_image(rel: str) -> bool:
+    return not (rel.endswith(".so") and ".cpython-" in rel and IMAGE_EXTENSION_TAG not in rel)
+
+
 def _add_reference_tree(dest: Path, release: str, manifest: dict) -> None:
     from patchkit.fetch import fetch_tree
 
     tdir = dest / "trees" / release
     tdir.mkdir(parents=True)
-    _tar_dir(tdir / "pristine.tar.gz", fetch_tree(release), "sglang")
-    manifest["releases"][release] = {"runtime_mode": "upstream", "reference": True}
+    tree = fetch_tree(release)
+    rels = sorted(_files(tree))
+    _tar_dir(tdir / "pristine.tar.gz", tree, "sglang", [r for r in rels if loads_on_image(r)])
+    manifest["releases"][release] = {"runtime_mode": "upstream", "reference": True,
+                                     "env": RELEASE_ENV.get(release, {}),
+                                     "left_out": [r for r in rels if not loads_on_image(r)]}
 
 
 def _git_head() -> Optional[str]:

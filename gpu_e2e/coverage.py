@@ -17,6 +17,7 @@ seen here: the GPU run is the check for those.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +36,20 @@ ENGINE_PATH_MODULES = (
     "sglang.srt.models.llama",
     "sglang.srt.models.llama_eagle3",
     "sglang.srt.speculative.eagle_worker_v2",
-    "sglang.srt.speculative.eagle_info_v2",
+    "sglang.srt.speculative.eagle_info_v2",  # up to 0.5.13; 0.5.17 folded it into eagle_info
+    "sglang.srt.speculative.eagle_info",
     "sglang.srt.layers.attention.triton_backend",
+    "sglang.srt.layers.attention.flashattention_backend",  # FA3: what Hopper picks by default
     "sglang.srt.layers.sampler",
+    "sglang.srt.server_args",
 )
+
+
+def present_modules(tree_parent: Path, modules: Iterable[str] = ENGINE_PATH_MODULES) -> list[str]:
+    """The modules of ``modules`` that the tree has (a release drops or folds some)."""
+    root = Path(tree_parent)
+    return [m for m in modules if (root / (m.replace(".", "/") + ".py")).is_file()
+            or (root / m.replace(".", "/") / "__init__.py").is_file()]
 
 #: import name -> distribution, where they differ (image packages and bundle pins).
 IMPORT_ALIASES = {
@@ -94,6 +105,12 @@ for t in tops:
     if getattr(mod, env.STAND_IN_MARKER, False):
         out[t] = ["<stand-in>", dist_of_import(t)]
         continue
+    where = [getattr(mod, "__file__", None) or "", *map(str, getattr(mod, "__path__", None) or [])]
+    if any("/setuptools/_vendor/" in w for w in where):
+        # setuptools' own copies (jaraco, more_itertools, backports), put on the path when
+        # setuptools is imported (0.5.17: through torch's cpp_extension): setuptools is the image's
+        out[t] = ["setuptools", dist_of_import(t)]
+        continue
     out[t] = [(pd.get(t) or [None])[0], dist_of_import(t)]
 print(json.dumps({"modules": out, "stood_in": stood_in}))
 """
@@ -107,13 +124,17 @@ def allowed_distributions(releases: Iterable[str]) -> set[str]:
     return names
 
 
-def engine_path_imports(tree_parent: Path, release: str, python: str = sys.executable) -> dict:
-    """``{"modules": {top: [dist-or-None, guessed-dist]}, "stood_in": [...]}`` or ``{"error": ...}``."""
+def engine_path_imports(tree_parent: Path, release: str, python: str = sys.executable,
+                        site: Iterable[Path] = ()) -> dict:
+    """``{"modules": {top: [dist-or-None, guessed-dist]}, "stood_in": [...]}`` or ``{"error": ...}``.
+    ``site``: folders put first on the child's path (a bundle's unpacked site)."""
     allowed = sorted(allowed_distributions([release]))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, site), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run(
         [python, "-c", _CHILD, str(tree_parent), str(repo_root() / "tests"), json.dumps(allowed),
-         json.dumps(list(ENGINE_PATH_MODULES)), json.dumps(IMPORT_ALIASES)],
-        capture_output=True, text=True, timeout=900)
+         json.dumps(present_modules(tree_parent)), json.dumps(IMPORT_ALIASES)],
+        capture_output=True, text=True, timeout=900, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": f"rc={proc.returncode}: {proc.stderr.strip()[-3000:]}"}

@@ -37,7 +37,10 @@ SERVER_FIELDS = ("disable_piecewise_cuda_graph", "enforce_piecewise_cuda_graph",
                  "speculative_draft_load_format", "disable_cuda_graph", "speculative_algorithm",
                  # issue 44: MLA page size, tree drafts, the captured batch size
                  "page_size", "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_num_steps",
-                 "cuda_graph_max_bs", "max_running_requests", "moe_runner_backend")
+                 "cuda_graph_max_bs", "max_running_requests", "moe_runner_backend",
+                 # 0.5.17's names for the piecewise switches and the captured batch size
+                 # (server_args_names.py)
+                 "cuda_graph_backend_prefill", "cuda_graph_max_bs_decode")
 #: Engine log lines that show a graph being captured (sglang logs them on rank 0).
 LOG_LINES = {
     "piecewise_capture": "Capture piecewise CUDA graph begin",

@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, ranks, syncs,
-               tree_mask_probe, workloads)
+from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, ranks, server_args_names,
+               syncs, tree_mask_probe, worker_steps, workloads)
 from .models import DRAFTS, SIZES, write_models
 
 #: mtp (issue 44): DeepSeek's own MTP layer as the draft, named as users name it
@@ -156,6 +156,7 @@ def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
     med = statistics.median(c["elapsed_s"] for c in calls)
     toks = calls[0]["completion_tokens"]
     verify = sum(c["verify_ct"] for c in calls)
+    steps, source = decode_steps_of(timed)
     return {
         "elapsed_s": [round(c["elapsed_s"], 4) for c in calls],
         "median_s": med,
@@ -166,12 +167,25 @@ def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
         "output_ids": calls[0]["output_ids"],
         "accept_per_request": calls[0]["accept_per_request"],
         "syncs": syncs.syncs_only(timed),
-        "decode_steps": syncs.calls_of(timed, "prepare_for_decode"),
+        "decode_steps": steps,
+        "decode_steps_from": source,
         "tree_mask": tree_mask_probe.counts(timed),
         "ranks": ranks.batch_per_rank(ranks.read(sync_dir), before_ranks),
         "verify_ct": verify,
         "sync_debug_armed": armed_in(sync_dir),
     }
+
+
+def decode_steps_of(timed: dict) -> tuple[int, str | None]:
+    """(decode steps, what counted them). Up to 0.5.13 the spec-v2 draft input's
+    ``prepare_for_decode`` (syncs.CALL_PROBES); 0.5.17 folded eagle_info_v2 into
+    eagle_info and has none, so there its worker's decode calls
+    (``EAGLEWorkerV2.forward_batch_generation`` on a decode batch, worker_steps.py)."""
+    prepared = syncs.calls_of(timed, "prepare_for_decode")
+    if prepared:
+        return prepared, "prepare_for_decode"
+    worker = worker_steps.steps_of(timed)["decode"]
+    return worker, ("worker" if worker else None)
 
 
 def armed_in(sync_dir: str | None) -> bool:
@@ -288,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                            scenario=args.scenario, deterministic=args.deterministic, tp_size=args.tp,
                            piecewise=args.piecewise, draft_kind=args.draft, context_length=args.context_length,
                            engine_extra=json.loads(args.engine_extra), scale=dp.engine_kwargs(args))
+    # 0.5.17 renamed three settings (server_args_names.py): the names this tree's ServerArgs has
+    kwargs, result["engine_kwargs_renamed"] = server_args_names.for_fields(kwargs, server_args_names.server_args_fields())
     result["engine_kwargs"] = kwargs
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))  # kept if the engine kills us
     t0 = time.perf_counter()

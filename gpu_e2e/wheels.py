@@ -27,8 +27,9 @@ from typing import Iterable, Optional
 RELEASES = ("0.5.12.post1", "0.5.11", "0.5.10", "0.5.13", "0.5.9")
 #: Releases that may also travel as they are (``bundle --reference``): the upstream
 #: reference of what sync-free means (issue 23 compares a patched 0.5.12.post1's
-#: sync table with 0.5.13's).
-REFERENCE_RELEASES = ("0.5.13",)
+#: sync table with 0.5.13's); 0.5.17, the newest release that pins the image's torch
+#: 2.11.0 (0.5.18+ pin 2.13 and later), is issue 57's yardstick.
+REFERENCE_RELEASES = ("0.5.13", "0.5.17")
 
 #: What the GPU image ('cuda', python 3.12) already holds (device KINDS.md list,
 #: normalised distribution names). Anything the Engine path imports beyond this and
@@ -134,6 +135,26 @@ RELEASE_PINS = {
         "flashinfer-python": "0.6.12",
         "sglang-kernel": "0.4.3",  # 0.5.13 pins it (built for the image's torch 2.11)
     },
+    # Issue 57's yardstick, carried as published (``--reference 0.5.17``). Its metadata
+    # pins more (flash-attn-4, helion, humming-kernels, nvidia-cutlass-dsl, quack,
+    # tilelang, sgl-deep-gemm, tokenspeed-mla, torchao, kernels, ...); those are imported
+    # inside functions or under guards that a Llama EAGLE3 spec-v2 engine on FA3 or
+    # Triton does not reach (docs/research/sglang-0.5.17-bundle.md lists each site), so
+    # they stay behind. What its Engine path imports at module level and the image lacks
+    # or holds at another version travels: xgrammar (function_call's detectors import it
+    # at module level and pydantic needs its real types), apache-tvm-ffi 0.1.11 (its
+    # pin; xgrammar and sglang's JIT kernels load it), sglang-kernel 0.4.5 (its pin,
+    # built for torch 2.11), transformers 5.12.1 with tokenizers 0.22.2 (5.12.1 refuses
+    # the image's 0.23.2: tokenizers<=0.23.0) and flashinfer 0.6.15.post1 (sgl_kernel's
+    # rmsnorm and sglang's layernorm go through flashinfer.norm where it is importable).
+    "0.5.17": {
+        "transformers": "5.12.1",
+        "tokenizers": "0.22.2",
+        "flashinfer-python": "0.6.15.post1",
+        "sglang-kernel": "0.4.5",
+        "apache-tvm-ffi": "0.1.11",
+        "xgrammar": "0.2.1",
+    },
     # 0.5.9 pins torch 2.9.1 and sgl-kernel 0.3.21 (built for torch 2.9.1, which the
     # image lacks): it runs on the common sglang-kernel 0.4.2.post2 (same sgl_kernel
     # module), with the release's own switch SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK
@@ -150,7 +171,11 @@ RELEASE_PINS = {
 
 #: Environment a release's engines need beyond the common one (runner.py sets it).
 #: 0.5.9 also imports names the image's sgl_kernel no longer has (kernel_gaps.py).
-RELEASE_ENV = {"0.5.9": {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "PK_E2E_KERNEL_GAPS": "1"}}
+#: 0.5.17 loads FA3 from sglang-kernel only while SGLANG_USE_SGL_FA3_KERNEL is on (its
+#: default); off, it first tries the `kernels` package's hub download, which the
+#: offline image cannot reach. Set, so that no run depends on the default staying so.
+RELEASE_ENV = {"0.5.9": {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "PK_E2E_KERNEL_GAPS": "1"},
+               "0.5.17": {"SGLANG_USE_SGL_FA3_KERNEL": "1"}}
 
 PIP_PLATFORM_FLAGS = [
     "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
@@ -230,6 +255,9 @@ def keep_member(dist: str, name: str) -> bool:
         if name.endswith(".py"):
             return True
         return name.startswith("sgl_kernel/sm90/") or name == "sgl_kernel/spatial_ops.abi3.so"
+    if d == "xgrammar":
+        # its static library and C++ headers (65 MB) serve C++ builds against it, not import
+        return not name.startswith(("xgrammar/lib/", "xgrammar/include/"))
     return True
 
 

@@ -11,6 +11,12 @@ on its own (gpu_e2e/fa3_kernel.py):
     python3 gpu_e2e/fa3_kernel.py unpack --src DIR --dest /tmp/pk_fa3          # GPU, call 1
     ... orchestrate --attention-backend fa3 --fa3-lib /tmp/pk_fa3/flash_ops.abi3.so   # call 2
 
+A bundle or FA3 pack bigger than one device call carries travels in parts
+(gpu_e2e/bundle_parts.py; issue 57's 0.5.17 bundle):
+
+    python scripts/gpu_e2e.py split --folder .gpubundle-17                      # here
+    python3 gpu_e2e/bundle_parts.py join --part .gpubundle-17-a --dest /tmp/b17   # GPU, one call per part
+
 See docs/gpu.md.
 """
 
@@ -49,6 +55,9 @@ def main() -> int:
     f.add_argument("--out", required=True, type=Path)
     f.add_argument("--kernel-version", default=wheels.COMMON_PINS["sglang-kernel"],
                    help="sglang-kernel version whose FA3 library to pack (0.5.13 pins 0.4.3)")
+    s = sub.add_parser("split", help="cut a folder (bundle, FA3 pack) into parts that one device call each carries")
+    s.add_argument("--folder", required=True, type=Path)
+    s.add_argument("--part-mib", type=float, default=46, help="what one part may hold (64 MiB less the checkout)")
     t = sub.add_parser("tables", help="issue 23's tables from one or more results.json (e.g. two device calls)")
     t.add_argument("results", nargs="+", type=Path)
     r = sub.add_parser("run", help="run on this (GPU) machine from a built bundle")
@@ -61,6 +70,11 @@ def main() -> int:
         bundle.build(args.out, releases, limit=int(args.limit_mib * bundle.MIB), minus=args.minus,
                      kernels=args.kernel, reference=args.reference, earlier=earlier,
                      site_compression=args.site_compression, reuse_site=args.reuse_site)
+        return 0
+    if args.cmd == "split":
+        from gpu_e2e import bundle_parts
+
+        bundle_parts.split(args.folder, int(args.part_mib * bundle.MIB))
         return 0
     if args.cmd == "tables":
         import json
