@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 from .bundle import repo_root
 from .wheels import IMAGE_PACKAGES, all_pins, normalise

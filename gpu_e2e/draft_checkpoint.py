@@ -25,7 +25,7 @@ import os
 import random
 import struct
 from pathlib import Path
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 WEIGHTS = "model.safetensors"
 STAMP = "checkpoint.json"

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Optional
+from collections.abc import Callable, Mapping
 
 SYNC = "sync"
 H2D = "h2d"

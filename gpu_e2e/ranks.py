@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import inspect
 import subprocess
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Optional
+from collections.abc import Iterable, Mapping
 
 from . import syncs, worker_steps
 

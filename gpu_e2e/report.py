@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from . import mirror_control, wait_report
 from .sites import by_function, new_sites
@@ -16,11 +16,11 @@ def prepare_syncs(table: Mapping[str, int]) -> int:
                if name.split(" ", 1)[1] == PREPARE_FOR_DECODE)
 
 
-def per_step(n: int, steps: int) -> Optional[float]:
+def per_step(n: int, steps: int) -> float | None:
     return (n / steps) if steps else None
 
 
-def first_mismatch(a: list, b: list) -> Optional[str]:
+def first_mismatch(a: list, b: list) -> str | None:
     """Where two lists of per-request output ids first differ (None when identical)."""
     if len(a) != len(b):
         return f"{len(a)} vs {len(b)} requests"
@@ -34,7 +34,7 @@ def first_mismatch(a: list, b: list) -> Optional[str]:
     return None
 
 
-def best_tok_per_s(batch: Mapping) -> Optional[float]:
+def best_tok_per_s(batch: Mapping) -> float | None:
     """tok/s of the fastest timed run: noise on a shared host only ever adds time."""
     import statistics
 

@@ -17,7 +17,8 @@ what it renamed (``engine_kwargs_renamed``).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
+from collections.abc import Iterable
 
 #: old name -> (new name, {old value: new value} or None to keep the value).
 RENAMED: dict[str, tuple[str, Any]] = {

@@ -14,7 +14,8 @@ new site as after start-up, as the old rule did.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Optional
+from collections.abc import Mapping
 
 from .syncs import delta, site_function, split_key
 

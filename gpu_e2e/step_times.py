@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def step_ms(batch: dict) -> list[float]:

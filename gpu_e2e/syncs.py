@@ -42,7 +42,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Optional
+from collections.abc import Iterable, Mapping
 
 from . import host_waits
 
@@ -164,7 +165,7 @@ def _wrap_waits(torch: Any) -> None:
     for cls_name in ("Event", "Stream"):
         cls = getattr(cuda, cls_name, None)
         if cls is not None and hasattr(cls, "synchronize"):
-            setattr(cls, "synchronize", _counted_wait(cls.synchronize))
+            cls.synchronize = _counted_wait(cls.synchronize)
     if hasattr(cuda, "synchronize"):
         cuda.synchronize = _counted_wait(cuda.synchronize)
 

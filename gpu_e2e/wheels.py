@@ -19,7 +19,8 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
+from collections.abc import Iterable
 
 #: Releases this bundle knows how to run, patched against pristine. 0.5.13 is the
 #: first whose spec v2 takes tree drafts (topk > 1, issue 44); 0.5.9 is the newest

@@ -69,8 +69,8 @@ def measure(bench: Bench) -> None:
     serial = {"PATCHKIT_JOBS": "1"}
     steps = [
         ("floor (libcst)", f"parse_module(data).bytes of the {n} touched files, one process", lambda: (floor,)),
-        (NEW_PROCESS_FLOOR, f"the same in a new `python -c` process (start-up, libcst's import, reading a fresh copy's "
-                            f"files), as the CLI is measured",
+        (NEW_PROCESS_FLOOR, "the same in a new `python -c` process (start-up, libcst's import, reading a fresh copy's "
+                            "files), as the CLI is measured",
          lambda: (run, [sys.executable, "-c", FLOOR_PROGRAM, str(bench.fresh()), *bench.touched])),
         ("apply cold (in-process)", "engine apply, fresh copy, empty transform cache (parallel)",
          lambda: (with_env(bench.empty_cache(), apply_in_process, bench.fresh()),)),
