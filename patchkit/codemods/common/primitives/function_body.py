@@ -10,19 +10,19 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.expressions import replace_node
-from patchkit.codemods.common.primitives.search import find_all, paths_to
-from patchkit.codemods.common.primitives.snippets import AnchorError, _docstring_count, parse_expression, parse_statement, parse_statements, parse_statements_with_comments
+from patchkit.codemods.common.primitives.search import _N, find_all, paths_to, visit_below
+from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, block, parse_expression, parse_statement, parse_statements, parse_statements_with_comments
 
 
 def insert_at_start(fn: cst.FunctionDef, source: str) -> cst.FunctionDef:
     """Insert statements at the start of a function body, after its docstring."""
-    body = list(fn.body.body)
+    body = block(fn.body)
     index = _docstring_count(body)
     body[index:index] = parse_statements(source)
     return fn.with_changes(body=fn.body.with_changes(body=body))
 
 
-StatementEdit = Callable[[cst.BaseStatement], Union[cst.BaseStatement, cst.FlattenSentinel, cst.RemovalSentinel]]
+StatementEdit = Callable[[Statement], Union[cst.BaseStatement, cst.FlattenSentinel, cst.RemovalSentinel]]
 
 
 class _StatementReplacer(cst.CSTTransformer):
@@ -49,16 +49,16 @@ class _StatementReplacer(cst.CSTTransformer):
         return updated
 
 
-def replace_statements(node: cst.CSTNode, matcher: m.BaseMatcherNode, edit: StatementEdit) -> cst.CSTNode:
+def replace_statements(node: _N, matcher: m.BaseMatcherNode, edit: StatementEdit) -> _N:
     """Replace every simple statement line (or ``if``) under ``node`` that matches."""
     replacer = _StatementReplacer(matcher, edit, paths_to(node, find_all(node, matcher)))
-    result = node.visit(replacer)
+    result = visit_below(node, replacer)
     if replacer.count == 0:
         raise AnchorError(f"no statement matching {matcher!r}")
     return result
 
 
-def guard_statement(stmt: cst.BaseStatement, condition: str) -> cst.If:
+def guard_statement(stmt: Statement, condition: str) -> cst.If:
     """Wrap a statement in ``if <condition>:``, keeping its leading comments
     above the ``if``."""
     inner = stmt.with_changes(leading_lines=[])
@@ -69,7 +69,7 @@ def guard_statement(stmt: cst.BaseStatement, condition: str) -> cst.If:
     )
 
 
-def guard_statements(stmts: Sequence[cst.BaseStatement], condition: str, comment: str = "") -> cst.If:
+def guard_statements(stmts: Sequence[Statement], condition: str, comment: str = "") -> cst.If:
     """Wrap consecutive statements in one ``if <condition>:``; the first
     statement's leading comments/blank lines stay above the ``if``. With a
     ``comment`` (lines, without ``# ``), only its leading blank lines go above,
@@ -87,7 +87,7 @@ def guard_statements(stmts: Sequence[cst.BaseStatement], condition: str, comment
     )
 
 
-def branch_statements(stmts: Sequence[cst.BaseStatement], condition: str, then_source: str) -> cst.If:
+def branch_statements(stmts: Sequence[Statement], condition: str, then_source: str) -> cst.If:
     """``if <condition>: <then_source> else: <stmts>``: new code for one case,
     the existing statements unchanged for the others. Leading comments of the
     first statement stay above the ``if``."""
@@ -95,7 +95,7 @@ def branch_statements(stmts: Sequence[cst.BaseStatement], condition: str, then_s
         raise AnchorError("branch_statements needs at least one statement")
     inner = [stmts[0].with_changes(leading_lines=[])] + list(stmts[1:])
     # Parsed as a block (not a module) so its leading comments stay in it.
-    then = parse_statement("if _:\n" + textwrap.indent(textwrap.dedent(then_source).strip("\n"), "    ") + "\n")
+    then = cst.ensure_type(parse_statement("if _:\n" + textwrap.indent(textwrap.dedent(then_source).strip("\n"), "    ") + "\n"), cst.If)
     return cst.If(
         test=parse_expression(condition),
         body=then.body,
@@ -107,7 +107,7 @@ def branch_statements(stmts: Sequence[cst.BaseStatement], condition: str, then_s
 def insert_at_end(fn: cst.FunctionDef, source: str) -> cst.FunctionDef:
     """Append statements (leading comments kept) at the end of a function body
     (after its last statement; a trailing comment block stays last)."""
-    body = list(fn.body.body)
+    body = block(fn.body)
     body.extend(parse_statements_with_comments(source))
     return fn.with_changes(body=fn.body.with_changes(body=body))
 
@@ -129,7 +129,7 @@ def insert_before(fn: cst.FunctionDef, matcher: m.BaseMatcherNode, source: str) 
     index = find_statement_index(fn, matcher)
     if index is None:
         raise AnchorError(f"{fn.name.value}: no statement matching {matcher!r}")
-    body = list(fn.body.body)
+    body = block(fn.body)
     anchor = body[index]
     lines = list(anchor.leading_lines)
     first_comment = next((k for k, line in enumerate(lines) if line.comment is not None), len(lines))
