@@ -8,12 +8,12 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.module import FunctionEdit, _find_named, is_definition
-from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, block, parse_statement
+from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, block_statements, parse_statement
 
 
 def class_body(cls: cst.ClassDef) -> Sequence[Statement]:
     body = cls.body
-    return block(body) if isinstance(body, cst.IndentedBlock) else ()
+    return block_statements(body) if isinstance(body, cst.IndentedBlock) else ()
 
 
 def _with_class_body(cls: cst.ClassDef, statements: Sequence[Statement]) -> cst.ClassDef:

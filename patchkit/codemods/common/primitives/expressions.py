@@ -10,11 +10,11 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.matchers import _isinstance_parts, _strip_parens, find_isinstance_disjunction, is_node, isinstance_subject, or_terms
-from patchkit.codemods.common.primitives.search import _N, find_all, paths_to, visit_below
+from patchkit.codemods.common.primitives.search import _N, NodeMatcher, find_all, paths_to, visit_below
 from patchkit.codemods.common.primitives.snippets import AnchorError, parse_expression, parse_statement
 
 
-def replace_expressions(node: _N, matcher: m.BaseMatcherNode, replacement) -> _N:
+def replace_expressions(node: _N, matcher: NodeMatcher, replacement) -> _N:
     """libcst's ``m.replace(node, matcher, replacement)``, visiting only the
     paths to the matches (``search.paths_to``): ``m.replace`` visits, and
     rebuilds, every node of ``node`` (a whole method) for a few matches.
@@ -225,7 +225,7 @@ def rewrite_expressions(
     template: str,
     *,
     within: Optional[m.BaseMatcherNode] = None,
-    **nodes: cst.CSTNode,
+    **nodes: cst.CSTNode | Sequence[cst.CSTNode],
 ) -> _N:
     """Rewrite every expression (or small statement) under ``node`` that
     matches ``matcher`` as ``template`` (see :func:`fill_template`), filled with

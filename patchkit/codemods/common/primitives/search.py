@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Iterator, Optional, Sequence, TypeVar, cast
+from typing import Iterator, Optional, Sequence, TypeVar, Union, cast
 
 import libcst as cst
 import libcst.matchers as m
 
 
 _N = TypeVar("_N", bound=cst.CSTNode)
+# What find_all looks for: a libcst matcher, or a MatchIfTrue tested on every node.
+NodeMatcher = Union[m.BaseMatcherNode, m.MatchIfTrue[cst.CSTNode]]
 
 
 def visit_below(node: _N, transformer: cst.CSTTransformer) -> _N:
@@ -22,11 +24,11 @@ def visit_below(node: _N, transformer: cst.CSTTransformer) -> _N:
     return cast(_N, node.visit(transformer))
 
 
-def contains(node: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
+def contains(node: cst.CSTNode, matcher: NodeMatcher) -> bool:
     return bool(find_all(node, matcher))
 
 
-def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.BaseMatcherNode] = None) -> list[cst.CSTNode]:
+def find_all(node: cst.CSTNode, matcher: NodeMatcher, within: Optional[m.BaseMatcherNode] = None) -> list[cst.CSTNode]:
     """Nodes under ``node`` (itself included) matching ``matcher``, in source
     order; only inside ``within`` nodes when given. Same result as libcst's
     ``m.findall``, which rebuilds every node it visits and so costs about as
@@ -55,6 +57,12 @@ def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.B
 # constants mostly; the entry holds the matcher, so its id stays valid.
 _TYPES: dict[int, tuple] = {}  # the node types it can match, or None
 _NEEDS: dict[int, tuple] = {}  # _needs of it
+
+
+def find_all_of(kind: type[_N], node: cst.CSTNode, matcher: NodeMatcher,
+                within: Optional[m.BaseMatcherNode] = None) -> list[_N]:
+    """``find_all`` for a matcher of one kind of node: its hits, typed as that kind."""
+    return [hit for hit in find_all(node, matcher, within) if isinstance(hit, kind)]
 
 
 def _remembered(cache: dict[int, tuple], matcher, work):

@@ -18,7 +18,7 @@ class AnchorError(Exception):
     """An anchor a transform relies on is not there (detect should have said so)."""
 
 
-def block(suite: cst.BaseSuite) -> list[Statement]:
+def block_statements(suite: cst.BaseSuite) -> list[Statement]:
     """The statements of an indented block, as a list to edit. libcst types an
     ``IndentedBlock``'s body as BaseStatement, whose only kinds are these two."""
     return list(cast(Sequence[Statement], suite.body))

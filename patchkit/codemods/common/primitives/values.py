@@ -26,7 +26,7 @@ reads, sums and widths the shared codemods anchor on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -167,7 +167,7 @@ def spelled(value: Expr, slices: bool = True, depth: int = 2) -> Expr:
     return matcher
 
 
-def host_scalar(reduction: str, receiver: Expr, slices: bool = True) -> Expr:
+def host_scalar(reduction: str, receiver: Expr, slices: bool = True) -> m.OneOf[m.BaseExpressionMatchType]:
     """A reduction of ``receiver`` read to the host as a Python number, however
     spelled: ``<r>.<reduction>().item()``, ``int(<r>.<reduction>())``,
     ``torch.<reduction>(<r>).item()``, ``int(torch.<reduction>(<r>))``; ``<r>``
@@ -175,11 +175,12 @@ def host_scalar(reduction: str, receiver: Expr, slices: bool = True) -> Expr:
     value = spelled(receiver, slices=slices)
     reduced = (m.Call(func=attr(reduction, value), args=[])
                | m.Call(func=dotted(f"torch.{reduction}"), args=[m.Arg(value, keyword=None)]))
-    # As in spelled: libcst types ``|`` on node matchers only, and _cast_of gives one.
-    return m.Call(func=attr("item", spelled(reduced, slices=False, depth=1)), args=[]) | _cast_of(reduced)  # type: ignore[operator]
+    # As in spelled: libcst types ``|`` on node matchers only; and OneOf flattens the
+    # OneOf _cast_of gives (at run time), so this is one OneOf of Call matchers.
+    return m.Call(func=attr("item", spelled(reduced, slices=False, depth=1)), args=[]) | _cast_of(reduced)  # type: ignore[operator, return-value]
 
 
-def added(value: Expr) -> Expr:
+def added(value: Expr) -> m.OneOf[Union[m.BinaryOperation, m.Call]]:
     """``<value> + X`` in any operand order: ``X + <value>``, ``torch.add`` either
     way round. Captures ``LEFT`` (the value) and ``RIGHT`` (the other term),
     so a rewrite such as ``add_or_none(LEFT, RIGHT)`` reads the same however
