@@ -72,6 +72,7 @@ class V2GraphComputesNoTopk(ClassCodemod):
         for fn, names in ((capture, CAPTURE_METHODS), (replay, REPLAY_METHODS)):
             if fn is None:
                 return Finding.missing(self.CLASS, f"{self.where(cls)}: class {self.CLASS} defines none of {', '.join(names)}")
+        assert capture is not None and replay is not None  # else the loop returned
         anchor = f"{self.CLASS}.{capture.name.value}"
         computed, copied = unguarded(capture, TOPK_ASSIGN), unguarded(replay, TOPK_COPY)
         if not computed and not copied:
@@ -95,9 +96,11 @@ class V2GraphComputesNoTopk(ClassCodemod):
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         self.require_import(FORWARD_MODE_MODULE, "ForwardMode")
         capture = primitives.find_first_method(cls, CAPTURE_METHODS)
+        assert capture is not None  # detect found it
         if unguarded(capture, TOPK_ASSIGN):
             cls = primitives.replace_method(cls, capture.name.value, lambda fn: guard_topk(fn, WHY))
         replay = primitives.find_first_method(cls, REPLAY_METHODS)
+        assert replay is not None  # detect found it
         if unguarded(replay, TOPK_COPY):
             cls = primitives.replace_method(cls, replay.name.value, guard_copies)
         return cls

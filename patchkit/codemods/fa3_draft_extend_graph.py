@@ -166,16 +166,17 @@ _EARLIER = m.If(test=m.MatchIfTrue(lambda test: code_of(test) == EARLIER_TEST))
 
 
 def _earlier_form(fn: cst.FunctionDef) -> "cst.If | None":
-    found = primitives.find_all(fn, _EARLIER)
+    found = primitives.find_all_of(cst.If, fn, _EARLIER)
     return found[0] if found else None
 
 
 def _this_form(stmt: cst.If) -> cst.If:
     """The earlier If with this test and comment; its body (the import and
     the assignment) is the same."""
-    new = primitives.parse_statements_with_comments(LET_FA3_IN)[0]
+    new = cst.ensure_type(primitives.parse_statements_with_comments(LET_FA3_IN)[0], cst.If)
+    body = primitives.block_statements(stmt.body)
     return stmt.with_changes(test=new.test, body=stmt.body.with_changes(
-        body=[stmt.body.body[0].with_changes(leading_lines=new.body.body[0].leading_lines), *stmt.body.body[1:]]))
+        body=[body[0].with_changes(leading_lines=primitives.block_statements(new.body)[0].leading_lines), *body[1:]]))
 
 
 # --- flashattention_backend.py: the graph branches the patch relies on ------------------
@@ -190,7 +191,7 @@ _READS = m.Assign(value=_DRAFT_EXTEND_METADATA)
 
 
 def _v2_branches(cls: cst.ClassDef) -> list[cst.If]:
-    return [b for b in primitives.find_all(cls, m.If()) if primitives.contains(b.test, _V2_TEST)]
+    return [b for b in primitives.find_all_of(cst.If, cls, m.If()) if primitives.contains(b.test, _V2_TEST)]
 
 
 class FA3HasDraftExtendGraphBranches(ClassCheck):

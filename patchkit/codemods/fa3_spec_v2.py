@@ -146,7 +146,7 @@ class ReplayPageTableFits(ClassCodemod):
 
     @staticmethod
     def _writes(node: cst.CSTNode) -> list[cst.Call]:
-        return primitives.find_all(node, m.Call(func=m.Name(PAGE_WRITER)))
+        return primitives.find_all_of(cst.Call, node, m.Call(func=m.Name(PAGE_WRITER)))
 
     @staticmethod
     def _bounded(write: cst.Call) -> bool:

@@ -39,13 +39,19 @@ def _masked_add(logits: str) -> m.AugAssign:
     )
 
 
+def _index_name(subscript: cst.BaseExpression) -> str:
+    """``NAME`` of ``X[NAME]`` (a side of what ``_masked_add`` matched)."""
+    index = cst.ensure_type(cst.ensure_type(subscript, cst.Subscript).slice[0].slice, cst.Index)
+    return cst.ensure_type(index.value, cst.Name).value
+
+
 def _where_added(logits: str) -> m.Call:
     """``LOGITS.add_(torch.where(...))``: the shape this codemod writes, and upstream's."""
     return m.Call(func=m.Attribute(value=m.Name(logits), attr=m.Name("add_")), args=[m.Arg(value=call("torch.where"))])
 
 
 # An elementwise select of the penalties (``torch.where``) where the masked add was: no data-dependent count.
-_NO_SYNC = m.MatchIfTrue(lambda node: primitives.contains(node, call("torch.where")))
+_NO_SYNC: m.MatchIfTrue[cst.BaseSmallStatement] = m.MatchIfTrue(lambda node: primitives.contains(node, call("torch.where")))
 
 
 class AddPenaltyWithoutSync(MethodCodemod):
@@ -65,18 +71,18 @@ class AddPenaltyWithoutSync(MethodCodemod):
         logits = self._logits(fn)
         if logits is None:
             return None
-        for add in primitives.find_all(fn, _masked_add(logits)):
-            mask = add.target.slice[0].slice.value.value
-            if add.value.slice[0].slice.value.value != mask:
+        for add in primitives.find_all_of(cst.AugAssign, fn, _masked_add(logits)):
+            mask = _index_name(add.target)
+            if _index_name(add.value) != mask:
                 continue
-            assigns = primitives.find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name(mask))]))
+            assigns = primitives.find_all_of(cst.Assign, fn, m.Assign(targets=[m.AssignTarget(target=m.Name(mask))]))
             if len(assigns) != 1 or not (self._top_level(fn, assigns[0]) and self._top_level(fn, add)):
                 continue
             cond = assigns[0].value
             expand = m.Call(func=m.Attribute(attr=m.Name("expand_as")), args=[m.Arg(value=m.Name(logits))])
-            if m.matches(cond, expand):
+            if isinstance(cond, cst.Call) and isinstance(cond.func, cst.Attribute) and m.matches(cond, expand):
                 cond = cond.func.value.with_changes(lpar=[], rpar=[])
-            return add, assigns[0], cond, add.value.value
+            return add, assigns[0], cond, cst.ensure_type(add.value, cst.Subscript).value
         return None
 
     @staticmethod
@@ -114,8 +120,9 @@ class AddPenaltyWithoutSync(MethodCodemod):
             {logits}.add_(torch.where({mask}, {code_of(penalties)}, 0.0))
         """
         new_mask, new_add = primitives.parse_statements_with_comments(source)
-        body = list(fn.body.body)
+        body = primitives.block_statements(fn.body)
         first, last = self._index(fn, assign), self._index(fn, add)
+        assert first is not None and last is not None  # _site found them at the top level
         # Each line where it was (anything between them stays), its blank lines and comments kept.
         body[first] = new_mask.with_changes(leading_lines=[*body[first].leading_lines, *new_mask.leading_lines])
         body[last] = new_add.with_changes(leading_lines=body[last].leading_lines)
@@ -144,16 +151,16 @@ class _OutputIdsCopyWithoutWait(MethodCodemod):
     def _fed(self, fn: cst.FunctionDef) -> list[cst.BaseExpression]:
         """What each ``cumulate_output_tokens(X)`` is handed: ``X``, or the values the method assigned to it."""
         out = []
-        for c in primitives.find_all(fn, CUMULATE):
+        for c in primitives.find_all_of(cst.Call, fn, CUMULATE):
             arg = c.args[0].value if c.args else None
             if isinstance(arg, cst.Name):
-                out += [a.value for a in primitives.find_all(fn, primitives.assigns_name(arg.value))]
+                out += [a.value for a in primitives.find_all_of(cst.Assign, fn, primitives.assigns_name(arg.value))]
             elif arg is not None:
                 out.append(arg)
         return out
 
     def _sites(self, fn: cst.FunctionDef) -> list[cst.Call]:
-        return [v for v in self._fed(fn) if host_copies.built_on_device(v) is not None]
+        return [v for v in self._fed(fn) if isinstance(v, cst.Call) and host_copies.built_on_device(v) is not None]
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if self._sites(fn):

@@ -54,7 +54,7 @@ self.seq_lens_sum = None
 """
 
 
-def _deferred(stmt: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+def _deferred(stmt: primitives.Statement) -> primitives.Statement:
     """``self.seq_lens_sum = None`` with its comment, below the statement's own
     leading lines."""
     new = primitives.parse_statements_with_comments(DEFERRED_SOURCE)[0]

@@ -33,12 +33,12 @@ from patchkit.codemods.common.primitives import ANY, attr, call, none_test, save
 ADD_TEMPLATE = "add_or_none(LEFT, RIGHT)"
 
 
-def add_guard(left: m.BaseMatcherNode) -> Guard:
+def add_guard(left: primitives.Expr) -> Guard:
     # `left + pad`, `pad + left`, `torch.add(...)`: the None-able value stays LEFT (primitives.added).
     return Guard(primitives.added(left), ADD_TEMPLATE, "add_or_none")
 
 
-def aug_add_guard(target: m.BaseMatcherNode) -> Guard:
+def aug_add_guard(target: primitives.Field[m.BaseAssignTargetExpressionMatchType]) -> Guard:
     site = m.AugAssign(target=save(target, "T"), operator=m.AddAssign(), value=save(ANY, "V"))
     return Guard(site, "T = add_or_none(T, V)", "add_or_none")
 

@@ -107,17 +107,16 @@ GATED = call("needs_cpu_seq_lens") | m.If(test=m.UnaryOperation(operator=m.Not()
 # the device lengths and the copy in any spelling (`primitives.spelled`: casts, a batch slice).
 _TO_CPU = m.Arg(value=m.SimpleString('"cpu"') | m.SimpleString("'cpu'"))
 _DEVICE_LENS = primitives.spelled(attr("seq_lens"))
-D2H = line(
-    assigns_attr(
-        "seq_lens_cpu",
-        receiver=save(m.Name(), "BATCH"),
-        value=primitives.spelled(
-            m.Call(func=m.Attribute(value=_DEVICE_LENS, attr=m.Name("cpu")))
-            | m.Call(func=m.Attribute(value=_DEVICE_LENS, attr=m.Name("to")), args=[_TO_CPU, m.ZeroOrMore()]),
-            slices=False,
-        ),
-    )
+D2H_ASSIGN = assigns_attr(
+    "seq_lens_cpu",
+    receiver=save(m.Name(), "BATCH"),
+    value=primitives.spelled(
+        m.Call(func=m.Attribute(value=_DEVICE_LENS, attr=m.Name("cpu")))
+        | m.Call(func=m.Attribute(value=_DEVICE_LENS, attr=m.Name("to")), args=[_TO_CPU, m.ZeroOrMore()]),
+        slices=False,
+    ),
 )
+D2H = line(D2H_ASSIGN)
 SUM = line(assigns_attr("seq_lens_sum"))
 MIRROR_WRITE = assigns_attr("seq_lens_cpu", receiver=save(m.Name(), "BATCH"))
 # A fork that dropped the sync itself: `<batch>.seq_lens_cpu = None` (filled later, if at all, by its own code).
@@ -132,7 +131,7 @@ NO_MIRROR_COMMENT = (
 def _sync_block(fn: cst.FunctionDef) -> Optional[cst.IndentedBlock]:
     """The block holding the D2H assignment as one of its statements: the
     method body, or the block a fork moved it into (outermost first)."""
-    return next((b for b in primitives.find_all(fn, m.IndentedBlock()) if _sync_run(b) is not None), None)
+    return next((b for b in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()) if _sync_run(b) is not None), None)
 
 
 def _sync_run(block: cst.IndentedBlock) -> Optional[tuple[int, int, str]]:
@@ -143,7 +142,7 @@ def _sync_run(block: cst.IndentedBlock) -> Optional[tuple[int, int, str]]:
         captures = m.extract(stmt, D2H)
         if captures is not None:
             end = i + 2 if i + 1 < len(body) and m.matches(body[i + 1], SUM) else i + 1
-            return i, end, captures["BATCH"].value
+            return i, end, cst.ensure_type(captures["BATCH"], cst.Name).value
     return None
 
 
@@ -151,9 +150,9 @@ def _vendor_gate(fn: cst.FunctionDef) -> Optional[cst.CSTNode]:
     """A fork's own gate of the sync: an ``if`` one branch of which copies
     the lengths to the host and another sets the mirror None (whatever it
     tests). The None assignment, where found."""
-    for node in primitives.find_all(fn, m.If()):
+    for node in primitives.find_all_of(cst.If, fn, m.If()):
         branches = [node.body, node.orelse.body if node.orelse is not None else None]
-        copies = [b is not None and primitives.contains(b, D2H.body[0]) for b in branches]
+        copies = [b is not None and primitives.contains(b, D2H_ASSIGN) for b in branches]
         drops = [primitives.find_all(b, MIRROR_DROPPED) if b is not None else [] for b in branches]
         if (copies[0] and drops[1]) or (copies[1] and drops[0]):
             return (drops[1] or drops[0])[0]
@@ -176,7 +175,7 @@ class GateDecodeSync(MethodCodemod):
             return self.vendors_own(self.anchor, "skips the seq_lens sync on a branch", gate)
         if _sync_block(fn) is not None:
             return Finding.todo(self.anchor, "`seq_lens_cpu = seq_lens.cpu()` runs every decode step")
-        copies = primitives.find_all(fn, D2H.body[0])
+        copies = primitives.find_all(fn, D2H_ASSIGN)
         if copies:
             return self.missing_in(
                 fn, "the seq_lens copy to the host shares its line with other statements",
@@ -190,7 +189,9 @@ class GateDecodeSync(MethodCodemod):
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         self.require_import(RUNTIME, "needs_cpu_seq_lens")
         block = _sync_block(fn)
-        start, end, batch = _sync_run(block)
+        run = None if block is None else _sync_run(block)
+        assert block is not None and run is not None  # detect found them
+        start, end, batch = run
         no_mirror = f"{NO_MIRROR_COMMENT}{batch}.seq_lens_cpu = None\n{batch}.seq_lens_sum = None\n"
         return primitives.replace_block_statements(
             fn, block, start, end, lambda run: primitives.branch_statements(run, GATE, no_mirror)
@@ -216,7 +217,9 @@ class GateFutureMapSync(MethodCodemod):
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         self.require_import(RUNTIME, "needs_cpu_seq_lens")
         write = primitives.find_all(fn, MIRROR_WRITE)[0]
-        batch = m.extract(write, MIRROR_WRITE)["BATCH"].value
+        captures = m.extract(write, MIRROR_WRITE)
+        assert captures is not None  # a match of MIRROR_WRITE
+        batch = cst.ensure_type(captures["BATCH"], cst.Name).value
         source = (
             f"{NO_MIRROR_COMMENT}if {GATE}:\n"
             f"    {batch}.seq_lens_cpu = None\n    {batch}.seq_lens_sum = None\n    return\n"

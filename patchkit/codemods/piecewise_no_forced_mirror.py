@@ -62,12 +62,12 @@ def mirror_reads(cls: cst.ClassDef) -> list[cst.Attribute]:
     """The loads of ``.seq_lens_cpu`` / ``.seq_lens_sum`` in ``cls`` other than
     hand-overs and assignment targets."""
     is_mirror = m.Attribute(attr=m.OneOf(*(m.Name(a) for a in MIRROR)))
-    passed = {id(arg.value) for arg in primitives.find_all(cls, m.Arg()) if _handed_through(arg)}
+    passed = {id(arg.value) for arg in primitives.find_all_of(cst.Arg, cls, m.Arg()) if _handed_through(arg)}
     stored = {
         id(target.target)
-        for target in primitives.find_all(cls, m.AssignTarget(target=is_mirror))
+        for target in primitives.find_all_of(cst.AssignTarget, cls, m.AssignTarget(target=is_mirror))
     }
-    return [a for a in primitives.find_all(cls, is_mirror) if id(a) not in passed and id(a) not in stored]
+    return [a for a in primitives.find_all_of(cst.Attribute, cls, is_mirror) if id(a) not in passed and id(a) not in stored]
 
 
 class RunnerHandsMirrorThrough(ClassCheck):

@@ -53,7 +53,7 @@ TREE_HELPER = m.Call(func=m.Attribute(attr=m.Name("populate_from_forward_batch")
 def _local_values(fn: cst.FunctionDef, name: str) -> list[cst.BaseExpression]:
     """The values local ``name`` is assigned in ``fn`` (plain assignments)."""
     return [
-        a.value for a in primitives.find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name(name))]))
+        a.value for a in primitives.find_all_of(cst.Assign, fn, m.Assign(targets=[m.AssignTarget(target=m.Name(name))]))
     ]
 
 
@@ -114,7 +114,7 @@ class ReplayPassesNoStaleMirror(PatchCodemod):
         return found
 
     def _sites(self, fn: cst.FunctionDef) -> list[tuple[cst.Arg, str]]:
-        return [(arg, _verdict(fn, arg.value)) for arg in primitives.find_all(fn, KWARG)]
+        return [(arg, _verdict(fn, arg.value)) for arg in primitives.find_all_of(cst.Arg, fn, KWARG)]
 
     def detect(self, module: cst.Module) -> Finding:
         self.detect_module(module)
@@ -151,6 +151,9 @@ class ReplayPassesNoStaleMirror(PatchCodemod):
             if owner is None:
                 tree = primitives.replace_function(tree, fn.name.value, edit)
             else:
-                tree = primitives.replace_class(tree, owner.name.value, lambda c, name=fn.name.value: primitives.replace_method(c, name, edit))
+                def edit_owner(c: cst.ClassDef, name: str = fn.name.value) -> cst.ClassDef:
+                    return primitives.replace_method(c, name, edit)
+
+                tree = primitives.replace_class(tree, owner.name.value, edit_owner)
         self.require_import(MIRROR_READS, "mirror_or_none")
         return tree

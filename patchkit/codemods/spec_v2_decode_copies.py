@@ -33,6 +33,8 @@ under MoE expert parallelism and DP attention, pinned by 0.5.19 too).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -44,20 +46,38 @@ from patchkit.codemods.common.shared import code_of
 def _host_tensors(fn: cst.FunctionDef) -> dict[str, cst.Call]:
     """Names the function assigns from ``torch.tensor(...)`` built on the host."""
     out = {}
-    for assign in primitives.find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=host_copies.TENSOR)):
-        if host_copies.built_on_device(assign.value) is None:
-            out[assign.targets[0].target.value] = assign.value
+    for assign in primitives.find_all_of(cst.Assign, fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=host_copies.TENSOR)):
+        tensor = cst.ensure_type(assign.value, cst.Call)  # as matched: NAME = torch.tensor(...)
+        if host_copies.built_on_device(tensor) is None:
+            out[cst.ensure_type(assign.targets[0].target, cst.Name).value] = tensor
     return out
+
+
+def _copied(copy: cst.Call) -> cst.BaseExpression:
+    """``X`` of the copy ``X.to(...)``."""
+    return cst.ensure_type(copy.func, cst.Attribute).value
+
+
+def _name(copy: cst.Call) -> str:
+    """``NAME`` of one of ``_copies``: ``NAME.to(...)``."""
+    return cst.ensure_type(_copied(copy), cst.Name).value
 
 
 def _copies(fn: cst.FunctionDef) -> list[cst.Call]:
     """Each ``T.to(...)`` copy to a device of one of those names."""
     names = _host_tensors(fn)
-    return [c for c in primitives.find_all(fn, host_copies.TO)
-            if isinstance(c.func.value, cst.Name) and c.func.value.value in names and host_copies.copy_device(c) is not None]
+    return [c for c in primitives.find_all_of(cst.Call, fn, host_copies.TO)
+            if isinstance(c.func, cst.Attribute) and isinstance(c.func.value, cst.Name) and c.func.value.value in names and host_copies.copy_device(c) is not None]
 
 
-class _Copies:
+# The mixin's own base is object; to mypy, the PatchCodemod it is mixed into.
+if TYPE_CHECKING:
+    _Mixin = PatchCodemod
+else:
+    _Mixin = object
+
+
+class _Copies(_Mixin):
     """Detection and rewrite of one function's kv-lens copies (the mixin's
     method up to 0.5.14, ``eagle_utils.eagle_prepare_for_decode`` after)."""
 
@@ -76,15 +96,17 @@ class _Copies:
             return Finding.todo(anchor, f"{len(blocking)} blocking copy(ies) of host kv lengths to the device "
                                         f"(first at {self.where(blocking[0])})")
         tensors = _host_tensors(fn)
-        if all(host_copies.is_pinned(tensors[c.func.value.value]) for c in copies):
+        if all(host_copies.is_pinned(tensors[_name(c)]) for c in copies):
             return Finding.done(anchor)
         return Finding.done(anchor, "upstream's non_blocking copies (0.5.13+)")
 
     def transform_copies(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         copies, tensors = _copies(fn), _host_tensors(fn)
-        pin = {}
+        pin: dict[str, cst.BaseExpression] = {}
         for c in copies:
-            pin.setdefault(c.func.value.value, host_copies.copy_device(c))
+            device = host_copies.copy_device(c)
+            assert device is not None  # _copies keeps copies to a device
+            pin.setdefault(_name(c), device)
         for c in [c for c in copies if host_copies.blocks(c)]:
             fn = primitives.replace_node(fn, c, host_copies.non_blocking(c))
         for name, device in pin.items():
@@ -131,6 +153,7 @@ class MovedKvLensCopiesWithoutWait(_Copies, PatchCodemod):
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         fn = primitives.find_function(tree, MOVED)
+        assert fn is not None  # detect found it
         return primitives.replace_node(tree, fn, self.transform_copies(fn))
 
 
@@ -149,8 +172,17 @@ _COPY = m.Assign(
 
 def _list_copies(fn: cst.FunctionDef) -> dict[str, cst.Call]:
     """Each ``X.<one of PER_STEP_COPIES> = torch.tensor(LIST, ...).to(D, ...)`` built on the host, by name."""
-    return {a.targets[0].target.attr.value: a.value for a in primitives.find_all(fn, _COPY)
-            if host_copies.built_on_device(a.value.func.value) is None and host_copies.copy_device(a.value) is not None}
+    copies = {}
+    for a in primitives.find_all_of(cst.Assign, fn, _COPY):
+        copy = cst.ensure_type(a.value, cst.Call)  # as matched: X.NAME = BUILD(...).to(...)
+        if host_copies.built_on_device(_copied(copy)) is None and host_copies.copy_device(copy) is not None:
+            copies[cst.ensure_type(a.targets[0].target, cst.Attribute).attr.value] = copy
+    return copies
+
+
+def _built(copy: cst.Call) -> cst.Call:
+    """``BUILD(...)`` of one of ``_list_copies``: ``BUILD(...).to(...)``."""
+    return cst.ensure_type(_copied(copy), cst.Call)
 
 
 def _pinned(build: cst.Call) -> bool:
@@ -158,7 +190,7 @@ def _pinned(build: cst.Call) -> bool:
 
 
 def _waits(call: cst.Call) -> bool:
-    return host_copies.blocks(call) or not _pinned(call.func.value)
+    return host_copies.blocks(call) or not _pinned(_built(call))
 
 
 class ExtendLensCopiesPinned(MethodCodemod):
@@ -179,7 +211,7 @@ class ExtendLensCopiesPinned(MethodCodemod):
         if waiting:
             return Finding.todo(self.anchor, f"{len(waiting)} copy(ies) of a host list from pageable memory "
                                              f"(first at {self.where(waiting[0])})")
-        if all(m.matches(c.func.value, primitives.call(PINNED_TENSOR)) for c in copies.values()):
+        if all(m.matches(_built(c), primitives.call(PINNED_TENSOR)) for c in copies.values()):
             return Finding.done(self.anchor)
         return Finding.done(self.anchor, "upstream's pinned copies (0.5.19+)")
 
@@ -187,10 +219,11 @@ class ExtendLensCopiesPinned(MethodCodemod):
         """``torch.tensor(LIST, ...)`` / ``torch.as_tensor(LIST, ...)`` -> ``pinned_tensor(LIST, ..., pin_for=D)``:
         one call for both (a keyword would not do: torch.as_tensor has no ``pin_memory``)."""
         for copy in [c for c in _list_copies(fn).values() if _waits(c)]:
-            host = copy.func.value
+            host, device = _built(copy), host_copies.copy_device(copy)
+            assert device is not None  # _list_copies keeps copies to a device
             if not _pinned(host):
                 host = primitives.set_keyword_argument(host.with_changes(func=cst.Name(PINNED_TENSOR)), "pin_for",
-                                                       code_of(host_copies.copy_device(copy)))
+                                                       code_of(device))
             new = copy.with_changes(func=copy.func.with_changes(value=host))
             fn = primitives.replace_node(fn, copy, host_copies.non_blocking(new) if host_copies.blocks(new) else new)
         self.require_import(host_copies.HELPERS, PINNED_TENSOR)

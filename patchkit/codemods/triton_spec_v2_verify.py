@@ -49,12 +49,17 @@ RECORDS = m.Assign(targets=[m.AssignTarget(target=attr(MAX_BS, m.Name("self")))]
 
 def _allocation(fn: cst.FunctionDef) -> Optional[cst.SimpleStatementLine]:
     """The line ``self.cuda_graph_custom_mask = torch.zeros(SIZE, ...)``."""
-    lines = primitives.find_all(fn, m.SimpleStatementLine(body=[ALLOCATES_MASK]))
+    lines = primitives.find_all_of(cst.SimpleStatementLine, fn, m.SimpleStatementLine(body=[ALLOCATES_MASK]))
     return lines[0] if len(lines) == 1 else None
 
 
+def _call(line: cst.SimpleStatementLine) -> cst.Call:
+    """``torch.zeros(SIZE, ...)`` of the allocation line (as ALLOCATES_MASK matched)."""
+    return cst.ensure_type(cst.ensure_type(line.body[0], cst.Assign).value, cst.Call)
+
+
 def _size(line: cst.SimpleStatementLine) -> Optional[cst.BaseExpression]:
-    args = line.body[0].value.args
+    args = _call(line).args
     return args[0].value if args and args[0].keyword is None else None
 
 
@@ -88,11 +93,12 @@ class TritonRecordsTreeMaskMaxBs(MethodCodemod):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         line = _allocation(fn)
-        size = _size(line)
-        inner = primitives.peel(size).value
+        size = None if line is None else _size(line)
+        assert line is not None and size is not None  # detect found them
+        inner = cst.ensure_type(primitives.peel(size).value, cst.BinaryOperation)  # OLD_SIZE, as detect found
         wider = primitives.parse_expression(
             f"({code_of(inner.left)} * (self.max_context_len + (self.num_draft_tokens or 0)))")
-        call = line.body[0].value
+        call = _call(line)
         new_line = line.with_changes(body=[line.body[0].with_changes(value=call.with_changes(
             args=[call.args[0].with_changes(value=wider), *call.args[1:]]))])
         record = primitives.parse_statements_with_comments(f"""
@@ -100,8 +106,8 @@ class TritonRecordsTreeMaskMaxBs(MethodCodemod):
             # holds: the spec-v2 workers hand it only to a batch it fits (sglang 0.5.17).
             self.{MAX_BS} = max_bs
         """)
-        block = next(b for b in primitives.find_all(fn, m.IndentedBlock()) if any(s is line for s in b.body))
-        body = []
+        block = next(b for b in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()) if any(s is line for s in b.body))
+        body: list[cst.BaseStatement] = []
         for stmt in block.body:
             body += [new_line, *record] if stmt is line else [stmt]
         return primitives.replace_node(fn, block, block.with_changes(body=body))
@@ -119,9 +125,9 @@ SUM_HELPER = "seq_lens_sum_or_bound"
 
 def _verify_kv_indices(fn: cst.FunctionDef) -> list[cst.Assign]:
     """``kv_indices = torch.empty(SIZE, ...)`` in the target-verify branch (not its elif chain)."""
-    out = []
-    for branch in primitives.find_all(fn, IS_TARGET_VERIFY):
-        out += primitives.find_all(branch.body, KV_INDICES)
+    out: list[cst.Assign] = []
+    for branch in primitives.find_all_of(cst.If, fn, IS_TARGET_VERIFY):
+        out += primitives.find_all_of(cst.Assign, branch.body, KV_INDICES)
     return out
 
 
@@ -142,7 +148,8 @@ class TritonVerifyKvIndicesFromHost(MethodCodemod):
     METHOD = "init_forward_metadata"
 
     def _sites(self, fn: cst.FunctionDef) -> list[cst.Assign]:
-        return [a for a in _verify_kv_indices(fn) if a.value.args and m.matches(a.value.args[0].value, LAST_INDPTR)]
+        return [a for a in _verify_kv_indices(fn)
+                if isinstance(a.value, cst.Call) and a.value.args and m.matches(a.value.args[0].value, LAST_INDPTR)]
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if self._sites(fn):
@@ -155,10 +162,10 @@ class TritonVerifyKvIndicesFromHost(MethodCodemod):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         for site in self._sites(fn):
-            branch = next(b for b in primitives.find_all(fn, IS_TARGET_VERIFY) if primitives.contains(b.body, primitives.is_node(site)))
+            branch = next(b for b in primitives.find_all_of(cst.If, fn, IS_TARGET_VERIFY) if primitives.contains(b.body, primitives.is_node(site)))
             bs = "bs" if primitives.contains(branch.body, primitives.assigns_name("bs")) else "forward_batch.batch_size"
             size = primitives.parse_expression(f"{SUM_HELPER}(forward_batch.seq_lens_sum, {bs}, self.max_context_len)")
-            call = site.value
+            call = cst.ensure_type(site.value, cst.Call)  # as _sites kept
             fn = primitives.replace_node(fn, call.args[0], call.args[0].with_changes(value=size))
         self.require_import(import_path("runtime"), SUM_HELPER)
         return fn

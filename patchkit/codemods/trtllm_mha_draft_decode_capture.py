@@ -59,7 +59,8 @@ def _binding(block: cst.BaseSuite) -> Optional[tuple[int, str]]:
     and the metadata it binds them on."""
     for i, stmt in enumerate(getattr(block, "body", ())):
         if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and m.matches(stmt.body[0], BINDS_TO_BUFFER):
-            return i, code_of(stmt.body[0].targets[0].target.value)
+            binds = cst.ensure_type(stmt.body[0], cst.Assign)  # <receiver>.<LENGTHS> = ..., as matched
+            return i, code_of(cst.ensure_type(binds.targets[0].target, cst.Attribute).value)
     return None
 
 
@@ -88,7 +89,7 @@ class SeedDraftDecodeLengthsAtCapture(MethodCodemod):
 
     def _branches(self, fn: cst.FunctionDef) -> list[tuple[cst.If, int, str]]:
         found = []
-        for branch in primitives.find_all(fn, DRAFT_DECODE):
+        for branch in primitives.find_all_of(cst.If, fn, DRAFT_DECODE):
             bound = _binding(branch.body)
             if bound is not None:
                 found.append((branch, *bound))

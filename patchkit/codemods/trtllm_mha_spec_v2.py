@@ -29,10 +29,12 @@ without a preallocated one the worker sizes it from a static bound
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar, Optional
+
 import libcst as cst
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import Finding
+from patchkit.codemods.common.base import Finding, MethodCodemod
 from patchkit.codemods.common.page_table import EagerPageTableToRealLength, ReplayPageTableToRealLength
 from patchkit.codemods.common.shared import EAGER_DESCRIPTION, REPLAY_DESCRIPTION, EagerMirrorReads, OptOutFlag, ReplayMirrorReads
 
@@ -43,10 +45,17 @@ DRAFT_BACKEND = "TRTLLMHAAttnMultiStepDraftBackend"
 DEVICE_PAGE_TABLE = "_fill_page_table_device"
 
 
-class _DevicePageTable:
+# The mixin's own base is object; to mypy, the MethodCodemod it is mixed into (self.anchor, super()).
+if TYPE_CHECKING:
+    _Mixin = MethodCodemod
+else:
+    _Mixin = object
+
+
+class _DevicePageTable(_Mixin):
     """Mixin: a class with upstream's on-device page-table build is done."""
 
-    METHODS_READ = (DEVICE_PAGE_TABLE,)
+    METHODS_READ: ClassVar[Optional[tuple[str, ...]]] = (DEVICE_PAGE_TABLE,)
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         if primitives.find_method(cls, DEVICE_PAGE_TABLE) is not None:

@@ -120,14 +120,14 @@ def _re_reads(fn: cst.FunctionDef) -> list[cst.SimpleStatementLine]:
     outside the method's own None test."""
     guarded = _guarded_max(fn)
     kept = {id(n) for n in primitives.find_all(guarded, m.SimpleStatementLine())} if guarded is not None else set()
-    branches = primitives.find_all(fn, m.If(test=_IS_DRAFT_EXTEND))  # the branch itself, not an `or` holding it
-    return [line for b in branches for line in primitives.find_all(b.body, m.SimpleStatementLine(body=[_SETS_MAX]))
+    branches = primitives.find_all_of(cst.If, fn, m.If(test=_IS_DRAFT_EXTEND))  # the branch itself, not an `or` holding it
+    return [line for b in branches for line in primitives.find_all_of(cst.SimpleStatementLine, b.body, m.SimpleStatementLine(body=[_SETS_MAX]))
             if primitives.contains(line, _MIRROR) and id(line) not in kept]
 
 
 def _guarded_max(fn: cst.FunctionDef) -> Optional[cst.If]:
     """The method's own ``if <mirror> is not None: max_seq = ... else: max_seq = ...``."""
-    return next((b for b in primitives.find_all(fn, m.If()) if b.orelse is not None
+    return next((b for b in primitives.find_all_of(cst.If, fn, m.If()) if b.orelse is not None
                  and primitives.contains(b.test, m.SimpleString('"seq_lens_cpu"') | _MIRROR)
                  and primitives.contains(b.body, _SETS_MAX) and primitives.contains(b.orelse, _SETS_MAX)), None)
 
@@ -151,7 +151,7 @@ class DraftExtendReadsNoMirrorTwice(MethodCodemod):
         return Finding.todo(anchor, f"the draft extend reads {MAX} from the mirror again, unguarded")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        values = {id(line.body[0].value) for line in _re_reads(fn)}
+        values = {id(cst.ensure_type(line.body[0], cst.Assign).value) for line in _re_reads(fn)}  # _SETS_MAX lines
         those = m.SimpleStatementLine(body=[m.Assign(value=m.MatchIfTrue(lambda value: id(value) in values))])
         return primitives.replace_statements(fn, those, lambda line: cst.RemovalSentinel.REMOVE)
 
@@ -165,7 +165,8 @@ _OURS = m.Call(func=m.Name("alloc_cuda_graph_custom_mask") | m.Name("host_max_se
 
 def _fallback(guarded: cst.If) -> Optional[cst.BaseExpression]:
     """The value the guarded max takes without the mirror (its ``else``)."""
-    sets = primitives.find_all(guarded.orelse, _SETS_MAX)
+    assert guarded.orelse is not None  # _guarded_max has an else
+    sets = primitives.find_all_of(cst.Assign, guarded.orelse, _SETS_MAX)
     return sets[0].value if len(sets) == 1 else None
 
 
@@ -211,7 +212,8 @@ class EagerMaxWithoutMirror(MethodCodemod):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         guarded = _guarded_max(fn)
-        mirror = primitives.find_all(guarded.test, m.Comparison())[0].left
+        assert guarded is not None  # detect found it
+        mirror = primitives.find_all_of(cst.Comparison, guarded.test, m.Comparison())[0].left
         source = f"""
             # Without the CPU mirror, the static bound (sglang 0.5.16): it only sizes
             # the block table; seq_lens.max().item() waited for the GPU every eager step.

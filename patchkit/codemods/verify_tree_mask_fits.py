@@ -55,6 +55,16 @@ HOOK_ASSIGN = m.Assign(
 )
 
 
+def _buffer(hook: cst.Assign) -> str:
+    """``buf`` of ``buf, ... = <backend>.get_...()`` (as HOOK_ASSIGN matched)."""
+    return cst.ensure_type(cst.ensure_type(hook.targets[0].target, cst.Tuple).elements[0].value, cst.Name).value
+
+
+def _backend(hook: cst.Assign) -> str:
+    """``<backend>`` of ``buf, ... = <backend>.get_...()`` (as HOOK_ASSIGN matched)."""
+    return code_of(cst.ensure_type(cst.ensure_type(hook.value, cst.Call).func, cst.Attribute).value)
+
+
 def _arg(node: cst.Call, where: tuple[int, str]) -> Optional[cst.BaseExpression]:
     index, keyword = where
     for arg in node.args:
@@ -75,7 +85,7 @@ class WorkerHandsOverAFittingTreeMask(MethodCodemod):
     NOT_OURS_FROM_SCHEDULE_BATCH: ClassVar[bool] = False
 
     def _hook(self, fn: cst.FunctionDef) -> Optional[cst.Assign]:
-        found = primitives.find_all(fn, HOOK_ASSIGN)
+        found = primitives.find_all_of(cst.Assign, fn, HOOK_ASSIGN)
         return found[0] if found else None
 
     def _guarded(self, fn: cst.FunctionDef, buf: str) -> bool:
@@ -84,7 +94,7 @@ class WorkerHandsOverAFittingTreeMask(MethodCodemod):
         )
 
     def _kernel_args(self, fn: cst.FunctionDef):
-        for kernel in primitives.find_all(fn, call(TREE_KERNEL)):
+        for kernel in primitives.find_all_of(cst.Call, fn, call(TREE_KERNEL)):
             seq_lens, num_verify = _arg(kernel, SEQ_LENS_ARG), _arg(kernel, NUM_VERIFY_ARG)
             if seq_lens is not None and num_verify is not None:
                 return seq_lens, num_verify
@@ -98,7 +108,7 @@ class WorkerHandsOverAFittingTreeMask(MethodCodemod):
                 f"no {GET_BUFFERS}() call here: the tree mask is built elsewhere "
                 "(upstream 0.5.16+: eagle_worker_common.build_eagle_verify_input; 0.5.17+ checks VerifyMask.fits)",
             )
-        buf = hook.targets[0].target.elements[0].value.value
+        buf = _buffer(hook)
         if self._guarded(fn, buf):
             return Finding.done(self.anchor)
         if self.NOT_OURS_FROM_SCHEDULE_BATCH and self._takes_schedule_batch(fn):
@@ -118,8 +128,8 @@ class WorkerHandsOverAFittingTreeMask(MethodCodemod):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         hook = self._hook(fn)
-        buf = hook.targets[0].target.elements[0].value.value
-        backend = code_of(hook.value.func.value)
+        assert hook is not None  # detect found it
+        buf, backend = _buffer(hook), _backend(hook)
         seq_lens, num_verify = (code_of(node) for node in self._kernel_args(fn))
         source = f"""
             # The preallocated mask holds the captured max_bs requests: only a batch it
@@ -134,7 +144,8 @@ class WorkerHandsOverAFittingTreeMask(MethodCodemod):
         """
         self.require_import(HELPERS, HELPER)
         index = primitives.find_statement_index(fn, HOOK_ASSIGN)
-        body = list(fn.body.body)
+        assert index is not None  # detect found it
+        body = primitives.block_statements(fn.body)
         body[index + 1 : index + 1] = primitives.parse_statements_with_comments(source)
         return fn.with_changes(body=fn.body.with_changes(body=body))
 
@@ -179,7 +190,7 @@ class WorkerAsksForTheBackendsLayout(WorkerHandsOverAFittingTreeMask):
     backend records which, next to the mask it preallocates that size)."""
 
     def _mode(self, fn: cst.FunctionDef) -> Optional[cst.BaseExpression]:
-        for kernel in primitives.find_all(fn, call(TREE_KERNEL)):
+        for kernel in primitives.find_all_of(cst.Call, fn, call(TREE_KERNEL)):
             mode = _arg(kernel, MODE_ARG)
             if mode is not None:
                 return mode
@@ -198,11 +209,13 @@ class WorkerAsksForTheBackendsLayout(WorkerHandsOverAFittingTreeMask):
         return Finding.todo(self.anchor, f"{code_of(mode)}: the FULL_MASK layout even where the backend never reads the mask")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        backend = code_of(self._hook(fn).value.func.value)
-        mode = self._mode(fn)
+        hook, mode = self._hook(fn), self._mode(fn)
+        assert hook is not None and mode is not None  # detect found them
+        backend = _backend(hook)
         self.require_import(HELPERS, MODE_HELPER)
         wrapped = primitives.parse_expression(f"{MODE_HELPER}({code_of(mode)}, {backend})")
-        return fn.deep_replace(mode, wrapped)
+        replaced = fn.deep_replace(mode, wrapped)
+        return cst.ensure_type(replaced, cst.FunctionDef)  # mode lies below fn
 
 
 class DraftAsksForTheBackendsLayout(WorkerAsksForTheBackendsLayout):

@@ -225,7 +225,7 @@ class MethodCodemod(ClassCodemod):
     def find_method(self, cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
         return primitives.find_first_method(cls, (self.METHOD, *self.RENAMED))
 
-    METHODS_READ = ()
+    METHODS_READ: ClassVar[Optional[tuple[str, ...]]] = ()
 
     @classmethod
     def methods_read(cls) -> Optional[Methods]:
@@ -256,7 +256,8 @@ class MethodCodemod(ClassCodemod):
         return Finding.missing(self.anchor_of(fn), f"{self.where(node or fn)}: {found}; the patch needs {needed}")
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        return primitives.replace_method(cls, self.find_method(cls).name.value, self.transform_method)
+        method = cst.ensure_type(self.find_method(cls), cst.FunctionDef)  # detect found it
+        return primitives.replace_method(cls, method.name.value, self.transform_method)
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         raise NotImplementedError
@@ -346,22 +347,22 @@ class MethodGuards(MethodCodemod):
             return Finding.superseded(anchor, self.MOVED_OUT[1])
         reads = self._value_reads(fn)
         if reads:
-            left = primitives.unguarded(fn, reads, self.VALUES)
-            if not left:
+            bare = primitives.unguarded(fn, reads, self.VALUES)
+            if not bare:
                 # A fork that tests the value itself, in a shape of its own.
                 return Finding.done(anchor, f"this tree guards these reads itself (None tests, first at {self.where(reads[0])})", by_tree=True)
             return self.missing_in(
                 fn,
-                f"`{_code(left[0])}` is read unguarded in a shape this change does not know",
+                f"`{_code(bare[0])}` is read unguarded in a shape this change does not know",
                 f"a read of {self.READS} it can rewrite ({self.DESCRIPTION}) or a None test around it",
-                left[0],
+                bare[0],
             )
         return self.missing_in(fn, f"no read of {self.READS} here", f"the reads it rewrites ({self.DESCRIPTION})")
 
     def _value_reads(self, fn: cst.FunctionDef) -> list[cst.CSTNode]:
         """Every read of an attribute named in VALUES (assignment targets are writes)."""
-        written = {id(t.target) for t in primitives.find_all(fn, m.AssignTarget())}
-        written |= {id(a.target) for a in primitives.find_all(fn, m.AugAssign())}
+        written = {id(t.target) for t in primitives.find_all_of(cst.AssignTarget, fn, m.AssignTarget())}
+        written |= {id(a.target) for a in primitives.find_all_of(cst.AugAssign, fn, m.AugAssign())}
         attrs = primitives.find_all(fn, primitives.attr("|".join(self.VALUES)))
         return [a for a in attrs if id(a) not in written]
 
@@ -386,9 +387,8 @@ class MethodGuards(MethodCodemod):
         for guard in self.GUARDS:
             if not self._unguarded(fn, guard):
                 continue
-            nodes = {}
-            if guard.context is not None:
-                nodes = m.extract(primitives.find_all(fn, guard.context)[0], guard.context)
+            context = guard.context  # its captures: those of a match, never None
+            nodes = (m.extract(primitives.find_all(fn, context)[0], context) or {}) if context is not None else {}
             fn = primitives.rewrite_expressions(fn, guard.site, guard.template, within=guard.within, **nodes)
             if guard.helper:
                 self.require_import(self.HELPER_MODULE, guard.helper)

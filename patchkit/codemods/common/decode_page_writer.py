@@ -62,13 +62,13 @@ def _params(fn: cst.FunctionDef) -> set[str]:
 def _row_index(fn: cst.FunctionDef) -> Optional[str]:
     """The row the program writes: the name assigned ``tl.program_id(0)`` or
     from it (``i = pid_b``)."""
-    first = primitives.find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Call(
+    first = primitives.find_all_of(cst.Assign, fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Call(
         func=m.Attribute(value=m.Name("tl"), attr=m.Name("program_id")), args=[m.Arg(m.Integer("0"))])))
     if not first:
         return None
-    pid = first[0].targets[0].target.value
-    alias = primitives.find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Name(pid)))
-    return alias[0].targets[0].target.value if alias else pid
+    pid = cst.ensure_type(first[0].targets[0].target, cst.Name).value
+    alias = primitives.find_all_of(cst.Assign, fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Name(pid)))
+    return cst.ensure_type(alias[0].targets[0].target, cst.Name).value if alias else pid
 
 
 class DecodePageWriterStopsAtLivePages(PatchCodemod):
@@ -78,7 +78,7 @@ class DecodePageWriterStopsAtLivePages(PatchCodemod):
     #: Set where the kernels may legitimately live elsewhere (FA3's module from
     #: 0.5.13 on): their absence is superseded, with this reason.
     ELSEWHERE: ClassVar[str] = ""
-    REQUIRED_TEXT = ("_fused_metadata_kernel",)
+    REQUIRED_TEXT: ClassVar[tuple[str, ...]] = ("_fused_metadata_kernel",)
 
     @classmethod
     def reads(cls) -> Optional[Reads]:
@@ -125,8 +125,11 @@ class DecodePageWriterStopsAtLivePages(PatchCodemod):
         row = _row_index(fn)
         tokens = f"tl.load(seq_lens + {row} * seq_lens_stride_0).to(tl.int32) + seq_len_delta"
         live = f"({tokens} + page_size - 1) // page_size" if "page_size" in _params(fn) else tokens
-        mask = primitives.find_all(fn, COLUMN_MASK)[0]
-        column = mask.body[0].value.left.value
+        mask = primitives.find_all_of(cst.SimpleStatementLine, fn, COLUMN_MASK)[0]
+        assign = mask.body[0]
+        # what COLUMN_MASK matched: mask = <column> < max_seq_pages
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Comparison) and isinstance(assign.value.left, cst.Name)
+        column = assign.value.left.value
 
         def edit(stmt):
             lines = primitives.parse_statements_with_comments(GUARD.format(patch=self.PATCH, live=live, column=column))

@@ -24,7 +24,7 @@ _ISINSTANCE = m.Call(func=m.Name("isinstance"))
 
 def graph_check(fn: cst.FunctionDef) -> Optional[cst.Assign]:
     """The assignment of the draft-extend graph check in ``fn``, if any."""
-    found = primitives.find_all(fn, primitives.assigns_name(GRAPH_CHECK))
+    found = primitives.find_all_of(cst.Assign, fn, primitives.assigns_name(GRAPH_CHECK))
     return found[0] if found else None
 
 
@@ -32,19 +32,21 @@ def capture_gate(fn: cst.FunctionDef) -> Optional[cst.If]:
     """0.5.4 .. 0.5.9 have no named check: the ``if`` that captures the
     draft-extend graph (its body sets ``self.cuda_graph_runner_for_draft_extend``)
     holds it inline in its test."""
-    found = [g for g in primitives.find_all(fn, m.If()) if primitives.contains(g.body, _SETS_DRAFT_EXTEND_RUNNER)]
+    found = [g for g in primitives.find_all_of(cst.If, fn, m.If()) if primitives.contains(g.body, _SETS_DRAFT_EXTEND_RUNNER)]
     return found[-1] if found else None  # the innermost
 
 
 def the_gate(fn: cst.FunctionDef) -> m.If:
     """Matches ``capture_gate(fn)`` itself (for ``primitives.replace_statements``)."""
-    return m.If(test=primitives.is_node(capture_gate(fn).test))
+    gate = capture_gate(fn)
+    assert gate is not None  # detect found it
+    return m.If(test=primitives.is_node(gate.test))
 
 
 def gate_disjunction(gate: cst.If) -> Optional[cst.BooleanOperation]:
     """The widest ``or`` of the gate's test that lists backends by isinstance
     (0.5.8.post1 / 0.5.9: ``_is_npu or (_is_cuda and isinstance(...)) or ...``)."""
-    ors = primitives.find_all(gate.test, m.BooleanOperation(operator=m.Or()))
+    ors = primitives.find_all_of(cst.BooleanOperation, gate.test, m.BooleanOperation(operator=m.Or()))
     return next((o for o in ors if primitives.contains(o, _ISINSTANCE)), None)
 
 
@@ -53,6 +55,7 @@ def with_gate_term(gate: cst.If, term: str) -> cst.If:
     out as the vendor's last one (``term``: source; a parenthesised one may
     span lines, indented by four past the ``or``)."""
     ors = gate_disjunction(gate)
+    assert ors is not None  # detect found it
     op = ors.operator
     indent = op.whitespace_before.last_line.value if isinstance(op.whitespace_before, cst.ParenthesizedWhitespace) else ""
     expr = cst.parse_expression(term.replace("\n", "\n" + indent))
@@ -90,12 +93,12 @@ class DraftExtendGraphCheck(MethodCodemod):
         return named or next((f for f in primitives.methods(cls) if capture_gate(f) is not None), None)
 
     def line_node(self, fn: cst.FunctionDef) -> cst.CSTNode:
-        return graph_check(fn) or capture_gate(fn)  # what anchor_of names
+        return graph_check(fn) or capture_gate(fn) or fn  # what anchor_of names (find_method found one of the two)
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         fn = self.find_method(cls)
-        if fn is not None and graph_check(fn) is None:
-            why = self._moot(cls, capture_gate(fn))
+        if fn is not None and graph_check(fn) is None and (gate := capture_gate(fn)) is not None:
+            why = self._moot(cls, gate)
             if why:
                 return Finding.superseded(self.anchor_of(fn), why, moots_patch=True)
         return super().detect_in_class(cls)
@@ -115,6 +118,7 @@ class DraftExtendGraphCheck(MethodCodemod):
     def inline_todo(self, fn: cst.FunctionDef, todo: str) -> Finding:
         """An inline gate: ``todo``, or missing when it lists no backends in an ``or``."""
         gate = capture_gate(fn)
+        assert gate is not None  # find_method found it
         if gate_disjunction(gate) is None:
             return self.missing_in(fn, f"the draft-extend capture gate `if {code_of(gate.test)}:` lists no backends "
                                    "in an `or` of isinstance checks", "one to add a backend to", gate)

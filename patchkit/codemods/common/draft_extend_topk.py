@@ -19,6 +19,7 @@ upstream) is done.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Optional
 
 import libcst as cst
@@ -62,7 +63,7 @@ _V1_MODE = m.Attribute(value=m.Name("ForwardMode"), attr=m.Name("DRAFT_EXTEND"))
 def captures_v1_only(cls: cst.ClassDef) -> bool:
     """The runner has no V2 graph: every batch it builds says
     ``forward_mode=ForwardMode.DRAFT_EXTEND`` and it never names DRAFT_EXTEND_V2."""
-    modes = [arg.value for arg in primitives.find_all(cls, _MODE_ARG)]
+    modes = [arg.value for arg in primitives.find_all_of(cst.Arg, cls, _MODE_ARG)]
     return bool(modes) and all(m.matches(v, _V1_MODE) for v in modes) and not primitives.contains(cls, _NAMES_V2)
 
 
@@ -77,7 +78,7 @@ def confined_blocks(fn: cst.CSTNode) -> set[int]:
     """ids of the blocks a V2 test confines to other modes (the body of
     ``if mode != V2:``, the ``else`` of ``if mode == V2:``)."""
     found = set()
-    for g in primitives.find_all(fn, V2_TEST):
+    for g in primitives.find_all_of(cst.If, fn, V2_TEST):
         found.add(id(g.body) if is_negative(g.test) else id(getattr(g.orelse, "body", None)))
     return found - {id(None)}
 
@@ -90,7 +91,7 @@ def unguarded(fn: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
     return [hit for hit in primitives.find_all(fn, matcher) if id(hit) not in inside]
 
 
-def guard_for_v1(stmts: list[cst.BaseStatement], why: str = "") -> cst.If:
+def guard_for_v1(stmts: Sequence[primitives.Statement], why: str = "") -> cst.If:
     """``stmts`` under ``if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:``
     (``primitives.guard_statements``; ``why``: the comment above it)."""
     return primitives.guard_statements(stmts, V2_GUARD, why)
@@ -113,12 +114,15 @@ def copy_block(fn: cst.FunctionDef) -> Optional[cst.IndentedBlock]:
     statements: the body of ``if unpadding_bs is not None:`` in these trees,
     the method body or another block in a fork's."""
     confined = confined_blocks(fn)
-    return next((b for b in primitives.find_all(fn, m.IndentedBlock()) if id(b) not in confined and copy_run(b)), None)
+    return next((b for b in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()) if id(b) not in confined and copy_run(b)),
+                None)
 
 
 def guard_copies(fn: cst.FunctionDef) -> cst.FunctionDef:
     block = copy_block(fn)
-    first, last = copy_run(block)
+    run = None if block is None else copy_run(block)
+    assert block is not None and run is not None  # detect found the run
+    first, last = run
     return primitives.replace_block_statements(fn, block, first, last + 1, guard_for_v1)
 
 
@@ -157,15 +161,15 @@ class ReplaySkipsTopkForV2(MethodCodemod):
 
 def _assigned_names(stmt: cst.SimpleStatementLine) -> Optional[set[str]]:
     """Names a line of plain assignments binds, when every target is a name."""
-    names = set()
+    names: set[str] = set()
     for small in stmt.body:
         if not isinstance(small, cst.Assign) or not all(isinstance(t.target, cst.Name) for t in small.targets):
             return None
-        names.update(t.target.value for t in small.targets)
+        names.update(t.target.value for t in small.targets if isinstance(t.target, cst.Name))
     return names
 
 
-def _computes_topk_only(stmt: cst.BaseStatement) -> bool:
+def _computes_topk_only(stmt: cst.CSTNode) -> bool:
     """A statement that only computes top-k: assignments to top-k fields or to
     local names (``probs = torch.softmax(...)``), or an ``if`` (the 0.5.13
     ``topk == 1`` argmax fast path) whose every branch only does that."""
@@ -192,7 +196,7 @@ def topk_run(block: cst.IndentedBlock, wanted: int) -> Optional[tuple[int, int]]
     they are one run holding all ``wanted`` top-k assignments and only
     compute top-k; the locals they bind right before (``probs``) included
     when nothing after the run reads them."""
-    body = list(block.body)
+    body = primitives.block_statements(block)
     hits = [i for i, s in enumerate(body) if primitives.find_all(s, TOPK_ASSIGN)]
     if not hits or sum(len(primitives.find_all(body[i], TOPK_ASSIGN)) for i in hits) != wanted:
         return None
@@ -202,8 +206,8 @@ def topk_run(block: cst.IndentedBlock, wanted: int) -> Optional[tuple[int, int]]
 
     # Locals bound right before, read by the run and not after it (``probs``;
     # not ``ret``, the forward's output the function returns).
-    while first > 0 and isinstance(body[first - 1], cst.SimpleStatementLine):
-        names = _assigned_names(body[first - 1])
+    while first > 0 and isinstance(previous := body[first - 1], cst.SimpleStatementLine):
+        names = _assigned_names(previous)
         if not names or not reads(body[first:last + 1], names) or reads(body[last + 1:], names):
             break
         first -= 1
@@ -220,12 +224,14 @@ def topk_block(fn: cst.FunctionDef) -> Optional[tuple[cst.IndentedBlock, int, in
     computes every unguarded top-k of ``fn``, and that run."""
     wanted = len(unguarded(fn, TOPK_ASSIGN))
     confined = confined_blocks(fn)
-    for block in primitives.find_all(fn, m.IndentedBlock()):
+    for block in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()):
         if id(block) not in confined and (run := topk_run(block, wanted)):
             return block, run[0], run[1]
     return None
 
 
 def guard_topk(fn: cst.FunctionDef, why: str) -> cst.FunctionDef:
-    block, first, last = topk_block(fn)
+    found = topk_block(fn)
+    assert found is not None  # detect found the run
+    block, first, last = found
     return primitives.replace_block_statements(fn, block, first, last + 1, lambda run: guard_for_v1(run, why))

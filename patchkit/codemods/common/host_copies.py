@@ -45,7 +45,7 @@ def _on_cpu(expr: cst.BaseExpression) -> bool:
 
 def built_on_device(call: cst.CSTNode) -> Optional[cst.BaseExpression]:
     """The device ``D`` of ``torch.tensor(LIST, ..., device=D)`` (not the CPU), else None."""
-    if not m.matches(call, TENSOR):
+    if not isinstance(call, cst.Call) or not m.matches(call, TENSOR):
         return None
     device = keyword(call, "device")
     return None if device is None or _on_cpu(device.value) else device.value
@@ -53,8 +53,9 @@ def built_on_device(call: cst.CSTNode) -> Optional[cst.BaseExpression]:
 
 def is_pinned_copy(call: cst.CSTNode) -> bool:
     """``torch.tensor(..., pin_memory=...).to(..., non_blocking=True)``: ours and upstream's (0.5.14+)."""
-    return (m.matches(call, TO) and _is_true(keyword(call, "non_blocking"))
-            and m.matches(call.func.value, TENSOR) and keyword(call.func.value, "pin_memory") is not None)
+    return (isinstance(call, cst.Call) and m.matches(call, TO) and _is_true(keyword(call, "non_blocking"))
+            and isinstance(call.func, cst.Attribute) and isinstance(tensor := call.func.value, cst.Call)
+            and m.matches(tensor, TENSOR) and keyword(tensor, "pin_memory") is not None)
 
 
 def pinned_copy(call: cst.Call) -> cst.Call:
@@ -62,9 +63,10 @@ def pinned_copy(call: cst.Call) -> cst.Call:
     pin_memory=pin_memory_for(D)).to(D, non_blocking=True)`` (the keyword
     where ``device=`` was, the call's layout kept)."""
     device = keyword(call, "device")
+    assert device is not None  # built_on_device found it
     pin = device.with_changes(keyword=cst.Name("pin_memory"), value=primitives.parse_expression(f"{PIN}({code_of(device.value)})"))
     host = call.with_changes(args=[pin if a is device else a for a in call.args])
-    return primitives.parse_expression(f"X.to({code_of(device.value)}, non_blocking=True)").with_changes(
+    return cst.ensure_type(primitives.parse_expression(f"X.to({code_of(device.value)}, non_blocking=True)"), cst.Call).with_changes(
         func=cst.Attribute(value=host, attr=cst.Name("to")))
 
 

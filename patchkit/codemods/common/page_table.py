@@ -67,8 +67,8 @@ COMMENT = (
 def _mode(test: cst.BaseExpression) -> Optional[str]:
     """``is_target_verify`` for ``forward_mode.is_target_verify()`` (and the
     ``forward_batch.forward_mode`` spelling): the forward-mode test of an ``if``."""
-    found = primitives.find_all(test, m.Call(func=m.Attribute(value=attr("forward_mode") | m.Name("forward_mode"))))
-    return found[0].func.attr.value if found else None
+    found = primitives.find_all_of(cst.Call, test, m.Call(func=m.Attribute(value=attr("forward_mode") | m.Name("forward_mode"))))
+    return cst.ensure_type(found[0].func, cst.Attribute).attr.value if found else None
 
 
 def _writes_lengths(stmt: cst.CSTNode, receiver: str) -> bool:
@@ -90,26 +90,27 @@ def _group_at(body: list, i: int) -> Optional[tuple[int, str, str]]:
     """The group starting at statement ``i`` (a ``X = self.req_to_token[...]``
     gather): its end, the rows expression and the metadata receiver."""
     stmt = body[i]
-    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and m.matches(stmt.body[0], _GATHER)):
+    gather = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    if not (isinstance(gather, cst.Assign) and isinstance(gather.value, cst.Subscript) and m.matches(gather, _GATHER)):
         return None
-    gather = stmt.body[0]
-    name = gather.targets[0].target.value
+    name = cst.ensure_type(gather.targets[0].target, cst.Name).value
     index = gather.value.slice[0].slice
     if not isinstance(index, cst.Index):
         return None
     rows = index.value
     if isinstance(rows, cst.Subscript) or m.matches(rows, m.Call(func=attr("unsqueeze"))):  # rows[:, None], rows.unsqueeze(1)
-        rows = rows.value if isinstance(rows, cst.Subscript) else rows.func.value
+        rows = rows.value if isinstance(rows, cst.Subscript) else cst.ensure_type(cst.ensure_type(rows, cst.Call).func, cst.Attribute).value
     uses = m.Name(name)
     copy_into_table = m.Call(
         func=attr("copy_", m.Subscript(value=attr("page_table"))),
         args=[m.Arg(m.MatchIfTrue(lambda v: primitives.contains(v, uses)))],
     )
     for j in range(i + 1, len(body)):
-        found = primitives.find_all(body[j], copy_into_table)
+        found = primitives.find_all_of(cst.Call, body[j], copy_into_table)
         if not found:
             continue
-        receiver = code_of(found[0].func.value.value.value)
+        table = cst.ensure_type(cst.ensure_type(found[0].func, cst.Attribute).value, cst.Subscript)  # <receiver>.page_table[...]
+        receiver = code_of(cst.ensure_type(table.value, cst.Attribute).value)
         end = j + 1
         swa_copy = m.Call(func=attr("_copy_swa_page_table", m.Name("self")), args=[m.Arg(), m.Arg(uses), m.ZeroOrMore()])
         if end < len(body) and primitives.contains(body[end], swa_copy):
@@ -153,7 +154,7 @@ def groups_in(fn: cst.FunctionDef) -> list[_Group]:
     runs it on the longest methods of the backends, several times an apply)."""
     groups: list[_Group] = []
     modes: dict[int, Optional[str]] = {}
-    stack = [(fn, None)]  # (node, mode of the innermost block around it)
+    stack: list[tuple[cst.CSTNode, Optional[str]]] = [(fn, None)]  # (node, mode of the innermost block around it)
     while stack:
         node, mode = stack.pop()
         if type(node) is cst.If:
@@ -215,7 +216,7 @@ class ReplayPageTableToRealLength(MethodCodemod):
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         left = self._groups(fn, self.DETECT_MODES)
         if left:
-            where = ", ".join(sorted({g.mode for g in left}))
+            where = ", ".join(sorted({g.mode for g in left if g.mode is not None}))
             return Finding.todo(self.anchor_of(fn), f"{len(left)} full-width req_to_token gather(s) ({where})")
         if primitives.contains(fn, m.Call(func=m.Name(HELPER))):
             return Finding.done(self.anchor_of(fn))
@@ -233,7 +234,7 @@ class ReplayPageTableToRealLength(MethodCodemod):
             )
             return primitives.guard_statements(stmts, condition, comment)
 
-        return fn.visit(_Groups(self.MODES, device_build))
+        return primitives.visit_below(fn, _Groups(self.MODES, device_build))
 
 
 # -- the eager metadata -------------------------------------------------------------------------
@@ -256,9 +257,10 @@ class _TokenTable:
     ``req_to_token`` tensor and the rows, as source."""
 
     def __init__(self, line: cst.SimpleStatementLine):
-        assign = line.body[0]
-        self.line, self.receiver = line, code_of(assign.targets[0].target.value)
-        self.tokens, self.rows = code_of(assign.value.value), code_of(assign.value.slice[0].slice.value)
+        assign = cst.ensure_type(line.body[0], cst.Assign)  # what _TOKEN_TABLE matches
+        target, value = cst.ensure_type(assign.targets[0].target, cst.Attribute), cst.ensure_type(assign.value, cst.Subscript)
+        self.line, self.receiver = line, code_of(target.value)
+        self.tokens, self.rows = code_of(value.value), code_of(cst.ensure_type(value.slice[0].slice, cst.Index).value)
 
 
 def _holds(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
@@ -270,9 +272,9 @@ def _token_tables(fn: cst.FunctionDef) -> list[_TokenTable]:
     """The eager gathers not yet guarded, each preceded in its block by a
     write of its receiver's ``cache_seqlens_int32`` (the lengths to build to).
     (``find_all``, not a visitor: the gathers found are ``fn``'s own nodes.)"""
-    ours = [guard.body for guard in primitives.find_all(fn, _EAGER_GUARD)]
+    ours = [guard.body for guard in primitives.find_all_of(cst.If, fn, _EAGER_GUARD)]
     found = []
-    for block in primitives.find_all(fn, m.IndentedBlock()):
+    for block in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()):
         if any(_holds(guarded, block) for guarded in ours):
             continue
         for i, stmt in enumerate(block.body):
@@ -294,7 +296,7 @@ def _swa_switch(cls: cst.ClassDef, translator: str) -> Optional[str]:
     params = {p.name.value for p in fn.params.params[1:]}
     for stmt in fn.body.body:
         if isinstance(stmt, cst.If) and primitives.contains(stmt.body, m.Return(value=m.Name("None"))):
-            if any(name.value in params for name in primitives.find_all(stmt.test, m.Name())):
+            if any(name.value in params for name in primitives.find_all_of(cst.Name, stmt.test, m.Name())):
                 return None
             return code_of(stmt.test)
     return None
@@ -308,7 +310,7 @@ class EagerPageTableToRealLength(MethodCodemod):
     PATCH: ClassVar[str] = ""
     UPSTREAM: ClassVar[str] = ""
     # _plan reads the sliding-window translator the method calls: these releases' names for it.
-    METHODS_READ = ("_maybe_translate_swa", "kv_index_translator")
+    METHODS_READ: ClassVar[Optional[tuple[str, ...]]] = ("_maybe_translate_swa", "kv_index_translator")
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         self._cls = cls
@@ -343,9 +345,9 @@ class EagerPageTableToRealLength(MethodCodemod):
                 targets=[m.AssignTarget(target=attr("swa_page_table"))],
                 value=m.Call(func=m.Attribute(value=m.Name("self")), args=[m.Arg(table)]),
             )
-            found = primitives.find_all(body[i], translate)
-            if found and swa is None:
-                swa = found[0].value.func.attr.value
+            found = primitives.find_all_of(cst.Assign, body[i], translate)
+            if found and swa is None:  # self.<swa>(table), as translate matched
+                swa = cst.ensure_type(cst.ensure_type(found[0].value, cst.Call).func, cst.Attribute).attr.value
             else:
                 reads.append(i)
         if tail and any(i < tail[-1] for i in reads):

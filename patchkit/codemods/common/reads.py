@@ -86,8 +86,10 @@ def merged(wanted: list[Optional[Reads]]) -> Optional[Reads]:
         if reads is None:
             return None
         for name, methods in reads.items():
-            if name in out and (out[name] is None or methods is None):
+            if name not in out:
+                out[name] = methods
+            elif (had := out[name]) is None or methods is None:
                 out[name] = None
             else:
-                out[name] = out[name] | methods if name in out else methods
+                out[name] = had | methods
     return out

@@ -51,7 +51,7 @@ def code_of(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
-def none_comparison(target: m.BaseMatcherNode, operator: m.BaseMatcherNode) -> m.Comparison:
+def none_comparison(target: primitives.Expr, operator: primitives.Field[m.BaseCompOpMatchType]) -> m.Comparison:
     """``<target> is None`` (operator ``m.Is()``) or ``is not None`` (``m.IsNot()``)."""
     return m.Comparison(left=target, comparisons=[m.ComparisonTarget(operator=operator, comparator=m.Name("None"))])
 
@@ -126,7 +126,7 @@ class ClassFlag(ClassCodemod):
         init = primitives.find_method(cls, "__init__") if not self.KEEPS_TREE_VALUE and self.VALUE is False else None
         if init is None:
             return None
-        assignments = primitives.find_all(init, m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)]))
+        assignments = primitives.find_all_of(cst.Assign, init, m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)]))
         if assignments and all(m.matches(a.value, m.Name("False")) for a in assignments):
             return assignments[0]
         return None
@@ -139,7 +139,7 @@ class ClassFlag(ClassCodemod):
         init = primitives.find_method(cls, "__init__") if self.INIT else None
         if init is None:
             return []
-        assignments = primitives.find_all(init, m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)]))
+        assignments = primitives.find_all_of(cst.Assign, init, m.Assign(targets=[m.AssignTarget(target=SELF_FLAG)]))
         if any(m.matches(a.value, m.Name("False")) for a in assignments):
             return []
         return assignments
@@ -202,6 +202,8 @@ def _guarded_regions(fn: cst.FunctionDef) -> list[cst.CSTNode]:
     the ``is None`` forms)."""
     regions: list[cst.CSTNode] = []
     for node in primitives.find_all(fn, m.If() | m.IfExp()):
+        if not isinstance(node, (cst.If, cst.IfExp)):  # what the matcher finds
+            continue
         if _tests(node.test, IS_NOT_NONE):
             regions.append(node.body)
         elif _tests(node.test, IS_NONE) and node.orelse is not None:
@@ -209,7 +211,7 @@ def _guarded_regions(fn: cst.FunctionDef) -> list[cst.CSTNode]:
     return regions
 
 
-def max_item(receiver: m.BaseMatcherNode) -> m.BaseMatcherNode:
+def max_item(receiver: primitives.Expr) -> m.OneOf[m.BaseExpressionMatchType]:
     """The host max of a tensor, as a Python number, in the spellings vendors
     use (``primitives.host_scalar``): ``<receiver>.max().item()``,
     ``int(<receiver>.max())``, ``torch.max(<receiver>).item()``, casts on the
@@ -218,7 +220,7 @@ def max_item(receiver: m.BaseMatcherNode) -> m.BaseMatcherNode:
     return primitives.host_scalar("max", receiver, slices=False)
 
 
-def first_rows(value: m.BaseMatcherNode, rows: str) -> m.Subscript:
+def first_rows(value: primitives.Expr, rows: str) -> m.Subscript:
     """``<value>[:ROWS]`` (the first rows)."""
     return m.Subscript(
         value=value,
@@ -231,7 +233,7 @@ class _NoneTestGuards(MethodGuards):
     around the read (an ``if`` or a conditional expression), anywhere in the
     method, or an ``if`` matching UPSTREAM; such reads need nothing."""
 
-    METHODS_READ = ()  # detect_in_class reads the method alone
+    METHODS_READ: ClassVar[Optional[tuple[str, ...]]] = ()  # detect_in_class reads the method alone
 
     def _unguarded(self, fn: cst.FunctionDef, guard: Guard) -> list[cst.CSTNode]:
         found = primitives.find_all(fn, guard.site, guard.within)

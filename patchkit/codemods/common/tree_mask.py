@@ -52,8 +52,8 @@ def record_max_bs(fn: cst.FunctionDef) -> cst.FunctionDef:
         # batch above the captured size never writes past its end.
         self.{MAX_BS} = max_bs
     """
-    index = primitives.find_statement_index(fn, ASSIGNS_MASK)
-    body = list(fn.body.body)
+    index, body = primitives.find_statement_index(fn, ASSIGNS_MASK), primitives.block_statements(fn.body)
+    assert index is not None  # detect found it
     body[index + 1 : index + 1] = primitives.parse_statements_with_comments(source)
     return fn.with_changes(body=fn.body.with_changes(body=body))
 
@@ -116,7 +116,7 @@ class InitMaskAndDraftRunner(InitMask):
         self._ours = alloc is not None and primitives.contains(alloc, m.Call(func=m.Name(self.ALLOC_HELPER)))
         finding = super().detect_in_class(cls)
         init = primitives.find_method(cls, "__init__")
-        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in init.params.params}:
+        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in cst.ensure_type(init, cst.FunctionDef).params.params}:
             return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(finding.line)
         return finding
 
@@ -134,8 +134,8 @@ class InitMaskAndDraftRunner(InitMask):
             # The draft worker's instances never verify: no tree mask there (sglang #31527).
             self.{DRAFT_RUNNER} = getattr(model_runner, "is_draft_worker", False)
         """
-        index = primitives.find_statement_index(fn, ASSIGNS_MASK)
-        body = list(fn.body.body)
+        index, body = primitives.find_statement_index(fn, ASSIGNS_MASK), primitives.block_statements(fn.body)
+        assert index is not None  # detect found it
         body[index + 1 : index + 1] = primitives.parse_statements_with_comments(source)
         return fn.with_changes(body=fn.body.with_changes(body=body))
 
@@ -204,7 +204,7 @@ class AllocMask(_MaskMethod):
         return primitives.contains(fn, self._alloc_pattern())
 
     def _alloc_call(self, fn: cst.FunctionDef) -> cst.Call:
-        return primitives.find_all(fn, self._alloc_pattern())[0].value
+        return cst.ensure_type(primitives.find_all_of(cst.Assign, fn, self._alloc_pattern())[0].value, cst.Call)
 
     def _needs_max_bs(self, fn: cst.FunctionDef):
         params = [p.name.value for p in fn.params.params]
@@ -266,8 +266,8 @@ class AllocMask(_MaskMethod):
     def replace_mask(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         """An earlier patchkit's allocation -> :meth:`mask_source`; the blank
         lines above it stay (where a fresh apply puts the anchor's)."""
-        index = primitives.find_statement_index(fn, self._alloc_pattern())
-        body = list(fn.body.body)
+        index, body = primitives.find_statement_index(fn, self._alloc_pattern()), primitives.block_statements(fn.body)
+        assert index is not None  # _ours found it
         lines = list(body[index].leading_lines)
         first_comment = next((k for k, line in enumerate(lines) if line.comment is not None), len(lines))
         new = primitives.parse_statements_with_comments(self.mask_source())
@@ -326,6 +326,7 @@ class _TreeMaskPart:
     TOP_LEVEL_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        assert isinstance(self, ClassCodemod)  # a mixin of ClassCodemods
         self.require_import(self.HELPERS, self.HELPER)
         return ClassCodemod.transform_module_impl(self, tree)
 
@@ -341,7 +342,7 @@ class InitTreeMask(InitMask):
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         finding = super().detect_in_class(cls)
         init = primitives.find_method(cls, "__init__")
-        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in init.params.params}:
+        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in cst.ensure_type(init, cst.FunctionDef).params.params}:
             return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(finding.line)
         return finding
 
@@ -366,7 +367,7 @@ class AllocTreeMask(_TreeMaskPart, AllocMask):
     NUM_DRAFT_TOKENS: ClassVar[str] = "self.speculative_num_draft_tokens"
 
     @property
-    def SIZE_KEYWORDS(self) -> tuple[str, ...]:  # noqa: N802 (AllocMask's class attribute)
+    def SIZE_KEYWORDS(self) -> tuple[str, ...]:  # type: ignore[override]  # noqa: N802 (AllocMask's class attribute; mypy refuses a read-only override, nothing writes it)
         return (
             "max_num_tokens=max_num_tokens",
             "max_context_len=self.max_context_len",

@@ -167,7 +167,7 @@ class EagerDraftExtendMetadata(MethodCodemod):
     METHOD = "init_forward_metadata"
 
     def _verify_branches(self, fn: cst.FunctionDef) -> list[cst.If]:
-        return primitives.find_all(fn, m.If(test=IS_TARGET_VERIFY, orelse=m.Else()))
+        return primitives.find_all_of(cst.If, fn, m.If(test=IS_TARGET_VERIFY, orelse=m.Else()))
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if primitives.contains(fn, m.If(test=IS_DRAFT_EXTEND_V2)):
@@ -179,7 +179,8 @@ class EagerDraftExtendMetadata(MethodCodemod):
         return Finding.todo(self.anchor, "DRAFT_EXTEND_V2 goes to the FlashInfer MLA parent")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        grid = code_of(primitives.find_all(fn, WRITER_LAUNCH)[0].slice[0].slice.value)
+        launch = primitives.find_all_of(cst.Subscript, fn, WRITER_LAUNCH)[0]
+        grid = code_of(cst.ensure_type(launch.slice[0].slice, cst.Index).value)  # writer[grid]
         branch = primitives.parse_statement(f"""
 if forward_batch.forward_mode.is_draft_extend_v2():
     # Spec v2's draft extend: every request extends by the same window of
@@ -255,7 +256,7 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
     def _sites(self, fn: cst.FunctionDef) -> list[_Site]:
         local = Locals(fn)
         sites = []
-        for kernel in primitives.find_all(fn, KERNEL_CALL):
+        for kernel in primitives.find_all_of(cst.Call, fn, KERNEL_CALL):
             arg = cache_seqlens(kernel)
             if arg is None:
                 sites.append(_Site(kernel, State.MISSING, f"`{code_of(kernel.func)}(...)` is handed no {CACHE_SEQLENS}"))
@@ -279,7 +280,7 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
                 nodes = values if isinstance(value, cst.Name) and value.value in local.defs else [value]
                 found = [verify_lengths(v, local) for v in nodes]
                 if all(found):
-                    sites.append(_Site(kernel, State.TODO, targets=tuple((v, *f) for v, f in zip(nodes, found))))
+                    sites.append(_Site(kernel, State.TODO, targets=tuple((v, *f) for v, f in zip(nodes, found) if f is not None)))
                 else:
                     bad = nodes[found.index(None)]
                     sites.append(_Site(kernel, State.MISSING, f"the fixed-q kernel's {CACHE_SEQLENS} is `{code_of(bad)}`", targets=(bad,)))
@@ -311,10 +312,10 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
                 rewrites[id(node)] = f"fixed_q_cache_seqlens({code_of(batch)}, self.forward_metadata, {code_of(draft)}){rows}"
         if rewrites:
             self.require_import(HELPERS, "fixed_q_cache_seqlens")
-            fn = fn.visit(ByIdentity({k: primitives.parse_expression(v) for k, v in rewrites.items()}))
+            fn = primitives.visit_below(fn, ByIdentity({k: primitives.parse_expression(v) for k, v in rewrites.items()}))
         drops = frozenset(id(t) for t in routed_terms(fn))
         if drops:
-            fn = fn.visit(ByIdentity(drops=drops))
+            fn = primitives.visit_below(fn, ByIdentity(drops=drops))
         return fn
 
 

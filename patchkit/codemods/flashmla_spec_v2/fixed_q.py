@@ -35,7 +35,8 @@ UPSTREAM_K_LENS = attr("seq_lens_k")
 
 
 # Casts and temporaries: the shared primitives (patchkit.codemods.common.primitives.values).
-strip_casts, Locals = primitives.strip_casts, primitives.Locals
+strip_casts = primitives.strip_casts
+Locals = primitives.Locals
 
 
 def verify_lengths(node: cst.BaseExpression, local: Locals) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression, Optional[cst.BaseExpression]]]:
@@ -43,7 +44,8 @@ def verify_lengths(node: cst.BaseExpression, local: Locals) -> Optional[tuple[cs
     slice ``[:n]`` or None) when ``node`` computes the verify lengths
     ``<batch>.seq_lens + <num_draft_tokens>``, in any spelling (``primitives.sum_of``)."""
     found = primitives.sum_of(node, attr("seq_lens"), DRAFT_TOKENS, local)
-    return (found.first.value, found.second, found.bound) if found else None
+    # found.first matched attr("seq_lens"): <batch>.seq_lens
+    return (cst.ensure_type(found.first, cst.Attribute).value, found.second, found.bound) if found else None
 
 
 def cache_seqlens(kernel: cst.Call) -> Optional[cst.Arg]:
@@ -64,7 +66,7 @@ def mode_split(fn: cst.FunctionDef, value: cst.BaseExpression, local: Locals) ->
     if not isinstance(value, cst.Name) or len(local.defs.get(value.value, ())) < 2:
         return None
     defs = local.defs[value.value]
-    for branch in primitives.find_all(fn, m.If(test=m.MatchIfTrue(lambda t: primitives.contains(t, DRAFT_EXTEND_V2_TEST)))):
+    for branch in primitives.find_all_of(cst.If, fn, m.If(test=m.MatchIfTrue(lambda t: primitives.contains(t, DRAFT_EXTEND_V2_TEST)))):
         for side in (branch.body, branch.orelse):
             held = {id(n) for n in primitives.find_all(side, m.Assign() | m.AnnAssign())} if side is not None else set()
             inside = [d for d in defs if id(d) in held]
@@ -79,12 +81,12 @@ def routed_terms(fn: cst.FunctionDef) -> list[cst.CSTNode]:
     ``ForwardMode.DRAFT_EXTEND_V2`` of a tuple/list/set, or an ``or`` operand
     that tests for it (``== ForwardMode.DRAFT_EXTEND_V2``, ``.is_draft_extend_v2()``)."""
     terms: list[cst.CSTNode] = []
-    for branch in primitives.find_all(fn, m.If()):
+    for branch in primitives.find_all_of(cst.If, fn, m.If()):
         if not primitives.contains(branch.body, SUPER_CALL):
             continue
         for element in primitives.find_all(branch.test, m.Element(value=DRAFT_EXTEND_V2_MODE)):
             terms.append(element)
-        for chain in primitives.find_all(branch.test, m.BooleanOperation(operator=m.Or())):
+        for chain in primitives.find_all_of(cst.BooleanOperation, branch.test, m.BooleanOperation(operator=m.Or())):
             for side in (chain.left, chain.right):
                 if not isinstance(side, cst.BooleanOperation) and (
                     m.matches(side, IS_DRAFT_EXTEND_V2)
@@ -118,10 +120,13 @@ def _holds_drop(node: cst.CSTNode, drops: set[int]) -> bool:
 
 
 def _drop_terms(original: cst.CSTNode, updated: cst.CSTNode, drops: set[int]) -> cst.CSTNode:
-    if isinstance(original, cst.BooleanOperation):
-        kept = updated.right if id(original.left) in drops else updated.left
-        return kept.with_changes(lpar=updated.lpar, rpar=updated.rpar) if updated.lpar else kept
-    kept: list[cst.Element] = []
+    if isinstance(original, cst.BooleanOperation) and isinstance(updated, cst.BooleanOperation):
+        term = updated.right if id(original.left) in drops else updated.left
+        return term.with_changes(lpar=updated.lpar, rpar=updated.rpar) if updated.lpar else term
+    sequences = (cst.Tuple, cst.List, cst.Set)
+    if not (isinstance(original, sequences) and isinstance(updated, sequences)):  # _holds_drop: one of these
+        return updated
+    kept: list[cst.BaseElement] = []
     last = len(original.elements) - 1
     for i, (element, new) in enumerate(zip(original.elements, updated.elements)):
         if id(element) not in drops:

@@ -78,9 +78,9 @@ def _whitelist_site(fn: cst.FunctionDef) -> Optional[tuple[cst.Assign, cst.BaseE
     the draft-extend backend, in the whitelist assignment or, where a fork
     computes it beforehand into a local, in the first assignment that has it."""
     whitelist = graph_check(fn)
-    for assign in [whitelist, *primitives.find_all(fn, m.Assign())]:
+    for assign in [whitelist, *primitives.find_all_of(cst.Assign, fn, m.Assign())]:
         found = primitives.find_isinstance_disjunction(assign.value, SUBJECT) if assign is not None else None
-        if found is not None:
+        if assign is not None and found is not None:
             return assign, found
     return None
 
@@ -99,7 +99,7 @@ def _vendor_checks(disjunction: cst.BaseExpression) -> bool:
     checks = [t for t in primitives.or_terms(disjunction) if primitives.isinstance_subject(t) == SUBJECT]
     classes = set()
     for check in checks:
-        kinds = primitives.find_all(check, _ISINSTANCE)[0].args[1].value
+        kinds = primitives.find_all_of(cst.Call, check, _ISINSTANCE)[0].args[1].value
         classes |= {code_of(e.value) for e in kinds.elements} if isinstance(kinds, cst.Tuple) else {code_of(kinds)}
     return len(checks) > 1 and not classes <= RELEASE_CLASSES
 
@@ -144,6 +144,7 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
             return self.inline_todo(fn, f"{MHA_BACKEND} is not in the draft-extend capture gate")
         if _whitelist_site(fn) is None:
             assign = graph_check(fn)
+            assert assign is not None  # tested above
             return self.missing_in(
                 fn,
                 f"`{WHITELIST} = {code_of(assign.value)}` has no `or` of isinstance({SUBJECT}, ...) checks",
@@ -158,9 +159,13 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
         if graph_check(fn) is None:  # 0.5.8.post1 / 0.5.9: one more term of the capture gate's `or`
             return primitives.replace_statements(
                 fn, the_gate(fn), lambda gate: with_gate_term(gate, GATE_TERM))
-        assign, disjunction = _whitelist_site(fn)
+        site = _whitelist_site(fn)
+        assert site is not None  # detect found it
+        assign, disjunction = site
         if _vendor_checks(disjunction):  # the vendor's own isinstance terms stay as written: one more term
-            new_value = primitives.replace_node(assign.value, disjunction, _with_or_term(disjunction, MHA_TERM))
+            # several isinstance terms: an `or`
+            new_value = primitives.replace_node(
+                assign.value, disjunction, _with_or_term(cst.ensure_type(disjunction, cst.BooleanOperation), MHA_TERM))
         else:
             new_value = primitives.add_isinstance_classes(assign.value, SUBJECT, [MHA_BACKEND], after="TRTLLMMLABackend")
         return primitives.replace_statements(
@@ -171,7 +176,9 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         cls = super().transform_class(cls)
-        if not primitives.contains(self.find_method(cls), _LOCAL_IMPORT):  # a fork's lazy import serves
+        method = self.find_method(cls)
+        assert method is not None  # super().transform_class found it
+        if not primitives.contains(method, _LOCAL_IMPORT):  # a fork's lazy import serves
             self.require_import(MHA_MODULE, MHA_BACKEND, among_siblings=True)
         return cls
 
@@ -258,12 +265,16 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         def edit_branch(if_: cst.If) -> cst.If:
             if not has_v2_split(if_):
-                first, last = v1_run(if_)
-                body = list(if_.body.body)
+                found = v1_run(if_)
+                assert found is not None  # detect found it
+                first, last = found
+                body = primitives.block_statements(if_.body)
                 run = body[first : last + 1]
-                receiver = code_of(primitives.find_all(if_.test, IS_DRAFT_EXTEND)[0].func.value)
+                test = primitives.find_all_of(cst.Call, if_.test, IS_DRAFT_EXTEND)[0]
+                receiver = code_of(cst.ensure_type(test.func, cst.Attribute).value)  # <receiver>.is_draft_extend()
                 metadata = next(
-                    code_of(a.value) for a in primitives.find_all(cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q")))
+                    code_of(a.value)
+                    for a in primitives.find_all_of(cst.Attribute, cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q")))
                 )
                 body[first : last + 1] = [
                     primitives.branch_statements(
@@ -281,7 +292,9 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
                 if_ = with_include_v2(if_)
             return if_
 
-        if not has_v2_split(draft_extend_branch(fn)) or branches(fn, IS_DRAFT_EXTEND_V1_ONLY):
+        branch = draft_extend_branch(fn)
+        assert branch is not None  # detect found it
+        if not has_v2_split(branch) or branches(fn, IS_DRAFT_EXTEND_V1_ONLY):
             fn = primitives.replace_statements(fn, testing(IS_DRAFT_EXTEND), edit_branch)
         return fn
 

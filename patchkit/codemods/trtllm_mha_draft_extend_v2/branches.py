@@ -7,7 +7,7 @@ replay keeps as V1's path when V2 gets its fixed stride).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -25,15 +25,15 @@ IS_DRAFT_EXTEND_ANY = m.Call(
 IS_DRAFT_EXTEND_V2 = m.Call(func=m.Attribute(attr=m.Name("is_draft_extend_v2")), args=[])
 
 
-def testing(call: m.BaseMatcherNode) -> m.If:
+def testing(call: Union[m.Call, m.OneOf[m.Call]]) -> m.If:
     """An ``if`` / ``elif`` whose test holds ``call``, not negated: the mode
     test alone or in a fork's own condition (``... and self.vendor_flag``)."""
     negated = m.UnaryOperation(operator=m.Not(), expression=call)
     return m.If(test=m.MatchIfTrue(lambda t: primitives.contains(t, call) and not primitives.contains(t, negated)))
 
 
-def branches(fn: cst.CSTNode, call: m.BaseMatcherNode) -> list[cst.If]:
-    return list(primitives.find_all(fn, testing(call)))
+def branches(fn: cst.CSTNode, call: Union[m.Call, m.OneOf[m.Call]]) -> list[cst.If]:
+    return list(primitives.find_all_of(cst.If, fn, testing(call)))
 
 
 def draft_extend_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cst.FunctionDef]:
@@ -71,7 +71,7 @@ def v1_run(branch: cst.If) -> Optional[tuple[int, int]]:
     """[first, last] indices of the V1 query-length statements in the branch
     body, when they are one uninterrupted run (anything else between them
     would silently change V2 if moved into the V1 ``else``)."""
-    body = list(branch.body.body)
+    body = primitives.block_statements(branch.body)
     hits = [i for i, s in enumerate(body) if _touches_v1_query_lens(s)]
     if not hits or hits != list(range(hits[0], hits[-1] + 1)):
         return None

@@ -7,7 +7,8 @@ method, where code is small, they use libcst matchers.
 
 Find a primitive by where it acts:
 
-- ``snippets``: parse code given as text (``parse_statement`` ...), ``AnchorError``
+- ``snippets``: parse code given as text (``parse_statement`` ...), ``AnchorError``,
+  ``Statement`` and ``block_statements`` (a block's statements, typed)
 - ``module``: top-level classes and functions (``find_class``, ``add_function`` ...), and
   ``Verbatim``, a definition no codemod reads kept as its source lines
 - ``classes``: a class's body, methods and attributes (``find_method``, ``add_method``,
@@ -18,12 +19,14 @@ Find a primitive by where it acts:
   ``set_keyword_argument`` ...)
 - ``imports``: what is imported, and adding imports (``require_import`` /
   ``add_imports``, ``add_import_sorted``)
-- ``search``: ``find_all``, ``contains``
+- ``search``: ``find_all``, ``find_all_of`` (its hits typed as one node kind), ``contains``,
+  ``visit_below`` (a transformer's result typed as the node it was given)
 - ``values``: a value by meaning, through its spellings (parentheses, casts, batch
   slices ``x[:bs]``, temporaries, operand order): ``peel``, ``sum_of``, ``Locals``;
   as matchers keeping captures: ``spelled``, ``host_scalar``, ``added``
 - ``lines``: ``line_of`` (the line a finding points at)
-- ``matchers``: what codemods look for: ``attr``, ``call``, ``assigns_attr``, ``none_test``,
+- ``matchers``: what codemods look for: ``attr``, ``call``, ``assigns_attr``, ``none_test``
+  (typed with ``Expr`` / ``Field`` / ``Item``: what a libcst matcher field takes),
   ``find_isinstance_disjunction``, and ``NoneGuards`` / ``unguarded`` (is a read only reached
   when its value is not None?)
 
@@ -38,6 +41,7 @@ from patchkit.codemods.common.primitives.snippets import (  # noqa: F401
     Statement,
     AnchorError,
     parse_statements,
+    block_statements,
     parse_statement,
     parse_expression,
     parse_statements_with_comments,
@@ -48,6 +52,8 @@ from patchkit.codemods.common.primitives.search import (  # noqa: F401
     children,
     contains,
     find_all,
+    find_all_of,
+    visit_below,
     _INDEX,
     _index,
     _ChildOrder,
@@ -100,6 +106,9 @@ from patchkit.codemods.common.primitives.function_body import (  # noqa: F401
 )
 from patchkit.codemods.common.primitives.matchers import (  # noqa: F401
     ANY,
+    Expr,
+    Field,
+    Item,
     save,
     names,
     attr,

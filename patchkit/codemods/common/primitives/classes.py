@@ -8,12 +8,12 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.module import FunctionEdit, _find_named, is_definition
-from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, parse_statement
+from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, block_statements, parse_statement
 
 
 def class_body(cls: cst.ClassDef) -> Sequence[Statement]:
     body = cls.body
-    return body.body if isinstance(body, cst.IndentedBlock) else ()
+    return block_statements(body) if isinstance(body, cst.IndentedBlock) else ()
 
 
 def _with_class_body(cls: cst.ClassDef, statements: Sequence[Statement]) -> cst.ClassDef:
@@ -25,9 +25,9 @@ def base_names(cls: cst.ClassDef) -> list[str]:
     names = []
     for arg in cls.bases:
         value = arg.value
-        if m.matches(value, m.Attribute()):
+        if isinstance(value, cst.Attribute):
             names.append(value.attr.value)
-        elif m.matches(value, m.Name()):
+        elif isinstance(value, cst.Name):
             names.append(value.value)
     return names
 
@@ -54,9 +54,10 @@ def find_first_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cst.F
 def replace_method(cls: cst.ClassDef, name: str, edit: FunctionEdit) -> cst.ClassDef:
     body = list(class_body(cls))
     index = _find_named(body, cst.FunctionDef, name)
-    if index is None:
+    method = None if index is None else body[index]
+    if index is None or not isinstance(method, cst.FunctionDef):
         raise AnchorError(f"{cls.name.value}.{name}")
-    body[index] = edit(body[index])
+    body[index] = edit(method)
     return _with_class_body(cls, body)
 
 
@@ -78,9 +79,10 @@ def _assigned_name(stmt: Statement) -> Optional[str]:
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
         return None
     small = stmt.body[0]
-    if m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
-        return small.targets[0].target.value
-    if m.matches(small, m.AnnAssign(target=m.Name())):
+    if isinstance(small, cst.Assign) and m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
+        target = small.targets[0].target
+        return target.value if isinstance(target, cst.Name) else None
+    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
         return small.target.value
     return None
 
@@ -88,7 +90,7 @@ def _assigned_name(stmt: Statement) -> Optional[str]:
 def find_class_attribute(cls: cst.ClassDef, name: str) -> Optional[cst.BaseSmallStatement]:
     """``name = ...`` or ``name: T = ...`` directly in the class body."""
     for stmt in class_body(cls):
-        if _assigned_name(stmt) == name:
+        if isinstance(stmt, cst.SimpleStatementLine) and _assigned_name(stmt) == name:
             return stmt.body[0]
     return None
 
@@ -118,7 +120,7 @@ def space_class_attribute(cls: cst.ClassDef, name: str, comment: str = "") -> cs
         lines.insert(0, cst.EmptyLine(indent=False))
     body[index] = stmt.with_changes(leading_lines=lines)
     following = body[index + 1] if index + 1 < len(body) else None
-    if is_definition(following) and not _starts_blank(following.leading_lines):
+    if following is not None and is_definition(following) and not _starts_blank(following.leading_lines):
         body[index + 1] = following.with_changes(leading_lines=[cst.EmptyLine(indent=False), *following.leading_lines])
     return _with_class_body(cls, body)
 

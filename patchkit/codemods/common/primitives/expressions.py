@@ -10,11 +10,11 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.matchers import _isinstance_parts, _strip_parens, find_isinstance_disjunction, is_node, isinstance_subject, or_terms
-from patchkit.codemods.common.primitives.search import find_all, paths_to
+from patchkit.codemods.common.primitives.search import _N, NodeMatcher, find_all, paths_to, visit_below
 from patchkit.codemods.common.primitives.snippets import AnchorError, parse_expression, parse_statement
 
 
-def replace_expressions(node: cst.CSTNode, matcher: m.BaseMatcherNode, replacement) -> cst.CSTNode:
+def replace_expressions(node: _N, matcher: NodeMatcher, replacement) -> _N:
     """libcst's ``m.replace(node, matcher, replacement)``, visiting only the
     paths to the matches (``search.paths_to``): ``m.replace`` visits, and
     rebuilds, every node of ``node`` (a whole method) for a few matches.
@@ -24,7 +24,7 @@ def replace_expressions(node: cst.CSTNode, matcher: m.BaseMatcherNode, replaceme
     hits = find_all(node, matcher)
     if not hits:
         return node
-    return node.visit(_Replacer(matcher, replacement, hits, paths_to(node, hits)))
+    return visit_below(node, _Replacer(matcher, replacement, hits, paths_to(node, hits)))
 
 
 class _Replacer(cst.CSTTransformer):
@@ -55,9 +55,9 @@ class _Replacer(cst.CSTTransformer):
         return self.updated.get(id(value), value)
 
 
-def replace_node(node: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
+def replace_node(node: _N, old: cst.CSTNode, new: cst.CSTNode) -> _N:
     """``node`` with its subtree ``old`` (that very node) replaced by ``new``."""
-    return node.visit(_Replacer(is_node(old), lambda _old, _found: new, [old], paths_to(node, [old])))
+    return visit_below(node, _Replacer(is_node(old), lambda _old, _found: new, [old], paths_to(node, [old])))
 
 
 def _captured(captures: dict) -> list:
@@ -94,7 +94,7 @@ def isinstance_tuple(node: cst.BaseExpression, add: Sequence[str] = (), after: O
     new = [c for c in add if c not in classes]
     classes = classes[:index] + new + classes[index:]
     lines = "".join(f"        {c},\n" for c in classes)
-    return parse_expression(f"isinstance(\n    {subject},\n    (\n{lines}    ),\n)")
+    return cst.ensure_type(parse_expression(f"isinstance(\n    {subject},\n    (\n{lines}    ),\n)"), cst.Call)
 
 
 def add_isinstance_classes(expr: cst.BaseExpression, subject: str, add: Sequence[str], after: Optional[str] = None) -> cst.BaseExpression:
@@ -112,6 +112,7 @@ def add_isinstance_classes(expr: cst.BaseExpression, subject: str, add: Sequence
     for check in checks[1:]:
         chain = cst.BooleanOperation(left=chain, operator=cst.Or(), right=check)
     merged = isinstance_tuple(chain, add=add, after=after)
+    new: cst.BaseExpression
     if len(checks) == len(terms):
         new = merged  # the tuple alone: its own parentheses are enough
     else:
@@ -142,6 +143,7 @@ def set_keyword_argument(call: cst.Call, name: str, value_source: str) -> cst.Ca
         return call.with_changes(args=[new])
     last = args[-1]
     if isinstance(last.comma, cst.Comma):  # trailing comma: the new arg takes it
+        between: Optional[cst.Comma]
         if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
             between = args[-2].comma
         else:
@@ -186,7 +188,7 @@ def fill_template(template: str, nodes: dict[str, cst.CSTNode]) -> cst.CSTNode:
         if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
             raise ValueError(f"template is neither an expression nor one small statement: {template!r}") from None
         parsed = stmt.body[0]
-    return parsed.visit(_TemplateFiller(dict(nodes)))
+    return visit_below(parsed, _TemplateFiller(dict(nodes)))
 
 
 class _TemplateRewriter(cst.CSTTransformer):
@@ -218,13 +220,13 @@ class _TemplateRewriter(cst.CSTTransformer):
 
 
 def rewrite_expressions(
-    node: cst.CSTNode,
+    node: _N,
     matcher: m.BaseMatcherNode,
     template: str,
     *,
     within: Optional[m.BaseMatcherNode] = None,
-    **nodes: cst.CSTNode,
-) -> cst.CSTNode:
+    **nodes: cst.CSTNode | Sequence[cst.CSTNode],
+) -> _N:
     """Rewrite every expression (or small statement) under ``node`` that
     matches ``matcher`` as ``template`` (see :func:`fill_template`), filled with
     the matcher's ``m.SaveMatchedNode`` captures and the extra ``nodes``.
@@ -236,7 +238,7 @@ def rewrite_expressions(
     and template ``"add_or_none(X, N)"``. Raises AnchorError when nothing matched.
     """
     rewriter = _TemplateRewriter(matcher, template, within, nodes, paths_to(node, find_all(node, matcher)))
-    result = node.visit(rewriter)
+    result = visit_below(node, rewriter)
     if rewriter.count == 0:
         raise AnchorError(f"no expression matching {matcher!r}")
     return result

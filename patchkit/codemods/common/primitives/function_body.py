@@ -4,29 +4,30 @@ replace matching statements, and wrap statements in ``if``/``else``."""
 from __future__ import annotations
 
 import textwrap
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union, overload
 
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.expressions import replace_node
-from patchkit.codemods.common.primitives.search import find_all, paths_to
-from patchkit.codemods.common.primitives.snippets import AnchorError, _docstring_count, parse_expression, parse_statement, parse_statements, parse_statements_with_comments
+from patchkit.codemods.common.primitives.search import _N, find_all, paths_to, visit_below
+from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, block_statements, parse_expression, parse_statement, parse_statements, parse_statements_with_comments
 
 
 def insert_at_start(fn: cst.FunctionDef, source: str) -> cst.FunctionDef:
     """Insert statements at the start of a function body, after its docstring."""
-    body = list(fn.body.body)
+    body = block_statements(fn.body)
     index = _docstring_count(body)
     body[index:index] = parse_statements(source)
     return fn.with_changes(body=fn.body.with_changes(body=body))
 
 
-StatementEdit = Callable[[cst.BaseStatement], Union[cst.BaseStatement, cst.FlattenSentinel, cst.RemovalSentinel]]
+StatementResult = Union[cst.BaseStatement, cst.FlattenSentinel, cst.RemovalSentinel]
+StatementEdit = Callable[[Statement], StatementResult]
 
 
 class _StatementReplacer(cst.CSTTransformer):
-    def __init__(self, matcher: m.BaseMatcherNode, edit: StatementEdit, visit: set[int]) -> None:
+    def __init__(self, matcher: m.BaseMatcherNode, edit: Callable[..., StatementResult], visit: set[int]) -> None:
         super().__init__()
         self.matcher = matcher
         self.edit = edit
@@ -49,16 +50,24 @@ class _StatementReplacer(cst.CSTTransformer):
         return updated
 
 
-def replace_statements(node: cst.CSTNode, matcher: m.BaseMatcherNode, edit: StatementEdit) -> cst.CSTNode:
+# The edit is handed what the matcher matched: an ``if`` for an m.If, a line for an m.SimpleStatementLine.
+@overload
+def replace_statements(node: _N, matcher: m.If, edit: Callable[[cst.If], StatementResult]) -> _N: ...
+@overload
+def replace_statements(node: _N, matcher: m.SimpleStatementLine,
+                       edit: Callable[[cst.SimpleStatementLine], StatementResult]) -> _N: ...
+@overload
+def replace_statements(node: _N, matcher: m.BaseMatcherNode, edit: StatementEdit) -> _N: ...
+def replace_statements(node: _N, matcher: m.BaseMatcherNode, edit: Callable[..., StatementResult]) -> _N:
     """Replace every simple statement line (or ``if``) under ``node`` that matches."""
     replacer = _StatementReplacer(matcher, edit, paths_to(node, find_all(node, matcher)))
-    result = node.visit(replacer)
+    result = visit_below(node, replacer)
     if replacer.count == 0:
         raise AnchorError(f"no statement matching {matcher!r}")
     return result
 
 
-def guard_statement(stmt: cst.BaseStatement, condition: str) -> cst.If:
+def guard_statement(stmt: Statement, condition: str) -> cst.If:
     """Wrap a statement in ``if <condition>:``, keeping its leading comments
     above the ``if``."""
     inner = stmt.with_changes(leading_lines=[])
@@ -69,7 +78,7 @@ def guard_statement(stmt: cst.BaseStatement, condition: str) -> cst.If:
     )
 
 
-def guard_statements(stmts: Sequence[cst.BaseStatement], condition: str, comment: str = "") -> cst.If:
+def guard_statements(stmts: Sequence[Statement], condition: str, comment: str = "") -> cst.If:
     """Wrap consecutive statements in one ``if <condition>:``; the first
     statement's leading comments/blank lines stay above the ``if``. With a
     ``comment`` (lines, without ``# ``), only its leading blank lines go above,
@@ -87,7 +96,7 @@ def guard_statements(stmts: Sequence[cst.BaseStatement], condition: str, comment
     )
 
 
-def branch_statements(stmts: Sequence[cst.BaseStatement], condition: str, then_source: str) -> cst.If:
+def branch_statements(stmts: Sequence[Statement], condition: str, then_source: str) -> cst.If:
     """``if <condition>: <then_source> else: <stmts>``: new code for one case,
     the existing statements unchanged for the others. Leading comments of the
     first statement stay above the ``if``."""
@@ -95,7 +104,7 @@ def branch_statements(stmts: Sequence[cst.BaseStatement], condition: str, then_s
         raise AnchorError("branch_statements needs at least one statement")
     inner = [stmts[0].with_changes(leading_lines=[])] + list(stmts[1:])
     # Parsed as a block (not a module) so its leading comments stay in it.
-    then = parse_statement("if _:\n" + textwrap.indent(textwrap.dedent(then_source).strip("\n"), "    ") + "\n")
+    then = cst.ensure_type(parse_statement("if _:\n" + textwrap.indent(textwrap.dedent(then_source).strip("\n"), "    ") + "\n"), cst.If)
     return cst.If(
         test=parse_expression(condition),
         body=then.body,
@@ -107,7 +116,7 @@ def branch_statements(stmts: Sequence[cst.BaseStatement], condition: str, then_s
 def insert_at_end(fn: cst.FunctionDef, source: str) -> cst.FunctionDef:
     """Append statements (leading comments kept) at the end of a function body
     (after its last statement; a trailing comment block stays last)."""
-    body = list(fn.body.body)
+    body = block_statements(fn.body)
     body.extend(parse_statements_with_comments(source))
     return fn.with_changes(body=fn.body.with_changes(body=body))
 
@@ -129,7 +138,7 @@ def insert_before(fn: cst.FunctionDef, matcher: m.BaseMatcherNode, source: str) 
     index = find_statement_index(fn, matcher)
     if index is None:
         raise AnchorError(f"{fn.name.value}: no statement matching {matcher!r}")
-    body = list(fn.body.body)
+    body = block_statements(fn.body)
     anchor = body[index]
     lines = list(anchor.leading_lines)
     first_comment = next((k for k, line in enumerate(lines) if line.comment is not None), len(lines))
@@ -141,12 +150,12 @@ def insert_before(fn: cst.FunctionDef, matcher: m.BaseMatcherNode, source: str) 
 
 
 def replace_block_statements(
-    node: cst.CSTNode, block: cst.IndentedBlock, start: int, end: int, edit: Callable[[list[cst.BaseStatement]], cst.BaseStatement]
-) -> cst.CSTNode:
+    node: _N, block: cst.IndentedBlock, start: int, end: int, edit: Callable[[list[Statement]], Statement]
+) -> _N:
     """``node`` with statements ``start:end`` of ``block`` (a block somewhere
     under ``node``: a method body, or the block a fork moved them into)
     replaced by ``edit(statements)``, e.g. :func:`guard_statements`."""
-    body = list(block.body)
+    body = block_statements(block)
     body[start:end] = [edit(body[start:end])]
     edited = block.with_changes(body=body)
     return replace_node(node, block, edited)

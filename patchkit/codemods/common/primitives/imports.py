@@ -110,7 +110,7 @@ def add_imports(module: cst.Module, wanted: Sequence[tuple[str, Optional[str]]])
         imp = _single_import(stmt)
         if isinstance(imp, cst.Import):
             have_modules.update(_dotted(a.name) for a in imp.names if a.asname is None)
-        elif not imp.relative and imp.module is not None:
+        elif isinstance(imp, cst.ImportFrom) and not imp.relative and imp.module is not None:
             names = have_objects.setdefault(_dotted(imp.module), set())
             if isinstance(imp.names, cst.ImportStar):
                 names.add("*")
@@ -169,7 +169,7 @@ def imports_name(module: cst.Module, module_name: str, name: str) -> bool:
                     if isinstance(small.names, cst.ImportStar):
                         return True
                     for alias in small.names:
-                        bound = alias.asname.name.value if alias.asname else _dotted(alias.name)
+                        bound = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else _dotted(alias.name)
                         if bound == name and _dotted(alias.name) == name:
                             return True
     return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from functools import lru_cache
-from typing import Optional
+from typing import Any, Optional
 
 import libcst as cst
 
@@ -117,6 +117,7 @@ def _lines(item: cst.CSTNode, indent: str, newline: str) -> tuple:
     children: list[tuple[tuple, int]] = []
     alias: dict[int, cst.CSTNode] = {}
     generated = item
+    stand_ins: list[_Newlines] = []
     body = getattr(item, "body", None)
     if isinstance(item, cst.ClassDef) and isinstance(body, cst.IndentedBlock) and body.body:
         # The class with each body statement standing in for its lines.
@@ -157,9 +158,10 @@ def _lines(item: cst.CSTNode, indent: str, newline: str) -> tuple:
     state = Record(default_indent=indent, default_newline=newline)
     generated._codegen(state)
     if generated is not item:  # what stood in for the class: its ids are the class's
-        for stand_in in generated.body.body:
+        for stand_in in stand_ins:  # what generated's body holds
             starts.pop(id(stand_in), None)
-        for table in (starts, found, redirect):
+        tables: tuple[dict[int, Any], ...] = (starts, found, redirect)
+        for table in tables:
             for key, value in alias.items():
                 if key in table:
                     table[id(value)] = table.pop(key)
@@ -174,7 +176,8 @@ class _Newlines(cst.CSTNode):
     """Stands in for a statement of a class body whose lines are known: its
     code is that many newlines (``_lines`` generates the class around it)."""
 
-    __slots__ = ("lines",)
+    __slots__ = ("lines",)  # type: ignore[misc]  # typeshed declares ABC.__slots__ as an instance variable
+    lines: tuple
 
     def __init__(self, lines: tuple) -> None:
         object.__setattr__(self, "lines", lines)  # the statement's _lines

@@ -9,7 +9,7 @@ an early ``return``) is handled once, here, for all of them.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence, TypeVar, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -17,43 +17,52 @@ import libcst.matchers as m
 from patchkit.codemods.common.primitives.search import _children, find_all
 
 ANY = m.DoNotCare()
+_M = TypeVar("_M")
+_N = TypeVar("_N", bound=cst.CSTNode)
+# What a libcst matcher field for a node of kind ``_M`` takes (a node matcher,
+# MatchIfTrue, OneOf / AllOf of them, ANY): libcst spells this union out on
+# each field and exports no name for it.
+Field = Union[_M, m.DoNotCareSentinel, m.OneOf[_M], m.AllOf[_M]]
+Expr = Field[m.BaseExpressionMatchType]
+# An item of a sequence field (``args=[...]``): also ``m.ZeroOrMore()`` and the like.
+Item = Union[Field[_M], m.AtLeastN[Field[_M]], m.AtMostN[Field[_M]]]
 
 
-def save(matcher: m.BaseMatcherNode, key: str) -> m.SaveMatchedNode:
+def save(matcher: _M, key: str) -> _M:
     return m.SaveMatchedNode(matcher, key)
 
 
-def names(spec: str) -> m.BaseMatcherNode:
+def names(spec: str) -> Union[m.Name, m.OneOf[m.Name]]:
     """``m.Name`` for ``a`` or, with ``a|b``, for either."""
     parts = [m.Name(n) for n in spec.split("|")]
-    one = parts[0]
+    one: Union[m.Name, m.OneOf[m.Name]] = parts[0]
     for other in parts[1:]:
         one = one | other
     return one
 
 
-def attr(name: str, receiver: m.BaseMatcherNode = ANY) -> m.Attribute:
+def attr(name: str, receiver: Expr = ANY) -> m.Attribute:
     """``<receiver>.<name>``; ``name`` may be ``a|b`` for either."""
     return m.Attribute(value=receiver, attr=names(name))
 
 
-def dotted(path: str) -> m.BaseMatcherNode:
+def dotted(path: str) -> Union[m.Name, m.Attribute]:
     """``a.b.c`` as a Name / Attribute matcher."""
     parts = path.split(".")
-    matcher: m.BaseMatcherNode = m.Name(parts[0])
+    matcher: Union[m.Name, m.Attribute] = m.Name(parts[0])
     for part in parts[1:]:
         matcher = m.Attribute(value=matcher, attr=m.Name(part))
     return matcher
 
 
-def call(func: str, *args: m.BaseMatcherNode) -> m.Call:
+def call(func: str, *args: Item[m.ArgMatchType]) -> m.Call:
     """``func(args...)`` (``func`` dotted, e.g. ``torch.cat``); without args: any arguments."""
     if not args:
         return m.Call(func=dotted(func))
     return m.Call(func=dotted(func), args=list(args))
 
 
-def method_call(name: str, receiver: m.BaseMatcherNode = ANY) -> m.Call:
+def method_call(name: str, receiver: Expr = ANY) -> m.Call:
     """``<receiver>.<name>(...)``, any arguments (``name`` may be ``a|b``)."""
     return m.Call(func=attr(name, receiver))
 
@@ -63,12 +72,12 @@ def super_call(name: str) -> m.Call:
     return method_call(name, m.Call(func=m.Name("super")))
 
 
-def plus(left: m.BaseMatcherNode) -> m.BinaryOperation:
+def plus(left: Expr) -> m.BinaryOperation:
     """``LEFT + RIGHT`` where the left operand matches ``left``."""
     return m.BinaryOperation(left=save(left, "LEFT"), operator=m.Add(), right=save(ANY, "RIGHT"))
 
 
-def assigns_attr(name: str, value: m.BaseMatcherNode = ANY, receiver: m.BaseMatcherNode = ANY) -> m.Assign:
+def assigns_attr(name: str, value: Expr = ANY, receiver: Expr = ANY) -> m.Assign:
     """``<receiver>.<name> = <value>``, as a small statement."""
     return m.Assign(targets=[m.AssignTarget(target=attr(name, receiver))], value=value)
 
@@ -78,12 +87,12 @@ def assigns_name(name: str) -> m.Assign:
     return m.Assign(targets=[m.AssignTarget(target=names(name))])
 
 
-def line(small: m.BaseMatcherNode) -> m.SimpleStatementLine:
+def line(small: Field[m.BaseSmallStatementMatchType]) -> m.SimpleStatementLine:
     """A statement line holding just ``small``."""
     return m.SimpleStatementLine(body=[small])
 
 
-def is_node(node: cst.CSTNode) -> m.MatchIfTrue:
+def is_node(node: _N) -> m.MatchIfTrue[_N]:
     """Matches that very node (to edit a node found by a search)."""
     return m.MatchIfTrue(lambda candidate: candidate is node)
 
@@ -91,7 +100,7 @@ def is_node(node: cst.CSTNode) -> m.MatchIfTrue:
 # -- None tests -----------------------------------------------------------------------------
 
 
-def none_comparison(target: m.BaseMatcherNode = ANY) -> m.Comparison:
+def none_comparison(target: Expr = ANY) -> m.Comparison:
     """``<target> is None`` / ``<target> is not None``."""
     return m.Comparison(
         left=target,
@@ -99,7 +108,7 @@ def none_comparison(target: m.BaseMatcherNode = ANY) -> m.Comparison:
     )
 
 
-def none_test(target: m.BaseMatcherNode) -> m.If:
+def none_test(target: Expr) -> m.If:
     """``if <target> is None`` / ``is not None`` (alone or within and/or)."""
     comparison = none_comparison(target)
     return m.If(test=comparison | m.BooleanOperation(left=comparison) | m.BooleanOperation(right=comparison))
@@ -116,7 +125,8 @@ def _strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
 
 def _isinstance_parts(node: cst.BaseExpression) -> Optional[tuple[cst.BaseExpression, list[cst.BaseExpression]]]:
     """(subject, classes) of ``isinstance(s, C)`` / ``isinstance(s, (C, D))``."""
-    if not m.matches(node, m.Call(func=m.Name("isinstance"), args=[m.Arg(keyword=None), m.Arg(keyword=None)])):
+    if not isinstance(node, cst.Call) or not m.matches(
+            node, m.Call(func=m.Name("isinstance"), args=[m.Arg(keyword=None), m.Arg(keyword=None)])):
         return None
     subject, classes = node.args[0].value, node.args[1].value
     if isinstance(classes, cst.Tuple):
@@ -143,6 +153,8 @@ def find_isinstance_disjunction(expr: cst.BaseExpression, subject: str) -> Optio
     parentheses, beside plain names and calls. The widest such ``or`` wins
     (``a or (isinstance(s, A) or isinstance(s, B))`` gives the outer one)."""
     for node in find_all(expr, m.BooleanOperation(operator=m.Or()) | m.Call(func=m.Name("isinstance"))):
+        if not isinstance(node, cst.BaseExpression):  # the matcher finds only BooleanOperation / Call
+            continue
         if any(isinstance_subject(term) == subject for term in or_terms(node)):
             return node
     return None
@@ -271,8 +283,8 @@ def _parents(fn: cst.CSTNode) -> dict[int, cst.CSTNode]:
     return parents
 
 
-def _before(body, child) -> list:
-    out = []
+def _before(body: Sequence[_N], child: cst.CSTNode) -> list[_N]:
+    out: list[_N] = []
     for stmt in body:
         if stmt is child:
             return out

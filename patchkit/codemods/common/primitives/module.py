@@ -40,7 +40,7 @@ ClassEdit = Callable[[cst.ClassDef], cst.ClassDef]
 FunctionEdit = Callable[[cst.FunctionDef], cst.FunctionDef]
 
 
-def _find_named(statements: Sequence[Statement], kind: type, name: str) -> Optional[int]:
+def _find_named(statements: Sequence[Statement], kind: type[cst.FunctionDef | cst.ClassDef], name: str) -> Optional[int]:
     """Index of the ``class``/``def`` called ``name`` among ``statements``."""
     for i, stmt in enumerate(statements):
         if isinstance(stmt, kind) and stmt.name.value == name:
@@ -59,7 +59,8 @@ def _replace_named(module: cst.Module, kind: type, name: str, edit, what: str) -
 
 def find_class(module: cst.Module, name: str) -> Optional[cst.ClassDef]:
     index = _find_named(module.body, cst.ClassDef, name)
-    return None if index is None else module.body[index]
+    found = None if index is None else module.body[index]
+    return found if isinstance(found, cst.ClassDef) else None
 
 
 def replace_class(module: cst.Module, name: str, edit: ClassEdit) -> cst.Module:
@@ -69,7 +70,8 @@ def replace_class(module: cst.Module, name: str, edit: ClassEdit) -> cst.Module:
 def find_function(module: cst.Module, name: str) -> Optional[cst.FunctionDef]:
     """A top-level ``def name(...)``."""
     index = _find_named(module.body, cst.FunctionDef, name)
-    return None if index is None else module.body[index]
+    found = None if index is None else module.body[index]
+    return found if isinstance(found, cst.FunctionDef) else None
 
 
 def replace_function(module: cst.Module, name: str, edit: FunctionEdit) -> cst.Module:

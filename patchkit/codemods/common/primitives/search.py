@@ -6,17 +6,29 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence, TypeVar, Union, cast
 
 import libcst as cst
 import libcst.matchers as m
 
 
-def contains(node: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
+_N = TypeVar("_N", bound=cst.CSTNode)
+# What find_all looks for: a libcst matcher, or a MatchIfTrue tested on every node.
+NodeMatcher = Union[m.BaseMatcherNode, m.MatchIfTrue[cst.CSTNode]]
+
+
+def visit_below(node: _N, transformer: cst.CSTTransformer) -> _N:
+    """``node.visit(transformer)`` for a transformer that neither removes nor
+    flattens ``node`` (libcst types the result as possibly either) and edits
+    what lies below it (callers pass a node above their matches)."""
+    return cast(_N, node.visit(transformer))
+
+
+def contains(node: cst.CSTNode, matcher: NodeMatcher) -> bool:
     return bool(find_all(node, matcher))
 
 
-def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.BaseMatcherNode] = None) -> list[cst.CSTNode]:
+def find_all(node: cst.CSTNode, matcher: NodeMatcher, within: Optional[m.BaseMatcherNode] = None) -> list[cst.CSTNode]:
     """Nodes under ``node`` (itself included) matching ``matcher``, in source
     order; only inside ``within`` nodes when given. Same result as libcst's
     ``m.findall``, which rebuilds every node it visits and so costs about as
@@ -28,6 +40,7 @@ def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.B
     if isinstance(matcher, m.MatchIfTrue):  # as m.replace tests one on each node (m.matches takes none)
         return [n for n in nodes if matcher.func(n)]
     types = _types_of(matcher)
+    candidates: Sequence[cst.CSTNode]
     if types is None:
         candidates = nodes  # MatchIfTrue, ~X, ...: test every node
     elif len(types) == 1:
@@ -44,6 +57,12 @@ def find_all(node: cst.CSTNode, matcher: m.BaseMatcherNode, within: Optional[m.B
 # constants mostly; the entry holds the matcher, so its id stays valid.
 _TYPES: dict[int, tuple] = {}  # the node types it can match, or None
 _NEEDS: dict[int, tuple] = {}  # _needs of it
+
+
+def find_all_of(kind: type[_N], node: cst.CSTNode, matcher: NodeMatcher,
+                within: Optional[m.BaseMatcherNode] = None) -> list[_N]:
+    """``find_all`` for a matcher of one kind of node: its hits, typed as that kind."""
+    return [hit for hit in find_all(node, matcher, within) if isinstance(hit, kind)]
 
 
 def _remembered(cache: dict[int, tuple], matcher, work):
@@ -84,8 +103,8 @@ def _needs(matcher) -> Optional[tuple]:
         return None
     if not isinstance(matcher, m.BaseMatcherNode) or not isinstance(getattr(cst, type(matcher).__name__, None), type):
         return None
-    needs = []
-    for f in dataclasses.fields(matcher):
+    needs: list[tuple] = []
+    for f in dataclasses.fields(matcher):  # type: ignore[arg-type]  # every libcst node matcher is a dataclass; libcst types them as BaseMatcherNode
         if f.name in ("metadata", "_metadata"):
             continue
         wanted = getattr(matcher, f.name)
@@ -124,7 +143,7 @@ def _matcher_types(matcher) -> Optional[frozenset]:
     if isinstance(matcher, (m.OneOf, m.AllOf)):
         options = [_matcher_types(option) for option in matcher.options]
         if isinstance(matcher, m.OneOf):
-            return None if any(t is None for t in options) else frozenset().union(*options)
+            return None if any(t is None for t in options) else frozenset().union(*(t for t in options if t is not None))
         known = [t for t in options if t is not None]
         return frozenset.intersection(*known) if known else None
     inner = getattr(matcher, "matcher", None)
@@ -191,7 +210,7 @@ class _ChildOrder(cst.CSTVisitor):
     """Records the order in which libcst visits a node's direct children."""
 
     def __init__(self, root: cst.CSTNode) -> None:
-        self.root, self.seen = root, {}
+        self.root, self.seen = root, dict[int, int]()
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if node is self.root:
@@ -238,7 +257,7 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     names = _FIELD_NAMES.get(node_type)
     if names is None:
         names = _FIELD_NAMES[node_type] = tuple(f.name for f in dataclasses.fields(node))
-    fields = {}
+    fields: dict[str, Sequence[cst.CSTNode]] = {}
     kinds = _KINDS
     for name in names:
         value = getattr(node, name)

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import textwrap
-from typing import Sequence
+from typing import Sequence, Union, cast
 
 import libcst as cst
 import libcst.matchers as m
 
 
-Statement = cst.BaseStatement
+# What a module or block body holds (libcst's only two kinds of BaseStatement,
+# both with ``leading_lines``).
+Statement = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 
 
 class AnchorError(Exception):
     """An anchor a transform relies on is not there (detect should have said so)."""
+
+
+def block_statements(suite: cst.BaseSuite) -> list[Statement]:
+    """The statements of an indented block, as a list to edit. libcst types an
+    ``IndentedBlock``'s body as BaseStatement, whose only kinds are these two."""
+    return list(cast(Sequence[Statement], suite.body))
 
 
 def parse_statements(source: str) -> list[Statement]:

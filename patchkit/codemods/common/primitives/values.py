@@ -26,17 +26,17 @@ reads, sums and widths the shared codemods anchor on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common.primitives.matchers import ANY, attr, call, dotted, save
+from patchkit.codemods.common.primitives.matchers import ANY, Expr, attr, call, dotted, save
 from patchkit.codemods.common.primitives.search import find_all
 
 CASTS = "to|int|long|type|contiguous"
 _CAST_CALL = m.Call(func=attr(CASTS))
-_CAST_FUNCTION = m.Call(func=m.Name("int") | call("torch.as_tensor").func, args=[m.Arg(keyword=None), m.ZeroOrMore()])
+_CAST_FUNCTION = m.Call(func=m.Name("int") | dotted("torch.as_tensor"), args=[m.Arg(keyword=None), m.ZeroOrMore()])
 # ``x[:n]``: one prefix slice (no start, no step), what a batch's rows are cut to.
 BATCH_SLICE = m.Subscript(slice=[m.SubscriptElement(slice=m.Slice(lower=None, upper=m.DoNotCare(), step=None))])
 
@@ -47,16 +47,18 @@ class Locals:
 
     def __init__(self, fn: cst.FunctionDef) -> None:
         self.fn = fn
-        self.defs: dict[str, list[cst.CSTNode]] = {}
+        self.defs: dict[str, list[cst.Assign | cst.AnnAssign]] = {}
         for assign in find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())]) | m.AnnAssign(target=m.Name(), value=m.DoNotCare())):
+            if not isinstance(assign, (cst.Assign, cst.AnnAssign)):  # what the matcher finds
+                continue
             target = assign.targets[0].target if isinstance(assign, cst.Assign) else assign.target
-            if assign.value is not None:
+            if assign.value is not None and isinstance(target, cst.Name):
                 self.defs.setdefault(target.value, []).append(assign)
 
     def values(self, node: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
         """The expressions ``node`` stands for: itself, or every value a local it names is assigned."""
         if isinstance(node, cst.Name) and node.value in self.defs and depth < 4:
-            return [v for d in self.defs[node.value] for v in self.values(d.value, depth + 1)]
+            return [v for d in self.defs[node.value] if d.value is not None for v in self.values(d.value, depth + 1)]
         return [node]
 
     def one(self, node: cst.BaseExpression) -> cst.BaseExpression:
@@ -75,9 +77,9 @@ def strip_casts(node: cst.BaseExpression) -> cst.BaseExpression:
     (the value, not its dtype or device); parentheses need nothing (a matcher
     that names none ignores them)."""
     while True:
-        if m.matches(node, _CAST_CALL):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and m.matches(node, _CAST_CALL):
             node = node.func.value
-        elif m.matches(node, _CAST_FUNCTION):
+        elif isinstance(node, cst.Call) and m.matches(node, _CAST_FUNCTION):
             node = node.args[0].value
         else:
             return node
@@ -96,8 +98,10 @@ def peel(node: cst.BaseExpression, local: Optional[Locals] = None) -> Peeled:
     for _ in range(8):
         before = node
         node = strip_casts(node) if local is None else local.one(node)
-        if bound is None and m.matches(node, BATCH_SLICE):
-            bound, node = node.slice[0].slice.upper, node.value
+        if bound is None and isinstance(node, cst.Subscript) and m.matches(node, BATCH_SLICE):
+            prefix = node.slice[0].slice
+            if isinstance(prefix, cst.Slice):  # what BATCH_SLICE matches
+                bound, node = prefix.upper, node.value
         if node is before:
             break
     if getattr(node, "lpar", None):
@@ -107,9 +111,9 @@ def peel(node: cst.BaseExpression, local: Optional[Locals] = None) -> Peeled:
 
 def operands(node: cst.BaseExpression) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:
     """The two terms of ``a + b`` or ``torch.add(a, b)``; None for anything else."""
-    if m.matches(node, m.BinaryOperation(operator=m.Add())):
+    if isinstance(node, cst.BinaryOperation) and m.matches(node, m.BinaryOperation(operator=m.Add())):
         return node.left, node.right
-    if m.matches(node, m.Call(func=call("torch.add").func, args=[m.Arg(keyword=None), m.Arg(keyword=None)])):
+    if isinstance(node, cst.Call) and m.matches(node, m.Call(func=call("torch.add").func, args=[m.Arg(keyword=None), m.Arg(keyword=None)])):
         return node.args[0].value, node.args[1].value
     return None
 
@@ -139,18 +143,18 @@ def sum_of(node: cst.BaseExpression, first: m.BaseMatcherNode, second: m.BaseMat
 # -- a value as a matcher (captures kept) -------------------------------------------------
 
 
-def _cast_of(value: m.BaseMatcherNode) -> m.BaseMatcherNode:
+def _cast_of(value: Expr) -> Expr:
     """``value`` under one cast: ``.to(...)``, ``.int()`` ..., ``int(value)``, ``torch.as_tensor(value, ...)``."""
     return (m.Call(func=attr(CASTS, value))
             | m.Call(func=m.Name("int") | dotted("torch.as_tensor"), args=[m.Arg(value=value, keyword=None), m.ZeroOrMore()]))
 
 
-def _slice_of(value: m.BaseMatcherNode) -> m.Subscript:
+def _slice_of(value: Expr) -> m.Subscript:
     """``value[:n]``: the batch's rows of it."""
     return m.Subscript(value=value, slice=[m.SubscriptElement(slice=m.Slice(lower=None, upper=m.DoNotCare(), step=None))])
 
 
-def spelled(value: m.BaseMatcherNode, slices: bool = True, depth: int = 2) -> m.BaseMatcherNode:
+def spelled(value: Expr, slices: bool = True, depth: int = 2) -> Expr:
     """``value`` in the spellings vendors use, as one matcher: itself, under
     casts and (``slices``) a batch slice ``[:n]``, up to ``depth`` of them
     nested; parentheses need nothing (a matcher naming none ignores them).
@@ -158,11 +162,12 @@ def spelled(value: m.BaseMatcherNode, slices: bool = True, depth: int = 2) -> m.
     Temporary variables need the method: ``peel`` with ``Locals``."""
     matcher = value
     for _ in range(depth):
-        matcher = value | _cast_of(matcher) | _slice_of(matcher) if slices else value | _cast_of(matcher)
+        # libcst types ``|`` on node matchers only, not on the field union Expr (ANY, metadata matchers), never given here.
+        matcher = value | _cast_of(matcher) | _slice_of(matcher) if slices else value | _cast_of(matcher)  # type: ignore[operator, assignment]
     return matcher
 
 
-def host_scalar(reduction: str, receiver: m.BaseMatcherNode, slices: bool = True) -> m.BaseMatcherNode:
+def host_scalar(reduction: str, receiver: Expr, slices: bool = True) -> m.OneOf[m.BaseExpressionMatchType]:
     """A reduction of ``receiver`` read to the host as a Python number, however
     spelled: ``<r>.<reduction>().item()``, ``int(<r>.<reduction>())``,
     ``torch.<reduction>(<r>).item()``, ``int(torch.<reduction>(<r>))``; ``<r>``
@@ -170,10 +175,12 @@ def host_scalar(reduction: str, receiver: m.BaseMatcherNode, slices: bool = True
     value = spelled(receiver, slices=slices)
     reduced = (m.Call(func=attr(reduction, value), args=[])
                | m.Call(func=dotted(f"torch.{reduction}"), args=[m.Arg(value, keyword=None)]))
-    return m.Call(func=attr("item", spelled(reduced, slices=False, depth=1)), args=[]) | _cast_of(reduced)
+    # As in spelled: libcst types ``|`` on node matchers only; and OneOf flattens the
+    # OneOf _cast_of gives (at run time), so this is one OneOf of Call matchers.
+    return m.Call(func=attr("item", spelled(reduced, slices=False, depth=1)), args=[]) | _cast_of(reduced)  # type: ignore[operator, return-value]
 
 
-def added(value: m.BaseMatcherNode) -> m.BaseMatcherNode:
+def added(value: Expr) -> m.OneOf[Union[m.BinaryOperation, m.Call]]:
     """``<value> + X`` in any operand order: ``X + <value>``, ``torch.add`` either
     way round. Captures ``LEFT`` (the value) and ``RIGHT`` (the other term),
     so a rewrite such as ``add_or_none(LEFT, RIGHT)`` reads the same however
