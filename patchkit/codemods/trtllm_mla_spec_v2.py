@@ -205,7 +205,7 @@ class EagerMaxWithoutMirror(MethodCodemod):
             return Finding.done(self.anchor, "upstream's static bound (0.5.16+)")
         if fallback is None or not m.matches(fallback, _DEVICE_MAX):
             return self.missing_in(fn, f"no `if <mirror> is not None: {MAX} = ... else: {MAX} = forward_batch.seq_lens.max().item()`",
-                                   f"that fallback to bound by max_context_len", guarded)
+                                   "that fallback to bound by max_context_len", guarded)
         if self._upstreams:
             return Finding.superseded(self.anchor, f"upstream's own opt-out (0.5.13 .. 0.5.15) keeps the device {MAX}: left as upstream wrote it")
         return Finding.todo(self.anchor, f"without the mirror {MAX} is read from the device (a host wait every eager step)")

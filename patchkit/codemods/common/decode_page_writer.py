@@ -105,7 +105,7 @@ class DecodePageWriterStopsAtLivePages(PatchCodemod):
                 continue
             missing = [n for n in NEEDS if n not in _params(fn)] + ([] if _row_index(fn) else ["tl.program_id(0)"])
             if len(masks) != 1 or missing:
-                what = f"no `mask = ... < max_seq_pages` line" if len(masks) != 1 else f"no {', '.join(missing)}"
+                what = "no `mask = ... < max_seq_pages` line" if len(masks) != 1 else f"no {', '.join(missing)}"
                 return self.located(Finding.missing(anchor, f"{self.where(fn)}: {fn.name.value} has {what}; "
                                                     "the patch needs its column mask and the row's length"), fn)
             left.append(fn)

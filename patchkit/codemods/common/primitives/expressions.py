@@ -4,7 +4,8 @@ call keyword arguments."""
 from __future__ import annotations
 
 import textwrap
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import libcst as cst
 import libcst.matchers as m

@@ -4,7 +4,8 @@ replace matching statements, and wrap statements in ``if``/``else``."""
 from __future__ import annotations
 
 import textwrap
-from typing import Callable, Optional, Sequence, Union, overload
+from typing import Optional, Union, overload
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 import libcst.matchers as m

@@ -8,7 +8,8 @@ where a formatter would put it (``add_import_sorted``)."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
+from collections.abc import Sequence
 
 import libcst as cst
 import libcst.matchers as m

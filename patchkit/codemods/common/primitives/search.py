@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Iterator, Optional, Sequence, TypeVar, Union, cast
+from typing import Optional, TypeVar, Union, cast
+from collections.abc import Iterator, Sequence
 
 import libcst as cst
 import libcst.matchers as m

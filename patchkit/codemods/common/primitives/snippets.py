@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import textwrap
-from typing import Sequence, Union, cast
+from typing import Union, cast
+from collections.abc import Sequence
 
 import libcst as cst
 import libcst.matchers as m
