@@ -1,12 +1,14 @@
 #!/bin/bash
-# GPU plan DRAFT for issue 57 (upstream 0.5.17 as the yardstick), planned 2026-11-27, not yet run.
-# One H100 (kind nvidia-h100-x1), one background script. Every engine: sglang's defaults as the
+# GPU plan for issue 57 (upstream 0.5.17 as the yardstick), run 2026-11-27 (second session).
+# One GPU (status's kind: nvidia-h200, or an H100), one background script. Every engine: sglang's defaults as the
 # harness runs them (piecewise CUDA graph as each release leaves it; no attention backend named
 # in the FA3 steps, so Hopper picks FA3, read back in settings.md; Triton named in the Triton
 # steps), the checkpoint-shaped EAGLE3 draft, the models' own context (131072), the small shape,
 # batch sizes 1, 8 and 32 (captured: the harness asks cuda_graph_max_bs 32, which 0.5.17 takes
 # as cuda_graph_max_bs_decode, gpu_e2e/server_args_names.py), uniform workload, 256 new tokens,
 # 3 timed generates per batch size, mem_fraction_static 0.6, greedy, ignore_eos.
+# Round 1 also runs bs 48 above cuda_graph_max_bs 32 (eager), in every variant: issue 53's
+# FA3 eager decode after init_new's pinned copies, and 0.5.17's eager path beside it.
 #
 # Three variants: pristine and patched 0.5.12.post1 (bundle B12, patchkit's own) and upstream
 # 0.5.17 (bundle B17, `bundle --reference 0.5.17`, carried as published: variant "upstream").
@@ -30,8 +32,9 @@ FA3_12=${FA3_12:-/tmp/pk_fa3/flash_ops.abi3.so}
 FA3_17=${FA3_17:-/tmp/pk_fa3_17/flash_ops.abi3.so}
 WAIT_S=${WAIT_S:-20}
 GIVE_UP_S=${GIVE_UP_S:-3300}
-# Order: FA3 (the default on Hopper) first, then Triton; round by round.
-STEPS=${STEPS:-"fa3-r1 fa3-r2 fa3-r3 triton-r1 triton-r2 triton-r3"}
+# Order: FA3 (the default on Hopper) round 1, Triton round 1, then FA3's other rounds, then
+# Triton's: whatever the device time cuts, both backends have a first comparison.
+STEPS=${STEPS:-"fa3-r1 triton-r1 fa3-r2 fa3-r3 triton-r2 triton-r3"}
 mkdir -p "$R"
 note() { echo "[$(date +%T)] $*" >> "$R/progress.log"; }
 
@@ -62,8 +65,10 @@ run17() {  # name round backend-args...: upstream 0.5.17
 
 step() {  # name: run it when its inputs are there (return 2: not yet)
   [ -e "$R/$1/.done" ] && return 0
-  local common=(--sizes small --batch-sizes 1,8,32 --runs 3 --run-timeout 560)
   local backend=${1%-r*} rnd=${1##*-}
+  local common=(--sizes small --batch-sizes 1,8,32 --runs 3 --run-timeout 560)
+  [ "$rnd" = r1 ] && common=(--sizes small --batch-sizes 1,8,32,48 --engine-extra '{"cuda_graph_max_bs": 32}'
+                             --runs 3 --run-timeout 560)
   local a12=("${common[@]}") a17=("${common[@]}")
   if [ "$backend" = fa3 ]; then
     ready "$B12" "$FA3_12" && ready "$B17" "$FA3_17" || return 2
@@ -81,20 +86,19 @@ step() {  # name: run it when its inputs are there (return 2: not yet)
 }
 
 note "plan: $STEPS"
+# Always the first step, in STEPS' order, whose inputs are there: a step that waited for its
+# inputs runs as soon as they come, before the steps listed after it.
 pending=($STEPS)
 while [ ${#pending[@]} -gt 0 ]; do
-  later=()
+  ran=""
   for s in "${pending[@]}"; do
-    waited=0
-    while ! step "$s"; do  # inputs not there: wait a little, then put it back
-      [ $waited -ge "$WAIT_S" ] && { later+=("$s"); note "waiting for inputs of $s"; break; }
-      sleep 10; waited=$((waited + 10))
-    done
+    if step "$s"; then ran=$s; break; fi
   done
-  if [ ${#later[@]} -gt 0 ] && [ $SECONDS -ge "$GIVE_UP_S" ]; then
-    note "gave up on: ${later[*]} (inputs never came)"; break
+  if [ -n "$ran" ]; then
+    rest=(); for s in "${pending[@]}"; do [ "$s" = "$ran" ] || rest+=("$s"); done; pending=("${rest[@]}")
+    continue
   fi
-  [ ${#later[@]} -eq ${#pending[@]} ] && sleep 20
-  pending=("${later[@]}")
+  [ $SECONDS -ge "$GIVE_UP_S" ] && { note "gave up on: ${pending[*]} (inputs never came)"; break; }
+  note "waiting for inputs of: ${pending[*]}"; sleep "$WAIT_S"
 done
 note "all done"
