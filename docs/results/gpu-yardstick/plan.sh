@@ -44,11 +44,13 @@ ready() {  # bundle [fa3-lib]: are its inputs there? (a joined bundle is there o
 
 orchestrate() {  # name bundle timeout_s args...
   local name=$1 bundle=$2 tmo=$3; shift 3
+  [ -e "$R/$name/.done" ] && { note "skip $name (ran on an earlier machine)"; return; }
   mkdir -p "$R/$name"; note "start $name"
   (cd "$bundle" && PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout "$tmo" \
      python3 -m pk_gpu_e2e.orchestrate --bundle . --out "$R/$name" "$@" \
      > "$R/$name/console.log" 2>&1)
   local rc=$?
+  [ $rc = 0 ] && touch "$R/$name/.done"
   note "end $name rc=$rc ($(grep -h '^verdict' "$R/$name/console.log" | tail -1); $(grep -c '^PROBLEM' "$R/$name/console.log") problem lines)"
 }
 
