@@ -1,0 +1,192 @@
+"""Patched 0.5.12.post1 against upstream 0.5.17, read across the calls of one plan (issue 57).
+
+The orchestrator runs one bundle per call, so the two sides of a round sit in two calls'
+``results.json`` under one results folder (``docs/results/gpu-yardstick/plan.sh``):
+``<backend>-r<N>-b12`` (patched, and pristine in round 1, 0.5.12.post1) and
+``<backend>-r<N>-b17`` (upstream 0.5.17). This module pairs them per backend, round and
+batch size:
+
+* tok/s, patched / upstream (each the median of the call's timed generates);
+* host waits per decode step by torch's count (:mod:`.wait_report`: ``sync + h2d-nb``),
+  by site; sites are named by function, and files moved between the releases, so the two
+  sides are listed, not matched line by line;
+* the accept length of both, and how many requests' outputs are identical token for token
+  (greedy; the releases could differ by kernels and defaults, so a difference here is
+  reported, not failed: only patched against pristine must be identical, and that is the
+  orchestrator's check).
+
+Timings compare only on one machine. ``machines.json`` beside the calls maps a call's
+folder to the machine it ran on; a round whose two calls ran on different machines is
+shown, marked, and kept out of the median. Pure functions over the JSON; the tables in
+docs/gpu.md are recomputed from the committed results by tests/test_gpu_yardstick.py.
+
+    python -m gpu_e2e.yardstick docs/results/gpu-yardstick-2026-11-27
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+from . import wait_report
+
+#: ``fa3-r2-b12`` -> backend ``fa3``, round ``r2``, bundle ``b12``.
+CALL = re.compile(r"^(?P<backend>[a-z0-9_]+)-(?P<round>r\d+)-(?P<bundle>b12|b17)$")
+PATCHED, UPSTREAM, PRISTINE = "patched", "upstream", "pristine"
+
+
+def load(folder: Path) -> dict[tuple[str, str], dict[str, dict]]:
+    """``{(backend, round): {"b12": results, "b17": results}}``, each side where it ran."""
+    out: dict[tuple[str, str], dict[str, dict]] = {}
+    for path in sorted(folder.glob("*/results.json")):
+        m = CALL.match(path.parent.name)
+        if m:
+            out.setdefault((m["backend"], m["round"]), {})[m["bundle"]] = json.loads(path.read_text())
+    return out
+
+
+def machines(folder: Path) -> dict[str, Any]:
+    path = folder / "machines.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _variant_runs(results: Mapping, variant: str) -> list[Mapping]:
+    return [run for key, run in sorted(results.get("runs", {}).items())
+            if key.endswith("/" + variant) and run.get("batches")]
+
+
+def _batches(results: Optional[Mapping], variant: str) -> dict[int, Mapping]:
+    """Batch size -> the uniform batch of ``variant`` in one call (one engine each)."""
+    if not results:
+        return {}
+    runs = _variant_runs(results, variant)
+    if not runs:
+        return {}
+    return {b["batch_size"]: b for b in runs[0]["batches"] if b.get("workload", "uniform") == "uniform"}
+
+
+def _graph_max_bs(results: Optional[Mapping], variant: str) -> Optional[int]:
+    """The captured batch-size limit the engine was asked (0.5.17 names it ``..._decode``)."""
+    if not results:
+        return None
+    for run in _variant_runs(results, variant):
+        kw = run.get("engine_kwargs") or {}
+        value = kw.get("cuda_graph_max_bs", kw.get("cuda_graph_max_bs_decode"))
+        if value is not None:
+            return int(value)
+    return None
+
+
+def _identical_requests(a: Mapping, b: Mapping) -> tuple[int, int]:
+    """(requests whose output ids are the same in both, requests)."""
+    ids_a, ids_b = a.get("output_ids") or [], b.get("output_ids") or []
+    return sum(1 for x, y in zip(ids_a, ids_b) if x == y), max(len(ids_a), len(ids_b))
+
+
+def rows(folder: Path) -> list[dict]:
+    """One row per backend, round and batch size where both sides ran."""
+    where = machines(folder)
+    out = []
+    for (backend, rnd), sides in sorted(load(folder).items()):
+        b12, b17 = sides.get("b12"), sides.get("b17")
+        patched, upstream, pristine = _batches(b12, PATCHED), _batches(b17, UPSTREAM), _batches(b12, PRISTINE)
+        graph_max = _graph_max_bs(b12, PATCHED)
+        m12, m17 = where.get(f"{backend}-{rnd}-b12"), where.get(f"{backend}-{rnd}-b17")
+        for bs in sorted(set(patched) & set(upstream)):
+            p, u = patched[bs], upstream[bs]
+            waits = wait_report.compare_batch(u, p)
+            same, n = _identical_requests(p, u)
+            out.append({
+                "backend": backend, "round": rnd, "batch_size": bs,
+                "eager": graph_max is not None and bs > graph_max,
+                "same_machine": m12 is not None and m12 == m17, "machines": (m12, m17),
+                "tok_per_s": (p["tok_per_s"], u["tok_per_s"]),
+                "pristine_tok_per_s": pristine[bs]["tok_per_s"] if bs in pristine else None,
+                "ratio": p["tok_per_s"] / u["tok_per_s"],
+                "waits_per_step": (waits["per_step"][1], waits["per_step"][0]),
+                "sites": {PATCHED: _site_steps(waits, 1), UPSTREAM: _site_steps(waits, 0)},
+                "accept_length": (p["accept_length"], u["accept_length"]),
+                "identical_requests": (same, n),
+            })
+    return out
+
+
+def _site_steps(waits: Mapping, side: int) -> dict[str, float]:
+    return {name: e["per_step"][side] for name, e in waits["sites"].items() if e["count"][side]}
+
+
+def summary(table: list[dict]) -> list[dict]:
+    """Per backend and batch size: the same-machine rounds' ratios, their median and range."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in table:
+        groups.setdefault((r["backend"], r["batch_size"]), []).append(r)
+    out = []
+    for (backend, bs), rs in sorted(groups.items()):
+        same = [r["ratio"] for r in rs if r["same_machine"]]
+        out.append({
+            "backend": backend, "batch_size": bs, "eager": any(r["eager"] for r in rs),
+            "rounds": [r["round"] for r in rs if r["same_machine"]],
+            "ratios": same, "median_ratio": statistics.median(same) if same else None,
+            "range": (min(same), max(same)) if same else None,
+            "other_machine": [(r["round"], r["ratio"]) for r in rs if not r["same_machine"]],
+            "waits_per_step": (statistics.median(r["waits_per_step"][0] for r in rs),
+                               statistics.median(r["waits_per_step"][1] for r in rs)),
+        })
+    return out
+
+
+def _f(x: Optional[float], fmt: str = "{:.2f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+SUMMARY_HEADER = ("| backend | bs | same-machine rounds | patched / 0.5.17 tok/s per round | median "
+                  "| range | rounds across machines (not in the median) "
+                  "| host waits per decode step, patched / 0.5.17 |")
+ROUND_HEADER = ("| backend | round | bs | tok/s patched / 0.5.17 (pristine) | ratio | host waits per step "
+                "patched / 0.5.17 | sites patched | sites 0.5.17 | accept length patched / 0.5.17 "
+                "| outputs identical to 0.5.17 |")
+
+
+def _sites_cell(sites: Mapping[str, float]) -> str:
+    return "<br>".join(f"`{wait_report._short(s)}` {v:.2f}" for s, v in sorted(sites.items())) or "none"
+
+
+def markdown(table: list[dict]) -> str:
+    lines = [SUMMARY_HEADER, "|---|---:|---|---|---:|---|---|---|"]
+    for s in summary(table):
+        bs = f"{s['batch_size']}{' (eager)' if s['eager'] else ''}"
+        lo_hi = f"{_f(s['range'][0], '{:.3f}')} – {_f(s['range'][1], '{:.3f}')}" if s["range"] else "n/a"
+        other = ", ".join(f"{rnd} {x:.3f}" for rnd, x in s["other_machine"]) or "–"
+        lines.append(f"| {s['backend']} | {bs} | {', '.join(s['rounds']) or 'none'} "
+                     f"| {', '.join(_f(x, '{:.3f}') for x in s['ratios']) or '–'} "
+                     f"| {_f(s['median_ratio'], '{:.3f}')} | {lo_hi} | {other} "
+                     f"| {_f(s['waits_per_step'][0])} / {_f(s['waits_per_step'][1])} |")
+    lines += ["", ROUND_HEADER, "|---|---|---:|---|---:|---|---|---|---|---|"]
+    for r in table:
+        (tp, tu), (wp, wu), (ap, au), (same, n) = (r["tok_per_s"], r["waits_per_step"], r["accept_length"],
+                                                   r["identical_requests"])
+        pristine = f" ({r['pristine_tok_per_s']:.0f})" if r["pristine_tok_per_s"] else ""
+        machine = "" if r["same_machine"] else " (two machines)"
+        lines.append(f"| {r['backend']} | {r['round']}{machine} | {r['batch_size']}{' (eager)' if r['eager'] else ''} "
+                     f"| {tp:.0f} / {tu:.0f}{pristine} | {r['ratio']:.3f} | {_f(wp)} / {_f(wu)} "
+                     f"| {_sites_cell(r['sites'][PATCHED])} | {_sites_cell(r['sites'][UPSTREAM])} "
+                     f"| {ap:.3f} / {au:.3f} | {same} of {n} requests |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print("usage: python -m gpu_e2e.yardstick RESULTS_FOLDER", file=sys.stderr)
+        return 2
+    sys.stdout.write(markdown(rows(Path(args[0]))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Issue 57's yardstick: patched 0.5.12.post1 against upstream 0.5.17 on one GPU
+(docs/results/gpu-yardstick-2026-11-27/, docs/gpu.md "0.5.17 yardstick"). The reader
+(gpu_e2e/yardstick.py) is checked on synthetic calls, and every committed figure is
+recomputed from the committed JSON. No GPU needed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from gpu_e2e import yardstick
+from gpu_e2e.bundle import repo_root
+
+RUN = repo_root() / "docs" / "results" / "gpu-yardstick-2026-11-27"
+GPU_MD = repo_root() / "docs" / "gpu.md"
+
+
+def _batch(bs: int, tok_per_s: float, syncs: dict, ids=None) -> dict:
+    return {"batch_size": bs, "workload": "uniform", "tok_per_s": tok_per_s, "decode_steps": 100,
+            "accept_length": 1.0, "syncs": syncs, "output_ids": ids or [[1, 2, 3]] * bs,
+            "sync_debug_armed": True}
+
+
+def _call(folder: Path, name: str, variant: str, batches: list[dict], graph_max: int = 32) -> None:
+    release = "0.5.17" if name.endswith("b17") else "0.5.12.post1"
+    key = "cuda_graph_max_bs_decode" if release == "0.5.17" else "cuda_graph_max_bs"
+    runs = {f"{release}/small/x/r/{variant}": {"batches": batches, "engine_kwargs": {key: graph_max}}}
+    (folder / name).mkdir(parents=True)
+    (folder / name / "results.json").write_text(json.dumps({"runs": runs}))
+
+
+def test_a_round_pairs_two_calls_and_only_one_machine_counts(tmp_path):
+    blocking = {"sync|sglang/srt/a.py:f:1": 200}  # 2 host waits per step
+    for rnd, (p, u) in {"r1": (200.0, 100.0), "r2": (300.0, 100.0), "r3": (90.0, 100.0)}.items():
+        _call(tmp_path, f"fa3-{rnd}-b12", "patched", [_batch(8, p, {}), _batch(48, p, {})])
+        _call(tmp_path, f"fa3-{rnd}-b17", "upstream", [_batch(8, u, blocking), _batch(48, u, blocking, [[9]] * 48)])
+    (tmp_path / "machines.json").write_text(json.dumps(
+        {"fa3-r1-b12": 1, "fa3-r1-b17": 2, "fa3-r2-b12": 2, "fa3-r2-b17": 2, "fa3-r3-b12": 2, "fa3-r3-b17": 2}))
+    rows = yardstick.rows(tmp_path)
+    assert [(r["round"], r["batch_size"], r["same_machine"]) for r in rows] == [
+        ("r1", 8, False), ("r1", 48, False), ("r2", 8, True), ("r2", 48, True), ("r3", 8, True), ("r3", 48, True)]
+    assert rows[0]["waits_per_step"] == (0.0, 2.0) and rows[0]["sites"]["upstream"] == {"sglang/srt/a.py:f": 2.0}
+    assert [r["eager"] for r in rows[:2]] == [False, True]
+    assert rows[1]["identical_requests"] == (0, 48) and rows[0]["identical_requests"] == (8, 8)
+    s8 = yardstick.summary(rows)[0]
+    assert (s8["batch_size"], s8["rounds"], s8["median_ratio"], s8["range"]) == (8, ["r2", "r3"], 1.95, (0.9, 3.0))
+    assert s8["other_machine"] == [("r1", 2.0)]
+
+
+def test_a_round_with_one_side_missing_gives_no_row_and_no_machines_file_no_median(tmp_path):
+    _call(tmp_path, "triton-r1-b12", "patched", [_batch(1, 10.0, {})])
+    _call(tmp_path, "triton-r1-b17", "upstream", [_batch(1, 5.0, {})])
+    _call(tmp_path, "triton-r2-b12", "patched", [_batch(1, 10.0, {})])
+    rows = yardstick.rows(tmp_path)
+    assert [(r["round"], r["ratio"], r["same_machine"]) for r in rows] == [("r1", 2.0, False)]
+    assert yardstick.summary(rows)[0]["median_ratio"] is None
+
+
+def test_the_command_line_refuses_a_missing_folder(tmp_path, capsys):
+    assert yardstick.main([str(tmp_path / "nope")]) == 2
+    assert "usage" in capsys.readouterr().err
+
+
+# --- the committed run -------------------------------------------------------------
+
+
+def test_the_committed_tables_are_recomputed_from_the_json():
+    table = yardstick.markdown(yardstick.rows(RUN))
+    assert table == (RUN / "yardstick.md").read_text()
+    summary = table.split("\n\n")[0]
+    assert summary in GPU_MD.read_text(), "docs/gpu.md's yardstick table is not the one the JSON gives"
+
+
+def test_patched_waits_no_more_than_0_5_17_and_outputs_are_identical():
+    rows = yardstick.rows(RUN)
+    assert len(rows) == 11
+    for r in rows:
+        patched, upstream = r["waits_per_step"]
+        assert patched <= upstream, r  # done-when 2: no more blocking calls per decode step
+        assert round(patched, 2) == 0.03 and round(upstream, 2) == 2.03
+        assert set(r["sites"]["upstream"]) >= {"sglang/srt/speculative/eagle_utils.py:eagle_prepare_for_decode"}
+        assert r["identical_requests"][0] == r["identical_requests"][1] == r["batch_size"]
+
+
+def test_the_fa3_round_across_two_machines_is_out_of_the_median():
+    by = {(s["backend"], s["batch_size"]): s for s in yardstick.summary(yardstick.rows(RUN))}
+    assert by[("fa3", 8)]["rounds"] == ["r2"] and [r for r, _ in by[("fa3", 8)]["other_machine"]] == ["r1"]
+    assert by[("fa3", 48)]["median_ratio"] is None
+    assert by[("triton", 48)]["rounds"] == ["r1"]
+
+
+@pytest.mark.parametrize("step", ["fa3-r1-b12", "fa3-r2-b12", "fa3-r3-b12", "triton-r1-b12"])
+def test_the_patched_tree_is_the_one_gpu_md_names(step):
+    data = json.loads((RUN / step / "results.json").read_text())
+    files = data["trees"]["0.5.12.post1"]["patched_files_sha256"]
+    lines = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(files.items()))
+    assert hashlib.sha256(lines.encode()).hexdigest()[:16] == "132d33dfb0036dbf"
+    assert data["patchkit_commit"].startswith("18a5b08") and data["device"].startswith("NVIDIA H200")
+    assert "132d33dfb0036dbf" in GPU_MD.read_text()
