@@ -100,3 +100,20 @@ def test_the_patched_tree_is_the_one_gpu_md_names(step):
     assert hashlib.sha256(lines.encode()).hexdigest()[:16] == "132d33dfb0036dbf"
     assert data["patchkit_commit"].startswith("18a5b08") and data["device"].startswith("NVIDIA H200")
     assert "132d33dfb0036dbf" in GPU_MD.read_text()
+
+
+@pytest.mark.parametrize("step,backend", [("fa3-r1-b12", "FA3 (picked by the release)"), ("triton-r1-b12", "Triton")])
+def test_issue_53_third_lease_rows_are_the_json(step, backend):
+    """Pristine → patched host waits per decode step, and the step's table.md, from its JSON."""
+    from gpu_e2e import orchestrate, report
+
+    data = json.loads((RUN / step / "results.json").read_text())
+    runs = data["runs"]
+    rows = report.compare("0.5.12.post1", runs["0.5.12.post1/small/" + ("default" if step.startswith("fa3") else "triton")
+                                                + "/r1/pristine"],
+                          runs["0.5.12.post1/small/" + ("default" if step.startswith("fa3") else "triton")
+                               + "/r1/patched"])
+    assert orchestrate.tables(rows) == (RUN / step / "table.md").read_text()
+    cells = [f"{a:.2f} → {b:.2f}" for a, b in (r["waits"]["per_step"] for r in rows)]
+    assert [r["batch_size"] for r in rows] == [1, 8, 32, 48] and all(r["identical"] for r in rows)
+    assert f"| {backend} | {' | '.join(cells)} | identical |" in GPU_MD.read_text()
