@@ -272,6 +272,10 @@ def diff_option(what: str):
                         help=f"Also print the unified diff of what {what}. {GIT_LAYOUT}")
 
 
-def format_option(schema: str):
-    return click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-                        help=f"text for people (default) or json: the patchkit.{schema}/1 document (docs/ci.md).")
+def format_option(schema: str, *, markdown: str = ""):
+    """``--format text|json``; ``markdown`` (its help) adds a third choice."""
+    choices = ["text", "json"] + (["markdown"] if markdown else [])
+    extra = f"; markdown: {markdown}" if markdown else ""
+    return click.option("--format", "fmt", type=click.Choice(choices), default="text",
+                        help=f"text for people (default) or json: the patchkit.{schema}/1 document "
+                             f"(docs/ci.md){extra}.")

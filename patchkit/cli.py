@@ -11,7 +11,7 @@ from typing import Optional
 
 import click
 
-from patchkit import __version__, api, output, registry, settings, terminal
+from patchkit import __version__, api, listing, output, registry, settings, terminal
 from patchkit.arguments import (COMPLETION, GIT_LAYOUT, QUIET_HELP, TREE_EPILOG, VERBOSE_HELP, Ctx, PatchkitGroup,
                                 _complete_patches, diff_option, dry_run_option, format_option, tree_and_patches,
                                 tree_only)
@@ -53,14 +53,14 @@ def _terminate(signum: int, frame) -> None:
 
 
 @main.command("list")
-@format_option("patches")
+@format_option("patches", markdown="the README's patch table, from the definitions")
 def list_cmd(fmt: str) -> None:
     """List the patches: patchkit's own and those of the patch sets it loads
     (which name where they come from). An id two patch sets define is listed
     twice, with a warning: other commands refuse it until one set goes."""
     loaded = registry.load()
     patches = loaded.patches + loaded.clashes
-    click.echo(output.list_json(patches) if fmt == "json" else output.list_text(patches))
+    click.echo({"json": listing.list_json, "markdown": listing.list_markdown}.get(fmt, listing.list_text)(patches))
     for problem in loaded.problems:
         click.echo(terminal.styled(f"patchkit: warning: {problem}"), err=True)
 

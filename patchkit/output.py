@@ -38,21 +38,6 @@ def patch_dict(patch: Patch) -> dict:
 # --- list, show, diff, and the documents of apply/revert/export ------------------
 
 
-def list_json(patches) -> str:
-    return json.dumps([patch_dict(p) for p in patches], indent=2)
-
-
-def list_text(patches) -> str:
-    """One line per patch; a patch from a set outside patchkit names it."""
-    width = max((len(p.id) for p in patches), default=0)
-    lines = []
-    for p in patches:
-        req = f"  (requires {', '.join(p.requires)})" if p.requires else ""
-        origin = f"  [from {p.origin}]" if p.origin != "patchkit" else ""
-        lines.append(f"{p.id:<{width}}  {', '.join(p.upstream) or '-':<24} {p.title}{req}{origin}")
-    return "\n".join(lines)
-
-
 def show_text(patch: Patch, codemods, runtime: list[str]) -> str:
     """``patchkit show``: what a patch is and what each codemod does."""
     lines = [f"{patch.id}: {patch.title}",

@@ -68,11 +68,20 @@ def _parse(text: str, source: str, patch_set: Optional[PatchSet] = None) -> Patc
             runtime=tuple(patch_set.runtime_module(name, pid) for name in data.get("runtime", [])),
             origin=patch_set.label,
             postconditions=tuple(patch_set.postcondition_ref(ref, pid) for ref in _references(data, source)),
+            summary=_text(data, "summary", source),
+            proven_on=_text(data, "proven_on", source),
         )
     except tomllib.TOMLDecodeError as exc:
         raise PatchkitError(f"{source}: not valid TOML ({exc})") from None
     except KeyError as exc:
         raise PatchkitError(f"{source}: a patch definition needs {exc.args[0]!r}") from None
+
+
+def _text(data: dict, key: str, source: str) -> str:
+    value = data.get(key, "")
+    if not isinstance(value, str):
+        raise PatchkitError(f"{source}: {key} must be a string")
+    return value
 
 
 def _references(data: dict, source: str) -> list[str]:

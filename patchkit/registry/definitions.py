@@ -102,6 +102,10 @@ class Patch:
     # Checks that must hold on the tree the patch leaves (``patchkit.postconditions``):
     # ``module:Name`` of a module of patchkit for its own set, ``ExternalRef`` of another set.
     postconditions: tuple = ()
+    # One line each for the patch table (``patchkit list --format markdown``, the README's):
+    # what it changes, and where it was proven (a GPU, or "CPU only").
+    summary: str = ""
+    proven_on: str = ""
 
     @property
     def files(self) -> list[str]:
