@@ -1,7 +1,7 @@
 """A folder bigger than one device call carries, in parts (issue 57: 0.5.17's bundle).
 
 A device call carries at most 64 MiB, the checkout (about 16 MiB) included. 0.5.17's
-bundle (its own flashinfer, transformers, xgrammar and sglang-kernel beside a tree
+bundle (its own flashinfer, transformers, xgrammar, deep_gemm and sglang-kernel beside a tree
 twice 0.5.12.post1's) and FA3's packed library are bigger than what is left, so they
 travel in parts, one call each, on one warm machine:
 
