@@ -61,7 +61,14 @@ IMPORT_ALIASES = {
     "huggingface_hub": "huggingface-hub", "partial_json_parser": "partial-json-parser",
     "compressed_tensors": "compressed-tensors", "sklearn": "scikit-learn", "skimage": "scikit-image",
     "attr": "attrs", "_cffi_backend": "cffi", "opentelemetry": "opentelemetry-api",
+    "deep_gemm": "sgl-deep-gemm",
 }
+
+
+def distribution_of_import(name: str) -> str:
+    """The distribution a top-level import name comes from (normalised; a guess by name
+    where :data:`IMPORT_ALIASES` does not say)."""
+    return normalise(IMPORT_ALIASES.get(name, name))
 
 _CHILD = r"""
 import importlib, importlib.util, importlib.metadata as md, json, sys

@@ -12,6 +12,11 @@ bundle's ``sitecustomize.py`` starts in), what it holds:
 * the target model runner: its piecewise CUDA-graph runner's class (None: no
   piecewise graph), its decode CUDA-graph runner's and attention backend's classes,
   its context length;
+* 0.5.17's graph runners, which replace the piecewise one: the target's and the draft's
+  ``prefill_cuda_graph_runner`` (its backend, ``cuda_graph_config.prefill.backend``:
+  ``breakable`` by default, ``tc_piecewise``, ``disabled``), the target's
+  ``decode_cuda_graph_runner`` (spec's target verify), the draft worker's
+  ``cuda_graph_runner`` (draft decode);
 * the draft worker (spec v2's ``EagleDraftWorker`` inside ``EAGLEWorkerV2``, or v1's
   ``EAGLEWorker``): its model runner's piecewise runner (none expected: draft runners
   build no piecewise graphs), its draft-extend CUDA-graph runner's class (None: draft
@@ -42,13 +47,20 @@ SERVER_FIELDS = ("disable_piecewise_cuda_graph", "enforce_piecewise_cuda_graph",
                  # 0.5.17's names for the piecewise switches and the captured batch size
                  # (server_args_names.py)
                  "cuda_graph_backend_prefill", "cuda_graph_max_bs_decode")
-#: Engine log lines that show a graph being captured (sglang logs them on rank 0).
+#: Engine log lines that show a graph being captured (sglang logs them on rank 0),
+#: counted whatever their case (0.5.17 writes "CUDA graph" where 0.5.12 wrote "cuda graph").
 LOG_LINES = {
     "piecewise_capture": "Capture piecewise CUDA graph begin",
     "draft_extend_capture": "Capture draft extend cuda graph begin",
     "cuda_graph_capture": "Capture cuda graph bs",
     "draft_load_format": "Using draft model load_format",
 }
+#: 0.5.17's capture lines name the role, the phase and the backend
+#: (``model_runner_components/cuda_graph_setup.py``, ``eagle_worker_v2.py``):
+#: "Capture target prefill CUDA graph begin. backend=breakable, ...".
+_CAPTURE = re.compile(r"Capture (target|draft) (prefill|decode|verify|extend) CUDA graph begin\. backend=(\w+)")
+#: 0.5.17's "Engine startup timings (s): ..., cuda_graph={prefill=3.70, decode=0.00, ...}, ...".
+_STARTUP_GRAPHS = re.compile(r"Engine startup timings \(s\):.*?cuda_graph=\{([^}]*)\}")
 _MARK = "__pk_e2e_engine_facts__"
 
 
@@ -93,6 +105,11 @@ def facts_of_scheduler(scheduler: Any) -> dict:
         out["attn_backend"] = _cls(getattr(runner, "attn_backend", None))
         out["context_len"] = getattr(getattr(runner, "model_config", None), "context_len", None)
         out["model"] = _cls(getattr(runner, "model", None))
+        out["prefill_graph_runner"] = _cls(getattr(runner, "prefill_cuda_graph_runner", None))  # 0.5.17
+        out["decode_graph_runner"] = _cls(getattr(runner, "decode_cuda_graph_runner", None))
+    config = getattr(sa, "cuda_graph_config", None)  # 0.5.17; None before
+    for phase in ("prefill", "decode"):
+        out[f"{phase}_graph_backend"] = _plain(getattr(getattr(config, phase, None), "backend", None))
     worker = getattr(scheduler, "draft_worker", None)
     inner = getattr(worker, "_draft_worker", worker)  # spec v2 wraps the draft worker
     if inner is not None:
@@ -101,6 +118,8 @@ def facts_of_scheduler(scheduler: Any) -> dict:
                                                                               "model_runner")) if r is not None), None)
         out["draft_piecewise_runner"] = _cls(getattr(draft_runner, "piecewise_cuda_graph_runner", None))
         out["draft_extend_graph_runner"] = _cls(getattr(inner, "cuda_graph_runner_for_draft_extend", None))
+        out["draft_prefill_graph_runner"] = _cls(getattr(draft_runner, "prefill_cuda_graph_runner", None))
+        out["draft_decode_graph_runner"] = _cls(getattr(inner, "cuda_graph_runner", None))
         out["draft_extend_attn_backend"] = _cls(getattr(inner, "draft_extend_attn_backend", None))
         out["draft_model"] = _cls(getattr(draft_runner, "model", None))
         hot = getattr(inner, "hot_token_id", None)
@@ -122,8 +141,19 @@ def from_dumps(dumps: Iterable[Mapping]) -> list[dict]:
 
 
 def log_facts(text: str) -> dict:
-    """How often each line of :data:`LOG_LINES` appears in one engine's log."""
-    return {key: text.count(line) for key, line in LOG_LINES.items()}
+    """How often each line of :data:`LOG_LINES` appears in one engine's log; where the
+    release logs them (0.5.17), ``graph_captures`` (``"target prefill": "breakable"``,
+    one per capture line) and ``graph_startup_s`` (the startup timings' ``cuda_graph``)."""
+    lower = text.lower()
+    out: dict = {key: lower.count(line.lower()) for key, line in LOG_LINES.items()}
+    captures = {f"{role} {phase}": backend for role, phase, backend in _CAPTURE.findall(text)}
+    if captures:
+        out["graph_captures"] = captures
+    timings = _STARTUP_GRAPHS.search(text)
+    if timings:
+        out["graph_startup_s"] = {k.strip(): float(v) for k, _, v in
+                                  (item.partition("=") for item in timings.group(1).split(",")) if v}
+    return out
 
 
 def _piecewise_switched_off(facts: Mapping) -> bool:
@@ -134,24 +164,69 @@ def _piecewise_switched_off(facts: Mapping) -> bool:
     return not facts.get("enable_piecewise_cuda_graph")
 
 
+def graph_setup(run: Mapping) -> Optional[dict]:
+    """0.5.17's graphs, ``{"target prefill": "breakable", "draft decode": "full", ...}``:
+    from the engine log's capture lines, else from the runners the schedulers noted
+    (``prefill_graph_backend`` for the prefill backend). None on a release before 0.5.17,
+    whose piecewise runner :func:`in_force` reads instead."""
+    captures = (run.get("engine_log") or {}).get("graph_captures")
+    if captures is not None:
+        return dict(captures)
+    procs = run.get("engine_facts") or []
+    if not procs or any(p.get("prefill_graph_backend") is None for p in procs):
+        return None
+    p = procs[0]
+    runners = {"target prefill": "prefill_graph_runner", "target verify": "decode_graph_runner",
+               "draft prefill": "draft_prefill_graph_runner", "draft decode": "draft_decode_graph_runner",
+               "draft extend": "draft_extend_graph_runner"}
+    return {phase: p["prefill_graph_backend" if phase.endswith("prefill") else "decode_graph_backend"]
+            for phase, key in runners.items() if "CudaGraph" in str(p.get(key))}
+
+
+def _graphs_text(graphs: Mapping, seconds: Mapping) -> str:
+    """``target prefill breakable 3.70 s, ...``: each capture with its startup time."""
+    def took(phase: str) -> str:
+        role, _, step = phase.partition(" ")
+        s = seconds.get(step if role == "target" and step in ("prefill", "decode") else f"{role}_{step}")
+        return "" if s is None else f" {s:.2f} s"
+    return ", ".join(f"{phase} {backend}{took(phase)}" for phase, backend in graphs.items()) or "none"
+
+
+def _prefill_graph_in_force(graphs: Mapping) -> str:
+    """0.5.17's target prefill graph, the piecewise one's successor (``--disable-piecewise-
+    cuda-graph`` sets its backend to ``disabled``): ``on (breakable)``, or ``off``."""
+    backend = graphs.get("target prefill")
+    return f"on ({backend})" if backend and backend != "disabled" else "off"
+
+
 def in_force(run: Mapping) -> dict:
     """One run's settings in force, over its scheduler processes: a value all agree
-    on, or ``"mixed: a, b"``; ``"?"`` where no process noted facts."""
+    on, or ``"mixed: a, b"``; ``"?"`` where no process noted facts. On 0.5.17
+    (:func:`graph_setup`), piecewise is its target prefill graph and the piecewise runners
+    are its prefill graph runners ("?" where the schedulers did not note them)."""
     procs = run.get("engine_facts") or []
     log = run.get("engine_log") or {}
+    graphs = graph_setup(run)
 
     def agreed(key: str) -> Any:
         values = sorted({str(p.get(key)) for p in procs})
         return "?" if not values else values[0] if len(values) == 1 else "mixed: " + ", ".join(values)
 
+    def runner(before: str, since_017: str) -> Any:
+        if graphs is None:
+            return agreed(before)
+        return agreed(since_017) if procs and all(since_017 in p for p in procs) else "?"
+
     return {
         "processes": len(procs),
-        "piecewise": ("?" if not procs else "on" if all(not _piecewise_switched_off(p) and
-                                                        p.get("piecewise_runner") for p in procs)
+        "piecewise": (_prefill_graph_in_force(graphs) if graphs is not None
+                      else "?" if not procs else "on" if all(not _piecewise_switched_off(p) and
+                                                             p.get("piecewise_runner") for p in procs)
                       else "off" if all(_piecewise_switched_off(p) and not p.get("piecewise_runner")
                                         for p in procs) else "mixed"),
-        "piecewise_runner": agreed("piecewise_runner"),
-        "draft_piecewise_runner": agreed("draft_piecewise_runner"),
+        "piecewise_runner": runner("piecewise_runner", "prefill_graph_runner"),
+        "draft_piecewise_runner": runner("draft_piecewise_runner", "draft_prefill_graph_runner"),
+        "graphs": "–" if graphs is None else _graphs_text(graphs, log.get("graph_startup_s") or {}),
         "attention_backend": agreed("attention_backend"),
         "attn_backend": agreed("attn_backend"),
         "draft_extend_graph_runner": agreed("draft_extend_graph_runner"),
@@ -174,8 +249,9 @@ def backend_in_force(run: Mapping, asked: str) -> str:
 
 SETTINGS_HEADER = ("| run | piecewise in force | piecewise runner (target / draft) | `attention_backend` in force "
                    "| attention backend class | draft-extend graph runner | \"Capture piecewise\" / "
-                   "\"Capture draft extend\" log lines | `hot_token_id` | context |")
-SETTINGS_RULE = "|---|---|---|---|---|---|---|---|---:|"
+                   "\"Capture draft extend\" log lines | `hot_token_id` | context "
+                   "| graphs captured (0.5.17: role, phase, backend) |")
+SETTINGS_RULE = "|---|---|---|---|---|---|---|---|---:|---|"
 
 
 def settings_markdown(runs: Mapping[str, Mapping]) -> str:
@@ -188,7 +264,7 @@ def settings_markdown(runs: Mapping[str, Mapping]) -> str:
                      f"| {f['attention_backend']} "
                      f"| {f['attn_backend']} | {f['draft_extend_graph_runner']} "
                      f"| {f['log_piecewise_capture']} / {f['log_draft_extend_capture']} "
-                     f"| {f['hot_token_id_shape']} | {f['context_len']} |")
+                     f"| {f['hot_token_id_shape']} | {f['context_len']} | {f['graphs']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import bundle_kernels, dp, engine_facts, fa3_kernel, mirror_control, rank_report, ranks, report, wait_report
+from . import (bundle_kernels, call_verdict, dp, engine_facts, fa3_kernel, mirror_control, rank_report, ranks,
+               report, wait_report)
 
 
 def log(msg: str) -> None:
@@ -311,15 +312,15 @@ def main(argv: list[str] | None = None) -> int:
         (out / "tables.md").write_text(extra)
         print("\n" + extra)
     all_results["problems"].extend(report.issue23_problems([all_results]))
+    ok = call_verdict.verdict(all_results, extra)  # adds its NOTE where the call has no pair
     results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
     print("device:", all_results["device"])
     for n in all_results["notes"]:
         print("NOTE:", n)
     for p in all_results["problems"]:
         print("PROBLEM:", p)
-    ran = all_results["rows"] or extra
-    print("verdict:", "OK" if not all_results["problems"] and ran else "NOT OK")
-    return 0 if ran and not all_results["problems"] else 1
+    print("verdict:", "OK" if ok else "NOT OK")
+    return 0 if ok else 1
 
 
 def tables(rows: list[dict]) -> str:

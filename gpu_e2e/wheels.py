@@ -138,10 +138,13 @@ RELEASE_PINS = {
     },
     # Issue 57's yardstick, carried as published (``--reference 0.5.17``). Its metadata
     # pins more (flash-attn-4, helion, humming-kernels, nvidia-cutlass-dsl, quack,
-    # tilelang, sgl-deep-gemm, tokenspeed-mla, torchao, kernels, ...); those are imported
-    # inside functions or under guards that a Llama EAGLE3 spec-v2 engine on FA3 or
-    # Triton does not reach (docs/research/sglang-0.5.17-bundle.md lists each site), so
-    # they stay behind. What its Engine path imports at module level and the image lacks
+    # tilelang, tokenspeed-mla, torchao, kernels, ...); those are imported inside
+    # functions or under guards that a Llama EAGLE3 spec-v2 engine on FA3 or Triton
+    # does not reach (docs/research/sglang-0.5.17-bundle.md lists each site), so they
+    # stay behind. sgl-deep-gemm 0.1.5.post1 (its pin; it needs apache-tvm-ffi 0.1.11)
+    # travels: the EAGLE v2 worker's graph capture imports layers/attention/dsa_backend
+    # on CUDA, which imports deep_gemm at module level under ``if is_cuda()`` (the first
+    # GPU run died there; cuda_only_imports.py reads such imports on CPU). What its Engine path imports at module level and the image lacks
     # or holds at another version travels: xgrammar (function_call's detectors import it
     # at module level and pydantic needs its real types), apache-tvm-ffi 0.1.11 (its
     # pin; xgrammar and sglang's JIT kernels load it), sglang-kernel 0.4.5 (its pin,
@@ -155,6 +158,7 @@ RELEASE_PINS = {
         "sglang-kernel": "0.4.5",
         "apache-tvm-ffi": "0.1.11",
         "xgrammar": "0.2.1",
+        "sgl-deep-gemm": "0.1.5.post1",
     },
     # 0.5.9 pins torch 2.9.1 and sgl-kernel 0.3.21 (built for torch 2.9.1, which the
     # image lacks): it runs on the common sglang-kernel 0.4.2.post2 (same sgl_kernel

@@ -57,7 +57,8 @@ def main() -> int:
                    help="sglang-kernel version whose FA3 library to pack (0.5.13 pins 0.4.3)")
     s = sub.add_parser("split", help="cut a folder (bundle, FA3 pack) into parts that one device call each carries")
     s.add_argument("--folder", required=True, type=Path)
-    s.add_argument("--part-mib", type=float, default=46, help="what one part may hold (64 MiB less the checkout)")
+    s.add_argument("--part-mib", type=float, default=None,
+                   help="what one part may hold (64 MiB less the checkout; default: bundle_parts.PART_BYTES, 40)")
     t = sub.add_parser("tables", help="issue 23's tables from one or more results.json (e.g. two device calls)")
     t.add_argument("results", nargs="+", type=Path)
     r = sub.add_parser("run", help="run on this (GPU) machine from a built bundle")
@@ -74,7 +75,8 @@ def main() -> int:
     if args.cmd == "split":
         from gpu_e2e import bundle_parts
 
-        bundle_parts.split(args.folder, int(args.part_mib * bundle.MIB))
+        bundle_parts.split(args.folder, bundle_parts.PART_BYTES if args.part_mib is None
+                           else int(args.part_mib * bundle.MIB))
         return 0
     if args.cmd == "tables":
         import json

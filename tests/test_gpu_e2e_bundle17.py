@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_e2e import bundle, bundle_parts, coverage, runner, server_args_names, wheels
+from gpu_e2e import bundle, bundle_parts, coverage, cuda_only_imports, runner, server_args_names, wheels
 
 REL = "0.5.17"
 
@@ -28,7 +28,8 @@ def test_017_is_a_reference_release_with_its_own_pins():
     assert REL in wheels.REFERENCE_RELEASES and REL not in wheels.RELEASES
     alone = wheels.all_pins([REL])
     assert alone[REL] == {"transformers": "5.12.1", "tokenizers": "0.22.2", "flashinfer-python": "0.6.15.post1",
-                          "sglang-kernel": "0.4.5", "apache-tvm-ffi": "0.1.11", "xgrammar": "0.2.1"}
+                          "sglang-kernel": "0.4.5", "apache-tvm-ffi": "0.1.11", "xgrammar": "0.2.1",
+                          "sgl-deep-gemm": "0.1.5.post1"}
     # alone, the common group drops what 0.5.17 pins its own way; beside 0.5.12.post1 it keeps them
     assert not {"sglang-kernel", "apache-tvm-ffi"} & set(alone["common"])
     both = wheels.all_pins(["0.5.12.post1", REL])
@@ -122,12 +123,33 @@ def test_harness_settings_are_server_args_of_the_release(release, tmp_path):
             assert "cuda_graph_max_bs_decode" in renamed.values() and got["cuda_graph_max_bs_decode"] == 8
 
 
+@pytest.mark.trees
+def test_what_017_eagle_graph_capture_imports_on_cuda_is_on_the_image_or_in_the_bundle():
+    """The GPU run's first failure (issue 57): ``_capture_cuda_graphs`` imports
+    ``dsa_backend`` under ``if _is_cuda``, which imports ``deep_gemm`` under ``if is_cuda():``
+    at module level. The CPU import walk never runs either branch; this reads them."""
+    from patchkit.fetch import fetch_tree
+
+    tree_parent = fetch_tree(REL).parent
+    lazy = cuda_only_imports.lazy_cuda_imports(tree_parent, "sglang.srt.speculative.eagle_worker_v2",
+                                               "_capture_cuda_graphs")
+    assert "sglang.srt.layers.attention.dsa_backend" in lazy
+    assert not any("aiter" in m for m in lazy)  # HIP only
+    tops = cuda_only_imports.module_level_imports(tree_parent, lazy)
+    assert tops["deep_gemm"].startswith("sglang.srt.layers.attention.dsa_backend:")
+    allowed = coverage.allowed_distributions([REL])
+    missing = {top: where for top, where in tops.items() if coverage.distribution_of_import(top) not in allowed}
+    assert missing == {}
+
+
 def test_split_and_join_put_every_file_back(tmp_path):
     src = tmp_path / "bundle"
     (src / "site").mkdir(parents=True)
     (src / "site" / "big.tar.xz").write_bytes(bytes(range(256)) * 700)  # 179,200 bytes: cut in chunks
     (src / "manifest.json").write_text("{}")
     (src / "site" / "small.tar.xz").write_bytes(b"x" * 50_000)
+    # the default leaves room for the checkout: a 45.9 MiB part beside 17.9 MiB was refused
+    assert bundle_parts.PART_BYTES <= 40 * bundle_parts.MIB
     parts = bundle_parts.split(src, part_bytes=64 * 1024 + 100_000, log=lambda *_: None)
     assert [p.name for p in parts] == [f"bundle-{c}" for c in "abc"]
     for part in parts:
@@ -196,6 +218,7 @@ def test_the_017_bundle_carries_its_pins_and_its_tree(built):
     with tarfile.open(dest / "site" / f"{REL}.tar.gz") as tar:
         names = set(tar.getnames())
     assert "sgl_kernel/sm90/common_ops.abi3.so" in names and "xgrammar/libxgrammar_bindings.so" in names
+    assert "deep_gemm/__init__.py" in names and "deep_gemm/_C.so" in names  # dsa_backend imports it on CUDA
     assert not any("flash_ops" in n or n.startswith(("xgrammar/lib/", "xgrammar/include/")) for n in names)
     with tarfile.open(dest / "trees" / REL / "pristine.tar.gz") as tar:
         tree_names = tar.getnames()
@@ -322,13 +345,16 @@ def test_the_yardstick_plan_runs_abba_rounds_of_each_bundle_with_its_own_fa3(tmp
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     order = [(c["bundle"], c["args"][c["args"].index("--label") + 1],
               c["args"][c["args"].index("--attention-backend") + 1]) for c in calls]
-    assert order == [("b12", "r1", "default"), ("b17", "r1", "default"), ("b17", "r2", "default"),
-                     ("b12", "r2", "default"), ("b12", "r3", "default"), ("b17", "r3", "default"),
-                     ("b12", "r1", "triton"), ("b17", "r1", "triton"), ("b17", "r2", "triton"),
+    # FA3 round 1, Triton round 1, then the other rounds (plan.sh's STEPS, since 8b4dc09)
+    assert order == [("b12", "r1", "default"), ("b17", "r1", "default"), ("b12", "r1", "triton"),
+                     ("b17", "r1", "triton"), ("b17", "r2", "default"), ("b12", "r2", "default"),
+                     ("b12", "r3", "default"), ("b17", "r3", "default"), ("b17", "r2", "triton"),
                      ("b12", "r2", "triton"), ("b12", "r3", "triton"), ("b17", "r3", "triton")]
     for c in calls:
         a = c["args"]
-        assert a[a.index("--batch-sizes") + 1] == "1,8,32" and a[a.index("--sizes") + 1] == "small"
+        r1 = a[a.index("--label") + 1] == "r1"  # round 1 adds bs 48, above cuda_graph_max_bs 32 (eager)
+        assert a[a.index("--batch-sizes") + 1] == ("1,8,32,48" if r1 else "1,8,32")
+        assert a[a.index("--sizes") + 1] == "small"
         release = a[a.index("--releases") + 1]
         assert release == {"b12": "0.5.12.post1", "b17": "0.5.17"}[c["bundle"]]
         if "--fa3-lib" in a:  # each bundle its own sglang-kernel's FA3
