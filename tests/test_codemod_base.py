@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from codemod_testing import assert_codemod, assert_state, detect
+from patchkit.testing import assert_codemod, assert_state, detect
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod, State
 

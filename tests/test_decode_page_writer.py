@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from codemod_testing import apply, detect
+from patchkit.testing import apply, detect
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods.common.base import State
 from patchkit.fetch import fetch_tree

@@ -7,7 +7,7 @@ here after those releases; the real trees: tests/test_pre_0510.py."""
 
 from __future__ import annotations
 
-from codemod_testing import apply, assert_codemod, assert_state, detect, run
+from patchkit.testing import apply, assert_codemod, assert_state, detect, run
 from patchkit.codemods import draft_extend_graph_no_topk as no_topk
 from patchkit.codemods import fa3_draft_extend_graph as fa3
 from patchkit.codemods import trtllm_mla_spec_v2 as mla

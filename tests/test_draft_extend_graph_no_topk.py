@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from codemod_testing import apply, assert_codemod, assert_state, run_all
+from patchkit.testing import apply, assert_codemod, assert_state, run_all
 from support import snapshot
 from patchkit.codemods import draft_extend_graph_no_topk as nt
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2

@@ -18,7 +18,7 @@ import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext
 
-from codemod_testing import run
+from patchkit.testing import run
 from support import NATIVE, PRIMARY, patch_states, snapshot
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods import flashmla_spec_v2 as fm

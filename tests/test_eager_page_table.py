@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from codemod_testing import apply, assert_codemod, assert_state, detect, run_all
+from patchkit.testing import apply, assert_codemod, assert_state, detect, run_all
 from support import snapshot
 from patchkit import registry
 from patchkit.backends import page_table as pt

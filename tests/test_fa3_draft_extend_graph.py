@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from codemod_testing import assert_codemod, assert_state, detect, run
+from patchkit.testing import assert_codemod, assert_state, detect, run
 from drift import DRIFTS, drift
 from support import snapshot
 from patchkit.codemods import fa3_draft_extend_graph as deg

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from codemod_testing import apply, code, detect
+from patchkit.testing import apply, code, detect
 from support import PRIMARY, class_section, patch_states, snapshot
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods.common.base import State

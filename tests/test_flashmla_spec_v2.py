@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from codemod_testing import apply, detect
+from patchkit.testing import apply, detect
 from support import class_section, patch_states, snapshot
 from patchkit.codemods import flashmla_spec_v2 as fm
 from patchkit.codemods.common.base import State

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from codemod_testing import apply, assert_codemod, assert_state, code, detect
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 from support import patch_states, snapshot
 from patchkit.codemods import min_new_tokens_no_sync as mnt
 from patchkit.codemods.common.base import State

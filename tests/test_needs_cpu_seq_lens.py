@@ -9,7 +9,7 @@ import textwrap
 import libcst as cst
 import pytest
 
-from codemod_testing import apply, assert_codemod, assert_state, code, detect
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 from support import PRE_UPSTREAM, patch_states, pristine, snapshot
 from patchkit import registry
 from patchkit.codemods import needs_cpu_seq_lens_deferred_sum as deferred

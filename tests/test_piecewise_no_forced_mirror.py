@@ -9,7 +9,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from codemod_testing import apply, detect
+from patchkit.testing import apply, detect
 from support import patch_states, snapshot
 from patchkit.codemods import piecewise_no_forced_mirror as pw
 from patchkit.codemods.common.base import State

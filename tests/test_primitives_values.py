@@ -7,7 +7,7 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from codemod_testing import apply, detect
+from patchkit.testing import apply, detect
 from patchkit.codemods import flashmla_spec_v2 as fm
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import State

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from codemod_testing import apply, detect
+from patchkit.testing import apply, detect
 from support import pristine, snapshot
 from patchkit.codemods import replay_no_stale_mirror as replay
 from patchkit.codemods.common.base import State

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from codemod_testing import apply, assert_codemod, detect, run_all
+from patchkit.testing import apply, assert_codemod, detect, run_all
 from patchkit import registry
 from patchkit.backends import page_table as pt
 from patchkit.codemods import fa3_spec_v2 as fa3

@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 
-from codemod_testing import apply, assert_codemod, assert_state, code, detect
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 from support import NATIVE, PRE_UPSTREAM, patch_states, snapshot
 from patchkit.codemods.common.base import State
 from patchkit.codemods.spec_v2_decode_copies import ExtendLensCopiesPinned as INIT_NEW

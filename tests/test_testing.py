@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-import codemod_testing
 from patchkit import testing
 from patchkit.testing import CodemodTest, State, assert_codemod, assert_state, set_codemod
 
@@ -54,10 +53,18 @@ def test_functions_fail_with_assertion_errors():
 def test_the_api_is_stable_and_imports_no_pytest():
     assert all(hasattr(testing, name) for name in testing.__all__)
     assert {"assert_codemod", "assert_state", "CodemodTest", "check_release", "set_codemod"} <= set(testing.__all__)
-    assert codemod_testing.assert_codemod is testing.assert_codemod  # tests/ re-exports it
     run = subprocess.run([sys.executable, "-c", "import sys, patchkit.testing; print('pytest' in sys.modules)"],
                          capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "False"
+
+
+def test_patchkits_own_tests_use_patchkit_testing_only():
+    """The legacy ``tests/codemod_testing.py`` re-export is gone (issue 56): one way to test a codemod."""
+    tests = Path(__file__).resolve().parent
+    assert not (tests / "codemod_testing.py").exists()
+    users = [p.name for p in tests.rglob("*.py") if p != Path(__file__).resolve()
+             and "codemod_testing" in p.read_text()]
+    assert users == []
 
 
 def test_the_example_uses_patchkit_testing_only():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from codemod_testing import assert_codemod, assert_state, code, detect
+from patchkit.testing import assert_codemod, assert_state, code, detect
 from support import PRE_UPSTREAM, patch_states, snapshot
 from patchkit.backends import verify_tree_mask as vtm
 from patchkit.codemods.common.base import State
@@ -144,7 +144,7 @@ def test_upstreams_host_size_and_no_branch_are_superseded():
 
 def test_without_a_bs_the_batch_size_is_read_from_the_batch():
     src = VERIFY.replace("            bs = len(forward_batch.req_pool_indices)\n", "")
-    from codemod_testing import apply
+    from patchkit.testing import apply
 
     assert "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len)" in apply(KV, src)
 

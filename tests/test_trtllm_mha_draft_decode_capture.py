@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from codemod_testing import apply, assert_codemod, detect
+from patchkit.testing import apply, assert_codemod, detect
 from support import patch_states, snapshot
 from patchkit.codemods import trtllm_mha_draft_decode_capture as cap
 from patchkit.codemods.common.base import State

@@ -8,7 +8,7 @@ import json
 import libcst as cst
 import pytest
 
-from codemod_testing import assert_codemod, assert_state, code, detect, run, run_all
+from patchkit.testing import assert_codemod, assert_state, code, detect, run, run_all
 from support import NATIVE, PRE_UPSTREAM, pristine, snapshot
 from patchkit.codemods.common import primitives
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from codemod_testing import apply, detect
+from patchkit.testing import apply, detect
 from support import snapshot
 from patchkit.codemods import trtllm_mha_spec_v2 as mha
 from patchkit.codemods.common.base import State

@@ -9,7 +9,7 @@ from unittest import mock
 
 import pytest
 
-from codemod_testing import apply, assert_codemod, assert_state, code, detect, run_all
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect, run_all
 from support import NATIVE, PRE_UPSTREAM, class_section, patch_states, snapshot
 from patchkit.codemods import trtllm_mla_draft_skip_template as skip
 from patchkit.codemods import trtllm_mla_spec_v2 as spec

@@ -10,7 +10,7 @@ import ast
 
 import pytest
 
-from codemod_testing import apply, assert_state, code, detect
+from patchkit.testing import apply, assert_state, code, detect
 from support import NATIVE, PRE_UPSTREAM, patch_states
 from patchkit.codemods import trtllm_mla_spec_v2 as spec
 from patchkit.codemods.common.base import State

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from codemod_testing import assert_codemod, assert_state, code
+from patchkit.testing import assert_codemod, assert_state, code
 from support import patch_states, snapshot
 from patchkit.codemods import trtllm_mla_overlap_hook as hook
 from patchkit.codemods.common.base import State

@@ -12,7 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 import pytest
 
-from codemod_testing import apply, detect
+from patchkit.testing import apply, detect
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods import needs_cpu_seq_lens_guards as guards
 from patchkit.codemods import needs_cpu_seq_lens_sync as sync

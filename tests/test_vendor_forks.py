@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from codemod_testing import run
+from patchkit.testing import run
 from support import PRIMARY, snapshot
 from patchkit.codemods import needs_cpu_seq_lens_guards as guards
 from patchkit.codemods import needs_cpu_seq_lens_sync as sync

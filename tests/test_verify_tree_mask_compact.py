@@ -18,7 +18,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from codemod_testing import apply, assert_codemod, assert_state, code, detect, run_all
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect, run_all
 from patchkit.backends import fa3 as fa3_rt
 from patchkit.backends import trtllm_mla as mla_rt
 from patchkit.backends import verify_tree_mask as vtm

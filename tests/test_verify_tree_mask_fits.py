@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from codemod_testing import apply, assert_codemod, assert_state, code, detect
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 from support import patch_states, snapshot
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods import trtllm_mla_spec_v2 as mla
