@@ -376,6 +376,11 @@ class ReporterGuards(MetricsGuards):
     CLASS = "SchedulerMetricsReporter"
     UPSTREAM_FUNCTION = UPSTREAM_DECODE_SUM
 
+    @classmethod
+    def reads(cls):
+        # The reporter's methods read, and upstream's top-level sum where it is.
+        return {cls.CLASS: cls.methods_read(), UPSTREAM_DECODE_SUM: None}
+
     def detect(self, module: cst.Module) -> Finding:
         if primitives.find_function(module, UPSTREAM_DECODE_SUM) is not None:
             return Finding.done(self.anchor, f"upstream's metrics reporter ({UPSTREAM_DECODE_SUM}(), sglang #26128)")

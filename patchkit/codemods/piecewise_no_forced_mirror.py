@@ -142,6 +142,10 @@ class DropPiecewiseRule(PatchCodemod):
         "(0.5.14's rules)"
     )
 
+    @classmethod
+    def reads(cls):
+        return {DECIDE: None}  # the decision function alone
+
     def detect(self, module: cst.Module) -> Finding:
         self.detect_module(module)
         fn = primitives.find_function(module, DECIDE)
