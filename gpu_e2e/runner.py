@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, ranks, server_args_names,
-               syncs, tree_mask_probe, worker_steps, workloads)
+from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, profile_run, ranks,
+               server_args_names, syncs, tree_mask_probe, worker_steps, workloads)
 from .models import DRAFTS, SIZES, write_models
 
 #: mtp (issue 44): DeepSeek's own MTP layer as the draft, named as users name it
@@ -248,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=1, help="tp_size of the engine (one scheduler process per rank)")
     dp.add_arguments(ap)
     ap.add_argument("--engine-extra", default="{}", help="JSON object of Engine settings over the rest")
+    ap.add_argument("--profile-batch", type=int, default=0,
+                    help="BS > 0: after its timed generates, one more under sglang's profiler (profile_run.py)")
+    ap.add_argument("--profile-steps", type=int, default=20, help="decode steps --profile-batch profiles")
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -340,6 +343,12 @@ def main(argv: list[str] | None = None) -> int:
                           f"ratio {s['ratio'][0]:.4f} [{s['ratio'][1]:.4f}, {s['ratio'][2]:.4f}]", flush=True)
                 else:
                     batch = {**head, **timed_runs(engine, requests, args.runs, sync_dir)}
+                    if bs == args.profile_batch:  # issue 57: GPU busy fraction per decode step
+                        batch["profile"] = profile_run.profiled_generate(
+                            engine, workloads.generate, requests, Path(f"{args.out}.profile-{name}-bs{bs}"),
+                            profile_run.steps_to_profile(args.profile_steps, batch["decode_steps"], args.runs),
+                            label=f"{args.variant} {name} bs={bs}")
+                        print(f"[runner] {batch['profile']['line']}", flush=True)
                     print(f"[runner] {args.variant} {args.size} {name} bs={bs}: {batch['tok_per_s']:.1f} tok/s "
                           f"accept {batch['accept_length']} steps {batch['decode_steps']} "
                           f"syncs {sum(batch['syncs'].values())} tree mask {batch['tree_mask']}", flush=True)
