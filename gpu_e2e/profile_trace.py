@@ -111,6 +111,8 @@ def summarize_events(events: list[dict], steps: int | None = None, top: int = TO
         "runtime_calls": _runtime_calls(timed),
         "steps": steps,
     }
+    if not kernels:
+        out["note"] = "no kernel events: the GPU activity was not recorded"
     if steps:
         out["per_step_ms"] = {
             "wall": _per_step(wall / 1000.0, steps),
@@ -197,5 +199,7 @@ def line(label: str, summary: dict) -> str:
         if r.get("top_kernels"):
             k = r["top_kernels"][0]
             head += f"; top {k['name'][:60]} {k['share']:.0%}"
+        if r.get("note"):
+            head += f" ({r['note']})"
         parts.append(head)
     return f"{label}: " + " | ".join(parts)

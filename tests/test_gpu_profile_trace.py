@@ -60,6 +60,10 @@ def test_without_a_step_count_there_is_no_per_step_split():
     s = profile_trace.summarize_events(_events())
     assert s["steps"] is None and "per_step_ms" not in s
     assert profile_trace.summarize_events([{"ph": "M", "name": "x"}]) == {"note": "no timed events in the trace"}
+    host_only = profile_trace.summarize_events([e for e in _events() if e.get("cat") != "kernel"], steps=2)
+    assert host_only["busy_fraction"] == 0.0 and host_only["note"].startswith("no kernel events")
+    line = profile_trace.line("x", {"ranks": [{"rank": 0, **host_only}]})
+    assert line.endswith("(no kernel events: the GPU activity was not recorded)")
 
 
 def test_two_ranks_gzip_and_plain_the_decode_traces_chosen_over_prefill(tmp_path):
