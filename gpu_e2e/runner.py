@@ -343,17 +343,18 @@ def main(argv: list[str] | None = None) -> int:
                           f"ratio {s['ratio'][0]:.4f} [{s['ratio'][1]:.4f}, {s['ratio'][2]:.4f}]", flush=True)
                 else:
                     batch = {**head, **timed_runs(engine, requests, args.runs, sync_dir)}
-                    if bs == args.profile_batch:  # issue 57: GPU busy fraction per decode step
-                        batch["profile"] = profile_run.profiled_generate(
-                            engine, workloads.generate, requests, Path(f"{args.out}.profile-{name}-bs{bs}"),
-                            profile_run.steps_to_profile(args.profile_steps, batch["decode_steps"], args.runs),
-                            label=f"{args.variant} {name} bs={bs}")
-                        print(f"[runner] {batch['profile']['line']}", flush=True)
                     print(f"[runner] {args.variant} {args.size} {name} bs={bs}: {batch['tok_per_s']:.1f} tok/s "
                           f"accept {batch['accept_length']} steps {batch['decode_steps']} "
                           f"syncs {sum(batch['syncs'].values())} tree mask {batch['tree_mask']}", flush=True)
                 result["batches"].append(batch)
                 Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
+                if bs == args.profile_batch and not args.alternate:  # issue 57: the timed ones are written
+                    batch["profile"] = profile_run.profiled_generate(
+                        engine, workloads.generate, requests, Path(f"{args.out}.profile-{name}-bs{bs}"),
+                        profile_run.steps_to_profile(args.profile_steps, batch["decode_steps"], args.runs),
+                        label=f"{args.variant} {name} bs={bs}")
+                    print(f"[runner] {batch['profile']['line']}", flush=True)
+                    Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))
         result["ranks"] = ranks.run_per_rank(ranks.read(sync_dir))
         late = engine_facts.from_dumps(ranks.read(sync_dir))

@@ -156,3 +156,53 @@ def test_a_profile_stopped_by_hand_or_refused_is_recorded_not_raised(tmp_path):
 ])
 def test_steps_to_profile_leaves_room_for_the_batch_that_stops_the_profile(asked, decode_steps, runs, steps):
     assert profile_run.steps_to_profile(asked, decode_steps, runs) == steps
+
+
+class _ProfilingEngine(_Engine):
+    """A stand-in ``sglang.Engine`` for the runner: generates, and profiles like sglang."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.calls = 0
+
+    def generate(self, input_ids, sampling_params):  # noqa: D401 - sglang's signature
+        self.calls += 1
+        if self.kwargs:  # after start_profile: the profiled generate
+            _write(self._dir() / "1764.5-TP-0-DECODE.trace.json.gz", _events())
+        n = sampling_params["max_new_tokens"]
+        return [{"output_ids": list(range(n)), "meta_info": {"completion_tokens": n, "spec_verify_ct": n}}
+                for _ in input_ids]
+
+    def shutdown(self):
+        pass
+
+
+def test_the_runner_profiles_the_batch_it_is_asked_for_after_its_timed_generates(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from gpu_e2e import runner
+
+    made = []
+    fake = types.ModuleType("sglang")
+    fake.__file__ = str(tmp_path / "sglang" / "__init__.py")
+    engine_module = types.ModuleType("sglang.srt.entrypoints.engine")
+    engine_module.Engine = lambda **kw: made.append(_ProfilingEngine(**kw)) or made[-1]
+    for name, module in {"sglang": fake, "sglang.srt": types.ModuleType("sglang.srt"),
+                         "sglang.srt.entrypoints": types.ModuleType("sglang.srt.entrypoints"),
+                         "sglang.srt.entrypoints.engine": engine_module}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delenv("PK_E2E_SYNC_DIR", raising=False)
+    out = tmp_path / "r.json"
+    assert runner.main(["--tree-parent", str(tmp_path), "--variant", "upstream", "--size", "small",
+                        "--draft", "dummy", "--batch-sizes", "1,2", "--runs", "3", "--max-new-tokens", "4",
+                        "--profile-batch", "2", "--models-dir", str(tmp_path / "m"), "--out", str(out)]) == 0
+    batches = json.loads(out.read_text())["batches"]
+    assert "profile" not in batches[0]
+    profile = batches[1]["profile"]
+    assert profile["options"]["num_steps"] == 20 and profile["stopped_by"] == "num_steps"
+    assert profile["trace_dir"] == f"{out}.profile-uniform-bs2"
+    assert profile["ranks"][0]["busy_fraction"] == 0.5
+    assert profile["line"].startswith("upstream uniform bs=2: TP0 GPU busy 50.0%")
+    assert made[0].calls == 4 + 5  # bs 1: warm-up and 3 timed; bs 2: the same and the profiled one
