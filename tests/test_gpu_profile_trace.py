@@ -165,7 +165,7 @@ class _ProfilingEngine(_Engine):
         super().__init__()
         self.calls = 0
 
-    def generate(self, input_ids, sampling_params):  # noqa: D401 - sglang's signature
+    def generate(self, input_ids, sampling_params):
         self.calls += 1
         if self.kwargs:  # after start_profile: the profiled generate
             _write(self._dir() / "1764.5-TP-0-DECODE.trace.json.gz", _events())
