@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--profile-batch", type=int, default=0, help="BS: one more generate under sglang's profiler")
     ap.add_argument("--attention-backend", default="triton",
                     help='"default": name none, so sglang picks (FA3 on Hopper; read back in settings.md)')
     ap.add_argument("--piecewise", choices=("default", "on", "off"), default="default",
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                        "--alternate", str(args.alternate), "--mem-fraction-static", str(mem_fraction),
                        "--tp", str(args.tp), "--piecewise", args.piecewise, "--draft", args.draft,
                        "--context-length", str(args.context_length), "--engine-extra", args.engine_extra,
-                       "--input-len", str(args.input_len), *dp.forwarded(args),
+                       "--input-len", str(args.input_len), *dp.forwarded(args), "--profile-batch", str(args.profile_batch),
                        "--models-dir", str(work / "models"), "--out", str(res_file)]
                 if args.deterministic:
                     cmd.append("--deterministic")

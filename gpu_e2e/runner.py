@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, ranks, server_args_names,
-               syncs, tree_mask_probe, worker_steps, workloads)
+from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, profile_run, ranks,
+               server_args_names, syncs, tree_mask_probe, worker_steps, workloads)
 from .models import DRAFTS, SIZES, write_models
 
 #: mtp (issue 44): DeepSeek's own MTP layer as the draft, named as users name it
@@ -248,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=1, help="tp_size of the engine (one scheduler process per rank)")
     dp.add_arguments(ap)
     ap.add_argument("--engine-extra", default="{}", help="JSON object of Engine settings over the rest")
+    ap.add_argument("--profile-batch", type=int, default=0,
+                    help="BS > 0: after its timed generates, one more under sglang's profiler (profile_run.py)")
+    ap.add_argument("--profile-steps", type=int, default=20, help="decode steps --profile-batch profiles")
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -345,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
                           f"syncs {sum(batch['syncs'].values())} tree mask {batch['tree_mask']}", flush=True)
                 result["batches"].append(batch)
                 Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
+                if bs == args.profile_batch and not args.alternate:  # issue 57: the timed ones are written
+                    batch["profile"] = profile_run.profiled_generate(
+                        engine, workloads.generate, requests, Path(f"{args.out}.profile-{name}-bs{bs}"),
+                        profile_run.steps_to_profile(args.profile_steps, batch["decode_steps"], args.runs),
+                        label=f"{args.variant} {name} bs={bs}")
+                    print(f"[runner] {batch['profile']['line']}", flush=True)
+                    Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))
         result["ranks"] = ranks.run_per_rank(ranks.read(sync_dir))
         late = engine_facts.from_dumps(ranks.read(sync_dir))

@@ -70,7 +70,7 @@ step() {  # name: run it when its inputs are there (return 2: not yet)
   local backend=${1%-r*} rnd=${1##*-}
   local common=(--sizes small --batch-sizes 1,8,32 --runs 3 --run-timeout 560)
   [ "$rnd" = r1 ] && common=(--sizes small --batch-sizes 1,8,32,48 --engine-extra '{"cuda_graph_max_bs": 32}'
-                             --runs 3 --run-timeout 560)
+                             --runs 3 --run-timeout 560 --profile-batch 8)
   local a12=("${common[@]}") a17=("${common[@]}")
   if [ "$backend" = fa3 ]; then
     ready "$B12" "$FA3_12" && ready "$B17" "$FA3_17" || return 2
