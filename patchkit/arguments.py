@@ -11,12 +11,15 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from patchkit import registry, terminal
 from patchkit.errors import Interrupted, PatchkitError, interrupt_in
+
+if TYPE_CHECKING:
+    from patchkit.api import ChangeResult
 
 EXIT_CODES = """\b
 Exit codes:
@@ -78,7 +81,7 @@ class Ctx:
         self.say = Say(self)
         # apply/revert's ChangeResult once its transaction is committed: what
         # a Ctrl-C after that point reports (report_interrupt).
-        self.change = None
+        self.change: ChangeResult | None = None
 
     def result(self, message: str) -> None:
         """A result line (what was applied, reverted): stdout, also with -q."""

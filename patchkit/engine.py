@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Optional, Union
 from collections.abc import Callable, Iterable
 
 import patchkit
@@ -25,6 +26,8 @@ from patchkit import registry, transform
 from patchkit.transform import cache as transform_cache
 from patchkit.state import originals
 from patchkit.state import vendoring
+from patchkit import detection_cache
+from patchkit.detection_cache import AuditKey, FindingKey, Learnt, VendorKey
 from patchkit.findings import Finding, State
 from patchkit.results import ABSENT, APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, PARTIAL, STALE, CodemodResult, PatchReport, unified_diff
 from patchkit.state.record import Record
@@ -40,6 +43,22 @@ if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must 
 
     CodemodRef = Union[type[PatchCodemod], str]
 
+@dataclass(frozen=True)
+class VendorProblems:
+    """How many reads of the mirror the audit finds in the vendor's own code
+    (``Session.vendor_problems``): a fact of the transform cache."""
+
+    KIND: ClassVar[str] = "vendor-problems"
+    count: int
+
+    def to_json(self) -> int:
+        return self.count
+
+    @classmethod
+    def from_json(cls, data: object) -> VendorProblems:
+        return cls(detection_cache.count_of(data))
+
+
 class Session:
     def __init__(self, snapshot: Snapshot, store: Store) -> None:
         self.snapshot = snapshot
@@ -50,9 +69,10 @@ class Session:
         self.modules: dict[str, cst.Module] = {}  # parsed files, by the sha256 of their bytes
         # Findings are the code's verdicts: a patchkit whose codemods changed (same version or not)
         # must not trust an earlier one's, so the key is the transform cache's code fingerprint.
-        self._cache_key = f"patchkit {patchkit.__version__} {transform_cache.fingerprint()[:16]}"
-        self.findings: dict[str, list] = store.load_cache(self._cache_key)  # "codemod|sha256" -> finding
-        self._saved = dict(self.findings)
+        self._cache_key = f"patchkit {patchkit.__version__} {transform_cache.fingerprint()[:16]} cache {detection_cache.FORMAT}"
+        self.learnt = Learnt.from_json(store.load_cache(self._cache_key))
+        self.findings = self.learnt.findings  # the detection cache, by codemod and file sha256
+        self._saved = self.learnt.copy()
         self.recovered: dict[str, bytes] = {}  # backups a clone recovered, by sha256 (``blob``)
 
     # -- reading ---------------------------------------------------------------
@@ -138,14 +158,11 @@ class Session:
         bytes) needs neither libcst nor the codemod module."""
         data = self.read(rel)
         assert data is not None
-        key = f"{registry.codemod_name(codemod)}|{sha256(data)}"
+        key = FindingKey(registry.codemod_name(codemod), sha256(data))
         cached = self.findings.get(key)
-        # An entry from before findings had lines (4 items) is detected again
-        # where verify would show its line (todo, missing).
-        if cached is not None and (len(cached) > 4 or cached[0] in (State.DONE.value, State.SUPERSEDED.value)):
-            return Finding.from_list(cached)
-        finding = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
-        self.findings[key] = finding.as_list()
+        if cached is not None:
+            return cached
+        finding = self.findings[key] = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
         return finding
 
     def keep_learnt(self) -> None:
@@ -159,9 +176,9 @@ class Session:
     def save_cache(self) -> None:
         # Only trees patchkit already manages get a cache: `status` on a pristine
         # tree leaves no trace.
-        if self.findings != self._saved and self.store.folder.is_dir() and os.access(self.store.folder, os.W_OK):
-            self.store.save_cache(self._cache_key, self.findings)
-            self._saved = dict(self.findings)
+        if self.learnt != self._saved and self.store.folder.is_dir() and os.access(self.store.folder, os.W_OK):
+            self.store.save_cache(self._cache_key, self.learnt.to_json())
+            self._saved = self.learnt.copy()
 
     def audit_problems(self) -> int:
         """How many reads of the CPU mirror ``patchkit audit`` finds unguarded
@@ -169,10 +186,10 @@ class Session:
         audit parses every module under srt/ that mentions the mirror, which would triple the time of ``verify``."""
         from patchkit import audit
 
-        key = f"audit|{audit.fingerprint(self.tree.package)}"
-        if key not in self.findings:
-            self.findings[key] = len(audit.audit_tree(self.tree.package).problems)
-        return self.findings[key]
+        key = AuditKey(audit.fingerprint(self.tree.package))
+        if key not in self.learnt.audit:
+            self.learnt.audit[key] = len(audit.audit_tree(self.tree.package).problems)
+        return self.learnt.audit[key]
 
     def vendor_problems(self, targets: Iterable[str], release_own: Iterable[str] = ()) -> int:
         """How many of those reads are in the vendor's own code
@@ -182,25 +199,24 @@ class Session:
         ``audit_problems``: a warm ``apply`` would otherwise spend most of its
         time auditing a tree it did not change."""
         from patchkit import audit
-        from patchkit.transform.cache import Entry, TransformCache
+        from patchkit.transform.cache import TransformCache
 
         targets, sources = sorted(set(targets)), audit.sources(self.tree.package)
         release_own = sorted(set(release_own))
         # ``release_own`` is not in the key: it only spares parsing files whose
         # reads are patchkit's or the release's, never the vendor's (same count).
-        key = f"vendor|{audit.fingerprint(self.tree.package, sources)}|{sha256(chr(0).join(targets).encode())}"
-        if key not in self.findings:
+        key = VendorKey(audit.fingerprint(self.tree.package, sources), sha256(chr(0).join(targets).encode()))
+        if key not in self.learnt.vendor:
             # Shared by every tree like a transform (a fresh copy of a release,
             # patched, has the same bytes), under patchkit's code fingerprint too.
             shared = TransformCache.default()
-            entry = shared.get(shared_key := shared.key(key, []))
-            count = entry.before.get("vendor_problems") if entry is not None else None
-            if not isinstance(count, int):
+            fact = shared.get_fact(shared_key := shared.fact_key(VendorProblems, key.fingerprint, key.targets), VendorProblems)
+            if fact is None:
                 found = audit.audit_tree(self.tree.package, sources=sources, vendor_only=True, release_own=release_own)
-                count = len(audit.vendor_problems(found, targets))
-                shared.put(shared_key, Entry({"vendor_problems": count}, []))
-            self.findings[key] = count
-        return self.findings[key]
+                fact = VendorProblems(len(audit.vendor_problems(found, targets)))
+                shared.put_fact(shared_key, fact)
+            self.learnt.vendor[key] = fact.count
+        return self.learnt.vendor[key]
 
     # -- status ----------------------------------------------------------------
 

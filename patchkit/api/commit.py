@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from patchkit.state import vendoring
-from patchkit.errors import Interrupted, PatchkitError
+from patchkit.errors import Interrupted, InterruptedAfterCommit, PatchkitError
 from patchkit.results import PatchReport, unified_diff
 from patchkit.state.record import FileRecord
 from patchkit.tree import Tree, check_writable, sha256
@@ -67,7 +67,7 @@ def commit(session: "Session", verb: str, outcome: Outcome, record: "Record", ru
                              backups=[*outcome.blobs.values(), *session.recovered.values()])
     except Interrupted as exc:
         if exc.waited:  # the signal came during the write and waited for its end: all is written
-            exc.outcome = outcome
+            raise InterruptedAfterCommit(exc.signum, outcome) from exc
         raise
 
 

@@ -14,8 +14,10 @@
 - ``set-aside/``: local state that disagreed with the tree (or could not be
   read), moved out of the way (never deleted) by a command that rebuilt it.
 - ``lock``: serialises patchkit processes on one tree.
-- ``cache.json``: detection results keyed by codemod and file sha256, so
-  ``status`` and ``verify`` need not parse files that did not change.
+- ``cache.json``: what a session learnt of the tree's bytes
+  (``patchkit.detection_cache``): detection results by codemod and file
+  sha256, so ``status`` and ``verify`` need not parse files that did not
+  change, and the audit's counts.
 """
 
 from __future__ import annotations
@@ -127,14 +129,15 @@ class Store:
 
     # -- detection cache -----------------------------------------------------
 
-    def load_cache(self, key: str) -> dict:
+    def load_cache(self, key: str) -> object:
+        """The entries ``save_cache`` kept under ``key``; {} under another key."""
         try:
             data = json.loads((self.folder / "cache.json").read_text(encoding="utf-8"))
             return data["entries"] if data.get("key") == key else {}
         except (OSError, ValueError, KeyError, TypeError):
             return {}
 
-    def save_cache(self, key: str, entries: dict) -> None:
+    def save_cache(self, key: str, entries: object) -> None:
         with contextlib.suppress(OSError):
             self.ensure_folder()
             atomic_write(self.folder / "cache.json", _dumps({"key": key, "entries": entries}))

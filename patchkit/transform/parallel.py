@@ -81,9 +81,8 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
         names = [[registry.codemod_name(r) for r in group] for group in groups]
         found = {registry.codemod_name(r): transform.detect(rel, source, parsed, registry.load_codemod(r))
                  for group in groups for r in group}
-        before = {name: f.as_list() for name, f in found.items()}
         effective = [i for i, group in enumerate(names) if all(found[n].state is not State.MISSING for n in group)]
-        entry = Entry(before, [names[i] for i in effective])
+        entry = Entry(found, [names[i] for i in effective])
         if effective:
             refs = [r for i in effective for r in groups[i]]
             try:
@@ -92,7 +91,7 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
             except PatchkitError:
                 return entry  # no usable transform: the serial path raises it
             entry.new = result.new
-            entry.after = {n: f.as_list() for n, f in result.after.items()}
+            entry.after = dict(result.after)
             entry.transformed = tuple(result.transformed)
             entry.notes = tuple(result.notes)
         return entry
