@@ -16,6 +16,7 @@ and plan and commit beside it (``patchkit.api.applying``, ``patchkit.api.reverti
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Optional, Union
@@ -28,6 +29,7 @@ from patchkit.state import originals
 from patchkit.state import vendoring
 from patchkit import detection_cache
 from patchkit.detection_cache import AuditKey, FindingKey, Learnt, VendorKey
+from patchkit.errors import PatchkitError
 from patchkit.findings import Finding, State
 from patchkit.results import ABSENT, APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, PARTIAL, STALE, CodemodResult, PatchReport, unified_diff
 from patchkit.state.record import Record
@@ -100,16 +102,17 @@ class Session:
         """What a revert reads before it transforms, for each of ``files``
         (all patched by patchkit): its bytes now, the edits since apply (as
         ``edited_since_apply``), and its backup (a clone recovers it)."""
+        files = list(files)
         current = {rel: self.read(rel) or b"" for rel in files}
-        edited = self.edited_files(files)
-        backups = self.backups(files, edited)
-        return current, {rel: backups[rel] for rel in edited}, {rel: backups[rel][-1] for rel in files}
+        edited = self.edited_since_apply(files)
+        backups = {rel: edited[rel][1] if rel in edited else self.backup(rel) for rel in files}
+        return current, edited, backups
 
     def edited_since_apply(self, files: Iterable[str]) -> dict[str, tuple[bytes, bytes]]:
         """Of ``files``, those patchkit patched that were edited since:
         rel -> (the bytes patchkit wrote, the backup)."""
-        edited = self.edited_files(files)
-        return self.backups(edited, edited)
+        return {rel: (self._blob_of(self.record.files[rel].patched, rel), self.backup(rel))
+                for rel in self.edited_files(files)}
 
     def edited_files(self, files: Iterable[str]) -> list[str]:
         """Of ``files``, those patchkit patched whose bytes are no longer what
@@ -119,15 +122,15 @@ class Session:
         return [rel for rel in files if rel in entries and entries[rel].patched
                 and sha256(self.read(rel) or b"") != entries[rel].patched]
 
-    def backups(self, files: Iterable[str], edited: list[str]) -> dict[str, tuple[bytes, ...]]:
-        """rel -> the backup of each of ``files`` (patched by patchkit), after
-        (for those ``edited`` since apply) the bytes patchkit wrote."""
-        out = {}
-        for rel in files:
-            entry = self.record.files[rel]
-            digests = (entry.patched, entry.original) if rel in edited else (entry.original,)
-            out[rel] = tuple(self.blob(digest, rel) for digest in digests)
-        return out
+    def backup(self, rel: str) -> bytes:
+        """The bytes of ``rel`` (a file patchkit patched, not one it created)
+        before patchkit: its backup."""
+        return self._blob_of(self.record.files[rel].original, rel)
+
+    def _blob_of(self, digest: Optional[str], rel: str) -> bytes:
+        if digest is None:  # the record has no such bytes: a file patchkit created, or never wrote
+            raise PatchkitError(f"{self.tree.path(rel)}: patchkit keeps no such backup of it (corrupt state?)")
+        return self.blob(digest, rel)
 
     @property
     def runtime_mode(self) -> str:
@@ -147,6 +150,7 @@ class Session:
 
     def module(self, rel: str) -> "cst.Module":
         data = self.read(rel)
+        assert data is not None, rel  # a file the session read: patchkit parses only files the tree has
         digest = sha256(data)
         if digest not in self.modules:
             self.modules[digest] = transform.parse(data, self.tree.path(rel))
@@ -322,7 +326,7 @@ class locked_session:
         self.tree = find_tree(path)
         self.say, self.verb = say, verb
         self.timeout = settings.lock_timeout()
-        self._lock = None
+        self._lock: Optional[AbstractContextManager[None]] = None
         self._session: Optional[Session] = None
 
     def __enter__(self) -> Session:
