@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from patchkit import lifetimes
 from patchkit.postconditions import HeadStart  # what a check asks of the workers (its type lives with the checks)
@@ -228,7 +228,8 @@ def _stop(pool) -> None:
     # result pipe: the manager thread's read waits for the rest while a writer
     # is open, and this process holds one. Closed, the read ends (EOF).
     with contextlib.suppress(Exception):
-        results._writer.close()
+        if results is not None:
+            results._writer.close()
     if manager is not None:
         with contextlib.suppress(Exception):
             manager.join(max(0.2, deadline + 0.5 - time.monotonic()))
@@ -254,7 +255,7 @@ def no_gc() -> Iterator[None]:
 Progress = Callable[[int, int], None]
 
 
-def prepare(jobs: dict[str, Job], cache: TransformCache, progress: Optional[Progress] = None,
+def prepare(jobs: Mapping[str, Job], cache: TransformCache, progress: Optional[Progress] = None,
             head_start: Optional[HeadStart] = None) -> dict[str, Entry]:
     """Entries for ``jobs`` (rel -> path, bytes, codemod refs grouped by
     patch): from the transform cache where it has them, else computed (in
@@ -343,9 +344,10 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
                     with no_gc():
                         entry = compute(*jobs[i])
                 computed(i, entry)
-            for future in side:
-                with contextlib.suppress(Exception):  # a head start never decides an error
-                    head_start.take(future.result())
+            if head_start is not None:  # side work comes only with a head start
+                for future in side:
+                    with contextlib.suppress(Exception):  # a head start never decides an error
+                        head_start.take(future.result())
             for each in pools:
                 each.shutdown(wait=True)
         except BaseException:
@@ -358,7 +360,7 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
             _JOBS, _HEAD, _SIDE = [], None, []
             gc.unfreeze()
     for i, key in todo:
-        out[i] = results.get(i)
-        if out[i] is not None and key is not None:
-            cache.put(key, out[i])
+        entry = out[i] = results.get(i)
+        if entry is not None and key is not None:
+            cache.put(key, entry)
     return out
