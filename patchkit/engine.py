@@ -111,8 +111,7 @@ class Session:
     def edited_since_apply(self, files: Iterable[str]) -> dict[str, tuple[bytes, bytes]]:
         """Of ``files``, those patchkit patched that were edited since:
         rel -> (the bytes patchkit wrote, the backup)."""
-        return {rel: (self._blob_of(self.record.files[rel].patched, rel), self.backup(rel))
-                for rel in self.edited_files(files)}
+        return {rel: (self.written(rel), self.backup(rel)) for rel in self.edited_files(files)}
 
     def edited_files(self, files: Iterable[str]) -> list[str]:
         """Of ``files``, those patchkit patched whose bytes are no longer what
@@ -126,6 +125,10 @@ class Session:
         """The bytes of ``rel`` (a file patchkit patched, not one it created)
         before patchkit: its backup."""
         return self._blob_of(self.record.files[rel].original, rel)
+
+    def written(self, rel: str) -> bytes:
+        """The bytes patchkit wrote to ``rel``, from its blobs."""
+        return self._blob_of(self.record.files[rel].patched, rel)
 
     def _blob_of(self, digest: Optional[str], rel: str) -> bytes:
         if digest is None:  # the record has no such bytes: a file patchkit created, or never wrote
