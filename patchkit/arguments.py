@@ -11,15 +11,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from patchkit import registry, terminal
 from patchkit.errors import Interrupted, PatchkitError, interrupt_in
-
-if TYPE_CHECKING:
-    from patchkit.api import ChangeResult
 
 EXIT_CODES = """\b
 Exit codes:
@@ -81,7 +78,7 @@ class Ctx:
         self.say = Say(self)
         # apply/revert's ChangeResult once its transaction is committed: what
         # a Ctrl-C after that point reports (report_interrupt).
-        self.change: ChangeResult | None = None
+        self.change: Any = None  # a patchkit.api.ChangeResult: named loosely, the CLI's helpers stand below the api
 
     def result(self, message: str) -> None:
         """A result line (what was applied, reverted): stdout, also with -q."""

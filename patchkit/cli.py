@@ -15,7 +15,7 @@ from patchkit import __version__, api, output, registry, settings, terminal
 from patchkit.arguments import (COMPLETION, GIT_LAYOUT, QUIET_HELP, TREE_EPILOG, VERBOSE_HELP, Ctx, PatchkitGroup,
                                 _complete_patches, diff_option, dry_run_option, format_option, tree_and_patches,
                                 tree_only)
-from patchkit.errors import EXIT_CHANGES, EXIT_OK, Interrupted, InterruptedChange
+from patchkit.errors import EXIT_CHANGES, EXIT_OK, Interrupted
 
 @click.group(cls=PatchkitGroup, epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
              context_settings={"help_option_names": ["-h", "--help"]})
@@ -301,7 +301,7 @@ def _changing(obj: Ctx, command, *args, **kwargs) -> "api.ChangeResult":
     finds it: once the transaction is committed, a Ctrl-C reports what was done."""
     try:
         result = command(*args, **kwargs)
-    except InterruptedChange as exc:
+    except api.InterruptedChange as exc:
         obj.change = exc.change
         raise
     obj.change = result

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # never imported at run time: this module imports nothing (see Interrupted)
-    from patchkit.api import ChangeResult
-    from patchkit.api.commit import Outcome
-
 EXIT_OK = 0
 EXIT_CHANGES = 1  # verification failed, changes needed, or something not applied
 EXIT_BAD_INPUT = 2
@@ -29,25 +23,6 @@ class Interrupted(BaseException):
     def __init__(self, signum: int, waited: bool = False) -> None:
         super().__init__(signum)
         self.signum, self.waited = signum, waited
-
-
-class InterruptedAfterCommit(Interrupted):
-    """The signal waited for the end of apply's or revert's transaction, so
-    all of ``outcome`` is written (``patchkit.api.commit.commit``)."""
-
-    def __init__(self, signum: int, outcome: Outcome) -> None:
-        super().__init__(signum, waited=True)
-        self.outcome = outcome
-
-
-class InterruptedChange(Interrupted):
-    """A signal ended apply or revert: ``change`` is what it wrote, when its
-    transaction was committed, else None (nothing was written). What the CLI
-    reports (``patchkit.arguments.report_interrupt``)."""
-
-    def __init__(self, signum: int, waited: bool, change: ChangeResult | None) -> None:
-        super().__init__(signum, waited)
-        self.change = change
 
 
 def interrupt_in(exc: BaseException | None) -> "Interrupted | None":

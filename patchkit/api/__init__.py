@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable
 from patchkit import registry
 from patchkit import tree as trees
 from patchkit.engine import Session, locked_session
-from patchkit.api.commit import Outcome
+from patchkit.api.commit import InterruptedAfterCommit, Outcome
 from patchkit.results import PatchReport
-from patchkit.errors import Interrupted, InterruptedAfterCommit, InterruptedChange, PatchkitError
+from patchkit.errors import Interrupted, PatchkitError
 
 if TYPE_CHECKING:
     from patchkit.postconditions import Report
@@ -255,6 +255,16 @@ def _recover(where: Located, dry_run: bool) -> ChangeResult:
     outcome.messages += [f"{where.tree.shown_path(rel, where.given)}: holds bytes patchkit never wrote "
                          "(edited since?); left as it is" for rel in done.unknown]
     return ChangeResult("revert", where, outcome, dry_run)
+
+
+class InterruptedChange(Interrupted):
+    """A signal ended apply or revert: ``change`` is what it wrote, when its
+    transaction was committed, else None (nothing was written). What the CLI
+    reports (``patchkit.arguments.report_interrupt``)."""
+
+    def __init__(self, signum: int, waited: bool, change: Optional[ChangeResult]) -> None:
+        super().__init__(signum, waited)
+        self.change = change
 
 
 def _keep_committed(exc: Interrupted, result: Optional[ChangeResult], verb: str, where: Located,

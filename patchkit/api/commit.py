@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from patchkit.state import vendoring
-from patchkit.errors import Interrupted, InterruptedAfterCommit, PatchkitError
+from patchkit.errors import Interrupted, PatchkitError
 from patchkit.results import PatchReport, unified_diff
 from patchkit.state.record import FileRecord
 from patchkit.tree import Tree, check_writable, sha256
@@ -42,6 +42,15 @@ class Outcome:
 
     def diff(self, tree: Tree) -> str:
         return "".join(unified_diff(tree, rel, old, new) for rel, (old, new) in self.changed.items())
+
+
+class InterruptedAfterCommit(Interrupted):
+    """The signal waited for the end of apply's or revert's transaction, so
+    all of ``outcome`` is written (``commit``)."""
+
+    def __init__(self, signum: int, outcome: Outcome) -> None:
+        super().__init__(signum, waited=True)
+        self.outcome = outcome
 
 
 def commit(session: "Session", verb: str, outcome: Outcome, record: "Record", runtime: Optional[list["Patch"]],
