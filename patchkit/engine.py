@@ -89,8 +89,9 @@ class Session:
         stored by the commit or when the command ends well."""
         if digest in self.recovered:
             return self.recovered[digest]
-        if self.store.has_blob(digest) or self.snapshot.believed.source == "state":
-            return self.store.get_blob(digest)
+        stored = self.store.read_blob(digest, missing_ok=self.snapshot.believed.source != "state")
+        if stored is not None:
+            return stored
         data = self.recovered[digest] = originals.find(self.tree.path(rel), rel, digest, self.tree.version)
         return data
 

@@ -86,10 +86,19 @@ class Store:
         return (self.blobs / containment.blob_name(digest, str(self.blobs))).is_file()
 
     def get_blob(self, digest: str) -> bytes:
+        data = self.read_blob(digest, missing_ok=False)
+        assert data is not None  # missing: read_blob raised
+        return data
+
+    def read_blob(self, digest: str, missing_ok: bool) -> Optional[bytes]:
+        """The stored bytes of sha256 ``digest``, checked; None where none
+        are stored and ``missing_ok`` (else that is damaged state)."""
         path = self.blobs / containment.blob_name(digest, str(self.blobs))
         try:
             data = path.read_bytes()
         except OSError:
+            if missing_ok and not path.is_file():
+                return None
             raise PatchkitError(f"{path}: backup missing; .patchkit state is damaged") from None
         if sha256(data) != digest:
             raise PatchkitError(f"{path}: backup corrupt (sha256 mismatch); .patchkit state is damaged")
