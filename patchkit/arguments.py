@@ -78,7 +78,7 @@ class Ctx:
         self.say = Say(self)
         # apply/revert's ChangeResult once its transaction is committed: what
         # a Ctrl-C after that point reports (report_interrupt).
-        self.change = None
+        self.change: Any = None  # a patchkit.api.ChangeResult: named loosely, the CLI's helpers stand below the api
 
     def result(self, message: str) -> None:
         """A result line (what was applied, reverted): stdout, also with -q."""

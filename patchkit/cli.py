@@ -301,8 +301,8 @@ def _changing(obj: Ctx, command, *args, **kwargs) -> "api.ChangeResult":
     finds it: once the transaction is committed, a Ctrl-C reports what was done."""
     try:
         result = command(*args, **kwargs)
-    except Interrupted as exc:
-        obj.change = getattr(exc, "change", None)
+    except api.InterruptedChange as exc:
+        obj.change = exc.change
         raise
     obj.change = result
     return result

@@ -16,8 +16,10 @@ and plan and commit beside it (``patchkit.api.applying``, ``patchkit.api.reverti
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Optional, Union
 from collections.abc import Callable, Iterable
 
 import patchkit
@@ -25,6 +27,9 @@ from patchkit import registry, transform
 from patchkit.transform import cache as transform_cache
 from patchkit.state import originals
 from patchkit.state import vendoring
+from patchkit import detection_cache
+from patchkit.detection_cache import AuditKey, FindingKey, Learnt, VendorKey
+from patchkit.errors import PatchkitError
 from patchkit.findings import Finding, State
 from patchkit.results import ABSENT, APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, PARTIAL, STALE, CodemodResult, PatchReport, unified_diff
 from patchkit.state.record import Record
@@ -40,6 +45,22 @@ if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must 
 
     CodemodRef = Union[type[PatchCodemod], str]
 
+@dataclass(frozen=True)
+class VendorProblems:
+    """How many reads of the mirror the audit finds in the vendor's own code
+    (``Session.vendor_problems``): a fact of the transform cache."""
+
+    KIND: ClassVar[str] = "vendor-problems"
+    count: int
+
+    def to_json(self) -> int:
+        return self.count
+
+    @classmethod
+    def from_json(cls, data: object) -> VendorProblems:
+        return cls(detection_cache.count_of(data))
+
+
 class Session:
     def __init__(self, snapshot: Snapshot, store: Store) -> None:
         self.snapshot = snapshot
@@ -50,9 +71,10 @@ class Session:
         self.modules: dict[str, cst.Module] = {}  # parsed files, by the sha256 of their bytes
         # Findings are the code's verdicts: a patchkit whose codemods changed (same version or not)
         # must not trust an earlier one's, so the key is the transform cache's code fingerprint.
-        self._cache_key = f"patchkit {patchkit.__version__} {transform_cache.fingerprint()[:16]}"
-        self.findings: dict[str, list] = store.load_cache(self._cache_key)  # "codemod|sha256" -> finding
-        self._saved = dict(self.findings)
+        self._cache_key = f"patchkit {patchkit.__version__} {transform_cache.fingerprint()[:16]} cache {detection_cache.FORMAT}"
+        self.learnt = Learnt.from_json(store.load_cache(self._cache_key))
+        self.findings = self.learnt.findings  # the detection cache, by codemod and file sha256
+        self._saved = self.learnt.copy()
         self.recovered: dict[str, bytes] = {}  # backups a clone recovered, by sha256 (``blob``)
 
     # -- reading ---------------------------------------------------------------
@@ -67,8 +89,9 @@ class Session:
         stored by the commit or when the command ends well."""
         if digest in self.recovered:
             return self.recovered[digest]
-        if self.store.has_blob(digest) or self.snapshot.believed.source == "state":
-            return self.store.get_blob(digest)
+        stored = self.store.read_blob(digest, missing_ok=self.snapshot.believed.source != "state")
+        if stored is not None:
+            return stored
         data = self.recovered[digest] = originals.find(self.tree.path(rel), rel, digest, self.tree.version)
         return data
 
@@ -80,16 +103,16 @@ class Session:
         """What a revert reads before it transforms, for each of ``files``
         (all patched by patchkit): its bytes now, the edits since apply (as
         ``edited_since_apply``), and its backup (a clone recovers it)."""
+        files = list(files)
         current = {rel: self.read(rel) or b"" for rel in files}
-        edited = self.edited_files(files)
-        backups = self.backups(files, edited)
-        return current, {rel: backups[rel] for rel in edited}, {rel: backups[rel][-1] for rel in files}
+        edited = self.edited_since_apply(files)
+        backups = {rel: edited[rel][1] if rel in edited else self.backup(rel) for rel in files}
+        return current, edited, backups
 
     def edited_since_apply(self, files: Iterable[str]) -> dict[str, tuple[bytes, bytes]]:
         """Of ``files``, those patchkit patched that were edited since:
         rel -> (the bytes patchkit wrote, the backup)."""
-        edited = self.edited_files(files)
-        return self.backups(edited, edited)
+        return {rel: (self.written(rel), self.backup(rel)) for rel in self.edited_files(files)}
 
     def edited_files(self, files: Iterable[str]) -> list[str]:
         """Of ``files``, those patchkit patched whose bytes are no longer what
@@ -99,15 +122,19 @@ class Session:
         return [rel for rel in files if rel in entries and entries[rel].patched
                 and sha256(self.read(rel) or b"") != entries[rel].patched]
 
-    def backups(self, files: Iterable[str], edited: list[str]) -> dict[str, tuple[bytes, ...]]:
-        """rel -> the backup of each of ``files`` (patched by patchkit), after
-        (for those ``edited`` since apply) the bytes patchkit wrote."""
-        out = {}
-        for rel in files:
-            entry = self.record.files[rel]
-            digests = (entry.patched, entry.original) if rel in edited else (entry.original,)
-            out[rel] = tuple(self.blob(digest, rel) for digest in digests)
-        return out
+    def backup(self, rel: str) -> bytes:
+        """The bytes of ``rel`` (a file patchkit patched, not one it created)
+        before patchkit: its backup."""
+        return self._blob_of(self.record.files[rel].original, rel)
+
+    def written(self, rel: str) -> bytes:
+        """The bytes patchkit wrote to ``rel``, from its blobs."""
+        return self._blob_of(self.record.files[rel].patched, rel)
+
+    def _blob_of(self, digest: Optional[str], rel: str) -> bytes:
+        if digest is None:  # the record has no such bytes: a file patchkit created, or never wrote
+            raise PatchkitError(f"{self.tree.path(rel)}: patchkit keeps no such backup of it (corrupt state?)")
+        return self.blob(digest, rel)
 
     @property
     def runtime_mode(self) -> str:
@@ -127,6 +154,7 @@ class Session:
 
     def module(self, rel: str) -> "cst.Module":
         data = self.read(rel)
+        assert data is not None, rel  # a file the session read: patchkit parses only files the tree has
         digest = sha256(data)
         if digest not in self.modules:
             self.modules[digest] = transform.parse(data, self.tree.path(rel))
@@ -138,14 +166,11 @@ class Session:
         bytes) needs neither libcst nor the codemod module."""
         data = self.read(rel)
         assert data is not None
-        key = f"{registry.codemod_name(codemod)}|{sha256(data)}"
+        key = FindingKey(registry.codemod_name(codemod), sha256(data))
         cached = self.findings.get(key)
-        # An entry from before findings had lines (4 items) is detected again
-        # where verify would show its line (todo, missing).
-        if cached is not None and (len(cached) > 4 or cached[0] in (State.DONE.value, State.SUPERSEDED.value)):
-            return Finding.from_list(cached)
-        finding = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
-        self.findings[key] = finding.as_list()
+        if cached is not None:
+            return cached
+        finding = self.findings[key] = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
         return finding
 
     def keep_learnt(self) -> None:
@@ -159,9 +184,9 @@ class Session:
     def save_cache(self) -> None:
         # Only trees patchkit already manages get a cache: `status` on a pristine
         # tree leaves no trace.
-        if self.findings != self._saved and self.store.folder.is_dir() and os.access(self.store.folder, os.W_OK):
-            self.store.save_cache(self._cache_key, self.findings)
-            self._saved = dict(self.findings)
+        if self.learnt != self._saved and self.store.folder.is_dir() and os.access(self.store.folder, os.W_OK):
+            self.store.save_cache(self._cache_key, self.learnt.to_json())
+            self._saved = self.learnt.copy()
 
     def audit_problems(self) -> int:
         """How many reads of the CPU mirror ``patchkit audit`` finds unguarded
@@ -169,10 +194,10 @@ class Session:
         audit parses every module under srt/ that mentions the mirror, which would triple the time of ``verify``."""
         from patchkit import audit
 
-        key = f"audit|{audit.fingerprint(self.tree.package)}"
-        if key not in self.findings:
-            self.findings[key] = len(audit.audit_tree(self.tree.package).problems)
-        return self.findings[key]
+        key = AuditKey(audit.fingerprint(self.tree.package))
+        if key not in self.learnt.audit:
+            self.learnt.audit[key] = len(audit.audit_tree(self.tree.package).problems)
+        return self.learnt.audit[key]
 
     def vendor_problems(self, targets: Iterable[str], release_own: Iterable[str] = ()) -> int:
         """How many of those reads are in the vendor's own code
@@ -182,25 +207,24 @@ class Session:
         ``audit_problems``: a warm ``apply`` would otherwise spend most of its
         time auditing a tree it did not change."""
         from patchkit import audit
-        from patchkit.transform.cache import Entry, TransformCache
+        from patchkit.transform.cache import TransformCache
 
         targets, sources = sorted(set(targets)), audit.sources(self.tree.package)
         release_own = sorted(set(release_own))
         # ``release_own`` is not in the key: it only spares parsing files whose
         # reads are patchkit's or the release's, never the vendor's (same count).
-        key = f"vendor|{audit.fingerprint(self.tree.package, sources)}|{sha256(chr(0).join(targets).encode())}"
-        if key not in self.findings:
+        key = VendorKey(audit.fingerprint(self.tree.package, sources), sha256(chr(0).join(targets).encode()))
+        if key not in self.learnt.vendor:
             # Shared by every tree like a transform (a fresh copy of a release,
             # patched, has the same bytes), under patchkit's code fingerprint too.
             shared = TransformCache.default()
-            entry = shared.get(shared_key := shared.key(key, []))
-            count = entry.before.get("vendor_problems") if entry is not None else None
-            if not isinstance(count, int):
+            fact = shared.get_fact(shared_key := shared.fact_key(VendorProblems, key.fingerprint, key.targets), VendorProblems)
+            if fact is None:
                 found = audit.audit_tree(self.tree.package, sources=sources, vendor_only=True, release_own=release_own)
-                count = len(audit.vendor_problems(found, targets))
-                shared.put(shared_key, Entry({"vendor_problems": count}, []))
-            self.findings[key] = count
-        return self.findings[key]
+                fact = VendorProblems(len(audit.vendor_problems(found, targets)))
+                shared.put_fact(shared_key, fact)
+            self.learnt.vendor[key] = fact.count
+        return self.learnt.vendor[key]
 
     # -- status ----------------------------------------------------------------
 
@@ -306,7 +330,7 @@ class locked_session:
         self.tree = find_tree(path)
         self.say, self.verb = say, verb
         self.timeout = settings.lock_timeout()
-        self._lock = None
+        self._lock: Optional[AbstractContextManager[None]] = None
         self._session: Optional[Session] = None
 
     def __enter__(self) -> Session:

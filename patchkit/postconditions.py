@@ -18,14 +18,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from patchkit.tree import Tree
 
 
+Result = TypeVar("Result")
+
+
 @dataclass
-class HeadStart:
+class HeadStart(Generic[Result]):
     """Work a check asks of the transform's worker processes
     (``patchkit.transform.parallel``; only when files are computed there):
     ``side(the files the workers transform)``, called then, gives callables
@@ -37,8 +40,8 @@ class HeadStart:
     computed again, or found in a cache, by whoever needs it, and its errors
     are ignored."""
 
-    side: Callable[[frozenset], Sequence[Callable[[], object]]] = lambda files: ()
-    take: Callable[[object], None] = lambda result: None
+    side: Callable[[frozenset], Sequence[Callable[[], Result]]] = lambda files: ()
+    take: Callable[[Result], None] = lambda result: None
     after: Callable[[str, bytes, bytes], None] | None = None
 
 

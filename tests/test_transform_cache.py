@@ -20,6 +20,7 @@ from drift import drift
 from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
 from patchkit import registry, transform
 from patchkit.audit import facts
+from patchkit.findings import Finding
 from patchkit.transform import cache as transform_cache
 from patchkit.api.applying import apply_patches
 from patchkit.engine import locked_session
@@ -166,8 +167,8 @@ def test_damaged_cache_entries_fall_back_to_a_cold_transform(tmp_path, cache_dir
 def test_a_flipped_finding_in_an_entry_header_is_a_miss(tmp_path):
     # The payload intact, one finding changed: the checksum covers the header too.
     cache = transform_cache.TransformCache(tmp_path)
-    done = {"m.Codemod": ["done", "f", ""]}
-    cache.put("k" * 64, transform_cache.Entry({"m.Codemod": ["todo", "f", ""]}, [["m.Codemod"]], b"x = 1\n", done))
+    done = {"m.Codemod": Finding.done("f")}
+    cache.put("k" * 64, transform_cache.Entry({"m.Codemod": Finding.todo("f")}, [["m.Codemod"]], b"x = 1\n", done))
     assert cache.get("k" * 64).after == done
     path = next(p for p in tmp_path.rglob("*") if p.is_file())
     header, _, payload = path.read_bytes().partition(b"\n")

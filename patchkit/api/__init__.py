@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from patchkit import registry
 from patchkit import tree as trees
 from patchkit.engine import Session, locked_session
-from patchkit.api.commit import Outcome
+from patchkit.api.commit import InterruptedAfterCommit, Outcome
 from patchkit.results import PatchReport
 from patchkit.errors import Interrupted, PatchkitError
 
@@ -214,8 +214,7 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
                 release = base_release(session.tree.version) or session.tree.version  # 0.5.11+acme: 0.5.11
                 result.vendor_line = vendor_line(count, release, known)
     except Interrupted as exc:
-        _keep_committed(exc, result, "apply", where, dry_run)
-        raise
+        raise _keep_committed(exc, result, "apply", where, dry_run) from exc
     return result
 
 
@@ -240,8 +239,7 @@ def revert(tree: Optional[str] = None, ids: Iterable[str] = (), cascade: bool = 
             outcome = revert_patches(session, list(ids), cascade=cascade, force=force, dry_run=dry_run)
             result = ChangeResult("revert", where, outcome, dry_run)
     except Interrupted as exc:
-        _keep_committed(exc, result, "revert", where, dry_run)
-        raise
+        raise _keep_committed(exc, result, "revert", where, dry_run) from exc
     return result
 
 
@@ -259,15 +257,24 @@ def _recover(where: Located, dry_run: bool) -> ChangeResult:
     return ChangeResult("revert", where, outcome, dry_run)
 
 
+class InterruptedChange(Interrupted):
+    """A signal ended apply or revert: ``change`` is what it wrote, when its
+    transaction was committed, else None (nothing was written). What the CLI
+    reports (``patchkit.arguments.report_interrupt``)."""
+
+    def __init__(self, signum: int, waited: bool, change: Optional[ChangeResult]) -> None:
+        super().__init__(signum, waited)
+        self.change = change
+
+
 def _keep_committed(exc: Interrupted, result: Optional[ChangeResult], verb: str, where: Located,
-                    dry_run: bool) -> None:
-    """A signal ended apply or revert: ``exc.change`` is what it wrote, when
-    its transaction was committed (it returned, or the signal waited for the
-    write's end), else None (nothing was written)."""
-    outcome = getattr(exc, "outcome", None)
-    if result is None and outcome is not None:
-        result = ChangeResult(verb, where, outcome, dry_run)
-    exc.change = None if result is None or dry_run else result
+                    dry_run: bool) -> InterruptedChange:
+    """A signal ended apply or revert: the ``InterruptedChange`` to raise,
+    with what it wrote, when its transaction was committed (it returned, or
+    the signal waited for the write's end), else None (nothing was written)."""
+    if result is None and isinstance(exc, InterruptedAfterCommit):
+        result = ChangeResult(verb, where, exc.outcome, dry_run)
+    return InterruptedChange(exc.signum, exc.waited, None if result is None or dry_run else result)
 
 
 def diff(tree: Optional[str] = None, ids: Iterable[str] = (), say: Say = _drop) -> DiffResult:

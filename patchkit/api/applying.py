@@ -87,16 +87,16 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     outcome.messages.extend(transformer.notes)  # vendor code replaced on purpose, or its check skipped
     outcome.release_own = sorted(rel for rel in outcome.changed if pristine.get(rel) == sources[rel])
     base_commit = record.base_commit or git.head(tree.package)  # what the patches are applied on
-    new_record = _record(tree, record, plan, outcome, sources, edited)
-    runtime = None
+    new_record = _record(tree, record, plan, outcome, changed, sources, edited)
+    runtime_patches: Optional[list[Patch]] = None  # the runtime folder is planned for these (None: left as it is)
     if new_record.applied:
         if mode != session.runtime_mode and record.applied:
             outcome.messages.append(f"runtime: {session.runtime_mode} -> {mode}")
         new_record.runtime, new_record.runtime_api, new_record.patchkit = mode, vendoring.RUNTIME_API, patchkit.__version__
         # What the record was made on: a record of another release is never believed (patchkit.state.reconcile).
         new_record.sglang, new_record.base_commit = tree.version, base_commit
-        runtime = [p for p in registry.all_patches() if p.id in new_record.applied]
-    commit(session, "apply", outcome, new_record, runtime, force=True, dry_run=dry_run, mode_check=True)
+        runtime_patches = [p for p in registry.all_patches() if p.id in new_record.applied]
+    commit(session, "apply", outcome, new_record, runtime_patches, force=True, dry_run=dry_run, mode_check=True)
     return outcome  # the session keeps what it learnt (its findings) when the command ends
 
 
@@ -156,16 +156,18 @@ def _files(todo: list[Patch], sources: dict[str, bytes]) -> list[str]:
     return list(dict.fromkeys(t.file for p in todo for t in p.targets if t.file in sources))
 
 
-def _record(tree: "Tree", record: Record, plan: Plan, outcome: Outcome, sources: dict[str, bytes],
-            edited: dict[str, tuple[bytes, bytes]]) -> Record:
-    """The record after this apply: patches applied, and per changed file its
-    backup and what patchkit wrote (stored as blobs at commit). ``edited``:
-    files changed since an earlier apply -> (what patchkit wrote, backup)."""
+def _record(tree: "Tree", record: Record, plan: Plan, outcome: Outcome, changed: dict[str, bytes],
+            sources: dict[str, bytes], edited: dict[str, tuple[bytes, bytes]]) -> Record:
+    """The record after this apply: patches applied, and per file it changes
+    (``changed``: its new bytes) its backup and what patchkit wrote (stored as
+    blobs of ``outcome`` at commit). ``edited``: files changed since an
+    earlier apply -> (what patchkit wrote, backup)."""
     record = record.copy()
     keep = outcome.keep
     for patch in plan.todo:
         record.applied[patch.id] = [t.file for t in patch.targets if t.file in sources]
-    for rel, (old, new) in outcome.changed.items():
+    for rel, new in changed.items():
+        old = sources[rel]
         entry = record.files.get(rel)
         if entry is None:
             entry = record.files[rel] = FileRecord(keep(old), None)

@@ -44,6 +44,15 @@ class Outcome:
         return "".join(unified_diff(tree, rel, old, new) for rel, (old, new) in self.changed.items())
 
 
+class InterruptedAfterCommit(Interrupted):
+    """The signal waited for the end of apply's or revert's transaction, so
+    all of ``outcome`` is written (``commit``)."""
+
+    def __init__(self, signum: int, outcome: Outcome) -> None:
+        super().__init__(signum, waited=True)
+        self.outcome = outcome
+
+
 def commit(session: "Session", verb: str, outcome: Outcome, record: "Record", runtime: Optional[list["Patch"]],
            force: bool, dry_run: bool, mode_check: bool = False) -> None:
     """Finish ``verb`` (apply or revert). ``runtime``: the patches applied
@@ -67,7 +76,7 @@ def commit(session: "Session", verb: str, outcome: Outcome, record: "Record", ru
                              backups=[*outcome.blobs.values(), *session.recovered.values()])
     except Interrupted as exc:
         if exc.waited:  # the signal came during the write and waited for its end: all is written
-            exc.outcome = outcome
+            raise InterruptedAfterCommit(exc.signum, outcome) from exc
         raise
 
 

@@ -77,8 +77,8 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
     # Files patchkit changed; the ones it created (runtime folder, manifest) follow below.
     files = record.changed()
     # Current (cumulative) text of each touched file as the series goes.
-    current: dict[str, Optional[bytes]] = {rel: session.blob(entry.original, rel) for rel, entry in files.items()}
-    originals = dict(current)
+    originals = {rel: session.backup(rel) for rel in files}
+    current: dict[str, Optional[bytes]] = dict(originals)
     last_touch: dict[str, int] = {}
     for k, patch in enumerate(applied):
         for target in patch.targets:
@@ -94,7 +94,7 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
         diffs, paths = [], []
         for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files):
             if last_touch[rel] == k:
-                new = session.blob(files[rel].patched, rel)
+                new = session.written(rel)
                 if transformed[rel, k] != new:
                     series.notes.append(
                         f"{tree.repo_path(rel)}: re-running the codemods does not give the bytes patchkit wrote "
@@ -113,11 +113,11 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
         if k == len(applied) - 1:
             created = _as_written(session, created, series)
         for rel in sorted(created.keys() | {r for r in current if r not in files}):
-            new = created.get(rel)
-            if new != current.get(rel):
-                diffs.append(_git_diff(tree, rel, current.get(rel), new))
+            made = created.get(rel)
+            if made != current.get(rel):
+                diffs.append(_git_diff(tree, rel, current.get(rel), made))
                 paths.append(tree.repo_path(rel))
-                current[rel] = new
+                current[rel] = made
         series.patches.append(ExportedPatch(patch, 0, 0, paths, "".join(diffs)))
     for rel in current:
         on_disk = session.read(rel)
@@ -171,6 +171,7 @@ def _git_diff(tree, rel: str, old: Optional[bytes], new: Optional[bytes]) -> str
     except OSError:
         mode = "100644"
     if old is None:
+        assert new is not None, rel  # a file neither before nor after has no diff
         return f"diff --git a/{name} b/{name}\nnew file mode {mode}\nindex {ZERO_SHA}..{git_blob_id(new)}\n{body}"
     if new is None:
         return f"diff --git a/{name} b/{name}\ndeleted file mode {mode}\nindex {git_blob_id(old)}..{ZERO_SHA}\n{body}"

@@ -47,11 +47,12 @@ def conflicts(merged: bytes) -> list[tuple[int, int]]:
     """The conflicts of a merge's output with its (diff3) markers: (the line
     at which the ``theirs`` side stands in the file ``--theirs`` resolves it
     to, how many lines ``ours`` changed or added there, against the base)."""
-    found, line, side, sides = [], 0, None, {}
+    found: list[tuple[int, int]] = []
+    line, start, side = 0, 0, None
+    sides: dict[str, list[bytes]] = {}
     for text in merged.splitlines():
         if side is None and text.startswith(b"<" * MARKER + b" ours"):
-            side, sides = "ours", {"ours": [], "base": []}
-            found.append(line + 1)
+            side, sides, start = "ours", {"ours": [], "base": []}, line + 1
         elif side == "ours" and text.startswith(b"|" * MARKER + b" base"):
             side = "base"
         elif side == "base" and text == b"=" * MARKER:
@@ -59,7 +60,7 @@ def conflicts(merged: bytes) -> list[tuple[int, int]]:
         elif side == "theirs" and text.startswith(b">" * MARKER + b" theirs"):
             side = None
             matcher = difflib.SequenceMatcher(a=sides["base"], b=sides["ours"], autojunk=False)
-            found[-1] = (found[-1], sum(j2 - j1 for op, _, _, j1, j2 in matcher.get_opcodes() if op != "equal"))
+            found.append((start, sum(j2 - j1 for op, _, _, j1, j2 in matcher.get_opcodes() if op != "equal")))
         elif side in ("ours", "base"):
             sides[side].append(text)
         else:

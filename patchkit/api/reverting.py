@@ -9,6 +9,8 @@ transaction; nothing of patchkit's is left once the last patch goes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from patchkit import fetch, registry
 from patchkit.api.commit import Outcome, commit
 from patchkit.api.merge import keep_user_edits
@@ -61,7 +63,7 @@ def revert_patches(session: Session, ids: list[str], cascade: bool = False, forc
     return outcome
 
 
-def plan_revert(record: Record, patches: list[Patch], ids: list[str], cascade: bool, outcome: Outcome) -> set[str]:
+def plan_revert(record: Record, patches: Sequence[Patch], ids: list[str], cascade: bool, outcome: Outcome) -> set[str]:
     """The patch ids to revert: those asked for that patchkit applied, plus
     (with ``cascade``) the applied patches that require them (``patches``:
     every patch known, in registry order)."""
@@ -81,7 +83,7 @@ def plan_revert(record: Record, patches: list[Patch], ids: list[str], cascade: b
     return chosen
 
 
-def dependents(pid: str, patches: list[Patch]) -> list[Patch]:
+def dependents(pid: str, patches: Sequence[Patch]) -> list[Patch]:
     """Of ``patches`` (in registry order), those that require ``pid``,
     directly or through others."""
     out: list[Patch] = []

@@ -53,7 +53,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from patchkit.audit import facts as audit_facts
 from patchkit.audit import origins as audit_origins
@@ -146,6 +146,7 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
         if fact is None or not fact.reads:
             continue
         result.modules.append(rel)
+        origins: Sequence[Optional[str]]
         if rel in patched:
             origins = ["release"] * len(fact.reads)
         else:
@@ -175,7 +176,7 @@ def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex,
                                           "cover (patchkit.audit.MODULES)")
     elif opts_out is None and read.file not in MODULES and (
             (read.cls is not None and kept.worker(read.file, read.cls)) or kept.module(read.file)):
-        read.verdict, read.why = "kept-mirror", (kept.worker(read.file, read.cls) if read.cls else None) or kept.module(read.file)
+        read.verdict, read.why = "kept-mirror", (kept.worker(read.file, read.cls) if read.cls else None) or kept.module(read.file) or ""
     elif opts_out is None:
         read.why += " (code outside the attention backends runs beside whichever is configured)"
     return read

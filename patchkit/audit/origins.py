@@ -11,6 +11,7 @@ import json
 from collections import Counter
 from pathlib import Path
 from typing import Optional
+from collections.abc import Sequence
 
 from patchkit.audit.facts import MANIFEST, facts_of
 from patchkit.audit.syntax import Read
@@ -125,11 +126,12 @@ class KnownRelease:
 
         return known_releases.release_bytes(self.version, rel, data) == data
 
-    def origins(self, rel: str, data: bytes, reads: list[Read]) -> list[Optional[str]]:
+    def origins(self, rel: str, data: bytes, reads: list[Read]) -> Sequence[Optional[str]]:
         from patchkit import known_releases
 
-        if self.files.get(rel) is not None:  # a module apply changes: its release bytes were fetched
-            return diff_origins(rel, self.files[rel], data, reads) if self.files[rel] else ["vendor"] * len(reads)
+        fetched = self.files.get(rel)
+        if fetched is not None:  # a module apply changes: its release bytes were fetched
+            return diff_origins(rel, fetched, data, reads) if fetched else ["vendor"] * len(reads)
         # A module no known release has among those reading the mirror: this release does not ship
         # its reads, so they are the vendor's (as the release's tree would tell: cache or not, one answer).
         shipped = known_releases.release_bytes(self.version, rel, data) if known_releases.tracks(rel) else b""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, cast
 
 MIRROR = ("seq_lens_cpu", "seq_lens_sum")
 FLAG = "needs_cpu_seq_lens"
@@ -36,21 +36,25 @@ def scan(tree: ast.Module, parents: Optional[dict] = None) -> tuple[dict[str, Cl
     while stack:
         node, cls = stack.pop()
         kind = type(node)
+        # (cast: ``kind is X`` tells the type as isinstance would, faster, but mypy does not read it)
         if kind is ClassDef:
-            cls = ClassFacts(node.name, [b for b in map(_last_name, node.bases) if b], _body_flag(node))
-            if node.lineno >= lines.get(node.name, 0):
-                classes[node.name], lines[node.name] = cls, node.lineno
+            cdef = cast(ast.ClassDef, node)
+            cls = ClassFacts(cdef.name, [b for b in map(_last_name, cdef.bases) if b], _body_flag(cdef))
+            if cdef.lineno >= lines.get(cdef.name, 0):
+                classes[cdef.name], lines[cdef.name] = cls, cdef.lineno
         elif kind is Call:
             if cls is not None:
-                name = _last_name(node.func)
+                name = _last_name(cast(ast.Call, node).func)
                 if name:
                     cls.calls.add(name)
         elif kind is Attribute:
-            if node.attr in MIRROR and type(node.ctx) is Load:
-                reads.append(node)
+            attribute = cast(ast.Attribute, node)
+            if attribute.attr in MIRROR and type(attribute.ctx) is Load:
+                reads.append(attribute)
         elif kind is ast.AugAssign:  # `x.seq_lens_sum += n` reads it too
-            if type(node.target) is Attribute and node.target.attr in MIRROR:
-                reads.append(node.target)
+            target = cast(ast.AugAssign, node).target
+            if isinstance(target, Attribute) and target.attr in MIRROR:
+                reads.append(target)
         elif cls is not None and (kind is ast.Assign or kind is ast.AnnAssign):
             value = _flag_value(node, _self_flag)
             if value is not None and cls.flag != "False":
@@ -101,6 +105,7 @@ def _body_flag(cls: ast.ClassDef) -> Optional[str]:
 
 
 def _flag_value(stmt: ast.AST, named) -> Optional[str]:
+    targets: list[ast.expr]
     if isinstance(stmt, ast.AnnAssign):
         targets, value = [stmt.target], stmt.value
     elif isinstance(stmt, ast.Assign):

@@ -100,9 +100,9 @@ class FileAudit:
             if read is not None:
                 yield read
 
-    def _segment(self, node: ast.AST) -> str:
+    def _segment(self, node: ast.expr) -> str:
         """``ast.get_source_segment`` without splitting the module per call (offsets are UTF-8 bytes)."""
-        first, last = node.lineno - 1, node.end_lineno - 1
+        first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1  # ast.parse sets end_lineno
         if first == last:
             text = self.lines[first][node.col_offset:node.end_col_offset]
         else:
@@ -168,7 +168,7 @@ class FileAudit:
                     return "guarded", f"inside `{'if' if isinstance(parent, ast.If) else '... if'} {ast.unparse(parent.test)}`"
             if isinstance(parent, ast.BoolOp) and child is not parent.values[0]:
                 wanted = isinstance(parent.op, ast.And)
-                before = parent.values[: parent.values.index(child)]
+                before = parent.values[: next(i for i, v in enumerate(parent.values) if v is child)]
                 if any(none_test(v) is wanted for v in before):
                     return "guarded", f"right of `{ast.unparse(before[0])} {'and' if wanted else 'or'} ...`"
             exit_ = self._early_exit_before(parent, child)
@@ -247,15 +247,16 @@ class FileAudit:
             targets = parent.targets
             if all(isinstance(t, ast.Attribute) and t.attr in MIRROR for t in targets):
                 return "safe", "copied to " + ", ".join(ast.unparse(t) for t in targets) + " (read where it is used)"
-            if all(isinstance(t, ast.Name) for t in targets):
-                return self._alias(parent, scope, [t.id for t in targets])
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+            if len(names) == len(targets):  # every target a local name
+                return self._alias(parent, scope, names)
         return None
 
     def _alias(self, assign: ast.Assign, scope: ast.AST, names: list[str]) -> Optional[tuple[str, str]]:
         uses = self._uses_of(assign, scope, names)
-        verdicts = [self._handled(n, scope) or self._guard(n, scope) or self._filled(n, scope) or self._passed_on(n, scope)
-                    for n in uses]
-        if uses and all(verdicts):
+        verdicts = [v for n in uses
+                    if (v := self._handled(n, scope) or self._guard(n, scope) or self._filled(n, scope) or self._passed_on(n, scope))]
+        if uses and len(verdicts) == len(uses):  # every use handled
             return verdicts[0][0], f"held in {', '.join(names)}; its uses: " + "; ".join(w for _, w in verdicts)
         return None
 
@@ -268,7 +269,8 @@ class FileAudit:
         def loads(node: ast.AST) -> list[ast.Name]:
             return [n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)]
 
-        uses, current = [], assign
+        uses: list[ast.Name] = []
+        current: ast.AST = assign
         while current is not scope:
             parent = self.parents.get(current)
             if parent is None:
@@ -306,7 +308,7 @@ class FileAudit:
 
     def _refreshes(self, node: ast.Attribute) -> bool:
         """``buf.seq_lens_cpu[...].copy_(...)``, ``.fill_(...)``, ``buf.seq_lens_cpu[:n] = ...``: a write."""
-        current = node
+        current: ast.AST = node
         parent = self.parents.get(current)
         if isinstance(parent, ast.Subscript) and parent.value is current:
             if isinstance(parent.ctx, ast.Store):
@@ -344,8 +346,8 @@ class FileAudit:
     def _buffer_local(self, assign: ast.Assign, names: list[str]) -> Optional[str]:
         scope = self._function(assign) or self.tree
         uses = self._uses_of(assign, scope, names)
-        whys = [self._handed_to_backend(n) for n in uses]
-        if uses and all(whys):
+        whys = [why for n in uses if (why := self._handed_to_backend(n))]
+        if uses and len(whys) == len(uses):  # every use handed to a backend
             return f"held in {', '.join(names)}; " + "; ".join(dict.fromkeys(whys))
         return None
 

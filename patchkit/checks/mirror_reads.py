@@ -17,14 +17,15 @@ the mirror and the read is safe. Otherwise the owner itself is refused.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import asdict, dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from patchkit.audit.syntax import OPTS_OUT_WITH
+from patchkit.audit.syntax import OPTS_OUT_WITH, Read
 from patchkit.postconditions import HeadStart, Postcondition, Proposed, Violation, map_line
 
 if TYPE_CHECKING:
-    from patchkit.audit import Audit, Read
+    from patchkit.audit import Audit
     from patchkit.tree import Tree
 
 
@@ -96,10 +97,8 @@ def first_unsafe_read(tree: Tree, changed: dict[str, bytes],
     ``release_files``: the release's bytes of the files apply changes (its
     fetch step), which tell the release's reads there without its tree;
     ``srt``: the tree's modules under srt/ as read, when already read."""
-    from dataclasses import asdict
-
     from patchkit import audit
-    from patchkit.transform.cache import Entry, TransformCache
+    from patchkit.transform.cache import TransformCache
 
     srt = dict(audit.sources(tree.package) if srt is None else srt)
     srt.update({rel: data for rel, data in changed.items() if rel in srt})
@@ -111,14 +110,10 @@ def first_unsafe_read(tree: Tree, changed: dict[str, bytes],
     for rel, data in sorted((release_files or {}).items()):
         release.update(rel.encode() + b"\0" + (hashlib.sha256(data).digest() if data is not None else b"-"))
     given = release.hexdigest() if release_files else "none"
-    key = shared.key(f"unsafe-read|{audit.fingerprint(tree.package, srt)}|{given}", [])
-    entry = shared.get(key)
-    if entry is not None and isinstance(entry.before.get("unsafe_read", 0), (dict, type(None))):
-        cached = entry.before["unsafe_read"]
-        try:
-            return audit.Read(**cached) if cached else None
-        except TypeError:
-            pass  # written by another shape of Read: audit again
+    key = shared.fact_key(FirstUnsafeRead, audit.fingerprint(tree.package, srt), given)
+    cached = shared.get_fact(key, FirstUnsafeRead)
+    if cached is not None:
+        return cached.read
     from patchkit.transform.parallel import no_gc
 
     # The vendor's own reads are the vendor's to guard: apply names them in its audit line, as before.
@@ -126,8 +121,28 @@ def first_unsafe_read(tree: Tree, changed: dict[str, bytes],
         audited = audit.audit_tree(tree.package, sources=srt, release_files=release_files)
     problems = [r for r in audited.problems if r.origin != "vendor"]
     read = min(problems, key=lambda r: (r.file, r.line, r.column), default=None)
-    shared.put(key, Entry({"unsafe_read": asdict(read) if read else None}, []))
+    shared.put_fact(key, FirstUnsafeRead(read))
     return read
+
+
+@dataclass(frozen=True)
+class FirstUnsafeRead:
+    """``first_unsafe_read``'s answer on a tree's bytes (None: no such read):
+    a fact of the transform cache, shared like a transform."""
+
+    KIND: ClassVar[str] = "first-unsafe-read"
+    read: Read | None
+
+    def to_json(self) -> dict[str, object] | None:
+        return None if self.read is None else asdict(self.read)
+
+    @classmethod
+    def from_json(cls, data: object) -> FirstUnsafeRead:
+        if data is None:
+            return cls(None)
+        if not isinstance(data, dict):
+            raise TypeError("not a read")
+        return cls(Read(**data))  # TypeError: written by another shape of Read (a miss: audit again)
 
 
 def disk_line(read: Read, written: bytes | None, on_disk: bytes | None) -> int:

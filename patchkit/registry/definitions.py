@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 from collections.abc import Iterable
 
 from patchkit.errors import PatchkitError
@@ -166,7 +166,8 @@ def codemod_name(ref) -> str:
     return ref.name()
 
 
-_LOADED: dict[str, type] = {}
+_LOADED: dict[str, type] = {}  # codemod classes, by name
+_POSTCONDITIONS: dict[str, object] = {}  # what postcondition references name, by reference
 
 
 def load_codemod(ref) -> "type[PatchCodemod]":
@@ -187,7 +188,7 @@ def load_codemod(ref) -> "type[PatchCodemod]":
     return codemod
 
 
-def _import(module: str, name: str, what: str) -> object:
+def _import(module: str, name: str, what: str) -> Any:  # whatever the module holds under that name
     """``name`` of ``module``, imported; ``what`` names it in the one-line error."""
     try:
         return getattr(importlib.import_module(module), name)
@@ -217,7 +218,7 @@ def load_postcondition(ref) -> object:
         what = f"postcondition {ref.module}:{ref.cls} of {ref.label}"
     else:
         key, (module, _, name), what = ref, ref.partition(":"), f"postcondition {ref}"
-    found = _LOADED.get(f"postcondition {key}")
+    found = _POSTCONDITIONS.get(key)
     if found is None:
-        found = _LOADED[f"postcondition {key}"] = _import(module, name, what)
+        found = _POSTCONDITIONS[key] = _import(module, name, what)
     return found

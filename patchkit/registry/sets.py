@@ -27,6 +27,7 @@ from patchkit.registry.definitions import OWN_RUNTIME, ExternalRef, RuntimeModul
 from patchkit.errors import PatchkitError
 
 if TYPE_CHECKING:
+    import configparser
     from importlib.resources.abc import Traversable
 
 
@@ -128,6 +129,7 @@ def builtin_set() -> PatchSet:
     install of another checkout maps ``patchkit.patches`` to, nor none when
     it was never installed. Installed, the ``patchkit.patches`` package."""
     root = Path(__file__).resolve().parents[2]  # the checkout, when run from one
+    folder: Traversable
     if (root / "pyproject.toml").is_file() and (root / "patches" / "__init__.py").is_file():
         folder = root / "patches"
     else:
@@ -205,7 +207,6 @@ def _entry_points(group: str) -> list[tuple[str, str, str]]:
     a name wins, as for ``importlib.metadata``). Read directly: importing
     ``importlib.metadata`` (the email package and more) cost every command
     about 11 ms and its scan 8 ms more, for a group only patch sets use."""
-    import configparser
 
     out, seen = [], set()
     for entry in sys.path:
@@ -226,12 +227,28 @@ def _entry_points(group: str) -> list[tuple[str, str, str]]:
                 continue
             if f"[{group}]" not in text:
                 continue
-            parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
-            parser.optionxform = str  # entry point names keep their case
+            parser = _case_keeping_parser()
             parser.read_string(text)
             dist = _distribution_name(folder) or key
-            out += [(name, re.match(r"\s*([\w.]*)", value).group(1), dist) for name, value in parser.items(group)]
+            out += [(name, _module_of(value), dist) for name, value in parser.items(group)]
     return out
+
+
+def _case_keeping_parser() -> "configparser.ConfigParser":
+    """A parser of entry_points.txt: entry point names keep their case."""
+    import configparser
+
+    class Parser(configparser.ConfigParser):
+        def optionxform(self, optionstr: str) -> str:
+            return optionstr
+
+    return Parser(delimiters=("=",), interpolation=None)
+
+
+def _module_of(value: str) -> str:
+    """The module an entry point's value names (``module:attr [extras]``)."""
+    match = re.match(r"\s*([\w.]*)", value)
+    return match.group(1) if match else ""  # never "": every part of the pattern is optional
 
 
 def _distribution_name(folder: str) -> Optional[str]:

@@ -14,8 +14,10 @@
 - ``set-aside/``: local state that disagreed with the tree (or could not be
   read), moved out of the way (never deleted) by a command that rebuilt it.
 - ``lock``: serialises patchkit processes on one tree.
-- ``cache.json``: detection results keyed by codemod and file sha256, so
-  ``status`` and ``verify`` need not parse files that did not change.
+- ``cache.json``: what a session learnt of the tree's bytes
+  (``patchkit.detection_cache``): detection results by codemod and file
+  sha256, so ``status`` and ``verify`` need not parse files that did not
+  change, and the audit's counts.
 """
 
 from __future__ import annotations
@@ -84,10 +86,19 @@ class Store:
         return (self.blobs / containment.blob_name(digest, str(self.blobs))).is_file()
 
     def get_blob(self, digest: str) -> bytes:
+        data = self.read_blob(digest, missing_ok=False)
+        assert data is not None  # missing: read_blob raised
+        return data
+
+    def read_blob(self, digest: str, missing_ok: bool) -> Optional[bytes]:
+        """The stored bytes of sha256 ``digest``, checked; None where none
+        are stored and ``missing_ok`` (else that is damaged state)."""
         path = self.blobs / containment.blob_name(digest, str(self.blobs))
         try:
             data = path.read_bytes()
         except OSError:
+            if missing_ok and not path.is_file():
+                return None
             raise PatchkitError(f"{path}: backup missing; .patchkit state is damaged") from None
         if sha256(data) != digest:
             raise PatchkitError(f"{path}: backup corrupt (sha256 mismatch); .patchkit state is damaged")
@@ -127,14 +138,15 @@ class Store:
 
     # -- detection cache -----------------------------------------------------
 
-    def load_cache(self, key: str) -> dict:
+    def load_cache(self, key: str) -> object:
+        """The entries ``save_cache`` kept under ``key``; {} under another key."""
         try:
             data = json.loads((self.folder / "cache.json").read_text(encoding="utf-8"))
             return data["entries"] if data.get("key") == key else {}
         except (OSError, ValueError, KeyError, TypeError):
             return {}
 
-    def save_cache(self, key: str, entries: dict) -> None:
+    def save_cache(self, key: str, entries: object) -> None:
         with contextlib.suppress(OSError):
             self.ensure_folder()
             atomic_write(self.folder / "cache.json", _dumps({"key": key, "entries": entries}))

@@ -165,14 +165,13 @@ def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["Pat
                 f"{path}: {inst.name()} did not reach its postcondition ({finding.anchor}: {finding.detail})"
             )
         after[inst.name()] = finding
-    check = pristine is not None and source is not None and source != pristine and bool(transformed)
     try:  # one parse, shared: the vendor-code check and the safety rule's audit read the tree too
         tree = python_ast.parse(new, str(path))
         compile(tree, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:  # a codemod bug, never the user's input
         raise PatchkitError(f"{path}:{exc.lineno}: patched code does not compile: {exc.msg}") from None
     notes: list[str] = []
-    if check:
+    if pristine is not None and source is not None and source != pristine and transformed:
         from patchkit.transform import vendor_code
 
         # The file named as the tree names it (relative), once; each codemod by its patch.

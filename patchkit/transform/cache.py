@@ -13,7 +13,10 @@ One entry per key under ``$PATCHKIT_TRANSFORM_CACHE`` (default
 ``$PATCHKIT_CACHE_DIR/transforms``, i.e. ``~/.cache/patchkit/transforms``;
 ``PATCHKIT_TRANSFORM_CACHE=off`` disables it; see ``patchkit.settings``). An entry holds what the engine would
 compute: the detector findings on the input, the patched bytes and the findings
-on them (the postcondition, already checked).
+on them (the postcondition, already checked). Beside the transforms, under
+``audit/tree/``, facts the audit learnt of a whole tree's bytes (``Fact``: one
+typed value per entry, e.g. the first unguarded read of the mirror), shared
+the same way.
 
 Safe by construction:
 
@@ -40,14 +43,15 @@ import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
+from typing import Any, ClassVar, Optional, Protocol, Self, TypeVar
 
 import patchkit
 from patchkit import settings
+from patchkit.findings import Finding
 from patchkit.registry import sets as patch_sets
 
-FORMAT = 1
-Findings = dict[str, list]  # codemod name -> [state, anchor, detail]
+FORMAT = 2  # 2: facts apart from transforms (1 kept them in a transform's findings)
+Findings = dict[str, Finding]  # codemod name -> its finding
 
 
 @dataclass
@@ -61,6 +65,33 @@ class Entry:
     after: Optional[Findings] = None
     transformed: tuple[str, ...] = ()  # the codemods that changed the file, in order
     notes: tuple[str, ...] = ()  # vendor code replaced on purpose (patchkit.transform.vendor_code)
+
+
+class Fact(Protocol):
+    """A typed value the transform cache keeps of a tree's bytes, apart from
+    the transforms: ``KIND`` names it in its entry, ``from_json`` raises
+    TypeError, ValueError or KeyError on what ``to_json`` would not write
+    (read back as a miss)."""
+
+    KIND: ClassVar[str]
+
+    def to_json(self) -> Any: ...
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self: ...
+
+
+FactT = TypeVar("FactT", bound=Fact)
+
+
+def _listed(findings: Findings) -> dict[str, list[Any]]:
+    return {name: finding.as_list() for name, finding in findings.items()}
+
+
+def _read_findings(listed: Any) -> Findings:
+    if not isinstance(listed, dict):
+        raise TypeError("findings are not a mapping")
+    return {name: Finding.from_list(value) for name, value in listed.items()}
 
 
 def default_folder() -> Optional[Path]:
@@ -113,9 +144,18 @@ class TransformCache:
     def key(source_sha: str, groups: list[list[str]]) -> str:
         return hashlib.sha256(json.dumps([fingerprint(), source_sha, groups]).encode()).hexdigest()
 
+    @staticmethod
+    def fact_key(kind: type[Fact], *parts: str) -> str:
+        """The key of a ``kind`` fact of the bytes ``parts`` name (fingerprints, digests)."""
+        return hashlib.sha256(json.dumps([fingerprint(), kind.KIND, parts]).encode()).hexdigest()
+
     def _path(self, key: str) -> Path:
         assert self.folder is not None
         return self.folder / key[:2] / key
+
+    def _fact_path(self, key: str) -> Path:
+        assert self.folder is not None
+        return self.folder / "audit" / "tree" / key[:2] / key
 
     def get(self, key: str) -> Optional[Entry]:
         if self.folder is None:
@@ -129,13 +169,32 @@ class TransformCache:
             if meta.pop("sha256") != _checksum(meta, payload) or meta["length"] != len(payload):
                 return None
             has_new = meta["has_new"]
-            entry = Entry(meta["before"], meta["groups"], payload if has_new else None, meta["after"],
-                          tuple(meta["transformed"]), tuple(meta.get("notes", ())))
-            if not isinstance(entry.before, dict) or (has_new and not isinstance(entry.after, dict)):
-                return None
-            return entry
+            return Entry(_read_findings(meta["before"]), meta["groups"], payload if has_new else None,
+                         _read_findings(meta["after"]) if has_new else None,
+                         tuple(meta["transformed"]), tuple(meta.get("notes", ())))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # missing, truncated or corrupt: a miss, never a wrong result
+
+    def get_fact(self, key: str, kind: type[FactT]) -> Optional[FactT]:
+        """The ``kind`` fact kept under ``key`` (``fact_key``); None: a miss."""
+        if self.folder is None:
+            return None
+        try:
+            meta = json.loads(self._fact_path(key).read_bytes())
+            if meta.get("format") != FORMAT or meta.get("key") != key or meta.get("kind") != kind.KIND:
+                return None
+            if meta.pop("sha256") != _checksum(meta, b""):
+                return None
+            return kind.from_json(meta["fact"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # missing, truncated or corrupt: a miss, never a wrong result
+
+    def put_fact(self, key: str, fact: Fact) -> None:
+        if self.folder is None:
+            return
+        meta = {"format": FORMAT, "key": key, "kind": fact.KIND, "fact": fact.to_json()}
+        meta["sha256"] = _checksum(meta, b"")
+        self._write(self._fact_path(key), json.dumps(meta, sort_keys=True).encode())
 
     def put(self, key: str, entry: Entry) -> None:
         if self.folder is None:
@@ -144,21 +203,23 @@ class TransformCache:
         meta = {
             "format": FORMAT,
             "key": key,
-            "before": entry.before,
+            "before": _listed(entry.before),
             "groups": entry.groups,
             "has_new": entry.new is not None,
-            "after": entry.after,
+            "after": None if entry.after is None else _listed(entry.after),
             "transformed": list(entry.transformed),
             "notes": list(entry.notes),
             "length": len(payload),
         }
         meta["sha256"] = _checksum(meta, payload)
-        data = json.dumps(meta, sort_keys=True).encode() + b"\n" + payload
-        path = self._path(key)
+        self._write(self._path(key), json.dumps(meta, sort_keys=True).encode() + b"\n" + payload)
+
+    @staticmethod
+    def _write(path: Path, data: bytes) -> None:
         # A cache is an optimisation: a read-only or full disk only costs speed.
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
             try:
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(data)

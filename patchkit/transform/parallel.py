@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from patchkit import lifetimes
 from patchkit.postconditions import HeadStart  # what a check asks of the workers (its type lives with the checks)
@@ -81,9 +81,8 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
         names = [[registry.codemod_name(r) for r in group] for group in groups]
         found = {registry.codemod_name(r): transform.detect(rel, source, parsed, registry.load_codemod(r))
                  for group in groups for r in group}
-        before = {name: f.as_list() for name, f in found.items()}
         effective = [i for i, group in enumerate(names) if all(found[n].state is not State.MISSING for n in group)]
-        entry = Entry(before, [names[i] for i in effective])
+        entry = Entry(found, [names[i] for i in effective])
         if effective:
             refs = [r for i in effective for r in groups[i]]
             try:
@@ -92,7 +91,7 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
             except PatchkitError:
                 return entry  # no usable transform: the serial path raises it
             entry.new = result.new
-            entry.after = {n: f.as_list() for n, f in result.after.items()}
+            entry.after = dict(result.after)
             entry.transformed = tuple(result.transformed)
             entry.notes = tuple(result.notes)
         return entry
@@ -229,7 +228,8 @@ def _stop(pool) -> None:
     # result pipe: the manager thread's read waits for the rest while a writer
     # is open, and this process holds one. Closed, the read ends (EOF).
     with contextlib.suppress(Exception):
-        results._writer.close()
+        if results is not None:
+            results._writer.close()
     if manager is not None:
         with contextlib.suppress(Exception):
             manager.join(max(0.2, deadline + 0.5 - time.monotonic()))
@@ -255,7 +255,7 @@ def no_gc() -> Iterator[None]:
 Progress = Callable[[int, int], None]
 
 
-def prepare(jobs: dict[str, Job], cache: TransformCache, progress: Optional[Progress] = None,
+def prepare(jobs: Mapping[str, Job], cache: TransformCache, progress: Optional[Progress] = None,
             head_start: Optional[HeadStart] = None) -> dict[str, Entry]:
     """Entries for ``jobs`` (rel -> path, bytes, codemod refs grouped by
     patch): from the transform cache where it has them, else computed (in
@@ -344,9 +344,10 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
                     with no_gc():
                         entry = compute(*jobs[i])
                 computed(i, entry)
-            for future in side:
-                with contextlib.suppress(Exception):  # a head start never decides an error
-                    head_start.take(future.result())
+            if head_start is not None:  # side work comes only with a head start
+                for future in side:
+                    with contextlib.suppress(Exception):  # a head start never decides an error
+                        head_start.take(future.result())
             for each in pools:
                 each.shutdown(wait=True)
         except BaseException:
@@ -359,7 +360,7 @@ def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
             _JOBS, _HEAD, _SIDE = [], None, []
             gc.unfreeze()
     for i, key in todo:
-        out[i] = results.get(i)
-        if out[i] is not None and key is not None:
-            cache.put(key, out[i])
+        entry = out[i] = results.get(i)
+        if entry is not None and key is not None:
+            cache.put(key, entry)
     return out

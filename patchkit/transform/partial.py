@@ -23,7 +23,7 @@ bytes, with the indentation libcst would detect on the whole file
 from __future__ import annotations
 
 import ast
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
 from collections.abc import Iterable, Sequence
 
 import libcst as cst
@@ -31,6 +31,9 @@ from patchkit import python_ast
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.primitives.module import Verbatim
 from patchkit.codemods.common.reads import EVERY, Reads, merged
+
+if TYPE_CHECKING:
+    from patchkit.codemods.common.base import PatchCodemod
 
 # A left-out statement stands in the skeleton as this one-line assignment.
 _PLACEHOLDER = "__patchkit_verbatim_{}__"
@@ -43,9 +46,10 @@ _SHARE = 0.25
 
 _DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 _METHODS = (ast.FunctionDef, ast.AsyncFunctionDef)
+Definition = Union[ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef]
 
 
-def names_read(codemods: Iterable[type]) -> Optional[Reads]:
+def names_read(codemods: Iterable[type["PatchCodemod"]]) -> Optional[Reads]:
     """What ``codemods`` read together (``PatchCodemod.reads``; None: one
     reads the whole module)."""
     return merged([codemod.reads() for codemod in codemods])
@@ -114,8 +118,8 @@ def parse(source: bytes, reads: Optional[Reads]) -> Optional[cst.Module]:
         return out
 
     body = verbatim(module.body)
-    known, indent = _first_indent(tree, lines)
-    if left or not known or (indent is not None and indent != module.default_indent):
+    known, first_indent = _first_indent(tree, lines)
+    if left or not known or (first_indent is not None and first_indent != module.default_indent):
         return None  # (a block indented unlike the file's first one would be generated with the latter)
     module = module.with_changes(body=body)
     # The file's bytes, or a whole parse: what is written back must be what was read.
@@ -125,12 +129,12 @@ def parse(source: bytes, reads: Optional[Reads]) -> Optional[cst.Module]:
     return module
 
 
-def _region(stmt: ast.stmt, indent: bytes, lines: list[bytes]) -> tuple[int, int, bytes]:
+def _region(stmt: Definition, indent: bytes, lines: list[bytes]) -> tuple[int, int, bytes]:
     """The lines of ``stmt``: its decorators to its last line, and the
     comments after it indented deeper than ``indent`` (its body's, to libcst;
     left in the skeleton, libcst's parser drops them at the end of a file)."""
     first = min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)])
-    last = stmt.end_lineno
+    last = stmt.end_lineno or stmt.lineno  # ast.parse sets it; None only on nodes built by hand
     for number in range(last + 1, len(lines) + 1):
         text = lines[number - 1]
         code = text.lstrip()
@@ -144,7 +148,7 @@ def _region(stmt: ast.stmt, indent: bytes, lines: list[bytes]) -> tuple[int, int
 def _starts(module: cst.Module, tree: ast.Module) -> list[tuple[cst.CSTNode, int, bool]]:
     """Where each parsed function, method and class starts (``primitives.line_of``):
     the module's definitions, parsed or verbatim, are the ast's in order."""
-    starts = []
+    starts: list[tuple[cst.CSTNode, int, bool]] = []
     for stmt, node in zip(_definitions(module.body, cst.ClassDef), [s for s in tree.body if isinstance(s, _DEFS)]):
         if type(stmt) is cst.ClassDef and isinstance(stmt.body, cst.IndentedBlock):
             methods = [i for i in node.body if isinstance(i, _METHODS)]

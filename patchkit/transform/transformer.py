@@ -2,7 +2,7 @@
 
 A command that writes runs read -> fetch -> plan -> transform -> commit. The
 read side (``patchkit.engine.Session``) hands down values: the files' bytes,
-its findings (``"codemod|sha256" -> finding``, the detection cache) and its
+its findings (``FindingKey(codemod, sha256) -> Finding``, the detection cache) and its
 parsed modules; the fetch step (``patchkit.fetch.release_sources``) the
 release's bytes of each file, for the vendor-code check, fetched before any
 transform (never inside one). A ``Transformer`` is built from those values and
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Optional
 from collections.abc import Iterable, Sequence
 
 from patchkit import registry, transform
+from patchkit.detection_cache import FindingKey
 from patchkit.findings import Finding, State
 from patchkit.tree import sha256
 from patchkit.transform.cache import Entry, TransformCache
@@ -40,7 +41,7 @@ def codemods_for(rel: str, patches: Iterable["Patch"]) -> list:
 @dataclass
 class Transformer:
     tree: "Tree"
-    findings: dict[str, list]  # the read side's detection cache; results' findings are added
+    findings: dict[FindingKey, Finding]  # the read side's detection cache; results' findings are added
     modules: dict[str, "cst.Module"]  # parsed files, by the sha256 of their bytes
     sources: dict[str, bytes] = field(default_factory=dict)  # apply's target files as read: what prepare and transform_files work on
     pristine: dict[str, Optional[bytes]] = field(default_factory=dict)  # the fetch step's release bytes, by file
@@ -83,18 +84,18 @@ class Transformer:
         need = {}
         for rel, groups in files.items():
             digest = sha256(sources[rel])
-            known = [self.findings.get(f"{registry.codemod_name(r)}|{digest}") for g in groups for r in g]
-            if any(k is None or k[0] == State.TODO.value for k in known):
+            known = [self.findings.get(FindingKey(registry.codemod_name(r), digest)) for g in groups for r in g]
+            if any(k is None or k.state is State.TODO for k in known):
                 need[rel] = groups
         jobs = {rel: (self.tree.path(rel), sources[rel], groups, self.release_bytes(rel)) for rel, groups in need.items()}
         for rel, entry in parallel.prepare(jobs, self.cache, progress, head_start).items():
             digest = sha256(sources[rel])
             for name, finding in entry.before.items():
-                self.findings.setdefault(f"{name}|{digest}", finding)
+                self.findings.setdefault(FindingKey(name, digest), finding)
             if entry.new is not None:
                 new_digest = sha256(entry.new)
                 for name, finding in (entry.after or {}).items():
-                    self.findings[f"{name}|{new_digest}"] = finding
+                    self.findings[FindingKey(name, new_digest)] = finding
             self._prepared[rel] = (digest, entry)
 
     def transform_files(self, files: Iterable[str], patches: list["Patch"]) -> dict[str, bytes]:
@@ -145,19 +146,19 @@ class Transformer:
             for name in (registry.codemod_name(c) for t in patch.targets if t.file == rel for c in t.refs):
                 owners.setdefault(name, patch.id)
         # Findings already detected for these very bytes need no second detection.
-        known = [self.findings.get(f"{registry.codemod_name(c)}|{digest}") for c in codemods]
-        if all(k is not None and k[0] in (State.DONE.value, State.SUPERSEDED.value) for k in known):
+        known = [self.findings.get(FindingKey(registry.codemod_name(c), digest)) for c in codemods]
+        if all(k is not None and k.state in (State.DONE, State.SUPERSEDED) for k in known):
             return source  # every change is there (a file a patch to apply leaves as it is): nothing to parse
         pristine = self.release_bytes(rel)
         classes = [registry.load_codemod(codemod) for codemod in codemods]
         module = self.modules.get(digest) or transform.parse_for(rel, source, self.tree.path(rel), classes, pristine)
         result = transform.run(rel, self.tree.path(rel), module, classes,
-                               [None if k is None else Finding.from_list(k) for k in known], source,
+                               known, source,
                                pristine, owners)
         self.notes.extend(line for line in result.notes if line not in self.notes)
         new_digest = sha256(result.new)
         for name, finding in result.after.items():
-            self.findings[f"{name}|{new_digest}"] = finding.as_list()
+            self.findings[FindingKey(name, new_digest)] = finding
         return result.new
 
     def _use_prepared(self, rel: str, source: bytes, codemods: list) -> Optional[bytes]:

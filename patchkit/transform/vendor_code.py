@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 from collections.abc import Iterator, Mapping, Sequence
 
 from patchkit.errors import EXIT_CHANGES, PatchkitError
@@ -61,7 +61,8 @@ MODULE_SCOPE = "<module>"
 Token = tuple[str, int]  # (normalized token, line)
 
 
-Scope = tuple[ast.AST, list[ast.AST]]  # the node, its directly nested definitions
+Definition = Union[ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef]
+Scope = tuple[Union[ast.Module, Definition], list[Definition]]  # the node, its directly nested definitions
 
 
 def scopes(tree: ast.Module) -> dict[str, Scope]:
@@ -70,7 +71,7 @@ def scopes(tree: ast.Module) -> dict[str, Scope]:
     found: dict[str, Scope] = {MODULE_SCOPE: (tree, [])}
     seen: Counter = Counter()
 
-    def visit(body: list, prefix: str, children: list) -> None:
+    def visit(body: list[ast.stmt], prefix: str, children: list[Definition]) -> None:
         for stmt in body:
             if isinstance(stmt, _DEFS):
                 children.append(stmt)
@@ -89,18 +90,22 @@ def scopes(tree: ast.Module) -> dict[str, Scope]:
     return found
 
 
-def _first_line(node: ast.AST) -> int:
-    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
+def _first_line(node: Definition) -> int:
+    return min([node.lineno] + [d.lineno for d in node.decorator_list])
 
 
-def own_text(lines: list[bytes], node: ast.AST, children: list[ast.AST]) -> bytes:
+def _last_line(node: Definition) -> int:
+    return node.end_lineno or node.lineno  # ast.parse sets it; None only on nodes built by hand
+
+
+def own_text(lines: list[bytes], node: Union[ast.Module, Definition], children: list[Definition]) -> bytes:
     """The scope's source less its nested definitions (decorators included):
     equal texts mean equal own tokens, so most scopes are never tokenized."""
-    first, last = (1, len(lines)) if isinstance(node, ast.Module) else (_first_line(node), node.end_lineno)
+    first, last = (1, len(lines)) if isinstance(node, ast.Module) else (_first_line(node), _last_line(node))
     parts, at = [], first
     for child in children:
         parts.append(b"".join(lines[at - 1 : _first_line(child) - 1]))
-        at = child.end_lineno + 1
+        at = _last_line(child) + 1
     parts.append(b"".join(lines[at - 1 : last]))
     return b"\0".join(parts)
 
@@ -139,12 +144,12 @@ def _leaf(node: ast.AST) -> Iterator[str]:
         yield type(node).__name__  # return, pass, raise, if ...: what a statement is
 
 
-def tokens(scope: ast.AST, children: list[ast.AST]) -> list[Token]:
+def tokens(scope: Union[ast.Module, Definition], children: list[Definition]) -> list[Token]:
     """The scope's own leaf tokens in source order (a dotted name is one
     token): nested functions and classes are scopes of their own, only their
     name stays here."""
     out: list[tuple[int, int, str]] = []
-    nested = {id(c) for c in children}
+    nested = {id(c): c for c in children}
     if isinstance(scope, ast.Module):
         stack: list[ast.AST] = list(scope.body)
     else:
@@ -154,10 +159,11 @@ def tokens(scope: ast.AST, children: list[ast.AST]) -> list[Token]:
     while stack:
         node = stack.pop()
         if id(node) in nested:
-            kind = "class " if isinstance(node, ast.ClassDef) else "def "
-            out.append((node.lineno, node.col_offset, kind + node.name))
+            child = nested[id(node)]
+            kind = "class " if isinstance(child, ast.ClassDef) else "def "
+            out.append((child.lineno, child.col_offset, kind + child.name))
             continue
-        line = getattr(node, "lineno", None)
+        line, col = getattr(node, "lineno", None), getattr(node, "col_offset", 0)
         if line is None:
             if not isinstance(node, (ast.expr_context, ast.operator, ast.boolop, ast.cmpop, ast.unaryop)):
                 stack.extend(ast.iter_child_nodes(node))
@@ -165,7 +171,7 @@ def tokens(scope: ast.AST, children: list[ast.AST]) -> list[Token]:
         if isinstance(node, ast.Attribute):
             dotted = _dotted(node)
             if dotted is not None:
-                out.append((line, node.col_offset, dotted))
+                out.append((line, col, dotted))
                 continue
         if isinstance(node, (ast.BoolOp, ast.Compare)):
             # Each operator where its right operand starts, not all at the expression's start.
@@ -174,7 +180,6 @@ def tokens(scope: ast.AST, children: list[ast.AST]) -> list[Token]:
             rights = node.values[1:] if isinstance(node, ast.BoolOp) else node.comparators
             out.extend((r.lineno, r.col_offset - 1, op) for op, r in zip(ops, rights))
         else:
-            col = node.col_offset
             for token in _leaf(node):
                 out.append((line, col, token))
         stack.extend(ast.iter_child_nodes(node))
