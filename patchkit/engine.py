@@ -15,6 +15,7 @@ and plan and commit beside it (``patchkit.api.applying``, ``patchkit.api.reverti
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Union
@@ -53,6 +54,7 @@ class Session:
         self._cache_key = f"patchkit {patchkit.__version__} {transform_cache.fingerprint()[:16]}"
         self.findings: dict[str, list] = store.load_cache(self._cache_key)  # "codemod|sha256" -> finding
         self._saved = dict(self.findings)
+        self.shared = transform_cache.SharedFindings(transform_cache.default_folder())
         self.recovered: dict[str, bytes] = {}  # backups a clone recovered, by sha256 (``blob``)
 
     # -- reading ---------------------------------------------------------------
@@ -144,8 +146,18 @@ class Session:
         # where verify would show its line (todo, missing).
         if cached is not None and (len(cached) > 4 or cached[0] in (State.DONE.value, State.SUPERSEDED.value)):
             return Finding.from_list(cached)
+        shared = transform_cache.cacheable([codemod])
+        if shared:
+            found = self.shared.get(rel, sha256(data), registry.codemod_name(codemod))
+            with contextlib.suppress(ValueError, TypeError, KeyError, IndexError):
+                if found is not None and len(found) > 4:
+                    finding = Finding.from_list(found)
+                    self.findings[key] = found
+                    return finding
         finding = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
         self.findings[key] = finding.as_list()
+        if shared:
+            self.shared.add(rel, sha256(data), registry.codemod_name(codemod), finding.as_list())
         return finding
 
     def keep_learnt(self) -> None:
@@ -157,6 +169,7 @@ class Session:
         self.save_cache()
 
     def save_cache(self) -> None:
+        self.shared.flush()
         # Only trees patchkit already manages get a cache: `status` on a pristine
         # tree leaves no trace.
         if self.findings != self._saved and self.store.folder.is_dir() and os.access(self.store.folder, os.W_OK):
