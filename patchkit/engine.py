@@ -75,6 +75,7 @@ class Session:
         self.learnt = Learnt.from_json(store.load_cache(self._cache_key))
         self.findings = self.learnt.findings  # the detection cache, by codemod and file sha256
         self._saved = self.learnt.copy()
+        self.shared = transform_cache.SharedFindings(transform_cache.default_folder())
         self.recovered: dict[str, bytes] = {}  # backups a clone recovered, by sha256 (``blob``)
 
     # -- reading ---------------------------------------------------------------
@@ -170,7 +171,16 @@ class Session:
         cached = self.findings.get(key)
         if cached is not None:
             return cached
+        # status on a tree patchkit does not manage keeps no cache of its own: the
+        # findings shared by path and bytes (the user's cache folder) spare the parse.
+        name, digest = registry.codemod_name(codemod), sha256(data)
+        shared = transform_cache.cacheable([codemod])
+        if shared and (found := self.shared.get(rel, digest, name)) is not None:
+            self.findings[key] = found
+            return found
         finding = self.findings[key] = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
+        if shared:
+            self.shared.add(rel, digest, name, finding)
         return finding
 
     def keep_learnt(self) -> None:
@@ -182,6 +192,7 @@ class Session:
         self.save_cache()
 
     def save_cache(self) -> None:
+        self.shared.flush()
         # Only trees patchkit already manages get a cache: `status` on a pristine
         # tree leaves no trace.
         if self.learnt != self._saved and self.store.folder.is_dir() and os.access(self.store.folder, os.W_OK):

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import profiling  # noqa: E402
+from patchkit import settings  # noqa: E402
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree, fetch_tree  # noqa: E402
 from support import PRIMARY, linked_copy  # noqa: E402
@@ -76,8 +77,11 @@ def _transform_cache(tmp_path_factory):
         folder = tmp_path_factory.mktemp("transform-cache")
     saved = {name: os.environ.get(name) for name in ("PATCHKIT_TRANSFORM_CACHE", "PATCHKIT_TEST_DRIFT_CACHE")}
     os.environ["PATCHKIT_TRANSFORM_CACHE"] = str(folder)
-    # tests/drift.py keeps drifted files beside it: each drift of a release's files runs once a run.
-    os.environ["PATCHKIT_TEST_DRIFT_CACHE"] = str(folder.parent / "drift-cache")
+    # tests/drift.py keeps drifted files in patchkit's cache folder, beside the
+    # fetched releases: test input, not patchkit's output, so it may outlive the
+    # run (its key holds the drift code and black's version); black over a
+    # release's files is seconds a drift.
+    os.environ["PATCHKIT_TEST_DRIFT_CACHE"] = str(settings.cache_dir() / "test-drift")
     yield folder
     for name, old in saved.items():
         if old is None:

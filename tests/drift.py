@@ -4,6 +4,7 @@ changing what they mean."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -187,8 +188,9 @@ def drift(package: Path, relpaths: list[str], name: str) -> None:
     Each step runs over every file before the next (a step treats files one by
     one, so the bytes are those of file-by-file order). The drifted bytes are
     kept by the files' own bytes (in ``$PATCHKIT_TEST_DRIFT_CACHE``, which the
-    test run's workers share, else in this process): the same drift of the same
-    files is computed once a run."""
+    test run's workers share, else not kept): the same drift of the same
+    files is computed once (the folder outlives the run: its key holds this
+    module's code and black's version, which decide the drifted bytes)."""
     paths = [package / rel for rel in relpaths if (package / rel).exists()]
     todo = []
     for path in paths:
@@ -213,8 +215,20 @@ def drift(package: Path, relpaths: list[str], name: str) -> None:
             os.replace(tmp, cached)
 
 
+@functools.cache
+def _generator() -> bytes:
+    """What decides a drift's bytes besides the input: this module and black."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        black = version("black")
+    except PackageNotFoundError:
+        black = "none"
+    return Path(__file__).read_bytes() + f"\0black {black}\0libcst {version('libcst')}\0".encode()
+
+
 def _drift_cache(name: str, data: bytes) -> Path | None:
     folder = os.environ.get("PATCHKIT_TEST_DRIFT_CACHE")
     if not folder:
         return None
-    return Path(folder) / name / hashlib.sha256(data).hexdigest()
+    return Path(folder) / name / hashlib.sha256(_generator() + data).hexdigest()

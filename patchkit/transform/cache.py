@@ -194,7 +194,7 @@ class TransformCache:
             return
         meta = {"format": FORMAT, "key": key, "kind": fact.KIND, "fact": fact.to_json()}
         meta["sha256"] = _checksum(meta, b"")
-        self._write(self._fact_path(key), json.dumps(meta, sort_keys=True).encode())
+        _write(self._fact_path(key), json.dumps(meta, sort_keys=True).encode())
 
     def put(self, key: str, entry: Entry) -> None:
         if self.folder is None:
@@ -212,19 +212,75 @@ class TransformCache:
             "length": len(payload),
         }
         meta["sha256"] = _checksum(meta, payload)
-        self._write(self._path(key), json.dumps(meta, sort_keys=True).encode() + b"\n" + payload)
-
-    @staticmethod
-    def _write(path: Path, data: bytes) -> None:
+        data = json.dumps(meta, sort_keys=True).encode() + b"\n" + payload
         # A cache is an optimisation: a read-only or full disk only costs speed.
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+        _write(self._path(key), data)
+
+
+class SharedFindings:
+    """Detection findings (``status``, ``verify``) by a file's path and bytes,
+    beside the transform entries (``findings/``), for every tree: ``status``
+    on a tree patchkit does not manage yet keeps no cache of its own (it
+    writes nothing there), and would parse every target file again each
+    time. The key holds the code fingerprint; an entry is read back only if
+    it names its key and its sha256 matches (else a miss, never a wrong
+    finding). Written when the command ends (``flush``), merged with what
+    another run wrote meanwhile."""
+
+    def __init__(self, folder: Optional[Path]) -> None:
+        self.folder = folder
+        self._read: dict[str, Findings] = {}
+        self._learnt: dict[str, Findings] = {}
+        self._where: dict[str, str] = {}
+
+    def _key(self, rel: str, digest: str) -> str:
+        return hashlib.sha256(json.dumps([fingerprint(), "findings", rel, digest]).encode()).hexdigest()
+
+    def _load(self, key: str) -> Findings:
+        assert self.folder is not None
+        try:
+            data = json.loads((self.folder / "findings" / key[:2] / key).read_bytes())
+            found = data["findings"]
+            if data["key"] != key or data["sha256"] != _checksum({"key": key}, json.dumps(found, sort_keys=True).encode()):
+                return {}
+            return _read_findings(found)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+            return {}
+
+    def get(self, rel: str, digest: str, name: str) -> Optional[Finding]:
+        if self.folder is None:
+            return None
+        key = self._key(rel, digest)
+        if key not in self._read:
+            self._read[key] = self._load(key)
+        return self._read[key].get(name)
+
+    def add(self, rel: str, digest: str, name: str, finding: Finding) -> None:
+        if self.folder is not None:
+            self._learnt.setdefault(self._key(rel, digest), {})[name] = finding
+
+    def flush(self) -> None:
+        """Write what was learnt (a read-only or full disk only costs speed)."""
+        if self.folder is None:
+            return
+        for key, found in self._learnt.items():
+            merged = _listed({**self._load(key), **found})
+            data = {"key": key, "findings": merged,
+                    "sha256": _checksum({"key": key}, json.dumps(merged, sort_keys=True).encode())}
+            _write(self.folder / "findings" / key[:2] / key, json.dumps(data, sort_keys=True).encode())
+        self._learnt.clear()
+
+
+def _write(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, whole or not at all (a temporary file renamed into place)."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
