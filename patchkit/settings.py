@@ -21,7 +21,7 @@ VARIABLES = {
 }
 
 # old name -> the name that replaced it. The old one still works, with one
-# note on stderr, so scripts written against 0.2 keep running.
+# note on stderr, so scripts written for earlier 0.2.0 builds keep running.
 DEPRECATED = {
     "PATCHKIT_CACHE": "PATCHKIT_CACHE_DIR",
 }
@@ -72,7 +72,7 @@ def _off(value: str) -> bool:
 def cache_dir() -> Path:
     """The one folder patchkit caches into: ``wheels/`` and ``trees/`` (fetched
     releases) and ``transforms/``. ``PATCHKIT_CACHE`` is its old name.
-    ``PATCHKIT_CACHE_DIR=off`` is the 0.2 spelling of "no transform cache"
+    ``PATCHKIT_CACHE_DIR=off`` is earlier 0.2.0 builds' spelling of "no transform cache"
     (that variable named the transform cache alone then): downloads still need
     a folder, so they go to the default one."""
     for name in ("PATCHKIT_CACHE_DIR", "PATCHKIT_CACHE"):
@@ -92,7 +92,7 @@ def transform_cache_dir() -> Optional[Path]:
 
 
 def _legacy_off() -> bool:
-    """``PATCHKIT_CACHE_DIR=off`` (or empty): 0.2's way to disable the transform cache."""
+    """``PATCHKIT_CACHE_DIR=off`` (or empty): earlier 0.2.0 builds' way to disable the transform cache."""
     legacy = os.environ.get("PATCHKIT_CACHE_DIR")
     return legacy is not None and (not legacy.strip() or _off(legacy.strip()))
 

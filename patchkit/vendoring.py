@@ -1,6 +1,6 @@
 """Moved: where patched code imports its helpers from is
 ``patchkit.layout.import_path`` (the runtime folder itself:
-``patchkit.state.vendoring``). Patch sets written against patchkit 0.2 import
+``patchkit.state.vendoring``). Patch sets written before the move (earlier 0.2.0 builds) import
 ``import_path`` from here, and still can."""
 
 import warnings

@@ -1,5 +1,5 @@
-"""Moved to ``patchkit.codemods.common.base``: patch sets written against
-patchkit 0.2 import the codemod contract from here, and still can."""
+"""Moved to ``patchkit.codemods.common.base``: patch sets written before
+the move (earlier 0.2.0 builds) import the codemod contract from here, and still can."""
 
 import warnings
 

@@ -1,5 +1,5 @@
 """Moved to ``patchkit.codemods.common.primitives``: patch sets written
-against patchkit 0.2 import the edit primitives from here, and still can."""
+before the move (earlier 0.2.0 builds) import the edit primitives from here, and still can."""
 
 import warnings
 
