@@ -1,22 +1,18 @@
 """sglang #26128 + #26738, part 3: every consumer of the CPU mirror copes with None.
 
-When the decision says no backend needs it, spec-v2 decode leaves
-``seq_lens_cpu`` / ``seq_lens_sum`` None. Each read of them on the spec-v2
-decode, draft, draft-extend and verify paths becomes a call to a None-aware
-helper of ``patchkit.runtime`` that computes exactly the old value when the
-mirror is there, and a GPU-only value or a static upper bound when it is not.
+When the decision says no backend needs it, spec-v2 decode leaves ``seq_lens_cpu`` /
+``seq_lens_sum`` None. Each read of them on the spec-v2 decode, draft, draft-extend and verify paths
+becomes a call to a None-aware helper of ``patchkit.runtime`` that computes exactly the old value
+when the mirror is there, and a GPU-only value or a static upper bound when it is not.
 
-Every site is the same kind of edit: one ``Guard`` (a matcher for the read,
-optionally limited to the inside of an enclosing node, and the expression that
-replaces it), applied with ``primitives.rewrite_expressions``. A codemod is one
-method and its guards (``base.MethodGuards``, here ``MirrorGuards``). It is done
-when none of its reads is left unguarded and a helper call (ours), the method's
-upstream guard (0.5.13+) or a fork's own None tests (any form:
-``primitives.NoneGuards``) are there.
+Every site is the same kind of edit: one ``Guard`` (a matcher for the read, optionally limited to the inside
+of an enclosing node, and the expression that replaces it), applied with ``primitives.rewrite_expressions``. A
+codemod is one method and its guards (``base.MethodGuards``, here ``MirrorGuards``). It is done when none of
+its reads is left unguarded and a helper call (ours), the method's upstream guard (0.5.13+) or a fork's own
+None tests (any form: ``primitives.NoneGuards``) are there.
 
-The sites, found by reading 0.5.10 .. 0.5.12.post1 (see
-``docs/research/needs-cpu-seq-lens.md`` and the patch description), are listed
-in the codemod classes below, in the order a decode step reaches them.
+The sites, found by reading 0.5.10 .. 0.5.12.post1 (``docs/research/needs-cpu-seq-lens.md``), are
+the classes below, in the order a decode step reaches them.
 """
 
 from __future__ import annotations
@@ -377,8 +373,7 @@ class ReporterGuards(MetricsGuards):
     UPSTREAM_FUNCTION = UPSTREAM_DECODE_SUM
 
     @classmethod
-    def reads(cls):
-        # The reporter's methods read, and upstream's top-level sum where it is.
+    def reads(cls):  # the reporter's methods read, and upstream's top-level sum
         return {cls.CLASS: cls.methods_read(), UPSTREAM_DECODE_SUM: None}
 
     def detect(self, module: cst.Module) -> Finding:

@@ -45,10 +45,7 @@ class PatchCodemod(Codemod):
     def detect(self, module: cst.Module) -> Finding:
         raise NotImplementedError
 
-    # Why this codemod reads its whole module, where ``reads`` says None: a
-    # codemod that reads the whole file says so and why (tests/test_codemod_reads.py),
-    # so that a forgotten declaration never silently turns the partial parse off.
-    READS_WHOLE: Optional[str] = None
+    READS_WHOLE: Optional[str] = None  # why it reads its whole module, said (tests/test_codemod_reads.py)
 
     @classmethod
     def reads(cls) -> Optional[Reads]:
