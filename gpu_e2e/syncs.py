@@ -49,6 +49,9 @@ from . import host_waits
 
 ENV_DIR = "PK_E2E_SYNC_DIR"
 ENV_FLUSH = "PK_E2E_SYNC_FLUSH_S"
+#: Set (to anything): no wrappers and no sync debug mode; the dump keeps its notes (rank,
+#: settings), so a run times the trees without the instrument's own host cost (issue 57).
+ENV_COUNTERS_OFF = "PK_E2E_COUNTERS_OFF"
 #: Tensor reads that copy to the host, then "wait": a host wait on the device
 #: (``torch.cuda.Event.synchronize``, ``Stream.synchronize``,
 #: ``torch.cuda.synchronize``), which blocks as a copy does without moving data.
@@ -277,6 +280,17 @@ def _flusher(period: float) -> None:
             pass
 
 
+def _count_in(torch: Any) -> None:
+    for kind in TENSOR_KINDS:
+        _wrap_tensor_method(torch, kind)
+    _wrap_waits(torch)
+    # torch's own count of host waits and the pageable-copy check (issue 53)
+    note("sync_debug_armed", host_waits.install(torch, _count_at))
+    sys.meta_path.insert(0, _ProbeFinder())
+    for name, probe in CALL_PROBES.items():
+        on_import(name, lambda module, probe=probe: _wrap_call_probe(module, *probe))
+
+
 def install(directory: Optional[str] = None) -> bool:
     """Wrap the tensor methods and the probes in this process; start the flusher."""
     global _dir, _installed
@@ -287,14 +301,10 @@ def install(directory: Optional[str] = None) -> bool:
 
     os.makedirs(directory, exist_ok=True)
     _dir = directory
-    for kind in TENSOR_KINDS:
-        _wrap_tensor_method(torch, kind)
-    _wrap_waits(torch)
-    # torch's own count of host waits and the pageable-copy check (issue 53)
-    note("sync_debug_armed", host_waits.install(torch, _count_at))
-    sys.meta_path.insert(0, _ProbeFinder())
-    for name, probe in CALL_PROBES.items():
-        on_import(name, lambda module, probe=probe: _wrap_call_probe(module, *probe))
+    counting = not os.environ.get(ENV_COUNTERS_OFF)
+    note("counters", counting)
+    if counting:
+        _count_in(torch)
     period = float(os.environ.get(ENV_FLUSH, "0.2"))
     threading.Thread(target=_flusher, args=(period,), daemon=True,
                      name="pk-e2e-sync-flush").start()

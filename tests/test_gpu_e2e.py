@@ -113,8 +113,7 @@ print(json.dumps(syncs.aggregate(syncs.read_dir(os.environ["PK_E2E_SYNC_DIR"])))
 """
 
 
-def test_install_counts_cuda_syncs_by_site_and_probes_calls(tmp_path):
-    pytest.importorskip("torch")
+def _run_child(tmp_path, **extra_env) -> dict:
     _write(tmp_path / "tree" / "sglang" / "__init__.py", "")
     _write(tmp_path / "tree" / "sglang" / "srt" / "__init__.py", "")
     _write(tmp_path / "tree" / "sglang" / "srt" / "speculative" / "__init__.py", "")
@@ -128,11 +127,16 @@ def test_install_counts_cuda_syncs_by_site_and_probes_calls(tmp_path):
             pass
         """)
     env = dict(os.environ, PK_E2E_SYNC_DIR=str(tmp_path / "syncs"),
-               PYTHONPATH=os.pathsep.join([str(tmp_path / "tree"), str(repo_root())]))
+               PYTHONPATH=os.pathsep.join([str(tmp_path / "tree"), str(repo_root())]), **extra_env)
     out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
-    table = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_install_counts_cuda_syncs_by_site_and_probes_calls(tmp_path):
+    pytest.importorskip("torch")
+    table = _run_child(tmp_path)
     site = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
     # The fake's results claim CUDA too (subclasses propagate), so its .cpu(), .tolist()
     # and .item() count once each at their lines; the plain CPU tensor's and the
@@ -143,6 +147,14 @@ def test_install_counts_cuda_syncs_by_site_and_probes_calls(tmp_path):
         f"item|{site}:5": 1,
         "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode": 2,
     }
+
+
+def test_counters_off_installs_no_wrapper_and_counts_nothing(tmp_path):
+    """Issue 57's timing without the instrument: the dump is there, the counts are not."""
+    pytest.importorskip("torch")
+    assert _run_child(tmp_path, **{syncs.ENV_COUNTERS_OFF: "1"}) == {}
+    dumps = syncs.read_dir(str(tmp_path / "syncs"))
+    assert dumps and dumps[0]["notes"] == {"counters": False}
 
 
 # ---------------------------------------------------------------- comparison
