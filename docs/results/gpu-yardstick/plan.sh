@@ -1,30 +1,38 @@
 #!/bin/bash
-# GPU plan for issue 57 (upstream 0.5.17 as the yardstick), run 2026-11-27 (second session).
+# GPU plan for issue 57 (upstream 0.5.17 as the yardstick). First run 2026-11-27 (second
+# session: steps fa3-r1 triton-r1 fa3-r2 fa3-r3 triton-r2 triton-r3, the copy in
+# docs/results/gpu-yardstick-2026-11-27/plan.sh); this version adds the third session's steps.
 # One GPU (status's kind: nvidia-h200, or an H100), one background script. Every engine: sglang's defaults as the
 # harness runs them (piecewise CUDA graph as each release leaves it; no attention backend named
 # in the FA3 steps, so Hopper picks FA3, read back in settings.md; Triton named in the Triton
-# steps), the checkpoint-shaped EAGLE3 draft, the models' own context (131072), the small shape,
-# batch sizes 1, 8 and 32 (captured: the harness asks cuda_graph_max_bs 32, which 0.5.17 takes
-# as cuda_graph_max_bs_decode, gpu_e2e/server_args_names.py), uniform workload, 256 new tokens,
+# steps), the checkpoint-shaped EAGLE3 draft, the models' own context (131072), batch sizes
+# 1, 8 and 32 (captured: the harness asks cuda_graph_max_bs 32, which 0.5.17 takes as
+# cuda_graph_max_bs_decode, gpu_e2e/server_args_names.py), uniform workload, 256 new tokens,
 # 3 timed generates per batch size, mem_fraction_static 0.6, greedy, ignore_eos.
-# Round 1 also runs bs 48 above cuda_graph_max_bs 32 (eager), in every variant: issue 53's
-# FA3 eager decode after init_new's pinned copies, and 0.5.17's eager path beside it.
+#
+# A step is named BACKEND[_KIND]-rN: BACKEND fa3 (no backend named) or triton; KIND none
+# (the small shape, sync counters on), `off` (the small shape with the counters off:
+# PK_E2E_COUNTERS_OFF, no wrappers and no sync debug mode, so the timing carries none of the
+# instrument's host cost; pristine runs too, and bs 8 is profiled by sglang's profiler in
+# every variant: GPU busy fraction per decode step) or `8b` (the 8B shape, patched against
+# 0.5.17). Round 1 of the small shape also runs bs 48 above cuda_graph_max_bs 32 (eager),
+# pristine beside patched, and profiles bs 8.
 #
 # Three variants: pristine and patched 0.5.12.post1 (bundle B12, patchkit's own) and upstream
 # 0.5.17 (bundle B17, `bundle --reference 0.5.17`, carried as published: variant "upstream").
-# The orchestrator runs one release per call, so a round is two calls, one per bundle, whose
-# order flips every round (ABBA over 3 rounds: r1 B12 then B17, r2 B17 then B12, r3 B12 then
-# B17). Round 1's B12 call also runs pristine (beside patched: outputs identical, syncs per
-# step); rounds 2 and 3 run patched alone. Each call's results.json keeps its runs; the
-# patched-vs-0.5.17 ratio per round and its interval are read from them afterwards.
+# The orchestrator runs one release per call, so a step is two calls, one per bundle, whose
+# order flips every round (ABBA: r1 and r3 B12 first, r2 B17 first). Each call's
+# results.json keeps its runs; the patched-vs-0.5.17 ratio per round and its interval are
+# read from them afterwards (python -m gpu_e2e.yardstick RESULTS).
 #
 # Each bundle has its own FA3 library: sglang-kernel 0.4.2.post2's for B12, 0.4.5's for B17
 # (`fa3-pack --kernel-version`); the orchestrator refuses a library of another version.
 #
 # Started once, in the background, by the call that brings B12 (docs/gpu.md, "0.5.17
-# yardstick"); the calls before and after bring the parts of B17 and FA3's libraries. A step
-# whose inputs are not there yet is put back and tried after the others; Triton steps need
-# no FA3 library, so they run first if the FA3 parts come late.
+# yardstick"); the calls before bring the parts of B17 and FA3's libraries. A step whose
+# inputs are not there yet is put back and tried after the others; Triton steps need no FA3
+# library, so they run first if the FA3 parts come late. A step done on an earlier machine
+# (`.done`) is skipped.
 R=${R:-/tmp/pkrun}
 B12=${B12:-/tmp/b12}
 B17=${B17:-/tmp/b17}
@@ -32,9 +40,9 @@ FA3_12=${FA3_12:-/tmp/pk_fa3/flash_ops.abi3.so}
 FA3_17=${FA3_17:-/tmp/pk_fa3_17/flash_ops.abi3.so}
 WAIT_S=${WAIT_S:-20}
 GIVE_UP_S=${GIVE_UP_S:-3300}
-# Order: FA3 (the default on Hopper) round 1, Triton round 1, then FA3's other rounds, then
-# Triton's: whatever the device time cuts, both backends have a first comparison.
-STEPS=${STEPS:-"fa3-r1 triton-r1 fa3-r2 fa3-r3 triton-r2 triton-r3"}
+# Order (third session): FA3's third round, the counters-off round with the profiles, Triton's
+# second round, 8B on FA3, then the rest: whatever the device time cuts comes last.
+STEPS=${STEPS:-"fa3-r3 fa3_off-r1 triton-r2 fa3_8b-r1 triton-r3 triton_8b-r1 triton_off-r1"}
 mkdir -p "$R"
 note() { echo "[$(date +%T)] $*" >> "$R/progress.log"; }
 
@@ -54,9 +62,8 @@ orchestrate() {  # name bundle timeout_s args...
   note "end $name rc=$rc ($(grep -h '^verdict' "$R/$name/console.log" | tail -1); $(grep -c '^PROBLEM' "$R/$name/console.log") problem lines)"
 }
 
-run12() {  # name round backend-args...: patched (and pristine in round 1) 0.5.12.post1
-  local name=$1 rnd=$2; shift 2
-  local variants=patched; [ "$rnd" = r1 ] && variants=pristine,patched
+run12() {  # name variants round backend-args...: 0.5.12.post1's trees
+  local name=$1 variants=$2 rnd=$3; shift 3
   orchestrate "$name-b12" "$B12" 1500 --releases 0.5.12.post1 --variants "$variants" --label "$rnd" "$@"
 }
 
@@ -67,10 +74,17 @@ run17() {  # name round backend-args...: upstream 0.5.17
 
 step() {  # name: run it when its inputs are there (return 2: not yet)
   [ -e "$R/$1/.done" ] && return 0
-  local backend=${1%-r*} rnd=${1##*-}
+  local head=${1%-r*} rnd=${1##*-}
+  local backend=${head%%_*} kind=small variants=patched
+  [ "$head" != "$backend" ] && kind=${head#*_}
   local common=(--sizes small --batch-sizes 1,8,32 --runs 3 --run-timeout 560)
-  [ "$rnd" = r1 ] && common=(--sizes small --batch-sizes 1,8,32,48 --engine-extra '{"cuda_graph_max_bs": 32}'
-                             --runs 3 --run-timeout 560 --profile-batch 8)
+  case $kind in
+    8b)  common=(--sizes 8b --batch-sizes 1,8,32 --runs 3 --run-timeout 560) ;;
+    off) common+=(--profile-batch 8); variants=pristine,patched ;;
+    *)   if [ "$rnd" = r1 ]; then variants=pristine,patched
+           common=(--sizes small --batch-sizes 1,8,32,48 --engine-extra '{"cuda_graph_max_bs": 32}'
+                   --runs 3 --run-timeout 560 --profile-batch 8); fi ;;
+  esac
   local a12=("${common[@]}") a17=("${common[@]}")
   if [ "$backend" = fa3 ]; then
     ready "$B12" "$FA3_12" && ready "$B17" "$FA3_17" || return 2
@@ -80,9 +94,12 @@ step() {  # name: run it when its inputs are there (return 2: not yet)
     a12+=(--attention-backend triton); a17+=(--attention-backend triton)
   fi
   mkdir -p "$R/$1"
+  local counters=""; [ "$kind" = off ] && counters=1
   case $rnd in  # ABBA: the start order flips every round
-    r2) run17 "$1" "$rnd" "${a17[@]}"; run12 "$1" "$rnd" "${a12[@]}" ;;
-    *)  run12 "$1" "$rnd" "${a12[@]}"; run17 "$1" "$rnd" "${a17[@]}" ;;
+    r2) PK_E2E_COUNTERS_OFF=$counters run17 "$1" "$rnd" "${a17[@]}"
+        PK_E2E_COUNTERS_OFF=$counters run12 "$1" "$variants" "$rnd" "${a12[@]}" ;;
+    *)  PK_E2E_COUNTERS_OFF=$counters run12 "$1" "$variants" "$rnd" "${a12[@]}"
+        PK_E2E_COUNTERS_OFF=$counters run17 "$1" "$rnd" "${a17[@]}" ;;
   esac
   touch "$R/$1/.done"
 }
