@@ -13,9 +13,9 @@
 # A step is named BACKEND[_KIND]-rN: BACKEND fa3 (no backend named) or triton; KIND none
 # (the small shape, sync counters on), `off` (the small shape with the counters off:
 # PK_E2E_COUNTERS_OFF, no wrappers and no sync debug mode, so the timing carries none of the
-# instrument's host cost; pristine runs too, and bs 8 is profiled by sglang's profiler in
-# every variant: GPU busy fraction per decode step) or `8b` (the 8B shape, patched against
-# 0.5.17). Round 1 of the small shape also runs bs 48 above cuda_graph_max_bs 32 (eager),
+# instrument's host cost; pristine runs too, and round 1 profiles bs 8 with sglang's profiler
+# in every variant: GPU busy fraction per decode step), `8b` (the 8B shape, patched against
+# 0.5.17) or `8boff` (the 8B shape, counters off, round 1 profiled at bs 32). Round 1 of the small shape also runs bs 48 above cuda_graph_max_bs 32 (eager),
 # pristine beside patched, and profiles bs 8.
 #
 # Three variants: pristine and patched 0.5.12.post1 (bundle B12, patchkit's own) and upstream
@@ -40,9 +40,10 @@ FA3_12=${FA3_12:-/tmp/pk_fa3/flash_ops.abi3.so}
 FA3_17=${FA3_17:-/tmp/pk_fa3_17/flash_ops.abi3.so}
 WAIT_S=${WAIT_S:-20}
 GIVE_UP_S=${GIVE_UP_S:-3300}
-# Order (third session): FA3's third round, the counters-off round with the profiles, Triton's
-# second round, 8B on FA3, then the rest: whatever the device time cuts comes last.
-STEPS=${STEPS:-"fa3-r3 fa3_off-r1 triton-r2 fa3_8b-r1 triton-r3 triton_8b-r1 triton_off-r1"}
+# Third lease (2026-11-27, third session): fa3-r3 fa3_off-r1 triton-r2 fa3_8b-r1 triton-r3
+# triton_8b-r1 triton_off-r1, in that order.
+# Fourth lease (the same session): 8B with the counters off, two ABBA rounds per backend.
+STEPS=${STEPS:-"fa3_8boff-r1 triton_8boff-r1 fa3_8boff-r2 triton_8boff-r2 fa3_off-r2 triton_off-r2"}
 mkdir -p "$R"
 note() { echo "[$(date +%T)] $*" >> "$R/progress.log"; }
 
@@ -75,15 +76,18 @@ run17() {  # name round backend-args...: upstream 0.5.17
 step() {  # name: run it when its inputs are there (return 2: not yet)
   [ -e "$R/$1/.done" ] && return 0
   local head=${1%-r*} rnd=${1##*-}
-  local backend=${head%%_*} kind=small variants=patched
+  local backend=${head%%_*} kind="" size=small variants=patched
   [ "$head" != "$backend" ] && kind=${head#*_}
-  local common=(--sizes small --batch-sizes 1,8,32 --runs 3 --run-timeout 560)
+  case $kind in *8b*) size=8b ;; esac
+  local common=(--sizes $size --batch-sizes 1,8,32 --runs 3 --run-timeout 560)
   case $kind in
-    8b)  common=(--sizes 8b --batch-sizes 1,8,32 --runs 3 --run-timeout 560) ;;
-    off) common+=(--profile-batch 8); variants=pristine,patched ;;
-    *)   if [ "$rnd" = r1 ]; then variants=pristine,patched
-           common=(--sizes small --batch-sizes 1,8,32,48 --engine-extra '{"cuda_graph_max_bs": 32}'
-                   --runs 3 --run-timeout 560 --profile-batch 8); fi ;;
+    *off*) [ "$rnd" = r1 ] && [ "$size" = small ] && { common+=(--profile-batch 8); variants=pristine,patched; }
+           # 8B profiles bs 32, the last batch size: 0.5.17 once died after a profile
+           # (free(): invalid next size), and the timed batches before it are written first
+           [ "$rnd" = r1 ] && [ "$size" = 8b ] && common+=(--profile-batch 32) ;;
+    "")    if [ "$rnd" = r1 ]; then variants=pristine,patched
+             common=(--sizes small --batch-sizes 1,8,32,48 --engine-extra '{"cuda_graph_max_bs": 32}'
+                     --runs 3 --run-timeout 560 --profile-batch 8); fi ;;
   esac
   local a12=("${common[@]}") a17=("${common[@]}")
   if [ "$backend" = fa3 ]; then
@@ -94,7 +98,7 @@ step() {  # name: run it when its inputs are there (return 2: not yet)
     a12+=(--attention-backend triton); a17+=(--attention-backend triton)
   fi
   mkdir -p "$R/$1"
-  local counters=""; [ "$kind" = off ] && counters=1
+  local counters=""; case $kind in *off*) counters=1 ;; esac
   case $rnd in  # ABBA: the start order flips every round
     r2) PK_E2E_COUNTERS_OFF=$counters run17 "$1" "$rnd" "${a17[@]}"
         PK_E2E_COUNTERS_OFF=$counters run12 "$1" "$variants" "$rnd" "${a12[@]}" ;;
