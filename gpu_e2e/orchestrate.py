@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import (bundle_kernels, call_verdict, dp, engine_facts, fa3_kernel, mirror_control, rank_report, ranks,
-               report, wait_report)
+from . import (bundle_kernels, call_verdict, dp, engine_facts, fa3_kernel, issue23_report, mirror_control, rank_report,
+               ranks, report, wait_report)
 from .call_options import _schedule, _setting, _variant, parser
 from .unpack import log, prepare_trees, unpacked_site
 
@@ -195,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + report.speed_markdown(all_results["rows"]))
     if args.tp > 1:
         print("\n" + rank_report.markdown(all_results["rank_rows"]))
-    extra = report.issue23_tables([all_results])
+    extra = issue23_report.issue23_tables([all_results])
     if extra:
         (out / "tables.md").write_text(extra)
         print("\n" + extra)
-    all_results["problems"].extend(report.issue23_problems([all_results]))
+    all_results["problems"].extend(issue23_report.issue23_problems([all_results]))
     ok = call_verdict.verdict(all_results, extra)  # adds its NOTE where the call has no pair
     results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
     print("device:", all_results["device"])

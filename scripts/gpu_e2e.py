@@ -81,11 +81,11 @@ def main() -> int:
     if args.cmd == "tables":
         import json
 
-        from gpu_e2e import report
+        from gpu_e2e import issue23_report
 
         results = [json.loads(p.read_text()) for p in args.results]
-        print(report.issue23_tables(results))
-        for problem in report.issue23_problems(results):
+        print(issue23_report.issue23_tables(results))
+        for problem in issue23_report.issue23_problems(results):
             print("PROBLEM:", problem)
         return 0
     if args.cmd == "fa3-pack":
