@@ -59,7 +59,7 @@ from patchkit.audit import facts as audit_facts
 from patchkit.audit import origins as audit_origins
 from patchkit.audit.facts import sources
 from patchkit.audit.reach import KeptMirror
-from patchkit.audit.syntax import Read
+from patchkit.audit.reads import Read
 
 __all__ = ["Audit", "Read", "audit_tree", "sources", "fingerprint", "to_json", "to_text", "vendor_line", "vendor_problems",
            "verify_line"]

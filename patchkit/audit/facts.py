@@ -144,12 +144,13 @@ def _disk(key: tuple) -> Optional[Path]:
     if folder is None:
         return None
     if not _CODE:
-        import patchkit.audit.syntax as code
+        import patchkit.audit.reads as tables
         import patchkit.audit.scan as walk
+        import patchkit.audit.syntax as code
 
-        # Both modules decide a module's facts: the walk finds its classes and
-        # loads, audit_ast gives each load its verdict.
-        digest = hashlib.sha1(Path(walk.__file__).read_bytes() + Path(code.__file__).read_bytes())
+        # These modules decide a module's facts: the walk finds its classes and
+        # loads, audit_ast gives each load its verdict, from the tables of reads.py.
+        digest = hashlib.sha1(b"".join(Path(m.__file__).read_bytes() for m in (walk, code, tables)))
         digest.update(repr(sorted(code._runtime_helpers())).encode())
         _CODE.append(digest.hexdigest()[:16])
     name = hashlib.sha1(repr((key, _CODE[0])).encode()).hexdigest()

@@ -14,7 +14,7 @@ from typing import Optional
 from collections.abc import Sequence
 
 from patchkit.audit.facts import MANIFEST, facts_of
-from patchkit.audit.syntax import Read
+from patchkit.audit.reads import Read
 
 
 class Release:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
-from patchkit.audit.syntax import OPTS_OUT_WITH, Read
+from patchkit.audit.reads import OPTS_OUT_WITH, Read
 from patchkit.postconditions import HeadStart, Postcondition, Proposed, Violation, map_line
 
 if TYPE_CHECKING:
