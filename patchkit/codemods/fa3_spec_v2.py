@@ -68,14 +68,12 @@ from patchkit.codemods.common.shared import (
     ReplayMirrorReads,
     code_of,
 )
-from patchkit.codemods.common.tree_mask import (
-    GET_BUFFERS,
-    MASK,
-    MAX_BS,
+from patchkit.codemods.common.fa3_tree_mask import (
     AllocTreeMask as _AllocTreeMask,
     InitTreeMask as _InitTreeMask,
     VerifyBuffersReturnTreeMask as _VerifyBuffersReturnTreeMask,
 )
+from patchkit.codemods.common.tree_mask import GET_BUFFERS, MASK, MAX_BS
 from patchkit.codemods.common.decode_page_writer import (
     DecodePageWriterStopsAtLivePages as _DecodePageWriterStopsAtLivePages,
 )

@@ -35,7 +35,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import ClassCodemod, Finding, Guard, MethodGuards, State
+from patchkit.codemods.common.base import ClassCodemod, Finding, State
+from patchkit.codemods.common.method_guards import Guard, MethodGuards
 from patchkit.codemods.common.primitives import ANY, attr, call, save
 from patchkit.layout import import_path
 

@@ -28,7 +28,7 @@ value when the mirror is there):
   FlashInfer MLA parent (a host-planned prefill that reads the mirror and the
   host length lists), and 0.5.10 .. 0.5.12.post1 let it reach the fixed-q
   kernel with the parent's metadata and the verify lengths.
-* the verify tree mask: FA3's codemods (``tree_mask.InitTreeMask`` ..., as ``fa3_spec_v2``), on this class.
+* the verify tree mask: FA3's codemods (``fa3_tree_mask.InitTreeMask`` ..., as ``fa3_spec_v2``), on this class.
 
 Not carried: upstream's draft-extend CUDA graph for FlashMLA (the eager draft
 extend above is already sync-free) and its reused eager block-table scratch
@@ -43,8 +43,9 @@ from typing import ClassVar
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common import primitives, shared, tree_mask
-from patchkit.codemods.common.base import Finding, Guard, MethodCodemod, State
+from patchkit.codemods.common import fa3_tree_mask, primitives, shared
+from patchkit.codemods.common.base import Finding, MethodCodemod, State
+from patchkit.codemods.common.method_guards import Guard
 from patchkit.codemods.common.shared import FLAG, MIRROR_READS, code_of, none_comparison
 from patchkit.codemods.common.tree_mask import GET_BUFFERS, MASK, MAX_BS
 from patchkit.codemods.flashmla_spec_v2.fixed_q import (
@@ -322,13 +323,13 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
 # -- the verify tree mask (common's, as FA3's, on FlashMLA) ------------------------------------
 
 
-class InitTreeMask(tree_mask.InitTreeMask):
+class InitTreeMask(fa3_tree_mask.InitTreeMask):
     DESCRIPTION = f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
     CLASS = BACKEND
     KIND = "FlashMLA"
 
 
-class AllocTreeMask(tree_mask.AllocTreeMask):
+class AllocTreeMask(fa3_tree_mask.AllocTreeMask):
     DESCRIPTION = (
         f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} in the compact QLEN_ONLY layout "
         "(bool, max_num_tokens * num_draft_tokens: FlashMLA never reads it, sglang #32920) on the target "
@@ -340,6 +341,6 @@ class AllocTreeMask(tree_mask.AllocTreeMask):
     READS_MASK_WHY = "FlashMLA's verify runs its own kernel and never reads the tree mask (sglang #32920)."
 
 
-class VerifyBuffersReturnTreeMask(tree_mask.VerifyBuffersReturnTreeMask):
+class VerifyBuffersReturnTreeMask(fa3_tree_mask.VerifyBuffersReturnTreeMask):
     DESCRIPTION = f"{BACKEND}.{GET_BUFFERS} returns [self.{MASK}, None]"
     CLASS = BACKEND
