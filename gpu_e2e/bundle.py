@@ -35,9 +35,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable
 
 from .wheels import COMMON_PINS, RELEASE_ENV, add_wheels_to_tar, all_pins, download_wheels, wheel_cache
 

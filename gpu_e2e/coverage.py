@@ -20,8 +20,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 
 from .bundle import repo_root
 from .wheels import IMAGE_PACKAGES, all_pins, normalise

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable
 
 
 def is_cuda_guard(test: ast.expr) -> bool:

@@ -24,8 +24,8 @@ import json
 import os
 import random
 import struct
-from pathlib import Path
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 WEIGHTS = "model.safetensors"
 STAMP = "checkpoint.json"

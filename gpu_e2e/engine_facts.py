@@ -30,8 +30,8 @@ here syncs. :func:`log_facts` adds the engine log's own lines (rank 0 logs them)
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
 from collections.abc import Iterable, Mapping
+from typing import Any, Optional
 
 from . import ranks, syncs
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Optional
 from collections.abc import Callable, Mapping
+from typing import Any, Optional
 
 SYNC = "sync"
 H2D = "h2d"

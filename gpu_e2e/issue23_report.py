@@ -14,6 +14,7 @@ from . import mirror_control
 from .report import _f, compare, verdict
 from .sites import by_function
 
+
 def _runs(results: list[Mapping]):
     """(release, key, run) of every finished run of every results.json given."""
     for res in results:

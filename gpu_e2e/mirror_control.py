@@ -30,8 +30,8 @@ import statistics
 import sys
 import threading
 import time
-from typing import Optional
 from collections.abc import Sequence
+from typing import Optional
 
 ENV_CONTROL = "PK_E2E_MIRROR_CONTROL"
 KEPT, DROPPED = "kept", "dropped"

@@ -18,11 +18,21 @@ import sys
 import time
 from pathlib import Path
 
-from . import (bundle_kernels, call_verdict, dp, engine_facts, fa3_kernel, issue23_report, mirror_control, rank_report,
-               ranks, report, wait_report)
+from . import (
+    bundle_kernels,
+    call_verdict,
+    dp,
+    engine_facts,
+    fa3_kernel,
+    issue23_report,
+    mirror_control,
+    rank_report,
+    ranks,
+    report,
+    wait_report,
+)
 from .call_options import _schedule, _setting, _variant, parser
 from .unpack import log, prepare_trees, unpacked_site
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,8 @@ wrapper counter (the cross-check). ``prepare_for_decode`` syncs stay per busy st
 
 from __future__ import annotations
 
-from typing import Optional
 from collections.abc import Mapping
+from typing import Optional
 
 from . import ranks, wait_report, worker_steps
 from .report import _f, by_function, per_step, prepare_syncs

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import inspect
 import subprocess
-from typing import Any, Optional
 from collections.abc import Iterable, Mapping
+from typing import Any, Optional
 
 from . import syncs, worker_steps
 

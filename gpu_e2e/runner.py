@@ -39,8 +39,19 @@ import sys
 import time
 from pathlib import Path
 
-from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, profile_run, ranks,
-               server_args_names, syncs, workloads)
+from . import (
+    deepseek,
+    dp,
+    draft_checkpoint,
+    engine_facts,
+    kernel_gaps,
+    mirror_control,
+    profile_run,
+    ranks,
+    server_args_names,
+    syncs,
+    workloads,
+)
 from .models import DRAFTS, SIZES, write_models
 from .timed_calls import _settled_table, _sync_table, alternated_runs, timed_runs
 

@@ -14,8 +14,8 @@ new site as after start-up, as the old rule did.
 
 from __future__ import annotations
 
-from typing import Optional
 from collections.abc import Mapping
+from typing import Optional
 
 from .syncs import delta, site_function, split_key
 

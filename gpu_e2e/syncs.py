@@ -42,8 +42,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import Any, Optional
 from collections.abc import Iterable, Mapping
+from typing import Any, Optional
 
 from . import host_waits
 

@@ -13,6 +13,7 @@ import time
 
 from . import mirror_control, ranks, syncs, tree_mask_probe, worker_steps, workloads
 
+
 def _sync_table(sync_dir: str | None, wait: float = 1.5) -> dict:
     if not sync_dir:
         return {}

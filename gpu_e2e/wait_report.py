@@ -15,8 +15,8 @@ with its count. Pure functions: tested on CPU from synthetic tables.
 
 from __future__ import annotations
 
-from typing import Optional
 from collections.abc import Mapping
+from typing import Optional
 
 from .host_waits import KINDS, blocking_count
 from .syncs import delta, site_function, split_key, wrapper_only

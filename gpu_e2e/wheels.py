@@ -18,9 +18,9 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable
 
 #: Releases this bundle knows how to run, patched against pristine. 0.5.13 is the
 #: first whose spec v2 takes tree drafts (topk > 1, issue 44); 0.5.9 is the newest

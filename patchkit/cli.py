@@ -13,11 +13,22 @@ from typing import Optional
 import click
 
 from patchkit import __version__, api, listing, output, registry, settings, terminal, verify_output
-from patchkit.arguments import (COMPLETION, GIT_LAYOUT, QUIET_HELP, TREE_EPILOG, VERBOSE_HELP, Ctx, PatchkitGroup,
-                                _complete_patches, format_option, tree_and_patches,
-                                tree_only)
+from patchkit.arguments import (
+    COMPLETION,
+    GIT_LAYOUT,
+    QUIET_HELP,
+    TREE_EPILOG,
+    VERBOSE_HELP,
+    Ctx,
+    PatchkitGroup,
+    _complete_patches,
+    format_option,
+    tree_and_patches,
+    tree_only,
+)
 from patchkit.cli_changes import apply, revert
 from patchkit.errors import EXIT_CHANGES, EXIT_OK, Interrupted
+
 
 @click.group(cls=PatchkitGroup, epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
              context_settings={"help_option_names": ["-h", "--help"]})

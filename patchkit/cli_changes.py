@@ -13,8 +13,16 @@ from typing import Optional
 import click
 
 from patchkit import api, output
-from patchkit.arguments import (TREE_EPILOG, Ctx, PatchkitCommand, _complete_patches, diff_option, dry_run_option,
-                                format_option, tree_and_patches)
+from patchkit.arguments import (
+    TREE_EPILOG,
+    Ctx,
+    PatchkitCommand,
+    _complete_patches,
+    diff_option,
+    dry_run_option,
+    format_option,
+    tree_and_patches,
+)
 from patchkit.errors import EXIT_CHANGES
 
 

@@ -18,9 +18,9 @@ import sys
 import tempfile
 import zipfile
 import zlib
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable, Iterable, Mapping
 
 from patchkit import known_releases, lifetimes, settings
 from patchkit.errors import PatchkitError

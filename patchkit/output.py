@@ -7,13 +7,13 @@ The JSON shape (``patchkit.status/1``, ``docs/ci.md``) only ever grows (new keys
 from __future__ import annotations
 
 import json
-from typing import Optional
 from collections.abc import Callable, Sequence
+from typing import Optional
 
 from patchkit import terminal
 from patchkit.findings import State
-from patchkit.results import NOT_APPLICABLE, STALE, CodemodResult, PatchReport
 from patchkit.registry import Patch
+from patchkit.results import NOT_APPLICABLE, STALE, CodemodResult, PatchReport
 from patchkit.tree import Tree
 
 STATUS_SCHEMA = "patchkit.status/1"

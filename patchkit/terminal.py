@@ -13,8 +13,8 @@ import contextlib
 import os
 import re
 import sys
-from typing import Optional, TextIO
 from collections.abc import Callable, Iterator
+from typing import Optional, TextIO
 
 import click
 

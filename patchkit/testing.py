@@ -37,10 +37,10 @@ from __future__ import annotations
 import hashlib
 import textwrap
 import unittest
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Optional, Union
-from collections.abc import Iterable, Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext

@@ -15,12 +15,13 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterable
 
 from patchkit import containment
 from patchkit.errors import PatchkitError
+
 
 def sha256(data: bytes) -> str:
     """A file's identity everywhere in patchkit: state, caches, backups."""

@@ -8,8 +8,8 @@ verify's CI formats need these; ``output`` stays under the house's 400 lines.
 
 from __future__ import annotations
 
-from typing import Optional
 from collections.abc import Sequence
+from typing import Optional
 
 from patchkit import terminal
 from patchkit.audit import verify_line

@@ -20,8 +20,8 @@ import json
 import sys
 
 from patchkit import known_releases, registry
-from patchkit.audit import facts as audit_facts
 from patchkit.api.matrix import DEFAULT_RELEASES
+from patchkit.audit import facts as audit_facts
 from patchkit.fetch import cache_dir
 
 

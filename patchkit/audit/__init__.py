@@ -50,10 +50,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable, Sequence
 
 from patchkit.audit import facts as audit_facts
 from patchkit.audit import origins as audit_origins

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Optional
 
 from patchkit import python_ast
-from patchkit.audit.syntax import PATCH, FileAudit, Read
 from patchkit.audit.scan import MIRROR, ClassFacts, scan
+from patchkit.audit.syntax import PATCH, FileAudit, Read
 
 # The text pre-filter: a module is parsed only where its bytes may load an
 # attribute of a mirror's name: a dot, then (whitespace, a line continuation,
@@ -150,7 +150,7 @@ def _disk(key: tuple) -> Optional[Path]:
 
         # These modules decide a module's facts: the walk finds its classes and
         # loads, audit_ast gives each load its verdict, from the tables of reads.py.
-        digest = hashlib.sha1(b"".join(Path(m.__file__).read_bytes() for m in (walk, code, tables)))
+        digest = hashlib.sha1(b"".join(Path(f).read_bytes() for f in (walk.__file__, code.__file__, tables.__file__)))
         digest.update(repr(sorted(code._runtime_helpers())).encode())
         _CODE.append(digest.hexdigest()[:16])
     name = hashlib.sha1(repr((key, _CODE[0])).encode()).hexdigest()

@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
 
 from patchkit.audit.facts import MANIFEST, facts_of
 from patchkit.audit.reads import Read

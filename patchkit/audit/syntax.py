@@ -16,10 +16,10 @@ caches them by the module's bytes).
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterator
 
 from patchkit.audit.guards import assigns, decision_test, is_none, none_test
 from patchkit.audit.reads import MIRROR_ALWAYS, OPTS_OUT_WITH, PATCH, Read

@@ -46,8 +46,8 @@ from patchkit.codemods.common.base import ClassCheck, Finding
 from patchkit.codemods.common.draft_extend_gate import (
     GRAPH_CHECK,
     DraftExtendGraphCheck,
-    the_gate,
     graph_check,
+    the_gate,
     with_gate_term,
 )
 from patchkit.codemods.common.shared import code_of

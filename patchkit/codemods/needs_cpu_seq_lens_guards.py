@@ -24,8 +24,8 @@ from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, State
 from patchkit.codemods.common.method_guards import Guard
 from patchkit.codemods.common.metrics_guards import MIRROR_TOTAL, MetricsGuards, ReporterGuards
-from patchkit.codemods.common.shared import MirrorGuards
 from patchkit.codemods.common.primitives import ANY, attr, call, none_test, save
+from patchkit.codemods.common.shared import MirrorGuards
 
 # `A + B` where A is the mirror: None-aware addition (an AugAssign becomes an Assign).
 ADD_TEMPLATE = "add_or_none(LEFT, RIGHT)"

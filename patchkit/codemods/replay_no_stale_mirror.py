@@ -27,10 +27,9 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, PatchCodemod
+from patchkit.codemods.common.primitives import attr, call
 from patchkit.codemods.common.reads import EVERY, MODULE_HOOKS, Methods, Reads, reads_only
 from patchkit.codemods.common.shared import MIRROR_READS, code_of, none_comparison
-from patchkit.codemods.common.primitives import attr, call
-
 
 #: ``seq_lens_cpu=<buffers>.seq_lens_cpu`` or ``...seq_lens_cpu[:bs]``: the pinned replay
 #: buffer, whatever holds it (``buffers``, ``self``, ``self.graph_buffers``), never the batch's own mirror.

@@ -37,7 +37,13 @@ from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod
 from patchkit.codemods.common.eager_page_table import EagerPageTableToRealLength
 from patchkit.codemods.common.page_table import ReplayPageTableToRealLength
-from patchkit.codemods.common.shared import EAGER_DESCRIPTION, REPLAY_DESCRIPTION, EagerMirrorReads, OptOutFlag, ReplayMirrorReads
+from patchkit.codemods.common.shared import (
+    EAGER_DESCRIPTION,
+    REPLAY_DESCRIPTION,
+    EagerMirrorReads,
+    OptOutFlag,
+    ReplayMirrorReads,
+)
 
 BACKEND = "TRTLLMHAAttnBackend"
 DRAFT_BACKEND = "TRTLLMHAAttnMultiStepDraftBackend"

@@ -35,8 +35,8 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod
-from patchkit.codemods.common.shared import code_of
 from patchkit.codemods.common.primitives import attr, call
+from patchkit.codemods.common.shared import code_of
 from patchkit.layout import import_path
 
 HELPERS = import_path("backends.verify_tree_mask")

@@ -28,16 +28,16 @@ is lives in ``patchkit.registry.definitions``; what a set is, in ``patchkit.regi
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
-from collections.abc import Iterable
 
 from patchkit.containment import relative
+from patchkit.errors import PatchkitError
 from patchkit.registry import definitions
 from patchkit.registry.definitions import Patch, Target
-from patchkit.errors import PatchkitError
 from patchkit.registry.sets import PatchSet, builtin_set, folder_set, identity, installed_sets, pyproject_folders
 
 if TYPE_CHECKING:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
-from collections.abc import Iterable
 
 from patchkit.errors import PatchkitError
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from patchkit.registry.definitions import OWN_RUNTIME, ExternalRef, RuntimeModule
 from patchkit.errors import PatchkitError
+from patchkit.registry.definitions import OWN_RUNTIME, ExternalRef, RuntimeModule
 
 if TYPE_CHECKING:
     import configparser

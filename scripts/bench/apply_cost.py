@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import libcst
-
 from timing import Bench, baseline_cmd, patchkit_cmd, quiet, run, with_env
 
 from patchkit import registry

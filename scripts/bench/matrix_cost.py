@@ -9,8 +9,8 @@ from pathlib import Path
 
 from timing import ROOT, Bench, run
 
-from patchkit.fetch import fetch_tree
 from patchkit.api.matrix import DEFAULT_RELEASES
+from patchkit.fetch import fetch_tree
 
 RELEASES = list(DEFAULT_RELEASES)
 

@@ -14,8 +14,16 @@ import libcst as cst
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCodemod, Finding, State
-from patchkit.codemods.common.tree_mask import GET_BUFFERS, MASK, MASK_METHODS, AllocMask, InitMask, VerifyBuffersReturnMask
+from patchkit.codemods.common.tree_mask import (
+    GET_BUFFERS,
+    MASK,
+    MASK_METHODS,
+    AllocMask,
+    InitMask,
+    VerifyBuffersReturnMask,
+)
 from patchkit.layout import import_path
+
 
 class _TreeMaskPart:
     """Mixin: FA3's tree mask (FlashMLA's too): the detection above, FA3's

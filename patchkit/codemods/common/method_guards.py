@@ -20,6 +20,7 @@ from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCodemod, Finding, MethodCodemod, PatchCodemod, State
 from patchkit.codemods.common.reads import MODULE_HOOKS, Reads, reads_only
 
+
 @dataclass(frozen=True)
 class Guard:
     """Rewrite each ``site`` (inside a ``within`` node, when given) as

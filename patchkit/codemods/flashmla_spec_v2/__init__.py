@@ -46,6 +46,7 @@ import libcst.matchers as m
 from patchkit.codemods.common import fa3_tree_mask, primitives, shared
 from patchkit.codemods.common.base import Finding, MethodCodemod, State
 from patchkit.codemods.common.method_guards import Guard
+from patchkit.codemods.common.primitives import attr, save
 from patchkit.codemods.common.shared import FLAG, MIRROR_READS, code_of, none_comparison
 from patchkit.codemods.common.tree_mask import GET_BUFFERS, MASK, MAX_BS
 from patchkit.codemods.flashmla_spec_v2.fixed_q import (
@@ -62,7 +63,6 @@ from patchkit.codemods.flashmla_spec_v2.fixed_q import (
     routed_terms,
     verify_lengths,
 )
-from patchkit.codemods.common.primitives import attr, save
 from patchkit.layout import import_path
 
 BACKEND = "FlashMLABackend"

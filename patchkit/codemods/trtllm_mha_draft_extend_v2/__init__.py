@@ -36,13 +36,13 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod, PatchCodemod
-from patchkit.codemods.common.draft_extend_topk import ReplaySkipsTopkForV2
 from patchkit.codemods.common.draft_extend_gate import (
     DraftExtendGraphCheck,
-    the_gate,
     graph_check,
+    the_gate,
     with_gate_term,
 )
+from patchkit.codemods.common.draft_extend_topk import ReplaySkipsTopkForV2
 from patchkit.codemods.common.shared import code_of
 from patchkit.codemods.trtllm_mha_draft_extend_v2.branches import (
     HELPER,

@@ -4,13 +4,20 @@ call keyword arguments."""
 from __future__ import annotations
 
 import textwrap
-from typing import Optional
 from collections.abc import Sequence
+from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common.primitives.matchers import _isinstance_parts, _strip_parens, find_isinstance_disjunction, is_node, isinstance_subject, or_terms
+from patchkit.codemods.common.primitives.matchers import (
+    _isinstance_parts,
+    _strip_parens,
+    find_isinstance_disjunction,
+    is_node,
+    isinstance_subject,
+    or_terms,
+)
 from patchkit.codemods.common.primitives.search import _N, NodeMatcher, find_all, paths_to, visit_below
 from patchkit.codemods.common.primitives.snippets import AnchorError, parse_expression, parse_statement
 

@@ -4,15 +4,24 @@ replace matching statements, and wrap statements in ``if``/``else``."""
 from __future__ import annotations
 
 import textwrap
-from typing import Optional, Union, overload
 from collections.abc import Callable, Sequence
+from typing import Optional, Union, overload
 
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.expressions import replace_node
 from patchkit.codemods.common.primitives.search import _N, find_all, paths_to, visit_below
-from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, block_statements, parse_expression, parse_statement, parse_statements, parse_statements_with_comments
+from patchkit.codemods.common.primitives.snippets import (
+    AnchorError,
+    Statement,
+    _docstring_count,
+    block_statements,
+    parse_expression,
+    parse_statement,
+    parse_statements,
+    parse_statements_with_comments,
+)
 
 
 def insert_at_start(fn: cst.FunctionDef, source: str) -> cst.FunctionDef:

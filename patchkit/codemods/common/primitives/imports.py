@@ -8,15 +8,14 @@ where a formatter would put it (``add_import_sorted``)."""
 
 from __future__ import annotations
 
-from typing import Optional, Union
 from collections.abc import Sequence
+from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 
 from patchkit.codemods.common.primitives.snippets import parse_statement
-
 
 # Where a codemod's ``require_import`` requests wait for the engine (one list
 # per file, in request order).

@@ -9,8 +9,8 @@ an early ``return``) is handled once, here, for all of them.
 
 from __future__ import annotations
 
-from typing import Optional, TypeVar, Union
 from collections.abc import Iterable, Sequence
+from typing import Optional, TypeVar, Union
 
 import libcst as cst
 import libcst.matchers as m

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional
-from collections.abc import Callable, Sequence
 
 import libcst as cst
 from libcst._nodes.internal import visit_sequence

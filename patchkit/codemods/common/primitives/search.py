@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Optional, TypeVar, Union, cast
 from collections.abc import Iterator, Sequence
+from typing import Optional, TypeVar, Union, cast
 
 import libcst as cst
 import libcst.matchers as m
-
 
 _N = TypeVar("_N", bound=cst.CSTNode)
 # What find_all looks for: a libcst matcher, or a MatchIfTrue tested on every node.
