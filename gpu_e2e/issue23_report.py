@@ -31,15 +31,23 @@ def accepted_rows(results: list[Mapping]) -> list[dict]:
     for release, key, run in _runs(results):
         if not key.endswith("/pristine") or run.get("scenario") != "standalone":
             continue
-        other = next((res["runs"][key[: -len("pristine")] + "patched"] for res in results
-                      if key[: -len("pristine")] + "patched" in res.get("runs", {})), None)
+        other = next(
+            (
+                res["runs"][key[: -len("pristine")] + "patched"]
+                for res in results
+                if key[: -len("pristine")] + "patched" in res.get("runs", {})
+            ),
+            None,
+        )
         if other and other.get("batches"):
             rows.extend(compare(release, run, other))
     return rows
 
 
-ACCEPTED_HEADER = ("| release | model | setting | bs | accept length before / after "
-                   "| `prepare_for_decode` syncs/step before → after | tok/s before → after | identical outputs |")
+ACCEPTED_HEADER = (
+    "| release | model | setting | bs | accept length before / after "
+    "| `prepare_for_decode` syncs/step before → after | tok/s before → after | identical outputs |"
+)
 ACCEPTED_RULE = "|---|---|---|---:|---|---|---|---|"
 
 
@@ -51,7 +59,8 @@ def accepted_markdown(rows: list[dict]) -> str:
             f"| {r['release']} | {r['size']} | {r['scenario']} {r['workload']} | {r['batch_size']} "
             f"| {_f(aa)} / {_f(ab)} | {_f(pa)} → {_f(pb)} "
             f"| {_f(r['tok_per_s'][0], '{:.1f}')} → {_f(r['tok_per_s'][1], '{:.1f}')} "
-            f"| {'yes' if r['identical'] else 'NO (' + str(r['mismatch']) + ')'} |")
+            f"| {'yes' if r['identical'] else 'NO (' + str(r['mismatch']) + ')'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -66,12 +75,16 @@ def traffic_rows(results: list[Mapping], workload: str = "mixed") -> list[dict]:
         for b in run["batches"]:
             if b.get("workload") != workload or "summary" in b:
                 continue
-            g = groups.setdefault((run["size"], b["batch_size"]), {"size": run["size"], "batch_size": b["batch_size"],
-                                                                  "variants": {}})
+            g = groups.setdefault(
+                (run["size"], b["batch_size"]), {"size": run["size"], "batch_size": b["batch_size"], "variants": {}}
+            )
             g["variants"][variant] = {
-                "release": release, "decode_steps": b["decode_steps"],
-                "per_step": {name: n / b["decode_steps"] if b["decode_steps"] else None
-                             for name, n in by_function(b["syncs"]).items()},
+                "release": release,
+                "decode_steps": b["decode_steps"],
+                "per_step": {
+                    name: n / b["decode_steps"] if b["decode_steps"] else None
+                    for name, n in by_function(b["syncs"]).items()
+                },
             }
     return [groups[k] for k in sorted(groups)]
 
@@ -106,8 +119,10 @@ def traffic_markdown(rows: list[dict]) -> str:
         out.append("|---|" + "---:|" * len(present))
         sites = sorted({s for x in present for s in r["variants"][x]["per_step"]})
         for site in sites:
-            cells = [_f(r["variants"][x]["per_step"].get(site), "{:.3f}") if site in r["variants"][x]["per_step"]
-                     else "–" for x in present]
+            cells = [
+                _f(r["variants"][x]["per_step"].get(site), "{:.3f}") if site in r["variants"][x]["per_step"] else "–"
+                for x in present
+            ]
             out.append(f"| `{site}` | " + " | ".join(cells) + " |")
         if not sites:
             out.append("| none | " + " | ".join("–" for _ in present) + " |")
@@ -125,18 +140,27 @@ def cost_rows(results: list[Mapping]) -> list[dict]:
             if "summary" in b:
                 # from the recorded calls when there are (the current method), else as recorded
                 summary = mirror_control.summary_of_calls(b["calls"]) if b.get("calls") else b["summary"]
-                rows.append({"release": release, "size": run["size"],
-                             "scenario": run.get("scenario", "eagle3") + (" det" if run.get("deterministic") else ""),
-                             "workload": b.get("workload", "uniform"), "batch_size": b["batch_size"], **summary})
+                rows.append(
+                    {
+                        "release": release,
+                        "size": run["size"],
+                        "scenario": run.get("scenario", "eagle3") + (" det" if run.get("deterministic") else ""),
+                        "workload": b.get("workload", "uniform"),
+                        "batch_size": b["batch_size"],
+                        **summary,
+                    }
+                )
     return rows
 
 
 #: Syncs per step an arm may be off by: what a late flush moves across a call boundary.
 COUNT_SLACK = 0.02
 
-COST_HEADER = ("| release | model | setting | bs | pairs | steps | `prepare_for_decode` syncs/step kept → dropped "
-               "| ms/step kept | ms/step dropped | saved ms/step (95 % CI) | time dropped / kept (95 % CI) "
-               "| median dropped / kept (95 % CI) | identical outputs | accept length |")
+COST_HEADER = (
+    "| release | model | setting | bs | pairs | steps | `prepare_for_decode` syncs/step kept → dropped "
+    "| ms/step kept | ms/step dropped | saved ms/step (95 % CI) | time dropped / kept (95 % CI) "
+    "| median dropped / kept (95 % CI) | identical outputs | accept length |"
+)
 COST_RULE = "|---|---|---|---:|---:|---:|---|---:|---:|---|---|---|---|---:|"
 
 
@@ -152,7 +176,8 @@ def cost_markdown(rows: list[dict]) -> str:
             f"| {r['release']} | {r['size']} | {r['scenario']} {r['workload']} | {r['batch_size']} | {r['pairs']} "
             f"| {r['steps']:.0f} | {_f(sk)} → {_f(sd)} | {r['kept_ms_per_step']:.3f} | {r['dropped_ms_per_step']:.3f} "
             f"| {d:.3f} ({lo:.3f} – {hi:.3f}) | {q:.4f} ({qlo:.4f} – {qhi:.4f}) | {med} "
-            f"| {'yes' if r['identical_outputs'] else 'NO'} | {_f(r['accept_length'])} |")
+            f"| {'yes' if r['identical_outputs'] else 'NO'} | {_f(r['accept_length'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -186,6 +211,7 @@ def issue23_problems(results: list[Mapping]) -> list[str]:
     for r in traffic_rows(results):
         gaps = traffic_gaps(r)
         if gaps:
-            problems.append(f"mixed {r['size']} bs={r['batch_size']}: patched syncs where upstream does not: "
-                            + ", ".join(gaps))
+            problems.append(
+                f"mixed {r['size']} bs={r['batch_size']}: patched syncs where upstream does not: " + ", ".join(gaps)
+            )
     return problems

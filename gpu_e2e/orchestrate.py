@@ -57,10 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     mem_fraction = args.mem_fraction_static or (0.25 if args.scenario == "standalone" else 0.6)
     results_path = out / "results.json"
     engine_log = out / "engine.log"
-    all_results: dict = {"device": _device(), "manifest_created": manifest.get("created"),
-                         "patchkit_commit": manifest.get("patchkit_commit"),
-                         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "runs": {}, "rows": [], "problems": [],
-                         "trees": {}, "rank_rows": [], "notes": []}
+    all_results: dict = {
+        "device": _device(),
+        "manifest_created": manifest.get("created"),
+        "patchkit_commit": manifest.get("patchkit_commit"),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "runs": {},
+        "rows": [],
+        "problems": [],
+        "trees": {},
+        "rank_rows": [],
+        "notes": [],
+    }
 
     for release in releases:
         info = manifest["releases"][release]
@@ -68,24 +76,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.fa3_lib is not None:  # beside the sgl_kernel this release imports (0.5.13: its own pin)
             kernel_site = site_rel if (site_rel / "sgl_kernel").is_dir() else site_common
             fa3 = fa3_kernel.install(args.fa3_lib, kernel_site)
-            log(f"FA3 kernels installed from {args.fa3_lib} into {kernel_site.name} "
-                f"(sglang-kernel {fa3['sglang_kernel']}, sha256 checked)")
+            log(
+                f"FA3 kernels installed from {args.fa3_lib} into {kernel_site.name} "
+                f"(sglang-kernel {fa3['sglang_kernel']}, sha256 checked)"
+            )
         trees = prepare_trees(bundle, release, work / "trees")
         overlay = bundle / "trees" / release / "overlay.json"
         all_results["trees"][release] = {
             "runtime_mode": info["runtime_mode"],
             "patched_files_sha256": json.loads(overlay.read_text()) if overlay.exists() else {},
             # every other tree the bundle carries (minus-ID, an earlier patchkit's): its files' sha256
-            "variant_files_sha256": {p.name[len("overlay-"):-len(".json")]: json.loads(p.read_text())
-                                     for p in sorted(overlay.parent.glob("overlay-*.json"))},
+            "variant_files_sha256": {
+                p.name[len("overlay-") : -len(".json")]: json.loads(p.read_text())
+                for p in sorted(overlay.parent.glob("overlay-*.json"))
+            },
         }
-        variants = list(trees) if "upstream" in trees else (
-            ["patched"] if args.alternate else args.variants.split(","))
+        variants = list(trees) if "upstream" in trees else (["patched"] if args.alternate else args.variants.split(","))
         unknown = [v for v in variants if _variant(v, "")[0] not in trees]
         if unknown:
             raise SystemExit(f"{release}: no tree for variant(s) {', '.join(unknown)} (trees: {', '.join(trees)})")
-        pair = tuple(args.compare.split(",")) if args.compare else (
-            ("pristine", "patched") if {"pristine", "patched"} <= set(variants) else tuple(variants[:2]))
+        pair = (
+            tuple(args.compare.split(","))
+            if args.compare
+            else (("pristine", "patched") if {"pristine", "patched"} <= set(variants) else tuple(variants[:2]))
+        )
         for size, rnd, order in _schedule(args.sizes.split(","), variants, args.rounds):
             got = {}
             for variant in order:
@@ -102,23 +116,67 @@ def main(argv: list[str] | None = None) -> int:
                 path = [str(trees[tree_name]), str(site_rel), str(site_common), str(bundle / "e2e")]
                 if tree_name != "pristine" and info["runtime_mode"] == "package":
                     path.insert(1, str(bundle / "runtime"))
-                env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1",
-                           PK_E2E_SYNC_DIR=str(sync_dir), SGLANG_ENABLE_SPEC_V2="1",
-                           HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **ranks.MULTICAST_OFF)
+                env = dict(
+                    os.environ,
+                    PYTHONPATH=os.pathsep.join(path),
+                    PYTHONUNBUFFERED="1",
+                    PK_E2E_SYNC_DIR=str(sync_dir),
+                    SGLANG_ENABLE_SPEC_V2="1",
+                    HF_HUB_OFFLINE="1",
+                    TRANSFORMERS_OFFLINE="1",
+                    **ranks.MULTICAST_OFF,
+                )
                 env.update(info.get("env", {}))  # what the release needs on this image (wheels.RELEASE_ENV)
                 if args.alternate:
                     env[mirror_control.ENV_CONTROL] = str(sync_dir / "mirror")
                     env["PK_E2E_SYNC_FLUSH_S"] = "0.05"
-                cmd = [*args.wrap.split(), sys.executable, "-m", "pk_gpu_e2e.runner", "--tree-parent", str(trees[tree_name]),
-                       "--variant", tree_name, "--size", size, "--batch-sizes", args.batch_sizes,
-                       "--max-new-tokens", str(args.max_new_tokens), "--runs", str(args.runs),
-                       "--attention-backend", backend,
-                       "--scenario", args.scenario, "--workloads", args.workloads,
-                       "--alternate", str(args.alternate), "--mem-fraction-static", str(mem_fraction),
-                       "--tp", str(args.tp), "--piecewise", args.piecewise, "--draft", args.draft,
-                       "--context-length", str(args.context_length), "--engine-extra", args.engine_extra,
-                       "--input-len", str(args.input_len), *dp.forwarded(args), "--profile-batch", str(args.profile_batch),
-                       "--models-dir", str(work / "models"), "--out", str(res_file)]
+                cmd = [
+                    *args.wrap.split(),
+                    sys.executable,
+                    "-m",
+                    "pk_gpu_e2e.runner",
+                    "--tree-parent",
+                    str(trees[tree_name]),
+                    "--variant",
+                    tree_name,
+                    "--size",
+                    size,
+                    "--batch-sizes",
+                    args.batch_sizes,
+                    "--max-new-tokens",
+                    str(args.max_new_tokens),
+                    "--runs",
+                    str(args.runs),
+                    "--attention-backend",
+                    backend,
+                    "--scenario",
+                    args.scenario,
+                    "--workloads",
+                    args.workloads,
+                    "--alternate",
+                    str(args.alternate),
+                    "--mem-fraction-static",
+                    str(mem_fraction),
+                    "--tp",
+                    str(args.tp),
+                    "--piecewise",
+                    args.piecewise,
+                    "--draft",
+                    args.draft,
+                    "--context-length",
+                    str(args.context_length),
+                    "--engine-extra",
+                    args.engine_extra,
+                    "--input-len",
+                    str(args.input_len),
+                    *dp.forwarded(args),
+                    "--profile-batch",
+                    str(args.profile_batch),
+                    "--models-dir",
+                    str(work / "models"),
+                    "--out",
+                    str(res_file),
+                ]
                 if args.deterministic:
                     cmd.append("--deterministic")
                 log(f"start {key}")
@@ -128,8 +186,14 @@ def main(argv: list[str] | None = None) -> int:
                     fh.write(f"\n===== {key} =====\n")
                     fh.flush()
                     try:
-                        proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                              timeout=args.run_timeout, start_new_session=False)
+                        proc = subprocess.run(
+                            cmd,
+                            env=env,
+                            stdout=fh,
+                            stderr=subprocess.STDOUT,
+                            timeout=args.run_timeout,
+                            start_new_session=False,
+                        )
                         rc = proc.returncode
                     except subprocess.TimeoutExpired:
                         rc = "timeout"
@@ -146,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
                         log(f"  sgl_kernel stand-ins: {res['kernel_gaps']}")
                     for b in res.get("batches", []):
                         if "summary" not in b:
-                            log(f"  {b.get('workload', 'uniform')} bs={b['batch_size']}: {b['tok_per_s']:.1f} "
-                                f"tok/s, accept {b['accept_length']}, steps {b['decode_steps']}, syncs {b['syncs']}")
+                            log(
+                                f"  {b.get('workload', 'uniform')} bs={b['batch_size']}: {b['tok_per_s']:.1f} "
+                                f"tok/s, accept {b['accept_length']}, steps {b['decode_steps']}, syncs {b['syncs']}"
+                            )
                     if rc == 0 and res.get("batches"):
                         got[variant] = res
                 else:
@@ -156,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                 if rc != 0 and not run.get("batches"):  # a refused setting, a missing package (issue 58)
                     # the log's root cause before the runner's own line, which may only say
                     # that a scheduler died (dp-tbo's "ImportError: DeepEP is not installed")
-                    run["engine_failure"] = engine_facts.failure_line(
-                        _section(engine_log, section_start)) or run.get("engine_failure")
+                    run["engine_failure"] = engine_facts.failure_line(_section(engine_log, section_start)) or run.get(
+                        "engine_failure"
+                    )
                     all_results["problems"].append(f"{key}: the engine did not run (rc={rc}): {run['engine_failure']}")
                     log(f"  engine failed: {run['engine_failure']}")
                 results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
@@ -173,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                 same_backend = _variant(first, args.attention_backend)[1] == _variant(second, args.attention_backend)[1]
                 all_results["problems"].extend(
                     f"{r['release']} {r['size']} bs={r['batch_size']}: outputs differ ({r['mismatch']})"
-                    for r in rows if same_backend and not r["identical"])
+                    for r in rows
+                    if same_backend and not r["identical"]
+                )
                 (out / "table.md").write_text(report.markdown(all_results["rows"]))
                 if args.rounds > 1:
                     (out / "speed.md").write_text(report.speed_markdown(all_results["rows"]))
@@ -227,7 +296,6 @@ def tables(rows: list[dict]) -> str:
     return report.markdown(rows) + ("\n" + wait_report.markdown(waits) if waits else "")
 
 
-
 def _section(path: Path, start: int) -> str:
     """One engine's part of the shared engine log."""
     with open(path, "rb") as fh:
@@ -244,16 +312,20 @@ def _startup_notes(rows: list[dict]) -> list[str]:
             seen[tag] = r["new_sites_startup"]
         if r.get("new_wait_sites_startup"):
             seen[f"{r['release']} {r['size']} (torch's count)"] = r["new_wait_sites_startup"]
-    return [f"{tag}: new sync sites during start-up only (graph capture; not a problem): {', '.join(s)}"
-            for tag, s in seen.items()]
-
-
+    return [
+        f"{tag}: new sync sites during start-up only (graph capture; not a problem): {', '.join(s)}"
+        for tag, s in seen.items()
+    ]
 
 
 def _device() -> str:
     try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                            "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        q = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return q.stdout.strip() or q.stderr.strip()
     except (OSError, subprocess.SubprocessError) as exc:
         return f"unknown ({exc})"

@@ -12,8 +12,7 @@ PREPARE_FOR_DECODE = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode
 
 
 def prepare_syncs(table: Mapping[str, int]) -> int:
-    return sum(n for name, n in by_function(table).items()
-               if name.split(" ", 1)[1] == PREPARE_FOR_DECODE)
+    return sum(n for name, n in by_function(table).items() if name.split(" ", 1)[1] == PREPARE_FOR_DECODE)
 
 
 def per_step(n: int, steps: int) -> float | None:
@@ -59,8 +58,10 @@ def compare_batch(release: str, pristine: Mapping, patched: Mapping, size: str) 
         "size": size,
         "batch_size": a["batch_size"],
         "workload": a.get("workload", "uniform"),
-        "prepare_per_step": (per_step(prepare_syncs(wa), a["decode_steps"]),
-                             per_step(prepare_syncs(wb), b["decode_steps"])),
+        "prepare_per_step": (
+            per_step(prepare_syncs(wa), a["decode_steps"]),
+            per_step(prepare_syncs(wb), b["decode_steps"]),
+        ),
         "decode_steps": (a["decode_steps"], b["decode_steps"]),
         **({"waits": wait_report.compare_batch(a, b)} if wait_report.armed(a, b) else {}),
         "other_sites": (other_a, other_b),
@@ -85,8 +86,9 @@ def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
     pb = {_batch_key(x): x for x in patched["batches"]}
     whole_a, whole_b = pristine.get("syncs_whole_run") or {}, patched.get("syncs_whole_run") or {}
     startup_b = patched.get("syncs_startup")
-    new_whole, new_startup = new_sites(wrapper_only(whole_a), wrapper_only(whole_b),
-                                       None if startup_b is None else wrapper_only(startup_b))
+    new_whole, new_startup = new_sites(
+        wrapper_only(whole_a), wrapper_only(whole_b), None if startup_b is None else wrapper_only(startup_b)
+    )
     new_waits = wait_report.new_sites(whole_a, whole_b, startup_b)
     for batch in pristine["batches"]:
         other = pb.get(_batch_key(batch))
@@ -122,9 +124,11 @@ def _sites(table: Mapping[str, int], steps: int) -> str:
     return "; ".join(parts)
 
 
-HEADER = ("| release | model | bs | `prepare_for_decode` syncs/step before → after "
-          "| other sync sites before → after (per step) | new sync sites | tok/s before → after "
-          "| ratio | ms/token before → after | accept length before / after | identical outputs |")
+HEADER = (
+    "| release | model | bs | `prepare_for_decode` syncs/step before → after "
+    "| other sync sites before → after (per step) | new sync sites | tok/s before → after "
+    "| ratio | ms/token before → after | accept length before / after | identical outputs |"
+)
 RULE = "|---|---|---:|---|---|---|---|---:|---|---|---|"
 
 
@@ -143,7 +147,8 @@ def markdown(rows: list[dict]) -> str:
             f"| {_f(r['ratio'], '{:.3f}')} "
             f"| {_f(r['ms_per_token'][0])} → {_f(r['ms_per_token'][1])} "
             f"| {_f(r['accept_length'][0])} / {_f(r['accept_length'][1])} "
-            f"| {'yes' if r['identical'] else 'NO (' + str(r['mismatch']) + ')'} |")
+            f"| {'yes' if r['identical'] else 'NO (' + str(r['mismatch']) + ')'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -159,19 +164,31 @@ def speed_summary(rows: list[dict]) -> list[dict]:
     out = []
     for (release, size, bs), rs in groups.items():
         ratios = [r["ratio"] for r in rs]
-        out.append({
-            "release": release, "size": size, "batch_size": bs, "rounds": len(rs),
-            "ratios": ratios, "median_ratio": statistics.median(ratios),
-            "tok_per_s": (statistics.median(r["tok_per_s"][0] for r in rs),
-                          statistics.median(r["tok_per_s"][1] for r in rs)),
-            "best_tok_per_s": tuple(max((r["best_tok_per_s"][i] for r in rs if r.get("best_tok_per_s", (None, None))[i]),
-                                        default=None) for i in (0, 1)),
-        })
+        out.append(
+            {
+                "release": release,
+                "size": size,
+                "batch_size": bs,
+                "rounds": len(rs),
+                "ratios": ratios,
+                "median_ratio": statistics.median(ratios),
+                "tok_per_s": (
+                    statistics.median(r["tok_per_s"][0] for r in rs),
+                    statistics.median(r["tok_per_s"][1] for r in rs),
+                ),
+                "best_tok_per_s": tuple(
+                    max((r["best_tok_per_s"][i] for r in rs if r.get("best_tok_per_s", (None, None))[i]), default=None)
+                    for i in (0, 1)
+                ),
+            }
+        )
     return out
 
 
-SPEED_HEADER = ("| release | model | bs | rounds | tok/s before → after (median over processes) "
-                "| ratio per round | median ratio | range | fastest run before → after |")
+SPEED_HEADER = (
+    "| release | model | bs | rounds | tok/s before → after (median over processes) "
+    "| ratio per round | median ratio | range | fastest run before → after |"
+)
 SPEED_RULE = "|---|---|---:|---:|---|---|---:|---|---|"
 
 
@@ -183,7 +200,8 @@ def speed_markdown(rows: list[dict]) -> str:
             f"| {_f(s['tok_per_s'][0], '{:.1f}')} → {_f(s['tok_per_s'][1], '{:.1f}')} "
             f"| {', '.join(_f(x, '{:.3f}') for x in s['ratios'])} | {_f(s['median_ratio'], '{:.3f}')} "
             f"| {_f(min(s['ratios']), '{:.3f}')} – {_f(max(s['ratios']), '{:.3f}')} "
-            f"| {_f(s['best_tok_per_s'][0], '{:.1f}')} → {_f(s['best_tok_per_s'][1], '{:.1f}')} |")
+            f"| {_f(s['best_tok_per_s'][0], '{:.1f}')} → {_f(s['best_tok_per_s'][1], '{:.1f}')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -212,11 +230,14 @@ def verdict(rows: list[dict], mirror_kept: bool = False) -> list[str]:
         if pa is None or pa < 0.99:
             problems.append(f"{tag}: pristine has {_f(pa)} prepare_for_decode syncs/step (expected 1)")
         if pb is None or abs(pb - expected_after) > (0.01 if mirror_kept else 0):
-            problems.append(f"{tag}: patched has {_f(pb)} prepare_for_decode syncs/step "
-                            f"(expected {expected_after:.0f})")
+            problems.append(
+                f"{tag}: patched has {_f(pb)} prepare_for_decode syncs/step (expected {expected_after:.0f})"
+            )
         if r["new_sites"]:
             problems.append(f"{tag}: new sync sites in patched: {', '.join(r['new_sites'])}")
         if r.get("new_sites_whole_run"):
-            problems.append(f"{tag}: new sync sites in the patched process's whole run (after start-up): "
-                            f"{', '.join(r['new_sites_whole_run'])}")
+            problems.append(
+                f"{tag}: new sync sites in the patched process's whole run (after start-up): "
+                f"{', '.join(r['new_sites_whole_run'])}"
+            )
     return problems

@@ -69,11 +69,22 @@ SPEC = dict(
 )
 
 
-def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_graph_max_bs: int,
-                  mem_fraction_static: float, scenario: str = "eagle3",
-                  deterministic: bool = False, tp_size: int = 1, piecewise: str = "default",
-                  draft_kind: str = "checkpoint", context_length: int = 0,
-                  engine_extra: dict | None = None, scale: dict | None = None) -> dict:
+def engine_kwargs(
+    target: Path,
+    draft: Path,
+    *,
+    attention_backend: str,
+    cuda_graph_max_bs: int,
+    mem_fraction_static: float,
+    scenario: str = "eagle3",
+    deterministic: bool = False,
+    tp_size: int = 1,
+    piecewise: str = "default",
+    draft_kind: str = "checkpoint",
+    context_length: int = 0,
+    engine_extra: dict | None = None,
+    scale: dict | None = None,
+) -> dict:
     """The Engine's settings; ``attention_backend`` "default" and ``piecewise``
     "default" name nothing, so the release's own defaults decide. ``engine_extra``
     (issue 44: page size, top-k, draft tokens, captured batch size) goes over the rest;
@@ -121,26 +132,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", required=True)
     ap.add_argument("--size", choices=ALL_SIZES, required=True)
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="eagle3")
-    ap.add_argument("--deterministic", action="store_true",
-                    help="enable_deterministic_inference (batch-invariant kernels)")
+    ap.add_argument(
+        "--deterministic", action="store_true", help="enable_deterministic_inference (batch-invariant kernels)"
+    )
     ap.add_argument("--workloads", default="uniform", help="comma list of " + ", ".join(workloads.WORKLOADS))
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--alternate", type=int, default=0,
-                    help="N > 0: N ABBA alternations of mirror kept / dropped instead of --runs")
+    ap.add_argument(
+        "--alternate", type=int, default=0, help="N > 0: N ABBA alternations of mirror kept / dropped instead of --runs"
+    )
     ap.add_argument("--attention-backend", default="triton", help='"default": name none (sglang picks)')
-    ap.add_argument("--piecewise", choices=PIECEWISE, default="default",
-                    help="piecewise CUDA graph: the release's default, enforced on, or off")
+    ap.add_argument(
+        "--piecewise",
+        choices=PIECEWISE,
+        default="default",
+        help="piecewise CUDA graph: the release's default, enforced on, or off",
+    )
     ap.add_argument("--draft", choices=DRAFTS, default="checkpoint")
     ap.add_argument("--context-length", type=int, default=0, help="0: the model's own (131072)")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6)
     ap.add_argument("--tp", type=int, default=1, help="tp_size of the engine (one scheduler process per rank)")
     dp.add_arguments(ap)
     ap.add_argument("--engine-extra", default="{}", help="JSON object of Engine settings over the rest")
-    ap.add_argument("--profile-batch", type=int, default=0,
-                    help="BS > 0: after its timed generates, one more under sglang's profiler (profile_run.py)")
+    ap.add_argument(
+        "--profile-batch",
+        type=int,
+        default=0,
+        help="BS > 0: after its timed generates, one more under sglang's profiler (profile_run.py)",
+    )
     ap.add_argument("--profile-steps", type=int, default=20, help="decode steps --profile-batch profiles")
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
@@ -165,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.draft == "checkpoint" and args.scenario == "eagle3":
         t = time.perf_counter()
         stamp = draft_checkpoint.ensure(draft)
-        print(f"[runner] draft checkpoint {stamp['sha256'][:16]} ({stamp['bytes'] / 2**20:.0f} MiB) "
-              f"ready in {time.perf_counter() - t:.1f} s", flush=True)
+        print(
+            f"[runner] draft checkpoint {stamp['sha256'][:16]} ({stamp['bytes'] / 2**20:.0f} MiB) "
+            f"ready in {time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
 
     import sglang
 
@@ -190,14 +214,25 @@ def main(argv: list[str] | None = None) -> int:
     }
     from sglang.srt.entrypoints.engine import Engine
 
-    kwargs = engine_kwargs(target, draft, attention_backend=args.attention_backend,
-                           cuda_graph_max_bs=max(max(batch_sizes), 8),
-                           mem_fraction_static=args.mem_fraction_static,
-                           scenario=args.scenario, deterministic=args.deterministic, tp_size=args.tp,
-                           piecewise=args.piecewise, draft_kind=args.draft, context_length=args.context_length,
-                           engine_extra=json.loads(args.engine_extra), scale=dp.engine_kwargs(args))
+    kwargs = engine_kwargs(
+        target,
+        draft,
+        attention_backend=args.attention_backend,
+        cuda_graph_max_bs=max(max(batch_sizes), 8),
+        mem_fraction_static=args.mem_fraction_static,
+        scenario=args.scenario,
+        deterministic=args.deterministic,
+        tp_size=args.tp,
+        piecewise=args.piecewise,
+        draft_kind=args.draft,
+        context_length=args.context_length,
+        engine_extra=json.loads(args.engine_extra),
+        scale=dp.engine_kwargs(args),
+    )
     # 0.5.17 renamed three settings (server_args_names.py): the names this tree's ServerArgs has
-    kwargs, result["engine_kwargs_renamed"] = server_args_names.for_fields(kwargs, server_args_names.server_args_fields())
+    kwargs, result["engine_kwargs_renamed"] = server_args_names.for_fields(
+        kwargs, server_args_names.server_args_fields()
+    )
     result["engine_kwargs"] = kwargs
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))  # kept if the engine kills us
     t0 = time.perf_counter()
@@ -220,30 +255,48 @@ def main(argv: list[str] | None = None) -> int:
         vocab = deepseek.VOCAB if args.scenario == "mtp" else SIZES[args.size]["vocab_size"]
         for name in names:
             for bs in batch_sizes:
-                requests = workloads.build(name, bs, input_len=args.input_len,
-                                           max_new_tokens=args.max_new_tokens, vocab=vocab, seed=bs)
+                requests = workloads.build(
+                    name, bs, input_len=args.input_len, max_new_tokens=args.max_new_tokens, vocab=vocab, seed=bs
+                )
                 workloads.generate(engine, requests)  # warm-up
-                head = {"batch_size": bs, "workload": name,
-                        "output_lens": [r.max_new_tokens for r in requests]}
+                head = {"batch_size": bs, "workload": name, "output_lens": [r.max_new_tokens for r in requests]}
                 if args.alternate:
-                    batch = {**head, **alternated_runs(engine, requests, args.alternate, sync_dir,
-                                                       mirror_control.Switch(control, schedulers=args.tp))}
+                    batch = {
+                        **head,
+                        **alternated_runs(
+                            engine,
+                            requests,
+                            args.alternate,
+                            sync_dir,
+                            mirror_control.Switch(control, schedulers=args.tp),
+                        ),
+                    }
                     s = batch["summary"]
-                    print(f"[runner] {args.variant} {args.size} {name} bs={bs}: kept "
-                          f"{s['kept_ms_per_step']:.3f} ms/step, dropped {s['dropped_ms_per_step']:.3f}, "
-                          f"ratio {s['ratio'][0]:.4f} [{s['ratio'][1]:.4f}, {s['ratio'][2]:.4f}]", flush=True)
+                    print(
+                        f"[runner] {args.variant} {args.size} {name} bs={bs}: kept "
+                        f"{s['kept_ms_per_step']:.3f} ms/step, dropped {s['dropped_ms_per_step']:.3f}, "
+                        f"ratio {s['ratio'][0]:.4f} [{s['ratio'][1]:.4f}, {s['ratio'][2]:.4f}]",
+                        flush=True,
+                    )
                 else:
                     batch = {**head, **timed_runs(engine, requests, args.runs, sync_dir)}
-                    print(f"[runner] {args.variant} {args.size} {name} bs={bs}: {batch['tok_per_s']:.1f} tok/s "
-                          f"accept {batch['accept_length']} steps {batch['decode_steps']} "
-                          f"syncs {sum(batch['syncs'].values())} tree mask {batch['tree_mask']}", flush=True)
+                    print(
+                        f"[runner] {args.variant} {args.size} {name} bs={bs}: {batch['tok_per_s']:.1f} tok/s "
+                        f"accept {batch['accept_length']} steps {batch['decode_steps']} "
+                        f"syncs {sum(batch['syncs'].values())} tree mask {batch['tree_mask']}",
+                        flush=True,
+                    )
                 result["batches"].append(batch)
                 Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
                 if bs == args.profile_batch and not args.alternate:  # issue 57: the timed ones are written
                     batch["profile"] = profile_run.profiled_generate(
-                        engine, workloads.generate, requests, Path(f"{args.out}.profile-{name}-bs{bs}"),
+                        engine,
+                        workloads.generate,
+                        requests,
+                        Path(f"{args.out}.profile-{name}-bs{bs}"),
                         profile_run.steps_to_profile(args.profile_steps, batch["decode_steps"], args.runs),
-                        label=f"{args.variant} {name} bs={bs}")
+                        label=f"{args.variant} {name} bs={bs}",
+                    )
                     print(f"[runner] {batch['profile']['line']}", flush=True)
                     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))

@@ -104,8 +104,7 @@ def armed_in(sync_dir: str | None) -> bool:
     return bool(schedulers) and all((d.get("notes") or {}).get("sync_debug_armed") for d in schedulers)
 
 
-def alternated_runs(engine, requests, pairs: int, sync_dir: str | None,
-                    switch: mirror_control.Switch) -> dict:
+def alternated_runs(engine, requests, pairs: int, sync_dir: str | None, switch: mirror_control.Switch) -> dict:
     """ABBA alternations of mirror kept / dropped in this process (see mirror_control)."""
     order = mirror_control.abba(pairs)
     calls = []
@@ -117,17 +116,18 @@ def alternated_runs(engine, requests, pairs: int, sync_dir: str | None,
         timed = syncs.delta(after, table)
         table = after
         steps = syncs.calls_of(timed, "prepare_for_decode")
-        calls.append({
-            "arm": arm,
-            "elapsed_s": round(call["elapsed_s"], 5),
-            "decode_steps": steps,
-            "prepare_syncs": sum(n for k, n in syncs.syncs_only(timed).items()
-                                 if ":prepare_for_decode:" in k),
-            "syncs": sum(syncs.syncs_only(timed).values()),
-            "accept_length": call["completion_tokens"] / call["verify_ct"] if call["verify_ct"] else None,
-            "same_output": call["output_ids"] == (calls[0]["_out"] if calls else call["output_ids"]),
-            "_out": call["output_ids"] if not calls else None,
-        })
+        calls.append(
+            {
+                "arm": arm,
+                "elapsed_s": round(call["elapsed_s"], 5),
+                "decode_steps": steps,
+                "prepare_syncs": sum(n for k, n in syncs.syncs_only(timed).items() if ":prepare_for_decode:" in k),
+                "syncs": sum(syncs.syncs_only(timed).values()),
+                "accept_length": call["completion_tokens"] / call["verify_ct"] if call["verify_ct"] else None,
+                "same_output": call["output_ids"] == (calls[0]["_out"] if calls else call["output_ids"]),
+                "_out": call["output_ids"] if not calls else None,
+            }
+        )
     for c in calls:
         c.pop("_out")
     switch.set(mirror_control.DROPPED)  # leave the tree's own decision in place

@@ -40,7 +40,9 @@ def prepare_trees(bundle: Path, release: str, work: Path) -> dict[str, Path]:
     trees = {"pristine": pristine}
     for overlay_tar in sorted(tdir.glob("overlay*.tar.gz")):
         # overlay.tar.gz: every patch; overlay-minus-ID.tar.gz: every patch but ID.
-        name = overlay_tar.name[len("overlay-"):-len(".tar.gz")] if overlay_tar.name != "overlay.tar.gz" else "patched"
+        name = (
+            overlay_tar.name[len("overlay-") : -len(".tar.gz")] if overlay_tar.name != "overlay.tar.gz" else "patched"
+        )
         tree = work / release / name
         if tree.exists():
             shutil.rmtree(tree)
@@ -60,8 +62,10 @@ def unpacked_site(bundle: Path, group: str, work: Path) -> Path:
     """The bundle's ``site/<group>.tar.xz`` (``.tar.gz`` in bundles built before) unpacked under ``work``, reused by later
     calls on a warm machine only when it is the same tar (named by its sha256: two
     bundles' "common" groups differ, e.g. 0.5.13's lacks sglang-kernel 0.4.2)."""
-    tar = next((t for t in (bundle / "site" / f"{group}.tar.xz", bundle / "site" / f"{group}.tar.gz") if t.exists()),
-               bundle / "site" / f"{group}.tar.xz")
+    tar = next(
+        (t for t in (bundle / "site" / f"{group}.tar.xz", bundle / "site" / f"{group}.tar.gz") if t.exists()),
+        bundle / "site" / f"{group}.tar.xz",
+    )
     sha = hashlib.sha256(tar.read_bytes()).hexdigest()[:16]
     dest = work / "site" / f"{group}-{sha}"
     if not dest.exists():

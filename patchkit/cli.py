@@ -30,16 +30,30 @@ from patchkit.cli_changes import apply, revert
 from patchkit.errors import EXIT_CHANGES, EXIT_OK, Interrupted
 
 
-@click.group(cls=PatchkitGroup, epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
-             context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=PatchkitGroup,
+    epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)
-@click.option("-v", "--verbose", is_flag=True,
-              help=VERBOSE_HELP.format(detail=" (status, verify: every check of every patch; audit: every read; "
-                                              "other commands: none)"))
-@click.option("--patches", "patch_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
-              help="Also load the patch set in DIR: its *.toml and their codemod modules (repeatable). Sets "
-                   "named by [tool.patchkit] patches in a pyproject.toml above the tree or the current folder, "
-                   "and installed ones (entry points in patchkit.patches), load too; see docs/writing-a-patch.md.")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help=VERBOSE_HELP.format(
+        detail=" (status, verify: every check of every patch; audit: every read; other commands: none)"
+    ),
+)
+@click.option(
+    "--patches",
+    "patch_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Also load the patch set in DIR: its *.toml and their codemod modules (repeatable). Sets "
+    "named by [tool.patchkit] patches in a pyproject.toml above the tree or the current folder, "
+    "and installed ones (entry points in patchkit.patches), load too; see docs/writing-a-patch.md.",
+)
 @click.version_option(__version__, prog_name="patchkit")
 @click.pass_context
 def main(ctx: click.Context, quiet: bool, verbose: bool, patch_dirs: tuple[str, ...]) -> None:
@@ -94,17 +108,25 @@ def status(obj: Ctx, args, fmt: str) -> None:
     result = api.status(given, ids, obj.say, announce=fmt != "text")
     tree = result.where.tree
     if fmt == "json":
-        obj.echo(output.status_json(tree, result.reports, result.where.given, ok=result.ok,
-                                    runtime=result.runtime, notes=result.notes))
+        obj.echo(
+            output.status_json(
+                tree, result.reports, result.where.given, ok=result.ok, runtime=result.runtime, notes=result.notes
+            )
+        )
     else:
         obj.echo(output.status_text(tree, result.reports, obj.verbose, result.runtime, result.notes, obj.quiet))
 
 
 @main.command(verbose=True, epilog=TREE_EPILOG)
 @tree_and_patches
-@click.option("--format", "fmt", type=click.Choice(verify_output.FORMATS), default="text",
-              help="text (default), json (patchkit.status/1), junit (XML, one testcase per patch) or github "
-                   "(Actions annotations at the broken anchor); see docs/ci.md.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(verify_output.FORMATS),
+    default="text",
+    help="text (default), json (patchkit.status/1), junit (XML, one testcase per patch) or github "
+    "(Actions annotations at the broken anchor); see docs/ci.md.",
+)
 @click.pass_obj
 def verify(obj: Ctx, args, fmt: str) -> None:
     """Check the postconditions of every patch (or the named ones and what they
@@ -113,9 +135,20 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     given, ids = args
     result = api.verify(given, ids, obj.say, announce=fmt != "text", audit=fmt in ("text", "json"))
     tree = result.where.tree
-    obj.echo(verify_output.render(fmt, tree, result.reports, result.where.given, obj.verbose,
-                           result.runtime, result.notes, pending=result.pending is not None,
-                           audit_problems=result.audit_problems, quiet=obj.quiet))
+    obj.echo(
+        verify_output.render(
+            fmt,
+            tree,
+            result.reports,
+            result.where.given,
+            obj.verbose,
+            result.runtime,
+            result.notes,
+            pending=result.pending is not None,
+            audit_problems=result.audit_problems,
+            quiet=obj.quiet,
+        )
+    )
     sys.exit(EXIT_OK if result.ok else EXIT_CHANGES)
 
 
@@ -165,9 +198,13 @@ def diff(obj: Ctx, args, stat: bool, name_only: bool) -> None:
 @main.command(epilog=TREE_EPILOG)
 @click.argument("patch", shell_complete=_complete_patches)
 @tree_only
-@click.option("--diff", "show_diff", is_flag=True,
-              help="Also print, as a unified diff, what applying PATCH (and what it requires) changes on TREE; "
-                   "where patchkit applied it already, what it changed. " + GIT_LAYOUT)
+@click.option(
+    "--diff",
+    "show_diff",
+    is_flag=True,
+    help="Also print, as a unified diff, what applying PATCH (and what it requires) changes on TREE; "
+    "where patchkit applied it already, what it changed. " + GIT_LAYOUT,
+)
 @format_option("show")
 @click.pass_obj
 def show(obj: Ctx, patch: str, tree: Optional[str], show_diff: bool, fmt: str) -> None:
@@ -188,15 +225,23 @@ def show(obj: Ctx, patch: str, tree: Optional[str], show_diff: bool, fmt: str) -
 
 @main.command(epilog=TREE_EPILOG)
 @tree_only
-@click.option("-o", "--out", "out", type=click.Path(file_okay=False),
-              help="Folder for NNNN-<patch>.patch files and a quilt series file.")
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    help="Folder for NNNN-<patch>.patch files and a quilt series file.",
+)
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the series as one mbox on stdout instead.")
-@click.option("--author", default=None, metavar="'NAME <EMAIL>'",
-              help="From: of every patch (default: patchkit <patchkit@invalid>).")
+@click.option(
+    "--author",
+    default=None,
+    metavar="'NAME <EMAIL>'",
+    help="From: of every patch (default: patchkit <patchkit@invalid>).",
+)
 @format_option("export")
 @click.pass_obj
-def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, author: Optional[str],
-           fmt: str) -> None:
+def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, author: Optional[str], fmt: str) -> None:
     """Write the change patchkit applied to TREE as a git format-patch series,
     one patch per patchkit patch in dependency order, with a/python/sglang/...
     paths: `git am DIR/*.patch` on a pristine checkout reproduces the patched
@@ -225,8 +270,13 @@ def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, a
 @main.command()
 @click.argument("releases", nargs=-1, metavar="[RELEASE]...")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, help="Releases run in parallel processes.")
-@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown",
-              help="markdown: the release x patch table (default); json: the whole result as one document.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["markdown", "json"]),
+    default="markdown",
+    help="markdown: the release x patch table (default); json: the whole result as one document.",
+)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the table here instead of stdout.")
 @click.pass_obj
 def matrix(obj: Ctx, releases: tuple[str, ...], jobs: int, fmt: str, output: Optional[str]) -> None:

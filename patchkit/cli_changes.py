@@ -28,31 +28,66 @@ from patchkit.errors import EXIT_CHANGES
 
 @click.command(cls=PatchkitCommand, epilog=TREE_EPILOG)
 @tree_and_patches
-@click.option("--skip", multiple=True, metavar="PATCH", help="Leave this patch out (repeatable).",
-              shell_complete=_complete_patches)
+@click.option(
+    "--skip",
+    multiple=True,
+    metavar="PATCH",
+    help="Leave this patch out (repeatable).",
+    shell_complete=_complete_patches,
+)
 @dry_run_option("applying")
-@click.option("--check", is_flag=True,
-              help="Write nothing; exit 1 if applying would change the tree, listing the patches and files "
-                   "(as black --check; add --diff for the diff).")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Write nothing; exit 1 if applying would change the tree, listing the patches and files "
+    "(as black --check; add --diff for the diff).",
+)
 @diff_option("is applied (with --dry-run, --check: would be)")
-@click.option("--runtime", type=click.Choice(["vendored", "package"]), default=None,
-              help="Where patched code finds its runtime: vendored (default on a new tree) writes it into the "
-                   "tree as sglang/srt/_patchkit/, so the tree runs without patchkit; package forwards to the "
-                   "installed patchkit.runtime. Default: the mode the tree was patched with.")
-@click.option("--accept-vendor-code-risk", "accept_risk", is_flag=True,
-              help="Download nothing for the vendor-code check (offline): files whose release bytes patchkit "
-                   "neither ships as hashes nor has cached are patched unchecked, and code your fork added "
-                   "there may be lost. Without it, an apply that cannot fetch the release changes nothing.")
+@click.option(
+    "--runtime",
+    type=click.Choice(["vendored", "package"]),
+    default=None,
+    help="Where patched code finds its runtime: vendored (default on a new tree) writes it into the "
+    "tree as sglang/srt/_patchkit/, so the tree runs without patchkit; package forwards to the "
+    "installed patchkit.runtime. Default: the mode the tree was patched with.",
+)
+@click.option(
+    "--accept-vendor-code-risk",
+    "accept_risk",
+    is_flag=True,
+    help="Download nothing for the vendor-code check (offline): files whose release bytes patchkit "
+    "neither ships as hashes nor has cached are patched unchecked, and code your fork added "
+    "there may be lost. Without it, an apply that cannot fetch the release changes nothing.",
+)
 @format_option("apply")
 @click.pass_obj
-def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, show_diff: bool,
-          runtime: Optional[str], accept_risk: bool, fmt: str) -> None:
+def apply(
+    obj: Ctx,
+    args,
+    skip: tuple[str, ...],
+    dry_run: bool,
+    check: bool,
+    show_diff: bool,
+    runtime: Optional[str],
+    accept_risk: bool,
+    fmt: str,
+) -> None:
     """Apply patches (all by default) to TREE. A patch pulls in those it requires.
     Also brings the tree's runtime folder up to date (a stale runtime is rewritten)."""
     given, ids = args
     with obj.progress("apply: transforming") as progress:
-        result = _changing(obj, api.apply, given, ids, skip, dry_run=dry_run or check, runtime=runtime,
-                           say=obj.say, progress=progress, accept_vendor_code_risk=accept_risk)
+        result = _changing(
+            obj,
+            api.apply,
+            given,
+            ids,
+            skip,
+            dry_run=dry_run or check,
+            runtime=runtime,
+            say=obj.say,
+            progress=progress,
+            accept_vendor_code_risk=accept_risk,
+        )
     try:
         _finish(obj, result, fmt, show_diff, check)
     finally:  # the last line: unguarded reads of the mirror in the vendor's own code (patchkit audit)
@@ -63,21 +98,27 @@ def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, sho
 @click.command(cls=PatchkitCommand, epilog=TREE_EPILOG)
 @tree_and_patches
 @click.option("--cascade", is_flag=True, help="Also revert applied patches that require the named ones.")
-@click.option("--force", is_flag=True,
-              help="Discard the edits made after apply that overlap a patch (the others stay; a copy is kept).")
-@click.option("--recover", is_flag=True,
-              help="Every file back to its original from .patchkit/blobs alone (a corrupt journal or state).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Discard the edits made after apply that overlap a patch (the others stay; a copy is kept).",
+)
+@click.option(
+    "--recover",
+    is_flag=True,
+    help="Every file back to its original from .patchkit/blobs alone (a corrupt journal or state).",
+)
 @dry_run_option("reverting")
 @diff_option("is reverted (with --dry-run: would be)")
 @format_option("revert")
 @click.pass_obj
-def revert(obj: Ctx, args, cascade: bool, force: bool, recover: bool, dry_run: bool, show_diff: bool,
-           fmt: str) -> None:
+def revert(obj: Ctx, args, cascade: bool, force: bool, recover: bool, dry_run: bool, show_diff: bool, fmt: str) -> None:
     """Revert patches patchkit applied (all by default), byte for byte. Edits
     made after apply are kept by a 3-way merge, or the revert stops."""
     given, ids = args
-    result = _changing(obj, api.revert, given, ids, cascade=cascade, force=force, dry_run=dry_run, say=obj.say,
-                       recover=recover)
+    result = _changing(
+        obj, api.revert, given, ids, cascade=cascade, force=force, dry_run=dry_run, say=obj.say, recover=recover
+    )
     _finish(obj, result, fmt, show_diff, False)
 
 
@@ -124,8 +165,13 @@ def _finish(obj: Ctx, result: "api.ChangeResult", fmt: str, show_diff: bool, che
         elif outcome.changed:
             print_line(f"{len(outcome.done)} patch(es) would be {output.PAST[result.verb]}, {result.counts()}")
         elif not outcome.skipped:
-            print_line(f"nothing to {result.verb}: "
-                       + ("every patch is applied, native or not applicable" if result.verb == "apply"
-                          else "patchkit applied nothing to revert here"))
+            print_line(
+                f"nothing to {result.verb}: "
+                + (
+                    "every patch is applied, native or not applicable"
+                    if result.verb == "apply"
+                    else "patchkit applied nothing to revert here"
+                )
+            )
     if outcome.skipped or (check and outcome.changed):
         sys.exit(EXIT_CHANGES)

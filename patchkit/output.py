@@ -39,10 +39,12 @@ def patch_dict(patch: Patch) -> dict:
 
 def show_text(patch: Patch, codemods, runtime: list[str]) -> str:
     """``patchkit show``: what a patch is and what each codemod does."""
-    lines = [f"{patch.id}: {patch.title}",
-             f"  upstream: {', '.join(patch.upstream) or '- (not an upstream change)'}",
-             f"  requires: {', '.join(patch.requires) or '-'}",
-             f"  from:     {patch.origin}"]
+    lines = [
+        f"{patch.id}: {patch.title}",
+        f"  upstream: {', '.join(patch.upstream) or '- (not an upstream change)'}",
+        f"  requires: {', '.join(patch.requires) or '-'}",
+        f"  from:     {patch.origin}",
+    ]
     if runtime:
         lines.append(f"  runtime:  {', '.join(runtime)}")
     lines.append("")
@@ -63,9 +65,15 @@ def show_json(patch: Patch, codemods, runtime: list[str], diff: Optional[str] = 
         **patch_dict(patch),
         "description": patch.description,
         "runtime": runtime,
-        "targets": [{"file": t.file, "optional": t.optional, "when_missing": t.when_missing,
-                     "codemods": [{"name": v.name, "description": v.description} for v in codemods
-                                  if v.file == t.file]} for t in patch.targets],
+        "targets": [
+            {
+                "file": t.file,
+                "optional": t.optional,
+                "when_missing": t.when_missing,
+                "codemods": [{"name": v.name, "description": v.description} for v in codemods if v.file == t.file],
+            }
+            for t in patch.targets
+        ],
     }
     if diff is not None:
         doc["diff"] = diff
@@ -87,8 +95,10 @@ def diff_stat(diffs) -> str:
         graph = "+" * bar(d.added) + "-" * bar(d.removed)
         lines.append(f" {d.path:<{width}} | {d.added + d.removed:>4} {graph}")
     added, removed = sum(d.added for d in diffs), sum(d.removed for d in diffs)
-    lines.append(f" {len(diffs)} file{'s' if len(diffs) != 1 else ''} changed, "
-                 f"{added} insertion{'s' if added != 1 else ''}(+), {removed} deletion{'s' if removed != 1 else ''}(-)")
+    lines.append(
+        f" {len(diffs)} file{'s' if len(diffs) != 1 else ''} changed, "
+        f"{added} insertion{'s' if added != 1 else ''}(+), {removed} deletion{'s' if removed != 1 else ''}(-)"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -126,8 +136,10 @@ def export_json(tree: Tree, out: Optional[str], series, written) -> str:
         "schema": "patchkit.export/1",
         "tree": tree_dict(tree),
         "out": out,
-        "patches": [{"id": p.patch.id, "number": p.number, "file": str(path), "files": p.files}
-                    for p, path in zip(series.patches, written)],
+        "patches": [
+            {"id": p.patch.id, "number": p.number, "file": str(path), "files": p.files}
+            for p, path in zip(series.patches, written)
+        ],
         "notes": series.notes,
     }
     return json.dumps(doc, indent=2)
@@ -177,8 +189,12 @@ def summary(reports: list[PatchReport]) -> dict:
     counts: dict[str, int] = {}
     for r in reports:
         counts[r.state] = counts.get(r.state, 0) + 1
-    return {"total": len(reports), "ok": sum(r.ok for r in reports), "failed": sum(not r.ok for r in reports),
-            "states": counts}
+    return {
+        "total": len(reports),
+        "ok": sum(r.ok for r in reports),
+        "failed": sum(not r.ok for r in reports),
+        "states": counts,
+    }
 
 
 def status_json(tree: Tree, reports: list[PatchReport], given: Optional[str] = None, **extra) -> str:
@@ -205,12 +221,20 @@ def runtime_line(runtime: Optional[dict]) -> Optional[str]:
         where = f"vendored in {runtime['folder']}/"
     else:
         where = "package: the installed patchkit.runtime, through forwarders in " + runtime["folder"] + "/"
-    return (f"  patched by patchkit {runtime['patchkit']}; runtime {where} (API {runtime['api']}); "
-            f"recorded in {runtime['recorded_in']}")
+    return (
+        f"  patched by patchkit {runtime['patchkit']}; runtime {where} (API {runtime['api']}); "
+        f"recorded in {runtime['recorded_in']}"
+    )
 
 
-def status_text(tree: Tree, reports: list[PatchReport], verbose: bool = False, runtime: Optional[dict] = None,
-                notes: Sequence[str] = (), quiet: bool = False) -> str:
+def status_text(
+    tree: Tree,
+    reports: list[PatchReport],
+    verbose: bool = False,
+    runtime: Optional[dict] = None,
+    notes: Sequence[str] = (),
+    quiet: bool = False,
+) -> str:
     """``notes``: lines about the tree as a whole (a pending transaction,
     leftovers of an earlier base), printed under its first line. ``quiet``
     (-q): no tree line, no runtime line, no per-patch ``note:`` lines: the

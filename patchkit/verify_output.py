@@ -36,13 +36,30 @@ def status_junit(tree: Tree, reports: list[PatchReport], given: str, suite: str 
     skipped = sum(_skipped(r) for r in reports)
     import xml.etree.ElementTree as ET  # junit only: not paid by every status/verify
 
-    root = ET.Element("testsuites", name="patchkit", tests=str(len(reports)), failures=str(counts["failed"]),
-                      errors="0", skipped=str(skipped))
-    ts = ET.SubElement(root, "testsuite", name=f"{suite}: sglang {tree.version}", tests=str(len(reports)),
-                       failures=str(counts["failed"]), errors="0", skipped=str(skipped))
+    root = ET.Element(
+        "testsuites",
+        name="patchkit",
+        tests=str(len(reports)),
+        failures=str(counts["failed"]),
+        errors="0",
+        skipped=str(skipped),
+    )
+    ts = ET.SubElement(
+        root,
+        "testsuite",
+        name=f"{suite}: sglang {tree.version}",
+        tests=str(len(reports)),
+        failures=str(counts["failed"]),
+        errors="0",
+        skipped=str(skipped),
+    )
     props = ET.SubElement(ts, "properties")
-    for key, value in (("tree", given), ("package", str(tree.package)), ("layout", tree.layout),
-                       ("version", tree.version)):
+    for key, value in (
+        ("tree", given),
+        ("package", str(tree.package)),
+        ("layout", tree.layout),
+        ("version", tree.version),
+    ):
         ET.SubElement(props, "property", name=key, value=value)
     for r in reports:
         case = ET.SubElement(ts, "testcase", classname=f"patchkit.sglang-{tree.version}", name=r.patch.id)
@@ -76,8 +93,9 @@ def _gh_prop(text: str) -> str:
     return _gh_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def github_annotation(level: str, message: str, file: Optional[str] = None, line: Optional[int] = None,
-                      title: Optional[str] = None) -> str:
+def github_annotation(
+    level: str, message: str, file: Optional[str] = None, line: Optional[int] = None, title: Optional[str] = None
+) -> str:
     props = []
     if file:
         props.append(f"file={_gh_prop(file)}")
@@ -96,33 +114,46 @@ def status_github(tree: Tree, reports: list[PatchReport], given: str) -> str:
         title = f"patchkit: {r.patch.id}"
         bad = failures(r)
         if r.state == STALE:
-            out.append(github_annotation("error", f"{r.patch.id}: stale runtime: {r.reason}; run `patchkit apply`",
-                                         title=title))
+            out.append(
+                github_annotation(
+                    "error", f"{r.patch.id}: stale runtime: {r.reason}; run `patchkit apply`", title=title
+                )
+            )
         if r.state == "absent" and bad:
             first = bad[0]
             files = sorted({tree.shown_path(c.file, given) for c in bad})
-            message = (f"{r.patch.id} ({', '.join(r.patch.upstream)}) is not applied: {len(bad)} change(s) to make in "
-                       f"{', '.join(files)}; run `patchkit apply`")
-            out.append(github_annotation("error", message, tree.github_path(first.file, given),
-                                         first.finding.line, title))
+            message = (
+                f"{r.patch.id} ({', '.join(r.patch.upstream)}) is not applied: {len(bad)} change(s) to make in "
+                f"{', '.join(files)}; run `patchkit apply`"
+            )
+            out.append(
+                github_annotation("error", message, tree.github_path(first.file, given), first.finding.line, title)
+            )
         else:
             for c in bad:
                 what = "missing anchor" if c.finding.state is State.MISSING else f"{r.state}, still to do"
                 message = f"{r.patch.id}: {what}: {c.finding.anchor}: {c.finding.detail}".rstrip(": ")
-                out.append(github_annotation("error", message, tree.github_path(c.file, given),
-                                             c.finding.line, title))
+                out.append(github_annotation("error", message, tree.github_path(c.file, given), c.finding.line, title))
         for note in r.notes:
             out.append(github_annotation("warning", f"{r.patch.id}: {note}", title=title))
     out = list(dict.fromkeys(out))  # two codemods, one missing anchor: one annotation
     failed = [r.patch.id for r in reports if not r.ok]
-    out.append(f"patchkit verify: sglang {tree.version}: "
-               + ("OK" if not failed else f"FAILED ({', '.join(failed)})"))
+    out.append(f"patchkit verify: sglang {tree.version}: " + ("OK" if not failed else f"FAILED ({', '.join(failed)})"))
     return "\n".join(out)
 
 
-def render(fmt: str, tree: Tree, reports: list[PatchReport], given: str, verbose: bool = False,
-           runtime: Optional[dict] = None, notes: Sequence[str] = (), pending: bool = False,
-           audit_problems: Optional[int] = None, quiet: bool = False) -> str:
+def render(
+    fmt: str,
+    tree: Tree,
+    reports: list[PatchReport],
+    given: str,
+    verbose: bool = False,
+    runtime: Optional[dict] = None,
+    notes: Sequence[str] = (),
+    pending: bool = False,
+    audit_problems: Optional[int] = None,
+    quiet: bool = False,
+) -> str:
     """verify's output in one of FORMATS; ``given``: the tree argument as
     typed (paths are shown from it); ``pending``: an interrupted
     transaction (one of the ``notes``) fails the verdict; ``audit_problems``:
@@ -131,8 +162,9 @@ def render(fmt: str, tree: Tree, reports: list[PatchReport], given: str, verbose
     failed = [r for r in reports if not r.ok]
     if fmt == "json":
         extra = {} if audit_problems is None else {"audit": {"problems": audit_problems}}
-        return status_json(tree, reports, given, ok=not failed and not pending, runtime=runtime, notes=list(notes),
-                           **extra)
+        return status_json(
+            tree, reports, given, ok=not failed and not pending, runtime=runtime, notes=list(notes), **extra
+        )
     if fmt == "junit":
         return status_junit(tree, reports, given)
     if fmt == "github":
@@ -142,11 +174,17 @@ def render(fmt: str, tree: Tree, reports: list[PatchReport], given: str, verbose
     # not applied: its status line says all there is to say).
     broken = [r for r in failed if r.state != "absent"]
     if broken:
-        text += "\n" + "\n".join(f"  {r.patch.id}: {line}" for r in broken
-                                  for line in failure_text(r, tree, given, quiet).splitlines())
+        text += "\n" + "\n".join(
+            f"  {r.patch.id}: {line}" for r in broken for line in failure_text(r, tree, given, quiet).splitlines()
+        )
     if audit_problems is not None:
         text += "\n  " + verify_line(audit_problems)
     if pending:
         return text + "\n" + terminal.styled("verify: FAILED (an interrupted transaction is pending)")
-    return text + "\n" + terminal.styled("verify: OK" if not failed else
-                                         f"verify: FAILED ({', '.join(f'{r.patch.id}: {r.state}' for r in failed)})")
+    return (
+        text
+        + "\n"
+        + terminal.styled(
+            "verify: OK" if not failed else f"verify: FAILED ({', '.join(f'{r.patch.id}: {r.state}' for r in failed)})"
+        )
+    )

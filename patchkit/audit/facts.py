@@ -83,9 +83,14 @@ def facts_of(rel: str, data: bytes, reads: bool = True) -> Optional[Facts]:
     if path is not None and path.is_file():
         try:
             doc = json.loads(path.read_text())
-            _MEMO[key] = None if doc is None else Facts(
-                [Read(**r) for r in doc["reads"]],
-                {c["name"]: ClassFacts(c["name"], c["bases"], c["flag"], set(c["calls"])) for c in doc["classes"]})
+            _MEMO[key] = (
+                None
+                if doc is None
+                else Facts(
+                    [Read(**r) for r in doc["reads"]],
+                    {c["name"]: ClassFacts(c["name"], c["bases"], c["flag"], set(c["calls"])) for c in doc["classes"]},
+                )
+            )
             return _MEMO[key]
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -102,9 +107,14 @@ def facts_of(rel: str, data: bytes, reads: bool = True) -> Optional[Facts]:
             facts = Facts([], scan(tree)[0])
     _MEMO[key] = facts
     if path is not None:
-        doc = None if facts is None else {
-            "reads": [asdict(r) for r in facts.reads],
-            "classes": [{**asdict(c), "calls": sorted(c.calls)} for c in facts.classes.values()]}
+        doc = (
+            None
+            if facts is None
+            else {
+                "reads": [asdict(r) for r in facts.reads],
+                "classes": [{**asdict(c), "calls": sorted(c.calls)} for c in facts.classes.values()],
+            }
+        )
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -222,7 +232,12 @@ class ClassIndex:
         found = []
         for other, facts in self._lookup(rel, name)[:1]:
             for called in sorted(facts.calls):
-                if called != name and called[:1].isupper() and self._defined_in(called) and self.resolve(other, called)[0]:
+                if (
+                    called != name
+                    and called[:1].isupper()
+                    and self._defined_in(called)
+                    and self.resolve(other, called)[0]
+                ):
                     found.append(called)
         return found
 
@@ -241,8 +256,10 @@ class ClassIndex:
         """Why ``name`` runs where the mirror may be dropped, None when it keeps it."""
         _, flag, where = self.resolve(rel, name)
         if flag == "False" and where.endswith(BY_PATCH):
-            return (f"{name} opts out once {PATCH} is applied (it sets needs_cpu_seq_lens = False "
-                    f"in {where[:-len(BY_PATCH)]})")
+            return (
+                f"{name} opts out once {PATCH} is applied (it sets needs_cpu_seq_lens = False "
+                f"in {where[: -len(BY_PATCH)]})"
+            )
         if flag == "False":
             return f"{name} opts out (needs_cpu_seq_lens = False in {where})"
         if flag == "dynamic":

@@ -200,7 +200,9 @@ class ReplayPageTableFits(ClassCodemod):
 
 
 class InitTreeMask(_InitTreeMask):
-    DESCRIPTION = f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
+    DESCRIPTION = (
+        f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
+    )
     CLASS = BACKEND
     KIND = "FA3"
 

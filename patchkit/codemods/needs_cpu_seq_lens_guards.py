@@ -50,7 +50,10 @@ class GuardFilterBatch(MirrorGuards):
     METHOD = "filter_batch"
     GUARDS = (
         Guard(
-            m.Subscript(value=save(attr("seq_lens_cpu"), "MIRROR"), slice=[m.SubscriptElement(slice=m.Index(value=save(ANY, "INDEX")))]),
+            m.Subscript(
+                value=save(attr("seq_lens_cpu"), "MIRROR"),
+                slice=[m.SubscriptElement(slice=m.Index(value=save(ANY, "INDEX")))],
+            ),
             "index_or_none(MIRROR, INDEX)",
             "index_or_none",
         ),
@@ -66,7 +69,17 @@ class GuardMergeBatch(MirrorGuards):
     # that sum (needs_cpu_seq_lens_deferred_sum.DeferMergeBatchSum).
     GUARDS = (
         Guard(
-            call("torch.cat", m.Arg(value=m.List(elements=[m.Element(value=save(attr("seq_lens_cpu"), "A")), m.Element(value=save(attr("seq_lens_cpu"), "B"))]))),
+            call(
+                "torch.cat",
+                m.Arg(
+                    value=m.List(
+                        elements=[
+                            m.Element(value=save(attr("seq_lens_cpu"), "A")),
+                            m.Element(value=save(attr("seq_lens_cpu"), "B")),
+                        ]
+                    )
+                ),
+            ),
             "cat_or_none(A, B)",
             "cat_or_none",
         ),
@@ -101,7 +114,10 @@ class GuardInitNewExtendLens(MirrorGuards):
             save(attr(EXTEND_LENS), "LENS"),
             "host_list_or_none(LENS)",
             "host_list_or_none",
-            within=m.Assign(targets=[m.AssignTarget(target=attr("extend_seq_lens_cpu|extend_prefix_lens_cpu"))], value=attr(EXTEND_LENS)),
+            within=m.Assign(
+                targets=[m.AssignTarget(target=attr("extend_seq_lens_cpu|extend_prefix_lens_cpu"))],
+                value=attr(EXTEND_LENS),
+            ),
         ),
     )
     UPSTREAM_MARKER = m.If(test=call("isinstance", m.Arg(), m.Arg(value=m.Name("list"))))
@@ -139,23 +155,32 @@ class GuardDraftExtendGraphReplay(MirrorGuards):
     UPSTREAM_MARKER = none_test(m.Name("seq_lens_sum"))
     # A fork's runner with upstream's guard and a padded sum of its own beside it: that
     # read is the vendor's, in the shape the release's runner has; guarded there too.
-    REPLACES_VENDOR = ((
-        r"seq_lens_sum",
-        "the vendor's padded sum of the mirror, in the shape the release's runner has, becomes "
-        "add_or_none (the same value with the mirror, None without it); the vendor's statement stays",
-    ),)
+    REPLACES_VENDOR = (
+        (
+            r"seq_lens_sum",
+            "the vendor's padded sum of the mirror, in the shape the release's runner has, becomes "
+            "add_or_none (the same value with the mirror, None without it); the vendor's statement stays",
+        ),
+    )
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         finding = super().detect_in_method(fn)
         if finding.state is State.DONE and primitives.contains(fn, self.UPSTREAM_MARKER):
             left = [read for guard in self.GUARDS for read in self._unguarded(fn, guard)]
             if left:
-                return Finding.todo(self.anchor_of(fn), f"{len(left)} read(s) of {self.READS} beside upstream's guard, "
-                                    f"in the shape the release's runner has (first at {self.where(left[0])})")
+                return Finding.todo(
+                    self.anchor_of(fn),
+                    f"{len(left)} read(s) of {self.READS} beside upstream's guard, "
+                    f"in the shape the release's runner has (first at {self.where(left[0])})",
+                )
             ours = primitives.find_all(fn, primitives.call("add_or_none"))
             if ours:  # said in status's notes: the vendor's code is kept, and guarded
-                return Finding.done(self.anchor_of(fn), f"the vendor's own padded sum at {self.where(ours[0])} is kept, "
-                                    "guarded by add_or_none beside upstream's guard", by_tree=True)
+                return Finding.done(
+                    self.anchor_of(fn),
+                    f"the vendor's own padded sum at {self.where(ours[0])} is kept, "
+                    "guarded by add_or_none beside upstream's guard",
+                    by_tree=True,
+                )
         return finding
 
 
@@ -179,7 +204,9 @@ class GuardDraftTreeMask(MirrorGuards):
             within=call(TREE_KERNEL, m.ZeroOrMore(), m.Arg(value=attr("seq_lens_sum")), m.ZeroOrMore()),
             # `tree_mask_buf, position_buf = <backend>.get_verify_buffers_to_fill_after_draft()`
             context=m.Assign(
-                targets=[m.AssignTarget(target=m.Tuple(elements=[m.Element(value=save(m.Name(), "BUF")), m.ZeroOrMore()]))],
+                targets=[
+                    m.AssignTarget(target=m.Tuple(elements=[m.Element(value=save(m.Name(), "BUF")), m.ZeroOrMore()]))
+                ],
                 value=m.Call(func=attr("get_verify_buffers_to_fill_after_draft", save(ANY, "BACKEND"))),
             ),
         ),
@@ -239,7 +266,9 @@ class GuardTritonMetadata(MirrorGuards):
             SEQ_LENS_SUM_BOUND,
             "seq_lens_sum_or_bound",
             # The size as a vendor spells it too: `int(forward_batch.seq_lens_sum)`.
-            within=call("torch.empty", m.Arg(value=primitives.spelled(attr("seq_lens_sum"), slices=False)), m.ZeroOrMore()),
+            within=call(
+                "torch.empty", m.Arg(value=primitives.spelled(attr("seq_lens_sum"), slices=False)), m.ZeroOrMore()
+            ),
         ),
         Guard(
             call("sum", m.Arg(value=save(attr("extend_prefix_lens_cpu", save(ANY, "BATCH")), "LENS"))),

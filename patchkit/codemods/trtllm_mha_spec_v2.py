@@ -71,7 +71,9 @@ class _DevicePageTable(_Mixin):
 
 
 class BackendOptsOut(OptOutFlag):
-    DESCRIPTION = f"{BACKEND}.needs_cpu_seq_lens = False: no read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
+    DESCRIPTION = (
+        f"{BACKEND}.needs_cpu_seq_lens = False: no read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
+    )
     CLASS = BACKEND
     WHY = (
         "Page tables use a static width without the CPU mirror (the kernels stop\n"

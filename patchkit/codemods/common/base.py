@@ -91,10 +91,15 @@ class PatchCodemod(Codemod):
         (`<code>`); patchkit leaves it as it is``. The rest of the apply goes
         on; code the codemod would remove is still refused (the vendor-code
         check), so only an anchor with nothing left to change says this."""
-        code = next((ln.strip() for ln in _code(node).splitlines() if ln.strip() and not ln.strip().startswith("#")), "")
+        code = next(
+            (ln.strip() for ln in _code(node).splitlines() if ln.strip() and not ln.strip().startswith("#")), ""
+        )
         code = code if len(code) <= 80 else code[:77] + "..."
-        return Finding.superseded(anchor, f"this tree {what} itself at {self.where(node)} (`{code}`); patchkit leaves it as it is",
-                                  by_tree=True)
+        return Finding.superseded(
+            anchor,
+            f"this tree {what} itself at {self.where(node)} (`{code}`); patchkit leaves it as it is",
+            by_tree=True,
+        )
 
     def located(self, finding: Finding, node: Optional[cst.CSTNode]) -> Finding:
         """``finding`` at the line of ``node`` (a node of the detected module),
@@ -102,7 +107,12 @@ class PatchCodemod(Codemod):
         at a line (todo, missing) gets one: a line costs a partial code
         generation (``primitives.line_of``), and done findings are the most."""
         module = None if getattr(self, "_no_lines", False) else getattr(self, "_module", None)
-        if finding.line is not None or node is None or module is None or finding.state not in (State.TODO, State.MISSING):
+        if (
+            finding.line is not None
+            or node is None
+            or module is None
+            or finding.state not in (State.TODO, State.MISSING)
+        ):
             return finding
         return finding.at(primitives.line_of(module, node))
 
@@ -246,8 +256,12 @@ class MethodCodemod(ClassCodemod):
             return Finding.superseded(self.anchor, self.WHY_ABSENT)
         wanted = (self.METHOD, *self.RENAMED)
         if len(wanted) == 1:
-            return Finding.missing(self.anchor, f"{self.where(cls)}: class {self.CLASS} defines no method {self.METHOD}")
-        return Finding.missing(self.anchor, f"{self.where(cls)}: class {self.CLASS} defines none of {', '.join(wanted)}")
+            return Finding.missing(
+                self.anchor, f"{self.where(cls)}: class {self.CLASS} defines no method {self.METHOD}"
+            )
+        return Finding.missing(
+            self.anchor, f"{self.where(cls)}: class {self.CLASS} defines none of {', '.join(wanted)}"
+        )
 
     def missing_in(self, fn: cst.FunctionDef, found: str, needed: str, node: Optional[cst.CSTNode] = None) -> Finding:
         """A missing anchor inside the method, worded for the user: where (file

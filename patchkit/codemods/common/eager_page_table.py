@@ -46,7 +46,10 @@ class _TokenTable:
 
     def __init__(self, line: cst.SimpleStatementLine):
         assign = cst.ensure_type(line.body[0], cst.Assign)  # what _TOKEN_TABLE matches
-        target, value = cst.ensure_type(assign.targets[0].target, cst.Attribute), cst.ensure_type(assign.value, cst.Subscript)
+        target, value = (
+            cst.ensure_type(assign.targets[0].target, cst.Attribute),
+            cst.ensure_type(assign.value, cst.Subscript),
+        )
         self.line, self.receiver = line, code_of(target.value)
         self.tokens, self.rows = code_of(value.value), code_of(cst.ensure_type(value.slice[0].slice, cst.Index).value)
 
@@ -66,7 +69,11 @@ def _token_tables(fn: cst.FunctionDef) -> list[_TokenTable]:
         if any(_holds(guarded, block) for guarded in ours):
             continue
         for i, stmt in enumerate(block.body):
-            if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and m.matches(stmt.body[0], _TOKEN_TABLE):
+            if (
+                isinstance(stmt, cst.SimpleStatementLine)
+                and len(stmt.body) == 1
+                and m.matches(stmt.body[0], _TOKEN_TABLE)
+            ):
                 table = _TokenTable(stmt)
                 if any(writes_lengths(s, table.receiver) for s in block.body[:i]):
                     found.append(table)
@@ -153,7 +160,9 @@ class EagerPageTableToRealLength(MethodCodemod):
         if isinstance(plan, str):
             return self.missing_in(fn, plan, "the eager token-table gathers, then their striding into pages")
         if plan is not None:
-            return Finding.todo(self.anchor_of(fn), f"{len(plan[0])} eager req_to_token gather(s) as wide as the longest row")
+            return Finding.todo(
+                self.anchor_of(fn), f"{len(plan[0])} eager req_to_token gather(s) as wide as the longest row"
+            )
         if primitives.contains(fn, m.Call(func=m.Name(EAGER_HELPER))):
             return Finding.done(self.anchor_of(fn))
         return Finding.done(self.anchor_of(fn), "no eager page-table gather after the lengths")

@@ -51,8 +51,12 @@ class InitTreeMask(InitMask):
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         finding = super().detect_in_class(cls)
         init = primitives.find_method(cls, "__init__")
-        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in cst.ensure_type(init, cst.FunctionDef).params.params}:
-            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(finding.line)
+        if finding.state is State.TODO and "model_runner" not in {
+            p.name.value for p in cst.ensure_type(init, cst.FunctionDef).params.params
+        }:
+            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(
+                finding.line
+            )
         return finding
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:

@@ -74,7 +74,11 @@ class MethodGuards(MethodCodemod):
         finding = super().detect(module)
         if finding.state is State.MISSING and self.UPSTREAM_FUNCTION:
             moved = primitives.find_function(module, self.UPSTREAM_FUNCTION)
-            if moved is not None and self.UPSTREAM_MARKER is not None and primitives.contains(moved, self.UPSTREAM_MARKER):
+            if (
+                moved is not None
+                and self.UPSTREAM_MARKER is not None
+                and primitives.contains(moved, self.UPSTREAM_MARKER)
+            ):
                 return Finding.done(self.anchor, f"upstream's own guard, in {self.UPSTREAM_FUNCTION}()")
         return finding
 
@@ -87,8 +91,10 @@ class MethodGuards(MethodCodemod):
             if guard.context is not None and not primitives.find_all(fn, guard.context):
                 read = self._unguarded(fn, guard)[0]
                 return self.missing_in(
-                    fn, f"`{_code(read)}` is read, but not the statement its rewrite takes names from",
-                    f"that statement too ({self.DESCRIPTION})", read,
+                    fn,
+                    f"`{_code(read)}` is read, but not the statement its rewrite takes names from",
+                    f"that statement too ({self.DESCRIPTION})",
+                    read,
                 )
         if left:
             count = sum(len(self._unguarded(fn, g)) for g in left)
@@ -105,7 +111,11 @@ class MethodGuards(MethodCodemod):
             bare = primitives.unguarded(fn, reads, self.VALUES)
             if not bare:
                 # A fork that tests the value itself, in a shape of its own.
-                return Finding.done(anchor, f"this tree guards these reads itself (None tests, first at {self.where(reads[0])})", by_tree=True)
+                return Finding.done(
+                    anchor,
+                    f"this tree guards these reads itself (None tests, first at {self.where(reads[0])})",
+                    by_tree=True,
+                )
             return self.missing_in(
                 fn,
                 f"`{_code(bare[0])}` is read unguarded in a shape this change does not know",
@@ -130,7 +140,9 @@ class MethodGuards(MethodCodemod):
         found = primitives.unguarded(fn, self._reads(fn, guard), self.VALUES)
         if found and self.UPSTREAM is not None:
             covered = {
-                id(n) for outer in primitives.find_all(fn, self.UPSTREAM) for n in primitives.find_all(outer, guard.site, guard.within)
+                id(n)
+                for outer in primitives.find_all(fn, self.UPSTREAM)
+                for n in primitives.find_all(outer, guard.site, guard.within)
             }
             found = [n for n in found if id(n) not in covered]
         return found

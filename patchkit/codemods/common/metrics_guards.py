@@ -34,11 +34,13 @@ class MetricsGuards(MirrorGuards):
     mirror is upstream's. The rewrite keeps the value (the same sum with the
     mirror), so it replaces that read on purpose, said in one line."""
 
-    REPLACES_VENDOR = ((
-        r"seq_lens_cpu",
-        "the decode metrics' read of the CPU mirror (upstream's, in a module this release does not have there) "
-        "becomes the same value from the requests when the mirror is dropped",
-    ),)
+    REPLACES_VENDOR = (
+        (
+            r"seq_lens_cpu",
+            "the decode metrics' read of the CPU mirror (upstream's, in a module this release does not have there) "
+            "becomes the same value from the requests when the mirror is dropped",
+        ),
+    )
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         finding = super().detect_in_method(fn)

@@ -58,7 +58,9 @@ COMMENT = (
 def _mode(test: cst.BaseExpression) -> Optional[str]:
     """``is_target_verify`` for ``forward_mode.is_target_verify()`` (and the
     ``forward_batch.forward_mode`` spelling): the forward-mode test of an ``if``."""
-    found = primitives.find_all_of(cst.Call, test, m.Call(func=m.Attribute(value=attr("forward_mode") | m.Name("forward_mode"))))
+    found = primitives.find_all_of(
+        cst.Call, test, m.Call(func=m.Attribute(value=attr("forward_mode") | m.Name("forward_mode")))
+    )
     return cst.ensure_type(found[0].func, cst.Attribute).attr.value if found else None
 
 
@@ -89,8 +91,14 @@ def _group_at(body: list, i: int) -> Optional[tuple[int, str, str]]:
     if not isinstance(index, cst.Index):
         return None
     rows = index.value
-    if isinstance(rows, cst.Subscript) or m.matches(rows, m.Call(func=attr("unsqueeze"))):  # rows[:, None], rows.unsqueeze(1)
-        rows = rows.value if isinstance(rows, cst.Subscript) else cst.ensure_type(cst.ensure_type(rows, cst.Call).func, cst.Attribute).value
+    if isinstance(rows, cst.Subscript) or m.matches(
+        rows, m.Call(func=attr("unsqueeze"))
+    ):  # rows[:, None], rows.unsqueeze(1)
+        rows = (
+            rows.value
+            if isinstance(rows, cst.Subscript)
+            else cst.ensure_type(cst.ensure_type(rows, cst.Call).func, cst.Attribute).value
+        )
     uses = m.Name(name)
     copy_into_table = m.Call(
         func=attr("copy_", m.Subscript(value=attr("page_table"))),
@@ -100,10 +108,14 @@ def _group_at(body: list, i: int) -> Optional[tuple[int, str, str]]:
         found = primitives.find_all_of(cst.Call, body[j], copy_into_table)
         if not found:
             continue
-        table = cst.ensure_type(cst.ensure_type(found[0].func, cst.Attribute).value, cst.Subscript)  # <receiver>.page_table[...]
+        table = cst.ensure_type(
+            cst.ensure_type(found[0].func, cst.Attribute).value, cst.Subscript
+        )  # <receiver>.page_table[...]
         receiver = code_of(cst.ensure_type(table.value, cst.Attribute).value)
         end = j + 1
-        swa_copy = m.Call(func=attr("_copy_swa_page_table", m.Name("self")), args=[m.Arg(), m.Arg(uses), m.ZeroOrMore()])
+        swa_copy = m.Call(
+            func=attr("_copy_swa_page_table", m.Name("self")), args=[m.Arg(), m.Arg(uses), m.ZeroOrMore()]
+        )
         if end < len(body) and primitives.contains(body[end], swa_copy):
             end += 1  # TRT-LLM MHA's sliding-window copy of the same gather
         return end, code_of(rows), receiver
@@ -176,7 +188,9 @@ class _Groups(cst.CSTTransformer):
         self._stack.append(mode)
         self.groups.extend(_block_groups(node, mode))
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
         self._stack.pop()
         mine = [g for g in self.groups if g.block is original_node and g.mode in self._wanted]
         if not mine:
@@ -211,7 +225,9 @@ class ReplayPageTableToRealLength(MethodCodemod):
             return Finding.todo(self.anchor_of(fn), f"{len(left)} full-width req_to_token gather(s) ({where})")
         if primitives.contains(fn, m.Call(func=m.Name(HELPER))):
             return Finding.done(self.anchor_of(fn))
-        return Finding.done(self.anchor_of(fn), "no full-width page-table gather in the verify branches (upstream's device build)")
+        return Finding.done(
+            self.anchor_of(fn), "no full-width page-table gather in the verify branches (upstream's device build)"
+        )
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         comment = COMMENT.format(patch=self.PATCH, upstream=self.UPSTREAM)

@@ -32,7 +32,9 @@ IS_READ = "verify_tree_mask_is_read"
 #: The helper keyword that sizes an unread mask compact (sglang #32920).
 READS_KEYWORD = "reads_mask"
 DRAFT_RUNNER = "is_draft_runner"
-ASSIGNS_DRAFT_RUNNER = m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name(DRAFT_RUNNER)))])
+ASSIGNS_DRAFT_RUNNER = m.Assign(
+    targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name(DRAFT_RUNNER)))]
+)
 
 SUPERSEDED_WHY = f"upstream replaced {MASK} with the verify_mask property (sglang 0.5.17+)"
 #: What the mask's codemods read (theirs, upstream's later shape's, those a new one goes after).
@@ -116,13 +118,19 @@ class InitMaskAndDraftRunner(InitMask):
         self._ours = alloc is not None and primitives.contains(alloc, m.Call(func=m.Name(self.ALLOC_HELPER)))
         finding = super().detect_in_class(cls)
         init = primitives.find_method(cls, "__init__")
-        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in cst.ensure_type(init, cst.FunctionDef).params.params}:
-            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(finding.line)
+        if finding.state is State.TODO and "model_runner" not in {
+            p.name.value for p in cst.ensure_type(init, cst.FunctionDef).params.params
+        }:
+            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(
+                finding.line
+            )
         return finding
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if _assigns_mask(fn) and self._ours and not primitives.contains(fn, ASSIGNS_DRAFT_RUNNER):
-            return Finding.todo(self.anchor, f"self.{DRAFT_RUNNER} not set (the draft worker's instances allocate a mask)")
+            return Finding.todo(
+                self.anchor, f"self.{DRAFT_RUNNER} not set (the draft worker's instances allocate a mask)"
+            )
         return super().detect_in_method(fn)
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
@@ -209,13 +217,17 @@ class AllocMask(_MaskMethod):
     def _needs_max_bs(self, fn: cst.FunctionDef):
         params = [p.name.value for p in fn.params.params]
         if "max_bs" not in params:
-            return self.missing_in(fn, f"parameters ({', '.join(params)})", "a max_bs parameter to record the mask's bound")
+            return self.missing_in(
+                fn, f"parameters ({', '.join(params)})", "a max_bs parameter to record the mask's bound"
+            )
         return None
 
     def detect_todo(self, fn: cst.FunctionDef) -> Finding:
         params = [p.name.value for p in fn.params.params]
         if "max_num_tokens" not in params:
-            return self.missing_in(fn, f"parameters ({', '.join(params)})", "a max_num_tokens parameter to size the mask with")
+            return self.missing_in(
+                fn, f"parameters ({', '.join(params)})", "a max_num_tokens parameter to size the mask with"
+            )
         return self._needs_max_bs(fn) or Finding.todo(self.anchor, f"self.{MASK} not allocated")
 
     TOP_LEVEL_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
@@ -291,11 +303,14 @@ class VerifyBuffersReturnMask(ClassCodemod):
         if fn is not None:
             if primitives.contains(fn, SELF_MASK):
                 return Finding.done(anchor)
-            return self.located(Finding.missing(
-                anchor,
-                f"{self.where(fn)}: this tree overrides it without self.{MASK}; refusing to replace it "
-                "(the patch needs it to return the mask)",
-            ), fn)
+            return self.located(
+                Finding.missing(
+                    anchor,
+                    f"{self.where(fn)}: this tree overrides it without self.{MASK}; refusing to replace it "
+                    "(the patch needs it to return the mask)",
+                ),
+                fn,
+            )
         if _mask_superseded(cls):
             return Finding.superseded(anchor, SUPERSEDED_WHY)
         return Finding.todo(anchor, "not overridden (the base returns [None, None])")

@@ -113,17 +113,19 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
         if mentions(fn, MHA_BACKEND):
             return fn
         if graph_check(fn) is None:  # 0.5.8.post1 / 0.5.9: one more term of the capture gate's `or`
-            return primitives.replace_statements(
-                fn, the_gate(fn), lambda gate: with_gate_term(gate, GATE_TERM))
+            return primitives.replace_statements(fn, the_gate(fn), lambda gate: with_gate_term(gate, GATE_TERM))
         site = whitelist_site(fn)
         assert site is not None  # detect found it
         assign, disjunction = site
         if vendor_checks(disjunction):  # the vendor's own isinstance terms stay as written: one more term
             # several isinstance terms: an `or`
             new_value = primitives.replace_node(
-                assign.value, disjunction, with_or_term(cst.ensure_type(disjunction, cst.BooleanOperation), MHA_TERM))
+                assign.value, disjunction, with_or_term(cst.ensure_type(disjunction, cst.BooleanOperation), MHA_TERM)
+            )
         else:
-            new_value = primitives.add_isinstance_classes(assign.value, SUBJECT, [MHA_BACKEND], after="TRTLLMMLABackend")
+            new_value = primitives.add_isinstance_classes(
+                assign.value, SUBJECT, [MHA_BACKEND], after="TRTLLMMLABackend"
+            )
         return primitives.replace_statements(
             fn,
             primitives.line(primitives.is_node(assign)),
@@ -144,7 +146,6 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
 CAPTURE_METHODS = ("init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata")
 REPLAY_METHODS = ("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
 HELPER_MODULE = import_path("backends.trtllm_mha")
-
 
 
 class _DraftExtendMetadataMethod(MethodCodemod):
@@ -230,7 +231,9 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
                 receiver = code_of(cst.ensure_type(test.func, cst.Attribute).value)  # <receiver>.is_draft_extend()
                 metadata = next(
                     code_of(a.value)
-                    for a in primitives.find_all_of(cst.Attribute, cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q")))
+                    for a in primitives.find_all_of(
+                        cst.Attribute, cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q"))
+                    )
                 )
                 body[first : last + 1] = [
                     primitives.branch_statements(
@@ -261,6 +264,7 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
 
 # --- eagle_draft_extend_cuda_graph_runner.py: no top-k for V2 -------------------------
 
+
 class RunnerReplaySkipsTopkForV2(ReplaySkipsTopkForV2):
     DESCRIPTION = (
         "EAGLEDraftExtendCudaGraphRunner.replay: for DRAFT_EXTEND_V2 the unpadded output carries logits and "
@@ -274,7 +278,7 @@ V1_ASSERT = "_assert_draft_extend_outputs_close"
 V2_ASSERT = "_assert_draft_extend_v2_outputs_close"
 ADAPTER = "EagleDraftExtendCudaGraphRunnerAdapter"
 
-V2_ASSERT_SOURCE = f'''
+V2_ASSERT_SOURCE = f"""
 def {V2_ASSERT}(actual, expected, settings) -> None:
     # The DRAFT_EXTEND_V2 graph runner returns full-row next_token_logits and
     # hidden_states only; the selected-row top-k is computed by the V2 worker
@@ -291,11 +295,12 @@ def {V2_ASSERT}(actual, expected, settings) -> None:
         atol=settings.atol,
         rtol=settings.rtol,
     )
-'''
+"""
 
 _ADAPTER_CALL = m.Call(func=m.Name(ADAPTER))
 _USES_V2_ASSERT = m.Call(
-    func=m.Name(ADAPTER), args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("assert_outputs_close"), value=m.Name(V2_ASSERT)), m.ZeroOrMore()]
+    func=m.Name(ADAPTER),
+    args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("assert_outputs_close"), value=m.Name(V2_ASSERT)), m.ZeroOrMore()],
 )
 
 
@@ -303,7 +308,9 @@ def _v2_cases(module: cst.Module) -> list[cst.FunctionDef]:
     return [
         s
         for s in module.body
-        if isinstance(s, cst.FunctionDef) and "draft_extend_v2" in s.name.value and primitives.contains(s, _ADAPTER_CALL)
+        if isinstance(s, cst.FunctionDef)
+        and "draft_extend_v2" in s.name.value
+        and primitives.contains(s, _ADAPTER_CALL)
     ]
 
 

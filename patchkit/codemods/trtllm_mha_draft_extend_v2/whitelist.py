@@ -63,8 +63,12 @@ def with_or_term(disjunction: cst.BooleanOperation, term: str) -> cst.BooleanOpe
     """``disjunction or <term>``, laid out as its last ``or``."""
     op = disjunction.operator
     return cst.BooleanOperation(
-        left=disjunction.with_changes(lpar=[], rpar=[]), operator=cst.Or(op.whitespace_before, op.whitespace_after),
-        right=cst.parse_expression(term), lpar=disjunction.lpar, rpar=disjunction.rpar)
+        left=disjunction.with_changes(lpar=[], rpar=[]),
+        operator=cst.Or(op.whitespace_before, op.whitespace_after),
+        right=cst.parse_expression(term),
+        lpar=disjunction.lpar,
+        rpar=disjunction.rpar,
+    )
 
 
 def mentions(node: cst.CSTNode, name: str) -> bool:

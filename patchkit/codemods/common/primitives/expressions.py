@@ -105,7 +105,9 @@ def isinstance_tuple(node: cst.BaseExpression, add: Sequence[str] = (), after: O
     return cst.ensure_type(parse_expression(f"isinstance(\n    {subject},\n    (\n{lines}    ),\n)"), cst.Call)
 
 
-def add_isinstance_classes(expr: cst.BaseExpression, subject: str, add: Sequence[str], after: Optional[str] = None) -> cst.BaseExpression:
+def add_isinstance_classes(
+    expr: cst.BaseExpression, subject: str, add: Sequence[str], after: Optional[str] = None
+) -> cst.BaseExpression:
     """``expr`` with the ``add`` classes accepted by its isinstance disjunction
     on ``subject`` (see :func:`find_isinstance_disjunction`), wherever that sits.
     The isinstance checks of ``subject`` in it become one ``isinstance(s, (A,
@@ -161,8 +163,10 @@ def set_keyword_argument(call: cst.Call, name: str, value_source: str) -> cst.Ca
     else:
         between = args[-2].comma if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else None
         # The space before ``)`` (a line break in a wrapped call) stays before ``)``: the new arg takes it.
-        args[-1] = last.with_changes(comma=between or cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
-                                     whitespace_after_arg=cst.SimpleWhitespace(""))
+        args[-1] = last.with_changes(
+            comma=between or cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
+            whitespace_after_arg=cst.SimpleWhitespace(""),
+        )
         args.append(new.with_changes(whitespace_after_arg=last.whitespace_after_arg))
     return call.with_changes(args=args)
 
