@@ -26,7 +26,8 @@ from pathlib import Path
 
 from . import workloads
 from .models import SIZES, write_models
-from .runner import accept_of, engine_kwargs
+from .runner import engine_kwargs
+from .timed_calls import accept_of
 
 
 def summarise(alone: dict[str, tuple[float, list[int]]], batched: dict[str, tuple[float, list[int]]]) -> dict:
