@@ -26,11 +26,11 @@ from pathlib import Path
 
 from . import workloads
 from .models import SIZES, write_models
-from .runner import accept_of, engine_kwargs
+from .runner import engine_kwargs
+from .timed_calls import accept_of
 
 
-def summarise(alone: dict[str, tuple[float, list[int]]],
-              batched: dict[str, tuple[float, list[int]]]) -> dict:
+def summarise(alone: dict[str, tuple[float, list[int]]], batched: dict[str, tuple[float, list[int]]]) -> dict:
     """``{prompt: (accept, output)}`` alone and in a batch -> per prompt both accept
     lengths and whether the output is the same; ``request_bound`` when every prompt
     accepts the same (within 0.05) and writes the same tokens both ways."""
@@ -38,12 +38,20 @@ def summarise(alone: dict[str, tuple[float, list[int]]],
     for name in sorted(alone, key=_order):
         a_acc, a_out = alone[name]
         b_acc, b_out = batched[name]
-        rows.append({"prompt": name, "alone": a_acc, "batched": b_acc,
-                     "same_output": a_out == b_out,
-                     "same_accept": a_acc is not None and b_acc is not None and abs(a_acc - b_acc) <= 0.05})
-    return {"rows": rows,
-            "request_bound": bool(rows) and all(r["same_accept"] and r["same_output"] for r in rows),
-            "accepting_alone": sum(1 for r in rows if (r["alone"] or 0) > 3.0)}
+        rows.append(
+            {
+                "prompt": name,
+                "alone": a_acc,
+                "batched": b_acc,
+                "same_output": a_out == b_out,
+                "same_accept": a_acc is not None and b_acc is not None and abs(a_acc - b_acc) <= 0.05,
+            }
+        )
+    return {
+        "rows": rows,
+        "request_bound": bool(rows) and all(r["same_accept"] and r["same_output"] for r in rows),
+        "accepting_alone": sum(1 for r in rows if (r["alone"] or 0) > 3.0),
+    }
 
 
 def _order(name: str) -> tuple:
@@ -62,24 +70,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--mem-fraction-static", type=float, default=0.25)
     ap.add_argument("--no-cuda-graph", action="store_true")
-    ap.add_argument("--piecewise", choices=("default", "on", "off"), default="default",
-                    help="piecewise CUDA graph as the release defaults it (default); the probe recorded in "
-                         "docs/results/gpu-2026-11-24/accept-probe-*/probe.json ran before issue 40 with off")
+    ap.add_argument(
+        "--piecewise",
+        choices=("default", "on", "off"),
+        default="default",
+        help="piecewise CUDA graph as the release defaults it (default); the probe recorded in "
+        "docs/results/gpu-2026-11-24/accept-probe-*/probe.json ran before issue 40 with off",
+    )
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
     target, draft = write_models(Path(args.models_dir), args.size)
-    kwargs = engine_kwargs(target, draft, attention_backend="triton", cuda_graph_max_bs=32,
-                           mem_fraction_static=args.mem_fraction_static, scenario="standalone",
-                           piecewise=args.piecewise)
+    kwargs = engine_kwargs(
+        target,
+        draft,
+        attention_backend="triton",
+        cuda_graph_max_bs=32,
+        mem_fraction_static=args.mem_fraction_static,
+        scenario="standalone",
+        piecewise=args.piecewise,
+    )
     if args.no_cuda_graph:
         kwargs["disable_cuda_graph"] = True
     vocab = SIZES[args.size]["vocab_size"]
 
     def prompts(n: int) -> list[workloads.Request]:
-        return workloads.uniform(n, input_len=args.input_len, max_new_tokens=args.max_new_tokens,
-                                 vocab=vocab, seed=n)
+        return workloads.uniform(n, input_len=args.input_len, max_new_tokens=args.max_new_tokens, vocab=vocab, seed=n)
 
     p1, p2, p32 = prompts(1), prompts(2), prompts(32)
     from sglang.srt.entrypoints.engine import Engine
@@ -98,14 +115,19 @@ def main(argv: list[str] | None = None) -> int:
             batched[f"P32[{i}]"] = got
     finally:
         engine.shutdown()
-    result = {"args": vars(args), "engine_kwargs": {k: str(v) for k, v in kwargs.items()},
-              **summarise(alone, batched)}
+    result = {"args": vars(args), "engine_kwargs": {k: str(v) for k, v in kwargs.items()}, **summarise(alone, batched)}
     Path(args.out).write_text(json.dumps(result, indent=1))
     for row in result["rows"]:
-        print(f"[probe] {row['prompt']:8s} alone {row['alone']} batched {row['batched']} "
-              f"same output {row['same_output']}", flush=True)
-    print(f"[probe] request-bound: {result['request_bound']}; "
-          f"{result['accepting_alone']}/{len(result['rows'])} prompts accept > 3 alone", flush=True)
+        print(
+            f"[probe] {row['prompt']:8s} alone {row['alone']} batched {row['batched']} "
+            f"same output {row['same_output']}",
+            flush=True,
+        )
+    print(
+        f"[probe] request-bound: {result['request_bound']}; "
+        f"{result['accepting_alone']}/{len(result['rows'])} prompts accept > 3 alone",
+        flush=True,
+    )
     return 0
 
 

@@ -35,9 +35,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable
 
 from .wheels import COMMON_PINS, RELEASE_ENV, add_wheels_to_tar, all_pins, download_wheels, wheel_cache
 
@@ -51,6 +51,7 @@ def repo_root() -> Path:
 
 
 # ------------------------------------------------------------------ trees
+
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -72,8 +73,7 @@ def patchkit_cli(*args: str, cwd: Optional[Path] = None) -> subprocess.Completed
     env = dict(os.environ)
     root = str(repo_root())
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "patchkit", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "patchkit", *args], capture_output=True, text=True, env=env, cwd=cwd)
 
 
 def patched_tree(release: str, work: Path, skip: Iterable[str] = ()) -> tuple[Path, Path, str]:
@@ -123,8 +123,9 @@ def earlier_patched_tree(release: str, work: Path, name: str, commit: str) -> tu
     env = dict(os.environ, PYTHONPATH=str(src), PATCHKIT_CACHE_DIR=str(cache))
     outputs = []
     for args in (("apply", str(dest)), ("verify", str(dest))):
-        done = subprocess.run([sys.executable, "-m", "patchkit", *args], capture_output=True, text=True,
-                              env=env, cwd=src)
+        done = subprocess.run(
+            [sys.executable, "-m", "patchkit", *args], capture_output=True, text=True, env=env, cwd=src
+        )
         if done.returncode != 0:
             raise SystemExit(f"patchkit {args[0]} at {commit} on {release} failed:\n{done.stdout}{done.stderr}")
         outputs.append(done.stdout)
@@ -134,8 +135,7 @@ def earlier_patched_tree(release: str, work: Path, name: str, commit: str) -> tu
 def overlay(pristine: Path, patched: Path) -> tuple[dict[str, str], list[str]]:
     """Files of ``patched`` that differ from / are absent in ``pristine`` (rel -> sha256)."""
     a, b = _files(pristine), _files(patched)
-    changed = {rel: _sha256(p) for rel, p in sorted(b.items())
-               if rel not in a or a[rel].read_bytes() != p.read_bytes()}
+    changed = {rel: _sha256(p) for rel, p in sorted(b.items()) if rel not in a or a[rel].read_bytes() != p.read_bytes()}
     removed = sorted(set(a) - set(b))
     return changed, removed
 
@@ -166,6 +166,7 @@ def _tar_dir(out: Path, root: Path, arcroot: str, rels: Optional[Iterable[str]] 
 
 
 # ------------------------------------------------------------------ bundle
+
 
 def copy_e2e_package(dest: Path) -> None:
     here = Path(__file__).resolve().parent
@@ -209,19 +210,24 @@ def _add_reference_tree(dest: Path, release: str, manifest: dict) -> None:
     tree = fetch_tree(release)
     rels = sorted(_files(tree))
     _tar_dir(tdir / "pristine.tar.gz", tree, "sglang", [r for r in rels if loads_on_image(r)])
-    manifest["releases"][release] = {"runtime_mode": "upstream", "reference": True,
-                                     "env": RELEASE_ENV.get(release, {}),
-                                     "left_out": [r for r in rels if not loads_on_image(r)]}
+    manifest["releases"][release] = {
+        "runtime_mode": "upstream",
+        "reference": True,
+        "env": RELEASE_ENV.get(release, {}),
+        "left_out": [r for r in rels if not loads_on_image(r)],
+    }
 
 
 def _git_head() -> Optional[str]:
     """This checkout's commit (``+dirty`` when tracked files differ), or None."""
     root = str(repo_root())
     try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "-uno"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "-uno"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return (head + ("+dirty" if dirty else "")) or None
@@ -231,10 +237,19 @@ def folder_size(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
-def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
-          limit: int = LIMIT_BYTES, log=print, minus: Iterable[str] = (), kernels: Iterable[str] = (),
-          reference: Iterable[str] = (), earlier: Optional[dict[str, str]] = None,
-          site_compression: str = "xz", reuse_site: Optional[Path] = None) -> dict:
+def build(
+    dest: Path,
+    releases: Iterable[str] = ("0.5.12.post1",),
+    *,
+    limit: int = LIMIT_BYTES,
+    log=print,
+    minus: Iterable[str] = (),
+    kernels: Iterable[str] = (),
+    reference: Iterable[str] = (),
+    earlier: Optional[dict[str, str]] = None,
+    site_compression: str = "xz",
+    reuse_site: Optional[Path] = None,
+) -> dict:
     """``minus``: patch ids; each adds a tree "minus-ID" (every patch but that
     one) beside "patched", as ``overlay-minus-ID.tar.gz``: the orchestrator
     then measures that patch's own effect side by side. ``earlier``: {name:
@@ -254,8 +269,12 @@ def build(dest: Path, releases: Iterable[str] = ("0.5.12.post1",), *,
             shutil.rmtree(child) if child.is_dir() else child.unlink()
     dest.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    manifest: dict = {"releases": {}, "pins": pins, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      "patchkit_commit": _git_head()}
+    manifest: dict = {
+        "releases": {},
+        "pins": pins,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "patchkit_commit": _git_head(),
+    }
 
     (dest / "site").mkdir()
     earlier_site = json.loads((reuse_site / "manifest.json").read_text()) if reuse_site else {}

@@ -88,8 +88,14 @@ def split(folder: Path, part_bytes: int = PART_BYTES, log=print) -> list[Path]:
             with open(path, "rb") as src, open(out, "wb") as dst:
                 src.seek(offset)
                 dst.write(src.read(size))
-        (part / INDEX).write_text(json.dumps({**index, "part": letter, "parts": len(bins),
-                                              "holds": sorted(p[0] for p in content)}, indent=1, sort_keys=True) + "\n")
+        (part / INDEX).write_text(
+            json.dumps(
+                {**index, "part": letter, "parts": len(bins), "holds": sorted(p[0] for p in content)},
+                indent=1,
+                sort_keys=True,
+            )
+            + "\n"
+        )
         total = sum(p.stat().st_size for p in part.rglob("*") if p.is_file())
         log(f"{part}: {total / MIB:.1f} MiB, {len(content)} file(s) or chunk(s)")
         parts.append(part)
@@ -143,8 +149,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     missing = join(args.part, args.dest)
     if missing:
-        print(f"{args.dest}: part {json.loads((args.part / INDEX).read_text())['part']} in; "
-              f"{len(missing)} file(s) still to come: {', '.join(missing)}")
+        print(
+            f"{args.dest}: part {json.loads((args.part / INDEX).read_text())['part']} in; "
+            f"{len(missing)} file(s) still to come: {', '.join(missing)}"
+        )
     else:
         print(f"{args.dest}: complete, every file's sha256 checked")
     return 0

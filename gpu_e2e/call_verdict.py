@@ -26,7 +26,8 @@ def verdict(results: dict, extra_tables: str = "") -> bool:
     runs = list(results["runs"].values())
     variants = variants_run(results)
     if runs and len(variants) == 1 and all(r.get("rc") == 0 and r.get("batches") for r in runs):
-        results["notes"].append(f"one variant ({variants[0]}): no pair to compare in this call; "
-                                "its comparison is made across calls")
+        results["notes"].append(
+            f"one variant ({variants[0]}): no pair to compare in this call; its comparison is made across calls"
+        )
         return True
     return False

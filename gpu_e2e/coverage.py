@@ -20,8 +20,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 
 from .bundle import repo_root
 from .wheels import IMAGE_PACKAGES, all_pins, normalise
@@ -48,19 +48,39 @@ ENGINE_PATH_MODULES = (
 def present_modules(tree_parent: Path, modules: Iterable[str] = ENGINE_PATH_MODULES) -> list[str]:
     """The modules of ``modules`` that the tree has (a release drops or folds some)."""
     root = Path(tree_parent)
-    return [m for m in modules if (root / (m.replace(".", "/") + ".py")).is_file()
-            or (root / m.replace(".", "/") / "__init__.py").is_file()]
+    return [
+        m
+        for m in modules
+        if (root / (m.replace(".", "/") + ".py")).is_file() or (root / m.replace(".", "/") / "__init__.py").is_file()
+    ]
+
 
 #: import name -> distribution, where they differ (image packages and bundle pins).
 IMPORT_ALIASES = {
-    "yaml": "pyyaml", "PIL": "pillow", "cv2": "opencv-python-headless", "zmq": "pyzmq",
-    "google": "protobuf", "dateutil": "python-dateutil", "multipart": "python-multipart",
-    "python_multipart": "python-multipart", "tvm_ffi": "apache-tvm-ffi", "IPython": "ipython",
-    "sgl_kernel": "sglang-kernel", "flashinfer": "flashinfer-python", "pydantic_core": "pydantic-core",
-    "typing_extensions": "typing-extensions", "jinja2": "jinja2", "markupsafe": "markupsafe",
-    "huggingface_hub": "huggingface-hub", "partial_json_parser": "partial-json-parser",
-    "compressed_tensors": "compressed-tensors", "sklearn": "scikit-learn", "skimage": "scikit-image",
-    "attr": "attrs", "_cffi_backend": "cffi", "opentelemetry": "opentelemetry-api",
+    "yaml": "pyyaml",
+    "PIL": "pillow",
+    "cv2": "opencv-python-headless",
+    "zmq": "pyzmq",
+    "google": "protobuf",
+    "dateutil": "python-dateutil",
+    "multipart": "python-multipart",
+    "python_multipart": "python-multipart",
+    "tvm_ffi": "apache-tvm-ffi",
+    "IPython": "ipython",
+    "sgl_kernel": "sglang-kernel",
+    "flashinfer": "flashinfer-python",
+    "pydantic_core": "pydantic-core",
+    "typing_extensions": "typing-extensions",
+    "jinja2": "jinja2",
+    "markupsafe": "markupsafe",
+    "huggingface_hub": "huggingface-hub",
+    "partial_json_parser": "partial-json-parser",
+    "compressed_tensors": "compressed-tensors",
+    "sklearn": "scikit-learn",
+    "skimage": "scikit-image",
+    "attr": "attrs",
+    "_cffi_backend": "cffi",
+    "opentelemetry": "opentelemetry-api",
     "deep_gemm": "sgl-deep-gemm",
 }
 
@@ -69,6 +89,7 @@ def distribution_of_import(name: str) -> str:
     """The distribution a top-level import name comes from (normalised; a guess by name
     where :data:`IMPORT_ALIASES` does not say)."""
     return normalise(IMPORT_ALIASES.get(name, name))
+
 
 _CHILD = r"""
 import importlib, importlib.util, importlib.metadata as md, json, sys
@@ -131,17 +152,30 @@ def allowed_distributions(releases: Iterable[str]) -> set[str]:
     return names
 
 
-def engine_path_imports(tree_parent: Path, release: str, python: str = sys.executable,
-                        site: Iterable[Path] = ()) -> dict:
+def engine_path_imports(
+    tree_parent: Path, release: str, python: str = sys.executable, site: Iterable[Path] = ()
+) -> dict:
     """``{"modules": {top: [dist-or-None, guessed-dist]}, "stood_in": [...]}`` or ``{"error": ...}``.
     ``site``: folders put first on the child's path (a bundle's unpacked site)."""
     allowed = sorted(allowed_distributions([release]))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*map(str, site), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run(
-        [python, "-c", _CHILD, str(tree_parent), str(repo_root() / "tests"), json.dumps(allowed),
-         json.dumps(present_modules(tree_parent)), json.dumps(IMPORT_ALIASES)],
-        capture_output=True, text=True, timeout=900, env=env)
+        [
+            python,
+            "-c",
+            _CHILD,
+            str(tree_parent),
+            str(repo_root() / "tests"),
+            json.dumps(allowed),
+            json.dumps(present_modules(tree_parent)),
+            json.dumps(IMPORT_ALIASES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": f"rc={proc.returncode}: {proc.stderr.strip()[-3000:]}"}

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable
 
 
 def is_cuda_guard(test: ast.expr) -> bool:
@@ -70,8 +70,7 @@ def lazy_cuda_imports(tree_parent: Path, module: str, function: str) -> list[str
     """The sglang modules ``module``'s ``function`` (a method too) imports under a CUDA guard."""
     path = module_file(tree_parent, module)
     tree = ast.parse(path.read_text())
-    found = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-             and n.name == function]
+    found = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function]
     if not found:
         raise LookupError(f"{module} has no function {function}")
     names = {name for fn in found for name, _ in _cuda_imports(module, path, fn.body, True)}
@@ -92,8 +91,7 @@ def module_level_imports(tree_parent: Path, modules: Iterable[str]) -> dict[str,
             top = name.split(".")[0]
             if top == "sglang":
                 parts = name.split(".")  # a package's __init__ loads before its modules
-                todo.extend(m for i in range(2, len(parts) + 1)
-                            if module_file(tree_parent, m := ".".join(parts[:i])))
+                todo.extend(m for i in range(2, len(parts) + 1) if module_file(tree_parent, m := ".".join(parts[:i])))
             elif top and top not in sys.stdlib_module_names and top != "__future__":
                 tops.setdefault(top, f"{module}:{line}")
     return tops

@@ -26,16 +26,37 @@ from pathlib import Path
 
 VOCAB = 129280
 CONTEXT = 163840
-ROPE_SCALING = {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
-                "original_max_position_embeddings": 4096, "type": "yarn"}
+ROPE_SCALING = {
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "factor": 40,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+    "type": "yarn",
+}
 #: MLA head geometry of DeepSeek-V3 (what the attention kernels see).
 MLA = dict(kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
 
 SIZES = {
-    "ds": dict(hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512, num_hidden_layers=4,
-               num_attention_heads=16, first_k_dense_replace=1, n_routed_experts=64),
-    "ds-dense": dict(hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512, num_hidden_layers=4,
-                     num_attention_heads=16, first_k_dense_replace=4, n_routed_experts=64),
+    "ds": dict(
+        hidden_size=1024,
+        intermediate_size=2816,
+        moe_intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        first_k_dense_replace=1,
+        n_routed_experts=64,
+    ),
+    "ds-dense": dict(
+        hidden_size=1024,
+        intermediate_size=2816,
+        moe_intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        first_k_dense_replace=4,
+        n_routed_experts=64,
+    ),
 }
 
 

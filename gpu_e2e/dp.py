@@ -14,14 +14,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dp", type=int, default=1, help="dp_size of the engine (with --dp-attention: DP attention)")
     ap.add_argument("--dp-attention", action="store_true", help="enable_dp_attention")
     ap.add_argument("--tbo", action="store_true", help="enable_two_batch_overlap (needs an a2a backend)")
-    ap.add_argument("--moe-a2a-backend", default=None,
-                    help="moe_a2a_backend (e.g. deepep; default: the release's, none)")
+    ap.add_argument(
+        "--moe-a2a-backend", default=None, help="moe_a2a_backend (e.g. deepep; default: the release's, none)"
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """The keywords :func:`ranks.engine_kwargs` takes beside ``tp_size``."""
-    return dict(dp_size=args.dp, dp_attention=args.dp_attention, tbo=args.tbo,
-                moe_a2a_backend=args.moe_a2a_backend)
+    return dict(dp_size=args.dp, dp_attention=args.dp_attention, tbo=args.tbo, moe_a2a_backend=args.moe_a2a_backend)
 
 
 def forwarded(args: argparse.Namespace) -> list[str]:

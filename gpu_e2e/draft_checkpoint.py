@@ -24,8 +24,8 @@ import json
 import os
 import random
 import struct
-from pathlib import Path
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 WEIGHTS = "model.safetensors"
 STAMP = "checkpoint.json"
@@ -127,9 +127,14 @@ def write(folder: Path, seed: int = SEED) -> dict:
             digest.update(chunk)
             size += len(chunk)
     os.replace(part, folder / WEIGHTS)
-    stamp = {"seed": seed, "bytes": size, "sha256": digest.hexdigest(),
-             "draft_vocab_size": cfg["draft_vocab_size"], "vocab_size": cfg["vocab_size"],
-             "config_sha256": hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()}
+    stamp = {
+        "seed": seed,
+        "bytes": size,
+        "sha256": digest.hexdigest(),
+        "draft_vocab_size": cfg["draft_vocab_size"],
+        "vocab_size": cfg["vocab_size"],
+        "config_sha256": hashlib.sha256((folder / "config.json").read_bytes()).hexdigest(),
+    }
     (folder / STAMP).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
     return stamp
 
@@ -142,7 +147,8 @@ def ensure(folder: Path, seed: int = SEED) -> dict:
     config_sha = hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()
     if stamp_path.exists() and (folder / WEIGHTS).exists():
         stamp = json.loads(stamp_path.read_text())
-        if (stamp.get("seed"), stamp.get("config_sha256")) == (seed, config_sha) \
-                and (folder / WEIGHTS).stat().st_size == stamp.get("bytes"):
+        if (stamp.get("seed"), stamp.get("config_sha256")) == (seed, config_sha) and (
+            folder / WEIGHTS
+        ).stat().st_size == stamp.get("bytes"):
             return stamp
     return write(folder, seed)

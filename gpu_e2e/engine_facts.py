@@ -30,23 +30,36 @@ here syncs. :func:`log_facts` adds the engine log's own lines (rank 0 logs them)
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
 from collections.abc import Iterable, Mapping
+from typing import Any, Optional
 
 from . import ranks, syncs
 
 NOTE = "engine"
-SERVER_FIELDS = ("disable_piecewise_cuda_graph", "enforce_piecewise_cuda_graph",
-                 "enable_piecewise_cuda_graph",  # 0.5.4 … 0.5.9's only switch (off by default)
-                 "attention_backend",
-                 "prefill_attention_backend", "decode_attention_backend", "load_format",
-                 "speculative_draft_load_format", "disable_cuda_graph", "speculative_algorithm",
-                 # issue 44: MLA page size, tree drafts, the captured batch size
-                 "page_size", "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_num_steps",
-                 "cuda_graph_max_bs", "max_running_requests", "moe_runner_backend",
-                 # 0.5.17's names for the piecewise switches and the captured batch size
-                 # (server_args_names.py)
-                 "cuda_graph_backend_prefill", "cuda_graph_max_bs_decode")
+SERVER_FIELDS = (
+    "disable_piecewise_cuda_graph",
+    "enforce_piecewise_cuda_graph",
+    "enable_piecewise_cuda_graph",  # 0.5.4 … 0.5.9's only switch (off by default)
+    "attention_backend",
+    "prefill_attention_backend",
+    "decode_attention_backend",
+    "load_format",
+    "speculative_draft_load_format",
+    "disable_cuda_graph",
+    "speculative_algorithm",
+    # issue 44: MLA page size, tree drafts, the captured batch size
+    "page_size",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_num_steps",
+    "cuda_graph_max_bs",
+    "max_running_requests",
+    "moe_runner_backend",
+    # 0.5.17's names for the piecewise switches and the captured batch size
+    # (server_args_names.py)
+    "cuda_graph_backend_prefill",
+    "cuda_graph_max_bs_decode",
+)
 #: Engine log lines that show a graph being captured (sglang logs them on rank 0),
 #: counted whatever their case (0.5.17 writes "CUDA graph" where 0.5.12 wrote "cuda graph").
 LOG_LINES = {
@@ -114,8 +127,14 @@ def facts_of_scheduler(scheduler: Any) -> dict:
     inner = getattr(worker, "_draft_worker", worker)  # spec v2 wraps the draft worker
     if inner is not None:
         out["draft_worker"] = _cls(inner)
-        draft_runner = next((r for r in (getattr(inner, n, None) for n in ("draft_runner", "draft_model_runner",
-                                                                              "model_runner")) if r is not None), None)
+        draft_runner = next(
+            (
+                r
+                for r in (getattr(inner, n, None) for n in ("draft_runner", "draft_model_runner", "model_runner"))
+                if r is not None
+            ),
+            None,
+        )
         out["draft_piecewise_runner"] = _cls(getattr(draft_runner, "piecewise_cuda_graph_runner", None))
         out["draft_extend_graph_runner"] = _cls(getattr(inner, "cuda_graph_runner_for_draft_extend", None))
         out["draft_prefill_graph_runner"] = _cls(getattr(draft_runner, "prefill_cuda_graph_runner", None))
@@ -124,7 +143,9 @@ def facts_of_scheduler(scheduler: Any) -> dict:
         out["draft_model"] = _cls(getattr(draft_runner, "model", None))
         hot = getattr(inner, "hot_token_id", None)
         shape = getattr(hot, "shape", None)
-        out["hot_token_id_shape"] = None if hot is None else [int(n) for n in shape] if shape is not None else [len(hot)]
+        out["hot_token_id_shape"] = (
+            None if hot is None else [int(n) for n in shape] if shape is not None else [len(hot)]
+        )
     return out
 
 
@@ -133,6 +154,7 @@ def _plain(value: Any) -> Any:
 
 
 # ----------------------------------------------------------------- reading side
+
 
 def from_dumps(dumps: Iterable[Mapping]) -> list[dict]:
     """Every scheduler process's facts, by TP rank."""
@@ -151,8 +173,9 @@ def log_facts(text: str) -> dict:
         out["graph_captures"] = captures
     timings = _STARTUP_GRAPHS.search(text)
     if timings:
-        out["graph_startup_s"] = {k.strip(): float(v) for k, _, v in
-                                  (item.partition("=") for item in timings.group(1).split(",")) if v}
+        out["graph_startup_s"] = {
+            k.strip(): float(v) for k, _, v in (item.partition("=") for item in timings.group(1).split(",")) if v
+        }
     return out
 
 
@@ -176,19 +199,28 @@ def graph_setup(run: Mapping) -> Optional[dict]:
     if not procs or any(p.get("prefill_graph_backend") is None for p in procs):
         return None
     p = procs[0]
-    runners = {"target prefill": "prefill_graph_runner", "target verify": "decode_graph_runner",
-               "draft prefill": "draft_prefill_graph_runner", "draft decode": "draft_decode_graph_runner",
-               "draft extend": "draft_extend_graph_runner"}
-    return {phase: p["prefill_graph_backend" if phase.endswith("prefill") else "decode_graph_backend"]
-            for phase, key in runners.items() if "CudaGraph" in str(p.get(key))}
+    runners = {
+        "target prefill": "prefill_graph_runner",
+        "target verify": "decode_graph_runner",
+        "draft prefill": "draft_prefill_graph_runner",
+        "draft decode": "draft_decode_graph_runner",
+        "draft extend": "draft_extend_graph_runner",
+    }
+    return {
+        phase: p["prefill_graph_backend" if phase.endswith("prefill") else "decode_graph_backend"]
+        for phase, key in runners.items()
+        if "CudaGraph" in str(p.get(key))
+    }
 
 
 def _graphs_text(graphs: Mapping, seconds: Mapping) -> str:
     """``target prefill breakable 3.70 s, ...``: each capture with its startup time."""
+
     def took(phase: str) -> str:
         role, _, step = phase.partition(" ")
         s = seconds.get(step if role == "target" and step in ("prefill", "decode") else f"{role}_{step}")
         return "" if s is None else f" {s:.2f} s"
+
     return ", ".join(f"{phase} {backend}{took(phase)}" for phase, backend in graphs.items()) or "none"
 
 
@@ -219,11 +251,17 @@ def in_force(run: Mapping) -> dict:
 
     return {
         "processes": len(procs),
-        "piecewise": (_prefill_graph_in_force(graphs) if graphs is not None
-                      else "?" if not procs else "on" if all(not _piecewise_switched_off(p) and
-                                                             p.get("piecewise_runner") for p in procs)
-                      else "off" if all(_piecewise_switched_off(p) and not p.get("piecewise_runner")
-                                        for p in procs) else "mixed"),
+        "piecewise": (
+            _prefill_graph_in_force(graphs)
+            if graphs is not None
+            else "?"
+            if not procs
+            else "on"
+            if all(not _piecewise_switched_off(p) and p.get("piecewise_runner") for p in procs)
+            else "off"
+            if all(_piecewise_switched_off(p) and not p.get("piecewise_runner") for p in procs)
+            else "mixed"
+        ),
         "piecewise_runner": runner("piecewise_runner", "prefill_graph_runner"),
         "draft_piecewise_runner": runner("draft_piecewise_runner", "draft_prefill_graph_runner"),
         "graphs": "–" if graphs is None else _graphs_text(graphs, log.get("graph_startup_s") or {}),
@@ -247,10 +285,12 @@ def backend_in_force(run: Mapping, asked: str) -> str:
     return asked if value in ("?", "None") or value.startswith("mixed") else value
 
 
-SETTINGS_HEADER = ("| run | piecewise in force | piecewise runner (target / draft) | `attention_backend` in force "
-                   "| attention backend class | draft-extend graph runner | \"Capture piecewise\" / "
-                   "\"Capture draft extend\" log lines | `hot_token_id` | context "
-                   "| graphs captured (0.5.17: role, phase, backend) |")
+SETTINGS_HEADER = (
+    "| run | piecewise in force | piecewise runner (target / draft) | `attention_backend` in force "
+    '| attention backend class | draft-extend graph runner | "Capture piecewise" / '
+    '"Capture draft extend" log lines | `hot_token_id` | context '
+    "| graphs captured (0.5.17: role, phase, backend) |"
+)
 SETTINGS_RULE = "|---|---|---|---|---|---|---|---|---:|---|"
 
 
@@ -260,11 +300,13 @@ def settings_markdown(runs: Mapping[str, Mapping]) -> str:
         if not run.get("engine_facts") and not run.get("engine_log"):
             continue
         f = in_force(run)
-        lines.append(f"| {key} | {f['piecewise']} | {f['piecewise_runner']} / {f['draft_piecewise_runner']} "
-                     f"| {f['attention_backend']} "
-                     f"| {f['attn_backend']} | {f['draft_extend_graph_runner']} "
-                     f"| {f['log_piecewise_capture']} / {f['log_draft_extend_capture']} "
-                     f"| {f['hot_token_id_shape']} | {f['context_len']} | {f['graphs']} |")
+        lines.append(
+            f"| {key} | {f['piecewise']} | {f['piecewise_runner']} / {f['draft_piecewise_runner']} "
+            f"| {f['attention_backend']} "
+            f"| {f['attn_backend']} | {f['draft_extend_graph_runner']} "
+            f"| {f['log_piecewise_capture']} / {f['log_draft_extend_capture']} "
+            f"| {f['hot_token_id_shape']} | {f['context_len']} | {f['graphs']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -294,7 +336,7 @@ def _scheduler_exception(lines: list[str]) -> Optional[str]:
     for i, line in enumerate(lines):
         if _SCHEDULER_TRACEBACK not in line:
             continue
-        for later in lines[i + 1:]:
+        for later in lines[i + 1 :]:
             if _EXCEPTION_LINE.match(later):
                 return later
             if later.startswith("["):  # the next log line: this traceback named no exception
@@ -314,5 +356,5 @@ def failure_line(log_text: str) -> Optional[str]:
         return root
     for line in reversed(lines):
         if line.startswith(FAILURE_PREFIX):
-            return line[len(FAILURE_PREFIX):]
+            return line[len(FAILURE_PREFIX) :]
     return next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)

@@ -42,8 +42,14 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def pack(out: Path, kernel_wheel: Path, version: str, log=print, zstandard_wheel: bool = True,
-         level: tuple[str, ...] = ZSTD_LEVEL) -> dict:
+def pack(
+    out: Path,
+    kernel_wheel: Path,
+    version: str,
+    log=print,
+    zstandard_wheel: bool = True,
+    level: tuple[str, ...] = ZSTD_LEVEL,
+) -> dict:
     """``out``/flash_ops.abi3.so.zst, its fa3.json and (``zstandard_wheel``) a
     zstandard wheel for a machine without the zstd program (here, no GPU)."""
     if shutil.which("zstd") is None:
@@ -65,10 +71,30 @@ def pack(out: Path, kernel_wheel: Path, version: str, log=print, zstandard_wheel
 
 
 def _download_zstandard(out: Path, log) -> None:
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                           "--python-version", "3.12", "--implementation", "cp", "--platform",
-                           "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "-d", str(out),
-                           "zstandard"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--platform",
+            "manylinux2014_x86_64",
+            "-d",
+            str(out),
+            "zstandard",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         log(f"no zstandard wheel beside the kernel ({proc.stderr.strip()[-200:]}): unpack needs the zstd program")
 
@@ -81,8 +107,10 @@ def _decompress(src: Path, dest: Path, wheels: Path) -> None:
     if wheel is None:
         raise SystemExit("neither the zstd program nor a zstandard wheel is here")
     site = dest.parent / "zstandard-site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
-                    str(wheel)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+    )
     sys.path.insert(0, str(site))
     import zstandard
 
@@ -114,10 +142,12 @@ def check(lib: Path, info: Optional[dict] = None) -> dict:
 def install(lib: Path, site: Path) -> dict:
     """Put the checked kernel beside the bundle's slimmed sgl_kernel."""
     info = check(lib)
-    built_for = {d.name[len("sglang_kernel-"):-len(".dist-info")] for d in site.glob("sglang_kernel-*.dist-info")}
+    built_for = {d.name[len("sglang_kernel-") : -len(".dist-info")] for d in site.glob("sglang_kernel-*.dist-info")}
     if built_for and info["sglang_kernel"] not in built_for:
-        raise SystemExit(f"FA3 library of sglang-kernel {info['sglang_kernel']}, but {site} holds "
-                         f"sglang-kernel {', '.join(sorted(built_for))}: pack the matching one (fa3-pack --kernel-version)")
+        raise SystemExit(
+            f"FA3 library of sglang-kernel {info['sglang_kernel']}, but {site} holds "
+            f"sglang-kernel {', '.join(sorted(built_for))}: pack the matching one (fa3-pack --kernel-version)"
+        )
     target = site / MEMBER
     if not target.exists() or target.stat().st_size != lib.stat().st_size:
         shutil.copy2(lib, target)

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Optional
 from collections.abc import Callable, Mapping
+from typing import Any, Optional
 
 SYNC = "sync"
 H2D = "h2d"
@@ -113,18 +113,19 @@ def to_target(args: tuple, kwargs: Mapping, torch: Any) -> tuple[Optional[str], 
 
 # ------------------------------------------------------------------- installing
 
+
 def _compiling(torch: Any) -> bool:
     compiler = getattr(torch, "compiler", None)
     return bool(compiler is not None and compiler.is_compiling())
 
 
-def _check_copy(torch: Any, count: Callable, src: Any, dst_dtype: Any, non_blocking: bool,
-                dst_shape: Any = None) -> None:
+def _check_copy(
+    torch: Any, count: Callable, src: Any, dst_dtype: Any, non_blocking: bool, dst_shape: Any = None
+) -> None:
     if src.numel() == 0:
         return
     dense = src.is_contiguous() and (dst_shape is None or tuple(src.shape) == tuple(dst_shape))
-    reason = staging_reason(pinned=src.is_pinned(), dense=dense,
-                            same_dtype=dst_dtype is None or src.dtype == dst_dtype)
+    reason = staging_reason(pinned=src.is_pinned(), dense=dense, same_dtype=dst_dtype is None or src.dtype == dst_dtype)
     kind = copy_kind(reason, non_blocking)
     if kind:  # frames: this one, on_to / on_cuda / on_copy, the wrapper, then the caller
         count(kind, sys._getframe(3))
@@ -134,6 +135,7 @@ def _guarded(torch: Any, original: Callable, check: Callable) -> Callable:
     """``original`` with ``check(*args, **kwargs)`` before it, once per outermost call
     (a subclass's ``__torch_function__`` re-enters the wrapped method), never while
     dynamo traces."""
+
     def wrapped(*args, **kwargs):
         if _compiling(torch) or getattr(_local, "inside", False):  # dynamo: first, no thread-local
             return original(*args, **kwargs)
@@ -176,7 +178,8 @@ def wrap_copies(torch: Any, count: Callable) -> None:
     def on_new(data, *args, **kwargs):
         # torch builds host data into a fresh pageable tensor and copies it, blocking.
         if device_type(kwargs.get("device")) == "cuda" and not (
-                isinstance(data, torch.Tensor) and data.device.type == "cuda"):
+            isinstance(data, torch.Tensor) and data.device.type == "cuda"
+        ):
             count(H2D, sys._getframe(2))
 
     for name, check in (("to", on_to), ("cuda", on_cuda), ("copy_", on_copy)):
@@ -221,6 +224,7 @@ def hook_warnings(count: Callable, warnings: Any = None) -> None:
             result = original(*args, **kwargs)
             ours_first()
             return result
+
         wrapped.__name__ = original.__name__
         return wrapped
 

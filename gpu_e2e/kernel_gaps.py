@@ -35,11 +35,14 @@ class KernelGap(RuntimeError):
 
 def stand_in(name: str, version: str):
     """A function named ``name`` that raises when called, after noting the call."""
+
     def missing(*args: Any, **kwargs: Any):
         _called.add(name)
         syncs.note("kernel_gaps_called", sorted(_called))
-        raise KernelGap(f"sgl_kernel.{name} is not in sglang-kernel {version} (the stand-in "
-                        f"for this release's own sgl-kernel build); the served path called it")
+        raise KernelGap(
+            f"sgl_kernel.{name} is not in sglang-kernel {version} (the stand-in "
+            f"for this release's own sgl-kernel build); the served path called it"
+        )
 
     missing.__name__ = missing.__qualname__ = name
     return missing

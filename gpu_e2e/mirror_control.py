@@ -30,8 +30,8 @@ import statistics
 import sys
 import threading
 import time
-from typing import Optional
 from collections.abc import Sequence
+from typing import Optional
 
 ENV_CONTROL = "PK_E2E_MIRROR_CONTROL"
 KEPT, DROPPED = "kept", "dropped"
@@ -40,9 +40,13 @@ RUNTIME_SUFFIX = "runtime.seq_lens"
 
 # ------------------------------------------------------------ scheduler process side
 
+
 def _runtime_modules() -> list:
-    return [m for name, m in list(sys.modules.items())
-            if name.endswith(RUNTIME_SUFFIX) and hasattr(m, "set_needs_cpu_seq_lens")]
+    return [
+        m
+        for name, m in list(sys.modules.items())
+        if name.endswith(RUNTIME_SUFFIX) and hasattr(m, "set_needs_cpu_seq_lens")
+    ]
 
 
 def _is_scheduler() -> bool:
@@ -82,12 +86,14 @@ def install_listener(path: Optional[str] = None, period: float = 0.005, schedule
     path = path or os.environ.get(ENV_CONTROL)
     if not path:
         return False
-    threading.Thread(target=_listen, args=(path, period, schedulers_only), daemon=True,
-                     name="pk-e2e-mirror-control").start()
+    threading.Thread(
+        target=_listen, args=(path, period, schedulers_only), daemon=True, name="pk-e2e-mirror-control"
+    ).start()
     return True
 
 
 # --------------------------------------------------------------------- runner side
+
 
 class Switch:
     """Runner's end: ``set(KEPT)`` returns once every scheduler (``schedulers``: the
@@ -126,11 +132,14 @@ class Switch:
             if len(acks) >= self.schedulers:
                 return acks
             time.sleep(0.005)
-        raise RuntimeError(f"no scheduler process applied mirror={wanted} within {self.timeout} s "
-                           f"(is the tree patched, and {ENV_CONTROL} set?)")
+        raise RuntimeError(
+            f"no scheduler process applied mirror={wanted} within {self.timeout} s "
+            f"(is the tree patched, and {ENV_CONTROL} set?)"
+        )
 
 
 # ------------------------------------------------------------------------ pure parts
+
 
 def abba(pairs: int) -> list[str]:
     """Arm order for ``pairs`` alternations: kept, dropped, dropped, kept, ...: each
@@ -143,9 +152,38 @@ def abba(pairs: int) -> list[str]:
 
 # Two-sided 95 % quantiles of Student's t by degrees of freedom (1-30); beyond, the
 # normal 1.96 is within 2 % of it.
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
-        2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074,
-        2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_T95 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def t95(df: int) -> float:
@@ -173,7 +211,7 @@ def median_interval(samples: Sequence[float]) -> tuple[float, float, float]:
     # the largest k with P(Binomial(n, 1/2) <= k - 1) <= 0.025
     k, tail = 0, 0.0
     while True:
-        nxt = tail + math.comb(n, k) / 2 ** n
+        nxt = tail + math.comb(n, k) / 2**n
         if nxt > 0.025:
             break
         tail, k = nxt, k + 1

@@ -30,19 +30,36 @@ from pathlib import Path
 
 #: Llama-3.1-8B's config.json: context and RoPE scaling.
 CONTEXT = 131072
-ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+ROPE_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
 #: The reduced vocabulary of published Llama-3 EAGLE3 drafts.
 DRAFT_VOCAB = 32000
 DRAFTS = ("checkpoint", "dummy")
 
 SIZES = {
     # Small: GPU time per step is tiny, so host-side scheduling overhead shows.
-    "small": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                  num_attention_heads=16, num_key_value_heads=4, vocab_size=128256),
+    "small": dict(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        vocab_size=128256,
+    ),
     # Llama-3.1-8B shapes.
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
+    "8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    ),
 }
 
 

@@ -24,8 +24,7 @@ from pathlib import Path
 
 from . import profile_trace
 
-OPTIONS = {"activities": ["CPU", "GPU"], "with_stack": False, "record_shapes": False,
-           "profile_by_stage": True}
+OPTIONS = {"activities": ["CPU", "GPU"], "with_stack": False, "record_shapes": False, "profile_by_stage": True}
 
 
 def steps_to_profile(asked: int, decode_steps: int | None, runs: int) -> int:

@@ -102,11 +102,20 @@ def summarize_events(events: list[dict], steps: int | None = None, top: int = TO
         "kernel_sum_us": round(sum(float(k.get("dur", 0) or 0) for k in kernels), 1),
         "kernel_union_us": round(union, 1),
         "busy_fraction": round(union / (wall * devices), 4) if wall > 0 else None,
-        "gaps": {"sum_us": round(gap_sum, 1), "count": len(gaps),
-                 "largest_us": [round(g, 1) for g in sorted(gaps, reverse=True)[:LARGEST_GAPS]],
-                 "lead_and_tail_us": round(lead_tail, 1)},
-        "memcpy_memset_us": round(sum(float(e.get("dur", 0) or 0) for e in timed
-                                      if str(e.get("cat", "")).lower() in ("gpu_memcpy", "gpu_memset")), 1),
+        "gaps": {
+            "sum_us": round(gap_sum, 1),
+            "count": len(gaps),
+            "largest_us": [round(g, 1) for g in sorted(gaps, reverse=True)[:LARGEST_GAPS]],
+            "lead_and_tail_us": round(lead_tail, 1),
+        },
+        "memcpy_memset_us": round(
+            sum(
+                float(e.get("dur", 0) or 0)
+                for e in timed
+                if str(e.get("cat", "")).lower() in ("gpu_memcpy", "gpu_memset")
+            ),
+            1,
+        ),
         "top_kernels": _top(kernels, top),
         "runtime_calls": _runtime_calls(timed),
         "steps": steps,
@@ -131,8 +140,9 @@ def _top(kernels: list[dict], top: int) -> list[dict]:
         row[0] += 1
         row[1] += float(k.get("dur", 0) or 0)
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
-    return [{"name": name, "count": n, "sum_us": round(us, 1), "share": round(us / total, 4)}
-            for name, (n, us) in ranked]
+    return [
+        {"name": name, "count": n, "sum_us": round(us, 1), "share": round(us / total, 4)} for name, (n, us) in ranked
+    ]
 
 
 def _runtime_calls(timed: list[dict]) -> list[dict]:
@@ -154,8 +164,9 @@ def find_traces(folder: Path) -> list[dict]:
             continue
         rank = _RANK.search(path.name)
         stage = _STAGE.search(path.name)
-        found.append({"path": path, "rank": int(rank.group(1)) if rank else 0,
-                      "stage": stage.group(1) if stage else None})
+        found.append(
+            {"path": path, "rank": int(rank.group(1)) if rank else 0, "stage": stage.group(1) if stage else None}
+        )
     return found
 
 
@@ -171,7 +182,8 @@ def summarize_dir(folder: Path, steps: int | None = None, stage: str = "DECODE")
     out: dict = {"stage": stage, "files": [t["path"].name for t in traces], "ranks": []}
     if not chosen:
         out["note"] = f"no {stage} torch profiler trace under {folder}" + (
-            f" (found {', '.join(out['files'])})" if traces else "")
+            f" (found {', '.join(out['files'])})" if traces else ""
+        )
         return out
     for t in sorted(chosen, key=lambda t: t["rank"]):
         try:
@@ -194,8 +206,10 @@ def line(label: str, summary: dict) -> str:
         head = f"TP{r['rank']} GPU busy {r['busy_fraction']:.1%} of {r['wall_us'] / 1000:.2f} ms"
         step = r.get("per_step_ms")
         if step:
-            head += (f" = {r['steps']} steps x {step['wall']:.3f} ms (kernels {step['kernels']:.3f}, "
-                     f"gaps {step['gaps']:.3f}, {step['kernel_launches']:.0f} kernels/step)")
+            head += (
+                f" = {r['steps']} steps x {step['wall']:.3f} ms (kernels {step['kernels']:.3f}, "
+                f"gaps {step['gaps']:.3f}, {step['kernel_launches']:.0f} kernels/step)"
+            )
         if r.get("top_kernels"):
             k = r["top_kernels"][0]
             head += f"; top {k['name'][:60]} {k['share']:.0%}"

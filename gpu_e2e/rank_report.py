@@ -16,8 +16,8 @@ wrapper counter (the cross-check). ``prepare_for_decode`` syncs stay per busy st
 
 from __future__ import annotations
 
-from typing import Optional
 from collections.abc import Mapping
+from typing import Optional
 
 from . import ranks, wait_report, worker_steps
 from .report import _f, by_function, per_step, prepare_syncs
@@ -39,8 +39,7 @@ def waits_per_step(batch_rank: Mapping, armed: bool) -> tuple[Optional[float], O
     steps = worker_steps.total(_steps(batch_rank))
     table = batch_rank.get("syncs", {})
     torch_count = sum(wait_report.blocking_sites(table).values())
-    return (per_step(torch_count, steps) if armed else None,
-            per_step(sum(wrapper_only(table).values()), steps))
+    return (per_step(torch_count, steps) if armed else None, per_step(sum(wrapper_only(table).values()), steps))
 
 
 def all_idle(steps: Mapping) -> bool:
@@ -65,31 +64,37 @@ def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
             a, b = ra.get(rank, {}), rb.get(rank, {})
             fa, fb = by_function(a.get("syncs", {})), by_function(b.get("syncs", {}))
             after, startup_only = new_sites(
-                whole_a.get(rank, {}).get("syncs_whole_run", {}), whole_b.get(rank, {}).get("syncs_whole_run", {}),
-                None if startup_b is None else startup_b.get(rank, {}).get("syncs_whole_run", {}))
+                whole_a.get(rank, {}).get("syncs_whole_run", {}),
+                whole_b.get(rank, {}).get("syncs_whole_run", {}),
+                None if startup_b is None else startup_b.get(rank, {}).get("syncs_whole_run", {}),
+            )
             armed = wait_report.armed(batch_a, batch_b)
             (wa, xa), (wb, xb) = waits_per_step(a, armed), waits_per_step(b, armed)
-            rows.append({
-                "release": release,
-                "size": pristine["size"],
-                "tp": patched.get("tp_size"),
-                "dp": patched.get("dp_size", 1),
-                "batch_size": batch_a["batch_size"],
-                "tp_rank": rank,
-                "counted": (rank in ra, rank in rb),
-                "prepare_per_step": (per_step(prepare_syncs(a.get("syncs", {})), a.get("decode_steps", 0)),
-                                     per_step(prepare_syncs(b.get("syncs", {})), b.get("decode_steps", 0))),
-                "decode_steps": (a.get("decode_steps", 0), b.get("decode_steps", 0)),
-                "worker_steps": (_steps(a), _steps(b)),
-                "waits_per_step": (wa, wb),
-                "wrapper_per_step": (xa, xb),
-                "new_sites": sorted(set(fb) - set(fa)),
-                "new_sites_whole_run": after,
-                "new_sites_startup": startup_only,
-                "decision": decided.get(rank),
-                "tok_per_s": (batch_a["tok_per_s"], batch_b["tok_per_s"]),
-                "identical": batch_a["output_ids"] == batch_b["output_ids"],
-            })
+            rows.append(
+                {
+                    "release": release,
+                    "size": pristine["size"],
+                    "tp": patched.get("tp_size"),
+                    "dp": patched.get("dp_size", 1),
+                    "batch_size": batch_a["batch_size"],
+                    "tp_rank": rank,
+                    "counted": (rank in ra, rank in rb),
+                    "prepare_per_step": (
+                        per_step(prepare_syncs(a.get("syncs", {})), a.get("decode_steps", 0)),
+                        per_step(prepare_syncs(b.get("syncs", {})), b.get("decode_steps", 0)),
+                    ),
+                    "decode_steps": (a.get("decode_steps", 0), b.get("decode_steps", 0)),
+                    "worker_steps": (_steps(a), _steps(b)),
+                    "waits_per_step": (wa, wb),
+                    "wrapper_per_step": (xa, xb),
+                    "new_sites": sorted(set(fb) - set(fa)),
+                    "new_sites_whole_run": after,
+                    "new_sites_startup": startup_only,
+                    "decision": decided.get(rank),
+                    "tok_per_s": (batch_a["tok_per_s"], batch_b["tok_per_s"]),
+                    "identical": batch_a["output_ids"] == batch_b["output_ids"],
+                }
+            )
     return rows
 
 
@@ -120,31 +125,39 @@ def verdict(rows: list[dict], tp: int, mirror_kept: bool = False) -> list[str]:
             if pa is None or pa < 0.99:
                 problems.append(f"{tag}: pristine has {_f(pa)} prepare_for_decode syncs/step (expected 1)")
             if pb is None or abs(pb - expected_after) > (0.01 if mirror_kept else 0):
-                problems.append(f"{tag}: patched has {_f(pb)} prepare_for_decode syncs/step "
-                                f"(expected {expected_after:.0f})")
+                problems.append(
+                    f"{tag}: patched has {_f(pb)} prepare_for_decode syncs/step (expected {expected_after:.0f})"
+                )
         if r["new_sites"]:
             problems.append(f"{tag}: new sync sites in patched: {', '.join(r['new_sites'])}")
         if r["new_sites_whole_run"]:
-            problems.append(f"{tag}: new sync sites in the patched process's whole run (after start-up): "
-                            f"{', '.join(r['new_sites_whole_run'])}")
+            problems.append(
+                f"{tag}: new sync sites in the patched process's whole run (after start-up): "
+                f"{', '.join(r['new_sites_whole_run'])}"
+            )
     decided = {r["tp_rank"]: r["decision"] for r in rows}
     for rank, flag in sorted(decided.items()):
         if flag is None:
             problems.append(f"rank {rank}: the patched scheduler recorded no needs_cpu_seq_lens decision")
         elif flag is not mirror_kept:
-            problems.append(f"rank {rank}: patched decided needs_cpu_seq_lens={flag} "
-                            f"(expected {mirror_kept} for this attention backend)")
+            problems.append(
+                f"rank {rank}: patched decided needs_cpu_seq_lens={flag} "
+                f"(expected {mirror_kept} for this attention backend)"
+            )
     if len(set(decided.values())) > 1:
-        problems.append("ranks disagree on needs_cpu_seq_lens: "
-                        + ", ".join(f"rank {k} {v}" for k, v in sorted(decided.items())))
+        problems.append(
+            "ranks disagree on needs_cpu_seq_lens: " + ", ".join(f"rank {k} {v}" for k, v in sorted(decided.items()))
+        )
     return problems
 
 
-HEADER = ("| release | model | tp | dp | bs | rank | needs_cpu_seq_lens (patched) "
-          "| `prepare_for_decode` syncs/busy step before → after "
-          "| host waits/step before → after (torch) | wrapper syncs/step before → after "
-          "| steps busy / idle before → after | new sync sites "
-          "| tok/s before → after (engine) | identical outputs |")
+HEADER = (
+    "| release | model | tp | dp | bs | rank | needs_cpu_seq_lens (patched) "
+    "| `prepare_for_decode` syncs/busy step before → after "
+    "| host waits/step before → after (torch) | wrapper syncs/step before → after "
+    "| steps busy / idle before → after | new sync sites "
+    "| tok/s before → after (engine) | identical outputs |"
+)
 RULE = "|---|---|---:|---:|---:|---:|---|---|---|---|---|---|---|---|"
 
 
@@ -164,11 +177,13 @@ def markdown(rows: list[dict]) -> str:
         xa, xb = r.get("wrapper_per_step", (None, None))
         sa, sb = r.get("worker_steps", ({}, {}))
         new = sorted(set(r["new_sites"]) | set(r["new_sites_whole_run"])) + [
-            f"{s} (start-up only)" for s in r.get("new_sites_startup", [])]
+            f"{s} (start-up only)" for s in r.get("new_sites_startup", [])
+        ]
         lines.append(
             f"| {r['release']} | {r['size']} | {r['tp']} | {r.get('dp', 1)} | {r['batch_size']} | {r['tp_rank']} "
             f"| {_decision(r['decision'])} | {_f(pa)} → {_f(pb)} | {_f(wa)} → {_f(wb)} | {_f(xa)} → {_f(xb)} "
             f"| {_busy_idle(sa)} → {_busy_idle(sb)} | {', '.join(new) or 'none'} "
             f"| {_f(r['tok_per_s'][0], '{:.1f}')} → {_f(r['tok_per_s'][1], '{:.1f}')} "
-            f"| {'yes' if r['identical'] else 'NO'} |")
+            f"| {'yes' if r['identical'] else 'NO'} |"
+        )
     return "\n".join(lines) + "\n"

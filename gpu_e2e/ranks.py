@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import inspect
 import subprocess
-from typing import Any, Optional
 from collections.abc import Iterable, Mapping
+from typing import Any, Optional
 
 from . import syncs, worker_steps
 
@@ -52,12 +52,12 @@ RANK_NOTE = "rank"
 #: NVLink multicast stays off on the lent multi-GPU machines (a program using it
 #: can take the host's shared GPUs out of service): set again in every engine's
 #: environment, whatever the caller's holds.
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                 "NVSHMEM_DISABLE_NVLS": "1"}
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def engine_kwargs(tp_size: int, dp_size: int = 1, dp_attention: bool = False, tbo: bool = False,
-                  moe_a2a_backend: Optional[str] = None) -> dict:
+def engine_kwargs(
+    tp_size: int, dp_size: int = 1, dp_attention: bool = False, tbo: bool = False, moe_a2a_backend: Optional[str] = None
+) -> dict:
     """What a run with ``tp_size`` adds to the Engine's settings. Beyond one GPU,
     every all-reduce path that could use multicast is named off (these are
     sglang's defaults for Llama, except the FlashInfer fusion, which sglang
@@ -71,8 +71,12 @@ def engine_kwargs(tp_size: int, dp_size: int = 1, dp_attention: bool = False, tb
     ``check_server_args``)."""
     kwargs: dict = {"tp_size": tp_size}
     if tp_size > 1:
-        kwargs.update(enable_nccl_nvls=False, enable_symm_mem=False, enable_torch_symm_mem=False,
-                      enforce_disable_flashinfer_allreduce_fusion=True)
+        kwargs.update(
+            enable_nccl_nvls=False,
+            enable_symm_mem=False,
+            enable_torch_symm_mem=False,
+            enforce_disable_flashinfer_allreduce_fusion=True,
+        )
     if dp_size > 1:
         kwargs["dp_size"] = dp_size
     if dp_attention:
@@ -172,6 +176,7 @@ def _rank_from_torch_distributed() -> Optional[int]:
 
 # ----------------------------------------------------------------- reading side
 
+
 def read(sync_dir: Optional[str]) -> list[dict]:
     """Every process's latest dump (none when sync counting is off)."""
     return syncs.read_dir(sync_dir) if sync_dir else []
@@ -199,9 +204,14 @@ def batch_per_rank(after: Iterable[Mapping], before: Iterable[Mapping]) -> list[
     out = []
     for rank, dumps in by_rank(after).items():
         timed = syncs.delta(syncs.aggregate(dumps), syncs.aggregate(prior.get(rank, [])))
-        out.append({"tp_rank": rank, "syncs": syncs.syncs_only(timed),
-                    "decode_steps": syncs.calls_of(timed, "prepare_for_decode"),
-                    "worker_steps": worker_steps.steps_of(timed)})
+        out.append(
+            {
+                "tp_rank": rank,
+                "syncs": syncs.syncs_only(timed),
+                "decode_steps": syncs.calls_of(timed, "prepare_for_decode"),
+                "worker_steps": worker_steps.steps_of(timed),
+            }
+        )
     return out
 
 
@@ -211,18 +221,21 @@ def run_per_rank(dumps: Iterable[Mapping]) -> list[dict]:
     out = []
     for rank, group in by_rank(dumps).items():
         decisions = [flag for d in group for flag in (d.get("notes") or {}).get(DECISION_NOTE, [])]
-        out.append({
-            "tp_rank": rank,
-            "pids": sorted(d.get("pid") for d in group),
-            "rank_source": sorted({(d.get("notes") or {}).get(RANK_NOTE, {}).get("source") for d in group} - {None}),
-            "decisions": decisions,
-            DECISION_NOTE: decisions[-1] if decisions else None,
-            "syncs_whole_run": syncs.syncs_only(syncs.aggregate(group)),
-        })
+        out.append(
+            {
+                "tp_rank": rank,
+                "pids": sorted(d.get("pid") for d in group),
+                "rank_source": sorted(
+                    {(d.get("notes") or {}).get(RANK_NOTE, {}).get("source") for d in group} - {None}
+                ),
+                "decisions": decisions,
+                DECISION_NOTE: decisions[-1] if decisions else None,
+                "syncs_whole_run": syncs.syncs_only(syncs.aggregate(group)),
+            }
+        )
     return out
 
 
 def decisions(run: Mapping) -> dict[int, Optional[bool]]:
     """``{tp_rank: last needs_cpu_seq_lens}`` of a runner result."""
     return {r["tp_rank"]: r[DECISION_NOTE] for r in run.get("ranks", [])}
-

@@ -35,14 +35,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from . import (deepseek, dp, draft_checkpoint, engine_facts, kernel_gaps, mirror_control, profile_run, ranks,
-               server_args_names, syncs, tree_mask_probe, worker_steps, workloads)
+from . import (
+    deepseek,
+    dp,
+    draft_checkpoint,
+    engine_facts,
+    kernel_gaps,
+    mirror_control,
+    profile_run,
+    ranks,
+    server_args_names,
+    syncs,
+    workloads,
+)
 from .models import DRAFTS, SIZES, write_models
+from .timed_calls import _settled_table, _sync_table, alternated_runs, timed_runs
 
 #: mtp (issue 44): DeepSeek's own MTP layer as the draft, named as users name it
 #: (NEXTN; sglang reads it as EAGLE), no draft path (the target's folder).
@@ -58,11 +69,22 @@ SPEC = dict(
 )
 
 
-def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_graph_max_bs: int,
-                  mem_fraction_static: float, scenario: str = "eagle3",
-                  deterministic: bool = False, tp_size: int = 1, piecewise: str = "default",
-                  draft_kind: str = "checkpoint", context_length: int = 0,
-                  engine_extra: dict | None = None, scale: dict | None = None) -> dict:
+def engine_kwargs(
+    target: Path,
+    draft: Path,
+    *,
+    attention_backend: str,
+    cuda_graph_max_bs: int,
+    mem_fraction_static: float,
+    scenario: str = "eagle3",
+    deterministic: bool = False,
+    tp_size: int = 1,
+    piecewise: str = "default",
+    draft_kind: str = "checkpoint",
+    context_length: int = 0,
+    engine_extra: dict | None = None,
+    scale: dict | None = None,
+) -> dict:
     """The Engine's settings; ``attention_backend`` "default" and ``piecewise``
     "default" name nothing, so the release's own defaults decide. ``engine_extra``
     (issue 44: page size, top-k, draft tokens, captured batch size) goes over the rest;
@@ -104,152 +126,42 @@ def engine_kwargs(target: Path, draft: Path, *, attention_backend: str, cuda_gra
     return kwargs
 
 
-def _sync_table(sync_dir: str | None, wait: float = 1.5) -> dict:
-    if not sync_dir:
-        return {}
-    time.sleep(wait)  # let every process's flusher write its last counts
-    return syncs.aggregate(syncs.read_dir(sync_dir))
-
-
-def _settled_table(sync_dir: str | None, period: float = 0.05, limit: float = 3.0) -> dict:
-    """The sync table once no process's counts move any more (two reads ``period``
-    apart agree): after a generate call the schedulers are idle, so this is that
-    call's last count, not one a late flush would carry into the next call."""
-    if not sync_dir:
-        return {}
-    deadline = time.monotonic() + limit
-    last = _sync_table(sync_dir, wait=period)
-    while time.monotonic() < deadline:
-        now = _sync_table(sync_dir, wait=2 * period)
-        if now == last:
-            return now
-        last = now
-    return last
-
-
-def _call(engine, requests) -> dict:
-    t = time.perf_counter()
-    outs = workloads.generate(engine, requests)
-    elapsed = time.perf_counter() - t
-    return {
-        "elapsed_s": elapsed,
-        "completion_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
-        "verify_ct": sum(o["meta_info"].get("spec_verify_ct", 0) or 0 for o in outs),
-        "output_ids": [list(o["output_ids"]) for o in outs],
-        "accept_per_request": [accept_of(o) for o in outs],
-    }
-
-
-def accept_of(out: dict) -> float | None:
-    """Tokens per verify step of one request (None without speculative decoding)."""
-    verify = out["meta_info"].get("spec_verify_ct") or 0
-    return round(out["meta_info"]["completion_tokens"] / verify, 3) if verify else None
-
-
-def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
-    """``runs`` identical generate calls: their times, outputs and syncs together."""
-    bs = len(requests)
-    before = _sync_table(sync_dir)
-    before_ranks = ranks.read(sync_dir)
-    calls = [_call(engine, requests) for _ in range(runs)]
-    timed = syncs.delta(_sync_table(sync_dir), before)
-    med = statistics.median(c["elapsed_s"] for c in calls)
-    toks = calls[0]["completion_tokens"]
-    verify = sum(c["verify_ct"] for c in calls)
-    steps, source = decode_steps_of(timed)
-    return {
-        "elapsed_s": [round(c["elapsed_s"], 4) for c in calls],
-        "median_s": med,
-        "tok_per_s": toks / med,
-        "ms_per_token": 1000.0 * med / (toks / bs),
-        "accept_length": (sum(c["completion_tokens"] for c in calls) / verify) if verify else None,
-        "deterministic": all(c["output_ids"] == calls[0]["output_ids"] for c in calls),
-        "output_ids": calls[0]["output_ids"],
-        "accept_per_request": calls[0]["accept_per_request"],
-        "syncs": syncs.syncs_only(timed),
-        "decode_steps": steps,
-        "decode_steps_from": source,
-        "tree_mask": tree_mask_probe.counts(timed),
-        "ranks": ranks.batch_per_rank(ranks.read(sync_dir), before_ranks),
-        "verify_ct": verify,
-        "sync_debug_armed": armed_in(sync_dir),
-    }
-
-
-def decode_steps_of(timed: dict) -> tuple[int, str | None]:
-    """(decode steps, what counted them). Up to 0.5.13 the spec-v2 draft input's
-    ``prepare_for_decode`` (syncs.CALL_PROBES); 0.5.17 folded eagle_info_v2 into
-    eagle_info and has none, so there its worker's decode calls
-    (``EAGLEWorkerV2.forward_batch_generation`` on a decode batch, worker_steps.py)."""
-    prepared = syncs.calls_of(timed, "prepare_for_decode")
-    if prepared:
-        return prepared, "prepare_for_decode"
-    worker = worker_steps.steps_of(timed)["decode"]
-    return worker, ("worker" if worker else None)
-
-
-def armed_in(sync_dir: str | None) -> bool:
-    """Whether torch's sync debug mode was armed in every scheduler process (host_waits.py)."""
-    schedulers = [d for d in ranks.read(sync_dir) if ranks.rank_of(d) is not None]
-    return bool(schedulers) and all((d.get("notes") or {}).get("sync_debug_armed") for d in schedulers)
-
-
-def alternated_runs(engine, requests, pairs: int, sync_dir: str | None,
-                    switch: mirror_control.Switch) -> dict:
-    """ABBA alternations of mirror kept / dropped in this process (see mirror_control)."""
-    order = mirror_control.abba(pairs)
-    calls = []
-    table = _sync_table(sync_dir)
-    for arm in order:
-        switch.set(arm)
-        call = _call(engine, requests)
-        after = _settled_table(sync_dir)
-        timed = syncs.delta(after, table)
-        table = after
-        steps = syncs.calls_of(timed, "prepare_for_decode")
-        calls.append({
-            "arm": arm,
-            "elapsed_s": round(call["elapsed_s"], 5),
-            "decode_steps": steps,
-            "prepare_syncs": sum(n for k, n in syncs.syncs_only(timed).items()
-                                 if ":prepare_for_decode:" in k),
-            "syncs": sum(syncs.syncs_only(timed).values()),
-            "accept_length": call["completion_tokens"] / call["verify_ct"] if call["verify_ct"] else None,
-            "same_output": call["output_ids"] == (calls[0]["_out"] if calls else call["output_ids"]),
-            "_out": call["output_ids"] if not calls else None,
-        })
-    for c in calls:
-        c.pop("_out")
-    switch.set(mirror_control.DROPPED)  # leave the tree's own decision in place
-    return {"calls": calls, "summary": mirror_control.summary_of_calls(calls)}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tree-parent", required=True)
     ap.add_argument("--variant", required=True)
     ap.add_argument("--size", choices=ALL_SIZES, required=True)
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="eagle3")
-    ap.add_argument("--deterministic", action="store_true",
-                    help="enable_deterministic_inference (batch-invariant kernels)")
+    ap.add_argument(
+        "--deterministic", action="store_true", help="enable_deterministic_inference (batch-invariant kernels)"
+    )
     ap.add_argument("--workloads", default="uniform", help="comma list of " + ", ".join(workloads.WORKLOADS))
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--alternate", type=int, default=0,
-                    help="N > 0: N ABBA alternations of mirror kept / dropped instead of --runs")
+    ap.add_argument(
+        "--alternate", type=int, default=0, help="N > 0: N ABBA alternations of mirror kept / dropped instead of --runs"
+    )
     ap.add_argument("--attention-backend", default="triton", help='"default": name none (sglang picks)')
-    ap.add_argument("--piecewise", choices=PIECEWISE, default="default",
-                    help="piecewise CUDA graph: the release's default, enforced on, or off")
+    ap.add_argument(
+        "--piecewise",
+        choices=PIECEWISE,
+        default="default",
+        help="piecewise CUDA graph: the release's default, enforced on, or off",
+    )
     ap.add_argument("--draft", choices=DRAFTS, default="checkpoint")
     ap.add_argument("--context-length", type=int, default=0, help="0: the model's own (131072)")
     ap.add_argument("--mem-fraction-static", type=float, default=0.6)
     ap.add_argument("--tp", type=int, default=1, help="tp_size of the engine (one scheduler process per rank)")
     dp.add_arguments(ap)
     ap.add_argument("--engine-extra", default="{}", help="JSON object of Engine settings over the rest")
-    ap.add_argument("--profile-batch", type=int, default=0,
-                    help="BS > 0: after its timed generates, one more under sglang's profiler (profile_run.py)")
+    ap.add_argument(
+        "--profile-batch",
+        type=int,
+        default=0,
+        help="BS > 0: after its timed generates, one more under sglang's profiler (profile_run.py)",
+    )
     ap.add_argument("--profile-steps", type=int, default=20, help="decode steps --profile-batch profiles")
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
@@ -274,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.draft == "checkpoint" and args.scenario == "eagle3":
         t = time.perf_counter()
         stamp = draft_checkpoint.ensure(draft)
-        print(f"[runner] draft checkpoint {stamp['sha256'][:16]} ({stamp['bytes'] / 2**20:.0f} MiB) "
-              f"ready in {time.perf_counter() - t:.1f} s", flush=True)
+        print(
+            f"[runner] draft checkpoint {stamp['sha256'][:16]} ({stamp['bytes'] / 2**20:.0f} MiB) "
+            f"ready in {time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
 
     import sglang
 
@@ -299,14 +214,25 @@ def main(argv: list[str] | None = None) -> int:
     }
     from sglang.srt.entrypoints.engine import Engine
 
-    kwargs = engine_kwargs(target, draft, attention_backend=args.attention_backend,
-                           cuda_graph_max_bs=max(max(batch_sizes), 8),
-                           mem_fraction_static=args.mem_fraction_static,
-                           scenario=args.scenario, deterministic=args.deterministic, tp_size=args.tp,
-                           piecewise=args.piecewise, draft_kind=args.draft, context_length=args.context_length,
-                           engine_extra=json.loads(args.engine_extra), scale=dp.engine_kwargs(args))
+    kwargs = engine_kwargs(
+        target,
+        draft,
+        attention_backend=args.attention_backend,
+        cuda_graph_max_bs=max(max(batch_sizes), 8),
+        mem_fraction_static=args.mem_fraction_static,
+        scenario=args.scenario,
+        deterministic=args.deterministic,
+        tp_size=args.tp,
+        piecewise=args.piecewise,
+        draft_kind=args.draft,
+        context_length=args.context_length,
+        engine_extra=json.loads(args.engine_extra),
+        scale=dp.engine_kwargs(args),
+    )
     # 0.5.17 renamed three settings (server_args_names.py): the names this tree's ServerArgs has
-    kwargs, result["engine_kwargs_renamed"] = server_args_names.for_fields(kwargs, server_args_names.server_args_fields())
+    kwargs, result["engine_kwargs_renamed"] = server_args_names.for_fields(
+        kwargs, server_args_names.server_args_fields()
+    )
     result["engine_kwargs"] = kwargs
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))  # kept if the engine kills us
     t0 = time.perf_counter()
@@ -329,30 +255,48 @@ def main(argv: list[str] | None = None) -> int:
         vocab = deepseek.VOCAB if args.scenario == "mtp" else SIZES[args.size]["vocab_size"]
         for name in names:
             for bs in batch_sizes:
-                requests = workloads.build(name, bs, input_len=args.input_len,
-                                           max_new_tokens=args.max_new_tokens, vocab=vocab, seed=bs)
+                requests = workloads.build(
+                    name, bs, input_len=args.input_len, max_new_tokens=args.max_new_tokens, vocab=vocab, seed=bs
+                )
                 workloads.generate(engine, requests)  # warm-up
-                head = {"batch_size": bs, "workload": name,
-                        "output_lens": [r.max_new_tokens for r in requests]}
+                head = {"batch_size": bs, "workload": name, "output_lens": [r.max_new_tokens for r in requests]}
                 if args.alternate:
-                    batch = {**head, **alternated_runs(engine, requests, args.alternate, sync_dir,
-                                                       mirror_control.Switch(control, schedulers=args.tp))}
+                    batch = {
+                        **head,
+                        **alternated_runs(
+                            engine,
+                            requests,
+                            args.alternate,
+                            sync_dir,
+                            mirror_control.Switch(control, schedulers=args.tp),
+                        ),
+                    }
                     s = batch["summary"]
-                    print(f"[runner] {args.variant} {args.size} {name} bs={bs}: kept "
-                          f"{s['kept_ms_per_step']:.3f} ms/step, dropped {s['dropped_ms_per_step']:.3f}, "
-                          f"ratio {s['ratio'][0]:.4f} [{s['ratio'][1]:.4f}, {s['ratio'][2]:.4f}]", flush=True)
+                    print(
+                        f"[runner] {args.variant} {args.size} {name} bs={bs}: kept "
+                        f"{s['kept_ms_per_step']:.3f} ms/step, dropped {s['dropped_ms_per_step']:.3f}, "
+                        f"ratio {s['ratio'][0]:.4f} [{s['ratio'][1]:.4f}, {s['ratio'][2]:.4f}]",
+                        flush=True,
+                    )
                 else:
                     batch = {**head, **timed_runs(engine, requests, args.runs, sync_dir)}
-                    print(f"[runner] {args.variant} {args.size} {name} bs={bs}: {batch['tok_per_s']:.1f} tok/s "
-                          f"accept {batch['accept_length']} steps {batch['decode_steps']} "
-                          f"syncs {sum(batch['syncs'].values())} tree mask {batch['tree_mask']}", flush=True)
+                    print(
+                        f"[runner] {args.variant} {args.size} {name} bs={bs}: {batch['tok_per_s']:.1f} tok/s "
+                        f"accept {batch['accept_length']} steps {batch['decode_steps']} "
+                        f"syncs {sum(batch['syncs'].values())} tree mask {batch['tree_mask']}",
+                        flush=True,
+                    )
                 result["batches"].append(batch)
                 Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
                 if bs == args.profile_batch and not args.alternate:  # issue 57: the timed ones are written
                     batch["profile"] = profile_run.profiled_generate(
-                        engine, workloads.generate, requests, Path(f"{args.out}.profile-{name}-bs{bs}"),
+                        engine,
+                        workloads.generate,
+                        requests,
+                        Path(f"{args.out}.profile-{name}-bs{bs}"),
                         profile_run.steps_to_profile(args.profile_steps, batch["decode_steps"], args.runs),
-                        label=f"{args.variant} {name} bs={bs}")
+                        label=f"{args.variant} {name} bs={bs}",
+                    )
                     print(f"[runner] {batch['profile']['line']}", flush=True)
                     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))

@@ -17,8 +17,8 @@ what it renamed (``engine_kwargs_renamed``).
 
 from __future__ import annotations
 
-from typing import Any, Optional
 from collections.abc import Iterable
+from typing import Any, Optional
 
 #: old name -> (new name, {old value: new value} or None to keep the value).
 RENAMED: dict[str, tuple[str, Any]] = {

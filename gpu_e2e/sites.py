@@ -14,8 +14,8 @@ new site as after start-up, as the old rule did.
 
 from __future__ import annotations
 
-from typing import Optional
 from collections.abc import Mapping
+from typing import Optional
 
 from .syncs import delta, site_function, split_key
 
@@ -30,8 +30,9 @@ def by_function(table: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def new_sites(whole_pristine: Mapping[str, int], whole_patched: Mapping[str, int],
-              startup_patched: Optional[Mapping[str, int]]) -> tuple[list[str], list[str]]:
+def new_sites(
+    whole_pristine: Mapping[str, int], whole_patched: Mapping[str, int], startup_patched: Optional[Mapping[str, int]]
+) -> tuple[list[str], list[str]]:
     """(new sites that synced after start-up, new sites seen only during start-up)."""
     new = set(by_function(whole_patched)) - set(by_function(whole_pristine))
     if startup_patched is None:

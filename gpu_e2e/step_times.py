@@ -32,7 +32,7 @@ def by_round(results: dict, release: str, size: str, backend: str, variant: str)
     for key, run in results["runs"].items():
         if not key.startswith(prefix) or not key.endswith(f"/{variant}"):
             continue
-        tag = key[len(prefix):].split("/")[0]
+        tag = key[len(prefix) :].split("/")[0]
         rnd = int(tag[1:]) if tag.startswith("r") and tag[1:].isdigit() else 0
         out[rnd] = {b["batch_size"]: step_ms(b) for b in run["batches"]}
     return out
@@ -70,19 +70,31 @@ def rows(results: dict, release: str, size: str, backend: str, variants: Iterabl
             row["median_ms"][v] = statistics.median(x for r in per[v].values() for x in r[bs])
         for a, b in zip(variants, variants[1:]):
             rounds = sorted(set(per[a]) & set(per[b]))
-            row["saved_ms"][f"{a}->{b}"] = [statistics.median(per[a][r][bs]) - statistics.median(per[b][r][bs])
-                                            for r in rounds]
-        row["identical"] = len({tuple(outputs_digest(b) for b in run["batches"] if b["batch_size"] == bs)
-                                for key, run in results["runs"].items()
-                                if key.startswith(f"{release}/{size}/{backend}/")}) == 1
+            row["saved_ms"][f"{a}->{b}"] = [
+                statistics.median(per[a][r][bs]) - statistics.median(per[b][r][bs]) for r in rounds
+            ]
+        row["identical"] = (
+            len(
+                {
+                    tuple(outputs_digest(b) for b in run["batches"] if b["batch_size"] == bs)
+                    for key, run in results["runs"].items()
+                    if key.startswith(f"{release}/{size}/{backend}/")
+                }
+            )
+            == 1
+        )
         out.append(row)
     return out
 
 
 def markdown(table: list[dict], variants: list[str]) -> str:
     steps = [f"{a}->{b}" for a, b in zip(variants, variants[1:])]
-    head = ["bs", *(f"{v} ms/step" for v in variants), *(f"saved {s} (per round, µs)" for s in steps),
-            "identical outputs"]
+    head = [
+        "bs",
+        *(f"{v} ms/step" for v in variants),
+        *(f"saved {s} (per round, µs)" for s in steps),
+        "identical outputs",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * (len(head) - 1) + "---|"]
     for row in table:
         cells = [str(row["bs"]), *(f"{row['median_ms'][v]:.3f}" for v in variants)]

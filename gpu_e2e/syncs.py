@@ -42,8 +42,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import Any, Optional
 from collections.abc import Iterable, Mapping
+from typing import Any, Optional
 
 from . import host_waits
 
@@ -82,14 +82,13 @@ _installed = False
 def site_of_filename(filename: str) -> Optional[str]:
     """``.../sglang/srt/x.py`` -> ``sglang/srt/x.py``; patchkit runtime likewise; else None."""
     path = filename.replace("\\", "/")
-    for marker, keep in (("/patchkit/runtime/", "patchkit/runtime/"),
-                         ("/patchkit/backends/", "patchkit/backends/")):
+    for marker, keep in (("/patchkit/runtime/", "patchkit/runtime/"), ("/patchkit/backends/", "patchkit/backends/")):
         i = path.rfind(marker)
         if i >= 0:
-            return keep + path[i + len(marker):]
+            return keep + path[i + len(marker) :]
     i = path.rfind("/sglang/")
     if i >= 0:
-        return "sglang/" + path[i + len("/sglang/"):]
+        return "sglang/" + path[i + len("/sglang/") :]
     return None
 
 
@@ -250,8 +249,13 @@ class _ProbeFinder(importlib.abc.MetaPathFinder):
 
 def snapshot() -> dict:
     with _lock:
-        return {"pid": os.getpid(), "argv": list(sys.argv[:3]), "time": time.time(),
-                "counts": dict(_counts), "notes": dict(_notes)}
+        return {
+            "pid": os.getpid(),
+            "argv": list(sys.argv[:3]),
+            "time": time.time(),
+            "counts": dict(_counts),
+            "notes": dict(_notes),
+        }
 
 
 def flush(force: bool = False) -> None:
@@ -306,14 +310,14 @@ def install(directory: Optional[str] = None) -> bool:
     if counting:
         _count_in(torch)
     period = float(os.environ.get(ENV_FLUSH, "0.2"))
-    threading.Thread(target=_flusher, args=(period,), daemon=True,
-                     name="pk-e2e-sync-flush").start()
+    threading.Thread(target=_flusher, args=(period,), daemon=True, name="pk-e2e-sync-flush").start()
     atexit.register(flush, True)
     _installed = True
     return True
 
 
 # ----------------------------------------------------------------- reading side
+
 
 def read_dir(directory: str) -> list[dict]:
     """Every process's latest dump in ``directory``."""
@@ -365,8 +369,7 @@ def wrapper_only(table: Mapping[str, int]) -> dict[str, int]:
 
 def calls_of(table: Mapping[str, int], func: str) -> int:
     """Number of counted calls of a probed function (matched by its name)."""
-    return sum(v for k, v in table.items()
-               if split_key(k)[0] == "call" and split_key(k)[1].endswith("." + func))
+    return sum(v for k, v in table.items() if split_key(k)[0] == "call" and split_key(k)[1].endswith("." + func))
 
 
 def site_function(site: str) -> str:

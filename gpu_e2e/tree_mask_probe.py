@@ -14,8 +14,8 @@ Nothing here reads a CUDA tensor's value.
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from . import syncs
 

@@ -15,8 +15,8 @@ with its count. Pure functions: tested on CPU from synthetic tables.
 
 from __future__ import annotations
 
-from typing import Optional
 from collections.abc import Mapping
+from typing import Optional
 
 from .host_waits import KINDS, blocking_count
 from .syncs import delta, site_function, split_key, wrapper_only
@@ -78,14 +78,18 @@ def compare_batch(pristine: Mapping, patched: Mapping) -> dict:
         "per_step": (_per(totals[0], steps[0]), _per(totals[1], steps[1])),
         "sites": per_site,
         "new": sorted(n for n, e in per_site.items() if e["count"][1] and not e["count"][0]),
-        "more": sorted(n for n, e in per_site.items()
-                       if e["count"][1] and e["count"][0] and e["per_step"][1] > e["per_step"][0] + 0.01),
+        "more": sorted(
+            n
+            for n, e in per_site.items()
+            if e["count"][1] and e["count"][0] and e["per_step"][1] > e["per_step"][0] + 0.01
+        ),
         "wrapper_per_step": (_per(wrapper[0], steps[0]), _per(wrapper[1], steps[1])),
     }
 
 
-def new_sites(whole_pristine: Mapping[str, int], whole_patched: Mapping[str, int],
-              startup_patched: Optional[Mapping[str, int]]) -> tuple[list[str], list[str]]:
+def new_sites(
+    whole_pristine: Mapping[str, int], whole_patched: Mapping[str, int], startup_patched: Optional[Mapping[str, int]]
+) -> tuple[list[str], list[str]]:
     """(sites blocking in patched after start-up, never in pristine; those new at start-up only)."""
     new = set(blocking_sites(whole_patched)) - set(blocking_sites(whole_pristine))
     after = blocking_sites(delta(whole_patched, startup_patched or {}))
@@ -108,8 +112,9 @@ def problems(rows: list[dict]) -> list[str]:
         for site in r.get("new_wait_sites_whole_run") or []:
             if (r["release"], r["size"], site) not in seen:
                 seen.add((r["release"], r["size"], site))
-                out.append(f"{r['release']} {r['size']}: host waits after start-up at a site pristine never "
-                           f"waits at: {site}")
+                out.append(
+                    f"{r['release']} {r['size']}: host waits after start-up at a site pristine never waits at: {site}"
+                )
     return out
 
 
@@ -118,7 +123,7 @@ def _f(x, fmt="{:.2f}") -> str:
 
 
 def _short(site: str) -> str:
-    return site[len(PREFIX):] if site.startswith(PREFIX) else site
+    return site[len(PREFIX) :] if site.startswith(PREFIX) else site
 
 
 def _kinds(kinds: Mapping[str, int], steps: int) -> str:
@@ -132,23 +137,31 @@ def site_cell(w: Mapping) -> str:
     parts = []
     for name, e in w["sites"].items():
         (pa, pb), (la, lb), (ka, kb) = e["per_step"], e["lines"], e["kinds"]
-        lines = ",".join(map(str, la)) if la == lb else f"{','.join(map(str, la)) or '–'} → {','.join(map(str, lb)) or '–'}"
+        lines = (
+            ",".join(map(str, la)) if la == lb else f"{','.join(map(str, la)) or '–'} → {','.join(map(str, lb)) or '–'}"
+        )
         flag = " **new**" if name in w["new"] else (" **more**" if name in w["more"] else "")
         kinds = f"{_kinds(ka, w['decode_steps'][0]) or '–'} → {_kinds(kb, w['decode_steps'][1]) or '–'}"
         parts.append(f"`{_short(name)}` ({lines}) {_f(pa)} → {_f(pb)}{flag} [{kinds}]")
     return "<br>".join(parts)
 
 
-HEADER = ("| release | model | workload | bs | decode steps before / after | host waits per step before → after "
-          "| sites: lines, per step before → after [kinds per step] | new after start-up "
-          "| wrapper counter per step before → after | identical outputs |")
+HEADER = (
+    "| release | model | workload | bs | decode steps before / after | host waits per step before → after "
+    "| sites: lines, per step before → after [kinds per step] | new after start-up "
+    "| wrapper counter per step before → after | identical outputs |"
+)
 RULE = "|---|---|---|---:|---|---|---|---|---|---|"
 
 
 def markdown(rows: list[dict]) -> str:
     """The host-wait table of every row that carries one (rows before issue 53 do not)."""
-    lines = ["Host waits by torch's count (sync debug mode + pageable copies; "
-             "a site's count is sync + h2d-nb):", "", HEADER, RULE]
+    lines = [
+        "Host waits by torch's count (sync debug mode + pageable copies; a site's count is sync + h2d-nb):",
+        "",
+        HEADER,
+        RULE,
+    ]
     for r in rows:
         w = r.get("waits")
         if not w:
@@ -157,5 +170,6 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['release']} | {r['size']} | {r.get('workload', 'uniform')} | {r['batch_size']} | {sa} / {sb} "
             f"| {_f(pa)} → {_f(pb)} | {site_cell(w)} | {', '.join(map(_short, r.get('new_wait_sites_whole_run') or [])) or 'none'} "
-            f"| {_f(xa)} → {_f(xb)} | {'yes' if r['identical'] else 'NO'} |")
+            f"| {_f(xa)} → {_f(xb)} | {'yes' if r['identical'] else 'NO'} |"
+        )
     return "\n".join(lines) + "\n"

@@ -18,9 +18,9 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable
 
 #: Releases this bundle knows how to run, patched against pristine. 0.5.13 is the
 #: first whose spec v2 takes tree drafts (topk > 1, issue 44); 0.5.9 is the newest
@@ -35,7 +35,8 @@ REFERENCE_RELEASES = ("0.5.13", "0.5.17")
 #: What the GPU image ('cuda', python 3.12) already holds (device KINDS.md list,
 #: normalised distribution names). Anything the Engine path imports beyond this and
 #: the standard library must be in the bundle.
-IMAGE_PACKAGES = frozenset("""
+IMAGE_PACKAGES = frozenset(
+    """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
 botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy
 coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython
@@ -61,7 +62,8 @@ tensorstore threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaud
 torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope triton
 typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt
 xarray xxhash yarl zipp
-""".split())
+""".split()
+)
 
 #: Pure-Python and cp312 wheels shared by every release (distribution -> version).
 #: Versions are those of requirements-behaviour.txt's resolved environment, where the
@@ -179,15 +181,32 @@ RELEASE_PINS = {
 #: 0.5.17 loads FA3 from sglang-kernel only while SGLANG_USE_SGL_FA3_KERNEL is on (its
 #: default); off, it first tries the `kernels` package's hub download, which the
 #: offline image cannot reach. Set, so that no run depends on the default staying so.
-RELEASE_ENV = {"0.5.9": {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "PK_E2E_KERNEL_GAPS": "1"},
-               "0.5.17": {"SGLANG_USE_SGL_FA3_KERNEL": "1"}}
+RELEASE_ENV = {
+    "0.5.9": {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "PK_E2E_KERNEL_GAPS": "1"},
+    "0.5.17": {"SGLANG_USE_SGL_FA3_KERNEL": "1"},
+}
 
 PIP_PLATFORM_FLAGS = [
-    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-    *[x for n in ("manylinux_2_28", "manylinux_2_27", "manylinux_2_24", "manylinux_2_17",
-                  "manylinux2014", "manylinux1", "manylinux_2_31", "manylinux_2_34",
-                  "manylinux_2_35")
-      for x in ("--platform", f"{n}_x86_64")],
+    "--only-binary=:all:",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    *[
+        x
+        for n in (
+            "manylinux_2_28",
+            "manylinux_2_27",
+            "manylinux_2_24",
+            "manylinux_2_17",
+            "manylinux2014",
+            "manylinux1",
+            "manylinux_2_31",
+            "manylinux_2_34",
+            "manylinux_2_35",
+        )
+        for x in ("--platform", f"{n}_x86_64")
+    ],
 ]
 
 
@@ -212,12 +231,12 @@ def all_pins(releases: Iterable[str]) -> dict[str, dict[str, str]]:
         if rel not in RELEASE_PINS:
             raise SystemExit(f"unknown release {rel!r}; known: {', '.join(RELEASES + REFERENCE_RELEASES)}")
     own = {rel: {normalise(k) for k in RELEASE_PINS[rel]} for rel in releases}
-    common = {k: v for k, v in COMMON_PINS.items()
-              if not all(normalise(k) in own[rel] for rel in releases)}
+    common = {k: v for k, v in COMMON_PINS.items() if not all(normalise(k) in own[rel] for rel in releases)}
     return {"common": common, **{rel: dict(RELEASE_PINS[rel]) for rel in releases}}
 
 
 # ------------------------------------------------------------------ wheels
+
 
 def find_wheel(folder: Path, dist: str, version: str) -> Optional[Path]:
     stem = normalise(dist).replace("-", "_")
@@ -233,8 +252,18 @@ def download_wheels(pins: dict[str, str], folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     missing = [f"{d}=={v}" for d, v in pins.items() if find_wheel(folder, d, v) is None]
     if missing:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-               *PIP_PLATFORM_FLAGS, "-d", str(folder), *missing]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            *PIP_PLATFORM_FLAGS,
+            "-d",
+            str(folder),
+            *missing,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"pip download failed: {proc.stderr.strip()[-2000:]}")

@@ -19,8 +19,8 @@ the probe adds no sync. Installed with the sync counter (:func:`syncs.install`).
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from . import syncs
 

@@ -53,8 +53,7 @@ def _prompt(rng: random.Random, length: int, vocab: int) -> tuple[int, ...]:
     return tuple(rng.randrange(3, vocab) for _ in range(length))
 
 
-def uniform(batch_size: int, *, input_len: int, max_new_tokens: int, vocab: int,
-            seed: int = 0) -> list[Request]:
+def uniform(batch_size: int, *, input_len: int, max_new_tokens: int, vocab: int, seed: int = 0) -> list[Request]:
     rng = random.Random(seed)
     return [Request(_prompt(rng, input_len, vocab), max_new_tokens) for _ in range(batch_size)]
 
@@ -76,17 +75,16 @@ def mixed(batch_size: int, *, vocab: int, seed: int = 0, max_new_tokens: int | N
     return out
 
 
-def build(name: str, batch_size: int, *, input_len: int, max_new_tokens: int, vocab: int,
-          seed: int) -> list[Request]:
+def build(name: str, batch_size: int, *, input_len: int, max_new_tokens: int, vocab: int, seed: int) -> list[Request]:
     if name == "uniform":
-        return uniform(batch_size, input_len=input_len, max_new_tokens=max_new_tokens,
-                       vocab=vocab, seed=seed)
+        return uniform(batch_size, input_len=input_len, max_new_tokens=max_new_tokens, vocab=vocab, seed=seed)
     if name == "mixed":
         return mixed(batch_size, vocab=vocab, seed=seed, max_new_tokens=max_new_tokens)
     if name == "penalized":
-        return [replace(r, frequency_penalty=PENALTY, presence_penalty=PENALTY)
-                for r in uniform(batch_size, input_len=input_len, max_new_tokens=max_new_tokens,
-                                 vocab=vocab, seed=seed)]
+        return [
+            replace(r, frequency_penalty=PENALTY, presence_penalty=PENALTY)
+            for r in uniform(batch_size, input_len=input_len, max_new_tokens=max_new_tokens, vocab=vocab, seed=seed)
+        ]
     raise ValueError(f"unknown workload {name!r} (choose from {', '.join(WORKLOADS)})")
 
 
@@ -113,10 +111,10 @@ def generate(engine, requests: list[Request]) -> list[dict]:
     """
     if not staggered(requests):
         if len({tuple(sorted(params(r).items())) for r in requests}) == 1:
-            return engine.generate(input_ids=[list(r.input_ids) for r in requests],
-                                   sampling_params=params(requests[0]))
-        return engine.generate(input_ids=[list(r.input_ids) for r in requests],
-                               sampling_params=[params(r) for r in requests])
+            return engine.generate(input_ids=[list(r.input_ids) for r in requests], sampling_params=params(requests[0]))
+        return engine.generate(
+            input_ids=[list(r.input_ids) for r in requests], sampling_params=[params(r) for r in requests]
+        )
     import asyncio
 
     async def one(r: Request):

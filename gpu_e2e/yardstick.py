@@ -56,8 +56,11 @@ def machines(folder: Path) -> dict[str, Any]:
 
 
 def _variant_runs(results: Mapping, variant: str) -> list[Mapping]:
-    return [run for key, run in sorted(results.get("runs", {}).items())
-            if key.endswith("/" + variant) and run.get("batches")]
+    return [
+        run
+        for key, run in sorted(results.get("runs", {}).items())
+        if key.endswith("/" + variant) and run.get("batches")
+    ]
 
 
 def _batches(results: Optional[Mapping], variant: str) -> dict[int, Mapping]:
@@ -101,18 +104,23 @@ def rows(folder: Path) -> list[dict]:
             p, u = patched[bs], upstream[bs]
             waits = wait_report.compare_batch(u, p)
             same, n = _identical_requests(p, u)
-            out.append({
-                "backend": backend, "round": rnd, "batch_size": bs,
-                "eager": graph_max is not None and bs > graph_max,
-                "same_machine": m12 is not None and m12 == m17, "machines": (m12, m17),
-                "tok_per_s": (p["tok_per_s"], u["tok_per_s"]),
-                "pristine_tok_per_s": pristine[bs]["tok_per_s"] if bs in pristine else None,
-                "ratio": p["tok_per_s"] / u["tok_per_s"],
-                "waits_per_step": (waits["per_step"][1], waits["per_step"][0]),
-                "sites": {PATCHED: _site_steps(waits, 1), UPSTREAM: _site_steps(waits, 0)},
-                "accept_length": (p["accept_length"], u["accept_length"]),
-                "identical_requests": (same, n),
-            })
+            out.append(
+                {
+                    "backend": backend,
+                    "round": rnd,
+                    "batch_size": bs,
+                    "eager": graph_max is not None and bs > graph_max,
+                    "same_machine": m12 is not None and m12 == m17,
+                    "machines": (m12, m17),
+                    "tok_per_s": (p["tok_per_s"], u["tok_per_s"]),
+                    "pristine_tok_per_s": pristine[bs]["tok_per_s"] if bs in pristine else None,
+                    "ratio": p["tok_per_s"] / u["tok_per_s"],
+                    "waits_per_step": (waits["per_step"][1], waits["per_step"][0]),
+                    "sites": {PATCHED: _site_steps(waits, 1), UPSTREAM: _site_steps(waits, 0)},
+                    "accept_length": (p["accept_length"], u["accept_length"]),
+                    "identical_requests": (same, n),
+                }
+            )
     return out
 
 
@@ -128,15 +136,22 @@ def summary(table: list[dict]) -> list[dict]:
     out = []
     for (backend, bs), rs in sorted(groups.items()):
         same = [r["ratio"] for r in rs if r["same_machine"]]
-        out.append({
-            "backend": backend, "batch_size": bs, "eager": any(r["eager"] for r in rs),
-            "rounds": [r["round"] for r in rs if r["same_machine"]],
-            "ratios": same, "median_ratio": statistics.median(same) if same else None,
-            "range": (min(same), max(same)) if same else None,
-            "other_machine": [(r["round"], r["ratio"]) for r in rs if not r["same_machine"]],
-            "waits_per_step": (statistics.median(r["waits_per_step"][0] for r in rs),
-                               statistics.median(r["waits_per_step"][1] for r in rs)),
-        })
+        out.append(
+            {
+                "backend": backend,
+                "batch_size": bs,
+                "eager": any(r["eager"] for r in rs),
+                "rounds": [r["round"] for r in rs if r["same_machine"]],
+                "ratios": same,
+                "median_ratio": statistics.median(same) if same else None,
+                "range": (min(same), max(same)) if same else None,
+                "other_machine": [(r["round"], r["ratio"]) for r in rs if not r["same_machine"]],
+                "waits_per_step": (
+                    statistics.median(r["waits_per_step"][0] for r in rs),
+                    statistics.median(r["waits_per_step"][1] for r in rs),
+                ),
+            }
+        )
     return out
 
 
@@ -144,12 +159,16 @@ def _f(x: Optional[float], fmt: str = "{:.2f}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
-SUMMARY_HEADER = ("| backend | bs | same-machine rounds | patched / 0.5.17 tok/s per round | median "
-                  "| range | rounds across machines (not in the median) "
-                  "| host waits per decode step, patched / 0.5.17 |")
-ROUND_HEADER = ("| backend | round | bs | tok/s patched / 0.5.17 (pristine) | ratio | host waits per step "
-                "patched / 0.5.17 | sites patched | sites 0.5.17 | accept length patched / 0.5.17 "
-                "| outputs identical to 0.5.17 |")
+SUMMARY_HEADER = (
+    "| backend | bs | same-machine rounds | patched / 0.5.17 tok/s per round | median "
+    "| range | rounds across machines (not in the median) "
+    "| host waits per decode step, patched / 0.5.17 |"
+)
+ROUND_HEADER = (
+    "| backend | round | bs | tok/s patched / 0.5.17 (pristine) | ratio | host waits per step "
+    "patched / 0.5.17 | sites patched | sites 0.5.17 | accept length patched / 0.5.17 "
+    "| outputs identical to 0.5.17 |"
+)
 
 
 def _sites_cell(sites: Mapping[str, float]) -> str:
@@ -162,20 +181,28 @@ def markdown(table: list[dict]) -> str:
         bs = f"{s['batch_size']}{' (eager)' if s['eager'] else ''}"
         lo_hi = f"{_f(s['range'][0], '{:.3f}')} – {_f(s['range'][1], '{:.3f}')}" if s["range"] else "n/a"
         other = ", ".join(f"{rnd} {x:.3f}" for rnd, x in s["other_machine"]) or "–"
-        lines.append(f"| {s['backend']} | {bs} | {', '.join(s['rounds']) or 'none'} "
-                     f"| {', '.join(_f(x, '{:.3f}') for x in s['ratios']) or '–'} "
-                     f"| {_f(s['median_ratio'], '{:.3f}')} | {lo_hi} | {other} "
-                     f"| {_f(s['waits_per_step'][0])} / {_f(s['waits_per_step'][1])} |")
+        lines.append(
+            f"| {s['backend']} | {bs} | {', '.join(s['rounds']) or 'none'} "
+            f"| {', '.join(_f(x, '{:.3f}') for x in s['ratios']) or '–'} "
+            f"| {_f(s['median_ratio'], '{:.3f}')} | {lo_hi} | {other} "
+            f"| {_f(s['waits_per_step'][0])} / {_f(s['waits_per_step'][1])} |"
+        )
     lines += ["", ROUND_HEADER, "|---|---|---:|---|---:|---|---|---|---|---|"]
     for r in table:
-        (tp, tu), (wp, wu), (ap, au), (same, n) = (r["tok_per_s"], r["waits_per_step"], r["accept_length"],
-                                                   r["identical_requests"])
+        (tp, tu), (wp, wu), (ap, au), (same, n) = (
+            r["tok_per_s"],
+            r["waits_per_step"],
+            r["accept_length"],
+            r["identical_requests"],
+        )
         pristine = f" ({r['pristine_tok_per_s']:.0f})" if r["pristine_tok_per_s"] else ""
         machine = "" if r["same_machine"] else " (two machines)"
-        lines.append(f"| {r['backend']} | {r['round']}{machine} | {r['batch_size']}{' (eager)' if r['eager'] else ''} "
-                     f"| {tp:.0f} / {tu:.0f}{pristine} | {r['ratio']:.3f} | {_f(wp)} / {_f(wu)} "
-                     f"| {_sites_cell(r['sites'][PATCHED])} | {_sites_cell(r['sites'][UPSTREAM])} "
-                     f"| {ap:.3f} / {au:.3f} | {same} of {n} requests |")
+        lines.append(
+            f"| {r['backend']} | {r['round']}{machine} | {r['batch_size']}{' (eager)' if r['eager'] else ''} "
+            f"| {tp:.0f} / {tu:.0f}{pristine} | {r['ratio']:.3f} | {_f(wp)} / {_f(wu)} "
+            f"| {_sites_cell(r['sites'][PATCHED])} | {_sites_cell(r['sites'][UPSTREAM])} "
+            f"| {ap:.3f} / {au:.3f} | {same} of {n} requests |"
+        )
     return "\n".join(lines) + "\n"
 
 

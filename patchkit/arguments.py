@@ -163,8 +163,13 @@ def report_interrupt(obj: Any, signum: int) -> None:
         obj.result(line)
     obj.result(change.counts())
     done, past = change.outcome.done, PAST[change.verb]
-    what = (f"all {len(done)} patches were {past}" if len(done) > 1 else f"{done[0]} was {past}" if done
-            else "the tree was fully updated")
+    what = (
+        f"all {len(done)} patches were {past}"
+        if len(done) > 1
+        else f"{done[0]} was {past}"
+        if done
+        else "the tree was fully updated"
+    )
     click.echo(f"patchkit: interrupted by {name}: {what} before the interrupt", err=True)
 
 
@@ -199,10 +204,20 @@ class PatchkitCommand(click.Command):
         kwargs.setdefault("epilog", EXIT_CODES)
         super().__init__(*args, **kwargs)
         detail = f": {verbose}" if isinstance(verbose, str) else VERBOSE_DETAIL[verbose]
-        self.params.append(click.Option(["-q", "--quiet"], is_flag=True, expose_value=False,
-                                        callback=_quiet_or_verbose, help=QUIET_HELP))
-        self.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False,
-                                        callback=_quiet_or_verbose, help=VERBOSE_HELP.format(detail=detail)))
+        self.params.append(
+            click.Option(
+                ["-q", "--quiet"], is_flag=True, expose_value=False, callback=_quiet_or_verbose, help=QUIET_HELP
+            )
+        )
+        self.params.append(
+            click.Option(
+                ["-v", "--verbose"],
+                is_flag=True,
+                expose_value=False,
+                callback=_quiet_or_verbose,
+                help=VERBOSE_HELP.format(detail=detail),
+            )
+        )
 
 
 PatchkitGroup.command_class = PatchkitCommand
@@ -233,8 +248,11 @@ def _complete_patches(ctx: click.Context, param: click.Parameter, incomplete: st
     items = [CompletionItem(i) for i in ids if i.startswith(incomplete) and i not in given]
     if first:
         with contextlib.suppress(OSError):
-            items += [CompletionItem(f"{e.name}/") for e in sorted(os.scandir("."), key=lambda e: e.name)
-                      if e.name.startswith(incomplete) and not e.name.startswith(".") and e.is_dir()]
+            items += [
+                CompletionItem(f"{e.name}/")
+                for e in sorted(os.scandir("."), key=lambda e: e.name)
+                if e.name.startswith(incomplete) and not e.name.startswith(".") and e.is_dir()
+            ]
     return items
 
 
@@ -245,37 +263,50 @@ def _split_tree(ctx: click.Context, param: click.Parameter, args: tuple[str, ...
     if args and (os.path.exists(args[0]) or os.sep in args[0] or args[0].startswith((".", "~"))):
         return args[0], args[1:]
     if args and not ctx.resilient_parsing and args[0] not in {p.id for p in registry.all_patches()}:
-        raise PatchkitError(f"{args[0]}: no tree there (no such file or folder) and no patch of that name "
-                            f"(patches: {', '.join(p.id for p in registry.all_patches())})")
+        raise PatchkitError(
+            f"{args[0]}: no tree there (no such file or folder) and no patch of that name "
+            f"(patches: {', '.join(p.id for p in registry.all_patches())})"
+        )
     return None, args
 
 
-tree_and_patches = click.argument("args", nargs=-1, metavar="[TREE] [PATCH]...", callback=_split_tree,
-                                  shell_complete=_complete_patches)
+tree_and_patches = click.argument(
+    "args", nargs=-1, metavar="[TREE] [PATCH]...", callback=_split_tree, shell_complete=_complete_patches
+)
 tree_only = click.argument("tree", required=False, metavar="[TREE]", type=click.Path())
 
 
-GIT_LAYOUT = ("Diffs name files as an sglang git checkout has them (a/python/sglang/srt/...), whatever the "
-              "tree's layout, so that `git apply` takes them at a checkout's root (in a package folder: "
-              "`git apply -p3`).")
+GIT_LAYOUT = (
+    "Diffs name files as an sglang git checkout has them (a/python/sglang/srt/...), whatever the "
+    "tree's layout, so that `git apply` takes them at a checkout's root (in a package folder: "
+    "`git apply -p3`)."
+)
 
 
 def dry_run_option(doing: str):
     """--dry-run, worded as --check is: what it writes, then what it prints."""
-    return click.option("--dry-run", is_flag=True,
-                        help=f"Write nothing; print what {doing} would change in the tree: a line per patch, "
-                             "a diffstat and the counts (--diff: the unified diff instead of the diffstat).")
+    return click.option(
+        "--dry-run",
+        is_flag=True,
+        help=f"Write nothing; print what {doing} would change in the tree: a line per patch, "
+        "a diffstat and the counts (--diff: the unified diff instead of the diffstat).",
+    )
 
 
 def diff_option(what: str):
-    return click.option("--diff", "show_diff", is_flag=True,
-                        help=f"Also print the unified diff of what {what}. {GIT_LAYOUT}")
+    return click.option(
+        "--diff", "show_diff", is_flag=True, help=f"Also print the unified diff of what {what}. {GIT_LAYOUT}"
+    )
 
 
 def format_option(schema: str, *, markdown: str = ""):
     """``--format text|json``; ``markdown`` (its help) adds a third choice."""
     choices = ["text", "json"] + (["markdown"] if markdown else [])
     extra = f"; markdown: {markdown}" if markdown else ""
-    return click.option("--format", "fmt", type=click.Choice(choices), default="text",
-                        help=f"text for people (default) or json: the patchkit.{schema}/1 document "
-                             f"(docs/ci.md){extra}.")
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(choices),
+        default="text",
+        help=f"text for people (default) or json: the patchkit.{schema}/1 document (docs/ci.md){extra}.",
+    )

@@ -1,6 +1,7 @@
 """The ``patchkit`` command line: parse, call ``patchkit.api``, print what it
 returns (documents are built in ``patchkit.output``; the shared arguments,
-options and error handling are ``patchkit.arguments``)."""
+options and error handling are ``patchkit.arguments``; apply and revert, the
+commands that write, are ``patchkit.cli_changes``)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,48 @@ from typing import Optional
 
 import click
 
-from patchkit import __version__, api, listing, output, registry, settings, terminal
-from patchkit.arguments import (COMPLETION, GIT_LAYOUT, QUIET_HELP, TREE_EPILOG, VERBOSE_HELP, Ctx, PatchkitGroup,
-                                _complete_patches, diff_option, dry_run_option, format_option, tree_and_patches,
-                                tree_only)
+from patchkit import __version__, api, listing, output, registry, settings, terminal, verify_output
+from patchkit.arguments import (
+    COMPLETION,
+    GIT_LAYOUT,
+    QUIET_HELP,
+    TREE_EPILOG,
+    VERBOSE_HELP,
+    Ctx,
+    PatchkitGroup,
+    _complete_patches,
+    format_option,
+    tree_and_patches,
+    tree_only,
+)
+from patchkit.cli_changes import apply, revert
 from patchkit.errors import EXIT_CHANGES, EXIT_OK, Interrupted
 
-@click.group(cls=PatchkitGroup, epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
-             context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(
+    cls=PatchkitGroup,
+    epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)
-@click.option("-v", "--verbose", is_flag=True,
-              help=VERBOSE_HELP.format(detail=" (status, verify: every check of every patch; audit: every read; "
-                                              "other commands: none)"))
-@click.option("--patches", "patch_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
-              help="Also load the patch set in DIR: its *.toml and their codemod modules (repeatable). Sets "
-                   "named by [tool.patchkit] patches in a pyproject.toml above the tree or the current folder, "
-                   "and installed ones (entry points in patchkit.patches), load too; see docs/writing-a-patch.md.")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help=VERBOSE_HELP.format(
+        detail=" (status, verify: every check of every patch; audit: every read; other commands: none)"
+    ),
+)
+@click.option(
+    "--patches",
+    "patch_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Also load the patch set in DIR: its *.toml and their codemod modules (repeatable). Sets "
+    "named by [tool.patchkit] patches in a pyproject.toml above the tree or the current folder, "
+    "and installed ones (entry points in patchkit.patches), load too; see docs/writing-a-patch.md.",
+)
 @click.version_option(__version__, prog_name="patchkit")
 @click.pass_context
 def main(ctx: click.Context, quiet: bool, verbose: bool, patch_dirs: tuple[str, ...]) -> None:
@@ -50,6 +77,11 @@ def main(ctx: click.Context, quiet: bool, verbose: bool, patch_dirs: tuple[str, 
 
 def _terminate(signum: int, frame) -> None:
     raise Interrupted(signum)
+
+
+# The two commands that write, with what they print (cli_changes.py).
+main.add_command(apply)
+main.add_command(revert)
 
 
 @main.command("list")
@@ -76,72 +108,25 @@ def status(obj: Ctx, args, fmt: str) -> None:
     result = api.status(given, ids, obj.say, announce=fmt != "text")
     tree = result.where.tree
     if fmt == "json":
-        obj.echo(output.status_json(tree, result.reports, result.where.given, ok=result.ok,
-                                    runtime=result.runtime, notes=result.notes))
+        obj.echo(
+            output.status_json(
+                tree, result.reports, result.where.given, ok=result.ok, runtime=result.runtime, notes=result.notes
+            )
+        )
     else:
         obj.echo(output.status_text(tree, result.reports, obj.verbose, result.runtime, result.notes, obj.quiet))
 
 
-@main.command(epilog=TREE_EPILOG)
-@tree_and_patches
-@click.option("--skip", multiple=True, metavar="PATCH", help="Leave this patch out (repeatable).",
-              shell_complete=_complete_patches)
-@dry_run_option("applying")
-@click.option("--check", is_flag=True,
-              help="Write nothing; exit 1 if applying would change the tree, listing the patches and files "
-                   "(as black --check; add --diff for the diff).")
-@diff_option("is applied (with --dry-run, --check: would be)")
-@click.option("--runtime", type=click.Choice(["vendored", "package"]), default=None,
-              help="Where patched code finds its runtime: vendored (default on a new tree) writes it into the "
-                   "tree as sglang/srt/_patchkit/, so the tree runs without patchkit; package forwards to the "
-                   "installed patchkit.runtime. Default: the mode the tree was patched with.")
-@click.option("--accept-vendor-code-risk", "accept_risk", is_flag=True,
-              help="Download nothing for the vendor-code check (offline): files whose release bytes patchkit "
-                   "neither ships as hashes nor has cached are patched unchecked, and code your fork added "
-                   "there may be lost. Without it, an apply that cannot fetch the release changes nothing.")
-@format_option("apply")
-@click.pass_obj
-def apply(obj: Ctx, args, skip: tuple[str, ...], dry_run: bool, check: bool, show_diff: bool,
-          runtime: Optional[str], accept_risk: bool, fmt: str) -> None:
-    """Apply patches (all by default) to TREE. A patch pulls in those it requires.
-    Also brings the tree's runtime folder up to date (a stale runtime is rewritten)."""
-    given, ids = args
-    with obj.progress("apply: transforming") as progress:
-        result = _changing(obj, api.apply, given, ids, skip, dry_run=dry_run or check, runtime=runtime,
-                           say=obj.say, progress=progress, accept_vendor_code_risk=accept_risk)
-    try:
-        _finish(obj, result, fmt, show_diff, check)
-    finally:  # the last line: unguarded reads of the mirror in the vendor's own code (patchkit audit)
-        if result.vendor_line:
-            obj.say(result.vendor_line)
-
-
-@main.command(epilog=TREE_EPILOG)
-@tree_and_patches
-@click.option("--cascade", is_flag=True, help="Also revert applied patches that require the named ones.")
-@click.option("--force", is_flag=True,
-              help="Discard the edits made after apply that overlap a patch (the others stay; a copy is kept).")
-@click.option("--recover", is_flag=True,
-              help="Every file back to its original from .patchkit/blobs alone (a corrupt journal or state).")
-@dry_run_option("reverting")
-@diff_option("is reverted (with --dry-run: would be)")
-@format_option("revert")
-@click.pass_obj
-def revert(obj: Ctx, args, cascade: bool, force: bool, recover: bool, dry_run: bool, show_diff: bool,
-           fmt: str) -> None:
-    """Revert patches patchkit applied (all by default), byte for byte. Edits
-    made after apply are kept by a 3-way merge, or the revert stops."""
-    given, ids = args
-    result = _changing(obj, api.revert, given, ids, cascade=cascade, force=force, dry_run=dry_run, say=obj.say,
-                       recover=recover)
-    _finish(obj, result, fmt, show_diff, False)
-
-
 @main.command(verbose=True, epilog=TREE_EPILOG)
 @tree_and_patches
-@click.option("--format", "fmt", type=click.Choice(output.FORMATS), default="text",
-              help="text (default), json (patchkit.status/1), junit (XML, one testcase per patch) or github "
-                   "(Actions annotations at the broken anchor); see docs/ci.md.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(verify_output.FORMATS),
+    default="text",
+    help="text (default), json (patchkit.status/1), junit (XML, one testcase per patch) or github "
+    "(Actions annotations at the broken anchor); see docs/ci.md.",
+)
 @click.pass_obj
 def verify(obj: Ctx, args, fmt: str) -> None:
     """Check the postconditions of every patch (or the named ones and what they
@@ -150,9 +135,20 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     given, ids = args
     result = api.verify(given, ids, obj.say, announce=fmt != "text", audit=fmt in ("text", "json"))
     tree = result.where.tree
-    obj.echo(output.render(fmt, tree, result.reports, result.where.given, obj.verbose,
-                           result.runtime, result.notes, pending=result.pending is not None,
-                           audit_problems=result.audit_problems, quiet=obj.quiet))
+    obj.echo(
+        verify_output.render(
+            fmt,
+            tree,
+            result.reports,
+            result.where.given,
+            obj.verbose,
+            result.runtime,
+            result.notes,
+            pending=result.pending is not None,
+            audit_problems=result.audit_problems,
+            quiet=obj.quiet,
+        )
+    )
     sys.exit(EXIT_OK if result.ok else EXIT_CHANGES)
 
 
@@ -202,9 +198,13 @@ def diff(obj: Ctx, args, stat: bool, name_only: bool) -> None:
 @main.command(epilog=TREE_EPILOG)
 @click.argument("patch", shell_complete=_complete_patches)
 @tree_only
-@click.option("--diff", "show_diff", is_flag=True,
-              help="Also print, as a unified diff, what applying PATCH (and what it requires) changes on TREE; "
-                   "where patchkit applied it already, what it changed. " + GIT_LAYOUT)
+@click.option(
+    "--diff",
+    "show_diff",
+    is_flag=True,
+    help="Also print, as a unified diff, what applying PATCH (and what it requires) changes on TREE; "
+    "where patchkit applied it already, what it changed. " + GIT_LAYOUT,
+)
 @format_option("show")
 @click.pass_obj
 def show(obj: Ctx, patch: str, tree: Optional[str], show_diff: bool, fmt: str) -> None:
@@ -225,15 +225,23 @@ def show(obj: Ctx, patch: str, tree: Optional[str], show_diff: bool, fmt: str) -
 
 @main.command(epilog=TREE_EPILOG)
 @tree_only
-@click.option("-o", "--out", "out", type=click.Path(file_okay=False),
-              help="Folder for NNNN-<patch>.patch files and a quilt series file.")
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    help="Folder for NNNN-<patch>.patch files and a quilt series file.",
+)
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the series as one mbox on stdout instead.")
-@click.option("--author", default=None, metavar="'NAME <EMAIL>'",
-              help="From: of every patch (default: patchkit <patchkit@invalid>).")
+@click.option(
+    "--author",
+    default=None,
+    metavar="'NAME <EMAIL>'",
+    help="From: of every patch (default: patchkit <patchkit@invalid>).",
+)
 @format_option("export")
 @click.pass_obj
-def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, author: Optional[str],
-           fmt: str) -> None:
+def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, author: Optional[str], fmt: str) -> None:
     """Write the change patchkit applied to TREE as a git format-patch series,
     one patch per patchkit patch in dependency order, with a/python/sglang/...
     paths: `git am DIR/*.patch` on a pristine checkout reproduces the patched
@@ -262,8 +270,13 @@ def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, a
 @main.command()
 @click.argument("releases", nargs=-1, metavar="[RELEASE]...")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, help="Releases run in parallel processes.")
-@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown",
-              help="markdown: the release x patch table (default); json: the whole result as one document.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["markdown", "json"]),
+    default="markdown",
+    help="markdown: the release x patch table (default); json: the whole result as one document.",
+)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the table here instead of stdout.")
 @click.pass_obj
 def matrix(obj: Ctx, releases: tuple[str, ...], jobs: int, fmt: str, output: Optional[str]) -> None:
@@ -294,53 +307,3 @@ def fetch(version: str) -> None:
     from patchkit.fetch import fetch_tree
 
     click.echo(fetch_tree(version, fallback=False))
-
-
-def _changing(obj: Ctx, command, *args, **kwargs) -> "api.ChangeResult":
-    """Run api.apply or api.revert, keeping its result where an interrupt
-    finds it: once the transaction is committed, a Ctrl-C reports what was done."""
-    try:
-        result = command(*args, **kwargs)
-    except api.InterruptedChange as exc:
-        obj.change = exc.change
-        raise
-    obj.change = result
-    return result
-
-
-def _finish(obj: Ctx, result: "api.ChangeResult", fmt: str, show_diff: bool, check: bool) -> None:
-    """apply's and revert's output. --check and --dry-run word their lines
-    alike (``would apply: PATCH``, ``would add: PATH``); --check's go to
-    stderr (as black --check's verdict), the others to stdout. A dry run
-    prints a diffstat, and the diff only with --diff."""
-    from patchkit.api.views import outcome_diffs
-
-    outcome, tree = result.outcome, result.where.tree
-    for message in outcome.messages:
-        obj.say(message)
-    if fmt == "json":
-        obj.echo(output.outcome_json(result.verb, tree, outcome, result.where.given, result.dry))
-    else:
-        if show_diff:
-            obj.echo(outcome.diff(tree), nl=False)
-        print_line = obj.say if check else obj.result
-        for line in output.outcome_lines(result.verb, outcome, result.dry):
-            print_line(line)
-        if check:
-            for rel, (old, new) in sorted(outcome.changed.items(), key=lambda item: (item[1][0] is None, item[0])):
-                verb = "would add" if old is None else "would remove" if new is None else "would change"
-                obj.say(f"{verb}: {tree.shown_path(rel, result.where.given)}")
-        elif result.dry and not show_diff:
-            stat = output.diff_stat(outcome_diffs(tree, outcome))
-            if stat:
-                obj.echo(stat, nl=False)
-        if not result.dry:
-            obj.result(result.counts())
-        elif outcome.changed:
-            print_line(f"{len(outcome.done)} patch(es) would be {output.PAST[result.verb]}, {result.counts()}")
-        elif not outcome.skipped:
-            print_line(f"nothing to {result.verb}: "
-                       + ("every patch is applied, native or not applicable" if result.verb == "apply"
-                          else "patchkit applied nothing to revert here"))
-    if outcome.skipped or (check and outcome.changed):
-        sys.exit(EXIT_CHANGES)

@@ -38,12 +38,20 @@ def relative(rel: object, where: str) -> str:
     if not isinstance(rel, str):
         raise PatchkitError(f"{where}: names {rel!r} where a file path belongs; refused (nothing was changed)")
     parts = rel.split("/")
-    escapes = (not rel or "\0" in rel or "\\" in rel or PurePosixPath(rel).is_absolute()
-               or bool(PureWindowsPath(rel).drive) or any(p in ("", "..") for p in parts)
-               or parts[0] == STATE_FOLDER)
+    escapes = (
+        not rel
+        or "\0" in rel
+        or "\\" in rel
+        or PurePosixPath(rel).is_absolute()
+        or bool(PureWindowsPath(rel).drive)
+        or any(p in ("", "..") for p in parts)
+        or parts[0] == STATE_FOLDER
+    )
     if escapes:
-        raise PatchkitError(f"{where}: names {rel!r}, not a path inside the sglang package "
-                            "(absolute, through .., or patchkit's own state); refused (nothing was changed)")
+        raise PatchkitError(
+            f"{where}: names {rel!r}, not a path inside the sglang package "
+            "(absolute, through .., or patchkit's own state); refused (nothing was changed)"
+        )
     return rel
 
 
@@ -66,8 +74,10 @@ def inside(package: Path, rel: str) -> Path:
     root = package.resolve()
     real = path.resolve()
     if real != root and root not in real.parents:
-        raise PatchkitError(f"{path}: leads out of the sglang package {package} (through a symlink, to {real}); "
-                            "refused (nothing was changed)")
+        raise PatchkitError(
+            f"{path}: leads out of the sglang package {package} (through a symlink, to {real}); "
+            "refused (nothing was changed)"
+        )
     return path
 
 
@@ -75,9 +85,11 @@ def writable(package: Path, rel: str) -> Path:
     """``inside``, for a file patchkit writes or removes: never a symlink."""
     path = inside(package, rel)
     if path.is_symlink():
-        raise PatchkitError(f"{path}: a symbolic link; patchkit writes files by rename and would replace the link "
-                            "by a plain file: refused (nothing was changed; replace the link by the file it "
-                            "points at, or leave the patch out with --skip)")
+        raise PatchkitError(
+            f"{path}: a symbolic link; patchkit writes files by rename and would replace the link "
+            "by a plain file: refused (nothing was changed; replace the link by the file it "
+            "points at, or leave the patch out with --skip)"
+        )
     return path
 
 

@@ -87,10 +87,15 @@ class Learnt:
     def from_json(cls, data: Any) -> Learnt:
         """The caches ``to_json`` wrote; empty where ``data`` is damaged."""
         try:
-            findings = {FindingKey(codemod, sha): found for codemod, sha, listed in data.get("findings", ())
-                        if (found := _finding(listed)) is not None}
+            findings = {
+                FindingKey(codemod, sha): found
+                for codemod, sha, listed in data.get("findings", ())
+                if (found := _finding(listed)) is not None
+            }
             audit = {AuditKey(fingerprint): count_of(n) for fingerprint, n in data.get("audit", ())}
-            vendor = {VendorKey(fingerprint, targets): count_of(n) for fingerprint, targets, n in data.get("vendor", ())}
+            vendor = {
+                VendorKey(fingerprint, targets): count_of(n) for fingerprint, targets, n in data.get("vendor", ())
+            }
         except (TypeError, ValueError, KeyError, AttributeError):
             return cls()
         return cls(findings, audit, vendor)

@@ -18,9 +18,9 @@ import sys
 import tempfile
 import zipfile
 import zlib
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable, Iterable, Mapping
 
 from patchkit import known_releases, lifetimes, settings
 from patchkit.errors import PatchkitError
@@ -59,10 +59,24 @@ def download_from_registry(version: str, wheels: Path) -> Path:
     # patchkit's results); elsewhere it is quiet.
     shown = sys.stderr.isatty()
     with tempfile.TemporaryDirectory(dir=wheels) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", *([] if shown else ["-q"]), *_WHEEL_FLAGS,
-               f"sglang=={version}", "-d", tmp]
-        proc = subprocess.run(cmd, stdout=sys.stderr if shown else subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              **lifetimes.in_child_process())  # pip dies with us
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            *([] if shown else ["-q"]),
+            *_WHEEL_FLAGS,
+            f"sglang=={version}",
+            "-d",
+            tmp,
+        ]
+        proc = subprocess.run(
+            cmd,
+            stdout=sys.stderr if shown else subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **lifetimes.in_child_process(),
+        )  # pip dies with us
         got = sorted(Path(tmp).glob("sglang-*.whl"))
         if proc.returncode != 0 or not got:
             last = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
@@ -91,11 +105,15 @@ def fetch_tree(version: str, say: Optional[Callable[[str], None]] = None, fallba
         if exc.errno not in _UNWRITABLE:
             raise
         if not fallback:
-            raise PatchkitError(f"cannot write patchkit's cache {cache_dir()} ({exc.strerror}): set "
-                                "PATCHKIT_CACHE_DIR to a folder patchkit may write") from None
+            raise PatchkitError(
+                f"cannot write patchkit's cache {cache_dir()} ({exc.strerror}): set "
+                "PATCHKIT_CACHE_DIR to a folder patchkit may write"
+            ) from None
         temporary = _temporary_cache()
-        (say or _note)(f"patchkit's cache {cache_dir()} cannot be written ({exc.strerror}): sglang {version} is "
-                       f"fetched into a temporary cache, {temporary}, removed when this command ends")
+        (say or _note)(
+            f"patchkit's cache {cache_dir()} cannot be written ({exc.strerror}): sglang {version} is "
+            f"fetched into a temporary cache, {temporary}, removed when this command ends"
+        )
         return _fetch_into(temporary, version)
 
 
@@ -142,8 +160,10 @@ def _fetch_into(cache: Path, version: str) -> Path:
                     _extract(wheel, tmp)
                 except _DAMAGED as exc:
                     wheel.unlink()
-                    raise PatchkitError(f"the wheel of sglang {version} from the package registry is not a "
-                                        f"whole zip ({exc}); nothing was kept, run again to retry") from None
+                    raise PatchkitError(
+                        f"the wheel of sglang {version} from the package registry is not a "
+                        f"whole zip ({exc}); nothing was kept, run again to retry"
+                    ) from None
             (tmp / ".complete").write_text(wheel.name)
             if dest.exists():  # an extraction a kill cut short
                 shutil.rmtree(dest)
@@ -265,9 +285,14 @@ def release_file(version: str, rel: str) -> Optional[bytes]:
         return None
 
 
-def release_sources(version: str, files: Iterable[str], sources: Optional[Mapping[str, bytes]] = None,
-                    download: bool = False, accept_risk: bool = False,
-                    say: Callable[[str], None] = lambda line: None) -> dict[str, Optional[bytes]]:
+def release_sources(
+    version: str,
+    files: Iterable[str],
+    sources: Optional[Mapping[str, bytes]] = None,
+    download: bool = False,
+    accept_risk: bool = False,
+    say: Callable[[str], None] = lambda line: None,
+) -> dict[str, Optional[bytes]]:
     """The fetch step of apply, revert and export, before any transform: each
     of ``files`` as the release ``version`` ships it (the vendor-code check
     compares against these bytes). A file whose bytes (``sources``) match the
@@ -283,7 +308,8 @@ def release_sources(version: str, files: Iterable[str], sources: Optional[Mappin
         if download and not accept_risk and files and version and version != "unknown":
             raise PatchkitError(
                 f"cannot run the vendor-code check: sglang {version!r} names no release to compare with; "
-                f"nothing was changed ({RISK_FLAG} to apply without the check)")
+                f"nothing was changed ({RISK_FLAG} to apply without the check)"
+            )
         return dict.fromkeys(files)
     if release != version and files:
         say(f"the vendor-code check compares with sglang {release}: {version} is a local build of that release")
@@ -294,14 +320,17 @@ def release_sources(version: str, files: Iterable[str], sources: Optional[Mappin
     missing = [rel for rel, data in out.items() if data is None]
     if not missing or not download or accept_risk:
         return out
-    say(f"fetching sglang {release} from the package registry for the vendor-code check "
-        f"({len(missing)} file(s) differ from the release)")
+    say(
+        f"fetching sglang {release} from the package registry for the vendor-code check "
+        f"({len(missing)} file(s) differ from the release)"
+    )
     try:
         package = fetch_tree(release, say)
     except PatchkitError as exc:
         raise PatchkitError(
             f"cannot run the vendor-code check: {exc}; nothing was changed "
-            f"(`patchkit fetch {release}` when online, or {RISK_FLAG} to apply without the check)") from None
+            f"(`patchkit fetch {release}` when online, or {RISK_FLAG} to apply without the check)"
+        ) from None
     for rel in missing:
         try:
             data = (package / rel).read_bytes()
@@ -311,7 +340,8 @@ def release_sources(version: str, files: Iterable[str], sources: Optional[Mappin
         if known_releases.contradicts(release, rel, data):  # a cache that could not be set right
             raise PatchkitError(
                 f"cannot run the vendor-code check: {package / rel} is not sglang {release}'s {rel} (not the "
-                f"sha256 patchkit ships); nothing was changed (remove {package.parent} and run again)")
+                f"sha256 patchkit ships); nothing was changed (remove {package.parent} and run again)"
+            )
     return out
 
 
@@ -320,14 +350,20 @@ RISK_FLAG = "--accept-vendor-code-risk"
 
 def release_note(version: str, risk: bool = False) -> str:
     if risk and base_release(version) is None:
-        return (f"note: the vendor-code check was skipped ({RISK_FLAG}): sglang {version!r} names no release to "
-                "compare with, so code your fork added to the patched files was not checked to survive")
+        return (
+            f"note: the vendor-code check was skipped ({RISK_FLAG}): sglang {version!r} names no release to "
+            "compare with, so code your fork added to the patched files was not checked to survive"
+        )
     version = base_release(version) or version
     if risk:
-        return (f"note: the vendor-code check was skipped ({RISK_FLAG}): sglang {version} was not downloaded, "
-                "so code your fork added to the patched files was not checked to survive")
-    return (f"note: the vendor-code check was skipped: sglang {version} is not in patchkit's cache "
-            f"(`patchkit fetch {version}` puts it there; code a fork added is then checked to survive)")
+        return (
+            f"note: the vendor-code check was skipped ({RISK_FLAG}): sglang {version} was not downloaded, "
+            "so code your fork added to the patched files was not checked to survive"
+        )
+    return (
+        f"note: the vendor-code check was skipped: sglang {version} is not in patchkit's cache "
+        f"(`patchkit fetch {version}` puts it there; code a fork added is then checked to survive)"
+    )
 
 
 def is_release(version: str) -> bool:

@@ -28,8 +28,8 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 _CLOSE_ON_FORK: set[int] = set()
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

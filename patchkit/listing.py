@@ -45,6 +45,7 @@ def list_markdown(patches: Sequence[Patch]) -> str:
     """The patch table: one row per patch, from its definition (the title where it has no summary)."""
     lines = list(TABLE_HEADER)
     for p in patches:
-        lines.append(f"| `{p.id}` | {_cell(_upstream_cell(p))} | {_cell(p.summary or p.title)} "
-                     f"| {_cell(p.proven_on) or '-'} |")
+        lines.append(
+            f"| `{p.id}` | {_cell(_upstream_cell(p))} | {_cell(p.summary or p.title)} | {_cell(p.proven_on) or '-'} |"
+        )
     return "\n".join(lines)

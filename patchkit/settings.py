@@ -15,9 +15,9 @@ VARIABLES = {
     "PATCHKIT_LOCK_TIMEOUT": "seconds to wait for another patchkit run on the same tree (default 60)",
     "PATCHKIT_JOBS": "worker processes for a cold apply (default: the CPUs this process may use)",
     "PATCHKIT_CACHE_DIR": "patchkit's cache folder: downloaded sglang releases (fetch, matrix) and the transform "
-                          "cache (default $XDG_CACHE_HOME/patchkit, else ~/.cache/patchkit)",
+    "cache (default $XDG_CACHE_HOME/patchkit, else ~/.cache/patchkit)",
     "PATCHKIT_TRANSFORM_CACHE": "off to disable the transform cache, or a folder for it alone "
-                                "(default $PATCHKIT_CACHE_DIR/transforms)",
+    "(default $PATCHKIT_CACHE_DIR/transforms)",
 }
 
 # old name -> the name that replaced it. The old one still works, with one
@@ -39,11 +39,15 @@ def lock_timeout(default: float = 60.0) -> float:
     try:
         seconds = float(value)
     except ValueError:
-        raise PatchkitError(f"PATCHKIT_LOCK_TIMEOUT={value!r}: not a number of seconds; allowed: 0 (do not wait) "
-                            "or more, finite (e.g. 60); fix or unset it") from None
+        raise PatchkitError(
+            f"PATCHKIT_LOCK_TIMEOUT={value!r}: not a number of seconds; allowed: 0 (do not wait) "
+            "or more, finite (e.g. 60); fix or unset it"
+        ) from None
     if not 0 <= seconds < float("inf"):
-        raise PatchkitError(f"PATCHKIT_LOCK_TIMEOUT={value!r}: out of range; allowed: 0 (do not wait) or more "
-                            "seconds, finite (e.g. 60); fix or unset it")
+        raise PatchkitError(
+            f"PATCHKIT_LOCK_TIMEOUT={value!r}: out of range; allowed: 0 (do not wait) or more "
+            "seconds, finite (e.g. 60); fix or unset it"
+        )
     return seconds
 
 
@@ -53,8 +57,10 @@ def jobs() -> Optional[int]:
     if value is None:
         return None
     if not value.isdigit() or int(value) < 1:
-        raise PatchkitError(f"PATCHKIT_JOBS={value!r}: not a positive whole number of processes; allowed: 1 or "
-                            "more (e.g. 2); fix or unset it")
+        raise PatchkitError(
+            f"PATCHKIT_JOBS={value!r}: not a positive whole number of processes; allowed: 1 or "
+            "more (e.g. 2); fix or unset it"
+        )
     return int(value)
 
 
@@ -105,8 +111,10 @@ def deprecations() -> list[str]:
             also = f" ({new} is set too and wins)" if _value(new) is not None else ""
             notes.append(f"{old} is deprecated: use {new}{also}")
     if _legacy_off():
-        notes.append(f"PATCHKIT_CACHE_DIR={os.environ['PATCHKIT_CACHE_DIR']!r} to disable the transform cache is "
-                     "deprecated: use PATCHKIT_TRANSFORM_CACHE=off")
+        notes.append(
+            f"PATCHKIT_CACHE_DIR={os.environ['PATCHKIT_CACHE_DIR']!r} to disable the transform cache is "
+            "deprecated: use PATCHKIT_TRANSFORM_CACHE=off"
+        )
     return notes
 
 

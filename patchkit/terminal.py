@@ -13,17 +13,24 @@ import contextlib
 import os
 import re
 import sys
-from typing import Optional, TextIO
 from collections.abc import Callable, Iterator
+from typing import Optional, TextIO
 
 import click
 
 # Each state a patch can be in (and a verdict), by how it reads for the user:
 # done (green), to do or out of date (yellow), broken (red), not for this tree (cyan).
 COLOURS = {
-    "applied": "green", "native": "green", "OK": "green", "reverted": "green",
-    "absent": "yellow", "stale": "yellow", "warning": "yellow",
-    "partial": "red", "FAILED": "red", "error": "red",
+    "applied": "green",
+    "native": "green",
+    "OK": "green",
+    "reverted": "green",
+    "absent": "yellow",
+    "stale": "yellow",
+    "warning": "yellow",
+    "partial": "red",
+    "FAILED": "red",
+    "error": "red",
     "not-applicable": "cyan",
 }
 
@@ -67,8 +74,14 @@ def progress_bar(label: str, quiet: bool, file: Optional[TextIO] = None) -> Iter
     def update(done: int, total: int, item: str = "") -> None:
         nonlocal bar
         if bar is None:
-            bar = click.progressbar(length=total, label=label, file=stream, show_eta=False, show_pos=True,
-                                    item_show_func=lambda shown: shown)
+            bar = click.progressbar(
+                length=total,
+                label=label,
+                file=stream,
+                show_eta=False,
+                show_pos=True,
+                item_show_func=lambda shown: shown,
+            )
             bar.__enter__()
         bar.update(done - bar.pos, item or None)
 

@@ -37,10 +37,10 @@ from __future__ import annotations
 import hashlib
 import textwrap
 import unittest
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Optional, Union
-from collections.abc import Iterable, Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -51,8 +51,22 @@ if TYPE_CHECKING:
     from click.testing import Result
 
 __all__ = [
-    "CodemodTest", "Finding", "ReleaseCheck", "State", "apply", "assert_codemod", "assert_state",
-    "check_release", "code", "detect", "digests", "invoke", "release_tree", "run", "run_all", "set_codemod",
+    "CodemodTest",
+    "Finding",
+    "ReleaseCheck",
+    "State",
+    "apply",
+    "assert_codemod",
+    "assert_state",
+    "check_release",
+    "code",
+    "detect",
+    "digests",
+    "invoke",
+    "release_tree",
+    "run",
+    "run_all",
+    "set_codemod",
 ]
 
 
@@ -208,9 +222,11 @@ def digests(folder: Union[str, Path]) -> dict[str, str]:
     """sha256 of every file under ``folder`` by relative path (patchkit's
     ``.patchkit`` state and bytecode caches aside)."""
     folder = Path(folder)
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*"))
-            if p.is_file() and not {".patchkit", "__pycache__"} & set(p.relative_to(folder).parts)}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not {".patchkit", "__pycache__"} & set(p.relative_to(folder).parts)
+    }
 
 
 @dataclass(frozen=True)
@@ -228,8 +244,14 @@ class ReleaseCheck:
         return self.written[path].decode("utf-8")
 
 
-def check_release(patch: Union[str, Sequence[str]], version: str, workdir: Union[str, Path], *,
-                  patches: Iterable[Union[str, Path]] = (), layout: str = "package") -> ReleaseCheck:
+def check_release(
+    patch: Union[str, Sequence[str]],
+    version: str,
+    workdir: Union[str, Path],
+    *,
+    patches: Iterable[Union[str, Path]] = (),
+    layout: str = "package",
+) -> ReleaseCheck:
     """Apply ``patch`` (an id or several) to a copy of sglang==``version``
     through the command line, then: ``verify`` passes, a second ``apply``
     changes nothing, ``revert`` gives every file back byte for byte. Patch

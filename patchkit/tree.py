@@ -15,12 +15,13 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterable
 
 from patchkit import containment
 from patchkit.errors import PatchkitError
+
 
 def sha256(data: bytes) -> str:
     """A file's identity everywhere in patchkit: state, caches, backups."""
@@ -132,8 +133,9 @@ def locate(given: str | None) -> tuple[str, Tree, bool]:
         tree = find_tree(start)
     except PatchkitError as exc:
         if given is None:
-            raise PatchkitError(f"{Path.cwd()}: no TREE given, and the current folder is "
-                                f"{str(exc).split(': ', 1)[1]}") from None
+            raise PatchkitError(
+                f"{Path.cwd()}: no TREE given, and the current folder is {str(exc).split(': ', 1)[1]}"
+            ) from None
         raise
     if given is not None and tree.given == Path(given).resolve():
         return given, tree, False
@@ -183,7 +185,9 @@ def check_writable(tree: Tree, files: Iterable[str]) -> None:
 # an optional local segment (``+acme``, ``+cu124.acme-2``): a fork's build of that release.
 _PEP440 = re.compile(
     r"^(?P<public>(?:\d+!)?\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?)"
-    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?$", re.IGNORECASE)
+    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?$",
+    re.IGNORECASE,
+)
 
 
 def base_release(version: str) -> str | None:

@@ -46,8 +46,12 @@ print(cold, statistics.median(warm), len(result.modules), len(result.reads), len
 
 def _cli(tree: Path, env: dict) -> float:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "patchkit", "audit", str(tree), "--format", "json"],
-                          cwd=ROOT, env=env, capture_output=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "patchkit", "audit", str(tree), "--format", "json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+    )
     took = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(proc.stderr.decode())
@@ -62,12 +66,20 @@ def measure(label: str, tree: Path, repeat: int, scratch: Path) -> None:
     cli_cold = _cli(tree, env)
     cli_warm = statistics.median(_cli(tree, env) for _ in range(repeat))
     env = dict(os.environ, PATCHKIT_TRANSFORM_CACHE=str(Path(tempfile.mkdtemp(dir=scratch))))
-    out = subprocess.run([sys.executable, "-c", IN_PROCESS, str(package), str(repeat)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", IN_PROCESS, str(package), str(repeat)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     cold, warm, modules, reads, problems = float(out[0]), float(out[1]), *map(int, out[2:])
     files = sum(1 for _ in (package / "srt").rglob("*.py"))
-    print(f"{label:9} {files:5} modules, {modules:3} read the mirror, {reads:4} reads, {problems:3} problems | "
-          f"cli cold {cli_cold:5.2f}s warm {cli_warm:5.2f}s | in-process cold {cold:5.2f}s warm {warm:5.2f}s")
+    print(
+        f"{label:9} {files:5} modules, {modules:3} read the mirror, {reads:4} reads, {problems:3} problems | "
+        f"cli cold {cli_cold:5.2f}s warm {cli_warm:5.2f}s | in-process cold {cold:5.2f}s warm {warm:5.2f}s"
+    )
 
 
 def main() -> None:
@@ -82,8 +94,12 @@ def main() -> None:
         scratch = Path(tmp)
         pristine = copy_tree(args.release, scratch / "pristine")
         patched = copy_tree(args.release, scratch / "patched")
-        subprocess.run([sys.executable, "-m", "patchkit", "-q", "apply", str(patched)], cwd=ROOT, check=True,
-                       env=dict(os.environ, PATCHKIT_TRANSFORM_CACHE=str(scratch / "transforms")))
+        subprocess.run(
+            [sys.executable, "-m", "patchkit", "-q", "apply", str(patched)],
+            cwd=ROOT,
+            check=True,
+            env=dict(os.environ, PATCHKIT_TRANSFORM_CACHE=str(scratch / "transforms")),
+        )
         measure("pristine", pristine, args.repeat, scratch)
         measure("patched", patched, args.repeat, scratch)
 

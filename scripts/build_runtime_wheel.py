@@ -54,10 +54,14 @@ def build(out: Path) -> Path:
         stage = Path(tmp)
         (stage / "pyproject.toml").write_text(PYPROJECT)
         for name in PACKAGES:
-            shutil.copytree(ROOT / "patchkit" / name, stage / "patchkit" / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(stage)],
-                       check=True)
+            shutil.copytree(
+                ROOT / "patchkit" / name,
+                stage / "patchkit" / name,
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            )
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(stage)], check=True
+        )
     wheel = out / f"sglang_patchkit_runtime-{__version__}-py3-none-any.whl"
     if not wheel.is_file():
         raise SystemExit(f"build_runtime_wheel: pip did not produce {wheel}")

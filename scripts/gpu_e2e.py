@@ -34,31 +34,70 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bundle", help="build the bundle folder (downloads from the registry)")
     b.add_argument("--out", required=True, type=Path)
-    b.add_argument("--release", action="append", choices=wheels.RELEASES,
-                   help="release(s) to carry, pristine and patched (default: 0.5.12.post1)")
-    b.add_argument("--reference", action="append", default=[], choices=wheels.REFERENCE_RELEASES,
-                   help="release(s) carried as published: the upstream reference")
-    b.add_argument("--earlier", action="append", default=[], metavar="NAME=COMMIT",
-                   help="also carry the tree patchkit at COMMIT writes (variant NAME), to measure "
-                        "what later commits changed (issue 42: upstream's later fixes)")
+    b.add_argument(
+        "--release",
+        action="append",
+        choices=wheels.RELEASES,
+        help="release(s) to carry, pristine and patched (default: 0.5.12.post1)",
+    )
+    b.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        choices=wheels.REFERENCE_RELEASES,
+        help="release(s) carried as published: the upstream reference",
+    )
+    b.add_argument(
+        "--earlier",
+        action="append",
+        default=[],
+        metavar="NAME=COMMIT",
+        help="also carry the tree patchkit at COMMIT writes (variant NAME), to measure "
+        "what later commits changed (issue 42: upstream's later fixes)",
+    )
     b.add_argument("--limit-mib", type=float, default=64)
-    b.add_argument("--site-compression", choices=["xz", "gz"], default="xz",
-                   help="the site tars: xz (a third smaller: 0.5.13's fits beside the checkout) or gz (faster)")
-    b.add_argument("--reuse-site", type=Path, default=None,
-                   help="an earlier bundle: copy its site tars where the pins are the same (no recompression)")
-    b.add_argument("--minus", action="append", default=[], metavar="PATCH",
-                   help="also carry a tree with every patch but PATCH (variant minus-PATCH), to measure "
-                        "that patch's own effect side by side")
-    b.add_argument("--kernel", action="append", default=[], choices=["flashmla"],
-                   help="also carry this sglang-kernel library in the bundle (FlashMLA: about 4 MiB)")
+    b.add_argument(
+        "--site-compression",
+        choices=["xz", "gz"],
+        default="xz",
+        help="the site tars: xz (a third smaller: 0.5.13's fits beside the checkout) or gz (faster)",
+    )
+    b.add_argument(
+        "--reuse-site",
+        type=Path,
+        default=None,
+        help="an earlier bundle: copy its site tars where the pins are the same (no recompression)",
+    )
+    b.add_argument(
+        "--minus",
+        action="append",
+        default=[],
+        metavar="PATCH",
+        help="also carry a tree with every patch but PATCH (variant minus-PATCH), to measure "
+        "that patch's own effect side by side",
+    )
+    b.add_argument(
+        "--kernel",
+        action="append",
+        default=[],
+        choices=["flashmla"],
+        help="also carry this sglang-kernel library in the bundle (FlashMLA: about 4 MiB)",
+    )
     f = sub.add_parser("fa3-pack", help="pack FA3's kernel library for a device call of its own")
     f.add_argument("--out", required=True, type=Path)
-    f.add_argument("--kernel-version", default=wheels.COMMON_PINS["sglang-kernel"],
-                   help="sglang-kernel version whose FA3 library to pack (0.5.13 pins 0.4.3)")
+    f.add_argument(
+        "--kernel-version",
+        default=wheels.COMMON_PINS["sglang-kernel"],
+        help="sglang-kernel version whose FA3 library to pack (0.5.13 pins 0.4.3)",
+    )
     s = sub.add_parser("split", help="cut a folder (bundle, FA3 pack) into parts that one device call each carries")
     s.add_argument("--folder", required=True, type=Path)
-    s.add_argument("--part-mib", type=float, default=None,
-                   help="what one part may hold (64 MiB less the checkout; default: bundle_parts.PART_BYTES, 40)")
+    s.add_argument(
+        "--part-mib",
+        type=float,
+        default=None,
+        help="what one part may hold (64 MiB less the checkout; default: bundle_parts.PART_BYTES, 40)",
+    )
     t = sub.add_parser("tables", help="issue 23's tables from one or more results.json (e.g. two device calls)")
     t.add_argument("results", nargs="+", type=Path)
     r = sub.add_parser("run", help="run on this (GPU) machine from a built bundle")
@@ -68,24 +107,33 @@ def main() -> int:
     if args.cmd == "bundle":
         earlier = dict(item.split("=", 1) for item in args.earlier)
         releases = args.release or ([] if args.reference else ["0.5.12.post1"])
-        bundle.build(args.out, releases, limit=int(args.limit_mib * bundle.MIB), minus=args.minus,
-                     kernels=args.kernel, reference=args.reference, earlier=earlier,
-                     site_compression=args.site_compression, reuse_site=args.reuse_site)
+        bundle.build(
+            args.out,
+            releases,
+            limit=int(args.limit_mib * bundle.MIB),
+            minus=args.minus,
+            kernels=args.kernel,
+            reference=args.reference,
+            earlier=earlier,
+            site_compression=args.site_compression,
+            reuse_site=args.reuse_site,
+        )
         return 0
     if args.cmd == "split":
         from gpu_e2e import bundle_parts
 
-        bundle_parts.split(args.folder, bundle_parts.PART_BYTES if args.part_mib is None
-                           else int(args.part_mib * bundle.MIB))
+        bundle_parts.split(
+            args.folder, bundle_parts.PART_BYTES if args.part_mib is None else int(args.part_mib * bundle.MIB)
+        )
         return 0
     if args.cmd == "tables":
         import json
 
-        from gpu_e2e import report
+        from gpu_e2e import issue23_report
 
         results = [json.loads(p.read_text()) for p in args.results]
-        print(report.issue23_tables(results))
-        for problem in report.issue23_problems(results):
+        print(issue23_report.issue23_tables(results))
+        for problem in issue23_report.issue23_problems(results):
             print("PROBLEM:", problem)
         return 0
     if args.cmd == "fa3-pack":

@@ -20,8 +20,8 @@ import json
 import sys
 
 from patchkit import known_releases, registry
-from patchkit.audit import facts as audit_facts
 from patchkit.api.matrix import DEFAULT_RELEASES
+from patchkit.audit import facts as audit_facts
 from patchkit.fetch import cache_dir
 
 
@@ -35,8 +35,9 @@ def table(versions: list[str]) -> dict:
         trees[version] = audit_facts.sources(tree / "sglang")
     # The audit's modules too (those that read the mirror in some release): it tells a
     # release's own reads without the release's tree.
-    files = sorted(targets | {rel for srt in trees.values() for rel, data in srt.items()
-                              if audit_facts.reads_mirror(data)})
+    files = sorted(
+        targets | {rel for srt in trees.values() for rel, data in srt.items() if audit_facts.reads_mirror(data)}
+    )
     out: dict = {"releases": list(trees), "files": {rel: {} for rel in files}}
     for version, srt in trees.items():
         for rel in files:

@@ -46,18 +46,29 @@ def report(folder: Path, top: int = 30) -> str:
     total = sum(duration.values()) or 1.0
     begin = min(s for _, s, _ in spans.values())
     finish = max(e for _, _, e in spans.values())
-    out = [f"{len(spans)} tests, {total:.0f} s of test time over {finish - begin:.0f} s of wall time "
-           f"({total / (finish - begin):.2f} workers busy on average).", ""]
+    out = [
+        f"{len(spans)} tests, {total:.0f} s of test time over {finish - begin:.0f} s of wall time "
+        f"({total / (finish - begin):.2f} workers busy on average).",
+        "",
+    ]
 
     workers: dict[str, list[float]] = defaultdict(lambda: [0.0, float("inf"), 0.0])
     for worker, start, end in spans.values():
         w = workers[worker]
         w[0] += end - start
         w[1], w[2] = min(w[1], start), max(w[2], end)
-    out += ["### Per worker", "", table(
-        ["worker", "busy s", "started at s", "last test ended at s", "idle at the end s"],
-        [[name, f"{b:.0f}", f"{s - begin:.0f}", f"{e - begin:.0f}", f"{finish - e:.0f}"]
-         for name, (b, s, e) in sorted(workers.items())]), ""]
+    out += [
+        "### Per worker",
+        "",
+        table(
+            ["worker", "busy s", "started at s", "last test ended at s", "idle at the end s"],
+            [
+                [name, f"{b:.0f}", f"{s - begin:.0f}", f"{e - begin:.0f}", f"{finish - e:.0f}"]
+                for name, (b, s, e) in sorted(workers.items())
+            ],
+        ),
+        "",
+    ]
 
     per_file: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for test, seconds in duration.items():
@@ -65,9 +76,15 @@ def report(folder: Path, top: int = 30) -> str:
         f[0] += 1
         f[1] += seconds
     rows = sorted(per_file.items(), key=lambda kv: -kv[1][1])
-    out += [f"### Per file (top {top} of {len(rows)})", "", table(
-        ["file", "tests", "s", "share"],
-        [[f"`{name}`", n, f"{s:.0f}", f"{100 * s / total:.1f}%"] for name, (n, s) in rows[:top]]), ""]
+    out += [
+        f"### Per file (top {top} of {len(rows)})",
+        "",
+        table(
+            ["file", "tests", "s", "share"],
+            [[f"`{name}`", n, f"{s:.0f}", f"{100 * s / total:.1f}%"] for name, (n, s) in rows[:top]],
+        ),
+        "",
+    ]
 
     kinds: dict[str, float] = defaultdict(float)
     for test, seconds in duration.items():
@@ -75,9 +92,15 @@ def report(folder: Path, top: int = 30) -> str:
         for kind, s in counted.items():
             kinds[kind] += s
         kinds["other (the tests' own work)"] += max(0.0, seconds - sum(counted.values()))
-    out += ["### Per kind of work", "", table(
-        ["kind", "s", "share"],
-        [[kind, f"{s:.0f}", f"{100 * s / total:.1f}%"] for kind, s in sorted(kinds.items(), key=lambda kv: -kv[1])]), ""]
+    out += [
+        "### Per kind of work",
+        "",
+        table(
+            ["kind", "s", "share"],
+            [[kind, f"{s:.0f}", f"{100 * s / total:.1f}%"] for kind, s in sorted(kinds.items(), key=lambda kv: -kv[1])],
+        ),
+        "",
+    ]
 
     per_release: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for test, seconds in duration.items():
@@ -86,14 +109,25 @@ def report(folder: Path, top: int = 30) -> str:
         r = per_release[found[0] if found else "(no release parameter)"]
         r[0] += 1
         r[1] += seconds
-    out += ["### Per release parameter", "", table(
-        ["release", "tests", "s"],
-        [[name, n, f"{s:.0f}"] for name, (n, s) in sorted(per_release.items(), key=lambda kv: -kv[1][1])]), ""]
+    out += [
+        "### Per release parameter",
+        "",
+        table(
+            ["release", "tests", "s"],
+            [[name, n, f"{s:.0f}"] for name, (n, s) in sorted(per_release.items(), key=lambda kv: -kv[1][1])],
+        ),
+        "",
+    ]
 
     slowest = sorted(duration.items(), key=lambda kv: -kv[1])[:top]
-    out += [f"### Slowest {top} tests", "", table(
-        ["test", "s", "largest share"],
-        [[f"`{test}`", f"{s:.1f}", _largest(spent.get(test, {}), s)] for test, s in slowest])]
+    out += [
+        f"### Slowest {top} tests",
+        "",
+        table(
+            ["test", "s", "largest share"],
+            [[f"`{test}`", f"{s:.1f}", _largest(spent.get(test, {}), s)] for test, s in slowest],
+        ),
+    ]
     return "\n".join(out)
 
 
@@ -108,8 +142,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the PATCHKIT_TEST_PROFILE folder of a run")
     parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--write-durations", type=Path, metavar="JSON",
-                        help="write each file's seconds there (tests/durations.json)")
+    parser.add_argument(
+        "--write-durations", type=Path, metavar="JSON", help="write each file's seconds there (tests/durations.json)"
+    )
     args = parser.parse_args()
     print(report(args.folder, args.top))
     if args.write_durations:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_e2e import bundle, bundle_parts, coverage, cuda_only_imports, runner, server_args_names, wheels
+from gpu_e2e import bundle, bundle_parts, coverage, cuda_only_imports, runner, server_args_names, timed_calls, wheels
 
 REL = "0.5.17"
 
@@ -297,10 +297,10 @@ def test_decode_steps_are_the_workers_where_no_prepare_for_decode_is_counted():
     pfd = "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode"
     worker = "call|sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.forward_batch_generation@"
     # up to 0.5.13: prepare_for_decode's calls, whatever the worker counted
-    assert runner.decode_steps_of({pfd: 64, worker + "decode": 64, worker + "extend": 1}) == (64, "prepare_for_decode")
+    assert timed_calls.decode_steps_of({pfd: 64, worker + "decode": 64, worker + "extend": 1}) == (64, "prepare_for_decode")
     # 0.5.17 (no eagle_info_v2): the worker's decode calls, not its prefills
-    assert runner.decode_steps_of({worker + "decode": 70, worker + "extend": 1}) == (70, "worker")
-    assert runner.decode_steps_of({}) == (0, None)
+    assert timed_calls.decode_steps_of({worker + "decode": 70, worker + "extend": 1}) == (70, "worker")
+    assert timed_calls.decode_steps_of({}) == (0, None)
 
 
 def test_the_renamed_settings_are_read_back_from_the_engine():

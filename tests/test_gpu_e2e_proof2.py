@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from gpu_e2e import accept_probe, mirror_control, orchestrate, report, workloads
+from gpu_e2e import accept_probe, issue23_report, mirror_control, orchestrate, report, workloads
 from gpu_e2e.bundle import repo_root
 
 RECORDED = repo_root() / "docs" / "results" / "gpu-e2e"
@@ -176,23 +176,23 @@ def test_traffic_table_side_by_side_and_the_gap_it_finds():
     res12 = {"runs": {"0.5.12.post1/small/triton/mixed/pristine": pristine,
                       "0.5.12.post1/small/triton/mixed/patched": patched}}
     res13 = {"runs": {"0.5.13/small/triton/mixed/upstream": upstream}}
-    (row,) = report.traffic_rows([res12, res13])
+    (row,) = issue23_report.traffic_rows([res12, res13])
     assert row["variants"]["pristine"]["per_step"] == {f"cpu {PFD}": 1.0, f"item {FILTER}": 0.058}
-    assert report.traffic_gaps(row) == [f"item {FILTER}"]
-    md = report.traffic_markdown([row])
+    assert issue23_report.traffic_gaps(row) == [f"item {FILTER}"]
+    md = issue23_report.traffic_markdown([row])
     assert "upstream 0.5.13 (500 steps)" in md and f"| `item {FILTER}` | 0.058 | 0.058 | – |" in md
     assert "patched only: item" in md
-    assert report.issue23_problems([res12, res13]) == [
+    assert issue23_report.issue23_problems([res12, res13]) == [
         f"mixed small bs=32: patched syncs where upstream does not: item {FILTER}"]
     patched["batches"][0]["syncs"] = {}
-    assert report.issue23_problems([res12, res13]) == []
+    assert issue23_report.issue23_problems([res12, res13]) == []
     # the same wait in a file upstream moved it to is no gap
     patched["batches"][0]["syncs"] = {"wait|sglang/srt/managers/scheduler_output_processor_mixin.py:"
                                       "process_batch_result_decode:474": 500}
     upstream["batches"][0]["syncs"] = {"wait|sglang/srt/managers/scheduler_components/batch_result_processor.py:"
                                        "process_batch_result_decode:380": 500}
-    assert report.issue23_problems([res12, res13]) == []
-    assert "same sites" in report.traffic_markdown(report.traffic_rows([res12, res13]))
+    assert issue23_report.issue23_problems([res12, res13]) == []
+    assert "same sites" in issue23_report.traffic_markdown(issue23_report.traffic_rows([res12, res13]))
 
 
 def test_accepted_rows_and_cost_table():
@@ -202,20 +202,20 @@ def test_accepted_rows_and_cost_table():
     assert rows[0]["scenario"] == "standalone" and "small standalone" in report.markdown(rows)
     res = {"runs": {"0.5.12.post1/small/triton/standalone/pristine": p,
                     "0.5.12.post1/small/triton/standalone/patched": q}}
-    assert report.accepted_rows([res]) == rows
-    md = report.accepted_markdown(report.accepted_rows([res]))
+    assert issue23_report.accepted_rows([res]) == rows
+    md = issue23_report.accepted_markdown(issue23_report.accepted_rows([res]))
     assert "| 0.5.12.post1 | small | standalone uniform | 8 | 4.00 / 4.00 | 1.00 → 0.00 |" in md
     alt = _run("8b", [{"batch_size": 1, "workload": "uniform",
                        "summary": mirror_control.summary_of_calls(_calls(1.03, 1.0))}])
     res2 = {"runs": {"0.5.12.post1/8b/triton/alt20/patched": alt}}
-    (cost,) = report.cost_rows([res2])
+    (cost,) = issue23_report.cost_rows([res2])
     assert cost["size"] == "8b" and cost["pairs"] == 20
-    assert "| 0.5.12.post1 | 8b | eagle3 uniform | 1 | 20 | 100 | 1.00 → 0.00 |" in report.cost_markdown([cost])
-    assert report.issue23_problems([res2]) == []
-    assert report.issue23_problems([res]) == []
+    assert "| 0.5.12.post1 | 8b | eagle3 uniform | 1 | 20 | 100 | 1.00 → 0.00 |" in issue23_report.cost_markdown([cost])
+    assert issue23_report.issue23_problems([res2]) == []
+    assert issue23_report.issue23_problems([res]) == []
     q["batches"][0]["output_ids"] = [[1, 3]]
-    assert report.issue23_problems([res]) == ["0.5.12.post1 small bs=8: outputs differ (request 0, token 1: 2 vs 3)"]
-    tables = report.issue23_tables([res, res2])
+    assert issue23_report.issue23_problems([res]) == ["0.5.12.post1 small bs=8: outputs differ (request 0, token 1: 2 vs 3)"]
+    tables = issue23_report.issue23_tables([res, res2])
     assert "### Accepted runs" in tables and "### The sync's cost in one process" in tables
 
 
@@ -247,7 +247,7 @@ def test_recorded_proof2_runs_reproduce_their_tables(run):
     """The committed issue-23 results: recomputing the tables gives the committed ones."""
     folder = RECORDED / run
     results = [json.loads(p.read_text()) for p in sorted(folder.glob("results*.json"))]
-    assert report.issue23_tables(results) == (folder / "tables.md").read_text()
+    assert issue23_report.issue23_tables(results) == (folder / "tables.md").read_text()
 
 
 def test_host_waits_on_the_device_are_counted_by_site(monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 from support import ALL_NATIVE, PRIMARY, snapshot
 from patchkit import registry
 from patchkit.codemods.common.base import ClassCodemod, Finding
-from patchkit.output import github_annotation
+from patchkit.verify_output import github_annotation
 from patchkit.registry import Patch, Target
 from patchkit.tree import find_tree
 

@@ -13,7 +13,7 @@ import pytest
 from support import PRIMARY, pristine
 
 from patchkit import known_releases, registry, transform
-from patchkit.codemods.common import base, primitives
+from patchkit.codemods.common import base, method_guards, primitives
 from patchkit.codemods.common.reads import Methods
 from patchkit.findings import State
 from patchkit.transform import partial
@@ -146,7 +146,7 @@ class _OwnFind(base.MethodCodemod):
         return super().find_method(cls)
 
 
-class _Guards(base.MethodGuards):
+class _Guards(method_guards.MethodGuards):
     CLASS, METHOD, UPSTREAM_FUNCTION = "B", "keep", "moved_here"
 
 

@@ -11,15 +11,25 @@ from the H200 runs, the structure does not. Prints:
   4. how often the bf16 top-2 logits tie exactly and how far context moves the logits.
 Run: .venv/bin/python docs/research/standalone-accept-bs1-cpu.py  (about 1 minute)
 """
+
 import random
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                  num_attention_heads=16, num_key_value_heads=4, head_dim=64, vocab_size=32000,
-                  max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=500000.0,
-                  tie_word_embeddings=False)
+cfg = LlamaConfig(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=64,
+    vocab_size=32000,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+)
 m = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
 for p in m.state_dict().values():
     if torch.is_floating_point(p):
@@ -43,9 +53,11 @@ for seed in (1, 2, 8):
         out.append(nxt(out))
     gen = out[32:]
     alone = sum(nxt([gen[i]]) == gen[i + 1] for i in range(len(gen) - 1))
-    shifted = sum(nxt(out[1:33 + i]) == gen[i + 1] for i in range(len(gen) - 1))
-    print(f"2./3. seed {seed}: {gen[:8]} ... last-token-only agrees {alone}/{len(gen) - 1}, "
-          f"context-minus-first agrees {shifted}/{len(gen) - 1}")
+    shifted = sum(nxt(out[1 : 33 + i]) == gen[i + 1] for i in range(len(gen) - 1))
+    print(
+        f"2./3. seed {seed}: {gen[:8]} ... last-token-only agrees {alone}/{len(gen) - 1}, "
+        f"context-minus-first agrees {shifted}/{len(gen) - 1}"
+    )
 
 rng = random.Random(0)
 ties, same, rows, rel = 0, 0, 60, []
@@ -59,5 +71,7 @@ for _ in range(rows):
     if gap:
         rel.append(float((full - short).abs().max()) / gap)
 rel.sort()
-print(f"4. {rows} rows: exact bf16 top-2 ties {ties}; logits bitwise equal with/without the first "
-      f"context token in {same}; max|dlogit|/gap median {rel[len(rel) // 2]:.3f} max {rel[-1]:.3f}")
+print(
+    f"4. {rows} rows: exact bf16 top-2 ties {ties}; logits bitwise equal with/without the first "
+    f"context token in {same}; max|dlogit|/gap median {rel[len(rel) // 2]:.3f} max {rel[-1]:.3f}"
+)

@@ -50,19 +50,29 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable, Sequence
 
 from patchkit.audit import facts as audit_facts
 from patchkit.audit import origins as audit_origins
 from patchkit.audit.facts import sources
 from patchkit.audit.reach import KeptMirror
-from patchkit.audit.syntax import Read
+from patchkit.audit.reads import Read
 
-__all__ = ["Audit", "Read", "audit_tree", "sources", "fingerprint", "to_json", "to_text", "vendor_line", "vendor_problems",
-           "verify_line"]
+__all__ = [
+    "Audit",
+    "Read",
+    "audit_tree",
+    "sources",
+    "fingerprint",
+    "to_json",
+    "to_text",
+    "vendor_line",
+    "vendor_problems",
+    "verify_line",
+]
 
 AUDIT_SCHEMA = "patchkit.audit/1"
 VERDICTS = ("guarded", "patched", "safe", "kept-mirror", "unguarded", "stale")
@@ -115,9 +125,14 @@ class Audit:
         return to_json(self, tree, paths)
 
 
-def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional[dict[str, bytes]] = None,
-               vendor_only: bool = False, release_own: Iterable[str] = (),
-               release_files: Optional[dict[str, Optional[bytes]]] = None) -> Audit:
+def audit_tree(
+    package: Path,
+    pristine: Optional[Path] = None,
+    sources: Optional[dict[str, bytes]] = None,
+    vendor_only: bool = False,
+    release_own: Iterable[str] = (),
+    release_files: Optional[dict[str, Optional[bytes]]] = None,
+) -> Audit:
     """The audit of the sglang package folder ``package``; ``pristine``: the
     release's package folder to compare with (default: the release the tree
     names, when patchkit's cache holds it); ``sources``: its modules under
@@ -137,9 +152,12 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
     release = audit_origins.Release(pristine) if pristine else audit_origins.KnownRelease.of(package, release_files)
     # Modules patchkit patched from the release's own bytes: the release's reads, cache or no cache.
     patched = audit_origins.patched_release_modules(package, sources)
-    facts = {rel: audit_facts.facts_of(rel, data) for rel, data in sources.items()
-             if audit_facts.reads_mirror(data) and not (vendor_only and (
-                 rel in release_own or rel in patched or (release and release.ships(rel, data))))}
+    facts = {
+        rel: audit_facts.facts_of(rel, data)
+        for rel, data in sources.items()
+        if audit_facts.reads_mirror(data)
+        and not (vendor_only and (rel in release_own or rel in patched or (release and release.ships(rel, data))))
+    }
     classes = audit_facts.ClassIndex(sources, facts)
     kept = KeptMirror(sources, classes)
     for rel, fact in list(facts.items()):
@@ -154,7 +172,6 @@ def audit_tree(package: Path, pristine: Optional[Path] = None, sources: Optional
         for read, origin in zip(fact.reads, origins):
             result.reads.append(_combine(Read(**asdict(read)), origin, classes, kept))
     return result
-
 
 
 def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex, kept: KeptMirror) -> Read:
@@ -172,11 +189,19 @@ def _combine(read: Read, origin: Optional[str], classes: audit_facts.ClassIndex,
             return read
         read.why = f"{read.why}: {opts_out}"
     if origin == "release" and read.file not in MODULES and opts_out is None:
-        read.verdict, read.why = "safe", ("as the sglang release ships it, off the spec-v2 paths the patches "
-                                          "cover (patchkit.audit.MODULES)")
-    elif opts_out is None and read.file not in MODULES and (
-            (read.cls is not None and kept.worker(read.file, read.cls)) or kept.module(read.file)):
-        read.verdict, read.why = "kept-mirror", (kept.worker(read.file, read.cls) if read.cls else None) or kept.module(read.file) or ""
+        read.verdict, read.why = (
+            "safe",
+            ("as the sglang release ships it, off the spec-v2 paths the patches cover (patchkit.audit.MODULES)"),
+        )
+    elif (
+        opts_out is None
+        and read.file not in MODULES
+        and ((read.cls is not None and kept.worker(read.file, read.cls)) or kept.module(read.file))
+    ):
+        read.verdict, read.why = (
+            "kept-mirror",
+            (kept.worker(read.file, read.cls) if read.cls else None) or kept.module(read.file) or "",
+        )
     elif opts_out is None:
         read.why += " (code outside the attention backends runs beside whichever is configured)"
     return read
@@ -194,8 +219,15 @@ def to_json(result: Audit, tree: dict, paths) -> str:
     reads = []
     for r in sorted(result.reads, key=lambda r: (r.file, r.line, r.column)):
         reads.append({**asdict(r), "path": paths(r.file)})
-    doc = {"schema": AUDIT_SCHEMA, "tree": tree, "release": result.release, "modules": result.modules,
-           "reads": reads, "summary": summary(result), "ok": result.ok}
+    doc = {
+        "schema": AUDIT_SCHEMA,
+        "tree": tree,
+        "release": result.release,
+        "modules": result.modules,
+        "reads": reads,
+        "summary": summary(result),
+        "ok": result.ok,
+    }
     return json.dumps(doc, indent=2)
 
 
@@ -206,7 +238,9 @@ def to_text(result: Audit, paths, verbose: bool = False) -> str:
     for r in sorted(shown, key=lambda r: (r.file, r.line, r.column)):
         lines.append(f"{paths(r.file)}:{r.line}: {r.verdict}: {r.function}: {r.code}  ({r.why})")
     counts = ", ".join(f"{result.count(v)} {v}" for v in VERDICTS)
-    lines.append(f"audit: {len(result.reads)} reads of the CPU seq_lens mirror in {len(result.modules)} modules: {counts}")
+    lines.append(
+        f"audit: {len(result.reads)} reads of the CPU seq_lens mirror in {len(result.modules)} modules: {counts}"
+    )
     return "\n".join(lines)
 
 
@@ -214,8 +248,9 @@ def fingerprint(package: Path, sources: Optional[dict[str, bytes]] = None) -> st
     """sha256 over every module under srt/ (path and bytes) and the release
     compared with: an audit's result is a function of them, so ``verify``
     caches its count under this key."""
-    digest = hashlib.sha256(str(audit_facts.cached_release(Path(package))).encode() + b"\0"
-                            + audit_origins.manifest_digest(Path(package)))
+    digest = hashlib.sha256(
+        str(audit_facts.cached_release(Path(package))).encode() + b"\0" + audit_origins.manifest_digest(Path(package))
+    )
     for rel, data in (audit_facts.sources(Path(package)) if sources is None else sources).items():
         digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()
@@ -226,8 +261,7 @@ def vendor_problems(result: Audit, targets: Iterable[str] = ()) -> list[Read]:
     reads the release does not ship; without the release to compare with,
     every one outside ``targets`` (the files patchkit's patches change)."""
     targets = set(targets)
-    return [r for r in result.problems
-            if r.origin == "vendor" or (r.origin is None and r.file not in targets)]
+    return [r for r in result.problems if r.origin == "vendor" or (r.origin is None and r.file not in targets)]
 
 
 def vendor_line(count: int, release: Optional[str] = None, known: bool = True) -> Optional[str]:
@@ -238,16 +272,23 @@ def vendor_line(count: int, release: Optional[str] = None, known: bool = True) -
     if not count:
         return None
     if not known:
-        where = (f"of unknown origin (sglang {release} is not in patchkit's cache to tell its code from a vendor's: "
-                 f"`patchkit fetch {release}`)")
-        return (f"audit: {count} read(s) of the CPU seq_lens mirror {where} are unguarded or stale once it is "
-                "dropped (`patchkit audit TREE` lists them)")
-    return (f"audit: {count} read(s) of the CPU seq_lens mirror in the vendor's own code are unguarded or stale "
-            "once it is dropped (`patchkit audit TREE` lists them)")
+        where = (
+            f"of unknown origin (sglang {release} is not in patchkit's cache to tell its code from a vendor's: "
+            f"`patchkit fetch {release}`)"
+        )
+        return (
+            f"audit: {count} read(s) of the CPU seq_lens mirror {where} are unguarded or stale once it is "
+            "dropped (`patchkit audit TREE` lists them)"
+        )
+    return (
+        f"audit: {count} read(s) of the CPU seq_lens mirror in the vendor's own code are unguarded or stale "
+        "once it is dropped (`patchkit audit TREE` lists them)"
+    )
 
 
 def verify_line(problems: int) -> str:
     """The one line ``verify`` prints about the audit (``problems``: reads
     unguarded or stale)."""
-    return (f"audit: {problems} read(s) of the CPU seq_lens mirror unguarded or stale once it is dropped"
-            + (" (`patchkit audit TREE` lists them)" if problems else ""))
+    return f"audit: {problems} read(s) of the CPU seq_lens mirror unguarded or stale once it is dropped" + (
+        " (`patchkit audit TREE` lists them)" if problems else ""
+    )

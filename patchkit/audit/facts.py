@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Optional
 
 from patchkit import python_ast
-from patchkit.audit.syntax import PATCH, FileAudit, Read
 from patchkit.audit.scan import MIRROR, ClassFacts, scan
+from patchkit.audit.syntax import PATCH, FileAudit, Read
 
 # The text pre-filter: a module is parsed only where its bytes may load an
 # attribute of a mirror's name: a dot, then (whitespace, a line continuation,
@@ -83,9 +83,14 @@ def facts_of(rel: str, data: bytes, reads: bool = True) -> Optional[Facts]:
     if path is not None and path.is_file():
         try:
             doc = json.loads(path.read_text())
-            _MEMO[key] = None if doc is None else Facts(
-                [Read(**r) for r in doc["reads"]],
-                {c["name"]: ClassFacts(c["name"], c["bases"], c["flag"], set(c["calls"])) for c in doc["classes"]})
+            _MEMO[key] = (
+                None
+                if doc is None
+                else Facts(
+                    [Read(**r) for r in doc["reads"]],
+                    {c["name"]: ClassFacts(c["name"], c["bases"], c["flag"], set(c["calls"])) for c in doc["classes"]},
+                )
+            )
             return _MEMO[key]
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -102,9 +107,14 @@ def facts_of(rel: str, data: bytes, reads: bool = True) -> Optional[Facts]:
             facts = Facts([], scan(tree)[0])
     _MEMO[key] = facts
     if path is not None:
-        doc = None if facts is None else {
-            "reads": [asdict(r) for r in facts.reads],
-            "classes": [{**asdict(c), "calls": sorted(c.calls)} for c in facts.classes.values()]}
+        doc = (
+            None
+            if facts is None
+            else {
+                "reads": [asdict(r) for r in facts.reads],
+                "classes": [{**asdict(c), "calls": sorted(c.calls)} for c in facts.classes.values()],
+            }
+        )
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -144,12 +154,13 @@ def _disk(key: tuple) -> Optional[Path]:
     if folder is None:
         return None
     if not _CODE:
-        import patchkit.audit.syntax as code
+        import patchkit.audit.reads as tables
         import patchkit.audit.scan as walk
+        import patchkit.audit.syntax as code
 
-        # Both modules decide a module's facts: the walk finds its classes and
-        # loads, audit_ast gives each load its verdict.
-        digest = hashlib.sha1(Path(walk.__file__).read_bytes() + Path(code.__file__).read_bytes())
+        # These modules decide a module's facts: the walk finds its classes and
+        # loads, audit_ast gives each load its verdict, from the tables of reads.py.
+        digest = hashlib.sha1(b"".join(Path(f).read_bytes() for f in (walk.__file__, code.__file__, tables.__file__)))
         digest.update(repr(sorted(code._runtime_helpers())).encode())
         _CODE.append(digest.hexdigest()[:16])
     name = hashlib.sha1(repr((key, _CODE[0])).encode()).hexdigest()
@@ -221,7 +232,12 @@ class ClassIndex:
         found = []
         for other, facts in self._lookup(rel, name)[:1]:
             for called in sorted(facts.calls):
-                if called != name and called[:1].isupper() and self._defined_in(called) and self.resolve(other, called)[0]:
+                if (
+                    called != name
+                    and called[:1].isupper()
+                    and self._defined_in(called)
+                    and self.resolve(other, called)[0]
+                ):
                     found.append(called)
         return found
 
@@ -240,8 +256,10 @@ class ClassIndex:
         """Why ``name`` runs where the mirror may be dropped, None when it keeps it."""
         _, flag, where = self.resolve(rel, name)
         if flag == "False" and where.endswith(BY_PATCH):
-            return (f"{name} opts out once {PATCH} is applied (it sets needs_cpu_seq_lens = False "
-                    f"in {where[:-len(BY_PATCH)]})")
+            return (
+                f"{name} opts out once {PATCH} is applied (it sets needs_cpu_seq_lens = False "
+                f"in {where[: -len(BY_PATCH)]})"
+            )
         if flag == "False":
             return f"{name} opts out (needs_cpu_seq_lens = False in {where})"
         if flag == "dynamic":

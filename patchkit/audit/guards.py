@@ -15,7 +15,11 @@ from patchkit.audit.scan import MIRROR
 def assigns(block: list, target: str) -> bool:
     """Every path through ``block`` assigns ``target`` something other than None."""
     for stmt in block:
-        if isinstance(stmt, ast.Assign) and not is_none(stmt.value) and any(ast.unparse(t) == target for t in stmt.targets):
+        if (
+            isinstance(stmt, ast.Assign)
+            and not is_none(stmt.value)
+            and any(ast.unparse(t) == target for t in stmt.targets)
+        ):
             return True
         if isinstance(stmt, ast.If) and stmt.orelse and assigns(stmt.body, target) and assigns(stmt.orelse, target):
             return True
@@ -28,10 +32,17 @@ def is_none(node: ast.AST) -> bool:
 
 def named_mirror(node: ast.AST) -> bool:
     """``x.seq_lens_cpu``, ``seq_lens_cpu``, or ``getattr(x, "seq_lens_cpu", None)``."""
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+    ):
         return node.args[1].value in MIRROR
-    return (isinstance(node, ast.Attribute) and node.attr in MIRROR) or (isinstance(node, ast.Name) and node.id in MIRROR)
+    return (isinstance(node, ast.Attribute) and node.attr in MIRROR) or (
+        isinstance(node, ast.Name) and node.id in MIRROR
+    )
 
 
 def none_test(test: ast.AST) -> Optional[bool]:
@@ -39,7 +50,12 @@ def none_test(test: ast.AST) -> Optional[bool]:
     None``, alone or in an ``and``); False: only when it is None (``x is
     None``, alone or in an ``or``); None: neither. As
     ``primitives.NoneGuards`` decides for the codemods; this one reads ast."""
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and named_mirror(test.left) and is_none(test.comparators[0]):
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and named_mirror(test.left)
+        and is_none(test.comparators[0])
+    ):
         if isinstance(test.ops[0], ast.IsNot):
             return True
         if isinstance(test.ops[0], ast.Is):
@@ -64,5 +80,3 @@ def decision_test(test: ast.AST) -> Optional[bool]:
     if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "needs_cpu_seq_lens":
         return True
     return None
-
-

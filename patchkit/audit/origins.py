@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
 
 from patchkit.audit.facts import MANIFEST, facts_of
-from patchkit.audit.syntax import Read
+from patchkit.audit.reads import Read
 
 
 class Release:
@@ -29,7 +29,7 @@ class Release:
             return False
 
     def origins(self, rel: str, data: bytes, reads: list[Read]) -> list[str]:
-        """"release" for each read the release ships, else "vendor": lines
+        """ "release" for each read the release ships, else "vendor": lines
         the release has unchanged (aligned as ``diff`` does) are its; in a
         changed run of lines, a read is the release's while the release's run
         has one with the same function and code left."""
@@ -88,7 +88,9 @@ def patched_release_modules(package: Path, sources: dict[str, bytes]) -> set[str
         entry = files.get(rel) if isinstance(files, dict) else None
         if not (isinstance(entry, dict) and isinstance(entry.get("before"), str) and version):
             continue
-        if entry.get("after") == hashlib.sha256(data).hexdigest() and known_releases.is_release_sha(version, rel, entry["before"]):
+        if entry.get("after") == hashlib.sha256(data).hexdigest() and known_releases.is_release_sha(
+            version, rel, entry["before"]
+        ):
             found.add(rel)
     return found
 

@@ -71,24 +71,36 @@ class KeptMirror:
         chain = self._chain(rel, name)
         if not chain:
             return None
-        names = [{n.id if isinstance(n, ast.Name) else getattr(n, "attr", getattr(n, "name", None))
-                  for n in ast.walk(node)} for _, node in chain]
+        names = [
+            {n.id if isinstance(n, ast.Name) else getattr(n, "attr", getattr(n, "name", None)) for n in ast.walk(node)}
+            for _, node in chain
+        ]
         if not any("target_worker" in found for found in names):
             return None
         if any(node.name in LISTED_BY_PATCH or PROPERTY in found for (_, node), found in zip(chain, names)):
             return None
-        return (f"kept mirror: {name} is a spec-v2 worker that does not list its attention backends "
-                f"({PROPERTY}), so the decision keeps the mirror whenever it runs")
+        return (
+            f"kept mirror: {name} is a spec-v2 worker that does not list its attention backends "
+            f"({PROPERTY}), so the decision keeps the mirror whenever it runs"
+        )
 
     def module(self, rel: str) -> Optional[str]:
         """Why the module ``rel`` runs only with the mirror kept: every module
         that imports it defines such a worker; None otherwise (or no importer found)."""
         dotted = ("sglang." + rel[:-3].replace("/", ".")).encode()
         folder, stem = rel.rsplit("/", 1)[0], rel.rsplit("/", 1)[1][:-3]
-        relative = re.compile(rb"from\s+\.\s*" + re.escape(stem.encode()) + rb"\s+import|from\s+\.\s+import[^\n]*\b"
-                              + re.escape(stem.encode()) + rb"\b")
-        importers = [other for other, data in self.sources.items() if other != rel and (
-            dotted in data or (other.rsplit("/", 1)[0] == folder and relative.search(data)))]
+        relative = re.compile(
+            rb"from\s+\.\s*"
+            + re.escape(stem.encode())
+            + rb"\s+import|from\s+\.\s+import[^\n]*\b"
+            + re.escape(stem.encode())
+            + rb"\b"
+        )
+        importers = [
+            other
+            for other, data in self.sources.items()
+            if other != rel and (dotted in data or (other.rsplit("/", 1)[0] == folder and relative.search(data)))
+        ]
         if not importers:
             return None
         reasons = []

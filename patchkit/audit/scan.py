@@ -76,8 +76,12 @@ def scan(tree: ast.Module, parents: Optional[dict] = None) -> tuple[dict[str, Cl
 
 
 def _self_flag(target: ast.AST) -> bool:
-    return (isinstance(target, ast.Attribute) and target.attr == FLAG
-            and isinstance(target.value, ast.Name) and target.value.id == "self")
+    return (
+        isinstance(target, ast.Attribute)
+        and target.attr == FLAG
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+    )
 
 
 def _last_name(node: ast.AST) -> Optional[str]:

@@ -16,57 +16,14 @@ caches them by the module's bytes).
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterator
 
 from patchkit.audit.guards import assigns, decision_test, is_none, none_test
+from patchkit.audit.reads import MIRROR_ALWAYS, OPTS_OUT_WITH, PATCH, Read
 from patchkit.audit.scan import FUNCTIONS, MIRROR, scan
-
-PATCH = "needs-cpu-seq-lens"
-
-# Backends that opt out with a patch of their own (the patch a "patched" read
-# of their module names).
-OPTS_OUT_WITH = {
-    "srt/layers/attention/flashmla_backend.py": "flashmla-spec-v2",
-    "srt/layers/attention/flashattention_backend.py": "fa3-spec-v2",
-    "srt/layers/attention/trtllm_mha_backend.py": "trtllm-mha-spec-v2",
-    "srt/layers/attention/trtllm_mla_backend.py": "trtllm-mla-spec-v2",
-}
-
-# Functions whose reads only run where the mirror always exists.
-MIRROR_ALWAYS = {
-    "ScheduleBatch.prepare_for_decode": "after `if not self.spec_algorithm.is_none(): return` (spec v2 decodes in "
-    "EagleDraftInputV2Mixin.prepare_for_decode)",
-    "ForwardBatch._compute_mrope_positions": "mrope models only; configure_needs_cpu_seq_lens keeps the mirror for them",
-    "ForwardBatch.post_forward_mlp_sync_batch": "non-spec extend branch only (spec_info is None)",
-    "CudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
-    "EAGLEDraftCudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
-    "EAGLEDraftExtendCudaGraphRunner.capture_one_batch_size": "capture builds its own ForwardBatch with a mirror",
-    "TpModelWorker.forward_batch_split_prefill": "PD-multiplexing split prefill: never speculative",
-    # 0.5.4 .. 0.5.9 (forward_batch_deepseek_mha_mixin.py from 0.5.10, outside MODULES)
-    "ForwardBatch.fetch_mha_one_shot_kv_indices": "DeepSeek MHA_ONE_SHOT prefill: dispatched only under "
-    "forward_mode.is_extend_without_speculative()",
-}
-
-
-@dataclass
-class Read:
-    file: str  # relative to the sglang package folder
-    line: int
-    column: int
-    function: str  # Class.method, or the module-level function
-    code: str
-    value: str  # seq_lens_cpu or seq_lens_sum
-    kind: str  # "mirror" (a batch's) or "buffer" (a CUDA-graph runner's CPU buffer)
-    verdict: str = ""
-    why: str = ""
-    patch: Optional[str] = None  # the patch that handles it (verdict "patched")
-    cls: Optional[str] = None  # the innermost class holding it
-    origin: Optional[str] = None  # "release" / "vendor" (set by audit.py), None: no release to compare
-
 
 _EXITS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
 
@@ -81,7 +38,9 @@ def _runtime_helpers() -> frozenset[str]:
     names: set[str] = set()
     for rel in ("runtime/__init__.py", "backends/mirror_reads.py"):
         for node in ast.parse((package / rel).read_bytes()).body:
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
                 names.update(ast.literal_eval(node.value))
     return frozenset(names)
 
@@ -104,10 +63,15 @@ class FileAudit:
         """``ast.get_source_segment`` without splitting the module per call (offsets are UTF-8 bytes)."""
         first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1  # ast.parse sets end_lineno
         if first == last:
-            text = self.lines[first][node.col_offset:node.end_col_offset]
+            text = self.lines[first][node.col_offset : node.end_col_offset]
         else:
-            text = b"\n".join([self.lines[first][node.col_offset:], *self.lines[first + 1:last],
-                               self.lines[last][:node.end_col_offset]])
+            text = b"\n".join(
+                [
+                    self.lines[first][node.col_offset :],
+                    *self.lines[first + 1 : last],
+                    self.lines[last][: node.end_col_offset],
+                ]
+            )
         return text.decode("utf-8", "surrogateescape")
 
     # -- one read -------------------------------------------------------------
@@ -117,8 +81,15 @@ class FileAudit:
         kind = "buffer" if self._is_buffer(node) else "mirror"
         if kind == "buffer" and self._refreshes(node):
             return None  # the buffer being filled, not read
-        read = Read(self.rel, node.lineno, node.col_offset, self._qualname(node), self._segment(node) or node.attr,
-                    node.attr, kind)
+        read = Read(
+            self.rel,
+            node.lineno,
+            node.col_offset,
+            self._qualname(node),
+            self._segment(node) or node.attr,
+            node.attr,
+            kind,
+        )
         cls = self._class(node)
         read.cls = cls.name if cls is not None else None
         read.verdict, read.why = self._classify(node, function, kind)
@@ -165,7 +136,10 @@ class FileAudit:
             if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
                 in_body = child in parent.body if isinstance(parent.body, list) else child is parent.body
                 if none_test(parent.test) is in_body:
-                    return "guarded", f"inside `{'if' if isinstance(parent, ast.If) else '... if'} {ast.unparse(parent.test)}`"
+                    return (
+                        "guarded",
+                        f"inside `{'if' if isinstance(parent, ast.If) else '... if'} {ast.unparse(parent.test)}`",
+                    )
             if isinstance(parent, ast.BoolOp) and child is not parent.values[0]:
                 wanted = isinstance(parent.op, ast.And)
                 before = parent.values[: next(i for i, v in enumerate(parent.values) if v is child)]
@@ -173,7 +147,10 @@ class FileAudit:
                     return "guarded", f"right of `{ast.unparse(before[0])} {'and' if wanted else 'or'} ...`"
             exit_ = self._early_exit_before(parent, child)
             if exit_ is not None:
-                return "guarded", f"after `if {ast.unparse(exit_.test)}: {type(exit_.body[-1]).__name__.lower()}` (line {exit_.lineno})"
+                return (
+                    "guarded",
+                    f"after `if {ast.unparse(exit_.test)}: {type(exit_.body[-1]).__name__.lower()}` (line {exit_.lineno})",
+                )
         return None
 
     def _early_exit_before(self, parent: ast.AST, child: ast.AST) -> Optional[ast.If]:
@@ -208,7 +185,9 @@ class FileAudit:
         """``if x is None: x = <not None>`` (on every path of the ``if``'s
         body: 0.5.13's ``if tree_mask_buf is None: x = ... else: x = 0``): after it, x is set."""
         return (
-            isinstance(stmt, ast.If) and none_test(stmt.test) is False and ast.unparse(stmt.test).startswith(target)
+            isinstance(stmt, ast.If)
+            and none_test(stmt.test) is False
+            and ast.unparse(stmt.test).startswith(target)
             and assigns(stmt.body, target)
         )
 
@@ -240,8 +219,12 @@ class FileAudit:
             value, parent = parent, self.parents.get(parent)
         if isinstance(parent, ast.keyword) and parent.arg in MIRROR and value is parent.value:
             return "safe", f"handed on as {parent.arg}= (read where it is used)"
-        if (isinstance(parent, ast.Call) and value in parent.args and isinstance(parent.func, ast.Attribute)
-                and parent.func.attr.startswith("init_forward_metadata")):
+        if (
+            isinstance(parent, ast.Call)
+            and value in parent.args
+            and isinstance(parent.func, ast.Attribute)
+            and parent.func.attr.startswith("init_forward_metadata")
+        ):
             return "safe", f"handed to {parent.func.attr}() of a backend (audited where that backend reads it)"
         if isinstance(parent, ast.Assign) and value is parent.value:
             targets = parent.targets
@@ -254,8 +237,16 @@ class FileAudit:
 
     def _alias(self, assign: ast.Assign, scope: ast.AST, names: list[str]) -> Optional[tuple[str, str]]:
         uses = self._uses_of(assign, scope, names)
-        verdicts = [v for n in uses
-                    if (v := self._handled(n, scope) or self._guard(n, scope) or self._filled(n, scope) or self._passed_on(n, scope))]
+        verdicts = [
+            v
+            for n in uses
+            if (
+                v := self._handled(n, scope)
+                or self._guard(n, scope)
+                or self._filled(n, scope)
+                or self._passed_on(n, scope)
+            )
+        ]
         if uses and len(verdicts) == len(uses):  # every use handled
             return verdicts[0][0], f"held in {', '.join(names)}; its uses: " + "; ".join(w for _, w in verdicts)
         return None
@@ -266,8 +257,11 @@ class FileAudit:
         that assigns a name again (another value held in the same local:
         0.5.13's init_forward_metadata holds three sums in ``seq_lens_sum``,
         one per branch)."""
+
         def loads(node: ast.AST) -> list[ast.Name]:
-            return [n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)]
+            return [
+                n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
+            ]
 
         uses: list[ast.Name] = []
         current: ast.AST = assign
@@ -275,11 +269,19 @@ class FileAudit:
             parent = self.parents.get(current)
             if parent is None:
                 break
-            block = next((b for f in ("body", "orelse", "finalbody")
-                          if isinstance(b := getattr(parent, f, None), list) and current in b), None)
-            for stmt in (block[block.index(current) + 1:] if block is not None else ()):
+            block = next(
+                (
+                    b
+                    for f in ("body", "orelse", "finalbody")
+                    if isinstance(b := getattr(parent, f, None), list) and current in b
+                ),
+                None,
+            )
+            for stmt in block[block.index(current) + 1 :] if block is not None else ():
                 uses += loads(stmt)
-                if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in stmt.targets):
+                if isinstance(stmt, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id in names for t in stmt.targets
+                ):
                     return uses
             if isinstance(parent, (ast.For, ast.While)):  # a loop reads its body again: every load in it
                 uses += [n for n in loads(parent) if n not in uses]
@@ -338,7 +340,11 @@ class FileAudit:
             names = [t for t in parent.targets if isinstance(t, ast.Name)]
             attrs = [t for t in parent.targets if isinstance(t, ast.Attribute) and t.attr == "seq_lens_cpu"]
             if attrs and len(attrs) == len(parent.targets):
-                return "handed on as " + ", ".join(ast.unparse(t) for t in attrs) + " (read by backends that keep the mirror)"
+                return (
+                    "handed on as "
+                    + ", ".join(ast.unparse(t) for t in attrs)
+                    + " (read by backends that keep the mirror)"
+                )
             if names and len(names) == len(parent.targets):
                 return self._buffer_local(parent, [t.id for t in names])
         return None

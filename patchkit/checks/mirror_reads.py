@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
-from patchkit.audit.syntax import OPTS_OUT_WITH, Read
+from patchkit.audit.reads import OPTS_OUT_WITH, Read
 from patchkit.postconditions import HeadStart, Postcondition, Proposed, Violation, map_line
 
 if TYPE_CHECKING:
@@ -52,9 +52,13 @@ class MirrorReadsGuarded(Postcondition):
 
         srt = self.srt = audit.sources(tree.package)
 
-        def side(transformed: frozenset) -> list:  # only when files are transformed in worker processes (a warm apply has none)
-            modules = sorted(((rel, data) for rel, data in srt.items() if rel not in transformed and facts.reads_mirror(data)),
-                             key=lambda m: -len(m[1]))
+        def side(
+            transformed: frozenset,
+        ) -> list:  # only when files are transformed in worker processes (a warm apply has none)
+            modules = sorted(
+                ((rel, data) for rel, data in srt.items() if rel not in transformed and facts.reads_mirror(data)),
+                key=lambda m: -len(m[1]),
+            )
             chunks: list[list[tuple[str, bytes]]] = [[] for _ in range(min(8, len(modules)))]
             sizes = [0] * len(chunks)
             for rel, data in modules:  # biggest first, each to the lightest chunk: chunks of about one size
@@ -89,9 +93,12 @@ class MirrorReadsGuarded(Postcondition):
         return audit_tree(tree.package)
 
 
-def first_unsafe_read(tree: Tree, changed: dict[str, bytes],
-                      release_files: dict[str, bytes | None] | None = None,
-                      srt: dict[str, bytes] | None = None) -> Read | None:
+def first_unsafe_read(
+    tree: Tree,
+    changed: dict[str, bytes],
+    release_files: dict[str, bytes | None] | None = None,
+    srt: dict[str, bytes] | None = None,
+) -> Read | None:
     """The first read (by file, line) the audit finds unguarded or stale on
     the tree with ``changed`` (package-relative path -> new bytes) written;
     ``release_files``: the release's bytes of the files apply changes (its
@@ -157,9 +164,11 @@ def disk_line(read: Read, written: bytes | None, on_disk: bytes | None) -> int:
 def refusal(read: Read, line: int | None, patch: str) -> str:
     """One line: what is refused and why, and what the maintainer can do
     (``line``: the read's line on disk, :func:`disk_line`)."""
-    return (f"refused: {read.file}:{line or read.line}: {read.function} reads `{read.code}` {read.verdict} once the "
-            f"mirror is dropped, so nothing of {patch} is written: guard that line with a None test "
-            f"(`if ... is None:`), or `--skip {patch}` (the other patches still apply; `patchkit audit` lists every read)")
+    return (
+        f"refused: {read.file}:{line or read.line}: {read.function} reads `{read.code}` {read.verdict} once the "
+        f"mirror is dropped, so nothing of {patch} is written: guard that line with a None test "
+        f"(`if ... is None:`), or `--skip {patch}` (the other patches still apply; `patchkit audit` lists every read)"
+    )
 
 
 def _read(tree: Tree, rel: str) -> bytes | None:

@@ -55,7 +55,9 @@ WHY = (
     "V1 only: the DRAFT_EXTEND_V2 worker computes top-k itself on the rows it\n"
     "selects (patchkit draft-extend-graph-no-topk, sglang #31430)."
 )
-_SETS_FORWARD_MODE = m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name("forward_mode")))])
+_SETS_FORWARD_MODE = m.Assign(
+    targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name("forward_mode")))]
+)
 
 
 class V2GraphComputesNoTopk(ClassCodemod):
@@ -71,7 +73,9 @@ class V2GraphComputesNoTopk(ClassCodemod):
         replay = primitives.find_first_method(cls, REPLAY_METHODS)
         for fn, names in ((capture, CAPTURE_METHODS), (replay, REPLAY_METHODS)):
             if fn is None:
-                return Finding.missing(self.CLASS, f"{self.where(cls)}: class {self.CLASS} defines none of {', '.join(names)}")
+                return Finding.missing(
+                    self.CLASS, f"{self.where(cls)}: class {self.CLASS} defines none of {', '.join(names)}"
+                )
         assert capture is not None and replay is not None  # else the loop returned
         anchor = f"{self.CLASS}.{capture.name.value}"
         computed, copied = unguarded(capture, TOPK_ASSIGN), unguarded(replay, TOPK_COPY)
@@ -80,15 +84,24 @@ class V2GraphComputesNoTopk(ClassCodemod):
         if captures_v1_only(cls):
             return Finding.superseded(anchor, V1_ONLY)
         if not primitives.contains(cls, _SETS_FORWARD_MODE):
-            return Finding.missing(anchor, f"{self.where(cls)}: class {self.CLASS} never sets self.forward_mode; "
-                                           "the patch needs it to tell DRAFT_EXTEND_V2 from V1")
+            return Finding.missing(
+                anchor,
+                f"{self.where(cls)}: class {self.CLASS} never sets self.forward_mode; "
+                "the patch needs it to tell DRAFT_EXTEND_V2 from V1",
+            )
         if computed and topk_block(capture) is None:
-            return Finding.missing(anchor, f"{self.where(computed[0])}: the top-k computed in the graph is not one run "
-                                           "of statements that only compute it; the patch needs such a run to guard it for V1")
+            return Finding.missing(
+                anchor,
+                f"{self.where(computed[0])}: the top-k computed in the graph is not one run "
+                "of statements that only compute it; the patch needs such a run to guard it for V1",
+            )
         if copied and copy_block(replay) is None:
-            return Finding.missing(f"{self.CLASS}.{replay.name.value}", f"{self.where(copied[0])}: the top-k copies "
-                                   "into the output are not one run of statements in one block; the patch needs them "
-                                   "as one run, to guard it for non-V2 modes")
+            return Finding.missing(
+                f"{self.CLASS}.{replay.name.value}",
+                f"{self.where(copied[0])}: the top-k copies "
+                "into the output are not one run of statements in one block; the patch needs them "
+                "as one run, to guard it for non-V2 modes",
+            )
         if not computed:
             return Finding.todo(anchor, "replay copies top-k slices the DRAFT_EXTEND_V2 graph does not compute")
         return Finding.todo(anchor, "the DRAFT_EXTEND_V2 graph computes softmax + top-k over every row, unread")

@@ -46,8 +46,8 @@ from patchkit.codemods.common.base import ClassCheck, Finding
 from patchkit.codemods.common.draft_extend_gate import (
     GRAPH_CHECK,
     DraftExtendGraphCheck,
-    the_gate,
     graph_check,
+    the_gate,
     with_gate_term,
 )
 from patchkit.codemods.common.shared import code_of
@@ -70,7 +70,7 @@ ADMITS = "(self.speculative_algorithm.is_eagle3() or self.hot_token_id is None)"
 #: What an earlier patchkit wrote: eager whenever hot_token_id is set, EAGLE3's d2t too.
 EARLIER_TEST = f"_is_cuda and not {GRAPH_CHECK} and self.hot_token_id is None"
 
-LET_FA3_IN = f'''
+LET_FA3_IN = f"""
 if (
     _is_cuda
     and not {GRAPH_CHECK}
@@ -88,11 +88,11 @@ if (
     {GRAPH_CHECK} = isinstance(
         self.draft_extend_attn_backend, {FA3}
     )
-'''
+"""
 
 #: 0.5.4 .. 0.5.9 have no named check: a flag of our own, one more term of the capture gate.
 INLINE_FLAG = "fa3_draft_extend_graph"
-LET_FA3_IN_GATE = f'''
+LET_FA3_IN_GATE = f"""
 # patchkit fa3-draft-extend-graph (upstream 0.5.23): FA3 has CUDA-graph
 # metadata for DRAFT_EXTEND_V2 (capture and replay), so its draft extend is
 # captured too. CUDA only, imported here: MUSA and NPU builds must not
@@ -110,7 +110,7 @@ if (
     {INLINE_FLAG} = isinstance(
         self.draft_extend_attn_backend, {FA3}
     )
-'''
+"""
 
 
 class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
@@ -130,15 +130,23 @@ class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
         anchor = self.anchor_of(fn)
         earlier = _earlier_form(fn)
         if earlier is not None:
-            return self.located(Finding.todo(anchor, "an earlier patchkit's check: EAGLE3 drafts with a d2t map stay eager"), earlier)
+            return self.located(
+                Finding.todo(anchor, "an earlier patchkit's check: EAGLE3 drafts with a d2t map stay eager"), earlier
+            )
         if primitives.contains(fn, FA3_LISTED):
             return Finding.done(anchor)
         if not self._has_is_cuda:
-            return self.missing_in(fn, "this module defines no `_is_cuda`", "the module's CUDA flag to admit FA3 on CUDA only")
+            return self.missing_in(
+                fn, "this module defines no `_is_cuda`", "the module's CUDA flag to admit FA3 on CUDA only"
+            )
         if not self._sets_hot_token_id:
-            return self.missing_in(fn, f"{self.CLASS} never sets self.hot_token_id", "it to keep speculative token maps eager")
+            return self.missing_in(
+                fn, f"{self.CLASS} never sets self.hot_token_id", "it to keep speculative token maps eager"
+            )
         if not self._sets_algorithm:
-            return self.missing_in(fn, f"{self.CLASS} never sets self.speculative_algorithm", "it to tell EAGLE3 drafts from token maps")
+            return self.missing_in(
+                fn, f"{self.CLASS} never sets self.speculative_algorithm", "it to tell EAGLE3 drafts from token maps"
+            )
         if graph_check(fn) is None:
             return self.inline_todo(fn, f"{FA3} is not in the draft-extend capture gate")
         return Finding.todo(anchor, f"{FA3} is not in the draft-extend graph check")
@@ -153,8 +161,13 @@ class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
             return primitives.replace_statements(fn, _EARLIER, _this_form)
         check = graph_check(fn)
         if check is None:  # 0.5.8.post1 / 0.5.9: the flag first, then one more term of the gate
-            return primitives.replace_statements(fn, the_gate(fn), lambda gate: cst.FlattenSentinel(
-                [*primitives.parse_statements_with_comments(LET_FA3_IN_GATE), with_gate_term(gate, INLINE_FLAG)]))
+            return primitives.replace_statements(
+                fn,
+                the_gate(fn),
+                lambda gate: cst.FlattenSentinel(
+                    [*primitives.parse_statements_with_comments(LET_FA3_IN_GATE), with_gate_term(gate, INLINE_FLAG)]
+                ),
+            )
         return primitives.replace_statements(
             fn,
             primitives.line(primitives.is_node(check)),
@@ -175,8 +188,12 @@ def _this_form(stmt: cst.If) -> cst.If:
     the assignment) is the same."""
     new = cst.ensure_type(primitives.parse_statements_with_comments(LET_FA3_IN)[0], cst.If)
     body = primitives.block_statements(stmt.body)
-    return stmt.with_changes(test=new.test, body=stmt.body.with_changes(
-        body=[body[0].with_changes(leading_lines=primitives.block_statements(new.body)[0].leading_lines), *body[1:]]))
+    return stmt.with_changes(
+        test=new.test,
+        body=stmt.body.with_changes(
+            body=[body[0].with_changes(leading_lines=primitives.block_statements(new.body)[0].leading_lines), *body[1:]]
+        ),
+    )
 
 
 # --- flashattention_backend.py: the graph branches the patch relies on ------------------
@@ -212,9 +229,12 @@ class FA3HasDraftExtendGraphBranches(ClassCheck):
             (replay, "replay", "reads metadata = self.draft_extend_metadata[bs]"),
         ):
             if not present:
-                return self.located(Finding.missing(
-                    anchor,
-                    f"{self.where(cls)}: {FA3} has no DRAFT_EXTEND_V2 CUDA-graph {kind} branch "
-                    f"(an `if forward_mode.is_draft_extend_v2():` that {shape}); its draft extend cannot be captured",
-                ), branches[0] if branches else None)
+                return self.located(
+                    Finding.missing(
+                        anchor,
+                        f"{self.where(cls)}: {FA3} has no DRAFT_EXTEND_V2 CUDA-graph {kind} branch "
+                        f"(an `if forward_mode.is_draft_extend_v2():` that {shape}); its draft extend cannot be captured",
+                    ),
+                    branches[0] if branches else None,
+                )
         return Finding.superseded(anchor, "both present; nothing to change in this file")

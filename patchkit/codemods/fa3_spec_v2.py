@@ -58,6 +58,20 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCodemod, Finding
+from patchkit.codemods.common.decode_page_writer import (
+    DecodePageWriterStopsAtLivePages as _DecodePageWriterStopsAtLivePages,
+)
+from patchkit.codemods.common.fa3_tree_mask import (
+    AllocTreeMask as _AllocTreeMask,
+)
+from patchkit.codemods.common.fa3_tree_mask import (
+    InitTreeMask as _InitTreeMask,
+)
+from patchkit.codemods.common.fa3_tree_mask import (
+    VerifyBuffersReturnTreeMask as _VerifyBuffersReturnTreeMask,
+)
+from patchkit.codemods.common.page_table import ReplayPageTableToRealLength
+from patchkit.codemods.common.primitives import attr, call
 from patchkit.codemods.common.shared import (
     EAGER_DESCRIPTION,
     FLAG,
@@ -68,19 +82,7 @@ from patchkit.codemods.common.shared import (
     ReplayMirrorReads,
     code_of,
 )
-from patchkit.codemods.common.tree_mask import (
-    GET_BUFFERS,
-    MASK,
-    MAX_BS,
-    AllocTreeMask as _AllocTreeMask,
-    InitTreeMask as _InitTreeMask,
-    VerifyBuffersReturnTreeMask as _VerifyBuffersReturnTreeMask,
-)
-from patchkit.codemods.common.decode_page_writer import (
-    DecodePageWriterStopsAtLivePages as _DecodePageWriterStopsAtLivePages,
-)
-from patchkit.codemods.common.page_table import ReplayPageTableToRealLength
-from patchkit.codemods.common.primitives import attr, call
+from patchkit.codemods.common.tree_mask import GET_BUFFERS, MASK, MAX_BS
 
 BACKEND = "FlashAttentionBackend"
 DRAFT_BACKEND = "FlashAttentionMultiStepBackend"
@@ -198,7 +200,9 @@ class ReplayPageTableFits(ClassCodemod):
 
 
 class InitTreeMask(_InitTreeMask):
-    DESCRIPTION = f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
+    DESCRIPTION = (
+        f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
+    )
     CLASS = BACKEND
     KIND = "FA3"
 

@@ -51,7 +51,9 @@ def _where_added(logits: str) -> m.Call:
 
 
 # An elementwise select of the penalties (``torch.where``) where the masked add was: no data-dependent count.
-_NO_SYNC: m.MatchIfTrue[cst.BaseSmallStatement] = m.MatchIfTrue(lambda node: primitives.contains(node, call("torch.where")))
+_NO_SYNC: m.MatchIfTrue[cst.BaseSmallStatement] = m.MatchIfTrue(
+    lambda node: primitives.contains(node, call("torch.where"))
+)
 
 
 class AddPenaltyWithoutSync(MethodCodemod):
@@ -107,8 +109,11 @@ class AddPenaltyWithoutSync(MethodCodemod):
         if own:
             # A vendor's own select (``logits += torch.where(...)``, ``masked_fill`` ...): no sync left.
             return self.vendors_own(self.anchor, "adds the stop-token penalties without a host sync", own[0])
-        return self.missing_in(fn, "no masked add of the stop-token penalties (LOGITS[MASK] += PENALTIES[MASK])",
-                               "it to turn into a torch.where")
+        return self.missing_in(
+            fn,
+            "no masked add of the stop-token penalties (LOGITS[MASK] += PENALTIES[MASK])",
+            "it to turn into a torch.where",
+        )
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         add, assign, cond, penalties = self._site(fn)
@@ -164,7 +169,9 @@ class _OutputIdsCopyWithoutWait(MethodCodemod):
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if self._sites(fn):
-            return Finding.todo(self.anchor, "the penalizers' output ids are copied from pageable memory (a host wait every step)")
+            return Finding.todo(
+                self.anchor, "the penalizers' output ids are copied from pageable memory (a host wait every step)"
+            )
         if primitives.contains(fn, UPSTREAM_CUMULATE):
             return Finding.done(self.anchor, "upstream's cumulate_penalty_output_tokens (0.5.14+)")
         if any(host_copies.is_pinned_copy(v) for v in self._fed(fn)):
@@ -180,13 +187,17 @@ class _OutputIdsCopyWithoutWait(MethodCodemod):
 
 class OutputIdsCopyWithoutWait(_OutputIdsCopyWithoutWait):
     __doc__ = _OutputIdsCopyWithoutWait.__doc__
-    DESCRIPTION = ("ScheduleBatch.prepare_for_decode: the penalizers' output ids built pinned and copied non_blocking "
-                   "(sglang #28491), not torch.tensor(list, device=...) (a host wait every decode step)")
+    DESCRIPTION = (
+        "ScheduleBatch.prepare_for_decode: the penalizers' output ids built pinned and copied non_blocking "
+        "(sglang #28491), not torch.tensor(list, device=...) (a host wait every decode step)"
+    )
     CLASS = "ScheduleBatch"
 
 
 class SpecV2OutputIdsCopyWithoutWait(_OutputIdsCopyWithoutWait):
     __doc__ = _OutputIdsCopyWithoutWait.__doc__
-    DESCRIPTION = ("EagleDraftInputV2Mixin.prepare_for_decode: the penalizers' output ids built pinned and copied "
-                   "non_blocking (sglang #28500), not torch.tensor(list, device=...) (a host wait every decode step)")
+    DESCRIPTION = (
+        "EagleDraftInputV2Mixin.prepare_for_decode: the penalizers' output ids built pinned and copied "
+        "non_blocking (sglang #28500), not torch.tensor(list, device=...) (a host wait every decode step)"
+    )
     CLASS = "EagleDraftInputV2Mixin"

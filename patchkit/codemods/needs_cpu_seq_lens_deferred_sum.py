@@ -140,7 +140,9 @@ class FillDeferredSum(MethodCodemod):
             return self.missing_in(fn, "no ModelWorkerBatch(...) built here", "the construction to fill the sum before")
         mirror = primitives.find_statement_index(fn, HOST_MIRROR)
         if mirror is None or mirror > build:
-            return self.missing_in(fn, "no local `seq_lens_cpu` before the ModelWorkerBatch", "the host mirror it hands over")
+            return self.missing_in(
+                fn, "no local `seq_lens_cpu` before the ModelWorkerBatch", "the host mirror it hands over"
+            )
         return Finding.todo(self.anchor, "a deferred seq_lens_sum is handed over as None")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:

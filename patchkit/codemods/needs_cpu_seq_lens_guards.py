@@ -7,7 +7,7 @@ when the mirror is there, and a GPU-only value or a static upper bound when it i
 
 Every site is the same kind of edit: one ``Guard`` (a matcher for the read, optionally limited to the inside
 of an enclosing node, and the expression that replaces it), applied with ``primitives.rewrite_expressions``. A
-codemod is one method and its guards (``base.MethodGuards``, here ``MirrorGuards``). It is done when none of
+codemod is one method and its guards (``method_guards.MethodGuards``, here ``MirrorGuards``). It is done when none of
 its reads is left unguarded and a helper call (ours), the method's upstream guard (0.5.13+) or a fork's own
 None tests (any form: ``primitives.NoneGuards``) are there.
 
@@ -21,9 +21,11 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import Finding, Guard, State
-from patchkit.codemods.common.shared import MirrorGuards
+from patchkit.codemods.common.base import Finding, State
+from patchkit.codemods.common.method_guards import Guard
+from patchkit.codemods.common.metrics_guards import MIRROR_TOTAL, MetricsGuards, ReporterGuards
 from patchkit.codemods.common.primitives import ANY, attr, call, none_test, save
+from patchkit.codemods.common.shared import MirrorGuards
 
 # `A + B` where A is the mirror: None-aware addition (an AugAssign becomes an Assign).
 ADD_TEMPLATE = "add_or_none(LEFT, RIGHT)"
@@ -48,7 +50,10 @@ class GuardFilterBatch(MirrorGuards):
     METHOD = "filter_batch"
     GUARDS = (
         Guard(
-            m.Subscript(value=save(attr("seq_lens_cpu"), "MIRROR"), slice=[m.SubscriptElement(slice=m.Index(value=save(ANY, "INDEX")))]),
+            m.Subscript(
+                value=save(attr("seq_lens_cpu"), "MIRROR"),
+                slice=[m.SubscriptElement(slice=m.Index(value=save(ANY, "INDEX")))],
+            ),
             "index_or_none(MIRROR, INDEX)",
             "index_or_none",
         ),
@@ -64,7 +69,17 @@ class GuardMergeBatch(MirrorGuards):
     # that sum (needs_cpu_seq_lens_deferred_sum.DeferMergeBatchSum).
     GUARDS = (
         Guard(
-            call("torch.cat", m.Arg(value=m.List(elements=[m.Element(value=save(attr("seq_lens_cpu"), "A")), m.Element(value=save(attr("seq_lens_cpu"), "B"))]))),
+            call(
+                "torch.cat",
+                m.Arg(
+                    value=m.List(
+                        elements=[
+                            m.Element(value=save(attr("seq_lens_cpu"), "A")),
+                            m.Element(value=save(attr("seq_lens_cpu"), "B")),
+                        ]
+                    )
+                ),
+            ),
             "cat_or_none(A, B)",
             "cat_or_none",
         ),
@@ -99,7 +114,10 @@ class GuardInitNewExtendLens(MirrorGuards):
             save(attr(EXTEND_LENS), "LENS"),
             "host_list_or_none(LENS)",
             "host_list_or_none",
-            within=m.Assign(targets=[m.AssignTarget(target=attr("extend_seq_lens_cpu|extend_prefix_lens_cpu"))], value=attr(EXTEND_LENS)),
+            within=m.Assign(
+                targets=[m.AssignTarget(target=attr("extend_seq_lens_cpu|extend_prefix_lens_cpu"))],
+                value=attr(EXTEND_LENS),
+            ),
         ),
     )
     UPSTREAM_MARKER = m.If(test=call("isinstance", m.Arg(), m.Arg(value=m.Name("list"))))
@@ -137,23 +155,32 @@ class GuardDraftExtendGraphReplay(MirrorGuards):
     UPSTREAM_MARKER = none_test(m.Name("seq_lens_sum"))
     # A fork's runner with upstream's guard and a padded sum of its own beside it: that
     # read is the vendor's, in the shape the release's runner has; guarded there too.
-    REPLACES_VENDOR = ((
-        r"seq_lens_sum",
-        "the vendor's padded sum of the mirror, in the shape the release's runner has, becomes "
-        "add_or_none (the same value with the mirror, None without it); the vendor's statement stays",
-    ),)
+    REPLACES_VENDOR = (
+        (
+            r"seq_lens_sum",
+            "the vendor's padded sum of the mirror, in the shape the release's runner has, becomes "
+            "add_or_none (the same value with the mirror, None without it); the vendor's statement stays",
+        ),
+    )
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         finding = super().detect_in_method(fn)
         if finding.state is State.DONE and primitives.contains(fn, self.UPSTREAM_MARKER):
             left = [read for guard in self.GUARDS for read in self._unguarded(fn, guard)]
             if left:
-                return Finding.todo(self.anchor_of(fn), f"{len(left)} read(s) of {self.READS} beside upstream's guard, "
-                                    f"in the shape the release's runner has (first at {self.where(left[0])})")
+                return Finding.todo(
+                    self.anchor_of(fn),
+                    f"{len(left)} read(s) of {self.READS} beside upstream's guard, "
+                    f"in the shape the release's runner has (first at {self.where(left[0])})",
+                )
             ours = primitives.find_all(fn, primitives.call("add_or_none"))
             if ours:  # said in status's notes: the vendor's code is kept, and guarded
-                return Finding.done(self.anchor_of(fn), f"the vendor's own padded sum at {self.where(ours[0])} is kept, "
-                                    "guarded by add_or_none beside upstream's guard", by_tree=True)
+                return Finding.done(
+                    self.anchor_of(fn),
+                    f"the vendor's own padded sum at {self.where(ours[0])} is kept, "
+                    "guarded by add_or_none beside upstream's guard",
+                    by_tree=True,
+                )
         return finding
 
 
@@ -177,7 +204,9 @@ class GuardDraftTreeMask(MirrorGuards):
             within=call(TREE_KERNEL, m.ZeroOrMore(), m.Arg(value=attr("seq_lens_sum")), m.ZeroOrMore()),
             # `tree_mask_buf, position_buf = <backend>.get_verify_buffers_to_fill_after_draft()`
             context=m.Assign(
-                targets=[m.AssignTarget(target=m.Tuple(elements=[m.Element(value=save(m.Name(), "BUF")), m.ZeroOrMore()]))],
+                targets=[
+                    m.AssignTarget(target=m.Tuple(elements=[m.Element(value=save(m.Name(), "BUF")), m.ZeroOrMore()]))
+                ],
                 value=m.Call(func=attr("get_verify_buffers_to_fill_after_draft", save(ANY, "BACKEND"))),
             ),
         ),
@@ -237,7 +266,9 @@ class GuardTritonMetadata(MirrorGuards):
             SEQ_LENS_SUM_BOUND,
             "seq_lens_sum_or_bound",
             # The size as a vendor spells it too: `int(forward_batch.seq_lens_sum)`.
-            within=call("torch.empty", m.Arg(value=primitives.spelled(attr("seq_lens_sum"), slices=False)), m.ZeroOrMore()),
+            within=call(
+                "torch.empty", m.Arg(value=primitives.spelled(attr("seq_lens_sum"), slices=False)), m.ZeroOrMore()
+            ),
         ),
         Guard(
             call("sum", m.Arg(value=save(attr("extend_prefix_lens_cpu", save(ANY, "BATCH")), "LENS"))),
@@ -269,53 +300,6 @@ class GuardTritonDraftTemplate(MirrorGuards):
 
 
 # -- observability/scheduler_metrics_mixin.py: decode metrics ------------------------------------------
-
-# The batch's total length read from the mirror, however spelled (`int(M.sum())`, `M.sum().int().item()` ...).
-MIRROR_TOTAL = primitives.host_scalar("sum", attr("seq_lens_cpu", save(ANY, "BATCH")), slices=False)
-
-
-class MetricsGuards(MirrorGuards):
-    """A metrics method may stop reading the mirror in a fork (it sums
-    ``req.seqlen`` itself, say): nothing is left to guard there, which is the
-    tree's own change, said as a note (as ``GateDecodeSync`` says of a fork
-    that dropped the sync), not a missing anchor.
-
-    Upstream moved the metrics between releases (observability/ from 0.5.10,
-    ``managers/scheduler_components/metrics_reporter.py`` from 0.5.13), and
-    forks carry those moves before their release does: the module is then
-    no code of the release, all of it "the vendor's", though its read of the
-    mirror is upstream's. The rewrite keeps the value (the same sum with the
-    mirror), so it replaces that read on purpose, said in one line."""
-
-    REPLACES_VENDOR = ((
-        r"seq_lens_cpu",
-        "the decode metrics' read of the CPU mirror (upstream's, in a module this release does not have there) "
-        "becomes the same value from the requests when the mirror is dropped",
-    ),)
-
-    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
-        finding = super().detect_in_method(fn)
-        if finding.state is State.MISSING and not self._value_reads(fn):
-            return Finding.superseded(
-                self.anchor_of(fn),
-                f"this tree reads no CPU seq_lens mirror here ({self.where(fn)}); patchkit has nothing to guard",
-                by_tree=True,
-            )
-        return finding
-
-    def detect_absent(self, cls: cst.ClassDef) -> Finding:
-        """A metrics method the tree does not have (a fork that carries an
-        early form of upstream's move to observability/: ``log_decode_stats``
-        and none of the methods that replaced it) reads nothing: nothing to
-        guard there, said as a note, not a missing anchor."""
-        if self.WHY_ABSENT:
-            return super().detect_absent(cls)
-        return Finding.superseded(
-            self.anchor,
-            f"this tree's {self.CLASS} has no {self.METHOD} ({self.where(cls)}), so no read of the CPU seq_lens "
-            "mirror there; patchkit has nothing to guard",
-            by_tree=True,
-        )
 
 
 class GuardDecodePerfMetrics(MetricsGuards):
@@ -361,25 +345,6 @@ class GuardLogDecodeStats(MetricsGuards):
 # -- managers/scheduler_components/metrics_reporter.py: the decode metrics from 0.5.13 ---------------------------------
 # Forks taken from upstream between 0.5.12 and 0.5.13 have the reporter before
 # sglang #26128 made its decode sums sync-free: the same reads as the mixin's.
-
-UPSTREAM_DECODE_SUM = "_decode_total_seq_lens"  # the reporter's own None-aware sum (sglang #26128, 0.5.13)
-
-
-class ReporterGuards(MetricsGuards):
-    """The reporter's reads; a reporter with upstream's sync-free sum
-    (``_decode_total_seq_lens``, 0.5.13+) is upstream's as it is."""
-
-    CLASS = "SchedulerMetricsReporter"
-    UPSTREAM_FUNCTION = UPSTREAM_DECODE_SUM
-
-    @classmethod
-    def reads(cls):  # the reporter's methods read, and upstream's top-level sum
-        return {cls.CLASS: cls.methods_read(), UPSTREAM_DECODE_SUM: None}
-
-    def detect(self, module: cst.Module) -> Finding:
-        if primitives.find_function(module, UPSTREAM_DECODE_SUM) is not None:
-            return Finding.done(self.anchor, f"upstream's metrics reporter ({UPSTREAM_DECODE_SUM}(), sglang #26128)")
-        return super().detect(module)
 
 
 class GuardReporterDecodePerf(ReporterGuards):

@@ -46,7 +46,7 @@ RUNTIME = import_path("runtime")
 # -- the worker lists its backends ------------------------------------------------------
 
 BACKENDS_PROPERTY = "spec_v2_attn_backends"
-BACKENDS_SOURCE = f'''
+BACKENDS_SOURCE = f"""
 @property
 def {BACKENDS_PROPERTY}(self) -> tuple:
     # patchkit (sglang #26128): every attention backend this worker runs, for
@@ -59,7 +59,7 @@ def {BACKENDS_PROPERTY}(self) -> tuple:
         self._draft_worker.draft_extend_attn_backend,
         self._draft_worker.draft_runner.attn_backend,
     )
-'''
+"""
 
 
 class ExposeSpecV2AttnBackends(AddMethodCodemod):
@@ -91,7 +91,9 @@ class DecideInInitOverlap(MethodCodemod):
         if primitives.contains(fn, DECISION_CALL):
             return Finding.done(self.anchor)
         if primitives.find_statement_index(fn, FUTURE_MAP_BUILT) is None:
-            return self.missing_in(fn, "init_overlap builds no FutureMap", "a `self.future_map = ...(...)` construction to decide before")
+            return self.missing_in(
+                fn, "init_overlap builds no FutureMap", "a `self.future_map = ...(...)` construction to decide before"
+            )
         return Finding.todo(self.anchor, "needs_cpu_seq_lens not decided")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
@@ -102,7 +104,9 @@ class DecideInInitOverlap(MethodCodemod):
 # -- the sync owner reads the decision -----------------------------------------------------
 
 GATE = "not needs_cpu_seq_lens()"
-GATED = call("needs_cpu_seq_lens") | m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Attribute(attr=m.Name("needs_cpu_seq_lens"))))
+GATED = call("needs_cpu_seq_lens") | m.If(
+    test=m.UnaryOperation(operator=m.Not(), expression=m.Attribute(attr=m.Name("needs_cpu_seq_lens")))
+)
 # `batch.seq_lens_cpu = batch.seq_lens.cpu()` (or a fork's `.to("cpu", ...)`): the D2H copy,
 # the device lengths and the copy in any spelling (`primitives.spelled`: casts, a batch slice).
 _TO_CPU = m.Arg(value=m.SimpleString('"cpu"') | m.SimpleString("'cpu'"))
@@ -131,7 +135,9 @@ NO_MIRROR_COMMENT = (
 def _sync_block(fn: cst.FunctionDef) -> Optional[cst.IndentedBlock]:
     """The block holding the D2H assignment as one of its statements: the
     method body, or the block a fork moved it into (outermost first)."""
-    return next((b for b in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()) if _sync_run(b) is not None), None)
+    return next(
+        (b for b in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()) if _sync_run(b) is not None), None
+    )
 
 
 def _sync_run(block: cst.IndentedBlock) -> Optional[tuple[int, int, str]]:
@@ -178,8 +184,10 @@ class GateDecodeSync(MethodCodemod):
         copies = primitives.find_all(fn, D2H_ASSIGN)
         if copies:
             return self.missing_in(
-                fn, "the seq_lens copy to the host shares its line with other statements",
-                "it as a statement of its own, to gate it", copies[0],
+                fn,
+                "the seq_lens copy to the host shares its line with other statements",
+                "it as a statement of its own, to gate it",
+                copies[0],
             )
         dropped = primitives.find_all(fn, MIRROR_DROPPED)
         if dropped:

@@ -64,10 +64,11 @@ def mirror_reads(cls: cst.ClassDef) -> list[cst.Attribute]:
     is_mirror = m.Attribute(attr=m.OneOf(*(m.Name(a) for a in MIRROR)))
     passed = {id(arg.value) for arg in primitives.find_all_of(cst.Arg, cls, m.Arg()) if _handed_through(arg)}
     stored = {
-        id(target.target)
-        for target in primitives.find_all_of(cst.AssignTarget, cls, m.AssignTarget(target=is_mirror))
+        id(target.target) for target in primitives.find_all_of(cst.AssignTarget, cls, m.AssignTarget(target=is_mirror))
     }
-    return [a for a in primitives.find_all_of(cst.Attribute, cls, is_mirror) if id(a) not in passed and id(a) not in stored]
+    return [
+        a for a in primitives.find_all_of(cst.Attribute, cls, is_mirror) if id(a) not in passed and id(a) not in stored
+    ]
 
 
 class RunnerHandsMirrorThrough(ClassCheck):
@@ -79,11 +80,14 @@ class RunnerHandsMirrorThrough(ClassCheck):
         anchor = f"{self.CLASS}: reads of seq_lens_cpu / seq_lens_sum"
         reads = mirror_reads(cls)
         if reads:
-            return self.located(Finding.missing(
-                anchor,
-                f"{self.where(reads[0])}: {self.CLASS} reads `{code_of(reads[0])}`; "
-                "the CPU mirror stays on under piecewise CUDA graph in this tree",
-            ), reads[0])
+            return self.located(
+                Finding.missing(
+                    anchor,
+                    f"{self.where(reads[0])}: {self.CLASS} reads `{code_of(reads[0])}`; "
+                    "the CPU mirror stays on under piecewise CUDA graph in this tree",
+                ),
+                reads[0],
+            )
         return Finding.superseded(anchor, "hands the mirror through only; nothing to change in this file")
 
 
@@ -111,7 +115,9 @@ class ConfigureWithoutPiecewiseRule(MethodCodemod):
         if calls:
             if all(primitives.contains(c, WITHOUT_RULE) for c in calls):
                 return Finding.done(self.anchor)
-            return self.located(Finding.todo(self.anchor, "the decision keeps the mirror under piecewise CUDA graph"), calls[0])
+            return self.located(
+                Finding.todo(self.anchor, "the decision keeps the mirror under piecewise CUDA graph"), calls[0]
+            )
         if primitives.contains(fn, call(DECIDE)):
             return Finding.superseded(self.anchor, "the decision is sglang's own here (managers/overlap_utils.py)")
         # needs-cpu-seq-lens (required) puts the call there first, in the same apply.
@@ -137,10 +143,7 @@ if SpeculativeAlgorithm.from_string(server_args.speculative_algorithm).is_ngram(
 
 
 class DropPiecewiseRule(PatchCodemod):
-    DESCRIPTION = (
-        f"{DECIDE}: piecewise CUDA graph no longer forces the CPU mirror; ngram keeps it "
-        "(0.5.14's rules)"
-    )
+    DESCRIPTION = f"{DECIDE}: piecewise CUDA graph no longer forces the CPU mirror; ngram keeps it (0.5.14's rules)"
 
     @classmethod
     def reads(cls):

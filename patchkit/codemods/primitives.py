@@ -5,5 +5,6 @@ import warnings
 
 from patchkit.codemods.common.primitives import *  # noqa: F401,F403
 
-warnings.warn("patchkit.codemods.primitives moved to patchkit.codemods.common.primitives", DeprecationWarning,
-              stacklevel=2)
+warnings.warn(
+    "patchkit.codemods.primitives moved to patchkit.codemods.common.primitives", DeprecationWarning, stacklevel=2
+)

@@ -27,10 +27,9 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, PatchCodemod
+from patchkit.codemods.common.primitives import attr, call
 from patchkit.codemods.common.reads import EVERY, MODULE_HOOKS, Methods, Reads, reads_only
 from patchkit.codemods.common.shared import MIRROR_READS, code_of, none_comparison
-from patchkit.codemods.common.primitives import attr, call
-
 
 #: ``seq_lens_cpu=<buffers>.seq_lens_cpu`` or ``...seq_lens_cpu[:bs]``: the pinned replay
 #: buffer, whatever holds it (``buffers``, ``self``, ``self.graph_buffers``), never the batch's own mirror.
@@ -76,7 +75,9 @@ def _verdict(fn: cst.FunctionDef, value: cst.BaseExpression) -> str:
         kinds = {_verdict(fn, v) if not isinstance(v, cst.Name) else "" for v in values}
         if values and kinds == {"raw"}:
             return "raw"
-        if "raw" in kinds and (kinds & {"ours", "upstream", "tree"} or any(m.matches(v, m.Name("None")) for v in values)):
+        if "raw" in kinds and (
+            kinds & {"ours", "upstream", "tree"} or any(m.matches(v, m.Name("None")) for v in values)
+        ):
             return "tree"
         if kinds & {"ours", "upstream", "tree"}:
             return "tree" if "tree" in kinds else kinds.pop()
@@ -109,7 +110,13 @@ class ReplayPassesNoStaleMirror(PatchCodemod):
         ``forward_batch`` parameter."""
         found = []
         for stmt in module.body:
-            candidates = [stmt] if isinstance(stmt, cst.FunctionDef) else list(primitives.methods(stmt)) if isinstance(stmt, cst.ClassDef) else []
+            candidates = (
+                [stmt]
+                if isinstance(stmt, cst.FunctionDef)
+                else list(primitives.methods(stmt))
+                if isinstance(stmt, cst.ClassDef)
+                else []
+            )
             found += [fn for fn in candidates if "forward_batch" in {p.name.value for p in fn.params.params}]
         return found
 
@@ -122,7 +129,9 @@ class ReplayPassesNoStaleMirror(PatchCodemod):
         sites = [site for fn in self._functions(module) for site in self._sites(fn)]
         raw = [arg for arg, kind in sites if kind == "raw"]
         if raw:
-            return self.located(Finding.todo(anchor, f"{len(raw)} replay call(s) hand over the pinned buffer unconditionally"), raw[0])
+            return self.located(
+                Finding.todo(anchor, f"{len(raw)} replay call(s) hand over the pinned buffer unconditionally"), raw[0]
+            )
         tree = [arg for arg, kind in sites if kind == "tree"]
         if tree:
             return Finding.done(
@@ -147,10 +156,14 @@ class ReplayPassesNoStaleMirror(PatchCodemod):
         for fn in self._functions(tree):
             if not any(kind == "raw" for _, kind in self._sites(fn)):
                 continue
-            owner = next((c for c in tree.body if isinstance(c, cst.ClassDef) and any(x is fn for x in primitives.methods(c))), None)
+            owner = next(
+                (c for c in tree.body if isinstance(c, cst.ClassDef) and any(x is fn for x in primitives.methods(c))),
+                None,
+            )
             if owner is None:
                 tree = primitives.replace_function(tree, fn.name.value, edit)
             else:
+
                 def edit_owner(c: cst.ClassDef, name: str = fn.name.value) -> cst.ClassDef:
                     return primitives.replace_method(c, name, edit)
 

@@ -46,7 +46,9 @@ from patchkit.codemods.common.shared import code_of
 def _host_tensors(fn: cst.FunctionDef) -> dict[str, cst.Call]:
     """Names the function assigns from ``torch.tensor(...)`` built on the host."""
     out = {}
-    for assign in primitives.find_all_of(cst.Assign, fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=host_copies.TENSOR)):
+    for assign in primitives.find_all_of(
+        cst.Assign, fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=host_copies.TENSOR)
+    ):
         tensor = cst.ensure_type(assign.value, cst.Call)  # as matched: NAME = torch.tensor(...)
         if host_copies.built_on_device(tensor) is None:
             out[cst.ensure_type(assign.targets[0].target, cst.Name).value] = tensor
@@ -66,8 +68,14 @@ def _name(copy: cst.Call) -> str:
 def _copies(fn: cst.FunctionDef) -> list[cst.Call]:
     """Each ``T.to(...)`` copy to a device of one of those names."""
     names = _host_tensors(fn)
-    return [c for c in primitives.find_all_of(cst.Call, fn, host_copies.TO)
-            if isinstance(c.func, cst.Attribute) and isinstance(c.func.value, cst.Name) and c.func.value.value in names and host_copies.copy_device(c) is not None]
+    return [
+        c
+        for c in primitives.find_all_of(cst.Call, fn, host_copies.TO)
+        if isinstance(c.func, cst.Attribute)
+        and isinstance(c.func.value, cst.Name)
+        and c.func.value.value in names
+        and host_copies.copy_device(c) is not None
+    ]
 
 
 # The mixin's own base is object; to mypy, the PatchCodemod it is mixed into.
@@ -86,15 +94,22 @@ class _Copies(_Mixin):
         if not copies and not primitives.contains(fn, host_copies.TENSOR):
             # 0.5.4, 0.5.5: the allocated lengths live on the device (their waits are of another shape).
             # The step waits there anyway (its lengths are read back with .cpu()): nothing of the patch is carried.
-            return Finding.superseded(anchor, "no host tensor of kv lengths is built here (they stay on the device)",
-                                      moots_patch=True)
+            return Finding.superseded(
+                anchor, "no host tensor of kv lengths is built here (they stay on the device)", moots_patch=True
+            )
         if not copies:
-            return Finding.missing(anchor, f"{self.where(fn)}: no copy of a host tensor (torch.tensor(...) on the CPU) "
-                                           "to the device; the patch needs the kv-lens copies (T.to(device=...)) to make non_blocking")
+            return Finding.missing(
+                anchor,
+                f"{self.where(fn)}: no copy of a host tensor (torch.tensor(...) on the CPU) "
+                "to the device; the patch needs the kv-lens copies (T.to(device=...)) to make non_blocking",
+            )
         blocking = [c for c in copies if host_copies.blocks(c)]
         if blocking:
-            return Finding.todo(anchor, f"{len(blocking)} blocking copy(ies) of host kv lengths to the device "
-                                        f"(first at {self.where(blocking[0])})")
+            return Finding.todo(
+                anchor,
+                f"{len(blocking)} blocking copy(ies) of host kv lengths to the device "
+                f"(first at {self.where(blocking[0])})",
+            )
         tensors = _host_tensors(fn)
         if all(host_copies.is_pinned(tensors[_name(c)]) for c in copies):
             return Finding.done(anchor)
@@ -136,8 +151,7 @@ MOVED = "eagle_prepare_for_decode"
 
 class MovedKvLensCopiesWithoutWait(_Copies, PatchCodemod):
     DESCRIPTION = (
-        f"eagle_utils.{MOVED} (0.5.15+, where upstream moved the method): the same copies, "
-        "non_blocking upstream"
+        f"eagle_utils.{MOVED} (0.5.15+, where upstream moved the method): the same copies, non_blocking upstream"
     )
 
     @classmethod
@@ -148,7 +162,9 @@ class MovedKvLensCopiesWithoutWait(_Copies, PatchCodemod):
         self.detect_module(module)
         fn = primitives.find_function(module, MOVED)
         if fn is None:
-            return Finding.superseded(MOVED, "spec-v2 decode preparation is EagleDraftInputV2Mixin's (eagle_info_v2.py) here")
+            return Finding.superseded(
+                MOVED, "spec-v2 decode preparation is EagleDraftInputV2Mixin's (eagle_info_v2.py) here"
+            )
         return self.detect_copies(fn, MOVED)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -159,8 +175,13 @@ class MovedKvLensCopiesWithoutWait(_Copies, PatchCodemod):
 
 #: ``ForwardBatch.init_new``'s per-step copies of host lists: the extend lengths (every draft
 #: extend), the non-padded token count (MoE expert parallelism), the DP token counts.
-PER_STEP_COPIES = ("extend_seq_lens", "extend_prefix_lens", "num_token_non_padded",
-                   "global_num_tokens_gpu", "global_num_tokens_for_logprob_gpu")
+PER_STEP_COPIES = (
+    "extend_seq_lens",
+    "extend_prefix_lens",
+    "num_token_non_padded",
+    "global_num_tokens_gpu",
+    "global_num_tokens_for_logprob_gpu",
+)
 PINNED_TENSOR = "pinned_tensor"
 # torch.tensor (the releases), torch.as_tensor (needs-cpu-seq-lens: device lengths pass), ours.
 _BUILD = host_copies.TENSOR | primitives.call("torch.as_tensor") | primitives.call(PINNED_TENSOR)
@@ -204,13 +225,18 @@ class ExtendLensCopiesPinned(MethodCodemod):
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         copies = _list_copies(fn)
         if "extend_seq_lens" not in copies:
-            return Finding.missing(self.anchor, f"{self.where(fn)}: no copy of the extend lengths to the device "
-                                                "(X.extend_seq_lens = torch.tensor(LIST, ...).to(device, ...)); "
-                                                "the patch pins that host tensor")
+            return Finding.missing(
+                self.anchor,
+                f"{self.where(fn)}: no copy of the extend lengths to the device "
+                "(X.extend_seq_lens = torch.tensor(LIST, ...).to(device, ...)); "
+                "the patch pins that host tensor",
+            )
         waiting = [c for c in copies.values() if _waits(c)]
         if waiting:
-            return Finding.todo(self.anchor, f"{len(waiting)} copy(ies) of a host list from pageable memory "
-                                             f"(first at {self.where(waiting[0])})")
+            return Finding.todo(
+                self.anchor,
+                f"{len(waiting)} copy(ies) of a host list from pageable memory (first at {self.where(waiting[0])})",
+            )
         if all(m.matches(_built(c), primitives.call(PINNED_TENSOR)) for c in copies.values()):
             return Finding.done(self.anchor)
         return Finding.done(self.anchor, "upstream's pinned copies (0.5.19+)")
@@ -222,8 +248,9 @@ class ExtendLensCopiesPinned(MethodCodemod):
             host, device = _built(copy), host_copies.copy_device(copy)
             assert device is not None  # _list_copies keeps copies to a device
             if not _pinned(host):
-                host = primitives.set_keyword_argument(host.with_changes(func=cst.Name(PINNED_TENSOR)), "pin_for",
-                                                       code_of(device))
+                host = primitives.set_keyword_argument(
+                    host.with_changes(func=cst.Name(PINNED_TENSOR)), "pin_for", code_of(device)
+                )
             new = copy.with_changes(func=copy.func.with_changes(value=host))
             fn = primitives.replace_node(fn, copy, host_copies.non_blocking(new) if host_copies.blocks(new) else new)
         self.require_import(host_copies.HELPERS, PINNED_TENSOR)

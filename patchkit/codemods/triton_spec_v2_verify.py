@@ -87,8 +87,12 @@ class TritonRecordsTreeMaskMaxBs(MethodCodemod):
             return Finding.done(self.anchor)
         size = _size(line)
         if size is None or not m.matches(primitives.peel(size).value, OLD_SIZE):
-            return self.missing_in(fn, f"the mask is sized `{code_of(size) if size is not None else '?'}`",
-                                   "pristine's `max_num_tokens * self.max_context_len` to widen by the draft tokens", line)
+            return self.missing_in(
+                fn,
+                f"the mask is sized `{code_of(size) if size is not None else '?'}`",
+                "pristine's `max_num_tokens * self.max_context_len` to widen by the draft tokens",
+                line,
+            )
         return Finding.todo(self.anchor, f"self.{MAX_BS} not recorded: the workers hand the mask to every batch")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
@@ -97,16 +101,26 @@ class TritonRecordsTreeMaskMaxBs(MethodCodemod):
         assert line is not None and size is not None  # detect found them
         inner = cst.ensure_type(primitives.peel(size).value, cst.BinaryOperation)  # OLD_SIZE, as detect found
         wider = primitives.parse_expression(
-            f"({code_of(inner.left)} * (self.max_context_len + (self.num_draft_tokens or 0)))")
+            f"({code_of(inner.left)} * (self.max_context_len + (self.num_draft_tokens or 0)))"
+        )
         call = _call(line)
-        new_line = line.with_changes(body=[line.body[0].with_changes(value=call.with_changes(
-            args=[call.args[0].with_changes(value=wider), *call.args[1:]]))])
+        new_line = line.with_changes(
+            body=[
+                line.body[0].with_changes(
+                    value=call.with_changes(args=[call.args[0].with_changes(value=wider), *call.args[1:]])
+                )
+            ]
+        )
         record = primitives.parse_statements_with_comments(f"""
             # C + D cells a verify token (a row is seq_len + D), and the batch size it
             # holds: the spec-v2 workers hand it only to a batch it fits (sglang 0.5.17).
             self.{MAX_BS} = max_bs
         """)
-        block = next(b for b in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()) if any(s is line for s in b.body))
+        block = next(
+            b
+            for b in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock())
+            if any(s is line for s in b.body)
+        )
         body: list[cst.BaseStatement] = []
         for stmt in block.body:
             body += [new_line, *record] if stmt is line else [stmt]
@@ -116,10 +130,13 @@ class TritonRecordsTreeMaskMaxBs(MethodCodemod):
 # -- the eager target verify's kv_indices, sized from the host (0.5.13) -----------------------
 
 IS_TARGET_VERIFY = m.If(test=m.Call(func=attr("is_target_verify")))
-KV_INDICES = m.Assign(targets=[m.AssignTarget(target=m.Name("kv_indices"))],
-                      value=m.Call(func=primitives.dotted("torch.empty")))
-LAST_INDPTR = m.Subscript(value=m.Name("kv_indptr"), slice=[m.SubscriptElement(
-    slice=m.Index(value=m.UnaryOperation(operator=m.Minus(), expression=m.Integer("1"))))])
+KV_INDICES = m.Assign(
+    targets=[m.AssignTarget(target=m.Name("kv_indices"))], value=m.Call(func=primitives.dotted("torch.empty"))
+)
+LAST_INDPTR = m.Subscript(
+    value=m.Name("kv_indptr"),
+    slice=[m.SubscriptElement(slice=m.Index(value=m.UnaryOperation(operator=m.Minus(), expression=m.Integer("1"))))],
+)
 SUM_HELPER = "seq_lens_sum_or_bound"
 
 
@@ -148,12 +165,17 @@ class TritonVerifyKvIndicesFromHost(MethodCodemod):
     METHOD = "init_forward_metadata"
 
     def _sites(self, fn: cst.FunctionDef) -> list[cst.Assign]:
-        return [a for a in _verify_kv_indices(fn)
-                if isinstance(a.value, cst.Call) and a.value.args and m.matches(a.value.args[0].value, LAST_INDPTR)]
+        return [
+            a
+            for a in _verify_kv_indices(fn)
+            if isinstance(a.value, cst.Call) and a.value.args and m.matches(a.value.args[0].value, LAST_INDPTR)
+        ]
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if self._sites(fn):
-            return Finding.todo(self.anchor, "the target verify's kv_indices are sized by kv_indptr[-1], read from the device")
+            return Finding.todo(
+                self.anchor, "the target verify's kv_indices are sized by kv_indptr[-1], read from the device"
+            )
         if any(primitives.contains(a, primitives.call(SUM_HELPER)) for a in _verify_kv_indices(fn)):
             return Finding.done(self.anchor)
         # Upstream's own host size (0.5.13+: seq_lens_sum, else its bound), a fork's, or no such branch:
@@ -162,7 +184,11 @@ class TritonVerifyKvIndicesFromHost(MethodCodemod):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         for site in self._sites(fn):
-            branch = next(b for b in primitives.find_all_of(cst.If, fn, IS_TARGET_VERIFY) if primitives.contains(b.body, primitives.is_node(site)))
+            branch = next(
+                b
+                for b in primitives.find_all_of(cst.If, fn, IS_TARGET_VERIFY)
+                if primitives.contains(b.body, primitives.is_node(site))
+            )
             bs = "bs" if primitives.contains(branch.body, primitives.assigns_name("bs")) else "forward_batch.batch_size"
             size = primitives.parse_expression(f"{SUM_HELPER}(forward_batch.seq_lens_sum, {bs}, self.max_context_len)")
             call = cst.ensure_type(site.value, cst.Call)  # as _sites kept

@@ -58,7 +58,11 @@ def _binding(block: cst.BaseSuite) -> Optional[tuple[int, str]]:
     """The statement of ``block`` that binds the lengths to the graph buffer,
     and the metadata it binds them on."""
     for i, stmt in enumerate(getattr(block, "body", ())):
-        if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and m.matches(stmt.body[0], BINDS_TO_BUFFER):
+        if (
+            isinstance(stmt, cst.SimpleStatementLine)
+            and len(stmt.body) == 1
+            and m.matches(stmt.body[0], BINDS_TO_BUFFER)
+        ):
             binds = cst.ensure_type(stmt.body[0], cst.Assign)  # <receiver>.<LENGTHS> = ..., as matched
             return i, code_of(cst.ensure_type(binds.targets[0].target, cst.Attribute).value)
     return None
@@ -99,7 +103,8 @@ class SeedDraftDecodeLengthsAtCapture(MethodCodemod):
         branches = self._branches(fn)
         if not branches:
             return self.missing_in(
-                fn, "no `if spec_info is not None:` branch binding cache_seqlens_int32 to the decode graph buffer",
+                fn,
+                "no `if spec_info is not None:` branch binding cache_seqlens_int32 to the decode graph buffer",
                 "the draft-decode capture branch to seed its lengths",
             )
         if all(_seeds(branch.body.body[i + 1 :], receiver) for branch, i, receiver in branches):

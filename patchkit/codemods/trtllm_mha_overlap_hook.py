@@ -15,14 +15,14 @@ HOOK = "update_verify_buffers_to_fill_after_draft"
 
 # Annotations are strings: a fork may lack ``from __future__ import annotations``
 # and import SpecInput only under TYPE_CHECKING.
-HOOK_SOURCE = f'''
+HOOK_SOURCE = f"""
 def {HOOK}(
     self, spec_info: "SpecInput", cuda_graph_bs: "Optional[int]"
 ):
     # Verify metadata (seq_lens, page table, cu_seqlens) does not depend on
     # the draft tokens and the plan stream already computed it: no fix-up.
     pass
-'''
+"""
 
 
 class AddNoopVerifyBuffersHook(AddMethodCodemod):

@@ -35,8 +35,15 @@ import libcst as cst
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod
-from patchkit.codemods.common.page_table import EagerPageTableToRealLength, ReplayPageTableToRealLength
-from patchkit.codemods.common.shared import EAGER_DESCRIPTION, REPLAY_DESCRIPTION, EagerMirrorReads, OptOutFlag, ReplayMirrorReads
+from patchkit.codemods.common.eager_page_table import EagerPageTableToRealLength
+from patchkit.codemods.common.page_table import ReplayPageTableToRealLength
+from patchkit.codemods.common.shared import (
+    EAGER_DESCRIPTION,
+    REPLAY_DESCRIPTION,
+    EagerMirrorReads,
+    OptOutFlag,
+    ReplayMirrorReads,
+)
 
 BACKEND = "TRTLLMHAAttnBackend"
 DRAFT_BACKEND = "TRTLLMHAAttnMultiStepDraftBackend"
@@ -64,7 +71,9 @@ class _DevicePageTable(_Mixin):
 
 
 class BackendOptsOut(OptOutFlag):
-    DESCRIPTION = f"{BACKEND}.needs_cpu_seq_lens = False: no read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
+    DESCRIPTION = (
+        f"{BACKEND}.needs_cpu_seq_lens = False: no read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
+    )
     CLASS = BACKEND
     WHY = (
         "Page tables use a static width without the CPU mirror (the kernels stop\n"

@@ -42,7 +42,7 @@ COMMON_TEMPLATE = m.Attribute(value=m.Name("self"), attr=m.Name("common_template
 STEP_BACKENDS = m.Attribute(value=m.Name("self"), attr=m.Name("attn_backends"))
 
 
-INIT_SOURCE = f'''
+INIT_SOURCE = f"""
 def {INIT}(self, forward_batch: ForwardBatch):
     # Skip common_template: each TRT-LLM MLA step backend builds its own
     # block kv-indices from req_pool_indices / seq_lens, so the parent's
@@ -50,9 +50,9 @@ def {INIT}(self, forward_batch: ForwardBatch):
     # unused.
     for i in range(self.speculative_num_steps - 1):
         self.attn_backends[i].{INIT}(forward_batch)
-'''
+"""
 
-REPLAY_SOURCE = f'''
+REPLAY_SOURCE = f"""
 def {REPLAY}(
     self, forward_batch: ForwardBatch, bs: int
 ):
@@ -69,7 +69,7 @@ def {REPLAY}(
             spec_info=forward_batch.spec_info,
             seq_lens_cpu=forward_batch.seq_lens_cpu,
         )
-'''
+"""
 
 
 def _direct_override(fn: cst.FunctionDef, name: str, allow_super: bool = False) -> bool:
@@ -95,7 +95,8 @@ class _DirectOverride(MethodCodemod):
         if _direct_override(fn, self.METHOD):
             return Finding.done(self.anchor)
         return Finding.missing(
-            self.anchor, f"{self.where(fn)}: this tree overrides it through common_template/super(); refusing to replace it "
+            self.anchor,
+            f"{self.where(fn)}: this tree overrides it through common_template/super(); refusing to replace it "
             "(the patch needs each step backend called directly)",
         )
 
@@ -141,11 +142,14 @@ class DraftReplaySkipsTemplate(_DirectOverride):
             # its capture branch hands over to the parent.
             if _direct_override(renamed, REPLAY_RENAMED, allow_super=True):
                 return Finding.done(f"{self.CLASS}.{REPLAY_RENAMED}")
-            return self.located(Finding.missing(
-                f"{self.CLASS}.{REPLAY_RENAMED}",
-                f"{self.where(renamed)}: renamed replay hook goes through common_template/super() "
-                "(the patch needs each step backend called directly)",
-            ), renamed)
+            return self.located(
+                Finding.missing(
+                    f"{self.CLASS}.{REPLAY_RENAMED}",
+                    f"{self.where(renamed)}: renamed replay hook goes through common_template/super() "
+                    "(the patch needs each step backend called directly)",
+                ),
+                renamed,
+            )
         return super().detect_absent(cls)
 
     def place_after(self, cls: cst.ClassDef) -> str | None:

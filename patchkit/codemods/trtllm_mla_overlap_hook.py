@@ -19,13 +19,13 @@ from patchkit.codemods.common.base import AddMethodCodemod
 HOOK = "update_verify_buffers_to_fill_after_draft"
 
 # Annotation-free, as upstream's: a fork may import SpecInput only under TYPE_CHECKING.
-HOOK_SOURCE = f'''
+HOOK_SOURCE = f"""
 def {HOOK}(self, spec_info, cuda_graph_bs):
     # Verify metadata (seq_lens, block tables, cu_seqlens) does not depend on
     # the draft tokens and trtllm-gen reads no tree mask: nothing to redo
     # after the draft (base class: NotImplementedError under the overlap plan stream).
     pass
-'''
+"""
 
 
 class AddNoopVerifyBuffersHook(AddMethodCodemod):

@@ -120,16 +120,30 @@ def _re_reads(fn: cst.FunctionDef) -> list[cst.SimpleStatementLine]:
     outside the method's own None test."""
     guarded = _guarded_max(fn)
     kept = {id(n) for n in primitives.find_all(guarded, m.SimpleStatementLine())} if guarded is not None else set()
-    branches = primitives.find_all_of(cst.If, fn, m.If(test=_IS_DRAFT_EXTEND))  # the branch itself, not an `or` holding it
-    return [line for b in branches for line in primitives.find_all_of(cst.SimpleStatementLine, b.body, m.SimpleStatementLine(body=[_SETS_MAX]))
-            if primitives.contains(line, _MIRROR) and id(line) not in kept]
+    branches = primitives.find_all_of(
+        cst.If, fn, m.If(test=_IS_DRAFT_EXTEND)
+    )  # the branch itself, not an `or` holding it
+    return [
+        line
+        for b in branches
+        for line in primitives.find_all_of(cst.SimpleStatementLine, b.body, m.SimpleStatementLine(body=[_SETS_MAX]))
+        if primitives.contains(line, _MIRROR) and id(line) not in kept
+    ]
 
 
 def _guarded_max(fn: cst.FunctionDef) -> Optional[cst.If]:
     """The method's own ``if <mirror> is not None: max_seq = ... else: max_seq = ...``."""
-    return next((b for b in primitives.find_all_of(cst.If, fn, m.If()) if b.orelse is not None
-                 and primitives.contains(b.test, m.SimpleString('"seq_lens_cpu"') | _MIRROR)
-                 and primitives.contains(b.body, _SETS_MAX) and primitives.contains(b.orelse, _SETS_MAX)), None)
+    return next(
+        (
+            b
+            for b in primitives.find_all_of(cst.If, fn, m.If())
+            if b.orelse is not None
+            and primitives.contains(b.test, m.SimpleString('"seq_lens_cpu"') | _MIRROR)
+            and primitives.contains(b.body, _SETS_MAX)
+            and primitives.contains(b.orelse, _SETS_MAX)
+        ),
+        None,
+    )
 
 
 class DraftExtendReadsNoMirrorTwice(MethodCodemod):
@@ -144,10 +158,16 @@ class DraftExtendReadsNoMirrorTwice(MethodCodemod):
         anchor = f"{self.anchor}: draft-extend {MAX}"
         re_reads = _re_reads(fn)
         if not re_reads:  # superseded, not done: it never makes a pristine 0.5.6+ tree look half-patched
-            return Finding.superseded(anchor, f"the draft extend reads no {MAX} from the mirror but the None-tested one")
+            return Finding.superseded(
+                anchor, f"the draft extend reads no {MAX} from the mirror but the None-tested one"
+            )
         if _guarded_max(fn) is None:
-            return self.missing_in(fn, f"the draft extend reads {MAX} from the mirror with no None-tested {MAX} before it",
-                                   f"an `if ... seq_lens_cpu ... is not None: {MAX} = ... else: {MAX} = ...` to keep", re_reads[0])
+            return self.missing_in(
+                fn,
+                f"the draft extend reads {MAX} from the mirror with no None-tested {MAX} before it",
+                f"an `if ... seq_lens_cpu ... is not None: {MAX} = ... else: {MAX} = ...` to keep",
+                re_reads[0],
+            )
         return Finding.todo(anchor, f"the draft extend reads {MAX} from the mirror again, unguarded")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
@@ -193,22 +213,34 @@ class EagerMaxWithoutMirror(MethodCodemod):
         # Upstream's own opt-out (0.5.13 .. 0.5.15): the flag declared, no patchkit helper.
         alloc = primitives.find_method(cls, "init_cuda_graph_state")
         self._upstreams = primitives.find_class_attribute(cls, FLAG) is not None and not (
-            alloc is not None and primitives.contains(alloc, _OURS))
+            alloc is not None and primitives.contains(alloc, _OURS)
+        )
         return super().detect_in_class(cls)
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
-        if primitives.contains(fn, m.Assign(targets=[m.AssignTarget(target=m.Name(MAX))], value=primitives.call("host_max_seq_len"))):
+        if primitives.contains(
+            fn, m.Assign(targets=[m.AssignTarget(target=m.Name(MAX))], value=primitives.call("host_max_seq_len"))
+        ):
             return Finding.done(self.anchor)
         guarded = _guarded_max(fn)
         fallback = _fallback(guarded) if guarded is not None else None
         if fallback is not None and m.matches(fallback, _BOUND_MAX):
             return Finding.done(self.anchor, "upstream's static bound (0.5.16+)")
         if fallback is None or not m.matches(fallback, _DEVICE_MAX):
-            return self.missing_in(fn, f"no `if <mirror> is not None: {MAX} = ... else: {MAX} = forward_batch.seq_lens.max().item()`",
-                                   "that fallback to bound by max_context_len", guarded)
+            return self.missing_in(
+                fn,
+                f"no `if <mirror> is not None: {MAX} = ... else: {MAX} = forward_batch.seq_lens.max().item()`",
+                "that fallback to bound by max_context_len",
+                guarded,
+            )
         if self._upstreams:
-            return Finding.superseded(self.anchor, f"upstream's own opt-out (0.5.13 .. 0.5.15) keeps the device {MAX}: left as upstream wrote it")
-        return Finding.todo(self.anchor, f"without the mirror {MAX} is read from the device (a host wait every eager step)")
+            return Finding.superseded(
+                self.anchor,
+                f"upstream's own opt-out (0.5.13 .. 0.5.15) keeps the device {MAX}: left as upstream wrote it",
+            )
+        return Finding.todo(
+            self.anchor, f"without the mirror {MAX} is read from the device (a host wait every eager step)"
+        )
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         guarded = _guarded_max(fn)
@@ -221,4 +253,6 @@ class EagerMaxWithoutMirror(MethodCodemod):
         """
         (line,) = primitives.parse_statements_with_comments(source)
         self.require_import(MIRROR_READS, "host_max_seq_len")
-        return primitives.replace_node(fn, guarded, line.with_changes(leading_lines=[*guarded.leading_lines, *line.leading_lines]))
+        return primitives.replace_node(
+            fn, guarded, line.with_changes(leading_lines=[*guarded.leading_lines, *line.leading_lines])
+        )

@@ -35,8 +35,8 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod
-from patchkit.codemods.common.shared import code_of
 from patchkit.codemods.common.primitives import attr, call
+from patchkit.codemods.common.shared import code_of
 from patchkit.layout import import_path
 
 HELPERS = import_path("backends.verify_tree_mask")
@@ -117,14 +117,19 @@ class WorkerHandsOverAFittingTreeMask(MethodCodemod):
                 "the draft takes a ScheduleBatch (0.5.13+), where TRT-LLM MLA's tree-mask hook is upstream's",
             )
         if self._kernel_args(fn) is None:
-            return self.missing_in(fn, f"no {TREE_KERNEL}(...) call with seq_lens and num_verify_tokens",
-                                   "them to bound the tree mask it is handed")
+            return self.missing_in(
+                fn,
+                f"no {TREE_KERNEL}(...) call with seq_lens and num_verify_tokens",
+                "them to bound the tree mask it is handed",
+            )
         return Finding.todo(self.anchor, f"{buf} is the preallocated mask for every batch size")
 
     @staticmethod
     def _takes_schedule_batch(fn: cst.FunctionDef) -> bool:
         params = fn.params.params
-        return len(params) > 1 and m.matches(params[1], m.Param(annotation=m.Annotation(annotation=m.Name("ScheduleBatch"))))
+        return len(params) > 1 and m.matches(
+            params[1], m.Param(annotation=m.Annotation(annotation=m.Name("ScheduleBatch")))
+        )
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         hook = self._hook(fn)
@@ -202,11 +207,16 @@ class WorkerAsksForTheBackendsLayout(WorkerHandsOverAFittingTreeMask):
             return super().detect_in_method(fn)
         mode = self._mode(fn)
         if mode is None:
-            return self.missing_in(fn, f"no {TREE_KERNEL}(...) call with a tree_mask_mode argument",
-                                   "it to ask for the layout the target backend reads")
+            return self.missing_in(
+                fn,
+                f"no {TREE_KERNEL}(...) call with a tree_mask_mode argument",
+                "it to ask for the layout the target backend reads",
+            )
         if m.matches(mode, m.Call(func=m.Name(MODE_HELPER))):
             return Finding.done(self.anchor)
-        return Finding.todo(self.anchor, f"{code_of(mode)}: the FULL_MASK layout even where the backend never reads the mask")
+        return Finding.todo(
+            self.anchor, f"{code_of(mode)}: the FULL_MASK layout even where the backend never reads the mask"
+        )
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         hook, mode = self._hook(fn), self._mode(fn)

@@ -28,16 +28,16 @@ is lives in ``patchkit.registry.definitions``; what a set is, in ``patchkit.regi
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
-from collections.abc import Iterable
 
 from patchkit.containment import relative
+from patchkit.errors import PatchkitError
 from patchkit.registry import definitions
 from patchkit.registry.definitions import Patch, Target
-from patchkit.errors import PatchkitError
 from patchkit.registry.sets import PatchSet, builtin_set, folder_set, identity, installed_sets, pyproject_folders
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def _references(data: dict, source: str) -> list[str]:
     """A definition's ``postconditions``: a list of ``module:Name`` strings."""
     refs = data.get("postconditions", [])
     if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
-        raise PatchkitError(f"{source}: postconditions must be a list of \"module:Name\" references")
+        raise PatchkitError(f'{source}: postconditions must be a list of "module:Name" references')
     return refs
 
 
@@ -187,9 +187,11 @@ def load() -> Loaded:
             source = _source(patch_set, f)
             if patch.id in patches:
                 clashes.append(patch)
-                problems.append(f"patch {patch.id} is defined twice, by two different patch sets: in "
-                                f"{sources[patch.id]} and in {source} (ids must be unique: rename one, or load "
-                                "one of the sets)")
+                problems.append(
+                    f"patch {patch.id} is defined twice, by two different patch sets: in "
+                    f"{sources[patch.id]} and in {source} (ids must be unique: rename one, or load "
+                    "one of the sets)"
+                )
                 continue
             patches[patch.id] = patch
             sources[patch.id] = source
@@ -231,8 +233,10 @@ def _runtime_name_clashes(patches: Iterable[Patch]) -> list[str]:
         for module in patch.runtime:
             top = module.name.split(".")[0]
             if owner.setdefault(top, module.origin) != module.origin:
-                problems.append(f"runtime module {top} is defined twice: in {owner[top]} and in "
-                                f"{module.origin} (both would be sglang.srt._patchkit.{top}: rename one)")
+                problems.append(
+                    f"runtime module {top} is defined twice: in {owner[top]} and in "
+                    f"{module.origin} (both would be sglang.srt._patchkit.{top}: rename one)"
+                )
     return problems
 
 

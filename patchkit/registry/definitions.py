@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
-from collections.abc import Iterable
 
 from patchkit.errors import PatchkitError
 
@@ -204,8 +204,9 @@ def _load_external(ref: ExternalRef) -> type:
         # Reports and caches know a codemod by name(): the loaded class answers
         # with its reference's name, never a bare module.Class that could be
         # one of patchkit's own.
-        codemod = _LOADED[key] = type(found.__name__, (found,), {"name": classmethod(lambda cls: key),
-                                                                "__module__": found.__module__})
+        codemod = _LOADED[key] = type(
+            found.__name__, (found,), {"name": classmethod(lambda cls: key), "__module__": found.__module__}
+        )
     return codemod
 
 

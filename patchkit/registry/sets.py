@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from patchkit.registry.definitions import OWN_RUNTIME, ExternalRef, RuntimeModule
 from patchkit.errors import PatchkitError
+from patchkit.registry.definitions import OWN_RUNTIME, ExternalRef, RuntimeModule
 
 if TYPE_CHECKING:
     import configparser
@@ -63,8 +63,10 @@ class PatchSet:
                     return ref
             elif (external := self._external(module_name, class_name)) is not None:
                 return external
-        raise PatchkitError(f"patch {patch_id}: codemod {ref} cannot be loaded: no module {module_name} in "
-                            f"{'patchkit.codemods' if self.builtin else self.label}")
+        raise PatchkitError(
+            f"patch {patch_id}: codemod {ref} cannot be loaded: no module {module_name} in "
+            f"{'patchkit.codemods' if self.builtin else self.label}"
+        )
 
     def postcondition_ref(self, ref: str, patch_id: str):
         """A reference of a patch's ``postconditions``, checked as codemod
@@ -79,8 +81,10 @@ class PatchSet:
                     return ref
             elif (external := self._external(module_name, name)) is not None:
                 return external
-        raise PatchkitError(f"patch {patch_id}: postcondition {ref} cannot be loaded: no module {module_name} in "
-                            f"{'patchkit' if self.builtin else self.label}")
+        raise PatchkitError(
+            f"patch {patch_id}: postcondition {ref} cannot be loaded: no module {module_name} in "
+            f"{'patchkit' if self.builtin else self.label}"
+        )
 
     def _external(self, module_name: str, name: str) -> Optional[ExternalRef]:
         """``module_name:name`` of this set (not patchkit's own), None when the set has no such module."""
@@ -99,17 +103,24 @@ class PatchSet:
             raise PatchkitError(f"patch {patch_id}: runtime module {name!r} is not a dotted module name")
         if parts[0] in OWN_RUNTIME:
             if self._module_source(name, own) is None:
-                raise PatchkitError(f"patch {patch_id}: runtime module {name!r} is not one of patchkit's "
-                                    "(patchkit/runtime, patchkit/backends/...)")
+                raise PatchkitError(
+                    f"patch {patch_id}: runtime module {name!r} is not one of patchkit's "
+                    "(patchkit/runtime, patchkit/backends/...)"
+                )
             if not self.builtin and self._module_source(parts[0]) is not None:
-                raise PatchkitError(f"patch {patch_id}: {self.label} has a module {parts[0]!r}, the name of "
-                                    "patchkit's own runtime: rename it (a set's runtime modules take other names)")
+                raise PatchkitError(
+                    f"patch {patch_id}: {self.label} has a module {parts[0]!r}, the name of "
+                    "patchkit's own runtime: rename it (a set's runtime modules take other names)"
+                )
             return RuntimeModule(name, "patchkit", own, "patchkit", "sglang-patchkit-runtime")
         if self.builtin or self._module_source(name) is None:
-            raise PatchkitError(f"patch {patch_id}: runtime module {name!r} is neither one of patchkit's "
-                                f"({', '.join(OWN_RUNTIME)}) nor a module of {self.label}")
-        return RuntimeModule(name, self.label, self.folder, self.package if self.distribution else None,
-                             self.distribution or "")
+            raise PatchkitError(
+                f"patch {patch_id}: runtime module {name!r} is neither one of patchkit's "
+                f"({', '.join(OWN_RUNTIME)}) nor a module of {self.label}"
+            )
+        return RuntimeModule(
+            name, self.label, self.folder, self.package if self.distribution else None, self.distribution or ""
+        )
 
     def _module_source(self, module_name: str, folder: Optional["Traversable"] = None) -> Optional[bytes]:
         """The source of ``module_name`` (a module or a package) of this set
@@ -141,6 +152,7 @@ def definition_files() -> list[Traversable]:
     """patchkit's own ``*.toml`` patch definitions, sorted by name."""
     return builtin_set().definitions()
 
+
 # --- sets outside patchkit ----------------------------------------------------------
 
 ENTRY_POINT_GROUP = "patchkit.patches"
@@ -158,7 +170,6 @@ def folder_set(folder: Path, how: str) -> PatchSet:
         module.__path__ = [str(folder)]
         sys.modules[package] = module
     return PatchSet(str(folder), folder, package)
-
 
 
 def pyproject_folders(start: Path) -> tuple[Optional[Path], list[Path]]:
@@ -185,7 +196,6 @@ def pyproject_folders(start: Path) -> tuple[Optional[Path], list[Path]]:
     return None, []
 
 
-
 def installed_sets() -> list[PatchSet]:
     """Sets that installed distributions declare in the ``patchkit.patches``
     entry-point group: ``name = "package"``, the package holding the set."""
@@ -195,8 +205,9 @@ def installed_sets() -> list[PatchSet]:
         try:
             folder = importlib.resources.files(module)
         except Exception as exc:  # noqa: BLE001 - a broken install: one line naming it
-            raise PatchkitError(f"patch set {label}: {module!r} cannot be imported "
-                                f"({type(exc).__name__}: {exc})") from None
+            raise PatchkitError(
+                f"patch set {label}: {module!r} cannot be imported ({type(exc).__name__}: {exc})"
+            ) from None
         out.append(PatchSet(label, folder, module, distribution=dist))
     return out
 
@@ -294,4 +305,3 @@ def identity(patch_set: PatchSet) -> set:
     if files:
         found.add(("files", digest.hexdigest()))
     return found
-

@@ -76,8 +76,13 @@ def _version(dist: str) -> str:
 
 
 # What each module measures, in the order run and reported (--only picks some).
-MODULES = {"apply": apply_cost, "patch": patch_cost, "import": import_cost, "export": export_cost,
-           "matrix": matrix_cost}
+MODULES = {
+    "apply": apply_cost,
+    "patch": patch_cost,
+    "import": import_cost,
+    "export": export_cost,
+    "matrix": matrix_cost,
+}
 
 
 def report(bench: Bench, profile: Optional[str]) -> str:
@@ -101,15 +106,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", default="0.5.12.post1", help="sglang release (default 0.5.12.post1)")
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (median; default 5)")
-    parser.add_argument("--matrix-releases", nargs="+", default=matrix_cost.RELEASES,
-                        help="releases for the matrix measurement (default: all)")
+    parser.add_argument(
+        "--matrix-releases",
+        nargs="+",
+        default=matrix_cost.RELEASES,
+        help="releases for the matrix measurement (default: all)",
+    )
     parser.add_argument("--matrix-runs", type=int, default=1, help="runs of each matrix measurement (default 1)")
-    parser.add_argument("--baseline", help="a checkout of another patchkit to measure side by side (e.g. "
-                                          "`git worktree add /tmp/base <commit>`)")
+    parser.add_argument(
+        "--baseline",
+        help="a checkout of another patchkit to measure side by side (e.g. `git worktree add /tmp/base <commit>`)",
+    )
     parser.add_argument("--no-matrix", action="store_true", help="skip the matrix measurement")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile summary")
-    parser.add_argument("--only", action="append", choices=list(MODULES),
-                        help="measure only this (repeatable; implies --no-profile); default: all")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=list(MODULES),
+        help="measure only this (repeatable; implies --no-profile); default: all",
+    )
     parser.add_argument("--json", help="also write the raw figures here")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
@@ -128,10 +143,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         profile = None if args.no_profile or args.only else profile_apply.profile_apply(bench)
         sys.stdout.write(report(bench, profile))
         if args.json:
-            Path(args.json).write_text(json.dumps({"version": args.version, "runs": args.runs,
-                                                   "loadavg": os.getloadavg(), "wall_s": bench.wall, "cpu_s": bench.cpu,
-                                                   "what": bench.what, "touched": getattr(bench, "touched", None),
-                                                   "importtime": getattr(bench, "importtime", None)}, indent=2))
+            Path(args.json).write_text(
+                json.dumps(
+                    {
+                        "version": args.version,
+                        "runs": args.runs,
+                        "loadavg": os.getloadavg(),
+                        "wall_s": bench.wall,
+                        "cpu_s": bench.cpu,
+                        "what": bench.what,
+                        "touched": getattr(bench, "touched", None),
+                        "importtime": getattr(bench, "importtime", None),
+                    },
+                    indent=2,
+                )
+            )
     finally:
         shutil.rmtree(bench.work, ignore_errors=True)
     return 0

@@ -36,17 +36,32 @@ def measure(bench: Bench) -> None:
         return {**os.environ, "PATCHKIT_TRANSFORM_CACHE": str(after_apply)}
 
     steps = [
-        ("export cold (CLI)", "`patchkit export --stdout`, patched tree, empty transform cache",
-         lambda: export({**os.environ, **bench.empty_cache()})()),
-        ("export after apply (CLI)", "the same, the transform cache as the apply left it",
-         lambda: export(after_apply_cache())()),
+        (
+            "export cold (CLI)",
+            "`patchkit export --stdout`, patched tree, empty transform cache",
+            lambda: export({**os.environ, **bench.empty_cache()})(),
+        ),
+        (
+            "export after apply (CLI)",
+            "the same, the transform cache as the apply left it",
+            lambda: export(after_apply_cache())(),
+        ),
         ("export warm (CLI)", "the same, an export ran before", export(warm)),
     ]
     if bench.args.baseline:
         bcmd, benv = baseline_cmd(Path(bench.args.baseline))
-        steps.append((f"baseline: export (CLI), {bench.args.baseline}", "the other checkout's export, same tree",
-                      lambda: (run, [*bcmd, "-q", "export", str(patched), "--stdout"], (0,),
-                                      {**benv, "PATCHKIT_TRANSFORM_CACHE": warm["PATCHKIT_TRANSFORM_CACHE"]})))
+        steps.append(
+            (
+                f"baseline: export (CLI), {bench.args.baseline}",
+                "the other checkout's export, same tree",
+                lambda: (
+                    run,
+                    [*bcmd, "-q", "export", str(patched), "--stdout"],
+                    (0,),
+                    {**benv, "PATCHKIT_TRANSFORM_CACHE": warm["PATCHKIT_TRANSFORM_CACHE"]},
+                ),
+            )
+        )
     bench.rounds(bench.runs, steps, "export")
 
 
@@ -56,5 +71,7 @@ def report(bench: Bench) -> list[str]:
         verdict = ""
         if key == "export warm (CLI)":
             verdict = f"< {TARGET_WARM_S:.0f} s: {'met' if bench.med(key) < TARGET_WARM_S else 'MISSED'}"
-        lines.append(f"| {key} | {bench.med(key) * 1000:.0f} ms | {bench.med(key, cpu=True) * 1000:.0f} ms | {verdict} |")
+        lines.append(
+            f"| {key} | {bench.med(key) * 1000:.0f} ms | {bench.med(key, cpu=True) * 1000:.0f} ms | {verdict} |"
+        )
     return lines

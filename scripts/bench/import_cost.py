@@ -30,14 +30,21 @@ def measure(bench: Bench) -> None:
         return lambda: (lambda: run([sys.executable, "-c", code], env=env),)
 
     py("pass")()[0]()
-    bench.rounds(runs, [
-        ("python -c pass", "bare interpreter start-up", py("pass")),
-        ("import runtime+backends", f"fresh interpreter importing {len(mods)} modules", py(imports)),
-        ("python + stdlib", "interpreter + stdlib sglang always imports", py(stdlib)),
-        ("python + stdlib + runtime", "the same, then the runtime modules", py(f"{stdlib}; {imports}")),
-    ], "imports")
-    bench.rounds(max(bench.runs, 5), [("import patchkit.cli", "what every CLI command pays", py("import patchkit.cli"))],
-                "import patchkit.cli")
+    bench.rounds(
+        runs,
+        [
+            ("python -c pass", "bare interpreter start-up", py("pass")),
+            ("import runtime+backends", f"fresh interpreter importing {len(mods)} modules", py(imports)),
+            ("python + stdlib", "interpreter + stdlib sglang always imports", py(stdlib)),
+            ("python + stdlib + runtime", "the same, then the runtime modules", py(f"{stdlib}; {imports}")),
+        ],
+        "imports",
+    )
+    bench.rounds(
+        max(bench.runs, 5),
+        [("import patchkit.cli", "what every CLI command pays", py("import patchkit.cli"))],
+        "import patchkit.cli",
+    )
     # -X importtime: in-process import times, immune to start-up noise (us)
     # Lines after the first patchkit one are what the import statement
     # triggers (site's own start-up imports come before); a name with one
@@ -85,6 +92,8 @@ def report(bench: Bench) -> list[str]:
         f"(target < 10 ms: {'met' if top / 1000 < 10 else 'MISSED'}). Per module (self us): "
         + ", ".join(f"{k} {v:.0f}" for k, v in it.items() if k.startswith("patchkit"))
         + ". Largest stdlib imports it triggers (cumulative us): "
-        + ", ".join(f"{k} {cum[k]:.0f}" for k in sorted((k for k in cum if not k.startswith("patchkit")),
-                                                         key=lambda k: -cum[k])[:5]),
+        + ", ".join(
+            f"{k} {cum[k]:.0f}"
+            for k in sorted((k for k in cum if not k.startswith("patchkit")), key=lambda k: -cum[k])[:5]
+        ),
     ]

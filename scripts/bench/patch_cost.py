@@ -116,8 +116,13 @@ def measure(bench: Bench) -> None:
         added = every.copy()
         added.subtract(without)  # kept where negative (``every - without`` would drop it)
         bench.patch_counts[patch.id] = (added, own, len(jobs) - shared)
-        steps.append((f"own transform of {patch.id}", f"{patch.id}'s codemods alone over its files",
-                      lambda jobs=jobs: (own_transform, jobs)))
+        steps.append(
+            (
+                f"own transform of {patch.id}",
+                f"{patch.id}'s codemods alone over its files",
+                lambda jobs=jobs: (own_transform, jobs),
+            )
+        )
         if not bench.args.quiet:
             print(f"  what one more patch costs: counted {patch.id}", file=sys.stderr, flush=True)
     bench.every_counts = every

@@ -35,14 +35,24 @@ def profile_apply(bench: Bench) -> str:
     for (filename, _line, func), (_cc, _nc, tt, _ct, _callers) in stats.stats.items():
         buckets[_bucket(filename, func)] = buckets.get(_bucket(filename, func), 0.0) + tt
     out = io.StringIO()
-    out.write(f"cProfile of one in-process cold apply, one process: {total:.2f} s of own time (profiling inflates visitor-heavy "
-              "code; read the shares)\n\nphases (cumulative, overlapping where nested):\n")
+    out.write(
+        f"cProfile of one in-process cold apply, one process: {total:.2f} s of own time (profiling inflates visitor-heavy "
+        "code; read the shares)\n\nphases (cumulative, overlapping where nested):\n"
+    )
     phases = [
-        ("Transformer.prepare (every file: parse, detect, transform, check)", "patchkit/transform/transformer.py", "prepare"),
+        (
+            "Transformer.prepare (every file: parse, detect, transform, check)",
+            "patchkit/transform/transformer.py",
+            "prepare",
+        ),
         ("  transform.parse (libcst parse of each file)", "patchkit/transform/__init__.py", "parse"),
         ("  vendor_code.check (the vendor's code survives)", "patchkit/transform/vendor_code.py", "check"),
         ("Session.reports (status before apply: from the findings prepare cached)", "patchkit/engine.py", "reports"),
-        ("Transformer.run (a prepared result, else detect, transform, re-detect, compile)", "patchkit/transform/transformer.py", "run"),
+        (
+            "Transformer.run (a prepared result, else detect, transform, re-detect, compile)",
+            "patchkit/transform/transformer.py",
+            "run",
+        ),
         ("  ClassCodemod.detect (all calls)", "patchkit/codemods/common/base.py", "detect"),
         ("  codemod transform_module (all calls)", "patchkit/codemods/common/base.py", "transform_module"),
         ("  add_needed_imports", "patchkit/codemods/common/primitives/imports.py", "add_needed_imports"),
@@ -66,13 +76,18 @@ def profile_apply(bench: Bench) -> str:
     out.write(_trim_pstats(buf.getvalue()))
     return out.getvalue()
 
+
 # -- report ----------------------------------------------------------------
 
 
 def _bucket(filename: str, func: str) -> str:
     f = filename.replace("\\", "/")
-    if "libcst/_parser" in f or func in ("parse_module", "parse_module_as_expression") or "libcst/native" in f \
-            or "libcst_native" in f:
+    if (
+        "libcst/_parser" in f
+        or func in ("parse_module", "parse_module_as_expression")
+        or "libcst/native" in f
+        or "libcst_native" in f
+    ):
         return "libcst: parse (native parser + CST building)"
     if "libcst/_nodes" in f and func in ("_codegen", "_codegen_impl", "code", "bytes", "code_for_node"):
         return "libcst: codegen (module.bytes)"
@@ -106,4 +121,3 @@ def _trim_pstats(text: str) -> str:
             continue
         out.append("  " + ln.replace(str(ROOT) + "/", "").replace(sys.prefix, "<venv>")[:160])
     return "\n".join(out) + "\n"
-

@@ -13,9 +13,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -37,13 +37,16 @@ def patchkit_cmd() -> list[str]:
 
 def baseline_cmd(root: Path) -> tuple[list[str], dict]:
     """The CLI of another patchkit checkout (same interpreter and libcst), with its own patches."""
-    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import patchkit, importlib.resources; "
-            "from patchkit.__main__ import run; run()")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); import patchkit, importlib.resources; "
+        "from patchkit.__main__ import run; run()"
+    )
     return [sys.executable, "-c", code, str(root)], {**os.environ, "PYTHONPATH": str(root)}
 
 
 def with_env(env: dict, fn: Callable, *args) -> Callable[[], object]:
     """``fn(*args)`` with ``env`` set in this process (the engine reads it per session)."""
+
     def call():
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -55,6 +58,7 @@ def with_env(env: dict, fn: Callable, *args) -> Callable[[], object]:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
     return call
 
 
@@ -71,7 +75,6 @@ def run(cmd: list[str], ok=(0,), env: Optional[dict] = None, **kw) -> subprocess
     if proc.returncode not in ok:
         raise SystemExit(f"bench: {' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
     return proc
-
 
 
 class Bench:

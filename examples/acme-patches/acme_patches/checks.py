@@ -23,8 +23,12 @@ class SubclassesGuardReshape(Postcondition):
                     for stmt in fn.body:  # a reshape at the top of the body runs on every call
                         if ast.unparse(stmt).startswith("q = q.reshape("):
                             line = proposed.line_on_disk(FILE, stmt.lineno)
-                            return Violation(proposed.owner, (
-                                f"refused: {FILE}:{line}: {cls.name}.forward_decode reshapes q on every call: "
-                                f"guard it with `if decode_q_needs_reshape(q):` as {proposed.owner} does in "
-                                f"{BASE}, or `--skip {proposed.owner}` (the other patches still apply)"))
+                            return Violation(
+                                proposed.owner,
+                                (
+                                    f"refused: {FILE}:{line}: {cls.name}.forward_decode reshapes q on every call: "
+                                    f"guard it with `if decode_q_needs_reshape(q):` as {proposed.owner} does in "
+                                    f"{BASE}, or `--skip {proposed.owner}` (the other patches still apply)"
+                                ),
+                            )
         return None

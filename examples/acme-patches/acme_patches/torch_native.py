@@ -11,9 +11,11 @@ BACKEND = "TorchNativeAttnBackend"
 HOOK = "update_verify_buffers_to_fill_after_draft"
 HELPER = "decode_q_needs_reshape"  # in acme_runtime.py, this set's runtime module
 # `q = q.reshape(...)`, the statement to guard, matched by shape, not by line.
-RESHAPE = m.SimpleStatementLine(body=[m.Assign(
-    targets=[m.AssignTarget(m.Name("q"))], value=m.Call(func=m.Attribute(m.Name("q"), m.Name("reshape")))
-)])
+RESHAPE = m.SimpleStatementLine(
+    body=[
+        m.Assign(targets=[m.AssignTarget(m.Name("q"))], value=m.Call(func=m.Attribute(m.Name("q"), m.Name("reshape"))))
+    ]
+)
 
 
 class AddVerifyBuffersHook(AddMethodCodemod):
@@ -21,11 +23,11 @@ class AddVerifyBuffersHook(AddMethodCodemod):
     CLASS = BACKEND
     METHOD = HOOK
     AFTER = ("init_forward_metadata",)
-    SOURCE = f'''
+    SOURCE = f"""
 def {HOOK}(self, spec_info, cuda_graph_bs):
     # Verify metadata does not depend on the draft tokens: nothing to refill.
     pass
-'''
+"""
 
 
 class GuardDecodeReshape(MethodCodemod):

@@ -13,13 +13,16 @@ FILE = "srt/layers/attention/torch_native_backend.py"
 
 
 def test_guard_decode_reshape():
-    assert_codemod(set_codemod(SET, "torch_native:GuardDecodeReshape"), """
+    assert_codemod(
+        set_codemod(SET, "torch_native:GuardDecodeReshape"),
+        """
         class TorchNativeAttnBackend:
             def forward_decode(self, q, layer):
                 # torch.compile may leave q 3-D
                 q = q.reshape(-1, layer.tp_q_head_num * layer.qk_head_dim)
                 return q
-        """, """
+        """,
+        """
         from sglang.srt._patchkit.acme_runtime import decode_q_needs_reshape
         class TorchNativeAttnBackend:
             def forward_decode(self, q, layer):
@@ -27,7 +30,8 @@ def test_guard_decode_reshape():
                 if decode_q_needs_reshape(q):
                     q = q.reshape(-1, layer.tp_q_head_num * layer.qk_head_dim)
                 return q
-        """)
+        """,
+    )
 
 
 def test_on_a_release(tmp_path):

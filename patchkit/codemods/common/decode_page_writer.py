@@ -62,12 +62,20 @@ def _params(fn: cst.FunctionDef) -> set[str]:
 def _row_index(fn: cst.FunctionDef) -> Optional[str]:
     """The row the program writes: the name assigned ``tl.program_id(0)`` or
     from it (``i = pid_b``)."""
-    first = primitives.find_all_of(cst.Assign, fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Call(
-        func=m.Attribute(value=m.Name("tl"), attr=m.Name("program_id")), args=[m.Arg(m.Integer("0"))])))
+    first = primitives.find_all_of(
+        cst.Assign,
+        fn,
+        m.Assign(
+            targets=[m.AssignTarget(target=m.Name())],
+            value=m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("program_id")), args=[m.Arg(m.Integer("0"))]),
+        ),
+    )
     if not first:
         return None
     pid = cst.ensure_type(first[0].targets[0].target, cst.Name).value
-    alias = primitives.find_all_of(cst.Assign, fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Name(pid)))
+    alias = primitives.find_all_of(
+        cst.Assign, fn, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Name(pid))
+    )
     return cst.ensure_type(alias[0].targets[0].target, cst.Name).value if alias else pid
 
 
@@ -82,8 +90,9 @@ class DecodePageWriterStopsAtLivePages(PatchCodemod):
 
     @classmethod
     def reads(cls) -> Optional[Reads]:
-        own = reads_only(cls, ("detect", "transform_module", "transform_module_impl"), PatchCodemod,
-                         DecodePageWriterStopsAtLivePages)
+        own = reads_only(
+            cls, ("detect", "transform_module", "transform_module_impl"), PatchCodemod, DecodePageWriterStopsAtLivePages
+        )
         return {name: None for name in KERNELS} if own else None
 
     def _kernels(self, module: cst.Module) -> list[cst.FunctionDef]:
@@ -100,23 +109,41 @@ class DecodePageWriterStopsAtLivePages(PatchCodemod):
         left = []
         for fn in kernels:
             masks = primitives.find_all(fn, COLUMN_MASK)
-            if primitives.contains(fn, m.Assign(targets=[m.AssignTarget(target=m.Name("mask"))], value=m.MatchIfTrue(
-                    lambda v: primitives.contains(v, LIVE)))):
+            if primitives.contains(
+                fn,
+                m.Assign(
+                    targets=[m.AssignTarget(target=m.Name("mask"))],
+                    value=m.MatchIfTrue(lambda v: primitives.contains(v, LIVE)),
+                ),
+            ):
                 continue
             missing = [n for n in NEEDS if n not in _params(fn)] + ([] if _row_index(fn) else ["tl.program_id(0)"])
             if len(masks) != 1 or missing:
                 what = "no `mask = ... < max_seq_pages` line" if len(masks) != 1 else f"no {', '.join(missing)}"
-                return self.located(Finding.missing(anchor, f"{self.where(fn)}: {fn.name.value} has {what}; "
-                                                    "the patch needs its column mask and the row's length"), fn)
+                return self.located(
+                    Finding.missing(
+                        anchor,
+                        f"{self.where(fn)}: {fn.name.value} has {what}; "
+                        "the patch needs its column mask and the row's length",
+                    ),
+                    fn,
+                )
             left.append(fn)
         if not left:
             return Finding.done(anchor)
-        return self.located(Finding.todo(anchor, f"{len(left)} kernel(s) write every column up to max_seq_pages"), left[0])
+        return self.located(
+            Finding.todo(anchor, f"{len(left)} kernel(s) write every column up to max_seq_pages"), left[0]
+        )
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         for fn in self._kernels(tree):
-            if primitives.contains(fn, m.Assign(targets=[m.AssignTarget(target=m.Name("mask"))], value=m.MatchIfTrue(
-                    lambda v: primitives.contains(v, LIVE)))):
+            if primitives.contains(
+                fn,
+                m.Assign(
+                    targets=[m.AssignTarget(target=m.Name("mask"))],
+                    value=m.MatchIfTrue(lambda v: primitives.contains(v, LIVE)),
+                ),
+            ):
                 continue
             tree = primitives.replace_function(tree, fn.name.value, self._guard)
         return tree
@@ -128,7 +155,11 @@ class DecodePageWriterStopsAtLivePages(PatchCodemod):
         mask = primitives.find_all_of(cst.SimpleStatementLine, fn, COLUMN_MASK)[0]
         assign = mask.body[0]
         # what COLUMN_MASK matched: mask = <column> < max_seq_pages
-        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Comparison) and isinstance(assign.value.left, cst.Name)
+        assert (
+            isinstance(assign, cst.Assign)
+            and isinstance(assign.value, cst.Comparison)
+            and isinstance(assign.value.left, cst.Name)
+        )
         column = assign.value.left.value
 
         def edit(stmt):

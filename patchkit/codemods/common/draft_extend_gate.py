@@ -32,7 +32,9 @@ def capture_gate(fn: cst.FunctionDef) -> Optional[cst.If]:
     """0.5.4 .. 0.5.9 have no named check: the ``if`` that captures the
     draft-extend graph (its body sets ``self.cuda_graph_runner_for_draft_extend``)
     holds it inline in its test."""
-    found = [g for g in primitives.find_all_of(cst.If, fn, m.If()) if primitives.contains(g.body, _SETS_DRAFT_EXTEND_RUNNER)]
+    found = [
+        g for g in primitives.find_all_of(cst.If, fn, m.If()) if primitives.contains(g.body, _SETS_DRAFT_EXTEND_RUNNER)
+    ]
     return found[-1] if found else None  # the innermost
 
 
@@ -57,11 +59,17 @@ def with_gate_term(gate: cst.If, term: str) -> cst.If:
     ors = gate_disjunction(gate)
     assert ors is not None  # detect found it
     op = ors.operator
-    indent = op.whitespace_before.last_line.value if isinstance(op.whitespace_before, cst.ParenthesizedWhitespace) else ""
+    indent = (
+        op.whitespace_before.last_line.value if isinstance(op.whitespace_before, cst.ParenthesizedWhitespace) else ""
+    )
     expr = cst.parse_expression(term.replace("\n", "\n" + indent))
     grown = cst.BooleanOperation(
-        left=ors.with_changes(lpar=[], rpar=[]), operator=cst.Or(op.whitespace_before, op.whitespace_after),
-        right=expr, lpar=ors.lpar, rpar=ors.rpar)
+        left=ors.with_changes(lpar=[], rpar=[]),
+        operator=cst.Or(op.whitespace_before, op.whitespace_after),
+        right=expr,
+        lpar=ors.lpar,
+        rpar=ors.rpar,
+    )
     return gate.with_changes(test=gate.test.deep_replace(ors, grown))
 
 
@@ -108,11 +116,15 @@ class DraftExtendGraphCheck(MethodCodemod):
         reads = primitives.find_all(cls, _DRAFT_EXTEND_RUNNER)
         sets = primitives.find_all(cls, _SETS_DRAFT_EXTEND_RUNNER)
         if len(reads) == len(sets):  # every mention is an assignment
-            return (f"{self.CLASS} never replays its draft-extend CUDA graph here (nothing reads "
-                    "self.cuda_graph_runner_for_draft_extend): the spec-v2 draft extend runs eagerly on every backend")
+            return (
+                f"{self.CLASS} never replays its draft-extend CUDA graph here (nothing reads "
+                "self.cuda_graph_runner_for_draft_extend): the spec-v2 draft extend runs eagerly on every backend"
+            )
         if primitives.contains(gate.test, m.Name("_is_npu")) and not primitives.contains(gate.test, _ISINSTANCE):
-            return (f"the spec-v2 draft extend is captured on NPU only here (`if {code_of(gate.test)}:`): "
-                    "no CUDA draft-extend graph for a backend to join")
+            return (
+                f"the spec-v2 draft extend is captured on NPU only here (`if {code_of(gate.test)}:`): "
+                "no CUDA draft-extend graph for a backend to join"
+            )
         return ""
 
     def inline_todo(self, fn: cst.FunctionDef, todo: str) -> Finding:
@@ -120,10 +132,17 @@ class DraftExtendGraphCheck(MethodCodemod):
         gate = capture_gate(fn)
         assert gate is not None  # find_method found it
         if gate_disjunction(gate) is None:
-            return self.missing_in(fn, f"the draft-extend capture gate `if {code_of(gate.test)}:` lists no backends "
-                                   "in an `or` of isinstance checks", "one to add a backend to", gate)
+            return self.missing_in(
+                fn,
+                f"the draft-extend capture gate `if {code_of(gate.test)}:` lists no backends "
+                "in an `or` of isinstance checks",
+                "one to add a backend to",
+                gate,
+            )
         return Finding.todo(self.anchor_of(fn), todo)
 
     def detect_absent(self, cls: cst.ClassDef) -> Finding:
-        return Finding.missing(self.anchor, f"{self.where(cls)}: no method of {self.CLASS} assigns {GRAPH_CHECK} "
-                               "or captures the draft-extend graph")
+        return Finding.missing(
+            self.anchor,
+            f"{self.where(cls)}: no method of {self.CLASS} assigns {GRAPH_CHECK} or captures the draft-extend graph",
+        )

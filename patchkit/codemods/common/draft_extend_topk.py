@@ -39,12 +39,19 @@ _TOPK_ATTR = m.Attribute(attr=m.Name(TOPK_FIELDS[0]) | m.Name(TOPK_FIELDS[1]))
 #: ``out.topk_p = ...`` alone on its line (the replay's copies).
 TOPK_COPY = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=_TOPK_ATTR)])])
 #: Any assignment to a top-k field, tuple targets included (``ret.topk_p, ret.topk_index = ...``).
-TOPK_ASSIGN = m.Assign(targets=[m.ZeroOrMore(), m.AssignTarget(target=m.MatchIfTrue(
-    lambda t: primitives.contains(t, _TOPK_ATTR))), m.ZeroOrMore()])
+TOPK_ASSIGN = m.Assign(
+    targets=[
+        m.ZeroOrMore(),
+        m.AssignTarget(target=m.MatchIfTrue(lambda t: primitives.contains(t, _TOPK_ATTR))),
+        m.ZeroOrMore(),
+    ]
+)
 V2_TEST = m.If(
     test=m.MatchIfTrue(
-        lambda t: primitives.contains(t, m.Name("DRAFT_EXTEND_V2") | m.Attribute(attr=m.Name("DRAFT_EXTEND_V2")))
-        or primitives.contains(t, m.Attribute(attr=m.Name("is_draft_extend_v2")))
+        lambda t: (
+            primitives.contains(t, m.Name("DRAFT_EXTEND_V2") | m.Attribute(attr=m.Name("DRAFT_EXTEND_V2")))
+            or primitives.contains(t, m.Attribute(attr=m.Name("is_draft_extend_v2")))
+        )
     )
 )
 
@@ -86,8 +93,12 @@ def confined_blocks(fn: cst.CSTNode) -> set[int]:
 def unguarded(fn: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
     """The ``matcher`` hits of ``fn`` outside any block confined to non-V2 modes."""
     confined = confined_blocks(fn)
-    inside = {id(hit) for block in primitives.find_all(fn, m.IndentedBlock()) if id(block) in confined
-              for hit in primitives.find_all(block, matcher)}
+    inside = {
+        id(hit)
+        for block in primitives.find_all(fn, m.IndentedBlock())
+        if id(block) in confined
+        for hit in primitives.find_all(block, matcher)
+    }
     return [hit for hit in primitives.find_all(fn, matcher) if id(hit) not in inside]
 
 
@@ -114,8 +125,14 @@ def copy_block(fn: cst.FunctionDef) -> Optional[cst.IndentedBlock]:
     statements: the body of ``if unpadding_bs is not None:`` in these trees,
     the method body or another block in a fork's."""
     confined = confined_blocks(fn)
-    return next((b for b in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()) if id(b) not in confined and copy_run(b)),
-                None)
+    return next(
+        (
+            b
+            for b in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock())
+            if id(b) not in confined and copy_run(b)
+        ),
+        None,
+    )
 
 
 def guard_copies(fn: cst.FunctionDef) -> cst.FunctionDef:
@@ -146,8 +163,10 @@ class ReplaySkipsTopkForV2(MethodCodemod):
             return Finding.done(anchor)
         if copy_block(fn) is None:
             return self.missing_in(
-                fn, "the top-k copies into the output are not one run of statements in one block",
-                "them as one run, to guard it for non-V2 modes", copies[0],
+                fn,
+                "the top-k copies into the output are not one run of statements in one block",
+                "them as one run, to guard it for non-V2 modes",
+                copies[0],
             )
         return Finding.todo(anchor, "copies top-k slices into the DRAFT_EXTEND_V2 output")
 
@@ -174,9 +193,11 @@ def _computes_topk_only(stmt: cst.CSTNode) -> bool:
     local names (``probs = torch.softmax(...)``), or an ``if`` (the 0.5.13
     ``topk == 1`` argmax fast path) whose every branch only does that."""
     if isinstance(stmt, cst.SimpleStatementLine):
-        return all(isinstance(s, cst.Assign) and all(
-            isinstance(t.target, cst.Name) or primitives.contains(t.target, _TOPK_ATTR) for t in s.targets)
-            for s in stmt.body)
+        return all(
+            isinstance(s, cst.Assign)
+            and all(isinstance(t.target, cst.Name) or primitives.contains(t.target, _TOPK_ATTR) for t in s.targets)
+            for s in stmt.body
+        )
     if isinstance(stmt, cst.If):
         branches = [stmt.body.body]
         orelse = stmt.orelse
@@ -201,6 +222,7 @@ def topk_run(block: cst.IndentedBlock, wanted: int) -> Optional[tuple[int, int]]
     if not hits or sum(len(primitives.find_all(body[i], TOPK_ASSIGN)) for i in hits) != wanted:
         return None
     first, last = hits[0], hits[-1]
+
     def reads(stmts, names) -> bool:
         return any(primitives.contains(s, m.Name(n)) for s in stmts for n in names)
 
@@ -208,13 +230,15 @@ def topk_run(block: cst.IndentedBlock, wanted: int) -> Optional[tuple[int, int]]
     # not ``ret``, the forward's output the function returns).
     while first > 0 and isinstance(previous := body[first - 1], cst.SimpleStatementLine):
         names = _assigned_names(previous)
-        if not names or not reads(body[first:last + 1], names) or reads(body[last + 1:], names):
+        if not names or not reads(body[first : last + 1], names) or reads(body[last + 1 :], names):
             break
         first -= 1
-    if not all(_computes_topk_only(s) for s in body[first:last + 1]):
+    if not all(_computes_topk_only(s) for s in body[first : last + 1]):
         return None
-    bound = {n for s in body[first:last + 1] if isinstance(s, cst.SimpleStatementLine) for n in (_assigned_names(s) or ())}
-    if reads(body[last + 1:], bound):
+    bound = {
+        n for s in body[first : last + 1] if isinstance(s, cst.SimpleStatementLine) for n in (_assigned_names(s) or ())
+    }
+    if reads(body[last + 1 :], bound):
         return None  # a local of the run is read later: guarding it would leave that read unbound for V2
     return first, last
 

@@ -53,9 +53,15 @@ def built_on_device(call: cst.CSTNode) -> Optional[cst.BaseExpression]:
 
 def is_pinned_copy(call: cst.CSTNode) -> bool:
     """``torch.tensor(..., pin_memory=...).to(..., non_blocking=True)``: ours and upstream's (0.5.14+)."""
-    return (isinstance(call, cst.Call) and m.matches(call, TO) and _is_true(keyword(call, "non_blocking"))
-            and isinstance(call.func, cst.Attribute) and isinstance(tensor := call.func.value, cst.Call)
-            and m.matches(tensor, TENSOR) and keyword(tensor, "pin_memory") is not None)
+    return (
+        isinstance(call, cst.Call)
+        and m.matches(call, TO)
+        and _is_true(keyword(call, "non_blocking"))
+        and isinstance(call.func, cst.Attribute)
+        and isinstance(tensor := call.func.value, cst.Call)
+        and m.matches(tensor, TENSOR)
+        and keyword(tensor, "pin_memory") is not None
+    )
 
 
 def pinned_copy(call: cst.Call) -> cst.Call:
@@ -64,10 +70,13 @@ def pinned_copy(call: cst.Call) -> cst.Call:
     where ``device=`` was, the call's layout kept)."""
     device = keyword(call, "device")
     assert device is not None  # built_on_device found it
-    pin = device.with_changes(keyword=cst.Name("pin_memory"), value=primitives.parse_expression(f"{PIN}({code_of(device.value)})"))
+    pin = device.with_changes(
+        keyword=cst.Name("pin_memory"), value=primitives.parse_expression(f"{PIN}({code_of(device.value)})")
+    )
     host = call.with_changes(args=[pin if a is device else a for a in call.args])
-    return cst.ensure_type(primitives.parse_expression(f"X.to({code_of(device.value)}, non_blocking=True)"), cst.Call).with_changes(
-        func=cst.Attribute(value=host, attr=cst.Name("to")))
+    return cst.ensure_type(
+        primitives.parse_expression(f"X.to({code_of(device.value)}, non_blocking=True)"), cst.Call
+    ).with_changes(func=cst.Attribute(value=host, attr=cst.Name("to")))
 
 
 def copy_device(call: cst.Call) -> Optional[cst.BaseExpression]:

@@ -35,7 +35,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import ClassCodemod, Finding, Guard, MethodGuards, State
+from patchkit.codemods.common.base import ClassCodemod, Finding, State
+from patchkit.codemods.common.method_guards import Guard, MethodGuards
 from patchkit.codemods.common.primitives import ANY, attr, call, save
 from patchkit.layout import import_path
 
@@ -64,7 +65,12 @@ class MirrorGuards(MethodGuards):
     vendored patchkit.runtime. A None test of any mirror value guards a read
     of any of them: the sync owner sets them None together."""
 
-    VALUES: ClassVar[tuple[str, ...]] = ("seq_lens_cpu", "seq_lens_sum", "extend_prefix_lens_cpu", "extend_seq_lens_cpu")
+    VALUES: ClassVar[tuple[str, ...]] = (
+        "seq_lens_cpu",
+        "seq_lens_sum",
+        "extend_prefix_lens_cpu",
+        "extend_seq_lens_cpu",
+    )
     READS = "the CPU seq_lens mirror"
     HELPER_MODULE = RUNTIME
 
@@ -111,9 +117,20 @@ class ClassFlag(ClassCodemod):
             return Finding.done(anchor)
         value = getattr(found, "value", None)
         if value is None:
-            return self.located(Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} without a value; refusing to override it"), found)
+            return self.located(
+                Finding.missing(
+                    anchor, f"{self.where(found)}: this tree declares {FLAG} without a value; refusing to override it"
+                ),
+                found,
+            )
         if not m.matches(value, m.Name("False")):
-            return self.located(Finding.missing(anchor, f"{self.where(found)}: this tree declares {FLAG} = {code_of(value)}; refusing to override it (the patch needs False)"), found)
+            return self.located(
+                Finding.missing(
+                    anchor,
+                    f"{self.where(found)}: this tree declares {FLAG} = {code_of(value)}; refusing to override it (the patch needs False)",
+                ),
+                found,
+            )
         others = self._overriding_assignments(cls)
         if others:
             return self.located(Finding.todo(anchor, f"__init__ sets self.{FLAG} = {code_of(others[0].value)}"), found)
@@ -147,7 +164,11 @@ class ClassFlag(ClassCodemod):
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         if primitives.find_class_attribute(cls, FLAG) is None:
             cls = primitives.add_class_attribute(cls, f"{FLAG}: bool = {self.VALUE}")
-            cls = self._upstream_layout(cls) if self.UPSTREAM_LAYOUT else primitives.space_class_attribute(cls, FLAG, self.WHY)
+            cls = (
+                self._upstream_layout(cls)
+                if self.UPSTREAM_LAYOUT
+                else primitives.space_class_attribute(cls, FLAG, self.WHY)
+            )
         if self._overriding_assignments(cls):
             # 0.5.15 opted out for dflash only, per instance; the class-wide
             # opt-out must win, so that assignment says False as well.
@@ -263,13 +284,22 @@ class MirrorReadGuards(_NoneTestGuards):
     READS = MirrorGuards.READS
     HELPER_MODULE = MIRROR_READS
     # A fork's spelling of the host max (`int(M.max())`, `torch.max(M).item()`) is what the guard replaces.
-    REPLACES_VENDOR = ((r"int|torch|max|item", "the vendor's host max of the CPU mirror becomes host_max_seq_len (the same value with the mirror)"),)
+    REPLACES_VENDOR = (
+        (
+            r"int|torch|max|item",
+            "the vendor's host max of the CPU mirror becomes host_max_seq_len (the same value with the mirror)",
+        ),
+    )
 
 
 #: The eager metadata reads (FA3 and TRT-LLM MHA share their shape).
 EAGER_GUARDS = (
     # 0.5.10 .. 0.5.14: the mirror's max sizes the req_to_token gather.
-    Guard(max_item(save(attr("seq_lens_cpu", m.Name("forward_batch")), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+    Guard(
+        max_item(save(attr("seq_lens_cpu", m.Name("forward_batch")), "M")),
+        f"host_max_seq_len(M, {BOUND})",
+        "host_max_seq_len",
+    ),
     # 0.5.15: a mirror-or-local-D2H variable; it becomes the mirror (None
     # without), and its reads below are bounded like the others.
     Guard(
@@ -280,11 +310,19 @@ EAGER_GUARDS = (
         ),
         "M",
     ),
-    Guard(max_item(first_rows(save(m.Name("seq_lens_cpu"), "M"), "N")), "rows_max(M, forward_batch.seq_lens, N)", "rows_max"),
+    Guard(
+        max_item(first_rows(save(m.Name("seq_lens_cpu"), "M"), "N")),
+        "rows_max(M, forward_batch.seq_lens, N)",
+        "rows_max",
+    ),
     Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
     # The GPU-only draft extend leaves the prefix host list unset (the
     # lengths stay a device tensor) and may leave the extend one unset.
-    Guard(call("any", m.Arg(save(attr("extend_prefix_lens_cpu", m.Name("forward_batch")), "L"))), "any_host_lens(L)", "any_host_lens"),
+    Guard(
+        call("any", m.Arg(save(attr("extend_prefix_lens_cpu", m.Name("forward_batch")), "L"))),
+        "any_host_lens(L)",
+        "any_host_lens",
+    ),
     Guard(
         call("max", m.Arg(save(attr("extend_seq_lens_cpu", m.Name("forward_batch")), "L"))),
         "max_host_lens(L, self.speculative_num_draft_tokens)",
@@ -337,6 +375,5 @@ class ReplayMirrorReads(MirrorReadGuards):
 
 #: ReplayMirrorReads' DESCRIPTION, for a backend class.
 REPLAY_DESCRIPTION = (
-    "{} CUDA-graph replay metadata: seq_lens_cpu may be None; host max from the mirror "
-    "or the static max_context_len"
+    "{} CUDA-graph replay metadata: seq_lens_cpu may be None; host max from the mirror or the static max_context_len"
 )

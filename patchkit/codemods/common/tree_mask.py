@@ -1,7 +1,8 @@
 """The verify tree mask (``cuda_graph_custom_mask``) the FA3, FlashMLA and TRT-LLM MLA
 codemods share: TRT-LLM MLA's (``InitMask``, ``AllocMask``, ``VerifyBuffersReturnMask``)
-and, on top of them, FA3's and FlashMLA's (``InitTreeMask``, ``AllocTreeMask``,
-``VerifyBuffersReturnTreeMask``). Patch modules subclass them under their own names."""
+here and, on top of them, FA3's and FlashMLA's (``InitTreeMask``, ``AllocTreeMask``,
+``VerifyBuffersReturnTreeMask``) in ``common.fa3_tree_mask``. Patch modules subclass
+them under their own names."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCodemod, Finding, MethodCodemod, State
-from patchkit.layout import import_path
 
 # -- the verify tree mask (TRT-LLM MLA, FA3, FlashMLA) -------------------------------------------
 
@@ -32,7 +32,9 @@ IS_READ = "verify_tree_mask_is_read"
 #: The helper keyword that sizes an unread mask compact (sglang #32920).
 READS_KEYWORD = "reads_mask"
 DRAFT_RUNNER = "is_draft_runner"
-ASSIGNS_DRAFT_RUNNER = m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name(DRAFT_RUNNER)))])
+ASSIGNS_DRAFT_RUNNER = m.Assign(
+    targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name(DRAFT_RUNNER)))]
+)
 
 SUPERSEDED_WHY = f"upstream replaced {MASK} with the verify_mask property (sglang 0.5.17+)"
 #: What the mask's codemods read (theirs, upstream's later shape's, those a new one goes after).
@@ -116,13 +118,19 @@ class InitMaskAndDraftRunner(InitMask):
         self._ours = alloc is not None and primitives.contains(alloc, m.Call(func=m.Name(self.ALLOC_HELPER)))
         finding = super().detect_in_class(cls)
         init = primitives.find_method(cls, "__init__")
-        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in cst.ensure_type(init, cst.FunctionDef).params.params}:
-            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(finding.line)
+        if finding.state is State.TODO and "model_runner" not in {
+            p.name.value for p in cst.ensure_type(init, cst.FunctionDef).params.params
+        }:
+            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(
+                finding.line
+            )
         return finding
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if _assigns_mask(fn) and self._ours and not primitives.contains(fn, ASSIGNS_DRAFT_RUNNER):
-            return Finding.todo(self.anchor, f"self.{DRAFT_RUNNER} not set (the draft worker's instances allocate a mask)")
+            return Finding.todo(
+                self.anchor, f"self.{DRAFT_RUNNER} not set (the draft worker's instances allocate a mask)"
+            )
         return super().detect_in_method(fn)
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
@@ -209,13 +217,17 @@ class AllocMask(_MaskMethod):
     def _needs_max_bs(self, fn: cst.FunctionDef):
         params = [p.name.value for p in fn.params.params]
         if "max_bs" not in params:
-            return self.missing_in(fn, f"parameters ({', '.join(params)})", "a max_bs parameter to record the mask's bound")
+            return self.missing_in(
+                fn, f"parameters ({', '.join(params)})", "a max_bs parameter to record the mask's bound"
+            )
         return None
 
     def detect_todo(self, fn: cst.FunctionDef) -> Finding:
         params = [p.name.value for p in fn.params.params]
         if "max_num_tokens" not in params:
-            return self.missing_in(fn, f"parameters ({', '.join(params)})", "a max_num_tokens parameter to size the mask with")
+            return self.missing_in(
+                fn, f"parameters ({', '.join(params)})", "a max_num_tokens parameter to size the mask with"
+            )
         return self._needs_max_bs(fn) or Finding.todo(self.anchor, f"self.{MASK} not allocated")
 
     TOP_LEVEL_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
@@ -291,11 +303,14 @@ class VerifyBuffersReturnMask(ClassCodemod):
         if fn is not None:
             if primitives.contains(fn, SELF_MASK):
                 return Finding.done(anchor)
-            return self.located(Finding.missing(
-                anchor,
-                f"{self.where(fn)}: this tree overrides it without self.{MASK}; refusing to replace it "
-                "(the patch needs it to return the mask)",
-            ), fn)
+            return self.located(
+                Finding.missing(
+                    anchor,
+                    f"{self.where(fn)}: this tree overrides it without self.{MASK}; refusing to replace it "
+                    "(the patch needs it to return the mask)",
+                ),
+                fn,
+            )
         if _mask_superseded(cls):
             return Finding.superseded(anchor, SUPERSEDED_WHY)
         return Finding.todo(anchor, "not overridden (the base returns [None, None])")
@@ -314,85 +329,3 @@ class VerifyBuffersReturnMask(ClassCodemod):
         '''
         after = "init_cuda_graph_state" if primitives.find_method(cls, "init_cuda_graph_state") else None
         return primitives.add_method(cls, source, after=after)
-
-
-class _TreeMaskPart:
-    """Mixin: FA3's tree mask (FlashMLA's too): the detection above, FA3's
-    own code from ``patchkit.backends.fa3``, imported by the engine."""
-
-    HELPERS: ClassVar[str] = import_path("backends.fa3")
-    HELPER: ClassVar[str]
-
-    TOP_LEVEL_ONLY: ClassVar[bool] = True  # its module hook (PatchCodemod.reads)
-
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        assert isinstance(self, ClassCodemod)  # a mixin of ClassCodemods
-        self.require_import(self.HELPERS, self.HELPER)
-        return ClassCodemod.transform_module_impl(self, tree)
-
-
-class InitTreeMask(InitMask):
-    """``__init__``: ``self.cuda_graph_custom_mask = None`` and
-    ``self.is_draft_runner`` (draft-worker instances never verify)."""
-
-    #: The backend's name in the comment the transform writes.
-    KIND: ClassVar[str]
-    METHODS_READ = MASK_METHODS
-
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        finding = super().detect_in_class(cls)
-        init = primitives.find_method(cls, "__init__")
-        if finding.state is State.TODO and "model_runner" not in {p.name.value for p in cst.ensure_type(init, cst.FunctionDef).params.params}:
-            return Finding.missing(finding.anchor, "no model_runner parameter to tell a draft-worker instance by").at(finding.line)
-        return finding
-
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        source = f"""
-            # Preallocated verify tree mask (init_cuda_graph_state); handed to
-            # build_tree_kernel_efficient so it needs no seq_lens_sum.
-            self.{MASK} = None
-            # The draft worker's {self.KIND} instances never verify: no tree mask there.
-            self.is_draft_runner = getattr(model_runner, "is_draft_worker", False)
-        """
-        return primitives.replace_method(cls, "__init__", lambda fn: primitives.insert_at_end(fn, source))
-
-
-class AllocTreeMask(_TreeMaskPart, AllocMask):
-    """``init_cuda_graph_state`` preallocates the mask on the target backend
-    only and records the captured ``max_bs`` it fits."""
-
-    HELPER = "alloc_verify_tree_mask"
-    ALLOC_HELPER = HELPER
-    #: Where the backend keeps the configured number of draft tokens.
-    NUM_DRAFT_TOKENS: ClassVar[str] = "self.speculative_num_draft_tokens"
-
-    @property
-    def SIZE_KEYWORDS(self) -> tuple[str, ...]:  # type: ignore[override]  # noqa: N802 (AllocMask's class attribute; mypy refuses a read-only override, nothing writes it)
-        return (
-            "max_num_tokens=max_num_tokens",
-            "max_context_len=self.max_context_len",
-            f"num_draft_tokens={self.NUM_DRAFT_TOKENS}",
-            "skip_prefill=self.skip_prefill",
-            "is_draft_runner=self.is_draft_runner",
-            "device=self.device",
-        )
-
-    def insert_mask(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        # At the end: FA3's init_cuda_graph_state does not hand over to a parent.
-        return primitives.insert_at_end(fn, self.mask_source())
-
-
-class VerifyBuffersReturnTreeMask(_TreeMaskPart, VerifyBuffersReturnMask):
-    """``get_verify_buffers_to_fill_after_draft`` returns the mask (``verify_buffers``)."""
-
-    HELPER = "verify_buffers"
-    METHODS_READ = MASK_METHODS
-
-    def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
-        source = f'''
-            def {GET_BUFFERS}(self):
-                """[tree mask, positions] that build_tree_kernel_efficient fills after draft."""
-                return verify_buffers(self.{MASK})
-        '''
-        after = primitives.find_first_method(cls, ("get_cuda_graph_seq_len_fill_value", "init_cuda_graph_state"))
-        return primitives.add_method(cls, source, after=after.name.value if after else None)

@@ -28,7 +28,7 @@ value when the mirror is there):
   FlashInfer MLA parent (a host-planned prefill that reads the mirror and the
   host length lists), and 0.5.10 .. 0.5.12.post1 let it reach the fixed-q
   kernel with the parent's metadata and the verify lengths.
-* the verify tree mask: FA3's codemods (``tree_mask.InitTreeMask`` ..., as ``fa3_spec_v2``), on this class.
+* the verify tree mask: FA3's codemods (``fa3_tree_mask.InitTreeMask`` ..., as ``fa3_spec_v2``), on this class.
 
 Not carried: upstream's draft-extend CUDA graph for FlashMLA (the eager draft
 extend above is already sync-free) and its reused eager block-table scratch
@@ -43,8 +43,10 @@ from typing import ClassVar
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common import primitives, shared, tree_mask
-from patchkit.codemods.common.base import Finding, Guard, MethodCodemod, State
+from patchkit.codemods.common import fa3_tree_mask, primitives, shared
+from patchkit.codemods.common.base import Finding, MethodCodemod, State
+from patchkit.codemods.common.method_guards import Guard
+from patchkit.codemods.common.primitives import attr, save
 from patchkit.codemods.common.shared import FLAG, MIRROR_READS, code_of, none_comparison
 from patchkit.codemods.common.tree_mask import GET_BUFFERS, MASK, MAX_BS
 from patchkit.codemods.flashmla_spec_v2.fixed_q import (
@@ -61,7 +63,6 @@ from patchkit.codemods.flashmla_spec_v2.fixed_q import (
     routed_terms,
     verify_lengths,
 )
-from patchkit.codemods.common.primitives import attr, save
 from patchkit.layout import import_path
 
 BACKEND = "FlashMLABackend"
@@ -75,7 +76,9 @@ BATCH_MIRROR = attr("seq_lens_cpu", m.Name("forward_batch"))
 
 
 class BackendOptsOut(shared.OptOutFlag):
-    DESCRIPTION = f"{BACKEND}.{FLAG} = False: no FlashMLA read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
+    DESCRIPTION = (
+        f"{BACKEND}.{FLAG} = False: no FlashMLA read of seq_lens_cpu / seq_lens_sum is left on the spec-v2 paths"
+    )
     CLASS = BACKEND
     WHY = (
         "Block tables use a static width without the CPU mirror, the draft extend\n"
@@ -173,9 +176,13 @@ class EagerDraftExtendMetadata(MethodCodemod):
         if primitives.contains(fn, m.If(test=IS_DRAFT_EXTEND_V2)):
             return Finding.done(self.anchor)
         if len(self._verify_branches(fn)) != 1:
-            return self.missing_in(fn, "no `elif ...is_target_verify(): ... else: ...` chain", "one to add the draft-extend branch after")
+            return self.missing_in(
+                fn, "no `elif ...is_target_verify(): ... else: ...` chain", "one to add the draft-extend branch after"
+            )
         if not primitives.find_all(fn, WRITER_LAUNCH):
-            return self.missing_in(fn, f"no {KV_INDICES_WRITER}[...](...) launch", "one to launch the draft-extend block table like")
+            return self.missing_in(
+                fn, f"no {KV_INDICES_WRITER}[...](...) launch", "one to launch the draft-extend block table like"
+            )
         return Finding.todo(self.anchor, "DRAFT_EXTEND_V2 goes to the FlashInfer MLA parent")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
@@ -246,12 +253,14 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
     CLASS = BACKEND
     METHOD = "forward_extend"
     # The vendor's spelling of the verify lengths, and of the parent routing, is what this replaces.
-    REPLACES_VENDOR = ((
-        r"to|int|long|type|contiguous|torch|int32|add|device|dtype|as_tensor|seq_lens|num_draft_tokens|"
-        r"speculative_num_draft_tokens|is_draft_extend_v2|forward_mode|ForwardMode|DRAFT_EXTEND_V2",
-        "the fixed-q kernel's cache_seqlens in the vendor's spelling becomes fixed_q_cache_seqlens "
-        "(the same verify lengths outside the draft extend); DRAFT_EXTEND_V2 no longer goes to the parent",
-    ),)
+    REPLACES_VENDOR = (
+        (
+            r"to|int|long|type|contiguous|torch|int32|add|device|dtype|as_tensor|seq_lens|num_draft_tokens|"
+            r"speculative_num_draft_tokens|is_draft_extend_v2|forward_mode|ForwardMode|DRAFT_EXTEND_V2",
+            "the fixed-q kernel's cache_seqlens in the vendor's spelling becomes fixed_q_cache_seqlens "
+            "(the same verify lengths outside the draft extend); DRAFT_EXTEND_V2 no longer goes to the parent",
+        ),
+    )
 
     def _sites(self, fn: cst.FunctionDef) -> list[_Site]:
         local = Locals(fn)
@@ -259,7 +268,9 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
         for kernel in primitives.find_all_of(cst.Call, fn, KERNEL_CALL):
             arg = cache_seqlens(kernel)
             if arg is None:
-                sites.append(_Site(kernel, State.MISSING, f"`{code_of(kernel.func)}(...)` is handed no {CACHE_SEQLENS}"))
+                sites.append(
+                    _Site(kernel, State.MISSING, f"`{code_of(kernel.func)}(...)` is handed no {CACHE_SEQLENS}")
+                )
                 continue
             value = arg.value
             values = local.values(value)
@@ -268,34 +279,53 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
             elif any(primitives.contains(v, UPSTREAM_K_LENS) for v in [value, *values]):
                 sites.append(_Site(kernel, State.DONE, "upstream's own draft-extend K lengths (0.5.16+)"))
             elif (split := mode_split(fn, value, local)) is not None:
-                sites.append(_Site(
-                    kernel, State.DONE,
-                    f"this tree already hands the fixed-q kernel the draft extend's own K lengths at {self.where(split)}; "
-                    "patchkit leaves it as it is",
-                    by_tree=True,
-                ))
+                sites.append(
+                    _Site(
+                        kernel,
+                        State.DONE,
+                        f"this tree already hands the fixed-q kernel the draft extend's own K lengths at {self.where(split)}; "
+                        "patchkit leaves it as it is",
+                        by_tree=True,
+                    )
+                )
             else:
                 # Rewrite where the value is computed: the argument, or the
                 # local(s) it names (each must be the verify lengths).
                 nodes = values if isinstance(value, cst.Name) and value.value in local.defs else [value]
                 found = [verify_lengths(v, local) for v in nodes]
                 if all(found):
-                    sites.append(_Site(kernel, State.TODO, targets=tuple((v, *f) for v, f in zip(nodes, found) if f is not None)))
+                    sites.append(
+                        _Site(kernel, State.TODO, targets=tuple((v, *f) for v, f in zip(nodes, found) if f is not None))
+                    )
                 else:
                     bad = nodes[found.index(None)]
-                    sites.append(_Site(kernel, State.MISSING, f"the fixed-q kernel's {CACHE_SEQLENS} is `{code_of(bad)}`", targets=(bad,)))
+                    sites.append(
+                        _Site(
+                            kernel,
+                            State.MISSING,
+                            f"the fixed-q kernel's {CACHE_SEQLENS} is `{code_of(bad)}`",
+                            targets=(bad,),
+                        )
+                    )
         return sites
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         sites = self._sites(fn)
         routed = routed_terms(fn)
         if not sites:
-            return self.missing_in(fn, f"no fixed-q kernel call ({FIXED_Q_KERNEL}) here", "the fixed-q kernel's cache_seqlens to rewrite")
+            return self.missing_in(
+                fn, f"no fixed-q kernel call ({FIXED_Q_KERNEL}) here", "the fixed-q kernel's cache_seqlens to rewrite"
+            )
         missing = [s for s in sites if s.state is State.MISSING]
         if missing:
             site = missing[0]
             node = site.targets[0] if site.targets else site.kernel
-            return self.missing_in(fn, site.detail, "the verify lengths (seq_lens + the draft tokens) there, to hand the draft extend its own K lengths", node)
+            return self.missing_in(
+                fn,
+                site.detail,
+                "the verify lengths (seq_lens + the draft tokens) there, to hand the draft extend its own K lengths",
+                node,
+            )
         todo = [s for s in sites if s.state is State.TODO]
         if todo or routed:
             what = [f"{len(todo)} fixed-q {CACHE_SEQLENS} without the draft extend's K lengths"] if todo else []
@@ -309,10 +339,14 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
         for site in self._sites(fn):
             for node, batch, draft, bound in site.targets if site.state is State.TODO else ():
                 rows = f"[:{code_of(bound)}]" if bound is not None else ""  # the vendor's batch slice, kept
-                rewrites[id(node)] = f"fixed_q_cache_seqlens({code_of(batch)}, self.forward_metadata, {code_of(draft)}){rows}"
+                rewrites[id(node)] = (
+                    f"fixed_q_cache_seqlens({code_of(batch)}, self.forward_metadata, {code_of(draft)}){rows}"
+                )
         if rewrites:
             self.require_import(HELPERS, "fixed_q_cache_seqlens")
-            fn = primitives.visit_below(fn, ByIdentity({k: primitives.parse_expression(v) for k, v in rewrites.items()}))
+            fn = primitives.visit_below(
+                fn, ByIdentity({k: primitives.parse_expression(v) for k, v in rewrites.items()})
+            )
         drops = frozenset(id(t) for t in routed_terms(fn))
         if drops:
             fn = primitives.visit_below(fn, ByIdentity(drops=drops))
@@ -322,13 +356,15 @@ class ForwardExtendFixedQDraftExtend(MethodCodemod):
 # -- the verify tree mask (common's, as FA3's, on FlashMLA) ------------------------------------
 
 
-class InitTreeMask(tree_mask.InitTreeMask):
-    DESCRIPTION = f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
+class InitTreeMask(fa3_tree_mask.InitTreeMask):
+    DESCRIPTION = (
+        f"{BACKEND}.__init__: self.{MASK} = None and self.is_draft_runner (draft-worker instances never verify)"
+    )
     CLASS = BACKEND
     KIND = "FlashMLA"
 
 
-class AllocTreeMask(tree_mask.AllocTreeMask):
+class AllocTreeMask(fa3_tree_mask.AllocTreeMask):
     DESCRIPTION = (
         f"{BACKEND}.init_cuda_graph_state preallocates self.{MASK} in the compact QLEN_ONLY layout "
         "(bool, max_num_tokens * num_draft_tokens: FlashMLA never reads it, sglang #32920) on the target "
@@ -340,6 +376,6 @@ class AllocTreeMask(tree_mask.AllocTreeMask):
     READS_MASK_WHY = "FlashMLA's verify runs its own kernel and never reads the tree mask (sglang #32920)."
 
 
-class VerifyBuffersReturnTreeMask(tree_mask.VerifyBuffersReturnTreeMask):
+class VerifyBuffersReturnTreeMask(fa3_tree_mask.VerifyBuffersReturnTreeMask):
     DESCRIPTION = f"{BACKEND}.{GET_BUFFERS} returns [self.{MASK}, None]"
     CLASS = BACKEND

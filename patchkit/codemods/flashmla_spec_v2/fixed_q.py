@@ -39,7 +39,9 @@ strip_casts = primitives.strip_casts
 Locals = primitives.Locals
 
 
-def verify_lengths(node: cst.BaseExpression, local: Locals) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression, Optional[cst.BaseExpression]]]:
+def verify_lengths(
+    node: cst.BaseExpression, local: Locals
+) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression, Optional[cst.BaseExpression]]]:
     """(the batch, the draft-token count as written, the bound of a batch
     slice ``[:n]`` or None) when ``node`` computes the verify lengths
     ``<batch>.seq_lens + <num_draft_tokens>``, in any spelling (``primitives.sum_of``)."""
@@ -66,7 +68,9 @@ def mode_split(fn: cst.FunctionDef, value: cst.BaseExpression, local: Locals) ->
     if not isinstance(value, cst.Name) or len(local.defs.get(value.value, ())) < 2:
         return None
     defs = local.defs[value.value]
-    for branch in primitives.find_all_of(cst.If, fn, m.If(test=m.MatchIfTrue(lambda t: primitives.contains(t, DRAFT_EXTEND_V2_TEST)))):
+    for branch in primitives.find_all_of(
+        cst.If, fn, m.If(test=m.MatchIfTrue(lambda t: primitives.contains(t, DRAFT_EXTEND_V2_TEST)))
+    ):
         for side in (branch.body, branch.orelse):
             held = {id(n) for n in primitives.find_all(side, m.Assign() | m.AnnAssign())} if side is not None else set()
             inside = [d for d in defs if id(d) in held]
@@ -90,7 +94,12 @@ def routed_terms(fn: cst.FunctionDef) -> list[cst.CSTNode]:
             for side in (chain.left, chain.right):
                 if not isinstance(side, cst.BooleanOperation) and (
                     m.matches(side, IS_DRAFT_EXTEND_V2)
-                    or m.matches(side, m.Comparison(comparisons=[m.ComparisonTarget(operator=m.Equal(), comparator=DRAFT_EXTEND_V2_MODE)]))
+                    or m.matches(
+                        side,
+                        m.Comparison(
+                            comparisons=[m.ComparisonTarget(operator=m.Equal(), comparator=DRAFT_EXTEND_V2_MODE)]
+                        ),
+                    )
                 ):
                     terms.append(side)
     return terms

@@ -36,14 +36,13 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod, PatchCodemod
-from patchkit.codemods.common.draft_extend_topk import ReplaySkipsTopkForV2
 from patchkit.codemods.common.draft_extend_gate import (
-    GRAPH_CHECK,
     DraftExtendGraphCheck,
-    the_gate,
     graph_check,
+    the_gate,
     with_gate_term,
 )
+from patchkit.codemods.common.draft_extend_topk import ReplaySkipsTopkForV2
 from patchkit.codemods.common.shared import code_of
 from patchkit.codemods.trtllm_mha_draft_extend_v2.branches import (
     HELPER,
@@ -59,65 +58,22 @@ from patchkit.codemods.trtllm_mha_draft_extend_v2.branches import (
     v1_run,
     with_include_v2,
 )
+from patchkit.codemods.trtllm_mha_draft_extend_v2.whitelist import (
+    GATE_TERM,
+    LOCAL_IMPORT,
+    MHA_BACKEND,
+    MHA_MODULE,
+    MHA_TERM,
+    SUBJECT,
+    WHITELIST,
+    mentions,
+    vendor_checks,
+    whitelist_site,
+    with_or_term,
+)
 from patchkit.layout import import_path
 
 # --- eagle_worker_v2.py: the whitelist ------------------------------------------------
-
-MHA_BACKEND = "TRTLLMHAAttnBackend"
-MHA_MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
-WHITELIST = GRAPH_CHECK
-SUBJECT = "self.draft_extend_attn_backend"
-
-#: 0.5.8.post1 / 0.5.9's inline gate: a term like the vendor's own (CUDA, then the class), on the
-#: draft-extend backend the graph runs (as from 0.5.10).
-GATE_TERM = f"(\n    _is_cuda\n    and isinstance({SUBJECT}, {MHA_BACKEND})\n)"
-
-
-def _whitelist_site(fn: cst.FunctionDef) -> Optional[tuple[cst.Assign, cst.BaseExpression]]:
-    """(assignment, disjunction): the ``or`` holding the isinstance checks of
-    the draft-extend backend, in the whitelist assignment or, where a fork
-    computes it beforehand into a local, in the first assignment that has it."""
-    whitelist = graph_check(fn)
-    for assign in [whitelist, *primitives.find_all_of(cst.Assign, fn, m.Assign())]:
-        found = primitives.find_isinstance_disjunction(assign.value, SUBJECT) if assign is not None else None
-        if assign is not None and found is not None:
-            return assign, found
-    return None
-
-
-#: The classes the releases' chain checks (0.5.10 .. 0.5.12.post1): merged into one tuple with MHA's.
-RELEASE_CLASSES = frozenset({"TritonAttnBackend", "TRTLLMMLABackend"})
-MHA_TERM = f"isinstance({SUBJECT}, {MHA_BACKEND})"
-_ISINSTANCE = m.Call(func=m.Name("isinstance"))
-
-
-def _vendor_checks(disjunction: cst.BaseExpression) -> bool:
-    """A chain of isinstance checks of the backend in which a vendor checks a
-    class of its own in a term of its own (``... or isinstance(b,
-    AcmeMLABackend)``): merging the chain into one tuple would rewrite the
-    vendor's term, so MHA gets a term of its own instead."""
-    checks = [t for t in primitives.or_terms(disjunction) if primitives.isinstance_subject(t) == SUBJECT]
-    classes = set()
-    for check in checks:
-        kinds = primitives.find_all_of(cst.Call, check, _ISINSTANCE)[0].args[1].value
-        classes |= {code_of(e.value) for e in kinds.elements} if isinstance(kinds, cst.Tuple) else {code_of(kinds)}
-    return len(checks) > 1 and not classes <= RELEASE_CLASSES
-
-
-def _with_or_term(disjunction: cst.BooleanOperation, term: str) -> cst.BooleanOperation:
-    """``disjunction or <term>``, laid out as its last ``or``."""
-    op = disjunction.operator
-    return cst.BooleanOperation(
-        left=disjunction.with_changes(lpar=[], rpar=[]), operator=cst.Or(op.whitespace_before, op.whitespace_after),
-        right=cst.parse_expression(term), lpar=disjunction.lpar, rpar=disjunction.rpar)
-
-
-def _mentions(node: cst.CSTNode, name: str) -> bool:
-    return primitives.contains(node, m.Name(name))
-
-
-# `from ... import TRTLLMHAAttnBackend` inside the method (a fork's lazy import).
-_LOCAL_IMPORT = m.ImportFrom(names=[m.ZeroOrMore(), m.ImportAlias(name=m.Name(MHA_BACKEND)), m.ZeroOrMore()])
 
 
 class WhitelistTRTLLMHA(DraftExtendGraphCheck):
@@ -135,14 +91,14 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         anchor = self.anchor_of(fn)
-        if _mentions(fn, MHA_BACKEND):
+        if mentions(fn, MHA_BACKEND):
             # Ours and 0.5.13's tuple; 0.5.17's list of supported backend types.
-            if self._imported or primitives.contains(fn, _LOCAL_IMPORT):
+            if self._imported or primitives.contains(fn, LOCAL_IMPORT):
                 return Finding.done(anchor)
             return Finding.todo(anchor, f"{MHA_BACKEND} is whitelisted but not imported")
         if graph_check(fn) is None:
             return self.inline_todo(fn, f"{MHA_BACKEND} is not in the draft-extend capture gate")
-        if _whitelist_site(fn) is None:
+        if whitelist_site(fn) is None:
             assign = graph_check(fn)
             assert assign is not None  # tested above
             return self.missing_in(
@@ -154,20 +110,22 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
         return Finding.todo(anchor, f"{MHA_BACKEND} is not whitelisted")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        if _mentions(fn, MHA_BACKEND):
+        if mentions(fn, MHA_BACKEND):
             return fn
         if graph_check(fn) is None:  # 0.5.8.post1 / 0.5.9: one more term of the capture gate's `or`
-            return primitives.replace_statements(
-                fn, the_gate(fn), lambda gate: with_gate_term(gate, GATE_TERM))
-        site = _whitelist_site(fn)
+            return primitives.replace_statements(fn, the_gate(fn), lambda gate: with_gate_term(gate, GATE_TERM))
+        site = whitelist_site(fn)
         assert site is not None  # detect found it
         assign, disjunction = site
-        if _vendor_checks(disjunction):  # the vendor's own isinstance terms stay as written: one more term
+        if vendor_checks(disjunction):  # the vendor's own isinstance terms stay as written: one more term
             # several isinstance terms: an `or`
             new_value = primitives.replace_node(
-                assign.value, disjunction, _with_or_term(cst.ensure_type(disjunction, cst.BooleanOperation), MHA_TERM))
+                assign.value, disjunction, with_or_term(cst.ensure_type(disjunction, cst.BooleanOperation), MHA_TERM)
+            )
         else:
-            new_value = primitives.add_isinstance_classes(assign.value, SUBJECT, [MHA_BACKEND], after="TRTLLMMLABackend")
+            new_value = primitives.add_isinstance_classes(
+                assign.value, SUBJECT, [MHA_BACKEND], after="TRTLLMMLABackend"
+            )
         return primitives.replace_statements(
             fn,
             primitives.line(primitives.is_node(assign)),
@@ -178,7 +136,7 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
         cls = super().transform_class(cls)
         method = self.find_method(cls)
         assert method is not None  # super().transform_class found it
-        if not primitives.contains(method, _LOCAL_IMPORT):  # a fork's lazy import serves
+        if not primitives.contains(method, LOCAL_IMPORT):  # a fork's lazy import serves
             self.require_import(MHA_MODULE, MHA_BACKEND, among_siblings=True)
         return cls
 
@@ -188,7 +146,6 @@ class WhitelistTRTLLMHA(DraftExtendGraphCheck):
 CAPTURE_METHODS = ("init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata")
 REPLAY_METHODS = ("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
 HELPER_MODULE = import_path("backends.trtllm_mha")
-
 
 
 class _DraftExtendMetadataMethod(MethodCodemod):
@@ -274,7 +231,9 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
                 receiver = code_of(cst.ensure_type(test.func, cst.Attribute).value)  # <receiver>.is_draft_extend()
                 metadata = next(
                     code_of(a.value)
-                    for a in primitives.find_all_of(cst.Attribute, cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q")))
+                    for a in primitives.find_all_of(
+                        cst.Attribute, cst.IndentedBlock(body=run), m.Attribute(attr=m.Name("cu_seqlens_q"))
+                    )
                 )
                 body[first : last + 1] = [
                     primitives.branch_statements(
@@ -305,6 +264,7 @@ class ReplayDraftExtendV2Stride(_DraftExtendMetadataMethod):
 
 # --- eagle_draft_extend_cuda_graph_runner.py: no top-k for V2 -------------------------
 
+
 class RunnerReplaySkipsTopkForV2(ReplaySkipsTopkForV2):
     DESCRIPTION = (
         "EAGLEDraftExtendCudaGraphRunner.replay: for DRAFT_EXTEND_V2 the unpadded output carries logits and "
@@ -318,7 +278,7 @@ V1_ASSERT = "_assert_draft_extend_outputs_close"
 V2_ASSERT = "_assert_draft_extend_v2_outputs_close"
 ADAPTER = "EagleDraftExtendCudaGraphRunnerAdapter"
 
-V2_ASSERT_SOURCE = f'''
+V2_ASSERT_SOURCE = f"""
 def {V2_ASSERT}(actual, expected, settings) -> None:
     # The DRAFT_EXTEND_V2 graph runner returns full-row next_token_logits and
     # hidden_states only; the selected-row top-k is computed by the V2 worker
@@ -335,11 +295,12 @@ def {V2_ASSERT}(actual, expected, settings) -> None:
         atol=settings.atol,
         rtol=settings.rtol,
     )
-'''
+"""
 
 _ADAPTER_CALL = m.Call(func=m.Name(ADAPTER))
 _USES_V2_ASSERT = m.Call(
-    func=m.Name(ADAPTER), args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("assert_outputs_close"), value=m.Name(V2_ASSERT)), m.ZeroOrMore()]
+    func=m.Name(ADAPTER),
+    args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("assert_outputs_close"), value=m.Name(V2_ASSERT)), m.ZeroOrMore()],
 )
 
 
@@ -347,7 +308,9 @@ def _v2_cases(module: cst.Module) -> list[cst.FunctionDef]:
     return [
         s
         for s in module.body
-        if isinstance(s, cst.FunctionDef) and "draft_extend_v2" in s.name.value and primitives.contains(s, _ADAPTER_CALL)
+        if isinstance(s, cst.FunctionDef)
+        and "draft_extend_v2" in s.name.value
+        and primitives.contains(s, _ADAPTER_CALL)
     ]
 
 

@@ -7,8 +7,8 @@ replay keeps as V1's path when V2 gets its fixed stride).
 
 from __future__ import annotations
 
-from typing import Optional, Union
 from collections.abc import Sequence
+from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Optional
 from collections.abc import Iterator, Sequence
+from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.module import FunctionEdit, _find_named, is_definition
-from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, block_statements, parse_statement
+from patchkit.codemods.common.primitives.snippets import (
+    AnchorError,
+    Statement,
+    _docstring_count,
+    block_statements,
+    parse_statement,
+)
 
 
 def class_body(cls: cst.ClassDef) -> Sequence[Statement]:

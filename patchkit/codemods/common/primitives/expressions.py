@@ -4,13 +4,20 @@ call keyword arguments."""
 from __future__ import annotations
 
 import textwrap
-from typing import Optional
 from collections.abc import Sequence
+from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common.primitives.matchers import _isinstance_parts, _strip_parens, find_isinstance_disjunction, is_node, isinstance_subject, or_terms
+from patchkit.codemods.common.primitives.matchers import (
+    _isinstance_parts,
+    _strip_parens,
+    find_isinstance_disjunction,
+    is_node,
+    isinstance_subject,
+    or_terms,
+)
 from patchkit.codemods.common.primitives.search import _N, NodeMatcher, find_all, paths_to, visit_below
 from patchkit.codemods.common.primitives.snippets import AnchorError, parse_expression, parse_statement
 
@@ -98,7 +105,9 @@ def isinstance_tuple(node: cst.BaseExpression, add: Sequence[str] = (), after: O
     return cst.ensure_type(parse_expression(f"isinstance(\n    {subject},\n    (\n{lines}    ),\n)"), cst.Call)
 
 
-def add_isinstance_classes(expr: cst.BaseExpression, subject: str, add: Sequence[str], after: Optional[str] = None) -> cst.BaseExpression:
+def add_isinstance_classes(
+    expr: cst.BaseExpression, subject: str, add: Sequence[str], after: Optional[str] = None
+) -> cst.BaseExpression:
     """``expr`` with the ``add`` classes accepted by its isinstance disjunction
     on ``subject`` (see :func:`find_isinstance_disjunction`), wherever that sits.
     The isinstance checks of ``subject`` in it become one ``isinstance(s, (A,
@@ -154,8 +163,10 @@ def set_keyword_argument(call: cst.Call, name: str, value_source: str) -> cst.Ca
     else:
         between = args[-2].comma if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else None
         # The space before ``)`` (a line break in a wrapped call) stays before ``)``: the new arg takes it.
-        args[-1] = last.with_changes(comma=between or cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
-                                     whitespace_after_arg=cst.SimpleWhitespace(""))
+        args[-1] = last.with_changes(
+            comma=between or cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
+            whitespace_after_arg=cst.SimpleWhitespace(""),
+        )
         args.append(new.with_changes(whitespace_after_arg=last.whitespace_after_arg))
     return call.with_changes(args=args)
 

@@ -4,15 +4,24 @@ replace matching statements, and wrap statements in ``if``/``else``."""
 from __future__ import annotations
 
 import textwrap
-from typing import Optional, Union, overload
 from collections.abc import Callable, Sequence
+from typing import Optional, Union, overload
 
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common.primitives.expressions import replace_node
 from patchkit.codemods.common.primitives.search import _N, find_all, paths_to, visit_below
-from patchkit.codemods.common.primitives.snippets import AnchorError, Statement, _docstring_count, block_statements, parse_expression, parse_statement, parse_statements, parse_statements_with_comments
+from patchkit.codemods.common.primitives.snippets import (
+    AnchorError,
+    Statement,
+    _docstring_count,
+    block_statements,
+    parse_expression,
+    parse_statement,
+    parse_statements,
+    parse_statements_with_comments,
+)
 
 
 def insert_at_start(fn: cst.FunctionDef, source: str) -> cst.FunctionDef:
@@ -55,8 +64,9 @@ class _StatementReplacer(cst.CSTTransformer):
 @overload
 def replace_statements(node: _N, matcher: m.If, edit: Callable[[cst.If], StatementResult]) -> _N: ...
 @overload
-def replace_statements(node: _N, matcher: m.SimpleStatementLine,
-                       edit: Callable[[cst.SimpleStatementLine], StatementResult]) -> _N: ...
+def replace_statements(
+    node: _N, matcher: m.SimpleStatementLine, edit: Callable[[cst.SimpleStatementLine], StatementResult]
+) -> _N: ...
 @overload
 def replace_statements(node: _N, matcher: m.BaseMatcherNode, edit: StatementEdit) -> _N: ...
 def replace_statements(node: _N, matcher: m.BaseMatcherNode, edit: Callable[..., StatementResult]) -> _N:
@@ -105,7 +115,9 @@ def branch_statements(stmts: Sequence[Statement], condition: str, then_source: s
         raise AnchorError("branch_statements needs at least one statement")
     inner = [stmts[0].with_changes(leading_lines=[])] + list(stmts[1:])
     # Parsed as a block (not a module) so its leading comments stay in it.
-    then = cst.ensure_type(parse_statement("if _:\n" + textwrap.indent(textwrap.dedent(then_source).strip("\n"), "    ") + "\n"), cst.If)
+    then = cst.ensure_type(
+        parse_statement("if _:\n" + textwrap.indent(textwrap.dedent(then_source).strip("\n"), "    ") + "\n"), cst.If
+    )
     return cst.If(
         test=parse_expression(condition),
         body=then.body,

@@ -8,8 +8,8 @@ where a formatter would put it (``add_import_sorted``)."""
 
 from __future__ import annotations
 
-from typing import Optional, Union
 from collections.abc import Sequence
+from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -17,14 +17,14 @@ from libcst.codemod import CodemodContext
 
 from patchkit.codemods.common.primitives.snippets import parse_statement
 
-
 # Where a codemod's ``require_import`` requests wait for the engine (one list
 # per file, in request order).
 IMPORTS_KEY = "patchkit.imports"
 
 
-def require_import(context: CodemodContext, module: str, obj: Optional[str] = None,
-                   among_siblings: bool = False) -> None:
+def require_import(
+    context: CodemodContext, module: str, obj: Optional[str] = None, among_siblings: bool = False
+) -> None:
     """Ask for ``from module import obj`` (or ``import module``) in the file
     ``context`` belongs to; ``add_needed_imports`` adds what is missing
     (``among_siblings``: a from-import placed by ``add_import_sorted``)."""
@@ -63,7 +63,11 @@ def _import_header(body: Sequence[cst.BaseStatement]) -> tuple[int, int]:
 
 
 def _single_import(stmt: cst.BaseStatement) -> Optional[Union[cst.Import, cst.ImportFrom]]:
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom)):
+    if (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))
+    ):
         return stmt.body[0]
     return None
 
@@ -128,16 +132,23 @@ def add_imports(module: cst.Module, wanted: Sequence[tuple[str, Optional[str]]])
         return module
     for i in range(start, end):
         imp = _single_import(header[i])
-        if isinstance(imp, cst.ImportFrom) and not imp.relative and imp.module is not None \
-                and not isinstance(imp.names, cst.ImportStar) and _dotted(imp.module) in objects:
+        if (
+            isinstance(imp, cst.ImportFrom)
+            and not imp.relative
+            and imp.module is not None
+            and not isinstance(imp.names, cst.ImportStar)
+            and _dotted(imp.module) in objects
+        ):
             names = objects.pop(_dotted(imp.module))
             merged = imp.with_changes(names=[*(cst.ImportAlias(name=cst.Name(n)) for n in sorted(names)), *imp.names])
             header[i] = header[i].with_changes(body=[merged])
     if new_modules or objects:
         config = module.config_for_parsing
         added = [cst.parse_statement(f"import {mod}", config=config) for mod in new_modules]
-        added += [cst.parse_statement(f"from {mod} import {', '.join(sorted(names))}", config=config)
-                  for mod, names in objects.items()]
+        added += [
+            cst.parse_statement(f"from {mod} import {', '.join(sorted(names))}", config=config)
+            for mod, names in objects.items()
+        ]
         rest = header[end:]
         if rest:
             lines = rest[0].leading_lines
@@ -170,7 +181,11 @@ def imports_name(module: cst.Module, module_name: str, name: str) -> bool:
                     if isinstance(small.names, cst.ImportStar):
                         return True
                     for alias in small.names:
-                        bound = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else _dotted(alias.name)
+                        bound = (
+                            alias.asname.name.value
+                            if alias.asname and isinstance(alias.asname.name, cst.Name)
+                            else _dotted(alias.name)
+                        )
                         if bound == name and _dotted(alias.name) == name:
                             return True
     return False

@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 import libcst as cst
 
-
 _NO_CONTEXT = nullcontext()
 
 

@@ -9,8 +9,8 @@ an early ``return``) is handled once, here, for all of them.
 
 from __future__ import annotations
 
-from typing import Optional, TypeVar, Union
 from collections.abc import Iterable, Sequence
+from typing import Optional, TypeVar, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -127,7 +127,8 @@ def _strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
 def _isinstance_parts(node: cst.BaseExpression) -> Optional[tuple[cst.BaseExpression, list[cst.BaseExpression]]]:
     """(subject, classes) of ``isinstance(s, C)`` / ``isinstance(s, (C, D))``."""
     if not isinstance(node, cst.Call) or not m.matches(
-            node, m.Call(func=m.Name("isinstance"), args=[m.Arg(keyword=None), m.Arg(keyword=None)])):
+        node, m.Call(func=m.Name("isinstance"), args=[m.Arg(keyword=None), m.Arg(keyword=None)])
+    ):
         return None
     subject, classes = node.args[0].value, node.args[1].value
     if isinstance(classes, cst.Tuple):
@@ -187,7 +188,6 @@ class NoneGuards:
     def __init__(self, fn: cst.CSTNode, names: Iterable[str]) -> None:
         self.names = set(names)
         self.parents = _parents(fn)
-
 
     def _tests(self, test: cst.BaseExpression) -> Optional[bool]:
         """True: ``test`` holds only when a named value is not None

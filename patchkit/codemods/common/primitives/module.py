@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional
-from collections.abc import Callable, Sequence
 
 import libcst as cst
 from libcst._nodes.internal import visit_sequence
@@ -41,7 +41,9 @@ ClassEdit = Callable[[cst.ClassDef], cst.ClassDef]
 FunctionEdit = Callable[[cst.FunctionDef], cst.FunctionDef]
 
 
-def _find_named(statements: Sequence[Statement], kind: type[cst.FunctionDef | cst.ClassDef], name: str) -> Optional[int]:
+def _find_named(
+    statements: Sequence[Statement], kind: type[cst.FunctionDef | cst.ClassDef], name: str
+) -> Optional[int]:
     """Index of the ``class``/``def`` called ``name`` among ``statements``."""
     for i, stmt in enumerate(statements):
         if isinstance(stmt, kind) and stmt.name.value == name:
@@ -92,7 +94,8 @@ def add_function(module: cst.Module, source: str, after: Optional[str] = None) -
     if index < len(body) and len(body[index].leading_lines) < 2:
         following = body[index]
         body[index] = following.with_changes(
-            leading_lines=[cst.EmptyLine(indent=False)] * (2 - len(following.leading_lines)) + list(following.leading_lines)
+            leading_lines=[cst.EmptyLine(indent=False)] * (2 - len(following.leading_lines))
+            + list(following.leading_lines)
         )
     body.insert(index, new)
     return module.with_changes(body=body)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Optional, TypeVar, Union, cast
 from collections.abc import Iterator, Sequence
+from typing import Optional, TypeVar, Union, cast
 
 import libcst as cst
 import libcst.matchers as m
-
 
 _N = TypeVar("_N", bound=cst.CSTNode)
 # What find_all looks for: a libcst matcher, or a MatchIfTrue tested on every node.
@@ -60,8 +59,9 @@ _TYPES: dict[int, tuple] = {}  # the node types it can match, or None
 _NEEDS: dict[int, tuple] = {}  # _needs of it
 
 
-def find_all_of(kind: type[_N], node: cst.CSTNode, matcher: NodeMatcher,
-                within: Optional[m.BaseMatcherNode] = None) -> list[_N]:
+def find_all_of(
+    kind: type[_N], node: cst.CSTNode, matcher: NodeMatcher, within: Optional[m.BaseMatcherNode] = None
+) -> list[_N]:
     """``find_all`` for a matcher of one kind of node: its hits, typed as that kind."""
     return [hit for hit in find_all(node, matcher, within) if isinstance(hit, kind)]
 
@@ -114,8 +114,11 @@ def _needs(matcher) -> Optional[tuple]:
             wanted = inner
         if isinstance(wanted, str):
             needs.append((f.name, wanted))
-        elif (isinstance(wanted, m.BaseMatcherNode) and not isinstance(wanted, (m.OneOf, m.AllOf, m.TypeOf))
-              and isinstance(getattr(cst, type(wanted).__name__, None), type)):
+        elif (
+            isinstance(wanted, m.BaseMatcherNode)
+            and not isinstance(wanted, (m.OneOf, m.AllOf, m.TypeOf))
+            and isinstance(getattr(cst, type(wanted).__name__, None), type)
+        ):
             needs.append((f.name, type(wanted).__name__, _needs(wanted) or ()))
     return tuple(needs) or None
 
@@ -144,7 +147,9 @@ def _matcher_types(matcher) -> Optional[frozenset]:
     if isinstance(matcher, (m.OneOf, m.AllOf)):
         options = [_matcher_types(option) for option in matcher.options]
         if isinstance(matcher, m.OneOf):
-            return None if any(t is None for t in options) else frozenset().union(*(t for t in options if t is not None))
+            return (
+                None if any(t is None for t in options) else frozenset().union(*(t for t in options if t is not None))
+            )
         known = [t for t in options if t is not None]
         return frozenset.intersection(*known) if known else None
     inner = getattr(matcher, "matcher", None)
@@ -234,16 +239,34 @@ _KINDS: dict[type, int] = {}
 # Whitespace, comments and punctuation: two thirds of a method's nodes, and
 # no codemod looks for one, so the walks (and every search) leave them out.
 _TRIVIA = (
-    cst.BaseParenthesizableWhitespace, cst.TrailingWhitespace, cst.Newline, cst.EmptyLine, cst.Comment,
-    cst.Dot, cst.Comma, cst.Colon, cst.Semicolon, cst.AssignEqual, cst.LeftParen, cst.RightParen,
-    cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace,
+    cst.BaseParenthesizableWhitespace,
+    cst.TrailingWhitespace,
+    cst.Newline,
+    cst.EmptyLine,
+    cst.Comment,
+    cst.Dot,
+    cst.Comma,
+    cst.Colon,
+    cst.Semicolon,
+    cst.AssignEqual,
+    cst.LeftParen,
+    cst.RightParen,
+    cst.LeftSquareBracket,
+    cst.RightSquareBracket,
+    cst.LeftCurlyBrace,
+    cst.RightCurlyBrace,
 )
 
 
 def _kind(value_type: type) -> int:
     kind = _KINDS[value_type] = (
-        0 if issubclass(value_type, _TRIVIA) else 1 if issubclass(value_type, cst.CSTNode)
-        else 2 if issubclass(value_type, (list, tuple)) else 0
+        0
+        if issubclass(value_type, _TRIVIA)
+        else 1
+        if issubclass(value_type, cst.CSTNode)
+        else 2
+        if issubclass(value_type, (list, tuple))
+        else 0
     )
     return kind
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import textwrap
-from typing import Union, cast
 from collections.abc import Sequence
+from typing import Union, cast
 
 import libcst as cst
 import libcst.matchers as m
-
 
 # What a module or block body holds (libcst's only two kinds of BaseStatement,
 # both with ``leading_lines``).

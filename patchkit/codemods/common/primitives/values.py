@@ -48,7 +48,9 @@ class Locals:
     def __init__(self, fn: cst.FunctionDef) -> None:
         self.fn = fn
         self.defs: dict[str, list[cst.Assign | cst.AnnAssign]] = {}
-        for assign in find_all(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())]) | m.AnnAssign(target=m.Name(), value=m.DoNotCare())):
+        for assign in find_all(
+            fn, m.Assign(targets=[m.AssignTarget(target=m.Name())]) | m.AnnAssign(target=m.Name(), value=m.DoNotCare())
+        ):
             if not isinstance(assign, (cst.Assign, cst.AnnAssign)):  # what the matcher finds
                 continue
             target = assign.targets[0].target if isinstance(assign, cst.Assign) else assign.target
@@ -113,7 +115,9 @@ def operands(node: cst.BaseExpression) -> Optional[tuple[cst.BaseExpression, cst
     """The two terms of ``a + b`` or ``torch.add(a, b)``; None for anything else."""
     if isinstance(node, cst.BinaryOperation) and m.matches(node, m.BinaryOperation(operator=m.Add())):
         return node.left, node.right
-    if isinstance(node, cst.Call) and m.matches(node, m.Call(func=call("torch.add").func, args=[m.Arg(keyword=None), m.Arg(keyword=None)])):
+    if isinstance(node, cst.Call) and m.matches(
+        node, m.Call(func=call("torch.add").func, args=[m.Arg(keyword=None), m.Arg(keyword=None)])
+    ):
         return node.args[0].value, node.args[1].value
     return None
 
@@ -125,8 +129,9 @@ class Sum:
     bound: Optional[cst.BaseExpression] = None  # a batch slice ``[:n]`` on the sum or its first term
 
 
-def sum_of(node: cst.BaseExpression, first: m.BaseMatcherNode, second: m.BaseMatcherNode,
-           local: Optional[Locals] = None) -> Optional[Sum]:
+def sum_of(
+    node: cst.BaseExpression, first: m.BaseMatcherNode, second: m.BaseMatcherNode, local: Optional[Locals] = None
+) -> Optional[Sum]:
     """``node`` as ``<first> + <second>`` in any spelling (parentheses, casts,
     batch slices, temporaries, either order, ``torch.add``), or None."""
     outer = peel(node, local)
@@ -145,13 +150,16 @@ def sum_of(node: cst.BaseExpression, first: m.BaseMatcherNode, second: m.BaseMat
 
 def _cast_of(value: Expr) -> Expr:
     """``value`` under one cast: ``.to(...)``, ``.int()`` ..., ``int(value)``, ``torch.as_tensor(value, ...)``."""
-    return (m.Call(func=attr(CASTS, value))
-            | m.Call(func=m.Name("int") | dotted("torch.as_tensor"), args=[m.Arg(value=value, keyword=None), m.ZeroOrMore()]))
+    return m.Call(func=attr(CASTS, value)) | m.Call(
+        func=m.Name("int") | dotted("torch.as_tensor"), args=[m.Arg(value=value, keyword=None), m.ZeroOrMore()]
+    )
 
 
 def _slice_of(value: Expr) -> m.Subscript:
     """``value[:n]``: the batch's rows of it."""
-    return m.Subscript(value=value, slice=[m.SubscriptElement(slice=m.Slice(lower=None, upper=m.DoNotCare(), step=None))])
+    return m.Subscript(
+        value=value, slice=[m.SubscriptElement(slice=m.Slice(lower=None, upper=m.DoNotCare(), step=None))]
+    )
 
 
 def spelled(value: Expr, slices: bool = True, depth: int = 2) -> Expr:
@@ -173,8 +181,9 @@ def host_scalar(reduction: str, receiver: Expr, slices: bool = True) -> m.OneOf[
     ``torch.<reduction>(<r>).item()``, ``int(torch.<reduction>(<r>))``; ``<r>``
     itself in any spelling of ``spelled`` (a cast, a batch slice with ``slices``)."""
     value = spelled(receiver, slices=slices)
-    reduced = (m.Call(func=attr(reduction, value), args=[])
-               | m.Call(func=dotted(f"torch.{reduction}"), args=[m.Arg(value, keyword=None)]))
+    reduced = m.Call(func=attr(reduction, value), args=[]) | m.Call(
+        func=dotted(f"torch.{reduction}"), args=[m.Arg(value, keyword=None)]
+    )
     # As in spelled: libcst types ``|`` on node matchers only; and OneOf flattens the
     # OneOf _cast_of gives (at run time), so this is one OneOf of Call matchers.
     return m.Call(func=attr("item", spelled(reduced, slices=False, depth=1)), args=[]) | _cast_of(reduced)  # type: ignore[operator, return-value]
@@ -187,7 +196,9 @@ def added(value: Expr) -> m.OneOf[Union[m.BinaryOperation, m.Call]]:
     the vendor ordered the sum."""
     mine, other = save(value, "LEFT"), save(ANY, "RIGHT")
     torch_add = dotted("torch.add")
-    return (m.BinaryOperation(left=mine, operator=m.Add(), right=other)
-            | m.BinaryOperation(left=other, operator=m.Add(), right=mine)
-            | m.Call(func=torch_add, args=[m.Arg(mine, keyword=None), m.Arg(other, keyword=None)])
-            | m.Call(func=torch_add, args=[m.Arg(other, keyword=None), m.Arg(mine, keyword=None)]))
+    return (
+        m.BinaryOperation(left=mine, operator=m.Add(), right=other)
+        | m.BinaryOperation(left=other, operator=m.Add(), right=mine)
+        | m.Call(func=torch_add, args=[m.Arg(mine, keyword=None), m.Arg(other, keyword=None)])
+        | m.Call(func=torch_add, args=[m.Arg(other, keyword=None), m.Arg(mine, keyword=None)])
+    )
