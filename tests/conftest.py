@@ -67,7 +67,7 @@ def pytest_sessionfinish(session):
 @pytest.fixture(autouse=True, scope="session")
 def _transform_cache(tmp_path_factory):
     """The shared transform cache lives in a folder of this test run, never the
-    user's ~/.cache (tests/test_transform_cache.py points it elsewhere too). Every
+    user's ~/.cache (tests/trees/test_transform_cache.py points it elsewhere too). Every
     xdist worker of the run shares it (entries are written whole, then renamed),
     so a (file, patches) transform or a module's audit facts is computed once a run."""
     if os.environ.get("PYTEST_XDIST_WORKER"):

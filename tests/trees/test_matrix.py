@@ -12,7 +12,7 @@ import pytest
 from support import ALL_NATIVE as NATIVE, PRIMARY
 from patchkit.api import matrix
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOOK = "trtllm-mha-overlap-hook"
 
 
