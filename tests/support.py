@@ -23,6 +23,12 @@ NATIVE = "0.5.13"
 #: 0.5.16, FA3 in the draft-extend CUDA-graph check with 0.5.23).
 ALL_NATIVE = "0.5.23"
 
+# What a test that reads a real release uses: a fixture that copies one, or a helper that fetches one
+# (conftest marks such tests ``trees``; tests/unit/test_suite_layout.py keeps them out of tests/unit).
+TREE_FIXTURES = {"make_tree", "pristine_tree", "patched_tree", "reference", "tree"}
+TREE_CALLS = ("fetch_tree(", "copy_tree(", "make_tree", "pristine(", "pristine_snapshot(", "git_checkout(",
+              "release_sources(", "linked_copy(", "PRIMARY_TREE", "patched_tree")
+
 
 def patch_states(cli, tree, *ids: str) -> dict[str, dict]:
     """``patchkit status --format json`` (of ``ids``, or every patch) by patch id."""
