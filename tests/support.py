@@ -44,6 +44,25 @@ def class_section(text: str, cls: str) -> str:
     return text[start : end if end != -1 else None]
 
 
+def libcst_add_imports(module, wanted):
+    """What ``primitives.add_imports`` replaced, the reference it must agree
+    with: libcst's AddImportsVisitor run on the module's import block only
+    (tests/unit/test_primitives.py on snippets, tests/trees/test_primitives_on_releases.py
+    on real files)."""
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor
+
+    from patchkit.codemods.common import primitives
+
+    context = CodemodContext()
+    for mod, obj in wanted:
+        AddImportsVisitor.add_needed_import(context, mod, obj)
+    body = list(module.body)
+    first, last = primitives.imports._import_header(body)
+    header = AddImportsVisitor(context).transform_module(module.with_changes(body=body[first : last + 1]))
+    return module.with_changes(body=body[:first] + list(header.body) + body[last + 1 :])
+
+
 def snapshot(package: Path) -> dict[str, str]:
     """sha256 of every file of a package folder, .patchkit excluded."""
     with profiling.timed("hash tree"):
