@@ -1,5 +1,13 @@
 """Shared fixtures: real sglang trees (downloaded at test time, cached outside
-git) and a CLI runner. Plain helpers live in support.py."""
+git) and a CLI runner. Plain helpers live in support.py.
+
+Test files live in folders by kind (tests/README.md; tests/unit/test_suite_layout.py
+checks it): ``unit/`` reads no release and is the quick loop (``pytest -q -n 2
+tests/unit``), ``trees/`` reads real releases, ``behaviour/`` imports patched
+sglang on CPU, ``gpu/`` is everything about the GPU proofs (what needs a GPU
+skips without one), ``slow/`` runs heavy tools (mypy). The shared helpers
+(support.py, drift.py, profiling.py, sglang_cpu_env.py, dp_settings.py) stay
+here, on ``sys.path`` for every folder."""
 
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ import profiling  # noqa: E402
 from patchkit import settings  # noqa: E402
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree, fetch_tree  # noqa: E402
-from support import PRIMARY, linked_copy  # noqa: E402
+from support import PRIMARY, TREE_CALLS, TREE_FIXTURES, linked_copy  # noqa: E402
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -40,22 +48,19 @@ def pytest_collection_modifyitems(config, items):
     _mark_tree_tests(items)
 
 
-# What a test that reads a real release uses: a fixture that copies one, or a helper that fetches one.
-TREE_FIXTURES = {"make_tree", "pristine_tree", "patched_tree", "reference", "tree"}
-TREE_CALLS = ("fetch_tree(", "copy_tree(", "make_tree", "pristine(", "pristine_snapshot(", "git_checkout(",
-              "release_sources(", "linked_copy(", "PRIMARY_TREE", "patched_tree")
-
 
 def _mark_tree_tests(items) -> None:
-    """Mark ``trees`` every test that reads a real release, so that
-    ``-m "not trees and not behaviour and not slow"`` (the quick loop,
-    README) runs only what needs no download and no whole-tree transform."""
+    """Mark ``trees`` every test that reads a real release (every test of
+    tests/trees/ too), so that ``-m "not trees and not behaviour and not slow"``
+    runs only what needs no download and no whole-tree transform, as the quick
+    loop's folder (tests/unit) does."""
+    trees = Path(__file__).with_name("trees")
     reads: dict[Path, bool] = {}
     for item in items:
         module = Path(str(item.path))
         if module not in reads:
             text = module.read_text(encoding="utf-8") if module.suffix == ".py" else ""
-            reads[module] = any(call in text for call in TREE_CALLS)
+            reads[module] = module.is_relative_to(trees) or any(call in text for call in TREE_CALLS)
         if reads[module] or TREE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.trees)
 
@@ -67,7 +72,7 @@ def pytest_sessionfinish(session):
 @pytest.fixture(autouse=True, scope="session")
 def _transform_cache(tmp_path_factory):
     """The shared transform cache lives in a folder of this test run, never the
-    user's ~/.cache (tests/test_transform_cache.py points it elsewhere too). Every
+    user's ~/.cache (tests/trees/test_transform_cache.py points it elsewhere too). Every
     xdist worker of the run shares it (entries are written whole, then renamed),
     so a (file, patches) transform or a module's audit facts is computed once a run."""
     if os.environ.get("PYTEST_XDIST_WORKER"):

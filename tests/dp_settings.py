@@ -3,7 +3,7 @@ them, and which way the needs-cpu-seq-lens decision must go under each when
 every spec-v2 attention backend opts out of the CPU mirror
 (docs/research/dp-attention.md, "Per setting").
 
-Imported by tests/test_dp_attention_decision.py (every release's decision) and
+Imported by tests/trees/test_dp_attention_decision.py (every release's decision) and
 tests/behaviour/test_dp_attention_behaviour.py (0.5.12.post1's own parsing and
 backend classes, imported)."""
 

@@ -23,6 +23,12 @@ NATIVE = "0.5.13"
 #: 0.5.16, FA3 in the draft-extend CUDA-graph check with 0.5.23).
 ALL_NATIVE = "0.5.23"
 
+# What a test that reads a real release uses: a fixture that copies one, or a helper that fetches one
+# (conftest marks such tests ``trees``; tests/unit/test_suite_layout.py keeps them out of tests/unit).
+TREE_FIXTURES = {"make_tree", "pristine_tree", "patched_tree", "reference", "tree"}
+TREE_CALLS = ("fetch_tree(", "copy_tree(", "make_tree", "pristine(", "pristine_snapshot(", "git_checkout(",
+              "release_sources(", "linked_copy(", "PRIMARY_TREE", "patched_tree")
+
 
 def patch_states(cli, tree, *ids: str) -> dict[str, dict]:
     """``patchkit status --format json`` (of ``ids``, or every patch) by patch id."""
@@ -36,6 +42,25 @@ def class_section(text: str, cls: str) -> str:
     start = text.index(f"\nclass {cls}")
     end = text.find("\nclass ", start + 1)
     return text[start : end if end != -1 else None]
+
+
+def libcst_add_imports(module, wanted):
+    """What ``primitives.add_imports`` replaced, the reference it must agree
+    with: libcst's AddImportsVisitor run on the module's import block only
+    (tests/unit/test_primitives.py on snippets, tests/trees/test_primitives_on_releases.py
+    on real files)."""
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor
+
+    from patchkit.codemods.common import primitives
+
+    context = CodemodContext()
+    for mod, obj in wanted:
+        AddImportsVisitor.add_needed_import(context, mod, obj)
+    body = list(module.body)
+    first, last = primitives.imports._import_header(body)
+    header = AddImportsVisitor(context).transform_module(module.with_changes(body=body[first : last + 1]))
+    return module.with_changes(body=body[:first] + list(header.body) + body[last + 1 :])
 
 
 def snapshot(package: Path) -> dict[str, str]:

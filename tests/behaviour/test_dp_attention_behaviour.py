@@ -8,7 +8,7 @@ patched 0.5.12.post1, imported on CPU (docs/research/dp-attention.md):
 * TBO's split of a verify batch, the reader of the mirror that makes TBO keep it.
 
 Every release's decision (0.5.10 .. 0.5.13, 0.5.23) is in
-tests/test_dp_attention_decision.py.
+tests/trees/test_dp_attention_decision.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The runners keep a pinned ``seq_lens_cpu`` buffer and refresh it only when the
 batch brings a CPU mirror. With the mirror skipped (needs-cpu-seq-lens), the
 five-patch tree still hands that buffer to the attention backend: lengths of
 an earlier batch. Harmless there (no opted-out backend reads it at replay:
-``tests/test_replay_no_stale_mirror.py`` checks that in the source of every release);
+``tests/trees/test_replay_no_stale_mirror.py`` checks that in the source of every release);
 FA3 (and TRT-LLM MHA) read it to size their page tables, so
 replay-no-stale-mirror makes replay hand over None instead. Shown here on the verify runner (``CudaGraphRunner.replay_prepare``)
 and the draft-extend runner (``EAGLEDraftExtendCudaGraphRunner.replay``).

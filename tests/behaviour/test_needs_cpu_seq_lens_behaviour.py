@@ -437,7 +437,7 @@ def test_model_worker_batch_without_the_mirror(sglang):
 def test_decode_metrics_without_the_mirror(sglang):
     try:
         from sglang.srt.observability.scheduler_metrics_mixin import SchedulerMetricsMixin
-    except ModuleNotFoundError:  # 0.5.9: the sum sits inside log_decode_stats (CPU tests: tests/test_pre_0510.py)
+    except ModuleNotFoundError:  # 0.5.9: the sum sits inside log_decode_stats (CPU tests: tests/trees/test_pre_0510.py)
         pytest.skip("no sglang.srt.observability before 0.5.10")
 
     batch = schedule_batch(sglang, [5, 9], mirror=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from patchkit import __version__
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "examples").rglob("*.md"))]
 # patchkit 0.2.0 / patchkit, version 0.2.0 / sglang-patchkit==0.2.0 / sglang_patchkit-0.2.0-py3...
 NAMED = re.compile(r"(?<![\w-])(?:sglang[-_])?patchkit(?:[-_]runtime)?(?:,? version |==|-| v?)(\d+\.\d+(?:\.\d+)?)\b", re.I)

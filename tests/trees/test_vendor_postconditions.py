@@ -11,7 +11,7 @@ from pathlib import Path
 
 from support import PRIMARY, snapshot
 
-SET = Path(__file__).resolve().parents[1] / "examples" / "acme-patches" / "acme_patches"
+SET = Path(__file__).resolve().parents[2] / "examples" / "acme-patches" / "acme_patches"
 PATCH = "acme-torch-native-spec-v2"
 OTHER = "min-new-tokens-no-sync"  # one of patchkit's own, which changes other files
 FILE = "srt/layers/attention/torch_native_backend.py"

@@ -282,7 +282,7 @@ def test_the_017_tree_imports_the_engine_path_from_the_bundle_site(built, tmp_pa
     import os
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, path)))
-    proc = subprocess.run([sys.executable, "-c", probe, str(trees["upstream"]), str(Path(__file__).parent)],
+    proc = subprocess.run([sys.executable, "-c", probe, str(trees["upstream"]), str(Path(__file__).resolve().parents[1])],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -309,7 +309,7 @@ def test_the_renamed_settings_are_read_back_from_the_engine():
     assert {new for new, _ in server_args_names.RENAMED.values()} <= set(engine_facts.SERVER_FIELDS)
 
 
-PLAN = Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu-yardstick" / "plan.sh"
+PLAN = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-yardstick" / "plan.sh"
 STUB = """
 import json, os, sys
 from pathlib import Path

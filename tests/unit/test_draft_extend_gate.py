@@ -3,7 +3,7 @@ FA3 and TRT-LLM MHA join the inline ``or`` (0.5.8.post1, 0.5.9), in either
 order; a worker that never replays the graph or captures it on NPU only moots
 both patches; a runner with no V2 graph has no V2 top-k; TRT-LLM MLA's second
 read of the mirror in its draft extend (0.5.4, 0.5.5) goes. Shapes written
-here after those releases; the real trees: tests/test_pre_0510.py."""
+here after those releases; the real trees: tests/trees/test_pre_0510.py."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from patchkit import __version__, registry
 from patchkit.registry import sets as patch_sets
 from support import PRIMARY, pristine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ from patchkit.api.reverting import revert_patches
 
 pytestmark = pytest.mark.trees
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def apply(tree: Path) -> None:
@@ -110,7 +110,7 @@ def test_apply_after_revert_parses_nothing(tmp_path, cache_dir, monkeypatch):
 
 def test_cold_and_warm_apply_under_drift(tmp_path, cache_dir, monkeypatch):
     """Once, with every drift at once ("everything"): each drift alone is
-    applied and verified by tests/test_forks.py; here the question is only
+    applied and verified by tests/trees/test_forks.py; here the question is only
     whether the cache and the workers give the serial engine's bytes."""
     pytest.importorskip("black")
     files = sorted({f for p in registry.all_patches() for f in p.files})

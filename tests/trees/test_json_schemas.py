@@ -17,7 +17,7 @@ from patchkit.cli import main
 
 pytestmark = pytest.mark.trees
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "ci.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "ci.md"
 HOOK = "trtllm-mha-overlap-hook"
 
 

@@ -103,7 +103,7 @@ def test_patch_definitions_load_from_an_uninstalled_checkout():
     """``python -m patchkit`` in a checkout that was never pip-installed (as
     ``scripts/gpu_e2e.py bundle`` runs it) finds the repo's ``patches/``: no
     site-packages, so no ``patchkit.patches`` package mapped by an install."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from patchkit import registry; "
             "print(' '.join(p.id for p in registry.all_patches()))")
     out = subprocess.run([sys.executable, "-S", "-c", code, str(root)], capture_output=True, text=True)

@@ -13,7 +13,7 @@ import pytest
 from patchkit import testing
 from patchkit.testing import CodemodTest, State, assert_codemod, assert_state, set_codemod
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "acme-patches"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "acme-patches"
 GUARD = set_codemod(EXAMPLE / "acme_patches", "torch_native:GuardDecodeReshape")
 BEFORE = """
     class TorchNativeAttnBackend:
@@ -60,7 +60,7 @@ def test_the_api_is_stable_and_imports_no_pytest():
 
 def test_patchkits_own_tests_use_patchkit_testing_only():
     """The legacy ``tests/codemod_testing.py`` re-export is gone (issue 56): one way to test a codemod."""
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     assert not (tests / "codemod_testing.py").exists()
     users = [p.name for p in tests.rglob("*.py") if p != Path(__file__).resolve()
              and "codemod_testing" in p.read_text()]

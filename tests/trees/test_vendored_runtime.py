@@ -17,7 +17,7 @@ from patchkit.state import vendoring
 
 pytestmark = pytest.mark.trees
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_FILES = {
     "srt/_patchkit/__init__.py",
     "srt/_patchkit/manifest.json",

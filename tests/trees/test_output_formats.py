@@ -245,7 +245,7 @@ def test_pre_commit_hooks_run_on_a_fork_checkout(make_tree, cli, monkeypatch):
     yaml = pytest.importorskip("yaml")
     import shlex
 
-    hooks = {h["id"]: h for h in yaml.safe_load((Path(__file__).parent.parent / ".pre-commit-hooks.yaml").read_text())}
+    hooks = {h["id"]: h for h in yaml.safe_load((Path(__file__).parents[2] / ".pre-commit-hooks.yaml").read_text())}
     assert set(hooks) == {"patchkit-verify", "patchkit-apply-check"}
     checkout = make_tree(PRIMARY, "checkout")
     monkeypatch.chdir(checkout)

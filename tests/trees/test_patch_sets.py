@@ -17,7 +17,7 @@ from patchkit import registry
 from patchkit.state import vendoring
 from support import PRIMARY, pristine_snapshot, snapshot
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "acme-patches"
 SET = EXAMPLE / "acme_patches"
 PATCH = "acme-torch-native-spec-v2"

@@ -2,7 +2,7 @@
 door"): the partial parse takes what it declares, and a codemod that reads the whole
 module declares that too, with its reason (``READS_WHOLE``). Forgetting both used to
 turn the partial parse off in silence; here it fails, naming the codemod. That each
-declaration is right is tests/test_transform_partial.py's proof on every known release."""
+declaration is right is tests/trees/test_transform_partial.py's proof on every known release."""
 
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def test_show_says_what_a_patch_changes(make_tree, cli):
 
 
 def test_verbose_says_where_it_changes_output_and_every_option_has_help(cli):
-    # -q and -v on every command (tests/test_terminal.py); the help says where -v adds nothing.
+    # -q and -v on every command (tests/trees/test_terminal.py); the help says where -v adds nothing.
     for command in ("fetch", "diff", "list", "show", "apply", "revert", "export", "matrix"):
         assert "none to add: accepted, no effect" in " ".join(cli(command, "--help").output.split()), command
     for command in ("status", "verify", "audit"):
@@ -119,7 +119,7 @@ def test_environment_variables_in_help_and_checked(cli, make_tree, tmp_path):
     from patchkit import settings
 
     text = cli("--help").output
-    documented = (Path(__file__).resolve().parent.parent / "docs" / "ci.md").read_text()
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "ci.md").read_text()
     assert all(f"`{name}`" in documented for name in [*settings.VARIABLES, *settings.DEPRECATED])
     for name in ("PATCHKIT_LOCK_TIMEOUT", "PATCHKIT_JOBS", "PATCHKIT_CACHE_DIR", "PATCHKIT_TRANSFORM_CACHE",
                  "PATCHKIT_CACHE", "_PATCHKIT_COMPLETE=bash_source patchkit"):
@@ -158,7 +158,7 @@ def test_completion_script_names_the_commands():
 
 
 def test_readme_shows_what_the_demo_and_ci_run():
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     readme = (root / "README.md").read_text()
     transcript = readme.split("`bash scripts/demo.sh` prints exactly this")[1].split("```")[1]
     demo = (root / "scripts" / "demo.sh").read_text()

@@ -17,7 +17,7 @@ from patchkit import registry
 from patchkit.cli import main
 
 IDS = [p.id for p in registry.all_patches()]
-SET = Path(__file__).resolve().parent.parent / "examples" / "acme-patches" / "acme_patches"
+SET = Path(__file__).resolve().parents[2] / "examples" / "acme-patches" / "acme_patches"
 COMMANDS = ["apply", "audit", "diff", "export", "fetch", "list", "matrix", "revert", "show", "status", "verify"]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from gpu_e2e import call_verdict, engine_facts
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu-yardstick-2026-11-27"
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-yardstick-2026-11-27"
 
 
 def _results(step: str) -> dict:

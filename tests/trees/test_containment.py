@@ -20,7 +20,7 @@ from patchkit.state.files import write_or_remove
 
 pytestmark = pytest.mark.trees
 
-ACME = Path(__file__).resolve().parents[1] / "examples" / "acme-patches" / "acme_patches"
+ACME = Path(__file__).resolve().parents[2] / "examples" / "acme-patches" / "acme_patches"
 TORCH_NATIVE = "srt/layers/attention/torch_native_backend.py"
 FA3 = "srt/layers/attention/flashattention_backend.py"
 LOCK = ("lock", ".gitignore")  # what any command makes in .patchkit/ to serialise runs

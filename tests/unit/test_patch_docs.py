@@ -17,7 +17,7 @@ from patchkit.errors import PatchkitError
 from patchkit.listing import list_markdown
 from patchkit.registry.definitions import Patch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 BEGIN, END = "<!-- patchkit list --format markdown -->\n", "\n<!-- end -->"
 

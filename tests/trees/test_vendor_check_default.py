@@ -21,7 +21,7 @@ BATCH = "srt/managers/schedule_batch.py"
 EAGER_SUM = "self.seq_lens_sum = self.seq_lens.sum().item()"
 SYNC = "srt/speculative/eagle_info_v2.py"
 SYNC_LINE = "        batch.seq_lens_cpu = batch.seq_lens.cpu()\n"
-# After the pair the patch guards (a statement between the two is refused: tests/test_vendor_code.py).
+# After the pair the patch guards (a statement between the two is refused: tests/trees/test_vendor_code.py).
 SUM_LINE = "        batch.seq_lens_sum = batch.seq_lens_cpu.sum().item()\n"
 
 
@@ -134,7 +134,7 @@ def test_the_risk_flag_applies_unchecked_and_says_so(tree, cli, empty_cache, off
 def test_the_hash_script_reads_the_cached_trees(tmp_path):
     import runpy
 
-    table = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "release_hashes.py"))["table"]([PRIMARY])
+    table = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "release_hashes.py"))["table"]([PRIMARY])
     data = (fetch.fetch_tree(PRIMARY) / BATCH).read_bytes()
     assert table["releases"] == [PRIMARY]
     assert table["files"][BATCH] == {hashlib.sha256(data).hexdigest(): PRIMARY}
@@ -150,7 +150,7 @@ def test_cold_apply_audits_only_what_the_vendor_changed(tree, tmp_path, monkeypa
     monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "cold"))
     audit_facts._MEMO.clear()
     # The safety rule's audit of the tree as it would be written is a cost of its own (kept by the
-    # tree's bytes in the transform cache: tests/test_pre_0510.py); here only the vendor audit.
+    # tree's bytes in the transform cache: tests/trees/test_pre_0510.py); here only the vendor audit.
     from patchkit.checks import mirror_reads
     monkeypatch.setattr(mirror_reads, "first_unsafe_read", lambda *args, **kwargs: None)
     (tree / "srt" / "acme_reads.py").write_text("def f(forward_batch):\n    return forward_batch.seq_lens_cpu.max()\n")
