@@ -18,7 +18,7 @@ batch size:
 Timings compare only on one machine. ``machines.json`` beside the calls maps a call's
 folder to the machine it ran on; a round whose two calls ran on different machines is
 shown, marked, and kept out of the median. Pure functions over the JSON; the tables in
-docs/gpu.md are recomputed from the committed results by tests/test_gpu_yardstick.py.
+docs/gpu.md are recomputed from the committed results by tests/gpu/test_gpu_yardstick.py.
 
     python -m gpu_e2e.yardstick docs/results/gpu-yardstick-2026-11-27
 """

@@ -17,7 +17,7 @@ plainly right: a codemod of the file reads the whole module
 final newline or a byte-order mark, nothing is worth leaving out, or the
 skeleton does not parse as expected. The module generates the file's exact
 bytes, with the indentation libcst would detect on the whole file
-(tests/test_transform_partial.py compares both ways on real trees).
+(tests/trees/test_transform_partial.py compares both ways on real trees).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class PatchCodemod(Codemod):
     def detect(self, module: cst.Module) -> Finding:
         raise NotImplementedError
 
-    READS_WHOLE: Optional[str] = None  # why it reads its whole module, said (tests/test_codemod_reads.py)
+    READS_WHOLE: Optional[str] = None  # why it reads its whole module, said (tests/unit/test_codemod_reads.py)
 
     @classmethod
     def reads(cls) -> Optional[Reads]:

@@ -5,7 +5,7 @@ codemod whose part of the file is untouched is not asked again.
 A codemod declares it; what it does not declare it reads whole. Each class
 that defines a hook of its own (``detect``, ``detect_in_class`` ...) says
 what that hook reads, else the whole module (or class) counts as read.
-tests/test_transform_partial.py proves the declarations on every release
+tests/trees/test_transform_partial.py proves the declarations on every release
 patchkit knows: the partial parse is only ever used on a file whose bytes
 are such a release's own.
 """

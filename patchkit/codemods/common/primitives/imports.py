@@ -97,7 +97,7 @@ def add_imports(module: cst.Module, wanted: Sequence[tuple[str, Optional[str]]])
     new lines: ``import mod`` sorted, then ``from mod import a, b`` sorted by
     module and name, with a blank line kept before the next statement of the
     block. (This is what libcst's AddImportsVisitor does on that block, byte for
-    byte; tests/test_primitives.py compares the two.)"""
+    byte; tests/unit/test_primitives.py compares the two.)"""
     if not wanted:
         return module
     if any(mod == "__future__" for mod, _ in wanted):
