@@ -31,6 +31,6 @@ def test_unit_tests_read_no_release_and_are_not_slow():
 
 def test_the_readme_and_the_pre_push_hook_name_the_unit_folder_as_the_quick_loop():
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    assert f"Quick loop (no download, under a minute): `.venv/bin/python -m {QUICK_LOOP}`" in readme
+    assert f"Quick loop (offline, under a minute): `.venv/bin/python -m {QUICK_LOOP}`" in readme
     assert f"entry: python -m {QUICK_LOOP}\n" in (ROOT / ".pre-commit-config.yaml").read_text(encoding="utf-8")
     assert (TESTS / "README.md").exists()
