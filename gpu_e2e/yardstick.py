@@ -29,11 +29,11 @@ import json
 import re
 import statistics
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from . import wait_report
+from . import profile_table, wait_report
 
 #: ``fa3-r2-b12`` -> backend ``fa3``, round ``r2``, bundle ``b12``.
 CALL = re.compile(r"^(?P<backend>[a-z0-9_]+)-(?P<round>r\d+)-(?P<bundle>b12|b17)$")
@@ -116,12 +116,29 @@ def rows(folder: Path) -> list[dict]:
                     "pristine_tok_per_s": pristine[bs]["tok_per_s"] if bs in pristine else None,
                     "ratio": p["tok_per_s"] / u["tok_per_s"],
                     "waits_per_step": (waits["per_step"][1], waits["per_step"][0]),
+                    "event_waits_per_step": (event_waits_per_step(p), event_waits_per_step(u)),
                     "sites": {PATCHED: _site_steps(waits, 1), UPSTREAM: _site_steps(waits, 0)},
                     "accept_length": (p["accept_length"], u["accept_length"]),
                     "identical_requests": (same, n),
                 }
             )
     return out
+
+
+def event_waits_per_step(batch: Mapping) -> Optional[float]:
+    """The wrapper's event waits (``wait|...``: ``Event.synchronize`` and the like, which
+    torch's sync debug mode does not flag) per decode step; None where nothing counted."""
+    steps = batch.get("decode_steps") or 0
+    if not steps:
+        return None
+    return sum(n for key, n in (batch.get("syncs") or {}).items() if key.startswith("wait|")) / steps
+
+
+def label(backend: str) -> str:
+    """``fa3_8boff`` -> ``FA3, 8B, counters off``: the plan's step names, for readers."""
+    base, _, kind = backend.partition("_")
+    words = [{"fa3": "FA3", "triton": "Triton"}.get(base, base), "8B" if "8b" in kind else "small"]
+    return ", ".join(words + (["counters off"] if "off" in kind else []))
 
 
 def _site_steps(waits: Mapping, side: int) -> dict[str, float]:
@@ -147,12 +164,22 @@ def summary(table: list[dict]) -> list[dict]:
                 "range": (min(same), max(same)) if same else None,
                 "other_machine": [(r["round"], r["ratio"]) for r in rs if not r["same_machine"]],
                 "waits_per_step": (
-                    statistics.median(r["waits_per_step"][0] for r in rs),
-                    statistics.median(r["waits_per_step"][1] for r in rs),
+                    _median_of(r["waits_per_step"][0] for r in rs),
+                    _median_of(r["waits_per_step"][1] for r in rs),
+                ),
+                "event_waits_per_step": (
+                    _median_of(r["event_waits_per_step"][0] for r in rs),
+                    _median_of(r["event_waits_per_step"][1] for r in rs),
                 ),
             }
         )
     return out
+
+
+def _median_of(values: Iterable[Optional[float]]) -> Optional[float]:
+    """The median of the rounds that counted (a counters-off round has no count: None)."""
+    counted = [v for v in values if v is not None]
+    return statistics.median(counted) if counted else None
 
 
 def _f(x: Optional[float], fmt: str = "{:.2f}") -> str:
@@ -162,7 +189,7 @@ def _f(x: Optional[float], fmt: str = "{:.2f}") -> str:
 SUMMARY_HEADER = (
     "| backend | bs | same-machine rounds | patched / 0.5.17 tok/s per round | median "
     "| range | rounds across machines (not in the median) "
-    "| host waits per decode step, patched / 0.5.17 |"
+    "| host waits per decode step, patched / 0.5.17 | event waits per decode step, patched / 0.5.17 |"
 )
 ROUND_HEADER = (
     "| backend | round | bs | tok/s patched / 0.5.17 (pristine) | ratio | host waits per step "
@@ -176,16 +203,17 @@ def _sites_cell(sites: Mapping[str, float]) -> str:
 
 
 def markdown(table: list[dict]) -> str:
-    lines = [SUMMARY_HEADER, "|---|---:|---|---|---:|---|---|---|"]
+    lines = [SUMMARY_HEADER, "|---|---:|---|---|---:|---|---|---|---|"]
     for s in summary(table):
         bs = f"{s['batch_size']}{' (eager)' if s['eager'] else ''}"
         lo_hi = f"{_f(s['range'][0], '{:.3f}')} – {_f(s['range'][1], '{:.3f}')}" if s["range"] else "n/a"
         other = ", ".join(f"{rnd} {x:.3f}" for rnd, x in s["other_machine"]) or "–"
         lines.append(
-            f"| {s['backend']} | {bs} | {', '.join(s['rounds']) or 'none'} "
+            f"| {label(s['backend'])} | {bs} | {', '.join(s['rounds']) or 'none'} "
             f"| {', '.join(_f(x, '{:.3f}') for x in s['ratios']) or '–'} "
             f"| {_f(s['median_ratio'], '{:.3f}')} | {lo_hi} | {other} "
-            f"| {_f(s['waits_per_step'][0])} / {_f(s['waits_per_step'][1])} |"
+            f"| {_f(s['waits_per_step'][0])} / {_f(s['waits_per_step'][1])} "
+            f"| {_f(s['event_waits_per_step'][0])} / {_f(s['event_waits_per_step'][1])} |"
         )
     lines += ["", ROUND_HEADER, "|---|---|---:|---|---:|---|---|---|---|---|"]
     for r in table:
@@ -198,7 +226,7 @@ def markdown(table: list[dict]) -> str:
         pristine = f" ({r['pristine_tok_per_s']:.0f})" if r["pristine_tok_per_s"] else ""
         machine = "" if r["same_machine"] else " (two machines)"
         lines.append(
-            f"| {r['backend']} | {r['round']}{machine} | {r['batch_size']}{' (eager)' if r['eager'] else ''} "
+            f"| {label(r['backend'])} | {r['round']}{machine} | {r['batch_size']}{' (eager)' if r['eager'] else ''} "
             f"| {tp:.0f} / {tu:.0f}{pristine} | {r['ratio']:.3f} | {_f(wp)} / {_f(wu)} "
             f"| {_sites_cell(r['sites'][PATCHED])} | {_sites_cell(r['sites'][UPSTREAM])} "
             f"| {ap:.3f} / {au:.3f} | {same} of {n} requests |"
@@ -206,12 +234,17 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def report(folder: Path) -> str:
+    """The ratios, the rounds, then the profiles: what ``yardstick.md`` holds."""
+    return markdown(rows(folder)) + "\n" + profile_table.markdown(profile_table.rows(folder, label))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not Path(args[0]).is_dir():
         print("usage: python -m gpu_e2e.yardstick RESULTS_FOLDER", file=sys.stderr)
         return 2
-    sys.stdout.write(markdown(rows(Path(args[0]))))
+    sys.stdout.write(report(Path(args[0])))
     return 0
 
 
