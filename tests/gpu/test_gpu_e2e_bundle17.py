@@ -317,12 +317,14 @@ args = sys.argv[1:]
 out = Path(args[args.index("--out") + 1])
 out.mkdir(parents=True, exist_ok=True)
 with open(os.environ["PK_PLAN_LOG"], "a") as fh:
-    fh.write(json.dumps({"bundle": Path.cwd().name, "args": args}) + "\\n")
+    fh.write(json.dumps({"bundle": Path.cwd().name, "args": args,
+                         "counters_off": os.environ.get("PK_E2E_COUNTERS_OFF", "")}) + "\\n")
 print("verdict: stub")
 """
 
 
-def test_the_yardstick_plan_runs_abba_rounds_of_each_bundle_with_its_own_fa3(tmp_path):
+def _run_plan(tmp_path, steps: str) -> list[dict]:
+    """plan.sh over stub bundles (each orchestrate call logged), with STEPS ``steps``."""
     import os
 
     log = tmp_path / "calls.jsonl"
@@ -339,10 +341,19 @@ def test_the_yardstick_plan_runs_abba_rounds_of_each_bundle_with_its_own_fa3(tmp
     (bin_dir / "python3").symlink_to(sys.executable)
     env = dict(os.environ, R=str(tmp_path / "run"), B12=str(tmp_path / "b12"), B17=str(tmp_path / "b17"),
                FA3_12=str(tmp_path / "fa3" / "lib.so"), FA3_17=str(tmp_path / "fa3_17" / "lib.so"),
-               PK_PLAN_LOG=str(log), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+               PK_PLAN_LOG=str(log), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", STEPS=steps)
     done = subprocess.run(["bash", str(PLAN)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert "all done" in (tmp_path / "run" / "progress.log").read_text()
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _arg(call: dict, name: str) -> str:
+    return call["args"][call["args"].index(name) + 1]
+
+
+def test_the_yardstick_plan_runs_abba_rounds_of_each_bundle_with_its_own_fa3(tmp_path):
+    calls = _run_plan(tmp_path, "fa3-r1 triton-r1 fa3-r2 fa3-r3 triton-r2 triton-r3")  # the second session's
     order = [(c["bundle"], c["args"][c["args"].index("--label") + 1],
               c["args"][c["args"].index("--attention-backend") + 1]) for c in calls]
     # FA3 round 1, Triton round 1, then the other rounds (plan.sh's STEPS, since 8b4dc09)
@@ -364,4 +375,19 @@ def test_the_yardstick_plan_runs_abba_rounds_of_each_bundle_with_its_own_fa3(tmp
         if c["bundle"] == "b12":  # pristine beside patched in round 1 only
             r1 = a[a.index("--label") + 1] == "r1"
             assert a[a.index("--variants") + 1] == ("pristine,patched" if r1 else "patched")
-    assert "all done" in (tmp_path / "run" / "progress.log").read_text()
+        assert c["counters_off"] == ""
+
+
+def test_the_plan_s_counters_off_and_8b_steps(tmp_path):
+    """``_off``: counters off, round 1 profiled at bs 8 with pristine; ``_8b``: the 8B shape;
+    ``_8boff``: both, round 1 profiled at bs 32 (the last batch size)."""
+    calls = _run_plan(tmp_path, "fa3_off-r1 triton_8b-r1 fa3_8boff-r1 triton_8boff-r2")
+    seen = [(c["bundle"], _arg(c, "--sizes"), c["counters_off"], _arg(c, "--profile-batch") if "--profile-batch" in c["args"]
+             else None, _arg(c, "--variants") if "--variants" in c["args"] else None) for c in calls]
+    assert seen == [
+        ("b12", "small", "1", "8", "pristine,patched"), ("b17", "small", "1", "8", None),
+        ("b12", "8b", "", None, "patched"), ("b17", "8b", "", None, None),
+        ("b12", "8b", "1", "32", "patched"), ("b17", "8b", "1", "32", None),
+        ("b17", "8b", "1", None, None), ("b12", "8b", "1", None, "patched"),  # r2: 0.5.17 first
+    ]
+    assert all(_arg(c, "--batch-sizes") == "1,8,32" for c in calls)

@@ -3,14 +3,17 @@ worker, from what tests/profiling.py writes; and the order it gives the run."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import test_profile  # noqa: E402
+# Loaded by path: scripts/ on sys.path would make `gpu_e2e` resolve to scripts/gpu_e2e.py
+# for every test module collected after this one.
+_SPEC = importlib.util.spec_from_file_location("test_profile_script", ROOT / "scripts" / "test_profile.py")
+assert _SPEC and _SPEC.loader
+test_profile = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(test_profile)
 
 
 def write_worker(folder: Path, name: str, spent: dict, span: dict) -> None:
