@@ -18,17 +18,16 @@ from __future__ import annotations
 import os
 from contextlib import AbstractContextManager
 from pathlib import Path
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 from collections.abc import Callable, Iterable
 
 import patchkit
 from patchkit import registry, transform
-from patchkit.transform import cache as transform_cache
+from patchkit.transform import audit_counts, cache as transform_cache
 from patchkit.state import originals
 from patchkit.state import vendoring
 from patchkit import detection_cache
-from patchkit.detection_cache import AuditKey, FindingKey, Learnt, VendorKey
+from patchkit.detection_cache import FindingKey, Learnt
 from patchkit.errors import PatchkitError
 from patchkit.findings import Finding, State
 from patchkit.results import ABSENT, APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, PARTIAL, STALE, CodemodResult, PatchReport, unified_diff
@@ -44,22 +43,6 @@ if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must 
     from patchkit.codemods.common.base import PatchCodemod
 
     CodemodRef = Union[type[PatchCodemod], str]
-
-@dataclass(frozen=True)
-class VendorProblems:
-    """How many reads of the mirror the audit finds in the vendor's own code
-    (``Session.vendor_problems``): a fact of the transform cache."""
-
-    KIND: ClassVar[str] = "vendor-problems"
-    count: int
-
-    def to_json(self) -> int:
-        return self.count
-
-    @classmethod
-    def from_json(cls, data: object) -> VendorProblems:
-        return cls(detection_cache.count_of(data))
-
 
 class Session:
     def __init__(self, snapshot: Snapshot, store: Store) -> None:
@@ -200,42 +183,12 @@ class Session:
             self._saved = self.learnt.copy()
 
     def audit_problems(self) -> int:
-        """How many reads of the CPU mirror ``patchkit audit`` finds unguarded
-        or stale. Cached like the findings, by the audited files' bytes: the
-        audit parses every module under srt/ that mentions the mirror, which would triple the time of ``verify``."""
-        from patchkit import audit
-
-        key = AuditKey(audit.fingerprint(self.tree.package))
-        if key not in self.learnt.audit:
-            self.learnt.audit[key] = len(audit.audit_tree(self.tree.package).problems)
-        return self.learnt.audit[key]
+        """How many reads of the CPU mirror ``patchkit audit`` finds unguarded or stale (``transform.audit_counts``)."""
+        return audit_counts.audit_problems(self.learnt, self.tree.package)
 
     def vendor_problems(self, targets: Iterable[str], release_own: Iterable[str] = ()) -> int:
-        """How many of those reads are in the vendor's own code
-        (``audit.vendor_problems``; ``targets``: the files patchkit's patches
-        change; ``release_own``: files this apply changed that were their
-        release's bytes before, so hold no vendor code). Cached like
-        ``audit_problems``: a warm ``apply`` would otherwise spend most of its
-        time auditing a tree it did not change."""
-        from patchkit import audit
-        from patchkit.transform.cache import TransformCache
-
-        targets, sources = sorted(set(targets)), audit.sources(self.tree.package)
-        release_own = sorted(set(release_own))
-        # ``release_own`` is not in the key: it only spares parsing files whose
-        # reads are patchkit's or the release's, never the vendor's (same count).
-        key = VendorKey(audit.fingerprint(self.tree.package, sources), sha256(chr(0).join(targets).encode()))
-        if key not in self.learnt.vendor:
-            # Shared by every tree like a transform (a fresh copy of a release,
-            # patched, has the same bytes), under patchkit's code fingerprint too.
-            shared = TransformCache.default()
-            fact = shared.get_fact(shared_key := shared.fact_key(VendorProblems, key.fingerprint, key.targets), VendorProblems)
-            if fact is None:
-                found = audit.audit_tree(self.tree.package, sources=sources, vendor_only=True, release_own=release_own)
-                fact = VendorProblems(len(audit.vendor_problems(found, targets)))
-                shared.put_fact(shared_key, fact)
-            self.learnt.vendor[key] = fact.count
-        return self.learnt.vendor[key]
+        """How many of those reads are in the vendor's own code (``transform.audit_counts``)."""
+        return audit_counts.vendor_problems(self.learnt, self.tree.package, targets, release_own)
 
     # -- status ----------------------------------------------------------------
 

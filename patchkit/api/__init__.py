@@ -250,10 +250,10 @@ def _recover(where: Located, dry_run: bool) -> ChangeResult:
     store = Store(where.tree.state_dir)
     with store.locked(settings.lock_timeout()):
         done = recovery.recover(store, where.tree, dry_run)
-    outcome = Outcome([], changed=done.changed)
-    outcome.messages += [f"set aside: .patchkit/{path.relative_to(store.folder)}" for path in done.set_aside]
-    outcome.messages += [f"{where.tree.shown_path(rel, where.given)}: holds bytes patchkit never wrote "
-                         "(edited since?); left as it is" for rel in done.unknown]
+    messages = [f"set aside: .patchkit/{path.relative_to(store.folder)}" for path in done.set_aside]
+    messages += [f"{where.tree.shown_path(rel, where.given)}: holds bytes patchkit never wrote "
+                 "(edited since?); left as it is" for rel in done.unknown]
+    outcome = Outcome([], changed=done.changed, messages=messages)
     return ChangeResult("revert", where, outcome, dry_run)
 
 

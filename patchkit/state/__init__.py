@@ -27,8 +27,6 @@ import errno
 import fcntl
 import json
 import os
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +34,11 @@ from typing import Optional
 from collections.abc import Callable, Iterable, Iterator
 
 from patchkit import containment, lifetimes
-from patchkit.errors import Interrupted, PatchkitError
+from patchkit.errors import PatchkitError
 from patchkit.state.files import (TEMP_SUFFIX, atomic_write, crash_point, fsync_dir,  # noqa: F401 - their home
                                   remove, remove_all_temp_files, remove_temp_files, write_or_remove)
 from patchkit.state.record import CorruptState, Record
+from patchkit.state.signals import held_signals
 from patchkit.tree import sha256  # noqa: F401 - the state names files by it
 
 
@@ -332,26 +331,6 @@ class Pending:
         other = "revert" if self.verb == "apply" else "apply"
         return (f"an interrupted {self.verb} of {len(self.files)} files is pending: `patchkit {self.verb}` "
                 f"finishes it, `patchkit {other}` rolls it back")
-
-
-@contextlib.contextmanager
-def held_signals() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM for the block (the write phase of a
-    transaction): the tree is all-or-nothing when the process exits. A signal
-    that arrived is raised as ``Interrupted`` when the block ends."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if received:
-        raise Interrupted(received[0], waited=True)
 
 
 @contextlib.contextmanager

@@ -102,7 +102,9 @@ def read_snapshot(tree: Tree, store: Store) -> Snapshot:
                             "backups")
     if believed.source == "manifest":
         # The manifest lists files, not which patch touched which.
-        for patch in patches:
-            if patch.id in believed.record.applied:
-                believed.record.applied[patch.id] = [f for f in patch.files if f in believed.record.files]
+        known = {patch.id: patch.files for patch in patches}
+        record = believed.record.copy()
+        record.applied = {pid: [f for f in known[pid] if f in record.files] if pid in known else files
+                          for pid, files in record.applied.items()}
+        believed = dataclasses.replace(believed, record=record)
     return Snapshot(tree, MappingProxyType(files), believed, store.pending())

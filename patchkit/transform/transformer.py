@@ -98,7 +98,7 @@ class Transformer:
                     self.findings[FindingKey(name, new_digest)] = finding
             self._prepared[rel] = (digest, entry)
 
-    def transform_files(self, files: Iterable[str], patches: list["Patch"]) -> dict[str, bytes]:
+    def transform_files(self, files: Iterable[str], patches: Sequence["Patch"]) -> dict[str, bytes]:
         """Each of ``files`` (of ``sources``, their release bytes fetched)
         transformed with the codemods of ``patches``: the files it changes,
         with their new bytes."""
