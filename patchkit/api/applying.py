@@ -44,9 +44,15 @@ class Plan:
     skipped: tuple[tuple[str, str], ...] = ()  # (patch id, why)
 
 
-def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False, runtime: Optional[str] = None,
-                  progress: Optional["Progress"] = None, accept_vendor_code_risk: bool = False,
-                  say: Callable[[str], None] = lambda line: None) -> Outcome:
+def apply_patches(
+    session: Session,
+    selected: list[Patch],
+    dry_run: bool = False,
+    runtime: Optional[str] = None,
+    progress: Optional["Progress"] = None,
+    accept_vendor_code_risk: bool = False,
+    say: Callable[[str], None] = lambda line: None,
+) -> Outcome:
     """Apply ``selected``; ``runtime`` (vendored | package) switches the
     runtime mode, default: the tree's mode, or vendored on a fresh tree.
     ``progress(done, total)`` hears of each file transformed ahead.
@@ -58,22 +64,23 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
         raise PatchkitError(f"unknown runtime mode {mode!r} (choose {' or '.join(vendoring.MODES)})")
     if record.legacy:
         raise PatchkitError(f"{tree.package}: {LEGACY}")
-    # Read: the target files' bytes. The postconditions of the patches
-    # selected or applied before, made, and the head start they ask of the
-    # transform's workers. Fetch: the release's bytes the vendor-code check
-    # compares with. What the patches are applied on.
+    # Read: the target files' bytes; the postconditions of the patches
+    # selected or applied before, made. Fetch: the release's bytes the
+    # vendor-code check compares with. What the patches are applied on.
     sources = session.sources(selected)
     applied = set(record.applied)
     checks = checked.declared(registry.all_patches(), applied | {p.id for p in selected})
-    head_start = checked.head_start(checks, tree)
-    pristine = fetch.release_sources(tree.version, sources, sources, download=True,
-                                     accept_risk=accept_vendor_code_risk, say=say)
+    pristine = fetch.release_sources(
+        tree.version, sources, sources, download=True, accept_risk=accept_vendor_code_risk, say=say
+    )
     base_commit = record.base_commit or git.head(tree.package)
     # Transform ahead: every file's detection and transform, in parallel or
-    # from the transform cache (this seeds the findings the plan's reports read).
-    transformer = Transformer(tree, session.findings, session.modules, sources, pristine,
-                              risk_accepted=accept_vendor_code_risk)
-    transformer.prepare(selected, progress, head_start)
+    # from the transform cache (this seeds the findings the plan's reports
+    # read), with the head start the checks ask of the workers.
+    transformer = Transformer(
+        tree, session.findings, session.modules, sources, pristine, risk_accepted=accept_vendor_code_risk
+    )
+    transformer.prepare(selected, progress, checks)
     # Plan; then, before the transform, what the plan's files need: edits
     # made since an earlier apply (a clone may recover backups).
     plan = plan_apply(session.reports(selected), selected, applied)
@@ -82,19 +89,32 @@ def apply_patches(session: Session, selected: list[Patch], dry_run: bool = False
     # refuses is not written, nor those that require it. The commit checks
     # the runtime mode's rules and that every file to change is writable.
     done = checked.transform_checked(transformer, plan.todo, applied, checks, plan.skipped, not dry_run)
-    changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = {rel: (sources[rel], new) for rel, new in done.changed.items()}
+    changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = {
+        rel: (sources[rel], new) for rel, new in done.changed.items()
+    }
     messages = list(transformer.notes)  # vendor code replaced on purpose, or its check skipped
     new_record, blobs = _record(tree, record, done, sources, edited)
     runtime_patches: Optional[list[Patch]] = None  # the runtime folder is planned for these (None: left as it is)
     if new_record.applied:
         if mode != session.runtime_mode and record.applied:
             messages.append(f"runtime: {session.runtime_mode} -> {mode}")
-        new_record.runtime, new_record.runtime_api, new_record.patchkit = mode, vendoring.RUNTIME_API, patchkit.__version__
+        new_record.runtime, new_record.runtime_api, new_record.patchkit = (
+            mode,
+            vendoring.RUNTIME_API,
+            patchkit.__version__,
+        )
         # What the record was made on: a record of another release is never believed (patchkit.state.reconcile).
         new_record.sglang, new_record.base_commit = tree.version, base_commit
         runtime_patches = [p for p in registry.all_patches() if p.id in new_record.applied]
-    outcome = Outcome(list(plan.reports.values()), changed, [p.id for p in done.todo], list(done.skipped), messages,
-                      sorted(rel for rel in changed if pristine.get(rel) == sources[rel]), blobs)
+    outcome = Outcome(
+        list(plan.reports.values()),
+        changed,
+        [p.id for p in done.todo],
+        list(done.skipped),
+        messages,
+        sorted(rel for rel in changed if pristine.get(rel) == sources[rel]),
+        blobs,
+    )
     # the session keeps what it learnt (its findings) when the command ends
     return commit(session, "apply", outcome, new_record, runtime_patches, force=True, dry_run=dry_run, mode_check=True)
 
@@ -124,12 +144,19 @@ def plan_apply(reports: list[PatchReport], selected: list[Patch], applied: set[s
 
 def refused_anchor(pid: str, reason: str) -> str:
     """A patch whose anchor this tree lacks, in one line: why, and what the maintainer can do."""
-    what = "restore that file" if reason.endswith("file not in this tree") else "give that code the shape the patch needs"
+    what = (
+        "restore that file" if reason.endswith("file not in this tree") else "give that code the shape the patch needs"
+    )
     return f"refused: {reason}; {what}, or `--skip {pid}` (the other patches still apply)"
 
 
-def _record(tree: "Tree", record: Record, done: checked.Transformed, sources: Mapping[str, bytes],
-            edited: dict[str, tuple[bytes, bytes]]) -> tuple[Record, dict[str, bytes]]:
+def _record(
+    tree: "Tree",
+    record: Record,
+    done: checked.Transformed,
+    sources: Mapping[str, bytes],
+    edited: dict[str, tuple[bytes, bytes]],
+) -> tuple[Record, dict[str, bytes]]:
     """The record after this apply (``record`` is left as it is): patches
     applied, and per file it changes (``done.changed``: its new bytes) its
     backup and what patchkit wrote, with those bytes to store as blobs at

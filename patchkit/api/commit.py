@@ -66,8 +66,16 @@ class InterruptedAfterCommit(Interrupted):
         self.outcome = outcome
 
 
-def commit(session: "Session", verb: str, outcome: Outcome, record: Record, runtime: Optional[list["Patch"]],
-           force: bool, dry_run: bool, mode_check: bool = False) -> Outcome:
+def commit(
+    session: "Session",
+    verb: str,
+    outcome: Outcome,
+    record: Record,
+    runtime: Optional[list["Patch"]],
+    force: bool,
+    dry_run: bool,
+    mode_check: bool = False,
+) -> Outcome:
     """Finish ``verb`` (apply or revert): ``outcome`` as written. ``runtime``:
     the patches applied once it is done, whose runtime folder and manifest
     are planned into the outcome and ``record`` (None: they stay as they
@@ -82,14 +90,24 @@ def commit(session: "Session", verb: str, outcome: Outcome, record: Record, runt
         if mode_check:
             vendoring.check_mode(runtime, record.runtime or vendoring.DEFAULT_MODE)
         record = planned.record
-        outcome = replace(outcome, changed={**outcome.changed, **planned.changed},
-                          messages=outcome.messages + planned.messages, blobs={**outcome.blobs, **planned.blobs})
+        outcome = replace(
+            outcome,
+            changed={**outcome.changed, **planned.changed},
+            messages=outcome.messages + planned.messages,
+            blobs={**outcome.blobs, **planned.blobs},
+        )
     check_writable(session.tree, outcome.changed)
     if dry_run or not (outcome.changed or record.applied != session.record.applied):
         return outcome
     try:
-        session.store.commit(verb, session.tree.package, outcome.changed, session.record, record,
-                             backups=[*outcome.blobs.values(), *session.recovered.values()])
+        session.store.commit(
+            verb,
+            session.tree.package,
+            outcome.changed,
+            session.record,
+            record,
+            backups=[*outcome.blobs.values(), *session.recovered.values()],
+        )
     except Interrupted as exc:
         if exc.waited:  # the signal came during the write and waited for its end: all is written
             raise InterruptedAfterCommit(exc.signum, outcome) from exc
@@ -133,7 +151,9 @@ def sync_runtime(snapshot: "Snapshot", record: Record, patches: list["Patch"], f
                     "(undo the edits, or pass --force to discard them)"
                 )
             blobs.update(kept(current))
-            messages.append(f"{path}: was edited; replaced by patchkit's runtime (your copy: .patchkit/blobs/{sha256(current)})")
+            messages.append(
+                f"{path}: was edited; replaced by patchkit's runtime (your copy: .patchkit/blobs/{sha256(current)})"
+            )
         if current != target:
             changed[rel] = (current, target)
         if target is None:

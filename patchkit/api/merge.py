@@ -32,8 +32,17 @@ def three_way_merge(ours: bytes, base: bytes, theirs: bytes, favor: str = "") ->
             p = Path(tmp) / name
             p.write_bytes(data)
             paths.append(str(p))
-        options = [f"--marker-size={MARKER}", "--diff3", "-L", "ours", "-L", "base", "-L", "theirs",
-                   *([f"--{favor}"] if favor else [])]
+        options = [
+            f"--marker-size={MARKER}",
+            "--diff3",
+            "-L",
+            "ours",
+            "-L",
+            "base",
+            "-L",
+            "theirs",
+            *([f"--{favor}"] if favor else []),
+        ]
         proc = subprocess.run(["git", "merge-file", "-p", *options, *paths], capture_output=True)
     if proc.returncode < 0 or proc.returncode > 127:
         raise PatchkitError(f"git merge-file failed: {proc.stderr.decode(errors='replace').strip()}")
@@ -100,9 +109,12 @@ def keep_user_edits(path: Path, current: bytes, patched: bytes, target: bytes, f
         forced, _ = three_way_merge(current, patched, target, favor="theirs")
         where = "; ".join(f"{dropped} line(s) of yours at line {at}" for at, dropped in conflicts(merged))
         digest = sha256(current)
-        return Merged(forced, f"{path}: --force discarded your edits that overlap the patch ({where} of the "
-                              f"reverted file) and kept the others; your whole copy: .patchkit/blobs/{digest}",
-                      {digest: current})
+        return Merged(
+            forced,
+            f"{path}: --force discarded your edits that overlap the patch ({where} of the "
+            f"reverted file) and kept the others; your whole copy: .patchkit/blobs/{digest}",
+            {digest: current},
+        )
     raise PatchkitError(
         f"{path}: edited after apply and the edits overlap the patch; nothing was reverted "
         "(resolve by hand, or pass --force to discard the edits)"

@@ -30,8 +30,9 @@ class RevertPlan:
     skipped: tuple[tuple[str, str], ...]  # (patch id, why): asked for, not applied by patchkit
 
 
-def revert_patches(session: Session, ids: list[str], cascade: bool = False, force: bool = False,
-                   dry_run: bool = False) -> Outcome:
+def revert_patches(
+    session: Session, ids: list[str], cascade: bool = False, force: bool = False, dry_run: bool = False
+) -> Outcome:
     """Revert ``ids`` (every applied patch when empty)."""
     plan = plan_revert(session.record, registry.all_patches(), ids, cascade)
     applied = session.applied_patches()

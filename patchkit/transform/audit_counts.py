@@ -62,7 +62,9 @@ def vendor_problems(learnt: Learnt, package: Path, targets: Iterable[str], relea
         # Shared by every tree like a transform (a fresh copy of a release,
         # patched, has the same bytes), under patchkit's code fingerprint too.
         shared = TransformCache.default()
-        fact = shared.get_fact(shared_key := shared.fact_key(VendorProblems, key.fingerprint, key.targets), VendorProblems)
+        fact = shared.get_fact(
+            shared_key := shared.fact_key(VendorProblems, key.fingerprint, key.targets), VendorProblems
+        )
         if fact is None:
             found = audit.audit_tree(package, sources=sources, vendor_only=True, release_own=release_own)
             fact = VendorProblems(len(audit.vendor_problems(found, targets)))

@@ -63,8 +63,9 @@ def guarded(owner: str, name: str, method: Callable, *args):
     except Exception as exc:  # a vendor's check may fail any way: one line
         if interrupt_in(exc) is not None:  # a signal, wrapped by Python (an import): it ends the command as itself
             raise
-        raise PatchkitError(f"postcondition {name} of {owner} failed to run: {type(exc).__name__}: {exc}; "
-                            "nothing was changed") from None
+        raise PatchkitError(
+            f"postcondition {name} of {owner} failed to run: {type(exc).__name__}: {exc}; nothing was changed"
+        ) from None
 
 
 def declared(patches: Iterable[Patch], wanted: Iterable[str]) -> list[Check]:
@@ -78,8 +79,10 @@ def made(owner: str, ref) -> Check:
     """The check ``ref`` (``module:Class``) that ``owner`` declares, made."""
     cls = definitions.load_postcondition(ref)
     if not (isinstance(cls, type) and issubclass(cls, Postcondition)):
-        raise PatchkitError(f"postcondition {ref if isinstance(ref, str) else f'{ref.module}:{ref.cls}'} of {owner} is not a "
-                            "patchkit.postconditions.Postcondition")
+        raise PatchkitError(
+            f"postcondition {ref if isinstance(ref, str) else f'{ref.module}:{ref.cls}'} of {owner} is not a "
+            "patchkit.postconditions.Postcondition"
+        )
     return Check(owner, guarded(owner, cls.__name__, cls))
 
 
@@ -116,8 +119,14 @@ class _Tagged:
         return self.start, self.job()
 
 
-def transform_checked(transformer: Transformer, todo: Iterable[Patch], applied: Iterable[str],
-                      checks: list[Check], planned: Skipped, lines_as_written: bool) -> Transformed:
+def transform_checked(
+    transformer: Transformer,
+    todo: Iterable[Patch],
+    applied: Iterable[str],
+    checks: list[Check],
+    planned: Skipped,
+    lines_as_written: bool,
+) -> Transformed:
     """``todo`` transformed (``transformer``: its sources and release bytes),
     less what the vendor-code check and ``checks`` refuse, with everything
     skipped: ``planned`` (the plan's), the transform's refusals, then the
@@ -167,15 +176,21 @@ def _transform_refusing(transformer: Transformer, todo: tuple[Patch, ...]) -> Tr
             out = {exc.patch}
             for patch in todo:  # in order: a patch comes after those it requires
                 if patch.id not in out and any(r in out for r in patch.requires):
-                    skipped += ((patch.id, f"requires {next(r for r in patch.requires if r in out)}, "
-                                           "which was refused"),)
+                    skipped += (
+                        (patch.id, f"requires {next(r for r in patch.requires if r in out)}, which was refused"),
+                    )
                     out.add(patch.id)
             todo = tuple(p for p in todo if p.id not in out)
 
 
-def _first_violation(checks: list[Check], tree: Tree, changed: Mapping[str, bytes],
-                     release: Mapping[str, bytes | None], ids: frozenset[str],
-                     applied: frozenset[str]) -> Violation | None:
+def _first_violation(
+    checks: list[Check],
+    tree: Tree,
+    changed: Mapping[str, bytes],
+    release: Mapping[str, bytes | None],
+    ids: frozenset[str],
+    applied: frozenset[str],
+) -> Violation | None:
     """The first violation, of the checks whose owner is applied now or
     before, that names a patch of this apply (``ids``)."""
     for check in checks:
@@ -183,8 +198,10 @@ def _first_violation(checks: list[Check], tree: Tree, changed: Mapping[str, byte
             proposed = Proposed(tree, changed, release, ids, applied, check.owner)
             violation = guarded(check.owner, check.name, check.postcondition.check, proposed)
             if violation is not None and not isinstance(violation, Violation):
-                raise PatchkitError(f"postcondition {check.name} of {check.owner} returned {type(violation).__name__}, "
-                                    "not None or a patchkit.postconditions.Violation; nothing was changed")
+                raise PatchkitError(
+                    f"postcondition {check.name} of {check.owner} returned {type(violation).__name__}, "
+                    "not None or a patchkit.postconditions.Violation; nothing was changed"
+                )
             if violation is not None and violation.refuse in ids:
                 return violation
     return None
@@ -211,4 +228,4 @@ def lines_after(why: str, before: Mapping[str, bytes], after: Mapping[str, bytes
     if not found or found.group(1) not in after or found.group(1) not in before:
         return why
     rel, line = found.group(1), int(found.group(2))
-    return f"refused: {rel}:{map_line(before[rel], after[rel], line)}: {why[found.end():]}"
+    return f"refused: {rel}:{map_line(before[rel], after[rel], line)}: {why[found.end() :]}"
