@@ -29,6 +29,7 @@ from patchkit.results import APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, STALE, Pat
 from patchkit.state import vendoring
 from patchkit.state.record import FileRecord, Record
 from patchkit.transform import checked
+from patchkit.transform.checks import declared
 from patchkit.transform.transformer import Transformer
 from patchkit.tree import sha256
 
@@ -69,7 +70,7 @@ def apply_patches(
     # vendor-code check compares with. What the patches are applied on.
     sources = session.sources(selected)
     applied = set(record.applied)
-    checks = checked.declared(registry.all_patches(), applied | {p.id for p in selected})
+    checks = declared(registry.all_patches(), applied | {p.id for p in selected})
     pristine = fetch.release_sources(
         tree.version, sources, sources, download=True, accept_risk=accept_vendor_code_risk, say=say
     )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from patchkit.errors import PatchkitError
 from patchkit.postconditions import Report
 from patchkit.registry import Patch
-from patchkit.transform import checked
+from patchkit.transform import checks
 
 if TYPE_CHECKING:
     from patchkit.tree import Tree
@@ -23,8 +23,8 @@ def audit(patches: Iterable[Patch], tree: Tree) -> Report:
     (``Postcondition.audit``) on ``tree`` as it stands."""
     for patch in patches:
         for ref in patch.postconditions:
-            check = checked.made(patch.id, ref)
-            report = checked.guarded(check.owner, check.name, check.postcondition.audit, tree)
+            check = checks.made(patch.id, ref)
+            report = checks.guarded(check.owner, check.name, check.postcondition.audit, tree)
             if report is not None:
                 return report
     raise PatchkitError("no loaded patch declares a postcondition that audits a tree")

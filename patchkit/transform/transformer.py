@@ -27,7 +27,7 @@ from patchkit.transform.cache import Entry, TransformCache
 if TYPE_CHECKING:
     import libcst as cst
 
-    from patchkit.transform.checked import Check
+    from patchkit.transform.checks import Check
     from patchkit.transform.parallel import Progress
     from patchkit.registry import Patch
     from patchkit.tree import Tree
@@ -79,11 +79,12 @@ class Transformer:
         all ``patches`` (grouped by patch). Findings seed ``findings``; files
         whose findings are all known and none is TODO need nothing.
         ``checks``: the postconditions to check after the transform
-        (``checked.declared``), whose head start goes to the worker
+        (``checks.declared``), whose head start goes to the worker
         processes, when files are computed there (``parallel.prepare``)."""
-        from patchkit.transform import checked, parallel
+        from patchkit.transform import parallel
+        from patchkit.transform.checks import head_start
 
-        head_start = checked.head_start(list(checks), self.tree)
+        start = head_start(list(checks), self.tree)
 
         sources = self.sources
         files: dict[str, list[list]] = {}
@@ -100,7 +101,7 @@ class Transformer:
         jobs = {
             rel: (self.tree.path(rel), sources[rel], groups, self.release_bytes(rel)) for rel, groups in need.items()
         }
-        for rel, entry in parallel.prepare(jobs, self.cache, progress, head_start).items():
+        for rel, entry in parallel.prepare(jobs, self.cache, progress, start).items():
             digest = sha256(sources[rel])
             for name, finding in entry.before.items():
                 self.findings.setdefault(FindingKey(name, digest), finding)
