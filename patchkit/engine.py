@@ -18,20 +18,30 @@ from __future__ import annotations
 import os
 from contextlib import AbstractContextManager
 from pathlib import Path
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 from collections.abc import Callable, Iterable
 
 import patchkit
 from patchkit import registry, transform
-from patchkit.transform import cache as transform_cache
+from patchkit.transform import audit_counts, cache as transform_cache
 from patchkit.state import originals
 from patchkit.state import vendoring
 from patchkit import detection_cache
-from patchkit.detection_cache import AuditKey, FindingKey, Learnt, VendorKey
+from patchkit.detection_cache import FindingKey, Learnt
 from patchkit.errors import PatchkitError
 from patchkit.findings import Finding, State
-from patchkit.results import ABSENT, APPLIED, LEGACY, NATIVE, NOT_APPLICABLE, PARTIAL, STALE, CodemodResult, PatchReport, unified_diff
+from patchkit.results import (
+    ABSENT,
+    APPLIED,
+    LEGACY,
+    NATIVE,
+    NOT_APPLICABLE,
+    PARTIAL,
+    STALE,
+    CodemodResult,
+    PatchReport,
+    unified_diff,
+)
 from patchkit.state.record import Record
 from patchkit.registry import Patch
 from patchkit.state.snapshot import Snapshot, read_snapshot
@@ -45,21 +55,6 @@ if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must 
 
     CodemodRef = Union[type[PatchCodemod], str]
 
-@dataclass(frozen=True)
-class VendorProblems:
-    """How many reads of the mirror the audit finds in the vendor's own code
-    (``Session.vendor_problems``): a fact of the transform cache."""
-
-    KIND: ClassVar[str] = "vendor-problems"
-    count: int
-
-    def to_json(self) -> int:
-        return self.count
-
-    @classmethod
-    def from_json(cls, data: object) -> VendorProblems:
-        return cls(detection_cache.count_of(data))
-
 
 class Session:
     def __init__(self, snapshot: Snapshot, store: Store) -> None:
@@ -71,7 +66,9 @@ class Session:
         self.modules: dict[str, cst.Module] = {}  # parsed files, by the sha256 of their bytes
         # Findings are the code's verdicts: a patchkit whose codemods changed (same version or not)
         # must not trust an earlier one's, so the key is the transform cache's code fingerprint.
-        self._cache_key = f"patchkit {patchkit.__version__} {transform_cache.fingerprint()[:16]} cache {detection_cache.FORMAT}"
+        self._cache_key = (
+            f"patchkit {patchkit.__version__} {transform_cache.fingerprint()[:16]} cache {detection_cache.FORMAT}"
+        )
         self.learnt = Learnt.from_json(store.load_cache(self._cache_key))
         self.findings = self.learnt.findings  # the detection cache, by codemod and file sha256
         self._saved = self.learnt.copy()
@@ -100,7 +97,9 @@ class Session:
         """The bytes of ``patches``' target files that the tree has."""
         return {t.file: data for p in patches for t in p.targets if (data := self.read(t.file)) is not None}
 
-    def read_for_revert(self, files: Iterable[str]) -> tuple[dict[str, bytes], dict[str, tuple[bytes, bytes]], dict[str, bytes]]:
+    def read_for_revert(
+        self, files: Iterable[str]
+    ) -> tuple[dict[str, bytes], dict[str, tuple[bytes, bytes]], dict[str, bytes]]:
         """What a revert reads before it transforms, for each of ``files``
         (all patched by patchkit): its bytes now, the edits since apply (as
         ``edited_since_apply``), and its backup (a clone recovers it)."""
@@ -120,8 +119,11 @@ class Session:
         it wrote. A file removed since counts as edited (to empty), as
         revert's merge sees it."""
         entries = self.record.files
-        return [rel for rel in files if rel in entries and entries[rel].patched
-                and sha256(self.read(rel) or b"") != entries[rel].patched]
+        return [
+            rel
+            for rel in files
+            if rel in entries and entries[rel].patched and sha256(self.read(rel) or b"") != entries[rel].patched
+        ]
 
     def backup(self, rel: str) -> bytes:
         """The bytes of ``rel`` (a file patchkit patched, not one it created)
@@ -178,7 +180,9 @@ class Session:
         if shared and (found := self.shared.get(rel, digest, name)) is not None:
             self.findings[key] = found
             return found
-        finding = self.findings[key] = transform.detect(rel, data, lambda: self.module(rel), registry.load_codemod(codemod))
+        finding = self.findings[key] = transform.detect(
+            rel, data, lambda: self.module(rel), registry.load_codemod(codemod)
+        )
         if shared:
             self.shared.add(rel, digest, name, finding)
         return finding
@@ -200,42 +204,12 @@ class Session:
             self._saved = self.learnt.copy()
 
     def audit_problems(self) -> int:
-        """How many reads of the CPU mirror ``patchkit audit`` finds unguarded
-        or stale. Cached like the findings, by the audited files' bytes: the
-        audit parses every module under srt/ that mentions the mirror, which would triple the time of ``verify``."""
-        from patchkit import audit
-
-        key = AuditKey(audit.fingerprint(self.tree.package))
-        if key not in self.learnt.audit:
-            self.learnt.audit[key] = len(audit.audit_tree(self.tree.package).problems)
-        return self.learnt.audit[key]
+        """How many reads of the CPU mirror ``patchkit audit`` finds unguarded or stale (``transform.audit_counts``)."""
+        return audit_counts.audit_problems(self.learnt, self.tree.package)
 
     def vendor_problems(self, targets: Iterable[str], release_own: Iterable[str] = ()) -> int:
-        """How many of those reads are in the vendor's own code
-        (``audit.vendor_problems``; ``targets``: the files patchkit's patches
-        change; ``release_own``: files this apply changed that were their
-        release's bytes before, so hold no vendor code). Cached like
-        ``audit_problems``: a warm ``apply`` would otherwise spend most of its
-        time auditing a tree it did not change."""
-        from patchkit import audit
-        from patchkit.transform.cache import TransformCache
-
-        targets, sources = sorted(set(targets)), audit.sources(self.tree.package)
-        release_own = sorted(set(release_own))
-        # ``release_own`` is not in the key: it only spares parsing files whose
-        # reads are patchkit's or the release's, never the vendor's (same count).
-        key = VendorKey(audit.fingerprint(self.tree.package, sources), sha256(chr(0).join(targets).encode()))
-        if key not in self.learnt.vendor:
-            # Shared by every tree like a transform (a fresh copy of a release,
-            # patched, has the same bytes), under patchkit's code fingerprint too.
-            shared = TransformCache.default()
-            fact = shared.get_fact(shared_key := shared.fact_key(VendorProblems, key.fingerprint, key.targets), VendorProblems)
-            if fact is None:
-                found = audit.audit_tree(self.tree.package, sources=sources, vendor_only=True, release_own=release_own)
-                fact = VendorProblems(len(audit.vendor_problems(found, targets)))
-                shared.put_fact(shared_key, fact)
-            self.learnt.vendor[key] = fact.count
-        return self.learnt.vendor[key]
+        """How many of those reads are in the vendor's own code (``transform.audit_counts``)."""
+        return audit_counts.vendor_problems(self.learnt, self.tree.package, targets, release_own)
 
     # -- status ----------------------------------------------------------------
 
@@ -244,7 +218,9 @@ class Session:
         for target in patch.targets:
             if self.read(target.file) is None:
                 if target.optional:
-                    report.notes.append(f"{target.file}: not applicable here ({target.why_missing(base_release(self.tree.version))})")
+                    report.notes.append(
+                        f"{target.file}: not applicable here ({target.why_missing(base_release(self.tree.version))})"
+                    )
                     continue
                 report.results.append(
                     CodemodResult(target.file, "-", Finding.missing(target.file, "file not in this tree"))
@@ -264,8 +240,8 @@ class Session:
             # A missing file's anchor is its path, and a detail that starts with FILE:LINE names it: named once.
             anchor = "" if first.finding.anchor == first.file else f"{first.finding.anchor}: "
             where, detail = first.file, first.finding.detail
-            if detail.startswith(f"{where}:") and (line := detail[len(where) + 1:].split(":", 1)[0]).isdigit():
-                where, detail = f"{where}:{line}", detail[len(where) + len(line) + 2:].lstrip()
+            if detail.startswith(f"{where}:") and (line := detail[len(where) + 1 :].split(":", 1)[0]).isdigit():
+                where, detail = f"{where}:{line}", detail[len(where) + len(line) + 2 :].lstrip()
             report.reason = f"{where}: {anchor}{detail}"
         elif states <= {State.SUPERSEDED}:
             report.state = NOT_APPLICABLE
@@ -279,7 +255,9 @@ class Session:
             todo = [r for r in report.results if r.finding.state is State.TODO]
             report.reason = "still to do: " + ", ".join(f"{r.file}: {r.finding.anchor}" for r in todo)
         # Parts a fork does its own way: said once, with where and why.
-        report.notes.extend(dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in report.results if r.finding.by_tree))
+        report.notes.extend(
+            dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in report.results if r.finding.by_tree)
+        )
         if applied_by_us and report.state != APPLIED:
             report.notes.append("recorded as applied by patchkit, but the tree no longer has all of it")
         if report.state == APPLIED:
@@ -302,8 +280,10 @@ class Session:
             installed = vendoring.installed_runtime_api()
             recorded = self.record.runtime_api
             if installed != recorded:
-                reasons.append(f"patched against runtime API {recorded}; the installed patchkit runtime provides "
-                               + (f"API {installed}" if installed is not None else "none (not importable)"))
+                reasons.append(
+                    f"patched against runtime API {recorded}; the installed patchkit runtime provides "
+                    + (f"API {installed}" if installed is not None else "none (not importable)")
+                )
         return reasons
 
     def applied_patches(self, ids: Optional[Iterable[str]] = None) -> list[Patch]:
@@ -362,11 +342,15 @@ class locked_session:
         why = session.snapshot.believed.disbelieved
         if why and self.verb and store.has_state():
             kept = store.set_aside()
-            self.say(f"local state .patchkit/state.json set aside ({why}): kept as "
-                     f".patchkit/{kept.relative_to(store.folder)}; the tree was read afresh")
+            self.say(
+                f"local state .patchkit/state.json set aside ({why}): kept as "
+                f".patchkit/{kept.relative_to(store.folder)}; the tree was read afresh"
+            )
         elif why:
-            self.say(f"note: local state .patchkit/state.json is not believed ({why}); the tree was read "
-                     "instead (the next apply or revert sets it aside)")
+            self.say(
+                f"note: local state .patchkit/state.json is not believed ({why}); the tree was read "
+                "instead (the next apply or revert sets it aside)"
+            )
         return session
 
     def __exit__(self, *exc) -> None:

@@ -6,7 +6,7 @@ own set names a module of patchkit:
 ``patchkit.checks.mirror_reads:MirrorReadsGuarded``).
 ``apply`` checks each one, once the files are transformed and before
 anything is written, whenever its patch is applied now or was before
-(``patchkit.api.checking``): a check that fails names the patch to refuse
+(``patchkit.transform.checked``): a check that fails names the patch to refuse
 and why, in one line; that patch and those that require it are skipped, the
 others are transformed again without them and applied.
 

@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 # code vendored for it is not what this patchkit writes (`apply` updates it).
 ABSENT, APPLIED, NATIVE, PARTIAL, NOT_APPLICABLE = "absent", "applied", "native", "partial", "not-applicable"
 STALE = "stale"
-LEGACY = ("patched by patchkit 0.1 (the patched code imports patchkit.runtime): run `patchkit revert`, "
-          "then `patchkit apply` to vendor the runtime into the tree")
+LEGACY = (
+    "patched by patchkit 0.1 (the patched code imports patchkit.runtime): run `patchkit revert`, "
+    "then `patchkit apply` to vendor the runtime into the tree"
+)
 
 
 @dataclass
@@ -45,7 +47,9 @@ class PatchReport:
         # Upstream moved on (e.g. removed the code): nothing to carry.
         # Or one site says the rest is moot here (Finding.moots_patch).
         return self.state == NOT_APPLICABLE and (
-            all(r.finding.state is State.SUPERSEDED for r in self.results) or any(r.finding.moots_patch for r in self.results))
+            all(r.finding.state is State.SUPERSEDED for r in self.results)
+            or any(r.finding.moots_patch for r in self.results)
+        )
 
     @property
     def missing(self) -> list[CodemodResult]:

@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 
 Say = Callable[[str], None]
 
-UNLOADED = ("{ids}: applied to this tree from a patch set that is not loaded now; name it (--patches DIR, "
-            "[tool.patchkit] patches in pyproject.toml, or install it)")
+UNLOADED = (
+    "{ids}: applied to this tree from a patch set that is not loaded now; name it (--patches DIR, "
+    "[tool.patchkit] patches in pyproject.toml, or install it)"
+)
 
 
 def _drop(message: str) -> None:
@@ -160,18 +162,27 @@ def _status(where: Located, ids: Iterable[str], say: Say, audit: bool) -> Status
         problems = session.audit_problems() if audit else None
     _note_unloaded(session, say)
     pending = session.snapshot.pending
-    return StatusResult(where, reports, session.runtime_info(), session.snapshot.notes(),
-                        None if pending is None else pending.line(), list(session.record.files), problems)
+    return StatusResult(
+        where,
+        reports,
+        session.runtime_info(),
+        session.snapshot.notes(),
+        None if pending is None else pending.line(),
+        list(session.record.files),
+        problems,
+    )
 
 
-def status(tree: Optional[str] = None, ids: Iterable[str] = (), say: Say = _drop,
-           announce: bool = True) -> StatusResult:
+def status(
+    tree: Optional[str] = None, ids: Iterable[str] = (), say: Say = _drop, announce: bool = True
+) -> StatusResult:
     """Each patch's state on the tree (all patches, or ``ids`` and what they require)."""
     return _status(locate(tree, say, announce), ids, say, audit=False)
 
 
-def verify(tree: Optional[str] = None, ids: Iterable[str] = (), say: Say = _drop, announce: bool = True,
-           audit: bool = True) -> StatusResult:
+def verify(
+    tree: Optional[str] = None, ids: Iterable[str] = (), say: Say = _drop, announce: bool = True, audit: bool = True
+) -> StatusResult:
     """``status``, plus (``audit``) how many reads of the CPU mirror the
     vendor's code leaves unguarded; ``result.ok`` is the verdict."""
     where = locate(tree, say, announce)
@@ -181,9 +192,17 @@ def verify(tree: Optional[str] = None, ids: Iterable[str] = (), say: Say = _drop
     return result
 
 
-def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[str] = (), dry_run: bool = False,
-          runtime: Optional[str] = None, say: Say = _drop, audit_vendor: bool = True,
-          progress: Optional["Progress"] = None, accept_vendor_code_risk: bool = False) -> ChangeResult:
+def apply(
+    tree: Optional[str] = None,
+    ids: Iterable[str] = (),
+    skip: Iterable[str] = (),
+    dry_run: bool = False,
+    runtime: Optional[str] = None,
+    say: Say = _drop,
+    audit_vendor: bool = True,
+    progress: Optional["Progress"] = None,
+    accept_vendor_code_risk: bool = False,
+) -> ChangeResult:
     """Apply the patches (all by default, with what they require; not
     ``skip``). ``dry_run`` writes nothing. ``runtime``: vendored | package.
     ``audit_vendor``: audit the written tree for the vendor's own unguarded
@@ -200,14 +219,22 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
         with locked_session(where.given, say, None if dry_run else "apply") as session:
             _refuse(session)
             _refuse_unloaded(session)
-            outcome = apply_patches(session, selected, dry_run=dry_run, runtime=runtime, progress=progress,
-                                    accept_vendor_code_risk=accept_vendor_code_risk, say=say)
+            outcome = apply_patches(
+                session,
+                selected,
+                dry_run=dry_run,
+                runtime=runtime,
+                progress=progress,
+                accept_vendor_code_risk=accept_vendor_code_risk,
+                say=say,
+            )
             result = ChangeResult("apply", where, outcome, dry_run)
             if audit_vendor and not dry_run:  # the tree as written, the count kept with the session's findings
                 from patchkit.audit import facts, vendor_line
 
-                count = session.vendor_problems((t.file for p in registry.all_patches() for t in p.targets),
-                                                outcome.release_own)
+                count = session.vendor_problems(
+                    (t.file for p in registry.all_patches() for t in p.targets), outcome.release_own
+                )
                 known = facts.cached_release(session.tree.package) is not None
                 from patchkit.tree import base_release
 
@@ -218,8 +245,15 @@ def apply(tree: Optional[str] = None, ids: Iterable[str] = (), skip: Iterable[st
     return result
 
 
-def revert(tree: Optional[str] = None, ids: Iterable[str] = (), cascade: bool = False, force: bool = False,
-           dry_run: bool = False, say: Say = _drop, recover: bool = False) -> ChangeResult:
+def revert(
+    tree: Optional[str] = None,
+    ids: Iterable[str] = (),
+    cascade: bool = False,
+    force: bool = False,
+    dry_run: bool = False,
+    say: Say = _drop,
+    recover: bool = False,
+) -> ChangeResult:
     """Revert the patches patchkit applied (all by default), byte for byte;
     edits made since are kept by a 3-way merge, or (``force``) discarded.
     ``recover``: every file back to its original from the backups alone, for
@@ -250,10 +284,12 @@ def _recover(where: Located, dry_run: bool) -> ChangeResult:
     store = Store(where.tree.state_dir)
     with store.locked(settings.lock_timeout()):
         done = recovery.recover(store, where.tree, dry_run)
-    outcome = Outcome([], changed=done.changed)
-    outcome.messages += [f"set aside: .patchkit/{path.relative_to(store.folder)}" for path in done.set_aside]
-    outcome.messages += [f"{where.tree.shown_path(rel, where.given)}: holds bytes patchkit never wrote "
-                         "(edited since?); left as it is" for rel in done.unknown]
+    messages = [f"set aside: .patchkit/{path.relative_to(store.folder)}" for path in done.set_aside]
+    messages += [
+        f"{where.tree.shown_path(rel, where.given)}: holds bytes patchkit never wrote (edited since?); left as it is"
+        for rel in done.unknown
+    ]
+    outcome = Outcome([], changed=done.changed, messages=messages)
     return ChangeResult("revert", where, outcome, dry_run)
 
 
@@ -267,8 +303,9 @@ class InterruptedChange(Interrupted):
         self.change = change
 
 
-def _keep_committed(exc: Interrupted, result: Optional[ChangeResult], verb: str, where: Located,
-                    dry_run: bool) -> InterruptedChange:
+def _keep_committed(
+    exc: Interrupted, result: Optional[ChangeResult], verb: str, where: Located, dry_run: bool
+) -> InterruptedChange:
     """A signal ended apply or revert: the ``InterruptedChange`` to raise,
     with what it wrote, when its transaction was committed (it returned, or
     the signal waited for the write's end), else None (nothing was written)."""
@@ -313,8 +350,9 @@ def _show_diff(patch: "Patch", tree: Optional[str], say: Say) -> str:
     return outcome.diff(session.tree)
 
 
-def export(tree: Optional[str] = None, author: Optional[str] = None, say: Say = _drop,
-           progress: Optional["Progress"] = None) -> ExportResult:
+def export(
+    tree: Optional[str] = None, author: Optional[str] = None, say: Say = _drop, progress: Optional["Progress"] = None
+) -> ExportResult:
     """The change patchkit applied, as a git format-patch series (one patch
     per patchkit patch, in dependency order); its notes go to ``say``;
     ``progress(done, total)`` hears of each transform computed."""

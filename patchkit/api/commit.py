@@ -4,25 +4,25 @@ transaction."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
 from patchkit.state import vendoring
 from patchkit.errors import Interrupted, PatchkitError
 from patchkit.results import PatchReport, unified_diff
-from patchkit.state.record import FileRecord
+from patchkit.state.record import FileRecord, Record
 from patchkit.tree import Tree, check_writable, sha256
 
 if TYPE_CHECKING:
     from patchkit.engine import Session
-    from patchkit.state.record import Record
     from patchkit.registry import Patch
     from patchkit.state.snapshot import Snapshot
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
-    """What an apply or revert did (or, dry, would do)."""
+    """What an apply or revert did (or, dry, would do). Made once, whole, by
+    the command (``commit`` gives it back with the runtime folder planned in)."""
 
     reports: list[PatchReport]
     # file -> (old, new); None: the file does not exist (created / removed)
@@ -35,13 +35,26 @@ class Outcome:
     # Backups and kept copies, stored by sha256 at commit (a dry run stores none).
     blobs: dict[str, bytes] = field(default_factory=dict)
 
-    def keep(self, data: bytes) -> str:
-        digest = sha256(data)
-        self.blobs[digest] = data
-        return digest
-
     def diff(self, tree: Tree) -> str:
         return "".join(unified_diff(tree, rel, old, new) for rel, (old, new) in self.changed.items())
+
+
+def kept(*copies: bytes) -> dict[str, bytes]:
+    """Bytes to store as blobs at commit, by their sha256 (``Outcome.blobs``)."""
+    return {sha256(data): data for data in copies}
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """The runtime folder and manifest planned for the patches applied once
+    a command is done (``sync_runtime``): the files it changes (rel -> (old,
+    new)), the record that says so, what it tells, and the edited runtime
+    files it keeps a copy of."""
+
+    changed: dict[str, tuple[Optional[bytes], Optional[bytes]]]
+    record: Record
+    messages: list[str]
+    blobs: dict[str, bytes]
 
 
 class InterruptedAfterCommit(Interrupted):
@@ -53,39 +66,60 @@ class InterruptedAfterCommit(Interrupted):
         self.outcome = outcome
 
 
-def commit(session: "Session", verb: str, outcome: Outcome, record: "Record", runtime: Optional[list["Patch"]],
-           force: bool, dry_run: bool, mode_check: bool = False) -> None:
-    """Finish ``verb`` (apply or revert). ``runtime``: the patches applied
-    once it is done, whose runtime folder and manifest are planned into
-    ``outcome`` and ``record`` (None: they stay as they are; ``force``: as
-    ``sync_runtime``; ``mode_check``: apply refuses a runtime mode that
-    cannot serve them all, ``vendoring.check_mode``, where revert goes back
-    whatever the mode). Every file to change must be writable, dry or not.
-    Then the outcome's blobs and the backups a clone recovered are stored,
-    and ``outcome.changed`` and ``record`` written as one transaction, where
-    there is something to write."""
+def commit(
+    session: "Session",
+    verb: str,
+    outcome: Outcome,
+    record: Record,
+    runtime: Optional[list["Patch"]],
+    force: bool,
+    dry_run: bool,
+    mode_check: bool = False,
+) -> Outcome:
+    """Finish ``verb`` (apply or revert): ``outcome`` as written. ``runtime``:
+    the patches applied once it is done, whose runtime folder and manifest
+    are planned into the outcome and ``record`` (None: they stay as they
+    are; ``force``: as ``sync_runtime``; ``mode_check``: apply refuses a
+    runtime mode that cannot serve them all, ``vendoring.check_mode``, where
+    revert goes back whatever the mode). Every file to change must be
+    writable, dry or not. Then the outcome's blobs and the backups a clone
+    recovered are stored, and the changed files and the record written as
+    one transaction, where there is something to write."""
     if runtime is not None:
-        sync_runtime(session.snapshot, record, runtime, outcome, force)
+        planned = sync_runtime(session.snapshot, record, runtime, force)
         if mode_check:
             vendoring.check_mode(runtime, record.runtime or vendoring.DEFAULT_MODE)
+        record = planned.record
+        outcome = replace(
+            outcome,
+            changed={**outcome.changed, **planned.changed},
+            messages=outcome.messages + planned.messages,
+            blobs={**outcome.blobs, **planned.blobs},
+        )
     check_writable(session.tree, outcome.changed)
     if dry_run or not (outcome.changed or record.applied != session.record.applied):
-        return
+        return outcome
     try:
-        session.store.commit(verb, session.tree.package, outcome.changed, session.record, record,
-                             backups=[*outcome.blobs.values(), *session.recovered.values()])
+        session.store.commit(
+            verb,
+            session.tree.package,
+            outcome.changed,
+            session.record,
+            record,
+            backups=[*outcome.blobs.values(), *session.recovered.values()],
+        )
     except Interrupted as exc:
         if exc.waited:  # the signal came during the write and waited for its end: all is written
             raise InterruptedAfterCommit(exc.signum, outcome) from exc
         raise
+    return outcome
 
 
-def sync_runtime(snapshot: "Snapshot", record: "Record", patches: list["Patch"], outcome: Outcome,
-                 force: bool) -> None:
-    """Plan the runtime folder and manifest for ``patches`` (those applied
-    once this command is done, in the record's runtime mode) into
-    ``outcome.changed`` and ``record``; with no patch left, the record forgets
-    the runtime.
+def sync_runtime(snapshot: "Snapshot", record: Record, patches: list["Patch"], force: bool) -> RuntimePlan:
+    """The runtime folder and manifest for ``patches`` (those applied once
+    this command is done, in ``record``'s runtime mode), planned from the
+    tree as read (``snapshot``) and ``record`` (left as it is); with no
+    patch left, the planned record forgets the runtime.
 
     A runtime file the user edited is replaced only with ``force`` (apply
     repairs a stale runtime; a copy of the edited file is kept), else the
@@ -100,6 +134,10 @@ def sync_runtime(snapshot: "Snapshot", record: "Record", patches: list["Patch"],
             f"{folder}: exists and was not written by patchkit; refusing to vendor the runtime there "
             "(nothing was changed)"
         )
+    record = record.copy()
+    changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = {}
+    messages: list[str] = []
+    blobs: dict[str, bytes] = {}
     for rel in dict.fromkeys([*created, *wanted]):
         current, target = snapshot.read(rel), wanted.get(rel)
         if target is not None and vendoring.stale_reason(rel, current, target) is None:
@@ -112,10 +150,12 @@ def sync_runtime(snapshot: "Snapshot", record: "Record", patches: list["Patch"],
                     f"{path}: runtime file edited after apply; nothing was reverted "
                     "(undo the edits, or pass --force to discard them)"
                 )
-            kept = outcome.keep(current)
-            outcome.messages.append(f"{path}: was edited; replaced by patchkit's runtime (your copy: .patchkit/blobs/{kept})")
+            blobs.update(kept(current))
+            messages.append(
+                f"{path}: was edited; replaced by patchkit's runtime (your copy: .patchkit/blobs/{sha256(current)})"
+            )
         if current != target:
-            outcome.changed[rel] = (current, target)
+            changed[rel] = (current, target)
         if target is None:
             record.files.pop(rel, None)
         else:
@@ -125,10 +165,11 @@ def sync_runtime(snapshot: "Snapshot", record: "Record", patches: list["Patch"],
     manifest = vendoring.manifest_bytes(record) if patches else None
     current = snapshot.read(vendoring.MANIFEST)
     if manifest != current:
-        outcome.changed[vendoring.MANIFEST] = (current, manifest)
+        changed[vendoring.MANIFEST] = (current, manifest)
     if manifest is None:
         record.files.pop(vendoring.MANIFEST, None)
     else:
         record.files[vendoring.MANIFEST] = FileRecord(None, sha256(manifest))
     if not record.applied:
         record.forget_runtime()
+    return RuntimePlan(changed, record, messages, blobs)

@@ -55,8 +55,9 @@ class Series:
         return "".join(p.text for p in self.patches)
 
 
-def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[float] = None,
-                 progress: Optional[Progress] = None) -> Series:
+def build_series(
+    session: Session, author: str = DEFAULT_AUTHOR, date: Optional[float] = None, progress: Optional[Progress] = None
+) -> Series:
     """The series for the patches patchkit applied to ``session``'s tree;
     ``progress`` is told of each transform computed (none the cache had)."""
     record = session.record
@@ -66,7 +67,9 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
         if patch.id in record.applied:
             applied.append(patch)
     # Notes for what is not exported (native upstream, not applied, ...).
-    reports = {r.patch.id: r for r in session.reports([p for p in registry.all_patches() if p.id not in record.applied])}
+    reports = {
+        r.patch.id: r for r in session.reports([p for p in registry.all_patches() if p.id not in record.applied])
+    }
     for pid, report in reports.items():
         why = "native upstream in this tree" if report.state == NATIVE else f"{report.state}, not applied by patchkit"
         series.notes.append(f"skipped {pid}: {why}")
@@ -85,8 +88,11 @@ def build_series(session: Session, author: str = DEFAULT_AUTHOR, date: Optional[
             if target.file in files:
                 last_touch[target.file] = k
     tree = session.tree
-    steps = [(rel, k) for k, patch in enumerate(applied)
-             for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files)]
+    steps = [
+        (rel, k)
+        for k, patch in enumerate(applied)
+        for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files)
+    ]
     pristine = fetch.release_sources(tree.version, dict.fromkeys(rel for rel, _ in steps))
     transformer = Transformer(tree, session.findings, session.modules, pristine=pristine)
     transformed = transformer.transform_prefixes(originals, steps, applied, progress)
@@ -203,8 +209,10 @@ def _diffstat(diff: str) -> str:
     width = max((len(n) for n, _, _ in stats), default=0)
     out = [f" {n:<{width}} | {p + m:>3} {'+' * min(p, 40)}{'-' * min(m, 40)}" for n, p, m in stats]
     plus, minus = sum(s[1] for s in stats), sum(s[2] for s in stats)
-    out.append(f" {len(stats)} file{'s' if len(stats) != 1 else ''} changed, {plus} insertion{'s' if plus != 1 else ''}(+), "
-               f"{minus} deletion{'s' if minus != 1 else ''}(-)")
+    out.append(
+        f" {len(stats)} file{'s' if len(stats) != 1 else ''} changed, {plus} insertion{'s' if plus != 1 else ''}(+), "
+        f"{minus} deletion{'s' if minus != 1 else ''}(-)"
+    )
     return "\n".join(out) + "\n"
 
 
@@ -238,8 +246,7 @@ def format_patch(p: ExportedPatch, author: str, date: str) -> str:
         "Content-Transfer-Encoding: 8bit",
         "",
     ]
-    return ("\n".join(head + body) + "\n---\n" + _diffstat(p.diff) + "\n" + p.diff
-            + f"-- \npatchkit {__version__}\n\n")
+    return "\n".join(head + body) + "\n---\n" + _diffstat(p.diff) + "\n" + p.diff + f"-- \npatchkit {__version__}\n\n"
 
 
 def write_series(series: Series, out: Path) -> list[Path]:

@@ -25,9 +25,7 @@ from patchkit import lifetimes
 
 MATRIX_SCHEMA = "patchkit.matrix/1"
 WORKDIR_PREFIX = "patchkit-matrix-"
-DEFAULT_RELEASES = (
-    ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"] + [f"0.5.{n}" for n in range(13, 24)]
-)
+DEFAULT_RELEASES = ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"] + [f"0.5.{n}" for n in range(13, 24)]
 
 
 def snapshot(package: Path) -> dict[str, str]:
@@ -49,9 +47,19 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
     from patchkit.fetch import fetch_tree
 
     started = time.perf_counter()
-    row: dict = {"release": version, "error": None, "patches": {}, "changed_files": [], "verify_ok": None,
-                 "idempotent": None, "revert_exact": None, "changed_after_revert": [], "seconds": None,
-                 "standalone": None, "standalone_detail": ""}
+    row: dict = {
+        "release": version,
+        "error": None,
+        "patches": {},
+        "changed_files": [],
+        "verify_ok": None,
+        "idempotent": None,
+        "revert_exact": None,
+        "changed_after_revert": [],
+        "seconds": None,
+        "standalone": None,
+        "standalone_detail": "",
+    }
     step = "fetch"
     messages: list[str] = []
     try:
@@ -78,8 +86,11 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
             # The patched tree imports without patchkit: nothing imports it, and
             # the runtime folder imports with the standard library alone.
             found = vendoring.patchkit_imports(tree, [rel for rel in verified.recorded_files if rel.endswith(".py")])
-            ok, error = (vendoring.import_in_isolation(tree) if (tree / vendoring.FOLDER / "__init__.py").exists()
-                         else (True, ""))
+            ok, error = (
+                vendoring.import_in_isolation(tree)
+                if (tree / vendoring.FOLDER / "__init__.py").exists()
+                else (True, "")
+            )
             row["standalone"] = not found and ok
             row["standalone_detail"] = f"imports patchkit at {', '.join(found)}" if found else error
             for r in after:
@@ -99,7 +110,9 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
             api.revert(str(tree), say=messages.append)
             step = "compare"
             now = snapshot(tree)
-            row["changed_after_revert"] = sorted(k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k))
+            row["changed_after_revert"] = sorted(
+                k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k)
+            )
             row["revert_exact"] = not row["changed_after_revert"]
     except PatchkitError as exc:
         row["error"] = f"{step}: {exc}"
@@ -108,13 +121,18 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
         row["error"] = f"{step}: internal error: {last}"
     row["messages"] = messages
     row["seconds"] = round(time.perf_counter() - started, 2)
-    row["ok"] = bool(row["error"] is None and row["verify_ok"] and row["idempotent"] and row["revert_exact"]
-                     and row["standalone"])
+    row["ok"] = bool(
+        row["error"] is None and row["verify_ok"] and row["idempotent"] and row["revert_exact"] and row["standalone"]
+    )
     return row
 
 
-def run_matrix(releases: Iterable[str], jobs: int = 1, progress: Optional[Callable[..., None]] = None,
-               workdir: Optional[str] = None) -> dict:
+def run_matrix(
+    releases: Iterable[str],
+    jobs: int = 1,
+    progress: Optional[Callable[..., None]] = None,
+    workdir: Optional[str] = None,
+) -> dict:
     """``progress(done, total, item)``: told at the start and after each
     release (``item``: which, and ok or FAILED; the table says why)."""
     from patchkit import __version__, registry
@@ -173,7 +191,8 @@ def to_markdown(doc: dict) -> str:
         return f"[{footnotes[text]}]"
 
     lines = [
-        "| release | " + " | ".join(f"`{pid}`" for pid in ids)
+        "| release | "
+        + " | ".join(f"`{pid}`" for pid in ids)
         + " | files | verify | imports without patchkit | idempotent | revert exact | s |",
         "|---" * (len(ids) + 7) + "|",
     ]
@@ -197,15 +216,20 @@ def to_markdown(doc: dict) -> str:
                 marks = "".join(f"[{n}]" for n in numbers)
                 cells.append(cell + (" " + marks if marks else ""))
         verify = "-" if row["verify_ok"] is None else "OK" if row["verify_ok"] else "**FAILED**"
-        lines.append(f"| {row['release']} | " + " | ".join(cells)
-                     + f" | {len(row['changed_files'])} | {verify} | {_standalone(row, note)} | {_yes(row['idempotent'])}"
-                     f" | {_yes(row['revert_exact'])} | {row['seconds']:.1f} |")
+        lines.append(
+            f"| {row['release']} | "
+            + " | ".join(cells)
+            + f" | {len(row['changed_files'])} | {verify} | {_standalone(row, note)} | {_yes(row['idempotent'])}"
+            f" | {_yes(row['revert_exact'])} | {row['seconds']:.1f} |"
+        )
     if footnotes:
         lines.append("")
         lines += [f"[{n}] {text}  " for text, n in footnotes.items()]
     lines.append("")
-    lines.append(f"Cells: state after `patchkit apply` (files it changed). {len(doc['releases'])} releases, "
-                 f"-j {doc['jobs']}, {doc['seconds']:.1f}s; overall: {'OK' if doc['ok'] else 'FAILED'}.")
+    lines.append(
+        f"Cells: state after `patchkit apply` (files it changed). {len(doc['releases'])} releases, "
+        f"-j {doc['jobs']}, {doc['seconds']:.1f}s; overall: {'OK' if doc['ok'] else 'FAILED'}."
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -12,13 +12,10 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from patchkit.errors import PatchkitError
-
-if TYPE_CHECKING:
-    from patchkit.api.commit import Outcome
-
+from patchkit.tree import sha256
 
 MARKER = 40  # conflict markers longer than any line a source file is likely to hold
 
@@ -35,8 +32,17 @@ def three_way_merge(ours: bytes, base: bytes, theirs: bytes, favor: str = "") ->
             p = Path(tmp) / name
             p.write_bytes(data)
             paths.append(str(p))
-        options = [f"--marker-size={MARKER}", "--diff3", "-L", "ours", "-L", "base", "-L", "theirs",
-                   *([f"--{favor}"] if favor else [])]
+        options = [
+            f"--marker-size={MARKER}",
+            "--diff3",
+            "-L",
+            "ours",
+            "-L",
+            "base",
+            "-L",
+            "theirs",
+            *([f"--{favor}"] if favor else []),
+        ]
         proc = subprocess.run(["git", "merge-file", "-p", *options, *paths], capture_output=True)
     if proc.returncode < 0 or proc.returncode > 127:
         raise PatchkitError(f"git merge-file failed: {proc.stderr.decode(errors='replace').strip()}")
@@ -80,8 +86,16 @@ def original_with_user_edits(path: Path, current: bytes, patched: bytes, origina
     return merged
 
 
-def keep_user_edits(path: Path, current: bytes, patched: bytes, target: bytes, force: bool,
-                    outcome: "Outcome") -> bytes:
+class Merged(NamedTuple):
+    """A reverted file with the user's edits: its bytes, the line that says
+    what became of the edits, and the copies to keep (a blob by sha256)."""
+
+    data: bytes
+    message: str
+    blobs: dict[str, bytes]
+
+
+def keep_user_edits(path: Path, current: bytes, patched: bytes, target: bytes, force: bool) -> Merged:
     """Revert over a file edited since apply (``current``, where patchkit
     wrote ``patched``): ``target`` (the reverted text) with the user's edits,
     or, where they overlap the patch, an error (with ``force``: ``target``
@@ -89,16 +103,18 @@ def keep_user_edits(path: Path, current: bytes, patched: bytes, target: bytes, f
     the dropped lines named)."""
     merged, clean = three_way_merge(current, patched, target)
     if clean:
-        outcome.messages.append(f"{path}: kept your edits made after apply (3-way merge)")
-        return merged
+        return Merged(merged, f"{path}: kept your edits made after apply (3-way merge)", {})
     if force:
         # Hunk by hunk: only the edits that overlap the patch go; the rest stay.
         forced, _ = three_way_merge(current, patched, target, favor="theirs")
         where = "; ".join(f"{dropped} line(s) of yours at line {at}" for at, dropped in conflicts(merged))
-        kept = outcome.keep(current)
-        outcome.messages.append(f"{path}: --force discarded your edits that overlap the patch ({where} of the "
-                                f"reverted file) and kept the others; your whole copy: .patchkit/blobs/{kept}")
-        return forced
+        digest = sha256(current)
+        return Merged(
+            forced,
+            f"{path}: --force discarded your edits that overlap the patch ({where} of the "
+            f"reverted file) and kept the others; your whole copy: .patchkit/blobs/{digest}",
+            {digest: current},
+        )
     raise PatchkitError(
         f"{path}: edited after apply and the edits overlap the patch; nothing was reverted "
         "(resolve by hand, or pass --force to discard the edits)"

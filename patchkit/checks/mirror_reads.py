@@ -8,7 +8,7 @@ vendor's own stays the vendor's to guard: apply ends with one line counting
 them (``audit.vendor_line``).
 
 Checked after the transform and before the commit, on the transformed bytes
-(nothing is written yet; ``patchkit.api.checking`` runs it). When the first
+(nothing is written yet; ``patchkit.transform.checked`` runs it). When the first
 such read sits in an attention backend that opts out only through a patch
 of this apply (``OPTS_OUT_WITH``), that patch is refused: the backend keeps
 the mirror and the read is safe. Otherwise the owner itself is refused.

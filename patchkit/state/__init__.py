@@ -27,8 +27,6 @@ import errno
 import fcntl
 import json
 import os
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +34,19 @@ from typing import Optional
 from collections.abc import Callable, Iterable, Iterator
 
 from patchkit import containment, lifetimes
-from patchkit.errors import Interrupted, PatchkitError
-from patchkit.state.files import (TEMP_SUFFIX, atomic_write, crash_point, fsync_dir,  # noqa: F401 - their home
-                                  remove, remove_all_temp_files, remove_temp_files, write_or_remove)
+from patchkit.errors import PatchkitError
+from patchkit.state.files import (
+    TEMP_SUFFIX,  # noqa: F401 - its home
+    atomic_write,
+    crash_point,
+    fsync_dir,  # noqa: F401 - their home
+    remove,
+    remove_all_temp_files,
+    remove_temp_files,
+    write_or_remove,
+)
 from patchkit.state.record import CorruptState, Record
+from patchkit.state.signals import held_signals
 from patchkit.tree import sha256  # noqa: F401 - the state names files by it
 
 
@@ -73,8 +80,10 @@ class Store:
             if not path.exists():
                 self.ensure_folder()  # never a .patchkit/ without its .gitignore
                 if self.blobs.exists() and not self.blobs.is_dir():
-                    raise PatchkitError(f"{self.blobs}: not a folder, where patchkit keeps its backups "
-                                        "(move it away; nothing was changed)")
+                    raise PatchkitError(
+                        f"{self.blobs}: not a folder, where patchkit keeps its backups "
+                        "(move it away; nothing was changed)"
+                    )
                 self.blobs.mkdir(exist_ok=True)
                 atomic_write(path, data, sync_folder=False)
                 written = True
@@ -157,8 +166,15 @@ class Store:
     def journal(self) -> Path:
         return self.folder / "journal.json"
 
-    def commit(self, verb: str, root: Path, changes: dict[str, tuple[Optional[bytes], Optional[bytes]]],
-               old_record: Record, new_record: Record, backups: Iterable[bytes] = ()) -> None:
+    def commit(
+        self,
+        verb: str,
+        root: Path,
+        changes: dict[str, tuple[Optional[bytes], Optional[bytes]]],
+        old_record: Record,
+        new_record: Record,
+        backups: Iterable[bytes] = (),
+    ) -> None:
         """Write files and the new state as one transaction.
 
         changes: relpath -> (bytes on disk now, new bytes); None: no such
@@ -171,15 +187,19 @@ class Store:
         back at once: every file written gets its bytes before, the state
         and the journal go back, and the failure is one line. Where the
         rollback cannot write either, the journal stays for the next command."""
-        entries = [{"file": rel, "before": None if old is None else sha256(old),
-                    "after": None if new is None else sha256(new)} for rel, (old, new) in changes.items()]
-        journal = _dumps({"verb": verb, "files": entries, "old_state": old_record.to_state(),
-                          "state": new_record.to_state()})
+        entries = [
+            {"file": rel, "before": None if old is None else sha256(old), "after": None if new is None else sha256(new)}
+            for rel, (old, new) in changes.items()
+        ]
+        journal = _dumps(
+            {"verb": verb, "files": entries, "old_state": old_record.to_state(), "state": new_record.to_state()}
+        )
         try:
             self.ensure_folder()
             # The journal among the blobs too: `revert --recover` reads it there, should journal.json be lost.
-            self.put_blobs([*backups, *(data for pair in changes.values() for data in pair if data is not None),
-                            journal])
+            self.put_blobs(
+                [*backups, *(data for pair in changes.values() for data in pair if data is not None), journal]
+            )
         except OSError as exc:
             raise self._failed(exc, verb, "nothing was changed") from None
         with contextlib.suppress(OSError):  # the newest journal among the blobs is the last one (recovery.lost_writes)
@@ -196,8 +216,9 @@ class Store:
                     crash_point("file")
                 # The files' renames are durable before the state says they happened:
                 # each folder once, not once a file (the journal covers a kill before).
-                for folder in dict.fromkeys(containment.inside(root, rel).parent
-                                            for rel, (_, data) in changes.items() if data is not None):
+                for folder in dict.fromkeys(
+                    containment.inside(root, rel).parent for rel, (_, data) in changes.items() if data is not None
+                ):
                     fsync_dir(folder)
                 self.save(new_record)
                 saved = True
@@ -205,11 +226,13 @@ class Store:
                 remove(self.journal)
                 fsync_dir(self.folder)
             except OSError as exc:
-                raise self._roll_back(exc, verb, root, {rel: changes[rel][0] for rel in written},
-                                      old_record if saved else None) from None
+                raise self._roll_back(
+                    exc, verb, root, {rel: changes[rel][0] for rel in written}, old_record if saved else None
+                ) from None
 
-    def _roll_back(self, exc: OSError, verb: str, root: Path, before: dict[str, Optional[bytes]],
-                   old_record: Optional[Record]) -> PatchkitError:
+    def _roll_back(
+        self, exc: OSError, verb: str, root: Path, before: dict[str, Optional[bytes]], old_record: Optional[Record]
+    ) -> PatchkitError:
         """Put back the bytes ``before`` of each file written (None: remove
         it and the folders it made), the state (``old_record``, where the new
         one was saved) and no journal; the line that says so."""
@@ -225,8 +248,12 @@ class Store:
             self.journal.unlink(missing_ok=True)
             fsync_dir(self.folder)
         except OSError as again:
-            return self._failed(exc, verb, f"rolling it back failed too ({_why(again)}): {self.journal} stays, "
-                                           "and `patchkit revert` will finish it")
+            return self._failed(
+                exc,
+                verb,
+                f"rolling it back failed too ({_why(again)}): {self.journal} stays, "
+                "and `patchkit revert` will finish it",
+            )
         return self._failed(exc, verb, f"rolled back ({len(before)} file(s) restored): nothing was changed")
 
     @staticmethod
@@ -245,11 +272,17 @@ class Store:
                 containment.relative(entry["file"], where)
                 containment.digest(entry["before"], where)
                 containment.digest(entry["after"], where)
-            return Pending(journal.get("verb", "apply"), entries, Record.from_state(state, where),
-                           None if old is None else Record.from_state(old, where))
+            return Pending(
+                journal.get("verb", "apply"),
+                entries,
+                Record.from_state(state, where),
+                None if old is None else Record.from_state(old, where),
+            )
         except (OSError, ValueError, KeyError, TypeError, AttributeError, PatchkitError):
-            raise PatchkitError(f"{self.journal}: corrupt transaction journal; `patchkit revert --recover` puts every "
-                                "file back from the backups (and keeps the journal, set aside)") from None
+            raise PatchkitError(
+                f"{self.journal}: corrupt transaction journal; `patchkit revert --recover` puts every "
+                "file back from the backups (and keeps the journal, set aside)"
+            ) from None
 
     def recover(self, verb: str, root: Path, say: Callable[[str], None]) -> None:
         """Settle a transaction a killed run left behind: the same command
@@ -287,8 +320,9 @@ class Store:
             self.save(pending.state if forward or pending.old_state is None else pending.old_state)
             self.journal.unlink()
         done = "finished it" if forward else "rolled it back"
-        say(f"an interrupted {pending.verb} of {len(pending.files)} files was pending: {done} "
-            f"({moved} file(s) written)")
+        say(
+            f"an interrupted {pending.verb} of {len(pending.files)} files was pending: {done} ({moved} file(s) written)"
+        )
 
     @contextlib.contextmanager
     def locked(self, timeout: float) -> Iterator[None]:
@@ -330,28 +364,10 @@ class Pending:
 
     def line(self) -> str:
         other = "revert" if self.verb == "apply" else "apply"
-        return (f"an interrupted {self.verb} of {len(self.files)} files is pending: `patchkit {self.verb}` "
-                f"finishes it, `patchkit {other}` rolls it back")
-
-
-@contextlib.contextmanager
-def held_signals() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM for the block (the write phase of a
-    transaction): the tree is all-or-nothing when the process exits. A signal
-    that arrived is raised as ``Interrupted`` when the block ends."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if received:
-        raise Interrupted(received[0], waited=True)
+        return (
+            f"an interrupted {self.verb} of {len(self.files)} files is pending: `patchkit {self.verb}` "
+            f"finishes it, `patchkit {other}` rolls it back"
+        )
 
 
 @contextlib.contextmanager
@@ -360,8 +376,10 @@ def _settling(journal: Path, verb: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise PatchkitError(f"{_why(exc)}, while settling an interrupted {verb}; {journal} stays, and the next "
-                            "`patchkit revert` (or the same command, once it can write) will finish it") from None
+        raise PatchkitError(
+            f"{_why(exc)}, while settling an interrupted {verb}; {journal} stays, and the next "
+            "`patchkit revert` (or the same command, once it can write) will finish it"
+        ) from None
 
 
 def _why(exc: OSError) -> str:

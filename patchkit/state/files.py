@@ -35,7 +35,7 @@ def atomic_write(path: Path, data: bytes, sync_folder: bool = True) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data[: len(data) // 2])
             fault_point("write", path)  # half written, as a disk that fills up leaves it
-            fh.write(data[len(data) // 2:])
+            fh.write(data[len(data) // 2 :])
             fh.flush()
             os.fsync(fh.fileno())
         if mode is not None:

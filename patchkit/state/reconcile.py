@@ -38,8 +38,9 @@ class Believed:
     leftovers: list[str] = field(default_factory=list)
 
 
-def reconcile(version: str, local: Optional[Record], manifest: Optional[Record],
-              current_sha: Callable[[str], Optional[str]]) -> Believed:
+def reconcile(
+    version: str, local: Optional[Record], manifest: Optional[Record], current_sha: Callable[[str], Optional[str]]
+) -> Believed:
     """The record to believe for a tree of sglang ``version``; ``current_sha``
     gives the sha256 of a file of the tree now (None: absent)."""
     if manifest is not None and manifest.sglang not in (None, version):
@@ -56,8 +57,9 @@ def reconcile(version: str, local: Optional[Record], manifest: Optional[Record],
     return Believed(Record(sglang=version), "none", why)
 
 
-def _disbelief(version: str, local: Record, manifest: Optional[Record],
-               current_sha: Callable[[str], Optional[str]]) -> Optional[str]:
+def _disbelief(
+    version: str, local: Record, manifest: Optional[Record], current_sha: Callable[[str], Optional[str]]
+) -> Optional[str]:
     """Why ``local`` does not describe the tree, or None when it does."""
     if local.sglang and local.sglang != version:
         return f"it was made on sglang {local.sglang} and the tree is now sglang {version}"

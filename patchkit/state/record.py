@@ -26,6 +26,7 @@ class CorruptState(PatchkitError):
     """``state.json`` is not the JSON patchkit writes: the manifest, where
     there is one, is believed instead (``patchkit.state.snapshot``)."""
 
+
 MANIFEST_SCHEMA = "patchkit.manifest/1"
 
 
@@ -86,14 +87,22 @@ class Record:
     def from_state(cls, doc: dict, where: str) -> "Record":
         try:
             if doc["format"] > STATE_FORMAT:
-                raise PatchkitError(f"{where}: written by a newer patchkit (state format {doc['format']}); "
-                                    "upgrade patchkit")
+                raise PatchkitError(
+                    f"{where}: written by a newer patchkit (state format {doc['format']}); upgrade patchkit"
+                )
             return cls(
-                applied={pid: [relative(rel, where) for rel in entry["files"]] for pid, entry in doc["applied"].items()},
-                files={relative(rel, where): FileRecord(digest(f["original"], where), digest(f["patched"], where))
-                       for rel, f in doc["files"].items()},
-                runtime=doc.get("runtime"), runtime_api=doc.get("runtime_api"), patchkit=doc.get("patchkit"),
-                sglang=doc.get("sglang"), base_commit=doc.get("base_commit"),
+                applied={
+                    pid: [relative(rel, where) for rel in entry["files"]] for pid, entry in doc["applied"].items()
+                },
+                files={
+                    relative(rel, where): FileRecord(digest(f["original"], where), digest(f["patched"], where))
+                    for rel, f in doc["files"].items()
+                },
+                runtime=doc.get("runtime"),
+                runtime_api=doc.get("runtime_api"),
+                patchkit=doc.get("patchkit"),
+                sglang=doc.get("sglang"),
+                base_commit=doc.get("base_commit"),
             )
         except (KeyError, TypeError, AttributeError):
             raise CorruptState(f"{where}: corrupt patchkit state (not the expected JSON)") from None
@@ -109,8 +118,11 @@ class Record:
             "sglang": self.sglang,
             "base_commit": self.base_commit,
             "patches": list(self.applied),
-            "files": {rel: {"before": f.original, "after": f.patched}
-                      for rel, f in sorted(self.files.items()) if rel != manifest_rel},
+            "files": {
+                rel: {"before": f.original, "after": f.patched}
+                for rel, f in sorted(self.files.items())
+                if rel != manifest_rel
+            },
         }
 
     @classmethod
@@ -122,10 +134,15 @@ class Record:
                 raise PatchkitError(f"{where}: unknown manifest schema {doc['schema']!r}; upgrade patchkit")
             return cls(
                 applied={pid: [] for pid in doc["patches"]},
-                files={relative(rel, where): FileRecord(digest(f["before"], where), digest(f["after"], where))
-                       for rel, f in doc["files"].items()},
-                runtime=doc["runtime"], runtime_api=doc.get("runtime_api"), patchkit=doc.get("patchkit", "?"),
-                sglang=doc.get("sglang"), base_commit=doc.get("base_commit"),
+                files={
+                    relative(rel, where): FileRecord(digest(f["before"], where), digest(f["after"], where))
+                    for rel, f in doc["files"].items()
+                },
+                runtime=doc["runtime"],
+                runtime_api=doc.get("runtime_api"),
+                patchkit=doc.get("patchkit", "?"),
+                sglang=doc.get("sglang"),
+                base_commit=doc.get("base_commit"),
             )
         except (KeyError, TypeError, AttributeError):
             raise PatchkitError(f"{where}: corrupt patchkit manifest (not the expected JSON)") from None

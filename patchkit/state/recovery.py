@@ -55,8 +55,10 @@ def records(store: Store, tree: Tree) -> list[Record]:
             continue
         with contextlib.suppress(KeyError, TypeError, AttributeError, PatchkitError):
             found.extend(Record.from_state(doc[key], str(path)) for key in ("state", "old_state") if doc.get(key))
-    for read in (store.load, lambda: vendoring.read_manifest(tree.path(vendoring.MANIFEST).read_bytes(),
-                                                              str(tree.path(vendoring.MANIFEST)))):
+    for read in (
+        store.load,
+        lambda: vendoring.read_manifest(tree.path(vendoring.MANIFEST).read_bytes(), str(tree.path(vendoring.MANIFEST))),
+    ):
         with contextlib.suppress(OSError, PatchkitError):
             record = read()
             if record is not None:
@@ -87,9 +89,13 @@ def lost_writes(store: Store, record: Record, current_sha: Callable[[str], Optio
                 continue
             with contextlib.suppress(KeyError, TypeError, AttributeError, PatchkitError):
                 last = Record.from_state(doc["state"], entry.path)
-                return sorted(rel for rel, f in last.changed().items()
-                              if f.patched != f.original and current_sha(rel) == f.patched
-                              and (record.files.get(rel) is None or record.files[rel].patched != f.patched))
+                return sorted(
+                    rel
+                    for rel, f in last.changed().items()
+                    if f.patched != f.original
+                    and current_sha(rel) == f.patched
+                    and (record.files.get(rel) is None or record.files[rel].patched != f.patched)
+                )
             return []
     return []
 
@@ -118,8 +124,10 @@ def plan(store: Store, tree: Tree) -> Recovery:
 
 def _blob(store: Store, path: Path, digest: str) -> bytes:
     if not store.has_blob(digest):
-        raise PatchkitError(f"{path}: its original ({digest[:12]}) is not among the backups in {store.blobs}; "
-                            "nothing was changed (fetch it from git: git checkout -- the file)")
+        raise PatchkitError(
+            f"{path}: its original ({digest[:12]}) is not among the backups in {store.blobs}; "
+            "nothing was changed (fetch it from git: git checkout -- the file)"
+        )
     return store.get_blob(digest)
 
 
@@ -150,7 +158,9 @@ def recover(store: Store, tree: Tree, dry_run: bool) -> Recovery:
     try:
         recovery.set_aside = set_aside(store)
     except OSError as exc:
-        raise PatchkitError(f"{store.folder / 'set-aside'}: cannot write ({exc.strerror}); nothing was changed") from None
+        raise PatchkitError(
+            f"{store.folder / 'set-aside'}: cannot write ({exc.strerror}); nothing was changed"
+        ) from None
     try:
         store.commit("revert", tree.package, recovery.changed, Record(sglang=tree.version), Record(sglang=tree.version))
     except PatchkitError:

@@ -51,9 +51,11 @@ class Snapshot:
         transaction a killed run left, leftovers of an earlier base."""
         lines = [] if self.pending is None else [self.pending.line()]
         if self.believed.source == "leftovers":
-            lines.append(f"patchkit's files from sglang {self.believed.leftovers_of} are still here "
-                         f"({len(self.believed.leftovers)} files: {vendoring.FOLDER}/, manifest included); "
-                         "`patchkit revert` removes them, `patchkit apply` brings them up to date")
+            lines.append(
+                f"patchkit's files from sglang {self.believed.leftovers_of} are still here "
+                f"({len(self.believed.leftovers)} files: {vendoring.FOLDER}/, manifest included); "
+                "`patchkit revert` removes them, `patchkit apply` brings them up to date"
+            )
         return lines
 
 
@@ -73,8 +75,9 @@ def read_snapshot(tree: Tree, store: Store) -> Snapshot:
 
     patches = registry.all_patches()
     manifest_bytes = read(vendoring.MANIFEST)
-    manifest = None if manifest_bytes is None else vendoring.read_manifest(
-        manifest_bytes, str(tree.path(vendoring.MANIFEST)))
+    manifest = (
+        None if manifest_bytes is None else vendoring.read_manifest(manifest_bytes, str(tree.path(vendoring.MANIFEST)))
+    )
     try:
         local, corrupt = store.load(), None
     except CorruptState as exc:
@@ -82,8 +85,11 @@ def read_snapshot(tree: Tree, store: Store) -> Snapshot:
             raise PatchkitError(f"{exc}; `patchkit revert --recover` puts every file back from the backups") from None
         local, corrupt = None, "it cannot be read (not the expected JSON)"
     wanted = {rel for mode in vendoring.MODES for rel in vendoring.runtime_files(patches, mode)}
-    on_disk = {path.relative_to(tree.package).as_posix() for path in tree.path(vendoring.FOLDER).rglob("*")
-               if path.is_file() and path.suffix in (".py", ".json")}
+    on_disk = {
+        path.relative_to(tree.package).as_posix()
+        for path in tree.path(vendoring.FOLDER).rglob("*")
+        if path.is_file() and path.suffix in (".py", ".json")
+    }
     recorded = {rel for record in (local, manifest) if record is not None for rel in record.files}
     for rel in sorted({t.file for p in patches for t in p.targets} | wanted | on_disk | recorded):
         read(rel)
@@ -97,12 +103,18 @@ def read_snapshot(tree: Tree, store: Store) -> Snapshot:
         believed = dataclasses.replace(believed, disbelieved=corrupt)
     lost = recovery.lost_writes(store, believed.record, current_sha)
     if lost:
-        raise PatchkitError(f"{tree.path(lost[0])}: holds bytes of an interrupted patchkit run whose journal is gone "
-                            f"({len(lost)} file(s) so); `patchkit revert --recover` puts every file back from the "
-                            "backups")
+        raise PatchkitError(
+            f"{tree.path(lost[0])}: holds bytes of an interrupted patchkit run whose journal is gone "
+            f"({len(lost)} file(s) so); `patchkit revert --recover` puts every file back from the "
+            "backups"
+        )
     if believed.source == "manifest":
         # The manifest lists files, not which patch touched which.
-        for patch in patches:
-            if patch.id in believed.record.applied:
-                believed.record.applied[patch.id] = [f for f in patch.files if f in believed.record.files]
+        known = {patch.id: patch.files for patch in patches}
+        record = believed.record.copy()
+        record.applied = {
+            pid: [f for f in known[pid] if f in record.files] if pid in known else files
+            for pid, files in record.applied.items()
+        }
+        believed = dataclasses.replace(believed, record=record)
     return Snapshot(tree, MappingProxyType(files), believed, store.pending())

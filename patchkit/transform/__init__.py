@@ -39,8 +39,9 @@ def parse(source: bytes, path: Path) -> "cst.Module":
         ) from None
 
 
-def parse_for(rel: str, source: bytes, path: Path, codemods: Sequence[type["PatchCodemod"]],
-              pristine: Optional[bytes] = None) -> "cst.Module":
+def parse_for(
+    rel: str, source: bytes, path: Path, codemods: Sequence[type["PatchCodemod"]], pristine: Optional[bytes] = None
+) -> "cst.Module":
     """``source`` (the file ``rel``) parsed for ``codemods``: the parts none
     of them reads left unparsed (``patchkit.transform.partial``) where the
     bytes are a known release's own (``known_releases.ships``: tests prove
@@ -120,9 +121,16 @@ def _owners(rel: str, names: Sequence[str]) -> dict[str, str]:
     return found
 
 
-def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["PatchCodemod"]],
-        known: Sequence[Optional[Finding]] = (), source: Optional[bytes] = None,
-        pristine: Optional[bytes] = None, owners: Optional[Mapping[str, str]] = None) -> Transformed:
+def run(
+    rel: str,
+    path: Path,
+    module: "cst.Module",
+    codemods: Sequence[type["PatchCodemod"]],
+    known: Sequence[Optional[Finding]] = (),
+    source: Optional[bytes] = None,
+    pristine: Optional[bytes] = None,
+    owners: Optional[Mapping[str, str]] = None,
+) -> Transformed:
     """Run ``codemods`` over ``module`` (the file ``rel``); each one that
     finds its change still to do makes it, and every one must find it done
     (or superseded) on the result, which must compile. ``known``: findings
@@ -155,8 +163,10 @@ def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["Pat
     new = module.bytes
     lost = None if source is None else _trailing_comments_kept(source, new)
     if lost is not None:  # never the user's lines lost: refused, nothing written
-        raise PatchkitError(f"{path}:{lost}: the indented comments that end this file would be lost "
-                            "(libcst drops them after a top-level statement); dedent or move them, then apply again")
+        raise PatchkitError(
+            f"{path}:{lost}: the indented comments that end this file would be lost "
+            "(libcst drops them after a top-level statement); dedent or move them, then apply again"
+        )
     after = {}
     for inst in instances:
         finding = inst.detect(module)
@@ -175,6 +185,15 @@ def run(rel: str, path: Path, module: "cst.Module", codemods: Sequence[type["Pat
         from patchkit.transform import vendor_code
 
         # The file named as the tree names it (relative), once; each codemod by its patch.
-        notes = vendor_code.check(Path(rel), source, pristine, new, tree, original, instances, transformed,
-                                  owners if owners is not None else _owners(rel, transformed))
+        notes = vendor_code.check(
+            Path(rel),
+            source,
+            pristine,
+            new,
+            tree,
+            original,
+            instances,
+            transformed,
+            owners if owners is not None else _owners(rel, transformed),
+        )
     return Transformed(new, after, transformed, notes)

@@ -169,9 +169,14 @@ class TransformCache:
             if meta.pop("sha256") != _checksum(meta, payload) or meta["length"] != len(payload):
                 return None
             has_new = meta["has_new"]
-            return Entry(_read_findings(meta["before"]), meta["groups"], payload if has_new else None,
-                         _read_findings(meta["after"]) if has_new else None,
-                         tuple(meta["transformed"]), tuple(meta.get("notes", ())))
+            return Entry(
+                _read_findings(meta["before"]),
+                meta["groups"],
+                payload if has_new else None,
+                _read_findings(meta["after"]) if has_new else None,
+                tuple(meta["transformed"]),
+                tuple(meta.get("notes", ())),
+            )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # missing, truncated or corrupt: a miss, never a wrong result
 
@@ -241,7 +246,9 @@ class SharedFindings:
         try:
             data = json.loads((self.folder / "findings" / key[:2] / key).read_bytes())
             found = data["findings"]
-            if data["key"] != key or data["sha256"] != _checksum({"key": key}, json.dumps(found, sort_keys=True).encode()):
+            if data["key"] != key or data["sha256"] != _checksum(
+                {"key": key}, json.dumps(found, sort_keys=True).encode()
+            ):
                 return {}
             return _read_findings(found)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -265,8 +272,11 @@ class SharedFindings:
             return
         for key, found in self._learnt.items():
             merged = _listed({**self._load(key), **found})
-            data = {"key": key, "findings": merged,
-                    "sha256": _checksum({"key": key}, json.dumps(merged, sort_keys=True).encode())}
+            data = {
+                "key": key,
+                "findings": merged,
+                "sha256": _checksum({"key": key}, json.dumps(merged, sort_keys=True).encode()),
+            }
             _write(self.folder / "findings" / key[:2] / key, json.dumps(data, sort_keys=True).encode())
         self._learnt.clear()
 

@@ -79,15 +79,25 @@ def compute(rel: str, job: Job) -> Optional[Entry]:
             return module
 
         names = [[registry.codemod_name(r) for r in group] for group in groups]
-        found = {registry.codemod_name(r): transform.detect(rel, source, parsed, registry.load_codemod(r))
-                 for group in groups for r in group}
+        found = {
+            registry.codemod_name(r): transform.detect(rel, source, parsed, registry.load_codemod(r))
+            for group in groups
+            for r in group
+        }
         effective = [i for i, group in enumerate(names) if all(found[n].state is not State.MISSING for n in group)]
         entry = Entry(found, [names[i] for i in effective])
         if effective:
             refs = [r for i in effective for r in groups[i]]
             try:
-                result = transform.run(rel, path, parsed(), [registry.load_codemod(r) for r in refs],
-                                       [found[registry.codemod_name(r)] for r in refs], source, pristine)
+                result = transform.run(
+                    rel,
+                    path,
+                    parsed(),
+                    [registry.load_codemod(r) for r in refs],
+                    [found[registry.codemod_name(r)] for r in refs],
+                    source,
+                    pristine,
+                )
             except PatchkitError:
                 return entry  # no usable transform: the serial path raises it
             entry.new = result.new
@@ -180,8 +190,12 @@ def _forked_pool(workers: int, pools: list, fork: bool = True, groups: bool = Fa
 
     blocked = _block_signals()
     try:
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork") if fork else None,
-                                   initializer=_worker_init, initargs=(blocked, groups, os.getpid()))
+        pool = ProcessPoolExecutor(
+            workers,
+            mp_context=multiprocessing.get_context("fork") if fork else None,
+            initializer=_worker_init,
+            initargs=(blocked, groups, os.getpid()),
+        )
         pools.append(pool)
         pool.submit(int)  # a forking pool starts all its workers on its first submit
         for pid in pool._processes if groups else ():
@@ -255,8 +269,12 @@ def no_gc() -> Iterator[None]:
 Progress = Callable[[int, int], None]
 
 
-def prepare(jobs: Mapping[str, Job], cache: TransformCache, progress: Optional[Progress] = None,
-            head_start: Optional[HeadStart] = None) -> dict[str, Entry]:
+def prepare(
+    jobs: Mapping[str, Job],
+    cache: TransformCache,
+    progress: Optional[Progress] = None,
+    head_start: Optional[HeadStart] = None,
+) -> dict[str, Entry]:
     """Entries for ``jobs`` (rel -> path, bytes, codemod refs grouped by
     patch): from the transform cache where it has them, else computed (in
     parallel when more than one file needs it). New results are stored in the
@@ -265,8 +283,12 @@ def prepare(jobs: Mapping[str, Job], cache: TransformCache, progress: Optional[P
     return {rel: entry for rel, entry in zip(jobs, entries) if entry is not None}
 
 
-def prepare_all(jobs: Sequence[tuple[str, Job]], cache: TransformCache,
-                progress: Optional[Progress] = None, head_start: Optional[HeadStart] = None) -> list[Optional[Entry]]:
+def prepare_all(
+    jobs: Sequence[tuple[str, Job]],
+    cache: TransformCache,
+    progress: Optional[Progress] = None,
+    head_start: Optional[HeadStart] = None,
+) -> list[Optional[Entry]]:
     """``prepare`` for jobs that may name one file several times (``export``
     transforms each file's original with every prefix of the series): an
     entry, or None where the serial path must decide, per job, in order."""

@@ -77,7 +77,9 @@ def parse(source: bytes, reads: Optional[Reads]) -> Optional[cst.Module]:
         if every is not None:
             methods = every if methods is None else methods | every
         region = _region(stmt, b"", lines)
-        if methods is None or (not isinstance(stmt, ast.ClassDef) and not methods.read(stmt.name, _text(region, lines))):
+        if methods is None or (
+            not isinstance(stmt, ast.ClassDef) and not methods.read(stmt.name, _text(region, lines))
+        ):
             regions.append(region)
         elif isinstance(stmt, ast.ClassDef):
             for item in stmt.body:
@@ -85,17 +87,17 @@ def parse(source: bytes, reads: Optional[Reads]) -> Optional[cst.Module]:
                     region = _region(item, lines[item.lineno - 1][: item.col_offset], lines)
                     if not methods.read(item.name, _text(region, lines)):
                         regions.append(region)
-    left_out = sum(len(line) for first, last, _ in regions for line in lines[first - 1:last])
+    left_out = sum(len(line) for first, last, _ in regions for line in lines[first - 1 : last])
     if left_out < _WORTH or left_out < len(source) * _SHARE:
         return None
     skeleton, texts, at = [], {}, 0
     for k, (first, last, indent) in enumerate(regions):
         if indent.strip():
             return None  # not a method on lines of its own
-        skeleton.extend(lines[at:first - 1])
+        skeleton.extend(lines[at : first - 1])
         name = _PLACEHOLDER.format(k)
         skeleton.append(indent + f"{name} = None\n".encode())
-        texts[name] = b"".join(lines[first - 1:last])
+        texts[name] = b"".join(lines[first - 1 : last])
         at = last
     skeleton.extend(lines[at:])
     try:
@@ -152,7 +154,11 @@ def _starts(module: cst.Module, tree: ast.Module) -> list[tuple[cst.CSTNode, int
     for stmt, node in zip(_definitions(module.body, cst.ClassDef), [s for s in tree.body if isinstance(s, _DEFS)]):
         if type(stmt) is cst.ClassDef and isinstance(stmt.body, cst.IndentedBlock):
             methods = [i for i in node.body if isinstance(i, _METHODS)]
-            starts += [(f, i.lineno, False) for f, i in zip(_definitions(stmt.body.body), methods) if type(f) is cst.FunctionDef]
+            starts += [
+                (f, i.lineno, False)
+                for f, i in zip(_definitions(stmt.body.body), methods)
+                if type(f) is cst.FunctionDef
+            ]
         if type(stmt) is not Verbatim:
             starts.append((stmt, node.lineno, type(stmt) is cst.ClassDef))
     return starts
@@ -164,7 +170,7 @@ def _definitions(body: Sequence, *also: type) -> list:
 
 
 def _text(region: tuple[int, int, bytes], lines: list[bytes]) -> bytes:
-    return b"".join(lines[region[0] - 1:region[1]])
+    return b"".join(lines[region[0] - 1 : region[1]])
 
 
 def _placeholder_name(stmt: cst.CSTNode) -> Optional[str]:

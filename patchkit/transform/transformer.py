@@ -27,7 +27,8 @@ from patchkit.transform.cache import Entry, TransformCache
 if TYPE_CHECKING:
     import libcst as cst
 
-    from patchkit.transform.parallel import HeadStart, Progress
+    from patchkit.transform.checks import Check
+    from patchkit.transform.parallel import Progress
     from patchkit.registry import Patch
     from patchkit.tree import Tree
 
@@ -43,7 +44,9 @@ class Transformer:
     tree: "Tree"
     findings: dict[FindingKey, Finding]  # the read side's detection cache; results' findings are added
     modules: dict[str, "cst.Module"]  # parsed files, by the sha256 of their bytes
-    sources: dict[str, bytes] = field(default_factory=dict)  # apply's target files as read: what prepare and transform_files work on
+    sources: dict[str, bytes] = field(
+        default_factory=dict
+    )  # apply's target files as read: what prepare and transform_files work on
     pristine: dict[str, Optional[bytes]] = field(default_factory=dict)  # the fetch step's release bytes, by file
     notes: list[str] = field(default_factory=list)  # vendor code replaced on purpose, a check skipped
     risk_accepted: bool = False  # the fetch step downloaded nothing, by the user's choice (its note says so)
@@ -66,14 +69,22 @@ class Transformer:
             self.notes.extend([note] if note and note not in self.notes else [])
         return data
 
-    def prepare(self, patches: Iterable["Patch"], progress: Optional["Progress"] = None,
-                head_start: Optional["HeadStart"] = None) -> None:
+    def prepare(
+        self,
+        patches: Iterable["Patch"],
+        progress: Optional["Progress"] = None,
+        checks: Sequence["Check"] = (),
+    ) -> None:
         """Detect and transform, per file of ``sources``, with the codemods of
         all ``patches`` (grouped by patch). Findings seed ``findings``; files
         whose findings are all known and none is TODO need nothing.
-        ``head_start``: later work for the worker processes, when files are
-        computed there (``parallel.prepare``)."""
+        ``checks``: the postconditions to check after the transform
+        (``checks.declared``), whose head start goes to the worker
+        processes, when files are computed there (``parallel.prepare``)."""
         from patchkit.transform import parallel
+        from patchkit.transform.checks import head_start
+
+        start = head_start(list(checks), self.tree)
 
         sources = self.sources
         files: dict[str, list[list]] = {}
@@ -87,8 +98,10 @@ class Transformer:
             known = [self.findings.get(FindingKey(registry.codemod_name(r), digest)) for g in groups for r in g]
             if any(k is None or k.state is State.TODO for k in known):
                 need[rel] = groups
-        jobs = {rel: (self.tree.path(rel), sources[rel], groups, self.release_bytes(rel)) for rel, groups in need.items()}
-        for rel, entry in parallel.prepare(jobs, self.cache, progress, head_start).items():
+        jobs = {
+            rel: (self.tree.path(rel), sources[rel], groups, self.release_bytes(rel)) for rel, groups in need.items()
+        }
+        for rel, entry in parallel.prepare(jobs, self.cache, progress, start).items():
             digest = sha256(sources[rel])
             for name, finding in entry.before.items():
                 self.findings.setdefault(FindingKey(name, digest), finding)
@@ -98,7 +111,7 @@ class Transformer:
                     self.findings[FindingKey(name, new_digest)] = finding
             self._prepared[rel] = (digest, entry)
 
-    def transform_files(self, files: Iterable[str], patches: list["Patch"]) -> dict[str, bytes]:
+    def transform_files(self, files: Iterable[str], patches: Sequence["Patch"]) -> dict[str, bytes]:
         """Each of ``files`` (of ``sources``, their release bytes fetched)
         transformed with the codemods of ``patches``: the files it changes,
         with their new bytes."""
@@ -109,8 +122,13 @@ class Transformer:
                 out[rel] = new
         return out
 
-    def transform_prefixes(self, originals: dict[str, bytes], steps: list[tuple[str, int]], patches: list["Patch"],
-                           progress: Optional["Progress"] = None) -> dict[tuple[str, int], bytes]:
+    def transform_prefixes(
+        self,
+        originals: dict[str, bytes],
+        steps: list[tuple[str, int]],
+        patches: list["Patch"],
+        progress: Optional["Progress"] = None,
+    ) -> dict[tuple[str, int], bytes]:
         """Export's transforms: for each step ``(rel, k)``, the file's original
         with ``patches[: k + 1]``, as ``run`` computes it. Taken from the
         transform cache apply fills (a file's last step is usually apply's own
@@ -121,7 +139,9 @@ class Transformer:
         def groups(rel: str, k: int) -> list[list]:
             return [list(t.refs) for p in patches[: k + 1] for t in p.targets if t.file == rel]
 
-        jobs = [(rel, (self.tree.path(rel), originals[rel], groups(rel, k), self.release_bytes(rel))) for rel, k in steps]
+        jobs = [
+            (rel, (self.tree.path(rel), originals[rel], groups(rel, k), self.release_bytes(rel))) for rel, k in steps
+        ]
         out = {}
         for (rel, k), (_, job), entry in zip(steps, jobs, parallel.prepare_all(jobs, self.cache, progress)):
             whole = [[registry.codemod_name(r) for r in g] for g in job[2]]
@@ -152,9 +172,7 @@ class Transformer:
         pristine = self.release_bytes(rel)
         classes = [registry.load_codemod(codemod) for codemod in codemods]
         module = self.modules.get(digest) or transform.parse_for(rel, source, self.tree.path(rel), classes, pristine)
-        result = transform.run(rel, self.tree.path(rel), module, classes,
-                               known, source,
-                               pristine, owners)
+        result = transform.run(rel, self.tree.path(rel), module, classes, known, source, pristine, owners)
         self.notes.extend(line for line in result.notes if line not in self.notes)
         new_digest = sha256(result.new)
         for name, finding in result.after.items():

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from patchkit.codemods.common.base import PatchCodemod
 
+
 @dataclass(frozen=True)
 class Lost:
     line: int  # in the file before the transform
@@ -175,8 +176,11 @@ def tokens(scope: Union[ast.Module, Definition], children: list[Definition]) -> 
                 continue
         if isinstance(node, (ast.BoolOp, ast.Compare)):
             # Each operator where its right operand starts, not all at the expression's start.
-            ops = [type(node.op).__name__.lower()] * (len(node.values) - 1) if isinstance(node, ast.BoolOp) else \
-                [type(op).__name__ for op in node.ops]
+            ops = (
+                [type(node.op).__name__.lower()] * (len(node.values) - 1)
+                if isinstance(node, ast.BoolOp)
+                else [type(op).__name__ for op in node.ops]
+            )
             rights = node.values[1:] if isinstance(node, ast.BoolOp) else node.comparators
             out.extend((r.lineno, r.col_offset - 1, op) for op, r in zip(ops, rights))
         else:
@@ -252,7 +256,9 @@ def _inserted(base: list[Token], new: list[Token]) -> set[int]:
     return found
 
 
-def _vendor(pristine: list[Token], before: list[Token], removed: set[int], counts: tuple[Counter, Counter, Counter]) -> set[int]:
+def _vendor(
+    pristine: list[Token], before: list[Token], removed: set[int], counts: tuple[Counter, Counter, Counter]
+) -> set[int]:
     """Indexes of the vendor's tokens in ``before`` that the transform lost.
 
     The vendor's code comes in blocks (what aligning ``before`` with the
@@ -300,15 +306,25 @@ class VendorCodeLost(PatchkitError):
     def __init__(self, site: str, patch: Optional[str]) -> None:
         skip = f"`--skip {patch}`" if patch else "`--skip` that patch"
         # What the maintainer can do, said in the same line as the refusal.
-        self.remedy = (f"keep that code out of the patch's site, carry the change by hand there, or {skip} "
-                       "(the other patches still apply)")
+        self.remedy = (
+            f"keep that code out of the patch's site, carry the change by hand there, or {skip} "
+            "(the other patches still apply)"
+        )
         super().__init__(f"{site}; nothing was changed: {self.remedy}")
         self.site, self.patch = site, patch  # the refusal without its consequence; the refused patch (None: unknown)
 
 
-def check(path: Path, before: bytes, pristine: bytes, after: bytes, after_tree: ast.Module,
-          original: "cst.Module", instances: Sequence["PatchCodemod"], transformed: Sequence[str],
-          owners: Mapping[str, str] = MappingProxyType({})) -> list[str]:
+def check(
+    path: Path,
+    before: bytes,
+    pristine: bytes,
+    after: bytes,
+    after_tree: ast.Module,
+    original: "cst.Module",
+    instances: Sequence["PatchCodemod"],
+    transformed: Sequence[str],
+    owners: Mapping[str, str] = MappingProxyType({}),
+) -> list[str]:
     """The vendor-code rule for one transformed file: nothing lost, or every
     loss declared by the codemod that made it (``REPLACES_VENDOR``): one note
     line each. Anything else raises :class:`VendorCodeLost` naming file:line,
@@ -327,18 +343,28 @@ def check(path: Path, before: bytes, pristine: bytes, after: bytes, after_tree: 
         if why is None:
             refused.append((item, who))
         else:  # one line per line of code and codemod, however many of its tokens go
-            notes.setdefault((item.line, who), f"{path}:{item.line}: {who} replaces the vendor's {describe(item)} on purpose: {why}")
+            notes.setdefault(
+                (item.line, who), f"{path}:{item.line}: {who} replaces the vendor's {describe(item)} on purpose: {why}"
+            )
     if refused:
         item, who = refused[0]
         more = f" (and {len(refused) - 1} more vendor token(s))" if len(refused) > 1 else ""
         inst = blame.get(item)
-        raise VendorCodeLost(f"refused: {path}:{item.line}: {who} would remove code the vendor added, {describe(item)}{more}",
-                             owners.get(inst.name()) if inst is not None else None)
+        raise VendorCodeLost(
+            f"refused: {path}:{item.line}: {who} would remove code the vendor added, {describe(item)}{more}",
+            owners.get(inst.name()) if inst is not None else None,
+        )
     return list(notes.values())
 
 
-def _blame(pristine: bytes, before: bytes, original: "cst.Module", instances: Sequence["PatchCodemod"],
-           transformed: Sequence[str], found: list[Lost]) -> dict[Lost, "PatchCodemod"]:
+def _blame(
+    pristine: bytes,
+    before: bytes,
+    original: "cst.Module",
+    instances: Sequence["PatchCodemod"],
+    transformed: Sequence[str],
+    found: list[Lost],
+) -> dict[Lost, "PatchCodemod"]:
     """Which codemod removed each lost token: the transforms again, one at a
     time (only when something was lost)."""
     out: dict[Lost, "PatchCodemod"] = {}

@@ -67,7 +67,7 @@ def test_facts_computed_elsewhere_are_the_audits_own(monkeypatch):
 def test_the_head_starts_of_several_checks_each_get_their_own_results(tmp_path, two_workers):
     """Two patches' postconditions each ask the workers for work: each
     ``take`` hears its own side jobs' results, each ``after`` every file."""
-    from patchkit.api import checking
+    from patchkit.transform import checks
     from patchkit.postconditions import Postcondition
 
     taken: dict[str, list] = {"a": [], "b": []}
@@ -83,7 +83,7 @@ def test_the_head_starts_of_several_checks_each_get_their_own_results(tmp_path, 
 
         return Asks()
 
-    checks = [checking.Check("a", check_with("a", [1, 2])), checking.Check("b", check_with("b", [3]))]
+    made = [checks.Check("a", check_with("a", [1, 2])), checks.Check("b", check_with("b", [3]))]
     jobs = [(f"m{i}.py", (tmp_path / f"m{i}.py", b"z = %d\n" % i, [["ref"]], None)) for i in range(2)]
-    parallel.prepare_all(jobs, TransformCache(None), head_start=checking.head_start(checks, None))
+    parallel.prepare_all(jobs, TransformCache(None), head_start=checks.head_start(made, None))
     assert sorted(taken["a"]) == [("a", 1), ("a", 2)] and taken["b"] == [("b", 3)]
