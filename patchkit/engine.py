@@ -16,20 +16,17 @@ and plan and commit beside it (``patchkit.api.applying``, ``patchkit.api.reverti
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Union
-from collections.abc import Callable, Iterable
 
 import patchkit
-from patchkit import registry, transform
-from patchkit.transform import audit_counts, cache as transform_cache
-from patchkit.state import originals
-from patchkit.state import vendoring
-from patchkit import detection_cache
+from patchkit import detection_cache, registry, transform
 from patchkit.detection_cache import FindingKey, Learnt
 from patchkit.errors import PatchkitError
 from patchkit.findings import Finding, State
+from patchkit.registry import Patch
 from patchkit.results import (
     ABSENT,
     APPLIED,
@@ -42,10 +39,11 @@ from patchkit.results import (
     PatchReport,
     unified_diff,
 )
+from patchkit.state import Store, originals, sha256, vendoring
 from patchkit.state.record import Record
-from patchkit.registry import Patch
 from patchkit.state.snapshot import Snapshot, read_snapshot
-from patchkit.state import Store, sha256
+from patchkit.transform import audit_counts
+from patchkit.transform import cache as transform_cache
 from patchkit.tree import base_release, find_tree
 
 if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must be parsed

@@ -27,7 +27,10 @@ DIGESTS = ROOT / "tests" / "patched_digests.json"
 def releases() -> list[str]:
     from patchkit import known_releases
 
-    return sorted(known_releases._table()[0], key=lambda v: [int(p) if p.isdigit() else p for p in v.replace(".post", ".").split(".")])
+    return sorted(
+        known_releases._table()[0],
+        key=lambda v: [int(p) if p.isdigit() else p for p in v.replace(".post", ".").split(".")],
+    )
 
 
 def written_digests(version: str) -> dict[str, str | None]:
@@ -40,8 +43,10 @@ def written_digests(version: str) -> dict[str, str | None]:
 
     tree = fetch_tree(version)
     outcome = api.apply(str(tree), dry_run=True, audit_vendor=False).outcome
-    return {rel: None if new is None else hashlib.sha256(new).hexdigest()
-            for rel, (_old, new) in sorted(outcome.changed.items())}
+    return {
+        rel: None if new is None else hashlib.sha256(new).hexdigest()
+        for rel, (_old, new) in sorted(outcome.changed.items())
+    }
 
 
 def main(argv: list[str]) -> None:

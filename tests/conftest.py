@@ -22,10 +22,11 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import profiling  # noqa: E402
+from support import PRIMARY, TREE_CALLS, TREE_FIXTURES, linked_copy  # noqa: E402
+
 from patchkit import settings  # noqa: E402
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree, fetch_tree  # noqa: E402
-from support import PRIMARY, TREE_CALLS, TREE_FIXTURES, linked_copy  # noqa: E402
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -46,7 +47,6 @@ def pytest_collection_modifyitems(config, items):
     root = Path(str(config.rootpath))
     items.sort(key=lambda item: -seconds.get(Path(str(item.path)).relative_to(root).as_posix(), unknown))
     _mark_tree_tests(items)
-
 
 
 def _mark_tree_tests(items) -> None:

@@ -9,8 +9,8 @@ import hashlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import libcst as cst
 import libcst.matchers as m
@@ -74,9 +74,7 @@ class _SplitImports(cst.CSTTransformer):
         if len(updated.body) != 1 or not m.matches(updated.body[0], m.ImportFrom()):
             return updated
         imp = updated.body[0]
-        if isinstance(imp.names, cst.ImportStar) or imp.relative or (
-            m.matches(imp.module, m.Name("__future__"))
-        ):
+        if isinstance(imp.names, cst.ImportStar) or imp.relative or (m.matches(imp.module, m.Name("__future__"))):
             return updated
         lines = []
         for alias in imp.names:
@@ -156,6 +154,7 @@ def _docstring(path: Path) -> None:
 
 def _black(*args: str) -> Callable[[list[Path]], None]:
     """black over every file at once: one interpreter start-up, not one per file."""
+
     def run(paths: list[Path]) -> None:
         subprocess.run([sys.executable, "-m", "black", "-q", *args, *map(str, paths)], check=True)
 

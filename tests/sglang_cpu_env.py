@@ -54,8 +54,8 @@ does for the other releases).
 
 from __future__ import annotations
 
-import contextlib
 import ast
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -244,9 +244,7 @@ def install_torchvision_stand_in() -> bool:
     return True
 
 
-def install_sgl_kernel_stub(
-    package_dir: str | os.PathLike | None = None, *, upstream: bool = True
-) -> bool:
+def install_sgl_kernel_stub(package_dir: str | os.PathLike | None = None, *, upstream: bool = True) -> bool:
     """Install an ``sgl_kernel`` stub unless the real one imports.
 
     ``package_dir`` is an sglang package folder (``.../sglang``) whose
@@ -271,9 +269,7 @@ def install_sgl_kernel_stub(
     if stub is not None:
         stub()
         importlib.import_module("sgl_kernel")
-        _STUBBED["sgl_kernel"] = (
-            "sglang.test.test_utils.maybe_stub_sgl_kernel (MagicMock attributes)"
-        )
+        _STUBBED["sgl_kernel"] = "sglang.test.test_utils.maybe_stub_sgl_kernel (MagicMock attributes)"
     else:
         _install_stand_in("sgl_kernel")
         _STUBBED["sgl_kernel"] = "patchkit stand-in (raises on call)"
@@ -358,8 +354,9 @@ class _Unimportable(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         if any(fullname == n or fullname.startswith(n + ".") for n in self.names):
-            raise ModuleNotFoundError(f"No module named {fullname!r} (blocked: patched trees must not need it)",
-                                      name=fullname)
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r} (blocked: patched trees must not need it)", name=fullname
+            )
         return None
 
 

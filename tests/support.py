@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 import profiling
+
 from patchkit.fetch import fetch_tree
 
 PRE_UPSTREAM = ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"]
@@ -26,8 +27,18 @@ ALL_NATIVE = "0.5.23"
 # What a test that reads a real release uses: a fixture that copies one, or a helper that fetches one
 # (conftest marks such tests ``trees``; tests/unit/test_suite_layout.py keeps them out of tests/unit).
 TREE_FIXTURES = {"make_tree", "pristine_tree", "patched_tree", "reference", "tree"}
-TREE_CALLS = ("fetch_tree(", "copy_tree(", "make_tree", "pristine(", "pristine_snapshot(", "git_checkout(",
-              "release_sources(", "linked_copy(", "PRIMARY_TREE", "patched_tree")
+TREE_CALLS = (
+    "fetch_tree(",
+    "copy_tree(",
+    "make_tree",
+    "pristine(",
+    "pristine_snapshot(",
+    "git_checkout(",
+    "release_sources(",
+    "linked_copy(",
+    "PRIMARY_TREE",
+    "patched_tree",
+)
 
 
 def patch_states(cli, tree, *ids: str) -> dict[str, dict]:
@@ -134,8 +145,9 @@ def linked_copy(src: Path, dest: Path) -> Path:
 
 def git(cwd: Path, *args: str) -> str:
     """Run git with a fixed identity; its stdout."""
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
+    env = dict(
+        os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t"
+    )
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
 
 
@@ -171,7 +183,7 @@ def _stat(path: Path) -> tuple[str, list[str]]:
         text = path.read_text()
     except OSError:
         return "", []
-    return text[:text.rindex(")") + 1], text[text.rindex(")") + 2:].split()
+    return text[: text.rindex(")") + 1], text[text.rindex(")") + 2 :].split()
 
 
 def session_processes(sid: int) -> list[str]:

@@ -13,24 +13,24 @@ stderr printer; the default drops them). Errors raise ``PatchkitError``
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
-from collections.abc import Callable, Iterable
 
 from patchkit import registry
 from patchkit import tree as trees
-from patchkit.engine import Session, locked_session
 from patchkit.api.commit import InterruptedAfterCommit, Outcome
-from patchkit.results import PatchReport
+from patchkit.engine import Session, locked_session
 from patchkit.errors import Interrupted, PatchkitError
+from patchkit.results import PatchReport
 
 if TYPE_CHECKING:
-    from patchkit.postconditions import Report
     from patchkit.api.exporting import Series
-    from patchkit.transform.parallel import Progress
-    from patchkit.registry import Patch
-    from patchkit.tree import Tree
     from patchkit.api.views import CodemodView, FileDiff
+    from patchkit.postconditions import Report
+    from patchkit.registry import Patch
+    from patchkit.transform.parallel import Progress
+    from patchkit.tree import Tree
 
 Say = Callable[[str], None]
 

@@ -14,9 +14,9 @@ step's result is a new value: nothing is changed in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
-from collections.abc import Callable, Mapping
 
 import patchkit
 from patchkit import fetch, git, registry

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
-from patchkit.state import vendoring
 from patchkit.errors import Interrupted, PatchkitError
 from patchkit.results import PatchReport, unified_diff
+from patchkit.state import vendoring
 from patchkit.state.record import FileRecord, Record
 from patchkit.tree import Tree, check_writable, sha256
 

@@ -13,8 +13,8 @@ the pristine tree reproduces the patched tree byte for byte.
 from __future__ import annotations
 
 import email.header
-import hashlib
 import email.utils
+import hashlib
 import os
 import re
 import time
@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Optional
 
 from patchkit import __version__, fetch, registry
-from patchkit.state import vendoring
 from patchkit.engine import Session
-from patchkit.results import NATIVE, unified_diff
 from patchkit.errors import PatchkitError
-from patchkit.transform.parallel import Progress
 from patchkit.registry import Patch
+from patchkit.results import NATIVE, unified_diff
+from patchkit.state import vendoring
+from patchkit.transform.parallel import Progress
 from patchkit.transform.transformer import Transformer
 
 DEFAULT_AUTHOR = "patchkit <patchkit@invalid>"

@@ -16,10 +16,10 @@ import shutil
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable, Iterable
 
 from patchkit import lifetimes
 
@@ -42,9 +42,9 @@ def run_release(version: str, workdir: Optional[str] = None) -> dict:
     """One row of the matrix (a JSON-able dict). Never raises: a failure at
     any step is recorded in ``error`` with the step's name."""
     from patchkit import api
-    from patchkit.state import vendoring
     from patchkit.errors import PatchkitError
     from patchkit.fetch import fetch_tree
+    from patchkit.state import vendoring
 
     started = time.perf_counter()
     row: dict = {

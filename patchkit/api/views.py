@@ -6,15 +6,15 @@ are on disk, and write nothing (the read-command rule of the safety contract).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Optional
-from collections.abc import Iterable
 
 from patchkit import registry
 from patchkit.engine import Session
-from patchkit.results import unified_diff
 from patchkit.layout import import_path
 from patchkit.registry import Patch
+from patchkit.results import unified_diff
 
 
 @dataclass(frozen=True)

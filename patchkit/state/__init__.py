@@ -28,10 +28,10 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable, Iterable, Iterator
 
 from patchkit import containment, lifetimes
 from patchkit.errors import PatchkitError

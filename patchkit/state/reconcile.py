@@ -21,9 +21,9 @@ Pure: the caller reads the files and moves a disbelieved state aside.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
-from collections.abc import Callable
 
 from patchkit.state import vendoring
 from patchkit.state.record import FileRecord, Record

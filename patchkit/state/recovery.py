@@ -21,10 +21,10 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable
 
 from patchkit import containment
 from patchkit.errors import PatchkitError

@@ -11,17 +11,16 @@ again; only the commit writes.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Optional
-from collections.abc import Mapping
 
 from patchkit import registry
-from patchkit.state import recovery, vendoring
 from patchkit.errors import PatchkitError
+from patchkit.state import Pending, Store, recovery, sha256, vendoring
 from patchkit.state.reconcile import Believed, reconcile
 from patchkit.state.record import CorruptState, Record
-from patchkit.state import Pending, Store, sha256
 from patchkit.tree import Tree
 
 

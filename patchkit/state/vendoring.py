@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Optional
-from collections.abc import Iterable
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError

@@ -8,10 +8,10 @@ in worker processes, so neither climbs back up to whoever asked.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
-from collections.abc import Callable, Mapping, Sequence
 
 from patchkit import python_ast
 from patchkit.errors import PatchkitError

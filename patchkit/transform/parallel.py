@@ -25,14 +25,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from patchkit import lifetimes
 from patchkit.postconditions import HeadStart  # what a check asks of the workers (its type lives with the checks)
-from patchkit.tree import sha256
 from patchkit.transform.cache import Entry, TransformCache, cacheable
+from patchkit.tree import sha256
 
 # A file to prepare: its path (for messages), bytes, codemod refs grouped by
 # patch, and the release's bytes of it (None: unknown; the vendor-code check).

@@ -23,10 +23,11 @@ bytes, with the indentation libcst would detect on the whole file
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Optional, Union
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Optional, Union
 
 import libcst as cst
+
 from patchkit import python_ast
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.primitives.module import Verbatim

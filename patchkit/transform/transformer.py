@@ -14,22 +14,22 @@ provably the same as the serial path's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
-from collections.abc import Iterable, Sequence
 
 from patchkit import registry, transform
 from patchkit.detection_cache import FindingKey
 from patchkit.findings import Finding, State
-from patchkit.tree import sha256
 from patchkit.transform.cache import Entry, TransformCache
+from patchkit.tree import sha256
 
 if TYPE_CHECKING:
     import libcst as cst
 
+    from patchkit.registry import Patch
     from patchkit.transform.checks import Check
     from patchkit.transform.parallel import Progress
-    from patchkit.registry import Patch
     from patchkit.tree import Tree
 
 

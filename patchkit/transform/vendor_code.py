@@ -27,11 +27,11 @@ import ast
 import difflib
 import re
 from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Optional, Union
-from collections.abc import Iterator, Mapping, Sequence
 
 from patchkit.errors import EXIT_CHANGES, PatchkitError
 

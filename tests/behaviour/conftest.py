@@ -58,8 +58,9 @@ def cpu_env() -> dict[str, str]:
     """
     missing = missing_heavy()
     if missing:
-        pytest.skip(f"behaviour env not installed ({', '.join(missing)} missing): "
-                    "pip install -r requirements-behaviour.txt")
+        pytest.skip(
+            f"behaviour env not installed ({', '.join(missing)} missing): pip install -r requirements-behaviour.txt"
+        )
     from patchkit.fetch import fetch_tree
 
     return install_import_stubs(fetch_tree(STUB_SOURCE_VERSION))

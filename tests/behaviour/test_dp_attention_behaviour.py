@@ -26,9 +26,10 @@ pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
 from dp_settings import SETTINGS, rank_view  # noqa: E402
+from support import linked_copy  # noqa: E402
+
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import fetch_tree  # noqa: E402
-from support import linked_copy  # noqa: E402
 
 VERSION = "0.5.12.post1"
 ATTN = "sglang.srt.layers.attention."
@@ -39,8 +40,10 @@ BACKENDS = {
     "flashmla": ("flashmla_backend.FlashMLABackend", "flashmla_backend.FlashMLAMultiStepDraftBackend"),
     "trtllm_mla": ("trtllm_mla_backend.TRTLLMMLABackend", "trtllm_mla_backend.TRTLLMMLAMultiStepDraftBackend"),
     "triton": ("triton_backend.TritonAttnBackend", "triton_backend.TritonMultiStepDraftBackend"),
-    "flashinfer_mla": ("flashinfer_mla_backend.FlashInferMLAAttnBackend",
-                       "flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend"),
+    "flashinfer_mla": (
+        "flashinfer_mla_backend.FlashInferMLAAttnBackend",
+        "flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend",
+    ),
 }
 KEEPS_MIRROR = {"flashinfer_mla"}
 #: The decision and the flags of the backends above (with what they require).
@@ -76,13 +79,17 @@ def parse(sglang, monkeypatch):
     cls = module.ServerArgs
 
     def run(fields):
-        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                    for f in dataclasses.fields(cls)
-                    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+        defaults = {
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        }
         model = NS(is_piecewise_cuda_graph_disabled_model=False, is_multimodal=False)
         # chunked_prefill_size: what _handle_gpu_memory_settings (run before) sets on an 80 GB card.
-        args = NS(**{**defaults, "model_path": "/models/DeepSeek-V3", "chunked_prefill_size": 8192, **fields},
-                  get_model_config=lambda: model)
+        args = NS(
+            **{**defaults, "model_path": "/models/DeepSeek-V3", "chunked_prefill_size": 8192, **fields},
+            get_model_config=lambda: model,
+        )
         for handler in ("_handle_piecewise_cuda_graph", "_handle_data_parallelism", "_handle_a2a_moe"):
             getattr(cls, handler)(args)
         return args
@@ -110,13 +117,16 @@ def backends(name):
 
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    target_cls, draft_cls = (getattr(importlib.import_module(ATTN + path.rpartition(".")[0]), path.rpartition(".")[2])
-                             for path in BACKENDS[name])
+    target_cls, draft_cls = (
+        getattr(importlib.import_module(ATTN + path.rpartition(".")[0]), path.rpartition(".")[2])
+        for path in BACKENDS[name]
+    )
     target, draft, extend, runner = (c.__new__(c) for c in (target_cls, draft_cls, target_cls, target_cls))
     worker = EAGLEWorkerV2.__new__(EAGLEWorkerV2)
     worker._target_worker = NS(model_runner=NS(attn_backend=target))
-    worker._draft_worker = NS(draft_attn_backend=draft, draft_extend_attn_backend=extend,
-                              draft_runner=NS(attn_backend=runner))
+    worker._draft_worker = NS(
+        draft_attn_backend=draft, draft_extend_attn_backend=extend, draft_runner=NS(attn_backend=runner)
+    )
     return worker.spec_v2_attn_backends
 
 
@@ -130,9 +140,15 @@ def init_overlap(sglang, rt, monkeypatch):
     monkeypatch.setattr(module, "use_mlx", lambda: False)
 
     def run(me):
-        me.__dict__.update(device="cpu", forward_stream=torch.cpu.Stream(), enable_overlap=True,
-                           max_running_requests=8, chunked_prefill_size=64, model_config=NS(context_len=128),
-                           spec_algorithm=SpeculativeAlgorithm.EAGLE)
+        me.__dict__.update(
+            device="cpu",
+            forward_stream=torch.cpu.Stream(),
+            enable_overlap=True,
+            max_running_requests=8,
+            chunked_prefill_size=64,
+            model_config=NS(context_len=128),
+            spec_algorithm=SpeculativeAlgorithm.EAGLE,
+        )
         rt.set_needs_cpu_seq_lens(True)
         module.Scheduler.init_overlap(me)
         return rt.needs_cpu_seq_lens()
@@ -166,12 +182,19 @@ def verify_input(sglang, seq_lens_cpu):
 
     bs, draft = 2, 2
     return EagleVerifyInput(
-        draft_token=torch.arange(bs * draft), custom_mask=torch.ones(64, dtype=torch.bool),
-        positions=torch.arange(bs * draft), retrieve_index=torch.zeros(bs, draft, dtype=torch.long),
+        draft_token=torch.arange(bs * draft),
+        custom_mask=torch.ones(64, dtype=torch.bool),
+        positions=torch.arange(bs * draft),
+        retrieve_index=torch.zeros(bs, draft, dtype=torch.long),
         retrieve_next_token=torch.zeros(bs, draft, dtype=torch.long),
-        retrieve_next_sibling=torch.zeros(bs, draft, dtype=torch.long), retrieve_cum_len=None, spec_steps=1, topk=1,
-        draft_token_num=draft, capture_hidden_mode=CaptureHiddenMode.FULL,
-        seq_lens_sum=None if seq_lens_cpu is None else int(seq_lens_cpu.sum()), seq_lens_cpu=seq_lens_cpu,
+        retrieve_next_sibling=torch.zeros(bs, draft, dtype=torch.long),
+        retrieve_cum_len=None,
+        spec_steps=1,
+        topk=1,
+        draft_token_num=draft,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        seq_lens_sum=None if seq_lens_cpu is None else int(seq_lens_cpu.sum()),
+        seq_lens_cpu=seq_lens_cpu,
     )
 
 
@@ -191,13 +214,30 @@ def dp_padded(sglang, batch, bs):
     requests (one token each), as prepare_mlp_sync_batch pads every DP rank's."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-    fields = dict(lora_ids=[], out_cache_loc_swa=None, encoder_lens=None, positions=batch.input_ids.clone(),
-                  mamba_track_indices=None, mamba_track_mask=None, mamba_track_seqlens=None, mrope_positions=None,
-                  extend_seq_lens=None, spec_info=None)
-    padded = NS(**{**fields, **{k: getattr(batch, k) for k in ("input_ids", "req_pool_indices", "seq_lens",
-                                                                "seq_lens_cpu", "seq_lens_sum", "out_cache_loc")}})
+    fields = dict(
+        lora_ids=[],
+        out_cache_loc_swa=None,
+        encoder_lens=None,
+        positions=batch.input_ids.clone(),
+        mamba_track_indices=None,
+        mamba_track_mask=None,
+        mamba_track_seqlens=None,
+        mrope_positions=None,
+        extend_seq_lens=None,
+        spec_info=None,
+    )
+    padded = NS(
+        **{
+            **fields,
+            **{
+                k: getattr(batch, k)
+                for k in ("input_ids", "req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "out_cache_loc")
+            },
+        }
+    )
     padded._pad_tensor_to_size = lambda tensor, size, value=0: ForwardBatch._pad_tensor_to_size(
-        padded, tensor, size, value=value)
+        padded, tensor, size, value=value
+    )
     runner = NS(attn_backend=NS(get_cuda_graph_seq_len_fill_value=lambda: 1))
     ForwardBatch._pad_inputs_to_size(padded, runner, bs, bs)
     return padded
@@ -213,8 +253,14 @@ def test_dp_padding_of_a_busy_rank_without_the_mirror_and_an_idle_rank_with_one(
     idle = NS(device="cpu", model_config=NS(vocab_size=32))
     module.ScheduleBatch.prepare_for_idle(idle)
     assert idle.seq_lens_cpu.numel() == 0 and idle.seq_lens_sum == 0 and idle.forward_mode.is_idle()
-    busy = NS(input_ids=torch.tensor([3]), req_pool_indices=torch.tensor([0]), seq_lens=torch.tensor([9]),
-              seq_lens_cpu=None, seq_lens_sum=None, out_cache_loc=torch.tensor([9]))
+    busy = NS(
+        input_ids=torch.tensor([3]),
+        req_pool_indices=torch.tensor([0]),
+        seq_lens=torch.tensor([9]),
+        seq_lens_cpu=None,
+        seq_lens_sum=None,
+        out_cache_loc=torch.tensor([9]),
+    )
 
     idle, busy = dp_padded(sglang, idle, 2), dp_padded(sglang, busy, 2)
     assert idle.seq_lens_cpu.tolist() == [1, 1] and idle.seq_lens_sum == 2

@@ -51,8 +51,9 @@ class Model:
     def forward(self, input_ids, positions, forward_batch):
         self.calls += 1
         rows = input_ids.shape[0] if forward_batch.forward_mode.is_draft_extend_v2() else forward_batch.batch_size
-        return self.lp.LogitsProcessorOutput(next_token_logits=self.logits[:rows].clone(),
-                                             hidden_states=torch.ones(rows, HIDDEN))
+        return self.lp.LogitsProcessorOutput(
+            next_token_logits=self.logits[:rows].clone(), hidden_states=torch.ones(rows, HIDDEN)
+        )
 
 
 def capture(mod, mode, monkeypatch):
@@ -74,23 +75,38 @@ def capture(mod, mode, monkeypatch):
     monkeypatch.setattr(mod, "fast_topk", topk)
     i64 = dict(dtype=torch.int64)
     buffers = NS(
-        input_ids=torch.zeros(TOKENS, **i64), req_pool_indices=torch.zeros(BS, **i64),
-        seq_lens=torch.full((BS,), 8, dtype=torch.int32), seq_lens_cpu=torch.full((BS,), 8, dtype=torch.int32),
-        extend_seq_lens=torch.full((BS,), STEPS + 1, dtype=torch.int32), out_cache_loc=torch.zeros(TOKENS, **i64),
-        positions=torch.zeros(TOKENS, **i64), mrope_positions=torch.zeros(3, TOKENS, **i64),
-        hidden_states=torch.zeros(TOKENS, HIDDEN), num_correct_drafts=torch.zeros(BS, dtype=torch.int32),
-        num_accept_tokens=torch.zeros(BS, dtype=torch.int32), next_token_logits_buffer=torch.zeros(TOKENS, VOCAB),
-        global_num_tokens_gpu=None, global_num_tokens_for_logprob_gpu=None,
+        input_ids=torch.zeros(TOKENS, **i64),
+        req_pool_indices=torch.zeros(BS, **i64),
+        seq_lens=torch.full((BS,), 8, dtype=torch.int32),
+        seq_lens_cpu=torch.full((BS,), 8, dtype=torch.int32),
+        extend_seq_lens=torch.full((BS,), STEPS + 1, dtype=torch.int32),
+        out_cache_loc=torch.zeros(TOKENS, **i64),
+        positions=torch.zeros(TOKENS, **i64),
+        mrope_positions=torch.zeros(3, TOKENS, **i64),
+        hidden_states=torch.zeros(TOKENS, HIDDEN),
+        num_correct_drafts=torch.zeros(BS, dtype=torch.int32),
+        num_accept_tokens=torch.zeros(BS, dtype=torch.int32),
+        next_token_logits_buffer=torch.zeros(TOKENS, VOCAB),
+        global_num_tokens_gpu=None,
+        global_num_tokens_for_logprob_gpu=None,
     )
     runner = object.__new__(mod.EAGLEDraftExtendCudaGraphRunner)
     model = Model(lp)
     runner.__dict__.update(
-        buffers=buffers, stream=None, num_tokens_per_bs=STEPS + 1, extend_seq_lens_cpu=[STEPS + 1] * BS,
-        forward_mode=mode, require_mlp_tp_gather=False, require_attn_tp_gather=False, topk=TOPK,
-        padded_static_len=-1, deepep_adapter=NS(capture=lambda **k: None),
+        buffers=buffers,
+        stream=None,
+        num_tokens_per_bs=STEPS + 1,
+        extend_seq_lens_cpu=[STEPS + 1] * BS,
+        forward_mode=mode,
+        require_mlp_tp_gather=False,
+        require_attn_tp_gather=False,
+        topk=TOPK,
+        padded_static_len=-1,
+        deepep_adapter=NS(capture=lambda **k: None),
         model_runner=NS(req_to_token_pool=None, token_to_kv_pool=None, spec_algorithm=None, model=model),
         draft_extend_attn_backend=NS(init_forward_metadata_capture_cuda_graph=lambda **k: None),
-        _create_graph=lambda: NS(pool=lambda: None), _capture_init=lambda run_once: None,
+        _create_graph=lambda: NS(pool=lambda: None),
+        _capture_init=lambda run_once: None,
         _capture_graph=lambda graph, pool, stream, run_once: run_once(),
     )
     _graph, out = runner.capture_one_batch_size(BS, forward=None)

@@ -72,15 +72,39 @@ REQ_TO_TOKEN = torch.arange(8 * (CTX + EXTRA), dtype=torch.int32).reshape(8, CTX
 
 
 def model_runner(num_draft=NUM_DRAFT, topk=1, is_draft_worker=False):
-    config = NS(is_encoder_decoder=False, context_len=CTX, attention_arch=None, is_local_attention_model=False,
-                head_dim=64, hf_text_config=NS(num_attention_heads=8), get_num_kv_heads=lambda tp: 2)
-    server_args = NS(kv_cache_dtype="auto", speculative_eagle_topk=topk, speculative_num_draft_tokens=num_draft,
-                     enable_deterministic_inference=False, disable_cuda_graph=False, is_embedding=False,
-                     chunked_prefill_size=8192, disable_radix_cache=False, enable_dp_attention=False)
-    return NS(sliding_window_size=None, model_config=config, device="cpu",
-              req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN), kv_cache_dtype=torch.bfloat16,
-              server_args=server_args, page_size=1, attn_cp_size=1, token_to_kv_pool=object(), tp_size=1,
-              is_draft_worker=is_draft_worker)
+    config = NS(
+        is_encoder_decoder=False,
+        context_len=CTX,
+        attention_arch=None,
+        is_local_attention_model=False,
+        head_dim=64,
+        hf_text_config=NS(num_attention_heads=8),
+        get_num_kv_heads=lambda tp: 2,
+    )
+    server_args = NS(
+        kv_cache_dtype="auto",
+        speculative_eagle_topk=topk,
+        speculative_num_draft_tokens=num_draft,
+        enable_deterministic_inference=False,
+        disable_cuda_graph=False,
+        is_embedding=False,
+        chunked_prefill_size=8192,
+        disable_radix_cache=False,
+        enable_dp_attention=False,
+    )
+    return NS(
+        sliding_window_size=None,
+        model_config=config,
+        device="cpu",
+        req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN),
+        kv_cache_dtype=torch.bfloat16,
+        server_args=server_args,
+        page_size=1,
+        attn_cp_size=1,
+        token_to_kv_pool=object(),
+        tp_size=1,
+        is_draft_worker=is_draft_worker,
+    )
 
 
 def backend(fa, **kwargs):
@@ -178,8 +202,11 @@ def test_eager_draft_extend_v2_without_the_mirror(fa, modes, host_lists):
     b = backend(fa, is_draft_worker=True)
     extend = torch.full((2,), NUM_DRAFT, dtype=torch.int32)
     fb = batch(
-        modes, modes.DRAFT_EXTEND_V2, mirror=False,
-        extend_seq_lens=extend, extend_prefix_lens_cpu=None,
+        modes,
+        modes.DRAFT_EXTEND_V2,
+        mirror=False,
+        extend_seq_lens=extend,
+        extend_prefix_lens_cpu=None,
         extend_seq_lens_cpu=[NUM_DRAFT, NUM_DRAFT] if host_lists else None,
     )
     b.init_forward_metadata(fb)
@@ -192,8 +219,13 @@ def test_eager_draft_extend_v2_without_the_mirror(fa, modes, host_lists):
 
 def test_eager_prefill_extend_is_unchanged(fa, modes):
     b = backend(fa)
-    fb = batch(modes, modes.EXTEND, extend_seq_lens=SEQ_LENS.to(torch.int32), extend_prefix_lens_cpu=[0, 0],
-               extend_seq_lens_cpu=[5, 9])
+    fb = batch(
+        modes,
+        modes.EXTEND,
+        extend_seq_lens=SEQ_LENS.to(torch.int32),
+        extend_prefix_lens_cpu=[0, 0],
+        extend_seq_lens_cpu=[5, 9],
+    )
     b.init_forward_metadata(fb)
     md = b.forward_metadata
     assert md.max_seq_len_k == 9 and md.max_seq_len_q == 9 and md.page_table.shape == (2, 9)
@@ -263,8 +295,20 @@ def page_writer(fa, monkeypatch):
     what the real kernel does not: the page count fits the table."""
     calls = []
 
-    def record(cache_seqlens, cu_seqlens_k, page_table, req_to_token, req_pool_indices, strided, max_seq_pages,
-               seq_lens, delta, page_size, swa_page_table=None, pool=None):
+    def record(
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        req_to_token,
+        req_pool_indices,
+        strided,
+        max_seq_pages,
+        seq_lens,
+        delta,
+        page_size,
+        swa_page_table=None,
+        pool=None,
+    ):
         assert max_seq_pages <= page_table.shape[1], (max_seq_pages, page_table.shape)
         calls.append(max_seq_pages)
         cache_seqlens.copy_(seq_lens + delta)
@@ -288,7 +332,13 @@ def test_draft_wrapper_replay_without_the_mirror(fa, modes, page_writer):
     draft.init_cuda_graph_state(MAX_BS, MAX_BS)
     fb = batch(modes, modes.DECODE, mirror=False, seq_lens_sum=None, spec_info=NS(is_draft_input=lambda: True))
     draft.init_forward_metadata_capture_cuda_graph(
-        NS(**{**vars(fb), "seq_lens": torch.ones(2, dtype=torch.int64), "req_pool_indices": torch.zeros(2, dtype=torch.int64)})
+        NS(
+            **{
+                **vars(fb),
+                "seq_lens": torch.ones(2, dtype=torch.int64),
+                "req_pool_indices": torch.zeros(2, dtype=torch.int64),
+            }
+        )
     )
     draft.init_forward_metadata_replay_cuda_graph(fb, 2)
     assert page_writer == [CTX] * (3 - 1)  # one per draft step backend, each within the table
@@ -361,12 +411,23 @@ def kernel_inputs(worker, monkeypatch, target, bs, mirror):
     not_idle = NS(is_idle=lambda: False)
     forward_batch = NS(forward_mode=not_idle)
     spec_info = NS(prepare_for_v2_draft=lambda *args: (forward_batch, False), bonus_tokens=torch.zeros(bs))
-    model_worker_batch = NS(spec_info=spec_info, forward_mode=not_idle, seq_lens=seq_lens,
-                            seq_lens_sum=int(seq_lens.sum()) if mirror else None)
-    draft_worker = NS(req_to_token_pool=None, cuda_graph_runner=None, draft_runner=None, topk=1,
-                      speculative_num_steps=1, draft_forward=lambda batch: (None, None, None),
-                      target_worker=NS(model_runner=NS(attn_backend=target)),
-                      speculative_num_draft_tokens=NUM_DRAFT, tree_mask_mode=None)
+    model_worker_batch = NS(
+        spec_info=spec_info,
+        forward_mode=not_idle,
+        seq_lens=seq_lens,
+        seq_lens_sum=int(seq_lens.sum()) if mirror else None,
+    )
+    draft_worker = NS(
+        req_to_token_pool=None,
+        cuda_graph_runner=None,
+        draft_runner=None,
+        topk=1,
+        speculative_num_steps=1,
+        draft_forward=lambda batch: (None, None, None),
+        target_worker=NS(model_runner=NS(attn_backend=target)),
+        speculative_num_draft_tokens=NUM_DRAFT,
+        tree_mask_mode=None,
+    )
     with pytest.raises(_AtTheKernel):
         worker.EagleDraftWorker.draft(draft_worker, model_worker_batch)
     args = seen["args"]

@@ -65,7 +65,9 @@ def modes(sglang):
 def capture(worker_module, monkeypatch):
     """Run the real ``EagleDraftWorker.init_cuda_graphs`` on a stand-in worker
     (``on``: the device flags), the graph runners replaced by recorders."""
-    monkeypatch.setattr(worker_module, "EAGLEDraftExtendCudaGraphRunner", lambda w: ("graph", w.draft_extend_attn_backend))
+    monkeypatch.setattr(
+        worker_module, "EAGLEDraftExtendCudaGraphRunner", lambda w: ("graph", w.draft_extend_attn_backend)
+    )
     monkeypatch.setattr(worker_module, "EAGLEDraftCudaGraphRunner", lambda w: ("graph", w.draft_extend_attn_backend))
     monkeypatch.setattr(worker_module, "get_available_gpu_memory", lambda *a, **k: 0.0)
 
@@ -73,10 +75,16 @@ def capture(worker_module, monkeypatch):
         for flag in ("_is_cuda", "_is_musa", "_is_hip", "_is_npu"):
             monkeypatch.setattr(worker_module, flag, flag == f"_is_{on}")
         me = me or NS(hot_token_id=hot_token_id)
-        me.__dict__.update(server_args=NS(disable_cuda_graph=False, model_impl="auto"), speculative_num_steps=1,
-                           draft_extend_attn_backend=backend, draft_attn_backend=None,
-                           speculative_algorithm=worker_module.SpeculativeAlgorithm.from_string(algorithm),
-                           target_worker=NS(device=on), device="cpu", gpu_id=0)
+        me.__dict__.update(
+            server_args=NS(disable_cuda_graph=False, model_impl="auto"),
+            speculative_num_steps=1,
+            draft_extend_attn_backend=backend,
+            draft_attn_backend=None,
+            speculative_algorithm=worker_module.SpeculativeAlgorithm.from_string(algorithm),
+            target_worker=NS(device=on),
+            device="cpu",
+            gpu_id=0,
+        )
         worker_module.EagleDraftWorker.init_cuda_graphs(me)
         return me.cuda_graph_runner_for_draft_extend is not None
 
@@ -123,9 +131,12 @@ def test_an_eagle3_draft_with_a_reduced_vocab_is_captured(capture, fa, sglang, w
     assert draft.hot_token_id is not None and draft.hot_token_id.shape == (32_000,)
     draft.set_embed = lambda embed: None  # a stand-in for the embedding the target shares
     head = torch.zeros(128_256, 8)
-    me = NS(hot_token_id=None, draft_runner=NS(model=draft),
-            speculative_algorithm=worker_module.SpeculativeAlgorithm.from_string("EAGLE3"),
-            target_worker=NS(model_runner=NS(model=NS(get_embed_and_head=lambda: (head, head)))))
+    me = NS(
+        hot_token_id=None,
+        draft_runner=NS(model=draft),
+        speculative_algorithm=worker_module.SpeculativeAlgorithm.from_string("EAGLE3"),
+        target_worker=NS(model_runner=NS(model=NS(get_embed_and_head=lambda: (head, head)))),
+    )
     worker_module.EagleDraftWorker.init_lm_head(me)
     assert torch.equal(me.hot_token_id, d2t + torch.arange(32_000))
     assert capture(bare(fa.FlashAttentionBackend), algorithm="EAGLE3", me=me) is True
@@ -145,7 +156,7 @@ def test_the_pristine_worker_leaves_fa3_eager():
     from patchkit.fetch import fetch_tree
 
     text = (fetch_tree(VERSION) / "srt/speculative/eagle_worker_v2.py").read_text()
-    check = text[text.index("supports_cuda_draft_extend_graph = "):text.index("# Capture extend")]
+    check = text[text.index("supports_cuda_draft_extend_graph = ") : text.index("# Capture extend")]
     assert "FlashAttentionBackend" not in check and "TritonAttnBackend" in check
 
 
@@ -153,15 +164,39 @@ def test_the_pristine_worker_leaves_fa3_eager():
 
 
 def model_runner():
-    config = NS(is_encoder_decoder=False, context_len=CTX, attention_arch=None, is_local_attention_model=False,
-                head_dim=64, hf_text_config=NS(num_attention_heads=8), get_num_kv_heads=lambda tp: 2)
-    server_args = NS(kv_cache_dtype="auto", speculative_eagle_topk=1, speculative_num_draft_tokens=NUM_DRAFT,
-                     enable_deterministic_inference=False, disable_cuda_graph=False, is_embedding=False,
-                     chunked_prefill_size=8192, disable_radix_cache=False, enable_dp_attention=False)
-    return NS(sliding_window_size=None, model_config=config, device="cpu",
-              req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN), kv_cache_dtype=torch.bfloat16,
-              server_args=server_args, page_size=1, attn_cp_size=1, token_to_kv_pool=object(), tp_size=1,
-              is_draft_worker=True)
+    config = NS(
+        is_encoder_decoder=False,
+        context_len=CTX,
+        attention_arch=None,
+        is_local_attention_model=False,
+        head_dim=64,
+        hf_text_config=NS(num_attention_heads=8),
+        get_num_kv_heads=lambda tp: 2,
+    )
+    server_args = NS(
+        kv_cache_dtype="auto",
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=NUM_DRAFT,
+        enable_deterministic_inference=False,
+        disable_cuda_graph=False,
+        is_embedding=False,
+        chunked_prefill_size=8192,
+        disable_radix_cache=False,
+        enable_dp_attention=False,
+    )
+    return NS(
+        sliding_window_size=None,
+        model_config=config,
+        device="cpu",
+        req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN),
+        kv_cache_dtype=torch.bfloat16,
+        server_args=server_args,
+        page_size=1,
+        attn_cp_size=1,
+        token_to_kv_pool=object(),
+        tp_size=1,
+        is_draft_worker=True,
+    )
 
 
 def captured_draft_extend(fa, modes):
@@ -170,8 +205,13 @@ def captured_draft_extend(fa, modes):
     b = fa.FlashAttentionBackend(model_runner(), skip_prefill=False)
     b.init_cuda_graph_state(MAX_BS, MAX_BS * NUM_DRAFT)
     b.init_forward_metadata_capture_cuda_graph(
-        2, 2 * NUM_DRAFT, torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64), None,
-        modes.DRAFT_EXTEND_V2, NS(num_tokens_per_req=NUM_DRAFT),
+        2,
+        2 * NUM_DRAFT,
+        torch.zeros(2, dtype=torch.int64),
+        torch.ones(2, dtype=torch.int64),
+        None,
+        modes.DRAFT_EXTEND_V2,
+        NS(num_tokens_per_req=NUM_DRAFT),
     )
     return b
 

@@ -40,8 +40,16 @@ EARLIER = [33, 44, 55, 66]  # what the pinned buffer holds from an earlier batch
 @pytest.fixture(scope="module", params=["five", "six"])
 def tree(request, tmp_path_factory, load_sglang):
     package = copy_tree(VERSION, tmp_path_factory.mktemp(f"fa3-stale-{request.param}"), "package")
-    skipped = ["--skip", PATCH, "--skip", "trtllm-mha-spec-v2", "--skip", "replay-no-stale-mirror",
-               "--skip", "flashmla-spec-v2"]
+    skipped = [
+        "--skip",
+        PATCH,
+        "--skip",
+        "trtllm-mha-spec-v2",
+        "--skip",
+        "replay-no-stale-mirror",
+        "--skip",
+        "flashmla-spec-v2",
+    ]
     args = ["apply", str(package)] + (skipped if request.param == "five" else [])
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
@@ -97,14 +105,25 @@ def verify_runner(tree, backend):
             buffers.seq_lens_cpu[:raw_bs].copy_(forward_batch.seq_lens_cpu)
 
     buffers = NS(
-        seq_lens=torch.ones(MAX_BS, dtype=torch.int32), seq_lens_cpu=pinned(),
-        req_pool_indices=torch.zeros(MAX_BS, dtype=torch.int64), populate_from_forward_batch=populate,
+        seq_lens=torch.ones(MAX_BS, dtype=torch.int32),
+        seq_lens_cpu=pinned(),
+        req_pool_indices=torch.zeros(MAX_BS, dtype=torch.int64),
+        populate_from_forward_batch=populate,
     )
     return NS(
-        buffers=buffers, recapture_if_needed=lambda fb: None, require_mlp_tp_gather=False, capture_bs=[1, 2, 4],
-        num_tokens_per_bs=4, seq_len_fill_value=1, require_gathered_buffer=False, nsa_enable_prefill_cp=False,
+        buffers=buffers,
+        recapture_if_needed=lambda fb: None,
+        require_mlp_tp_gather=False,
+        capture_bs=[1, 2, 4],
+        num_tokens_per_bs=4,
+        seq_len_fill_value=1,
+        require_gathered_buffer=False,
+        nsa_enable_prefill_cp=False,
         model_runner=NS(spec_algorithm=NS(is_dflash=lambda: False), is_draft_worker=False, hisparse_coordinator=None),
-        enable_two_batch_overlap=False, enable_pdmux=False, attn_backend=backend, is_encoder_decoder=False,
+        enable_two_batch_overlap=False,
+        enable_pdmux=False,
+        attn_backend=backend,
+        is_encoder_decoder=False,
         capture_forward_mode=tree.modes.TARGET_VERIFY,
     )
 
@@ -148,21 +167,40 @@ def draft_extend_runner(tree, backend):
     i32, i64 = torch.int32, torch.int64
     max_tokens = MAX_BS * PER_REQ
     buffers = NS(
-        input_ids=torch.zeros(max_tokens, dtype=i64), req_pool_indices=torch.zeros(MAX_BS, dtype=i64),
-        out_cache_loc=torch.zeros(max_tokens, dtype=i64), positions=torch.zeros(max_tokens, dtype=i64),
-        hidden_states=torch.zeros(max_tokens, 6), seq_lens=torch.ones(MAX_BS, dtype=i32), seq_lens_cpu=pinned(),
-        extend_seq_lens=torch.full((MAX_BS,), PER_REQ, dtype=i32), num_correct_drafts=torch.zeros(MAX_BS, dtype=i32),
-        num_accept_tokens=torch.zeros(MAX_BS, dtype=i32), global_num_tokens_gpu=None,
+        input_ids=torch.zeros(max_tokens, dtype=i64),
+        req_pool_indices=torch.zeros(MAX_BS, dtype=i64),
+        out_cache_loc=torch.zeros(max_tokens, dtype=i64),
+        positions=torch.zeros(max_tokens, dtype=i64),
+        hidden_states=torch.zeros(max_tokens, 6),
+        seq_lens=torch.ones(MAX_BS, dtype=i32),
+        seq_lens_cpu=pinned(),
+        extend_seq_lens=torch.full((MAX_BS,), PER_REQ, dtype=i32),
+        num_correct_drafts=torch.zeros(MAX_BS, dtype=i32),
+        num_accept_tokens=torch.zeros(MAX_BS, dtype=i32),
+        global_num_tokens_gpu=None,
         global_num_tokens_for_logprob_gpu=None,
     )
     logits = importlib.import_module("sglang.srt.layers.logits_processor")
-    outputs = {bs: logits.LogitsProcessorOutput(next_token_logits=torch.zeros(bs * PER_REQ, 5),
-                                                hidden_states=torch.zeros(bs * PER_REQ, 6)) for bs in (1, 2, 4)}
+    outputs = {
+        bs: logits.LogitsProcessorOutput(
+            next_token_logits=torch.zeros(bs * PER_REQ, 5), hidden_states=torch.zeros(bs * PER_REQ, 6)
+        )
+        for bs in (1, 2, 4)
+    }
     return NS(
-        deepep_adapter=NS(replay=lambda: None), buffers=buffers, require_mlp_tp_gather=False,
-        require_gathered_buffer=False, capture_bs=[1, 2, 4], num_tokens_per_bs=PER_REQ, seq_len_fill_value=1,
-        extend_seq_lens_cpu=[PER_REQ] * MAX_BS, draft_extend_attn_backend=backend, _replay=lambda fb: None,
-        output_buffers=outputs, forward_mode=tree.modes.DRAFT_EXTEND_V2, model_runner=NS(device_timer=None),
+        deepep_adapter=NS(replay=lambda: None),
+        buffers=buffers,
+        require_mlp_tp_gather=False,
+        require_gathered_buffer=False,
+        capture_bs=[1, 2, 4],
+        num_tokens_per_bs=PER_REQ,
+        seq_len_fill_value=1,
+        extend_seq_lens_cpu=[PER_REQ] * MAX_BS,
+        draft_extend_attn_backend=backend,
+        _replay=lambda fb: None,
+        output_buffers=outputs,
+        forward_mode=tree.modes.DRAFT_EXTEND_V2,
+        model_runner=NS(device_timer=None),
     )
 
 
@@ -174,15 +212,20 @@ def draft_extend_batch(mirror: bool):
     fb.out_cache_loc = fb.positions = torch.arange(n)
     fb.input_ids = torch.zeros(n, dtype=torch.int64)
     fb.req_pool_indices = torch.arange(2)
-    fb.spec_info = NS(hidden_states=torch.zeros(n, 6), num_correct_drafts=torch.zeros(2, dtype=torch.int32),
-                      num_accept_tokens=torch.full((2,), PER_REQ, dtype=torch.int32))
+    fb.spec_info = NS(
+        hidden_states=torch.zeros(n, 6),
+        num_correct_drafts=torch.zeros(2, dtype=torch.int32),
+        num_accept_tokens=torch.full((2,), PER_REQ, dtype=torch.int32),
+    )
     return fb
 
 
 @pytest.mark.parametrize("mirror", [False, True])
 def test_draft_extend_replay(tree, mirror):
     backend = Recorder()
-    tree.draft_extend.EAGLEDraftExtendCudaGraphRunner.replay(draft_extend_runner(tree, backend), draft_extend_batch(mirror))
+    tree.draft_extend.EAGLEDraftExtendCudaGraphRunner.replay(
+        draft_extend_runner(tree, backend), draft_extend_batch(mirror)
+    )
     (seen,) = backend.seen
     if mirror:
         assert seen[:2].tolist() == [7, 8]

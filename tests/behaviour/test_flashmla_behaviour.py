@@ -90,11 +90,23 @@ def modes(sglang):
 
 
 def model_runner(num_draft=NUM_DRAFT, is_draft_worker=False):
-    config = NS(num_attention_heads=HEADS, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                v_head_dim=512, scaling=0.1)
-    return NS(model_config=config, kv_cache_dtype=torch.bfloat16, dtype=torch.bfloat16, device="cpu",
-              req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN, size=8),
-              server_args=NS(speculative_num_draft_tokens=num_draft), is_draft_worker=is_draft_worker)
+    config = NS(
+        num_attention_heads=HEADS,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=512,
+        scaling=0.1,
+    )
+    return NS(
+        model_config=config,
+        kv_cache_dtype=torch.bfloat16,
+        dtype=torch.bfloat16,
+        device="cpu",
+        req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN, size=8),
+        server_args=NS(speculative_num_draft_tokens=num_draft),
+        is_draft_worker=is_draft_worker,
+    )
 
 
 def parent_init(self, model_runner, skip_prefill=False, *args, **kwargs):
@@ -189,10 +201,15 @@ def no_host_reads(monkeypatch):
 
 def built(fm, runner):
     """FlashMLA's __init__ with what it reads from its parent and the parallel state stood in."""
-    names = {"get_attention_tp_size": lambda: 1, "get_parallel": lambda: NS(attn_tp_size=1),
-             "get_attention_dcp_world_size": lambda: 1, "get_attention_dcp_rank": lambda: 0}
-    with mock.patch.object(fm.FlashInferMLAAttnBackend, "__init__", parent_init), mock.patch.multiple(
-        fm, **{n: f for n, f in names.items() if hasattr(fm, n)}
+    names = {
+        "get_attention_tp_size": lambda: 1,
+        "get_parallel": lambda: NS(attn_tp_size=1),
+        "get_attention_dcp_world_size": lambda: 1,
+        "get_attention_dcp_rank": lambda: 0,
+    }
+    with (
+        mock.patch.object(fm.FlashInferMLAAttnBackend, "__init__", parent_init),
+        mock.patch.multiple(fm, **{n: f for n, f in names.items() if hasattr(fm, n)}),
     ):
         return runner()
 
@@ -212,9 +229,17 @@ def with_graph_state(fm, b):
 
 
 def batch(modes, mode, mirror=True, seq_lens=SEQ_LENS, **extra):
-    fields = dict(forward_mode=mode, batch_size=2, seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone() if mirror else None,
-                  seq_lens_sum=int(seq_lens.sum()) if mirror else None, req_pool_indices=POOL, spec_info=NS(),
-                  out_cache_loc=None, token_to_kv_pool=NS(get_key_buffer=lambda layer_id: torch.zeros(8 * PAGE, 1, 576)))
+    fields = dict(
+        forward_mode=mode,
+        batch_size=2,
+        seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.clone() if mirror else None,
+        seq_lens_sum=int(seq_lens.sum()) if mirror else None,
+        req_pool_indices=POOL,
+        spec_info=NS(),
+        out_cache_loc=None,
+        token_to_kv_pool=NS(get_key_buffer=lambda layer_id: torch.zeros(8 * PAGE, 1, 576)),
+    )
     fields.update(extra)
     return NS(**fields)
 
@@ -279,8 +304,14 @@ def test_eager_draft_extend_runs_on_flashmla_from_device_lengths(fm, modes, kern
     already hold the window of draft tokens; no host list, no mirror needed,
     never the FlashInfer MLA parent."""
     b = backend(fm, is_draft_worker=True)
-    fb = batch(modes, modes.DRAFT_EXTEND_V2, mirror, extend_seq_lens=torch.full((2,), NUM_DRAFT),
-               extend_prefix_lens_cpu=None, extend_seq_lens_cpu=None)
+    fb = batch(
+        modes,
+        modes.DRAFT_EXTEND_V2,
+        mirror,
+        extend_seq_lens=torch.full((2,), NUM_DRAFT),
+        extend_prefix_lens_cpu=None,
+        extend_seq_lens_cpu=None,
+    )
     if not mirror:
         no_host_reads()
     b.init_forward_metadata(fb)
@@ -322,9 +353,13 @@ def replayed(fm, b, modes, mode, seq_lens_cpu):
     """Capture (as the graph runner does, with the fill value) and replay."""
     ones = torch.ones(2, dtype=torch.int64)
     fb = batch(modes, mode, seq_lens=ones)
-    if hasattr(b, "init_forward_metadata_capture_cuda_graph") and "init_forward_metadata_capture_cuda_graph" in vars(type(b)):
+    if hasattr(b, "init_forward_metadata_capture_cuda_graph") and "init_forward_metadata_capture_cuda_graph" in vars(
+        type(b)
+    ):
         b.init_forward_metadata_capture_cuda_graph(2, 2, torch.zeros(2, dtype=torch.int64), ones, None, mode, NS())
-        return lambda: b.init_forward_metadata_replay_cuda_graph(2, POOL, SEQ_LENS, None, None, mode, NS(), seq_lens_cpu)
+        return lambda: b.init_forward_metadata_replay_cuda_graph(
+            2, POOL, SEQ_LENS, None, None, mode, NS(), seq_lens_cpu
+        )
     b.init_forward_metadata_out_graph(fb, in_capture=True)  # 0.5.13+
     return lambda: b.init_forward_metadata_out_graph(batch(modes, mode, seq_lens_cpu is not None))
 
@@ -353,7 +388,9 @@ def test_draft_wrapper_replay_without_the_mirror(fm, modes, kernels, no_host_rea
     with mock.patch.object(fm, "torch", CpuTorch()):
         draft.init_cuda_graph_state(MAX_BS, MAX_BS)
     fb = batch(modes, modes.DECODE, mirror=False, spec_info=NS(is_draft_input=lambda: True))
-    capture = NS(**{**vars(fb), "seq_lens": torch.ones(2, dtype=torch.int64), "seq_lens_cpu": torch.ones(2, dtype=torch.int64)})
+    capture = NS(
+        **{**vars(fb), "seq_lens": torch.ones(2, dtype=torch.int64), "seq_lens_cpu": torch.ones(2, dtype=torch.int64)}
+    )
     if hasattr(draft, "init_forward_metadata_capture_cuda_graph"):
         draft.init_forward_metadata_capture_cuda_graph(capture)
         no_host_reads()

@@ -26,11 +26,9 @@ PRIMARY = "0.5.12.post1"
 #: module -> classes that must exist in it (the edit sites of the patches).
 EXPECTED: dict[str, list[str]] = {
     "sglang.srt.layers.attention.base_attn_backend": ["AttentionBackend"],
-    "sglang.srt.layers.attention.triton_backend": [
-        "TritonAttnBackend", "TritonMultiStepDraftBackend"],
+    "sglang.srt.layers.attention.triton_backend": ["TritonAttnBackend", "TritonMultiStepDraftBackend"],
     "sglang.srt.layers.attention.trtllm_mha_backend": ["TRTLLMHAAttnBackend"],
-    "sglang.srt.layers.attention.trtllm_mla_backend": [
-        "TRTLLMMLABackend", "TRTLLMMLAMultiStepDraftBackend"],
+    "sglang.srt.layers.attention.trtllm_mla_backend": ["TRTLLMMLABackend", "TRTLLMMLAMultiStepDraftBackend"],
     "sglang.srt.speculative.eagle_info_v2": [],
     "sglang.srt.speculative.eagle_worker_v2": [],
     "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner": [],
@@ -108,9 +106,19 @@ def other_reports(cpu_env):
     for version in OTHER_TREES:
         expected = {m: c for m, c in EXPECTED.items() if m not in ABSENT.get(version, ())}
         procs[version] = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, tests_dir, str(fetch_tree(version)),
-             str(fetch_tree(PRIMARY)), json.dumps(expected)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            [
+                sys.executable,
+                "-c",
+                _CHILD,
+                tests_dir,
+                str(fetch_tree(version)),
+                str(fetch_tree(PRIMARY)),
+                json.dumps(expected),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
     results = {}
     for version, proc in procs.items():
@@ -128,6 +136,6 @@ def test_other_release_imports_in_subprocess(version, other_reports):
     returncode, out, err = other_reports[version]
     lines = [line for line in out.splitlines() if line.startswith("REPORT ")]
     assert returncode == 0 and lines, err[-3000:]
-    report = json.loads(lines[-1][len("REPORT "):])
+    report = json.loads(lines[-1][len("REPORT ") :])
     expected = {m: "ok" for m in EXPECTED if m not in ABSENT.get(version, ())}
     assert report == expected

@@ -127,7 +127,9 @@ def test_scheduler_overlap_init_takes_the_decision(sglang, rt, decision, monkeyp
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     built = []
-    monkeypatch.setattr(scheduler_module, "FutureMap", lambda *a, **kw: built.append(rt.needs_cpu_seq_lens()) or "future-map")
+    monkeypatch.setattr(
+        scheduler_module, "FutureMap", lambda *a, **kw: built.append(rt.needs_cpu_seq_lens()) or "future-map"
+    )
     if hasattr(scheduler_module, "use_mlx"):
         monkeypatch.setattr(scheduler_module, "use_mlx", lambda: False)
     triton, draft = backends_of(sglang, TritonAttnBackend, TritonMultiStepDraftBackend)
@@ -385,7 +387,9 @@ def test_non_spec_decode_defers_the_sum(sglang, on_device, monkeypatch):
     from sglang.srt.managers import schedule_batch as schedule_batch_module
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    monkeypatch.setattr(schedule_batch_module, "alloc_for_decode", lambda batch, token_per_req: torch.arange(len(batch.reqs)))
+    monkeypatch.setattr(
+        schedule_batch_module, "alloc_for_decode", lambda batch, token_per_req: torch.arange(len(batch.reqs))
+    )
     server_args = SimpleNamespace(enable_mamba_extra_buffer=lambda: False)
     monkeypatch.setattr(schedule_batch_module, "get_global_server_args", lambda: server_args)
     batch = schedule_batch(sglang, [5, 9, 3])
@@ -447,8 +451,12 @@ def test_decode_metrics_without_the_mirror(sglang):
         **{
             f"_{name}": 1.0
             for name in (
-                "linear_flops_per_token", "attn_dot_flops_coeff", "weight_read_bytes_per_token",
-                "qkv_act_bytes_per_token", "decode_q_read_bytes_per_token", "kv_cache_bytes_per_token",
+                "linear_flops_per_token",
+                "attn_dot_flops_coeff",
+                "weight_read_bytes_per_token",
+                "qkv_act_bytes_per_token",
+                "decode_q_read_bytes_per_token",
+                "kv_cache_bytes_per_token",
                 "ffn_act_bytes_per_token",
             )
         }
@@ -525,8 +533,19 @@ def test_other_releases(version, tmp_path):
         # A basetemp of its own: pytest's default one would first sweep the
         # numbered folders that earlier runs left under /tmp (minutes where
         # they hold many trees; the run itself takes about 20 s).
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "basetemp"),
-         str(here), "-k", "not test_other_releases"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--basetemp",
+            str(tmp_path / "basetemp"),
+            str(here),
+            "-k",
+            "not test_other_releases",
+        ],
         cwd=here.parent.parent.parent,
         env=env,
         capture_output=True,

@@ -58,9 +58,14 @@ def draft_extend(module):
 
 def runner():
     return SimpleNamespace(
-        device="cpu", req_to_token_pool=None, token_to_kv_pool=None, attn_backend=None,
+        device="cpu",
+        req_to_token_pool=None,
+        token_to_kv_pool=None,
+        attn_backend=None,
         server_args=SimpleNamespace(attention_backend="torch_native", enable_lora=False),
-        use_ngram_embedding=False, model_is_mrope=False, is_hybrid_swa=False,
+        use_ngram_embedding=False,
+        model_is_mrope=False,
+        is_hybrid_swa=False,
     )
 
 

@@ -147,8 +147,14 @@ def _capture(mods, backend, mode, bs, stride):
     seq_lens = torch.full((bs,), 5, dtype=torch.int32)
     spec = NS(num_tokens_per_req=-1, num_accept_tokens=torch.full((MAX_BS,), stride, dtype=torch.int32))
     mods.mha.TRTLLMHAAttnBackend.init_forward_metadata_capture_cuda_graph(
-        backend, bs=bs, num_tokens=bs * stride, req_pool_indices=torch.arange(bs), seq_lens=seq_lens,
-        encoder_lens=None, forward_mode=mode, spec_info=spec,
+        backend,
+        bs=bs,
+        num_tokens=bs * stride,
+        req_pool_indices=torch.arange(bs),
+        seq_lens=seq_lens,
+        encoder_lens=None,
+        forward_mode=mode,
+        spec_info=spec,
     )
     return backend.draft_extend_metadata[bs]
 
@@ -156,8 +162,15 @@ def _capture(mods, backend, mode, bs, stride):
 def _replay(mods, backend, mode, bs, spec):
     seq_lens = torch.tensor([5, 6, 7, 8][:bs], dtype=torch.int32)
     mods.mha.TRTLLMHAAttnBackend.init_forward_metadata_replay_cuda_graph(
-        backend, bs=bs, req_pool_indices=torch.arange(bs), seq_lens=seq_lens, seq_lens_sum=int(seq_lens.sum()),
-        encoder_lens=None, forward_mode=mode, spec_info=spec, seq_lens_cpu=seq_lens.clone(),
+        backend,
+        bs=bs,
+        req_pool_indices=torch.arange(bs),
+        seq_lens=seq_lens,
+        seq_lens_sum=int(seq_lens.sum()),
+        encoder_lens=None,
+        forward_mode=mode,
+        spec_info=spec,
+        seq_lens_cpu=seq_lens.clone(),
     )
     return backend.forward_metadata
 
@@ -171,8 +184,11 @@ def test_v2_capture_and_replay_fixed_stride_in_place(mods):
     captured.cu_seqlens_q.fill_(-1)  # whatever was there: replay must rewrite it
 
     # The worker's V2 batch: num_tokens_per_req set, accepted counts vary (and must not matter).
-    spec = NS(num_tokens_per_req=4, num_accept_tokens=torch.tensor([1, 4, 2], dtype=torch.int32),
-              num_accept_tokens_cpu=[1, 4, 2])
+    spec = NS(
+        num_tokens_per_req=4,
+        num_accept_tokens=torch.tensor([1, 4, 2], dtype=torch.int32),
+        num_accept_tokens_cpu=[1, 4, 2],
+    )
     md = _replay(mods, backend, v2, 3, spec)
     assert md is captured
     assert md.max_seq_len_q == 4
@@ -186,8 +202,9 @@ def test_v2_replay_with_capture_style_spec_info_falls_back(mods):
     v2 = mods.fbi.ForwardMode.DRAFT_EXTEND_V2
     backend = _mha_backend()
     _capture(mods, backend, v2, bs=2, stride=3)
-    synthetic = NS(num_tokens_per_req=-1, num_accept_tokens=torch.full((MAX_BS,), 3, dtype=torch.int32),
-                   num_accept_tokens_cpu=None)
+    synthetic = NS(
+        num_tokens_per_req=-1, num_accept_tokens=torch.full((MAX_BS,), 3, dtype=torch.int32), num_accept_tokens_cpu=None
+    )
     md = _replay(mods, backend, v2, 2, synthetic)
     assert md.max_seq_len_q == 3 and md.cu_seqlens_q.tolist() == [0, 3, 6]
 
@@ -196,8 +213,11 @@ def test_v1_replay_keeps_its_cumsum_path(mods):
     v1 = mods.fbi.ForwardMode.DRAFT_EXTEND
     backend = _mha_backend()
     _capture(mods, backend, v1, bs=3, stride=4)
-    spec = NS(num_tokens_per_req=4, num_accept_tokens=torch.tensor([1, 4, 2], dtype=torch.int32),
-              num_accept_tokens_cpu=[1, 4, 2])
+    spec = NS(
+        num_tokens_per_req=4,
+        num_accept_tokens=torch.tensor([1, 4, 2], dtype=torch.int32),
+        num_accept_tokens_cpu=[1, 4, 2],
+    )
     md = _replay(mods, backend, v1, 3, spec)
     assert md.max_seq_len_q == 4  # max(num_accept_tokens_cpu), not the stride
     assert md.cu_seqlens_q.tolist() == [0, 1, 5, 7]
@@ -214,12 +234,18 @@ def _runner(mods, mode):
     max_tokens = max_bs * PER_REQ
     i32, i64 = torch.int32, torch.int64
     buffers = NS(
-        input_ids=torch.zeros(max_tokens, dtype=i64), req_pool_indices=torch.zeros(max_bs, dtype=i64),
-        out_cache_loc=torch.zeros(max_tokens, dtype=i64), positions=torch.zeros(max_tokens, dtype=i64),
-        hidden_states=torch.zeros(max_tokens, HIDDEN), seq_lens=torch.ones(max_bs, dtype=i32),
-        seq_lens_cpu=torch.ones(max_bs, dtype=i32), extend_seq_lens=torch.full((max_bs,), PER_REQ, dtype=i32),
-        num_correct_drafts=torch.zeros(max_bs, dtype=i32), num_accept_tokens=torch.zeros(max_bs, dtype=i32),
-        global_num_tokens_gpu=None, global_num_tokens_for_logprob_gpu=None,
+        input_ids=torch.zeros(max_tokens, dtype=i64),
+        req_pool_indices=torch.zeros(max_bs, dtype=i64),
+        out_cache_loc=torch.zeros(max_tokens, dtype=i64),
+        positions=torch.zeros(max_tokens, dtype=i64),
+        hidden_states=torch.zeros(max_tokens, HIDDEN),
+        seq_lens=torch.ones(max_bs, dtype=i32),
+        seq_lens_cpu=torch.ones(max_bs, dtype=i32),
+        extend_seq_lens=torch.full((max_bs,), PER_REQ, dtype=i32),
+        num_correct_drafts=torch.zeros(max_bs, dtype=i32),
+        num_accept_tokens=torch.zeros(max_bs, dtype=i32),
+        global_num_tokens_gpu=None,
+        global_num_tokens_for_logprob_gpu=None,
     )
     rows = max_tokens if mode == mods.fbi.ForwardMode.DRAFT_EXTEND_V2 else max_bs
     outputs = {}
@@ -230,11 +256,18 @@ def _runner(mods, mode):
         out.topk_p, out.topk_index = torch.rand(rows, 1), torch.zeros(rows, 1, dtype=i64)
         outputs[bs] = out
     return NS(
-        deepep_adapter=NS(replay=lambda: None), buffers=buffers, require_mlp_tp_gather=False,
-        require_gathered_buffer=False, capture_bs=CAPTURE_BS, num_tokens_per_bs=PER_REQ,
-        seq_len_fill_value=1, extend_seq_lens_cpu=[PER_REQ] * max_bs,
+        deepep_adapter=NS(replay=lambda: None),
+        buffers=buffers,
+        require_mlp_tp_gather=False,
+        require_gathered_buffer=False,
+        capture_bs=CAPTURE_BS,
+        num_tokens_per_bs=PER_REQ,
+        seq_len_fill_value=1,
+        extend_seq_lens_cpu=[PER_REQ] * max_bs,
         draft_extend_attn_backend=NS(init_forward_metadata_replay_cuda_graph=lambda **k: None),
-        _replay=lambda forward_batch: None, output_buffers=outputs, forward_mode=mode,
+        _replay=lambda forward_batch: None,
+        output_buffers=outputs,
+        forward_mode=mode,
         model_runner=NS(device_timer=None),
     )
 
@@ -242,12 +275,21 @@ def _runner(mods, mode):
 def _forward_batch(raw_bs):
     n = raw_bs * PER_REQ
     return NS(
-        batch_size=raw_bs, input_ids=torch.arange(n), seq_lens=torch.full((raw_bs,), 9, dtype=torch.int32),
-        extend_seq_lens=None, out_cache_loc=torch.arange(n), positions=torch.arange(n),
-        spec_info=NS(hidden_states=torch.randn(n, HIDDEN), num_correct_drafts=torch.full((raw_bs,), 2, dtype=torch.int32),
-                     num_accept_tokens=torch.full((raw_bs,), 3, dtype=torch.int32)),
-        req_pool_indices=torch.arange(raw_bs), seq_lens_cpu=torch.full((raw_bs,), 9, dtype=torch.int32),
-        extend_seq_lens_cpu=None, seq_lens_sum=9 * raw_bs,
+        batch_size=raw_bs,
+        input_ids=torch.arange(n),
+        seq_lens=torch.full((raw_bs,), 9, dtype=torch.int32),
+        extend_seq_lens=None,
+        out_cache_loc=torch.arange(n),
+        positions=torch.arange(n),
+        spec_info=NS(
+            hidden_states=torch.randn(n, HIDDEN),
+            num_correct_drafts=torch.full((raw_bs,), 2, dtype=torch.int32),
+            num_accept_tokens=torch.full((raw_bs,), 3, dtype=torch.int32),
+        ),
+        req_pool_indices=torch.arange(raw_bs),
+        seq_lens_cpu=torch.full((raw_bs,), 9, dtype=torch.int32),
+        extend_seq_lens_cpu=None,
+        seq_lens_sum=9 * raw_bs,
     )
 
 
@@ -348,7 +390,10 @@ def other_reports(tmp_path_factory, cpu_env):
         stub_source = str(fetch_tree(VERSION))  # its maybe_stub_sgl_kernel stubs sgl_kernel
         procs[version] = subprocess.Popen(
             [sys.executable, "-c", _CHILD, tests_dir, str(package), stub_source],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONWARNINGS="ignore"),
         )
     reports = {}
     for version, proc in procs.items():
@@ -358,7 +403,7 @@ def other_reports(tmp_path_factory, cpu_env):
             proc.kill()
             out, err = proc.communicate()
         lines = [line for line in out.splitlines() if line.startswith("REPORT ")]
-        reports[version] = json.loads(lines[-1][len("REPORT "):]) if proc.returncode == 0 and lines else err[-3000:]
+        reports[version] = json.loads(lines[-1][len("REPORT ") :]) if proc.returncode == 0 and lines else err[-3000:]
     return reports
 
 

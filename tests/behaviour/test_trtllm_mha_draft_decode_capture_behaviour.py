@@ -45,8 +45,14 @@ def _captured_lengths(mha, modes, bs=3):
     b = _backend()
     seq_lens = torch.ones(bs, dtype=torch.int64)  # the graph runner's capture fill value
     mha.TRTLLMHAAttnBackend.init_forward_metadata_capture_cuda_graph(
-        b, bs=bs, num_tokens=bs, req_pool_indices=torch.zeros(bs, dtype=torch.int64), seq_lens=seq_lens,
-        encoder_lens=None, forward_mode=modes.DECODE, spec_info=NS(),
+        b,
+        bs=bs,
+        num_tokens=bs,
+        req_pool_indices=torch.zeros(bs, dtype=torch.int64),
+        seq_lens=seq_lens,
+        encoder_lens=None,
+        forward_mode=modes.DECODE,
+        spec_info=NS(),
     )
     md = b.decode_cuda_graph_metadata[bs]
     md.buffer = b.decode_cuda_graph_metadata["cache_seqlens"]
@@ -54,9 +60,10 @@ def _captured_lengths(mha, modes, bs=3):
 
 
 def _seeded(md, expected) -> bool:
-    return md.cache_seqlens_int32.tolist() == expected.tolist() and md.cu_seqlens_k[1:].tolist() == torch.cumsum(
-        expected, 0
-    ).tolist()
+    return (
+        md.cache_seqlens_int32.tolist() == expected.tolist()
+        and md.cu_seqlens_k[1:].tolist() == torch.cumsum(expected, 0).tolist()
+    )
 
 
 def _load(tmp_path_factory, load_sglang, patched: bool):

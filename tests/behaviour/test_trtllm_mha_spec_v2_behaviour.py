@@ -56,12 +56,18 @@ def backend(**extra):
     graph buffers as captured for bs 2)."""
     width = CTX  # ceil(max_context_len / page_size)
     graph_md = lambda: NS(  # noqa: E731
-        cache_seqlens_int32=torch.zeros(2, dtype=torch.int32), cu_seqlens_k=torch.zeros(3, dtype=torch.int32),
-        page_table=torch.full((2, width), -1, dtype=torch.int32), max_seq_len_k=0, max_seq_len_q=1,
+        cache_seqlens_int32=torch.zeros(2, dtype=torch.int32),
+        cu_seqlens_k=torch.zeros(3, dtype=torch.int32),
+        page_table=torch.full((2, width), -1, dtype=torch.int32),
+        max_seq_len_k=0,
+        max_seq_len_q=1,
         swa_page_table=None,
     )
     fields = dict(
-        max_context_len=CTX, page_size=1, speculative_num_draft_tokens=NUM_DRAFT, speculative_step_id=0,
+        max_context_len=CTX,
+        page_size=1,
+        speculative_num_draft_tokens=NUM_DRAFT,
+        speculative_step_id=0,
         req_to_token=REQ_TO_TOKEN,
         decode_cuda_graph_metadata={2: graph_md(), "strided_indices": torch.arange(0, CTX, 1)},
         target_verify_metadata={2: graph_md()},
@@ -77,7 +83,14 @@ def backend(**extra):
 def test_replay_target_verify(mods, mirror):
     b = backend()
     mods.mha.TRTLLMHAAttnBackend.init_forward_metadata_replay_cuda_graph(
-        b, 2, POOL, SEQ_LENS, None, None, mods.modes.TARGET_VERIFY, NS(),
+        b,
+        2,
+        POOL,
+        SEQ_LENS,
+        None,
+        None,
+        mods.modes.TARGET_VERIFY,
+        NS(),
         seq_lens_cpu=SEQ_LENS.clone() if mirror else None,
     )
     md = b.target_verify_metadata[2]
@@ -96,7 +109,14 @@ def test_replay_target_verify(mods, mirror):
 def test_replay_draft_decode(mods, mirror):
     b = backend(speculative_step_id=1)
     mods.mha.TRTLLMHAAttnBackend.init_forward_metadata_replay_cuda_graph(
-        b, 2, POOL, SEQ_LENS, None, None, mods.modes.DECODE, NS(),
+        b,
+        2,
+        POOL,
+        SEQ_LENS,
+        None,
+        None,
+        mods.modes.DECODE,
+        NS(),
         seq_lens_cpu=SEQ_LENS.clone() if mirror else None,
     )
     md = b.decode_cuda_graph_metadata[2]
@@ -111,9 +131,15 @@ def test_eager_draft_extend_v2_without_the_mirror(mods):
     """The GPU-only draft extend: no mirror, prefix lengths a device tensor."""
     b = backend()
     fb = NS(
-        forward_mode=mods.modes.DRAFT_EXTEND_V2, batch_size=2, seq_lens=SEQ_LENS, seq_lens_cpu=None,
-        req_pool_indices=POOL, req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN), spec_info=NS(),
-        extend_seq_lens=torch.full((2,), NUM_DRAFT, dtype=torch.int32), extend_prefix_lens_cpu=None,
+        forward_mode=mods.modes.DRAFT_EXTEND_V2,
+        batch_size=2,
+        seq_lens=SEQ_LENS,
+        seq_lens_cpu=None,
+        req_pool_indices=POOL,
+        req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN),
+        spec_info=NS(),
+        extend_seq_lens=torch.full((2,), NUM_DRAFT, dtype=torch.int32),
+        extend_prefix_lens_cpu=None,
         extend_seq_lens_cpu=None,
     )
     mods.mha.TRTLLMHAAttnBackend.init_forward_metadata(b, fb)
@@ -142,9 +168,15 @@ def assert_eager_rows(md, kv_lens, page_size):
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_eager_target_verify(mods, mirror, page_size):
     b = backend(page_size=page_size, device="cpu")
-    fb = NS(forward_mode=mods.modes.TARGET_VERIFY, batch_size=2, seq_lens=SEQ_LENS,
-            seq_lens_cpu=SEQ_LENS.clone() if mirror else None,
-            req_pool_indices=POOL, req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN), spec_info=NS())
+    fb = NS(
+        forward_mode=mods.modes.TARGET_VERIFY,
+        batch_size=2,
+        seq_lens=SEQ_LENS,
+        seq_lens_cpu=SEQ_LENS.clone() if mirror else None,
+        req_pool_indices=POOL,
+        req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN),
+        spec_info=NS(),
+    )
     mods.mha.TRTLLMHAAttnBackend.init_forward_metadata(b, fb)
     assert b.forward_metadata.max_seq_len_k == (9 if mirror else CTX) + NUM_DRAFT
     assert_eager_rows(b.forward_metadata, [5 + NUM_DRAFT, 9 + NUM_DRAFT], page_size)
@@ -152,8 +184,15 @@ def test_eager_target_verify(mods, mirror, page_size):
 
 def test_eager_draft_decode_without_the_mirror(mods):
     b = backend(speculative_step_id=1)
-    fb = NS(forward_mode=mods.modes.DECODE, batch_size=2, seq_lens=SEQ_LENS, seq_lens_cpu=None,
-            req_pool_indices=POOL, req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN), spec_info=NS())
+    fb = NS(
+        forward_mode=mods.modes.DECODE,
+        batch_size=2,
+        seq_lens=SEQ_LENS,
+        seq_lens_cpu=None,
+        req_pool_indices=POOL,
+        req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN),
+        spec_info=NS(),
+    )
     mods.mha.TRTLLMHAAttnBackend.init_forward_metadata(b, fb)
     assert_eager_rows(b.forward_metadata, [7, 11], page_size=1)
 
@@ -161,10 +200,18 @@ def test_eager_draft_decode_without_the_mirror(mods):
 def test_eager_sliding_window_keeps_the_gather(mods):
     """A sliding-window backend: the token gather, its translation and its
     striding, as before (page size 4, with the mirror)."""
-    b = backend(page_size=4, device="cpu", use_sliding_window_kv_pool=True,
-                _maybe_translate_swa=lambda table: table + 100000)
-    fb = NS(forward_mode=mods.modes.TARGET_VERIFY, batch_size=2, seq_lens=SEQ_LENS, seq_lens_cpu=SEQ_LENS.clone(),
-            req_pool_indices=POOL, req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN), spec_info=NS())
+    b = backend(
+        page_size=4, device="cpu", use_sliding_window_kv_pool=True, _maybe_translate_swa=lambda table: table + 100000
+    )
+    fb = NS(
+        forward_mode=mods.modes.TARGET_VERIFY,
+        batch_size=2,
+        seq_lens=SEQ_LENS,
+        seq_lens_cpu=SEQ_LENS.clone(),
+        req_pool_indices=POOL,
+        req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN),
+        spec_info=NS(),
+    )
     mods.mha.TRTLLMHAAttnBackend.init_forward_metadata(b, fb)
     md = b.forward_metadata
     tokens = REQ_TO_TOKEN[POOL, : 9 + NUM_DRAFT][:, 0::4]

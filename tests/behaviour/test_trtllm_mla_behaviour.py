@@ -68,11 +68,14 @@ def parent_init(self, model_runner, skip_prefill=False, *args, **kwargs):
 
 def make_backend(mla, num_draft_tokens, skip_prefill=False):
     parent = mla.FlashInferMLAAttnBackend
-    with mock.patch.object(parent, "__init__", parent_init), mock.patch.object(
-        mla, "get_attention_tp_size", return_value=1
-    ), mock.patch.object(
-        mla, "get_global_server_args", return_value=SimpleNamespace(disable_chunked_prefix_cache=True)
-    ), mock.patch.object(mla, "global_zero_init_workspace_buffer", torch.zeros(1, dtype=torch.uint8)):
+    with (
+        mock.patch.object(parent, "__init__", parent_init),
+        mock.patch.object(mla, "get_attention_tp_size", return_value=1),
+        mock.patch.object(
+            mla, "get_global_server_args", return_value=SimpleNamespace(disable_chunked_prefix_cache=True)
+        ),
+        mock.patch.object(mla, "global_zero_init_workspace_buffer", torch.zeros(1, dtype=torch.uint8)),
+    ):
         return mla.TRTLLMMLABackend(model_runner(num_draft_tokens), skip_prefill=skip_prefill)
 
 
@@ -124,11 +127,14 @@ def test_no_mask_on_the_draft_workers_instance(mla):
     parent = mla.FlashInferMLAAttnBackend
     runner = model_runner(4)
     runner.is_draft_worker = True
-    with mock.patch.object(parent, "__init__", parent_init), mock.patch.object(
-        mla, "get_attention_tp_size", return_value=1
-    ), mock.patch.object(
-        mla, "get_global_server_args", return_value=SimpleNamespace(disable_chunked_prefix_cache=True)
-    ), mock.patch.object(mla, "global_zero_init_workspace_buffer", torch.zeros(1, dtype=torch.uint8)):
+    with (
+        mock.patch.object(parent, "__init__", parent_init),
+        mock.patch.object(mla, "get_attention_tp_size", return_value=1),
+        mock.patch.object(
+            mla, "get_global_server_args", return_value=SimpleNamespace(disable_chunked_prefix_cache=True)
+        ),
+        mock.patch.object(mla, "global_zero_init_workspace_buffer", torch.zeros(1, dtype=torch.uint8)),
+    ):
         backend = mla.TRTLLMMLABackend(runner)
     seen = init_cuda_graph_state(mla, backend)
     assert backend.is_draft_runner is True
@@ -153,8 +159,9 @@ def test_build_tree_fills_the_buffer_in_place_without_seq_lens_sum(mla):
     init_cuda_graph_state(mla, backend, max_bs=2, max_num_tokens=8)
     tree_mask_buf, position_buf = backend.get_verify_buffers_to_fill_after_draft()
     kernel = mock.Mock()
-    with mock.patch.object(eagle_utils, "sgl_build_tree_kernel_efficient", kernel, create=True), mock.patch.object(
-        eagle_utils, "_is_npu", False
+    with (
+        mock.patch.object(eagle_utils, "sgl_build_tree_kernel_efficient", kernel, create=True),
+        mock.patch.object(eagle_utils, "_is_npu", False),
     ):
         out = eagle_utils.build_tree_kernel_efficient(
             torch.tensor([1, 2]),  # bonus tokens

@@ -57,4 +57,7 @@ def test_patched_is_a_no_op(tmp_path_factory, load_sglang, version):
     returned, state, spec_info = call_hook(cls)
     assert returned is None and state == {}
     assert set(vars(spec_info)) == {"custom_mask", "positions"}
-    assert cls.update_verify_buffers_to_fill_after_draft.__qualname__ == "TRTLLMMLABackend.update_verify_buffers_to_fill_after_draft"
+    assert (
+        cls.update_verify_buffers_to_fill_after_draft.__qualname__
+        == "TRTLLMMLABackend.update_verify_buffers_to_fill_after_draft"
+    )

@@ -19,8 +19,9 @@ RUNS = repo_root() / "docs" / "results" / "gpu-dp-2026-11-27"
 RELEASE = "0.5.12.post1"
 SERVED = {"dp-tp4": "mtp-tp4", "dp-dpa": "mtp-tp4-dp4-dpa"}
 TBO = f"{RELEASE}/ds/default/mtp-tp4-dp4-dpa-a2a-deepep-tbo"
-IMPORT_ERROR = ("ImportError: DeepEP is not installed. Please install DeepEP package from "
-                "https://github.com/deepseek-ai/deepep.")
+IMPORT_ERROR = (
+    "ImportError: DeepEP is not installed. Please install DeepEP package from https://github.com/deepseek-ai/deepep."
+)
 
 
 def _results(step: str) -> dict:
@@ -62,8 +63,15 @@ def _cells(r: dict) -> list[str]:
     """A rank_report row as docs/gpu.md's columns write it."""
     pair = lambda xs: " → ".join(rank_report._f(x) for x in xs)  # noqa: E731
     steps = " → ".join(f"{worker_steps.busy(s)} / {int(s.get('idle', 0))}" for s in r["worker_steps"])
-    return [str(r["decision"]), pair(r["prepare_per_step"]), pair(r["waits_per_step"]), pair(r["wrapper_per_step"]),
-            steps, "yes" if r["identical"] else "no", " → ".join(f"{x:.1f}" for x in r["tok_per_s"])]
+    return [
+        str(r["decision"]),
+        pair(r["prepare_per_step"]),
+        pair(r["waits_per_step"]),
+        pair(r["wrapper_per_step"]),
+        steps,
+        "yes" if r["identical"] else "no",
+        " → ".join(f"{x:.1f}" for x in r["tok_per_s"]),
+    ]
 
 
 @pytest.mark.parametrize("step", sorted(SERVED))

@@ -27,11 +27,17 @@ def _results(step: str) -> dict:
 
 # ---------------------------------------------------------------- model
 
+
 def test_deepseek_target_is_shaped_like_v3(tmp_path):
     folder = deepseek.write_model(tmp_path, "ds")
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["architectures"] == ["DeepseekV3ForCausalLM"] and cfg["model_type"] == "deepseek_v3"
-    assert (cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]) == (512, 64, 128, 128)
+    assert (cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]) == (
+        512,
+        64,
+        128,
+        128,
+    )
     assert cfg["vocab_size"] == 129280 and cfg["max_position_embeddings"] == 163840
     assert cfg["rope_scaling"]["type"] == "yarn" and cfg["rope_scaling"]["factor"] * 4096 == 163840
     assert cfg["num_nextn_predict_layers"] == 1  # the MTP draft, read from the same folder
@@ -42,28 +48,63 @@ def test_deepseek_target_is_shaped_like_v3(tmp_path):
 
 
 def test_mtp_engine_settings_name_no_draft_path_and_take_extras():
-    kw = runner.engine_kwargs(Path("/m/ds-target"), Path("/m/ds-target"), attention_backend="flashmla",
-                              cuda_graph_max_bs=8, mem_fraction_static=0.6, scenario="mtp",
-                              engine_extra={"page_size": 64, "speculative_eagle_topk": 1})
+    kw = runner.engine_kwargs(
+        Path("/m/ds-target"),
+        Path("/m/ds-target"),
+        attention_backend="flashmla",
+        cuda_graph_max_bs=8,
+        mem_fraction_static=0.6,
+        scenario="mtp",
+        engine_extra={"page_size": 64, "speculative_eagle_topk": 1},
+    )
     assert kw["speculative_algorithm"] == "NEXTN" and kw["speculative_draft_model_path"] is None
     assert kw["page_size"] == 64 and kw["attention_backend"] == "flashmla"
     assert "speculative_draft_load_format" not in kw  # the draft is dummy like the target
-    tree = runner.engine_kwargs(Path("/t"), Path("/d"), attention_backend="fa3", cuda_graph_max_bs=16,
-                                mem_fraction_static=0.6, engine_extra={"speculative_eagle_topk": 4,
-                                                                       "speculative_num_draft_tokens": 8,
-                                                                       "cuda_graph_max_bs": 4})
-    assert (tree["speculative_eagle_topk"], tree["speculative_num_draft_tokens"], tree["cuda_graph_max_bs"]) == (4, 8, 4)
+    tree = runner.engine_kwargs(
+        Path("/t"),
+        Path("/d"),
+        attention_backend="fa3",
+        cuda_graph_max_bs=16,
+        mem_fraction_static=0.6,
+        engine_extra={"speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8, "cuda_graph_max_bs": 4},
+    )
+    assert (tree["speculative_eagle_topk"], tree["speculative_num_draft_tokens"], tree["cuda_graph_max_bs"]) == (
+        4,
+        8,
+        4,
+    )
 
 
 def test_runner_refuses_a_deepseek_size_without_mtp(tmp_path):
     with pytest.raises(SystemExit, match="DeepSeek sizes run mtp"):
-        runner.main(["--tree-parent", str(tmp_path), "--variant", "patched", "--size", "ds",
-                     "--models-dir", str(tmp_path), "--out", str(tmp_path / "r.json")])
+        runner.main(
+            [
+                "--tree-parent",
+                str(tmp_path),
+                "--variant",
+                "patched",
+                "--size",
+                "ds",
+                "--models-dir",
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "r.json"),
+            ]
+        )
 
 
 def test_orchestrate_label_goes_into_the_key():
-    args = types.SimpleNamespace(label="eager", scenario="mtp", deterministic=False, workloads="uniform",
-                                 alternate=0, tp=1, piecewise="default", draft="checkpoint", context_length=0)
+    args = types.SimpleNamespace(
+        label="eager",
+        scenario="mtp",
+        deterministic=False,
+        workloads="uniform",
+        alternate=0,
+        tp=1,
+        piecewise="default",
+        draft="checkpoint",
+        context_length=0,
+    )
     assert orchestrate._setting(args) == "eager-mtp/"
 
 
@@ -74,6 +115,7 @@ def test_mtp_runs_need_no_token_map():
 
 
 # ---------------------------------------------------------------- carried kernel
+
 
 def _fake_wheel(tmp_path: Path, payload: bytes) -> Path:
     wheel = tmp_path / "sglang_kernel-0-cp310-abi3-x.whl"
@@ -105,6 +147,7 @@ def test_flashmla_kernel_travels_and_is_checked(tmp_path):
 
 # ---------------------------------------------------------------- tree-mask probe
 
+
 def test_tree_mask_probe_counts_which_mask_a_step_took():
     module = types.ModuleType("fake_verify_tree_mask")
     module.verify_tree_mask_for_batch = lambda buf, backend, seq_lens, n: buf if backend == "fits" else None
@@ -120,6 +163,7 @@ def test_tree_mask_probe_counts_which_mask_a_step_took():
 
 
 # ---------------------------------------------------------------- recorded runs (H100)
+
 
 @pytest.mark.parametrize("step,release,piecewise", [("d12-fa3", "0.5.12.post1", "on"), ("d10-fa3", "0.5.10", "off")])
 def test_deepseek_mtp_on_fa3_reproduces_its_table(step, release, piecewise):
@@ -159,10 +203,17 @@ def test_flashmla_pristine_fails_in_draft_extend_and_patched_serves(release, tag
 def test_tree_drafts_stop_where_the_docs_say():
     tree = _results("t12-tree")
     assert {k: r["rc"] for k, r in tree["runs"].items()} == {
-        "0.5.12.post1/small/fa3/ctx4096/pristine": -9, "0.5.12.post1/small/fa3/ctx4096/patched": -9}
+        "0.5.12.post1/small/fa3/ctx4096/pristine": -9,
+        "0.5.12.post1/small/fa3/ctx4096/patched": -9,
+    }
     log = (RUNS / "t12-tree" / "engine.log").read_text()
-    assert log.count("Piecewise CUDA Graph failed with error: FusedAddRMSNorm failed with error code an "
-                     "illegal memory access was encountered") == 2
+    assert (
+        log.count(
+            "Piecewise CUDA Graph failed with error: FusedAddRMSNorm failed with error code an "
+            "illegal memory access was encountered"
+        )
+        == 2
+    )
     check = _results("t12-memcheck")["runs"]["0.5.12.post1/small/fa3/pw-off-ctx4096/patched"]
     assert check["rc"] == 0 and check["engine_facts"][0]["draft_worker"] == "EAGLEWorker"  # spec v1: topk 4
     assert check["engine_facts"][0]["speculative_eagle_topk"] == 4 and check["batches"][0]["batch_size"] == 16

@@ -26,9 +26,11 @@ PFD = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
 
 # ---------------------------------------------------------------- attribution
 
+
 def test_site_of_filename():
-    assert syncs.site_of_filename("/tmp/x/patched/sglang/srt/managers/scheduler.py") == \
-        "sglang/srt/managers/scheduler.py"
+    assert (
+        syncs.site_of_filename("/tmp/x/patched/sglang/srt/managers/scheduler.py") == "sglang/srt/managers/scheduler.py"
+    )
     # innermost sglang/ folder wins (a tree unpacked under a folder also named sglang)
     assert syncs.site_of_filename("/home/sglang/trees/sglang/srt/a.py") == "sglang/srt/a.py"
     assert syncs.site_of_filename("/site/patchkit/runtime/seq_lens.py") == "patchkit/runtime/seq_lens.py"
@@ -45,17 +47,23 @@ def _write(path: Path, text: str) -> Path:
 
 def test_attribute_walks_to_the_nearest_sglang_frame(tmp_path):
     # sglang code -> a helper outside sglang -> attribute(): the sglang frame is named
-    helper = _write(tmp_path / "lib" / "helper.py", """
+    helper = _write(
+        tmp_path / "lib" / "helper.py",
+        """
         import sys
         from gpu_e2e import syncs
         def where():
             return syncs.attribute(sys._getframe(0))
-        """)
-    caller = _write(tmp_path / "tree" / "sglang" / "srt" / "mod.py", """
+        """,
+    )
+    caller = _write(
+        tmp_path / "tree" / "sglang" / "srt" / "mod.py",
+        """
         import helper
         def prepare_for_decode():
             return helper.where()
-        """)
+        """,
+    )
     sys.path[:0] = [str(helper.parent), str(caller.parent)]
     try:
         import importlib
@@ -72,21 +80,36 @@ def test_attribute_walks_to_the_nearest_sglang_frame(tmp_path):
 def test_attribute_without_sglang_frame_names_the_caller():
     site = syncs.attribute(sys._getframe(0))
     assert site.startswith("<other>:") and site.endswith(
-        f":test_attribute_without_sglang_frame_names_the_caller:{sys._getframe(0).f_lineno - 2}")
+        f":test_attribute_without_sglang_frame_names_the_caller:{sys._getframe(0).f_lineno - 2}"
+    )
 
 
 # ---------------------------------------------------------------- aggregation
 
+
 def test_aggregate_delta_and_calls():
-    p1 = {"pid": 1, "counts": {f"cpu|{PFD}:174": 10, "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode": 10}}
+    p1 = {
+        "pid": 1,
+        "counts": {
+            f"cpu|{PFD}:174": 10,
+            "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode": 10,
+        },
+    }
     p2 = {"pid": 2, "counts": {"item|sglang/srt/x.py:f:3": 2}}
     total = syncs.aggregate([p1, p2])
     assert total[f"cpu|{PFD}:174"] == 10 and total["item|sglang/srt/x.py:f:3"] == 2
-    later = dict(total, **{f"cpu|{PFD}:174": 25,
-                          "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode": 25})
+    later = dict(
+        total,
+        **{
+            f"cpu|{PFD}:174": 25,
+            "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode": 25,
+        },
+    )
     d = syncs.delta(later, total)
-    assert d == {f"cpu|{PFD}:174": 15,
-                 "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode": 15}
+    assert d == {
+        f"cpu|{PFD}:174": 15,
+        "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode": 15,
+    }
     assert syncs.calls_of(d, "prepare_for_decode") == 15
     assert syncs.syncs_only(d) == {f"cpu|{PFD}:174": 15}
     assert syncs.site_function(f"{PFD}:174") == PFD
@@ -117,7 +140,9 @@ def _run_child(tmp_path, **extra_env) -> dict:
     _write(tmp_path / "tree" / "sglang" / "__init__.py", "")
     _write(tmp_path / "tree" / "sglang" / "srt" / "__init__.py", "")
     _write(tmp_path / "tree" / "sglang" / "srt" / "speculative" / "__init__.py", "")
-    _write(tmp_path / "tree" / "sglang" / "srt" / "speculative" / "eagle_info_v2.py", """
+    _write(
+        tmp_path / "tree" / "sglang" / "srt" / "speculative" / "eagle_info_v2.py",
+        """
         class EagleDraftInputV2Mixin:
             def prepare_for_decode(self, seq_lens):
                 cpu = seq_lens.cpu()
@@ -125,11 +150,15 @@ def _run_child(tmp_path, **extra_env) -> dict:
 
         class EagleDraftInput(EagleDraftInputV2Mixin):
             pass
-        """)
-    env = dict(os.environ, PK_E2E_SYNC_DIR=str(tmp_path / "syncs"),
-               PYTHONPATH=os.pathsep.join([str(tmp_path / "tree"), str(repo_root())]), **extra_env)
-    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
-                         timeout=300)
+        """,
+    )
+    env = dict(
+        os.environ,
+        PK_E2E_SYNC_DIR=str(tmp_path / "syncs"),
+        PYTHONPATH=os.pathsep.join([str(tmp_path / "tree"), str(repo_root())]),
+        **extra_env,
+    )
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -159,20 +188,32 @@ def test_counters_off_installs_no_wrapper_and_counts_nothing(tmp_path):
 
 # ---------------------------------------------------------------- comparison
 
+
 def _batch(bs, syncs_table, steps, tok_s, ids, accept=1.0):
-    return {"batch_size": bs, "syncs": syncs_table, "decode_steps": steps, "tok_per_s": tok_s,
-            "ms_per_token": 1000.0 / tok_s * bs, "accept_length": accept, "deterministic": True,
-            "output_ids": ids}
+    return {
+        "batch_size": bs,
+        "syncs": syncs_table,
+        "decode_steps": steps,
+        "tok_per_s": tok_s,
+        "ms_per_token": 1000.0 / tok_s * bs,
+        "accept_length": accept,
+        "deterministic": True,
+        "output_ids": ids,
+    }
 
 
 def _variant(size, batches, whole=None):
     return {"size": size, "batches": batches, "syncs_whole_run": whole or {}}
 
 
-PRISTINE = _variant("small", [_batch(1, {f"cpu|{PFD}:174": 1280, "item|sglang/srt/a.py:f:9": 5}, 1280, 220.8, [[5, 6, 7]])],
-                    {f"cpu|{PFD}:174": 3072, "item|sglang/srt/a.py:f:9": 7})
-PATCHED = _variant("small", [_batch(1, {"item|sglang/srt/a.py:f:11": 5}, 1280, 371.0, [[5, 6, 7]])],
-                   {"item|sglang/srt/a.py:f:11": 7})
+PRISTINE = _variant(
+    "small",
+    [_batch(1, {f"cpu|{PFD}:174": 1280, "item|sglang/srt/a.py:f:9": 5}, 1280, 220.8, [[5, 6, 7]])],
+    {f"cpu|{PFD}:174": 3072, "item|sglang/srt/a.py:f:9": 7},
+)
+PATCHED = _variant(
+    "small", [_batch(1, {"item|sglang/srt/a.py:f:11": 5}, 1280, 371.0, [[5, 6, 7]])], {"item|sglang/srt/a.py:f:11": 7}
+)
 
 
 def test_compare_pristine_and_patched_shaped_tables():
@@ -189,9 +230,11 @@ def test_compare_pristine_and_patched_shaped_tables():
 
 
 def test_compare_flags_mismatching_outputs_and_new_sites():
-    bad = _variant("small", [_batch(1, {f"cpu|{PFD}:180": 1280, "tolist|sglang/srt/b.py:g:2": 1280},
-                                    1280, 300.0, [[5, 6, 8]])],
-                   {"tolist|patchkit/runtime/seq_lens.py:host_list_or_none:3": 1})
+    bad = _variant(
+        "small",
+        [_batch(1, {f"cpu|{PFD}:180": 1280, "tolist|sglang/srt/b.py:g:2": 1280}, 1280, 300.0, [[5, 6, 8]])],
+        {"tolist|patchkit/runtime/seq_lens.py:host_list_or_none:3": 1},
+    )
     (row,) = report.compare("0.5.10", PRISTINE, bad)
     assert not row["identical"] and row["mismatch"] == "request 0, token 2: 7 vs 8"
     assert row["new_sites"] == ["tolist sglang/srt/b.py:g"]
@@ -215,7 +258,10 @@ def test_speed_over_rounds_reads_each_process_pair():
     assert s["rounds"] == 3 and s["tok_per_s"] == (244.6, 327.2)
     assert s["median_ratio"] == pytest.approx(327.2 / 286.5)
     md = report.speed_markdown(rows)
-    assert "| 0.5.12.post1 | small | 1 | 3 | 244.6 → 327.2 | 1.680, 1.072, 1.142 | 1.142 | 1.072 – 1.680 | n/a → n/a |" in md
+    assert (
+        "| 0.5.12.post1 | small | 1 | 3 | 244.6 → 327.2 | 1.680, 1.072, 1.142 | 1.142 | 1.072 – 1.680 | n/a → n/a |"
+        in md
+    )
 
 
 def test_fastest_run_over_processes():
@@ -239,8 +285,9 @@ def test_first_mismatch():
     assert report.first_mismatch([[1, 2]], [[1, 2, 3]]) == "request 0: 2 vs 3 tokens"
 
 
-@pytest.mark.parametrize("run", sorted(p.name for p in RECORDED.glob("*/") if not p.name.startswith("proof2-"))
-                         if RECORDED.exists() else [])
+@pytest.mark.parametrize(
+    "run", sorted(p.name for p in RECORDED.glob("*/") if not p.name.startswith("proof2-")) if RECORDED.exists() else []
+)
 def test_recorded_gpu_runs_reproduce_their_table(run):
     """The committed GPU results: recomputing the comparison gives the committed table."""
     data = json.loads((RECORDED / run / "results.json").read_text())
@@ -277,10 +324,14 @@ def test_docs_gpu_names_the_patched_trees_of_the_default_settings_runs():
         assert data["device"].startswith("NVIDIA H100") and data["patchkit_commit"][:7] in text
         for release, tree in data["trees"].items():
             lines = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(tree["patched_files_sha256"].items()))
-            assert f"| {release} | {hashlib.sha256(lines.encode()).hexdigest()[:16]} |" in text, (path.parent.name, release)
+            assert f"| {release} | {hashlib.sha256(lines.encode()).hexdigest()[:16]} |" in text, (
+                path.parent.name,
+                release,
+            )
 
 
 # ---------------------------------------------------------------- models / trees
+
 
 def test_model_configs(tmp_path):
     for size, shape in models.SIZES.items():
@@ -324,8 +375,9 @@ def test_prepare_trees_checks_the_overlay(tmp_path):
 
 
 def test_flashinfer_keeps_the_mirror_so_patched_keeps_the_sync():
-    kept = _variant("small", [_batch(1, {f"cpu|{PFD}:180": 1280, "item|sglang/srt/a.py:f:11": 5},
-                                     1280, 230.0, [[5, 6, 7]])])
+    kept = _variant(
+        "small", [_batch(1, {f"cpu|{PFD}:180": 1280, "item|sglang/srt/a.py:f:11": 5}, 1280, 230.0, [[5, 6, 7]])]
+    )
     (row,) = report.compare("0.5.12.post1", PRISTINE, kept)
     assert row["prepare_per_step"] == (1.0, 1.0)
     assert report.verdict([row], mirror_kept=True) == []

@@ -48,9 +48,14 @@ def test_slimming_rules():
     assert keep("sglang-kernel", "sgl_kernel/quantization/gguf.py")
     assert keep("sglang-kernel", "sgl_kernel/sm90/common_ops.abi3.so")
     assert keep("sglang-kernel", "sglang_kernel-0.4.2.post2.dist-info/METADATA")
-    for dropped in ("sgl_kernel/flash_ops.abi3.so", "sgl_kernel/sm100/common_ops.abi3.so",
-                    "sgl_kernel/flashmla_ops.abi3.so", "lib/mscclpp_nccl.so",
-                    "_mscclpp.cpython-310-x86_64-linux-gnu.so", "include/dlpack/dlpack.h"):
+    for dropped in (
+        "sgl_kernel/flash_ops.abi3.so",
+        "sgl_kernel/sm100/common_ops.abi3.so",
+        "sgl_kernel/flashmla_ops.abi3.so",
+        "lib/mscclpp_nccl.so",
+        "_mscclpp.cpython-310-x86_64-linux-gnu.so",
+        "include/dlpack/dlpack.h",
+    ):
         assert not keep("sglang-kernel", dropped), dropped
     assert keep("flashinfer-python", "flashinfer/data/csrc/norm.cu")  # JIT-built on the GPU
     assert wheels.installed_name("x-1.0.data/purelib/x/a.py") == "x/a.py"
@@ -77,14 +82,15 @@ def test_overlay_and_runtime_mode_detection(tmp_path):
 
 
 def _kernel_wheel_cached() -> bool:
-    return wheels.find_wheel(wheels.wheel_cache(), "sglang-kernel",
-                              wheels.COMMON_PINS["sglang-kernel"]) is not None
+    return wheels.find_wheel(wheels.wheel_cache(), "sglang-kernel", wheels.COMMON_PINS["sglang-kernel"]) is not None
 
 
 @pytest.mark.trees
-@pytest.mark.skipif(not _kernel_wheel_cached(),
-                    reason="needs the 322 MB sglang-kernel wheel in the patchkit cache: "
-                           "run `python scripts/gpu_e2e.py bundle --out DIR` once")
+@pytest.mark.skipif(
+    not _kernel_wheel_cached(),
+    reason="needs the 322 MB sglang-kernel wheel in the patchkit cache: "
+    "run `python scripts/gpu_e2e.py bundle --out DIR` once",
+)
 def test_build_bundle(tmp_path):
     dest = tmp_path / "bundle"
     # gzip: the same tars, minutes faster to write than xz (the devices' bundles use xz;

@@ -27,9 +27,15 @@ REL = "0.5.17"
 def test_017_is_a_reference_release_with_its_own_pins():
     assert REL in wheels.REFERENCE_RELEASES and REL not in wheels.RELEASES
     alone = wheels.all_pins([REL])
-    assert alone[REL] == {"transformers": "5.12.1", "tokenizers": "0.22.2", "flashinfer-python": "0.6.15.post1",
-                          "sglang-kernel": "0.4.5", "apache-tvm-ffi": "0.1.11", "xgrammar": "0.2.1",
-                          "sgl-deep-gemm": "0.1.5.post1"}
+    assert alone[REL] == {
+        "transformers": "5.12.1",
+        "tokenizers": "0.22.2",
+        "flashinfer-python": "0.6.15.post1",
+        "sglang-kernel": "0.4.5",
+        "apache-tvm-ffi": "0.1.11",
+        "xgrammar": "0.2.1",
+        "sgl-deep-gemm": "0.1.5.post1",
+    }
     # alone, the common group drops what 0.5.17 pins its own way; beside 0.5.12.post1 it keeps them
     assert not {"sglang-kernel", "apache-tvm-ffi"} & set(alone["common"])
     both = wheels.all_pins(["0.5.12.post1", REL])
@@ -83,8 +89,10 @@ def test_renames_only_where_the_release_renamed():
     assert server_args_names.for_fields(kw, None) == (kw, {})
     got, renamed = server_args_names.for_fields(kw, new)
     assert got == {"cuda_graph_max_bs_decode": 32, "cuda_graph_backend_prefill": "disabled", "dtype": "bfloat16"}
-    assert renamed == {"cuda_graph_max_bs": "cuda_graph_max_bs_decode",
-                       "disable_piecewise_cuda_graph": "cuda_graph_backend_prefill"}
+    assert renamed == {
+        "cuda_graph_max_bs": "cuda_graph_max_bs_decode",
+        "disable_piecewise_cuda_graph": "cuda_graph_backend_prefill",
+    }
     got, _ = server_args_names.for_fields({"enforce_piecewise_cuda_graph": True}, new)
     assert got == {"cuda_graph_backend_prefill": "tc_piecewise"}
     got, _ = server_args_names.for_fields({"disable_piecewise_cuda_graph": False}, new)
@@ -105,9 +113,18 @@ def _harness_kwargs(tmp_path) -> list[dict]:
     """What issue 57's plan and the earlier ones pass: FA3 by default, Triton, each piecewise switch."""
     out = []
     for backend, piecewise in (("default", "default"), ("triton", "default"), ("fa3", "off"), ("fa3", "on")):
-        out.append(runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend=backend,
-                                        cuda_graph_max_bs=32, mem_fraction_static=0.6, piecewise=piecewise,
-                                        context_length=131072, engine_extra={"cuda_graph_max_bs": 8}))
+        out.append(
+            runner.engine_kwargs(
+                tmp_path / "t",
+                tmp_path / "d",
+                attention_backend=backend,
+                cuda_graph_max_bs=32,
+                mem_fraction_static=0.6,
+                piecewise=piecewise,
+                context_length=131072,
+                engine_extra={"cuda_graph_max_bs": 8},
+            )
+        )
     return out
 
 
@@ -131,8 +148,9 @@ def test_what_017_eagle_graph_capture_imports_on_cuda_is_on_the_image_or_in_the_
     from patchkit.fetch import fetch_tree
 
     tree_parent = fetch_tree(REL).parent
-    lazy = cuda_only_imports.lazy_cuda_imports(tree_parent, "sglang.srt.speculative.eagle_worker_v2",
-                                               "_capture_cuda_graphs")
+    lazy = cuda_only_imports.lazy_cuda_imports(
+        tree_parent, "sglang.srt.speculative.eagle_worker_v2", "_capture_cuda_graphs"
+    )
     assert "sglang.srt.layers.attention.dsa_backend" in lazy
     assert not any("aiter" in m for m in lazy)  # HIP only
     tops = cuda_only_imports.module_level_imports(tree_parent, lazy)
@@ -174,22 +192,28 @@ def test_split_and_join_put_every_file_back(tmp_path):
 
 # ------------------------------------------------------------------ the built bundle
 
+
 def _wheels_cached() -> bool:
     pins = wheels.all_pins([REL])
     return all(wheels.find_wheel(wheels.wheel_cache(), d, v) for g in pins.values() for d, v in g.items())
 
 
-needs_wheels = pytest.mark.skipif(not _wheels_cached(), reason=(
-    "needs 0.5.17's wheels in the patchkit cache (sglang-kernel 0.4.5 is 366 MB): run "
-    "`python scripts/gpu_e2e.py bundle --out DIR --reference 0.5.17 --limit-mib 160` once"))
+needs_wheels = pytest.mark.skipif(
+    not _wheels_cached(),
+    reason=(
+        "needs 0.5.17's wheels in the patchkit cache (sglang-kernel 0.4.5 is 366 MB): run "
+        "`python scripts/gpu_e2e.py bundle --out DIR --reference 0.5.17 --limit-mib 160` once"
+    ),
+)
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     dest = tmp_path_factory.mktemp("b17") / "bundle"
     # gzip: minutes faster than the devices' xz (the orchestrator reads both)
-    manifest = bundle.build(dest, [], reference=[REL], log=lambda *_: None, site_compression="gz",
-                            limit=160 * bundle.MIB)
+    manifest = bundle.build(
+        dest, [], reference=[REL], log=lambda *_: None, site_compression="gz", limit=160 * bundle.MIB
+    )
     return dest, manifest
 
 
@@ -245,8 +269,22 @@ def _this_python_twins(pins: dict[str, dict[str, str]], folder: Path) -> list[Pa
     cache.mkdir(parents=True, exist_ok=True)
     missing = [f"{d}=={v}" for d, v in wanted.items() if wheels.find_wheel(cache, d, v) is None]
     if missing:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "-d", str(cache), *missing], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-d",
+                str(cache),
+                *missing,
+            ],
+            check=True,
+            capture_output=True,
+        )
     folder.mkdir(parents=True, exist_ok=True)
     for dist, ver in wanted.items():
         with zipfile.ZipFile(wheels.find_wheel(cache, dist, ver)) as zf:
@@ -270,20 +308,28 @@ def test_the_017_tree_imports_the_engine_path_from_the_bundle_site(built, tmp_pa
     assert coverage.uncovered(result, REL) == []
     assert "xgrammar" in result["modules"] and "transformers" in result["modules"]
     # the bundle's versions, not the CPU environment's
-    assert coverage.present_modules(trees["upstream"]) == [m for m in coverage.ENGINE_PATH_MODULES
-                                                           if m != "sglang.srt.speculative.eagle_info_v2"]
-    probe = ("import sys, json, dataclasses, importlib.metadata as md, transformers;"
-             "sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2]);"
-             "import sglang_cpu_env as env; env.install_import_stubs(sys.argv[1] + '/sglang');"
-             "from sglang.srt.server_args import ServerArgs;"
-             "print(json.dumps({'fields': sorted(f.name for f in dataclasses.fields(ServerArgs)),"
-             "'versions': [md.version(d) for d in ('transformers', 'xgrammar', 'apache-tvm-ffi')],"
-             "'transformers': transformers.__file__}))")
+    assert coverage.present_modules(trees["upstream"]) == [
+        m for m in coverage.ENGINE_PATH_MODULES if m != "sglang.srt.speculative.eagle_info_v2"
+    ]
+    probe = (
+        "import sys, json, dataclasses, importlib.metadata as md, transformers;"
+        "sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2]);"
+        "import sglang_cpu_env as env; env.install_import_stubs(sys.argv[1] + '/sglang');"
+        "from sglang.srt.server_args import ServerArgs;"
+        "print(json.dumps({'fields': sorted(f.name for f in dataclasses.fields(ServerArgs)),"
+        "'versions': [md.version(d) for d in ('transformers', 'xgrammar', 'apache-tvm-ffi')],"
+        "'transformers': transformers.__file__}))"
+    )
     import os
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, path)))
-    proc = subprocess.run([sys.executable, "-c", probe, str(trees["upstream"]), str(Path(__file__).resolve().parents[1])],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(trees["upstream"]), str(Path(__file__).resolve().parents[1])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["versions"] == ["5.12.1", "0.2.1", "0.1.11"]
@@ -297,7 +343,10 @@ def test_decode_steps_are_the_workers_where_no_prepare_for_decode_is_counted():
     pfd = "call|sglang.srt.speculative.eagle_info_v2:EagleDraftInputV2Mixin.prepare_for_decode"
     worker = "call|sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.forward_batch_generation@"
     # up to 0.5.13: prepare_for_decode's calls, whatever the worker counted
-    assert timed_calls.decode_steps_of({pfd: 64, worker + "decode": 64, worker + "extend": 1}) == (64, "prepare_for_decode")
+    assert timed_calls.decode_steps_of({pfd: 64, worker + "decode": 64, worker + "extend": 1}) == (
+        64,
+        "prepare_for_decode",
+    )
     # 0.5.17 (no eagle_info_v2): the worker's decode calls, not its prefills
     assert timed_calls.decode_steps_of({worker + "decode": 70, worker + "extend": 1}) == (70, "worker")
     assert timed_calls.decode_steps_of({}) == (0, None)
@@ -339,9 +388,17 @@ def _run_plan(tmp_path, steps: str) -> list[dict]:
     bin_dir = tmp_path / "bin"  # the plan's python3 is this interpreter
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(sys.executable)
-    env = dict(os.environ, R=str(tmp_path / "run"), B12=str(tmp_path / "b12"), B17=str(tmp_path / "b17"),
-               FA3_12=str(tmp_path / "fa3" / "lib.so"), FA3_17=str(tmp_path / "fa3_17" / "lib.so"),
-               PK_PLAN_LOG=str(log), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", STEPS=steps)
+    env = dict(
+        os.environ,
+        R=str(tmp_path / "run"),
+        B12=str(tmp_path / "b12"),
+        B17=str(tmp_path / "b17"),
+        FA3_12=str(tmp_path / "fa3" / "lib.so"),
+        FA3_17=str(tmp_path / "fa3_17" / "lib.so"),
+        PK_PLAN_LOG=str(log),
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        STEPS=steps,
+    )
     done = subprocess.run(["bash", str(PLAN)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "all done" in (tmp_path / "run" / "progress.log").read_text()
@@ -354,13 +411,25 @@ def _arg(call: dict, name: str) -> str:
 
 def test_the_yardstick_plan_runs_abba_rounds_of_each_bundle_with_its_own_fa3(tmp_path):
     calls = _run_plan(tmp_path, "fa3-r1 triton-r1 fa3-r2 fa3-r3 triton-r2 triton-r3")  # the second session's
-    order = [(c["bundle"], c["args"][c["args"].index("--label") + 1],
-              c["args"][c["args"].index("--attention-backend") + 1]) for c in calls]
+    order = [
+        (c["bundle"], c["args"][c["args"].index("--label") + 1], c["args"][c["args"].index("--attention-backend") + 1])
+        for c in calls
+    ]
     # FA3 round 1, Triton round 1, then the other rounds (plan.sh's STEPS, since 8b4dc09)
-    assert order == [("b12", "r1", "default"), ("b17", "r1", "default"), ("b12", "r1", "triton"),
-                     ("b17", "r1", "triton"), ("b17", "r2", "default"), ("b12", "r2", "default"),
-                     ("b12", "r3", "default"), ("b17", "r3", "default"), ("b17", "r2", "triton"),
-                     ("b12", "r2", "triton"), ("b12", "r3", "triton"), ("b17", "r3", "triton")]
+    assert order == [
+        ("b12", "r1", "default"),
+        ("b17", "r1", "default"),
+        ("b12", "r1", "triton"),
+        ("b17", "r1", "triton"),
+        ("b17", "r2", "default"),
+        ("b12", "r2", "default"),
+        ("b12", "r3", "default"),
+        ("b17", "r3", "default"),
+        ("b17", "r2", "triton"),
+        ("b12", "r2", "triton"),
+        ("b12", "r3", "triton"),
+        ("b17", "r3", "triton"),
+    ]
     for c in calls:
         a = c["args"]
         r1 = a[a.index("--label") + 1] == "r1"  # round 1 adds bs 48, above cuda_graph_max_bs 32 (eager)
@@ -382,12 +451,24 @@ def test_the_plan_s_counters_off_and_8b_steps(tmp_path):
     """``_off``: counters off, round 1 profiled at bs 8 with pristine; ``_8b``: the 8B shape;
     ``_8boff``: both, round 1 profiled at bs 32 (the last batch size)."""
     calls = _run_plan(tmp_path, "fa3_off-r1 triton_8b-r1 fa3_8boff-r1 triton_8boff-r2")
-    seen = [(c["bundle"], _arg(c, "--sizes"), c["counters_off"], _arg(c, "--profile-batch") if "--profile-batch" in c["args"]
-             else None, _arg(c, "--variants") if "--variants" in c["args"] else None) for c in calls]
+    seen = [
+        (
+            c["bundle"],
+            _arg(c, "--sizes"),
+            c["counters_off"],
+            _arg(c, "--profile-batch") if "--profile-batch" in c["args"] else None,
+            _arg(c, "--variants") if "--variants" in c["args"] else None,
+        )
+        for c in calls
+    ]
     assert seen == [
-        ("b12", "small", "1", "8", "pristine,patched"), ("b17", "small", "1", "8", None),
-        ("b12", "8b", "", None, "patched"), ("b17", "8b", "", None, None),
-        ("b12", "8b", "1", "32", "patched"), ("b17", "8b", "1", "32", None),
-        ("b17", "8b", "1", None, None), ("b12", "8b", "1", None, "patched"),  # r2: 0.5.17 first
+        ("b12", "small", "1", "8", "pristine,patched"),
+        ("b17", "small", "1", "8", None),
+        ("b12", "8b", "", None, "patched"),
+        ("b17", "8b", "", None, None),
+        ("b12", "8b", "1", "32", "patched"),
+        ("b17", "8b", "1", "32", None),
+        ("b17", "8b", "1", None, None),
+        ("b12", "8b", "1", None, "patched"),  # r2: 0.5.17 first
     ]
     assert all(_arg(c, "--batch-sizes") == "1,8,32" for c in calls)

@@ -23,6 +23,7 @@ def _kwargs(tmp_path, **kw):
 
 # ------------------------------------------------------------------ server settings
 
+
 def test_piecewise_and_attention_backend_default_to_the_release(tmp_path):
     kw = _kwargs(tmp_path, attention_backend="default")
     assert "disable_piecewise_cuda_graph" not in kw and "enforce_piecewise_cuda_graph" not in kw
@@ -39,8 +40,16 @@ def test_piecewise_and_attention_backend_default_to_the_release(tmp_path):
 
 
 def test_orchestrator_key_names_the_non_default_settings():
-    base = dict(scenario="eagle3", deterministic=False, workloads="uniform", alternate=0, tp=1,
-                piecewise="default", draft="checkpoint", context_length=0)
+    base = dict(
+        scenario="eagle3",
+        deterministic=False,
+        workloads="uniform",
+        alternate=0,
+        tp=1,
+        piecewise="default",
+        draft="checkpoint",
+        context_length=0,
+    )
     ns = types.SimpleNamespace
     assert orchestrate._setting(ns(**base)) == ""
     assert orchestrate._setting(ns(**{**base, "piecewise": "off"})) == "pw-off/"
@@ -48,6 +57,7 @@ def test_orchestrator_key_names_the_non_default_settings():
 
 
 # ------------------------------------------------------------------ models and the draft
+
 
 def test_targets_have_llama31_context_and_the_draft_is_checkpoint_shaped(tmp_path):
     for size in models.SIZES:
@@ -76,9 +86,18 @@ def test_hot_token_ids_are_valid_distinct_target_ids():
         draft_checkpoint.hot_token_ids(8, 9)
 
 
-TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, vocab_size=512, draft_vocab_size=128, target_hidden_size=64,
-            architectures=["LlamaForCausalLMEagle3"])
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=512,
+    draft_vocab_size=128,
+    target_hidden_size=64,
+    architectures=["LlamaForCausalLMEagle3"],
+)
 
 
 def test_draft_checkpoint_loads_as_safetensors_with_a_valid_d2t(tmp_path):
@@ -119,7 +138,12 @@ def _load_weights_of(release: str):
     import textwrap
     from collections.abc import Iterable
 
-    namespace: dict = {"torch": __import__("torch"), "default_weight_loader": None, "Iterable": Iterable, "Tuple": tuple}
+    namespace: dict = {
+        "torch": __import__("torch"),
+        "default_weight_loader": None,
+        "Iterable": Iterable,
+        "Tuple": tuple,
+    }
     exec(textwrap.dedent(ast.get_source_segment(source, func)), namespace)
     return namespace["load_weights"]
 
@@ -141,8 +165,16 @@ def test_every_draft_parameter_is_loaded_from_the_checkpoint(release, tmp_path):
     weights = st.load_file(str(tmp_path / draft_checkpoint.WEIGHTS))
     layer = DRAFT_LAYER[release]
     shards = {layer + "self_attn.qkv_proj.weight": {"q", "k", "v"}, layer + "mlp.gate_up_proj.weight": {0, 1}}
-    names = [layer + n for n in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
-                                 "hidden_norm.weight", "post_attention_layernorm.weight")]
+    names = [
+        layer + n
+        for n in (
+            "self_attn.o_proj.weight",
+            "mlp.down_proj.weight",
+            "input_layernorm.weight",
+            "hidden_norm.weight",
+            "post_attention_layernorm.weight",
+        )
+    ]
     names += ["model.fc.weight", "model.norm.weight", "lm_head.weight", "model.embed_tokens.weight", *shards]
     got: dict = {}
 
@@ -161,16 +193,31 @@ def test_every_draft_parameter_is_loaded_from_the_checkpoint(release, tmp_path):
 
 # ------------------------------------------------------------------ read back from the engine
 
+
 def _scheduler(*, piecewise: bool, hot=True, v2=True):
     ns = types.SimpleNamespace
-    runner_ = ns(piecewise_cuda_graph_runner=ns() if piecewise else None, graph_runner=ns(),
-                 attn_backend=ns(), model_config=ns(context_len=131072))
-    inner = ns(cuda_graph_runner_for_draft_extend=ns(), draft_extend_attn_backend=ns(),
-               draft_runner=ns(piecewise_cuda_graph_runner=None),
-               hot_token_id=ns(shape=(32000,)) if hot else None)
-    return ns(server_args=ns(disable_piecewise_cuda_graph=not piecewise, attention_backend="fa3",
-                             load_format="auto", speculative_algorithm="EAGLE3"),
-              tp_worker=ns(model_runner=runner_), draft_worker=ns(_draft_worker=inner) if v2 else inner)
+    runner_ = ns(
+        piecewise_cuda_graph_runner=ns() if piecewise else None,
+        graph_runner=ns(),
+        attn_backend=ns(),
+        model_config=ns(context_len=131072),
+    )
+    inner = ns(
+        cuda_graph_runner_for_draft_extend=ns(),
+        draft_extend_attn_backend=ns(),
+        draft_runner=ns(piecewise_cuda_graph_runner=None),
+        hot_token_id=ns(shape=(32000,)) if hot else None,
+    )
+    return ns(
+        server_args=ns(
+            disable_piecewise_cuda_graph=not piecewise,
+            attention_backend="fa3",
+            load_format="auto",
+            speculative_algorithm="EAGLE3",
+        ),
+        tp_worker=ns(model_runner=runner_),
+        draft_worker=ns(_draft_worker=inner) if v2 else inner,
+    )
 
 
 def test_facts_of_a_scheduler_and_what_was_in_force():
@@ -181,10 +228,11 @@ def test_facts_of_a_scheduler_and_what_was_in_force():
     assert facts["draft_piecewise_runner"] is None
     v1 = engine_facts.facts_of_scheduler(_scheduler(piecewise=False, hot=False, v2=False))
     assert v1["piecewise_runner"] is None and v1["hot_token_id_shape"] is None
-    log = engine_facts.log_facts("x Capture piecewise CUDA graph begin. avail\n"
-                                 "Capture draft extend cuda graph begin. This can\nCapture cuda graph bs [1, 2]\n")
-    assert log == {"piecewise_capture": 1, "draft_extend_capture": 1, "cuda_graph_capture": 1,
-                   "draft_load_format": 0}
+    log = engine_facts.log_facts(
+        "x Capture piecewise CUDA graph begin. avail\n"
+        "Capture draft extend cuda graph begin. This can\nCapture cuda graph bs [1, 2]\n"
+    )
+    assert log == {"piecewise_capture": 1, "draft_extend_capture": 1, "cuda_graph_capture": 1, "draft_load_format": 0}
     run = {"draft": "checkpoint", "engine_facts": [dict(facts, tp_rank=0), dict(facts, tp_rank=1)], "engine_log": log}
     f = engine_facts.in_force(run)
     assert (f["piecewise"], f["attention_backend"], f["processes"]) == ("on", "fa3", 2)
@@ -226,10 +274,19 @@ def test_facts_are_noted_after_the_scheduler_starts():
 
 # ------------------------------------------------------------------ the new-site rule
 
+
 def _run(whole: dict, startup: dict | None, pfd: int) -> dict:
-    batch = {"batch_size": 8, "syncs": {f"cpu|{PFD}:174": pfd} if pfd else {}, "decode_steps": 100,
-             "tok_per_s": 100.0, "ms_per_token": 10.0, "accept_length": 1.0, "deterministic": (True),
-             "output_ids": [[1, 2]], "elapsed_s": [1.0]}
+    batch = {
+        "batch_size": 8,
+        "syncs": {f"cpu|{PFD}:174": pfd} if pfd else {},
+        "decode_steps": 100,
+        "tok_per_s": 100.0,
+        "ms_per_token": 10.0,
+        "accept_length": 1.0,
+        "deterministic": (True),
+        "output_ids": [[1, 2]],
+        "elapsed_s": [1.0],
+    }
     run = {"size": "small", "batches": [batch], "syncs_whole_run": whole}
     if startup is not None:
         run["syncs_startup"] = startup
@@ -243,7 +300,8 @@ def test_sites_seen_only_during_start_up_are_reported_not_failed():
     patched = _run({CAPTURE: 12}, {CAPTURE: 12}, 0)
     (row,) = report.compare("0.5.12.post1", PRISTINE, patched)
     assert row["new_sites_whole_run"] == [] and row["new_sites_startup"] == [
-        "item sglang/srt/speculative/eagle_draft_extend_cuda_graph_runner.py:capture_one"]
+        "item sglang/srt/speculative/eagle_draft_extend_cuda_graph_runner.py:capture_one"
+    ]
     assert report.verdict([row]) == []
     assert "start-up only" in orchestrate._startup_notes([row])[0]
 
@@ -255,17 +313,31 @@ def test_a_new_site_that_syncs_after_start_up_fails():
     assert any("whole run (after start-up)" in p and "capture_one" in p for p in report.verdict([row]))
     # recorded before the rule: no start-up table, every new site counts
     assert sites.new_sites({}, {CAPTURE: 1}, None) == (
-        ["item sglang/srt/speculative/eagle_draft_extend_cuda_graph_runner.py:capture_one"], [])
+        ["item sglang/srt/speculative/eagle_draft_extend_cuda_graph_runner.py:capture_one"],
+        [],
+    )
 
 
 def test_per_rank_rule_reads_each_ranks_start_up():
     def tp(whole_per_rank: dict, startup_per_rank: dict | None, pfd: int, decision=None) -> dict:
-        run = {"size": "small", "tp_size": 2,
-               "batches": [{"batch_size": 8, "tok_per_s": 1.0, "output_ids": [[1]],
-                            "ranks": [{"tp_rank": r, "decode_steps": 100,
-                                       "syncs": {f"cpu|{PFD}:174": pfd} if pfd else {}} for r in (0, 1)]}],
-               "ranks": [{"tp_rank": r, "needs_cpu_seq_lens": decision, "syncs_whole_run": whole_per_rank[r]}
-                         for r in (0, 1)]}
+        run = {
+            "size": "small",
+            "tp_size": 2,
+            "batches": [
+                {
+                    "batch_size": 8,
+                    "tok_per_s": 1.0,
+                    "output_ids": [[1]],
+                    "ranks": [
+                        {"tp_rank": r, "decode_steps": 100, "syncs": {f"cpu|{PFD}:174": pfd} if pfd else {}}
+                        for r in (0, 1)
+                    ],
+                }
+            ],
+            "ranks": [
+                {"tp_rank": r, "needs_cpu_seq_lens": decision, "syncs_whole_run": whole_per_rank[r]} for r in (0, 1)
+            ],
+        }
         if startup_per_rank is not None:
             run["ranks_startup"] = [{"tp_rank": r, "syncs_whole_run": startup_per_rank[r]} for r in (0, 1)]
         return run

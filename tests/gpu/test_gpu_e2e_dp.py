@@ -114,6 +114,7 @@ def test_the_probed_worker_is_what_each_release_runs_every_step(release):
 
 # ---------------------------------------------------------------- settings
 
+
 @pytest.mark.trees
 @pytest.mark.parametrize("release", wheels.RELEASES)
 def test_scale_settings_are_server_args_of_each_release(release, tmp_path):
@@ -122,39 +123,85 @@ def test_scale_settings_are_server_args_of_each_release(release, tmp_path):
     ap = __import__("argparse").ArgumentParser()
     dp.add_arguments(ap)
     args = ap.parse_args(["--dp", "4", "--dp-attention", "--tbo", "--moe-a2a-backend", "deepep"])
-    kwargs = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="default", cuda_graph_max_bs=8,
-                                  mem_fraction_static=0.6, scenario="mtp", tp_size=4, scale=dp.engine_kwargs(args))
-    assert {k: kwargs[k] for k in ("tp_size", "dp_size", "enable_dp_attention", "enable_two_batch_overlap",
-                                   "moe_a2a_backend")} == {"tp_size": 4, "dp_size": 4, "enable_dp_attention": True,
-                                                           "enable_two_batch_overlap": True, "moe_a2a_backend": "deepep"}
+    kwargs = runner.engine_kwargs(
+        tmp_path / "t",
+        tmp_path / "d",
+        attention_backend="default",
+        cuda_graph_max_bs=8,
+        mem_fraction_static=0.6,
+        scenario="mtp",
+        tp_size=4,
+        scale=dp.engine_kwargs(args),
+    )
+    assert {
+        k: kwargs[k]
+        for k in ("tp_size", "dp_size", "enable_dp_attention", "enable_two_batch_overlap", "moe_a2a_backend")
+    } == {
+        "tp_size": 4,
+        "dp_size": 4,
+        "enable_dp_attention": True,
+        "enable_two_batch_overlap": True,
+        "moe_a2a_backend": "deepep",
+    }
     assert not kwargs["enable_nccl_nvls"] and not kwargs["enable_torch_symm_mem"]  # multicast stays off
-    assert {"dp_size", "enable_dp_attention", "enable_two_batch_overlap", "moe_a2a_backend"} <= _server_args_fields(release)
+    assert {"dp_size", "enable_dp_attention", "enable_two_batch_overlap", "moe_a2a_backend"} <= _server_args_fields(
+        release
+    )
     # nothing asked, nothing passed: the release's own defaults
-    assert set(ranks.engine_kwargs(4)) == {"tp_size", "enable_nccl_nvls", "enable_symm_mem", "enable_torch_symm_mem",
-                                           "enforce_disable_flashinfer_allreduce_fusion"}
+    assert set(ranks.engine_kwargs(4)) == {
+        "tp_size",
+        "enable_nccl_nvls",
+        "enable_symm_mem",
+        "enable_torch_symm_mem",
+        "enforce_disable_flashinfer_allreduce_fusion",
+    }
     assert dp.forwarded(args) == ["--dp", "4", "--dp-attention", "--tbo", "--moe-a2a-backend", "deepep"]
     assert dp.setting_parts(args) == ["dp4", "dpa", "a2a-deepep", "tbo"]
 
 
 # ---------------------------------------------------------------- per-rank report
 
+
 def _rank(rank: int, busy: int, idle: int, prepare_syncs: int, waits: int = 0, armed: bool = True) -> dict:
     syncs = {f"cpu|{PFD}:174": prepare_syncs} if prepare_syncs else {}
     if waits:
         syncs["sync|sglang/srt/managers/scheduler.py:run_batch:3040"] = waits
-    return {"tp_rank": rank, "syncs": syncs, "decode_steps": busy,
-            "worker_steps": {"decode": busy, "extend": 0, "idle": idle}}
+    return {
+        "tp_rank": rank,
+        "syncs": syncs,
+        "decode_steps": busy,
+        "worker_steps": {"decode": busy, "extend": 0, "idle": idle},
+    }
 
 
 def _dp_run(per_rank: list[dict], decisions: dict, tok_s: float = 50.0) -> dict:
     return {
-        "size": "ds", "tp_size": 4, "dp_size": 4,
-        "batches": [{"batch_size": 1, "syncs": {}, "decode_steps": sum(r["decode_steps"] for r in per_rank),
-                     "tok_per_s": tok_s, "ms_per_token": 20.0, "accept_length": 1.0, "deterministic": True,
-                     "output_ids": [[1, 2, 3]], "ranks": per_rank, "sync_debug_armed": True}],
-        "ranks": [{"tp_rank": r["tp_rank"], "needs_cpu_seq_lens": decisions.get(r["tp_rank"]),
-                   "decisions": [decisions[r["tp_rank"]]] if r["tp_rank"] in decisions else [],
-                   "syncs_whole_run": {}} for r in per_rank],
+        "size": "ds",
+        "tp_size": 4,
+        "dp_size": 4,
+        "batches": [
+            {
+                "batch_size": 1,
+                "syncs": {},
+                "decode_steps": sum(r["decode_steps"] for r in per_rank),
+                "tok_per_s": tok_s,
+                "ms_per_token": 20.0,
+                "accept_length": 1.0,
+                "deterministic": True,
+                "output_ids": [[1, 2, 3]],
+                "ranks": per_rank,
+                "sync_debug_armed": True,
+            }
+        ],
+        "ranks": [
+            {
+                "tp_rank": r["tp_rank"],
+                "needs_cpu_seq_lens": decisions.get(r["tp_rank"]),
+                "decisions": [decisions[r["tp_rank"]]] if r["tp_rank"] in decisions else [],
+                "syncs_whole_run": {},
+            }
+            for r in per_rank
+        ],
     }
 
 
@@ -167,24 +214,46 @@ def test_idle_dp_ranks_are_judged_by_their_waits_per_step():
     patched = _dp_run([_rank(0, 128, 0, 0, waits=128)] + [_rank(r, 0, 128, 0, waits=128) for r in (1, 2, 3)], FALSE4)
     rows = rank_report.compare("0.5.12.post1", PRISTINE_BS1, patched)
     assert [(r["tp_rank"], r["prepare_per_step"], r["waits_per_step"]) for r in rows] == [
-        (0, (1.0, 0.0), (2.0, 1.0)), (1, (None, None), (1.0, 1.0)), (2, (None, None), (1.0, 1.0)),
-        (3, (None, None), (1.0, 1.0))]
+        (0, (1.0, 0.0), (2.0, 1.0)),
+        (1, (None, None), (1.0, 1.0)),
+        (2, (None, None), (1.0, 1.0)),
+        (3, (None, None), (1.0, 1.0)),
+    ]
     assert rank_report.verdict(rows, tp=4) == []
     md = rank_report.markdown(rows)
-    assert ("| 0.5.12.post1 | ds | 4 | 4 | 1 | 0 | False | 1.00 → 0.00 | 2.00 → 1.00 | 1.00 → 0.00 "
-            "| 128 / 0 → 128 / 0 | none | 50.0 → 50.0 | yes |") in md
-    assert "| 0.5.12.post1 | ds | 4 | 4 | 1 | 3 | False | n/a → n/a | 1.00 → 1.00 | 0.00 → 0.00 | 0 / 128 → 0 / 128 |" in md
+    assert (
+        "| 0.5.12.post1 | ds | 4 | 4 | 1 | 0 | False | 1.00 → 0.00 | 2.00 → 1.00 | 1.00 → 0.00 "
+        "| 128 / 0 → 128 / 0 | none | 50.0 → 50.0 | yes |"
+    ) in md
+    assert (
+        "| 0.5.12.post1 | ds | 4 | 4 | 1 | 3 | False | n/a → n/a | 1.00 → 1.00 | 0.00 → 0.00 | 0 / 128 → 0 / 128 |"
+        in md
+    )
 
 
 def test_an_idle_rank_waiting_more_or_idle_in_one_variant_only_fails():
     # rank 2 idle in both, but the patched one waits twice a step: a new hazard on idle ranks
-    patched = _dp_run([_rank(0, 128, 0, 0, waits=128), _rank(1, 0, 128, 0, waits=128),
-                       _rank(2, 0, 128, 0, waits=256), _rank(3, 0, 128, 0, waits=128)], FALSE4)
+    patched = _dp_run(
+        [
+            _rank(0, 128, 0, 0, waits=128),
+            _rank(1, 0, 128, 0, waits=128),
+            _rank(2, 0, 128, 0, waits=256),
+            _rank(3, 0, 128, 0, waits=128),
+        ],
+        FALSE4,
+    )
     problems = rank_report.verdict(rank_report.compare("0.5.12.post1", PRISTINE_BS1, patched), tp=4)
     assert problems == ["0.5.12.post1 ds bs=1 rank 2: patched has more host waits per step than pristine (1.00 → 2.00)"]
     # the request landed on rank 1 in the patched engine: rank 0 and 1 are no longer comparable
-    patched = _dp_run([_rank(0, 0, 128, 0, waits=128), _rank(1, 128, 0, 0, waits=128),
-                       _rank(2, 0, 128, 0, waits=128), _rank(3, 0, 128, 0, waits=128)], FALSE4)
+    patched = _dp_run(
+        [
+            _rank(0, 0, 128, 0, waits=128),
+            _rank(1, 128, 0, 0, waits=128),
+            _rank(2, 0, 128, 0, waits=128),
+            _rank(3, 0, 128, 0, waits=128),
+        ],
+        FALSE4,
+    )
     problems = rank_report.verdict(rank_report.compare("0.5.12.post1", PRISTINE_BS1, patched), tp=4)
     assert "0.5.12.post1 ds bs=1 rank 0: patched has n/a prepare_for_decode syncs/step (expected 0)" in problems
     assert "0.5.12.post1 ds bs=1 rank 1: pristine has n/a prepare_for_decode syncs/step (expected 1)" in problems
@@ -204,8 +273,11 @@ NameError: name 'Buffer' is not defined
 
 def test_the_failure_line_is_read_back_from_the_engine_log():
     assert engine_facts.failure_line(TRACEBACK) == "NameError: name 'Buffer' is not defined"
-    caught = "[2026-11-27 02:10:00] Load weight begin.\n" + engine_facts.FAILURE_PREFIX + \
-        "ValueError: When enabling two batch overlap, ...\n"
+    caught = (
+        "[2026-11-27 02:10:00] Load weight begin.\n"
+        + engine_facts.FAILURE_PREFIX
+        + "ValueError: When enabling two batch overlap, ...\n"
+    )
     assert engine_facts.failure_line(caught) == "ValueError: When enabling two batch overlap, ..."
     assert engine_facts.failure_line("[runner] engine up in 80.1 s\n") is None
 
@@ -233,14 +305,21 @@ is -9 (SIGKILL), a common cause is the OS OOM killer.
 def test_the_scheduler_s_own_exception_comes_before_the_runner_s_wrapper():
     """dp-tbo on 4 H200s said only "scheduler died during initialization"; the cause is
     the first scheduler traceback's exception line."""
-    assert engine_facts.failure_line(SCHEDULER_DIED) == "ImportError: DeepEP is not installed. Please install DeepEP package."
+    assert (
+        engine_facts.failure_line(SCHEDULER_DIED)
+        == "ImportError: DeepEP is not installed. Please install DeepEP package."
+    )
     # a traceback cut short (no exception line before the next log line) leaves the runner's line
-    cut = SCHEDULER_DIED.split("ImportError")[0] + "[2026-11-27 02:16:49] Received sigquit.\n" + \
-        SCHEDULER_DIED.split("\n\n")[-1]
+    cut = (
+        SCHEDULER_DIED.split("ImportError")[0]
+        + "[2026-11-27 02:16:49] Received sigquit.\n"
+        + SCHEDULER_DIED.split("\n\n")[-1]
+    )
     assert engine_facts.failure_line(cut).startswith("RuntimeError: Rank 0 scheduler died during initialization")
 
 
 # ---------------------------------------------------------------- end to end, stand-in engine
+
 
 def _orchestrate(tmp_path, monkeypatch, *extra: str) -> tuple[int, dict, Path]:
     from gpu_e2e import orchestrate
@@ -248,9 +327,27 @@ def _orchestrate(tmp_path, monkeypatch, *extra: str) -> tuple[int, dict, Path]:
     monkeypatch.setattr(ranks, "gpus_visible", lambda: 4)
     monkeypatch.delenv("PK_FAKE_RANK1", raising=False)
     out = tmp_path / "out"
-    rc = orchestrate.main(["--bundle", str(_fake_bundle(tmp_path)), "--out", str(out), "--work", str(tmp_path / "work"),
-                           "--sizes", "small", "--runs", "2", "--max-new-tokens", "8", "--tp", "4",
-                           "--run-timeout", "240", *extra])
+    rc = orchestrate.main(
+        [
+            "--bundle",
+            str(_fake_bundle(tmp_path)),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--sizes",
+            "small",
+            "--runs",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--tp",
+            "4",
+            "--run-timeout",
+            "240",
+            *extra,
+        ]
+    )
     return rc, json.loads((out / "results.json").read_text()), out
 
 
@@ -287,12 +384,17 @@ def test_a_refused_or_failing_engine_is_one_line_not_a_crash(tmp_path, monkeypat
     if wrapped:
         monkeypatch.setenv("PK_FAKE_SCHEDULER_DIES", "1")
     extra = ["--moe-a2a-backend", a2a] if a2a else []
-    rc, results, out = _orchestrate(tmp_path, monkeypatch, "--batch-sizes", "1", "--dp", "4", "--dp-attention",
-                                    "--tbo", *extra)
+    rc, results, out = _orchestrate(
+        tmp_path, monkeypatch, "--batch-sizes", "1", "--dp", "4", "--dp-attention", "--tbo", *extra
+    )
     assert rc == 1
-    why = ("ImportError: DeepEP is not installed." if wrapped
-           else "ModuleNotFoundError: No module named 'deep_ep'" if a2a
-           else "ValueError: When enabling two batch overlap, moe_a2a_backend cannot be 'none'.")
+    why = (
+        "ImportError: DeepEP is not installed."
+        if wrapped
+        else "ModuleNotFoundError: No module named 'deep_ep'"
+        if a2a
+        else "ValueError: When enabling two batch overlap, moe_a2a_backend cannot be 'none'."
+    )
     setting = "tp4-dp4-dpa-a2a-deepep-tbo" if a2a else "tp4-dp4-dpa-tbo"
     for variant in ("pristine", "patched"):
         key = f"9.9/small/triton/{setting}/{variant}"

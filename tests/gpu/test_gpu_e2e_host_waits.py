@@ -21,13 +21,17 @@ SCHED = "sglang/srt/managers/scheduler.py:process_batch_result_decode"
 
 # ------------------------------------------------------------- the decisions
 
-@pytest.mark.parametrize("pinned,dense,same_dtype,reason", [
-    (True, True, True, None),  # pinned, dense, no conversion: the DMA engine reads it directly
-    (False, True, True, "unpinned"),
-    (True, False, True, "non-dense"),  # torch makes a contiguous (pageable) copy first
-    (True, True, False, "converted"),  # torch converts on the host into a pageable tensor
-    (False, False, False, "non-dense"),
-])
+
+@pytest.mark.parametrize(
+    "pinned,dense,same_dtype,reason",
+    [
+        (True, True, True, None),  # pinned, dense, no conversion: the DMA engine reads it directly
+        (False, True, True, "unpinned"),
+        (True, False, True, "non-dense"),  # torch makes a contiguous (pageable) copy first
+        (True, True, False, "converted"),  # torch converts on the host into a pageable tensor
+        (False, False, False, "non-dense"),
+    ],
+)
 def test_staging_reason(pinned, dense, same_dtype, reason):
     assert host_waits.staging_reason(pinned=pinned, dense=dense, same_dtype=same_dtype) == reason
 
@@ -47,8 +51,11 @@ def test_blocking_count_takes_torch_warnings_and_the_silent_pageable_copies():
 
 
 def test_is_sync_warning():
-    assert host_waits.is_sync_warning(UserWarning(
-        "called a synchronizing CUDA operation (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:184.)"))
+    assert host_waits.is_sync_warning(
+        UserWarning(
+            "called a synchronizing CUDA operation (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:184.)"
+        )
+    )
     assert not host_waits.is_sync_warning("Synchronization debug mode is a prototype feature")
 
 
@@ -57,8 +64,11 @@ def test_to_target_reads_every_form_of_tensor_to():
     t = torch.zeros(2)
     assert host_waits.to_target(("cuda",), {}, torch) == ("cuda", None, False)
     assert host_waits.to_target((), {"device": "cuda:1", "non_blocking": True}, torch) == ("cuda", None, True)
-    assert host_waits.to_target((torch.device("cuda"), torch.int64, True, False), {}, torch) == \
-        ("cuda", torch.int64, True)
+    assert host_waits.to_target((torch.device("cuda"), torch.int64, True, False), {}, torch) == (
+        "cuda",
+        torch.int64,
+        True,
+    )
     assert host_waits.to_target((torch.float16, False, True), {}, torch) == (None, torch.float16, False)
     assert host_waits.to_target((t, True), {}, torch) == ("cpu", torch.float32, True)
     assert host_waits.to_target((0,), {}, torch) == ("cuda", None, False)
@@ -66,7 +76,7 @@ def test_to_target_reads_every_form_of_tensor_to():
 
 # --------------------------------------------- in a fresh interpreter, on CPU
 
-PROBE = '''
+PROBE = """
 import warnings
 import torch
 
@@ -93,9 +103,9 @@ def copies():
 
 def other_warning():
     warnings.warn("something else")
-'''
+"""
 
-RUN = '''
+RUN = """
 import json, sys
 sys.path[:0] = [{root!r}, {tree!r}]
 from gpu_e2e import syncs
@@ -107,7 +117,7 @@ for _ in range(3):
 probe.under_library_filters()
 probe.copies()
 syncs.flush(True)
-'''
+"""
 
 
 def _line(text: str, needle: str) -> int:
@@ -149,35 +159,58 @@ def test_warnings_and_copies_become_counts_at_the_sglang_site(tmp_path):
 
 # ------------------------------------------------------------------- workload
 
+
 def test_penalized_workload_asks_for_the_penalizers():
     reqs = workloads.build("penalized", 4, input_len=32, max_new_tokens=256, vocab=1000, seed=8)
     same = workloads.build("uniform", 4, input_len=32, max_new_tokens=256, vocab=1000, seed=8)
     assert [r.input_ids for r in reqs] == [r.input_ids for r in same]
-    assert workloads.params(reqs[0]) == {"temperature": 0.0, "max_new_tokens": 256, "ignore_eos": True,
-                                         "frequency_penalty": workloads.PENALTY,
-                                         "presence_penalty": workloads.PENALTY}
+    assert workloads.params(reqs[0]) == {
+        "temperature": 0.0,
+        "max_new_tokens": 256,
+        "ignore_eos": True,
+        "frequency_penalty": workloads.PENALTY,
+        "presence_penalty": workloads.PENALTY,
+    }
     assert workloads.params(same[0]) == {"temperature": 0.0, "max_new_tokens": 256, "ignore_eos": True}
 
 
 # --------------------------------------------------------------------- report
 
+
 def _batch(syncs, steps=100, armed=True, ids=((1, 2),)):
-    return {"batch_size": 8, "workload": "penalized", "syncs": syncs, "decode_steps": steps,
-            "output_ids": [list(x) for x in ids], "tok_per_s": 100.0, "ms_per_token": 1.0,
-            "accept_length": 1.0, "deterministic": True, "sync_debug_armed": armed}
+    return {
+        "batch_size": 8,
+        "workload": "penalized",
+        "syncs": syncs,
+        "decode_steps": steps,
+        "output_ids": [list(x) for x in ids],
+        "tok_per_s": 100.0,
+        "ms_per_token": 1.0,
+        "accept_length": 1.0,
+        "deterministic": True,
+        "sync_debug_armed": armed,
+    }
 
 
 PRISTINE = {
-    f"sync|{PFD}:167": 100, f"sync|{PFD}:168": 100, f"sync|{PFD}:174": 100, f"h2d|{PFD}:167": 100,
-    f"cpu|{PFD}:174": 100, f"wait|{SCHED}:10": 100, "call|x.prepare_for_decode": 100,
+    f"sync|{PFD}:167": 100,
+    f"sync|{PFD}:168": 100,
+    f"sync|{PFD}:174": 100,
+    f"h2d|{PFD}:167": 100,
+    f"cpu|{PFD}:174": 100,
+    f"wait|{SCHED}:10": 100,
+    "call|x.prepare_for_decode": 100,
 }
-PATCHED = {f"sync|{PFD}:168": 100, f"sync|{PFD}:169": 100, f"wait|{SCHED}:10": 100,
-           "call|x.prepare_for_decode": 100}
+PATCHED = {f"sync|{PFD}:168": 100, f"sync|{PFD}:169": 100, f"wait|{SCHED}:10": 100, "call|x.prepare_for_decode": 100}
 
 
 def _run(batch, whole=None, startup=None):
-    return {"size": "small", "batches": [batch], "syncs_whole_run": whole or batch["syncs"],
-            "syncs_startup": startup or {}}
+    return {
+        "size": "small",
+        "batches": [batch],
+        "syncs_whole_run": whole or batch["syncs"],
+        "syncs_startup": startup or {},
+    }
 
 
 def test_sites_group_lines_by_function_and_count_host_waits():
@@ -201,12 +234,17 @@ def test_compare_lists_sites_in_both_with_their_counts_and_keeps_the_wrapper_bes
 
 
 def test_a_site_only_patched_waits_at_fails_and_so_does_waiting_more():
-    extra = {**PATCHED, "sync|sglang/srt/layers/attention/triton_backend.py:init_forward_metadata:90": 100,
-             f"sync|{PFD}:170": 200}
+    extra = {
+        **PATCHED,
+        "sync|sglang/srt/layers/attention/triton_backend.py:init_forward_metadata:90": 100,
+        f"sync|{PFD}:170": 200,
+    }
     (row,) = report.compare("0.5.12.post1", _run(_batch(PRISTINE)), _run(_batch(extra)))
     problems = wait_report.problems([row])
-    assert any("pristine never waits at: sglang/srt/layers/attention/triton_backend.py:init_forward_metadata" in p
-               for p in problems)
+    assert any(
+        "pristine never waits at: sglang/srt/layers/attention/triton_backend.py:init_forward_metadata" in p
+        for p in problems
+    )
     assert any("more host waits per step than pristine at: " + PFD in p for p in problems)
     assert "**new**" in wait_report.markdown([row])
 
@@ -222,7 +260,8 @@ def test_a_new_site_seen_only_at_start_up_is_a_note_not_a_failure():
     (row,) = report.compare("0.5.12.post1", _run(_batch(PRISTINE)), after)
     assert wait_report.problems([row]) == [
         "0.5.12.post1 small: host waits after start-up at a site pristine never waits at: "
-        "sglang/srt/model_executor/graph.py:capture"]
+        "sglang/srt/model_executor/graph.py:capture"
+    ]
 
 
 def test_runs_before_issue_53_have_no_torch_count():

@@ -21,6 +21,7 @@ FILTER = "sglang/srt/managers/schedule_batch.py:filter_batch"
 
 # ---------------------------------------------------------------- workloads
 
+
 def test_mixed_workload_mixes_lengths_and_arrivals_reproducibly():
     reqs = workloads.mixed(32, vocab=1000, seed=8)
     assert reqs == workloads.mixed(32, vocab=1000, seed=8)
@@ -65,6 +66,7 @@ def test_generate_sends_all_at_once_or_staggered():
 
 # ---------------------------------------------------------------- the switch
 
+
 def test_abba_puts_each_arm_first_as_often_as_second():
     order = mirror_control.abba(20)
     assert len(order) == 40 and order[:4] == ["kept", "dropped", "dropped", "kept"]
@@ -105,6 +107,7 @@ def test_switch_reaches_the_runtime_module_of_the_process(tmp_path, monkeypatch)
 
 # ---------------------------------------------------------------- statistics
 
+
 def test_paired_interval_on_recorded_like_samples():
     mean, lo, hi = mirror_control.paired_interval([1.0, 2.0, 3.0, 4.0])
     assert mean == 2.5
@@ -129,9 +132,17 @@ def _calls(kept_s: float, dropped_s: float, pairs: int = 20, noise: float = 0.00
     calls = []
     for i, arm in enumerate(mirror_control.abba(pairs)):
         jitter = noise * ((i * 7919) % 11 - 5) / 5
-        calls.append({"arm": arm, "elapsed_s": (kept_s if arm == "kept" else dropped_s) + jitter,
-                      "decode_steps": 100, "prepare_syncs": 100 if arm == "kept" else 0,
-                      "syncs": 100 if arm == "kept" else 0, "accept_length": 1.0, "same_output": True})
+        calls.append(
+            {
+                "arm": arm,
+                "elapsed_s": (kept_s if arm == "kept" else dropped_s) + jitter,
+                "decode_steps": 100,
+                "prepare_syncs": 100 if arm == "kept" else 0,
+                "syncs": 100 if arm == "kept" else 0,
+                "accept_length": 1.0,
+                "same_output": True,
+            }
+        )
     return calls
 
 
@@ -159,22 +170,36 @@ def test_summary_of_alternated_calls():
 
 # ---------------------------------------------------------------- tables
 
+
 def _run(size, batches, scenario="eagle3", deterministic=False):
     return {"size": size, "scenario": scenario, "deterministic": deterministic, "batches": batches}
 
 
 def _batch(bs, syncs, steps, workload="uniform", out=None, accept=1.0):
-    return {"batch_size": bs, "workload": workload, "syncs": syncs, "decode_steps": steps,
-            "tok_per_s": 100.0, "ms_per_token": 1.0, "accept_length": accept, "deterministic": True,
-            "output_ids": out or [[1, 2]], "elapsed_s": [1.0]}
+    return {
+        "batch_size": bs,
+        "workload": workload,
+        "syncs": syncs,
+        "decode_steps": steps,
+        "tok_per_s": 100.0,
+        "ms_per_token": 1.0,
+        "accept_length": accept,
+        "deterministic": True,
+        "output_ids": out or [[1, 2]],
+        "elapsed_s": [1.0],
+    }
 
 
 def test_traffic_table_side_by_side_and_the_gap_it_finds():
     pristine = _run("small", [_batch(32, {f"cpu|{PFD}:180": 500, f"item|{FILTER}:1900": 29}, 500, "mixed")])
     patched = _run("small", [_batch(32, {f"item|{FILTER}:1911": 29}, 500, "mixed")])
     upstream = _run("small", [_batch(32, {}, 500, "mixed")])
-    res12 = {"runs": {"0.5.12.post1/small/triton/mixed/pristine": pristine,
-                      "0.5.12.post1/small/triton/mixed/patched": patched}}
+    res12 = {
+        "runs": {
+            "0.5.12.post1/small/triton/mixed/pristine": pristine,
+            "0.5.12.post1/small/triton/mixed/patched": patched,
+        }
+    }
     res13 = {"runs": {"0.5.13/small/triton/mixed/upstream": upstream}}
     (row,) = issue23_report.traffic_rows([res12, res13])
     assert row["variants"]["pristine"]["per_step"] == {f"cpu {PFD}": 1.0, f"item {FILTER}": 0.058}
@@ -183,14 +208,17 @@ def test_traffic_table_side_by_side_and_the_gap_it_finds():
     assert "upstream 0.5.13 (500 steps)" in md and f"| `item {FILTER}` | 0.058 | 0.058 | – |" in md
     assert "patched only: item" in md
     assert issue23_report.issue23_problems([res12, res13]) == [
-        f"mixed small bs=32: patched syncs where upstream does not: item {FILTER}"]
+        f"mixed small bs=32: patched syncs where upstream does not: item {FILTER}"
+    ]
     patched["batches"][0]["syncs"] = {}
     assert issue23_report.issue23_problems([res12, res13]) == []
     # the same wait in a file upstream moved it to is no gap
-    patched["batches"][0]["syncs"] = {"wait|sglang/srt/managers/scheduler_output_processor_mixin.py:"
-                                      "process_batch_result_decode:474": 500}
-    upstream["batches"][0]["syncs"] = {"wait|sglang/srt/managers/scheduler_components/batch_result_processor.py:"
-                                       "process_batch_result_decode:380": 500}
+    patched["batches"][0]["syncs"] = {
+        "wait|sglang/srt/managers/scheduler_output_processor_mixin.py:process_batch_result_decode:474": 500
+    }
+    upstream["batches"][0]["syncs"] = {
+        "wait|sglang/srt/managers/scheduler_components/batch_result_processor.py:process_batch_result_decode:380": 500
+    }
     assert issue23_report.issue23_problems([res12, res13]) == []
     assert "same sites" in issue23_report.traffic_markdown(issue23_report.traffic_rows([res12, res13]))
 
@@ -200,13 +228,15 @@ def test_accepted_rows_and_cost_table():
     q = _run("small", [_batch(8, {}, 60, accept=4.0)], scenario="standalone")
     rows = report.compare("0.5.12.post1", p, q)
     assert rows[0]["scenario"] == "standalone" and "small standalone" in report.markdown(rows)
-    res = {"runs": {"0.5.12.post1/small/triton/standalone/pristine": p,
-                    "0.5.12.post1/small/triton/standalone/patched": q}}
+    res = {
+        "runs": {"0.5.12.post1/small/triton/standalone/pristine": p, "0.5.12.post1/small/triton/standalone/patched": q}
+    }
     assert issue23_report.accepted_rows([res]) == rows
     md = issue23_report.accepted_markdown(issue23_report.accepted_rows([res]))
     assert "| 0.5.12.post1 | small | standalone uniform | 8 | 4.00 / 4.00 | 1.00 → 0.00 |" in md
-    alt = _run("8b", [{"batch_size": 1, "workload": "uniform",
-                       "summary": mirror_control.summary_of_calls(_calls(1.03, 1.0))}])
+    alt = _run(
+        "8b", [{"batch_size": 1, "workload": "uniform", "summary": mirror_control.summary_of_calls(_calls(1.03, 1.0))}]
+    )
     res2 = {"runs": {"0.5.12.post1/8b/triton/alt20/patched": alt}}
     (cost,) = issue23_report.cost_rows([res2])
     assert cost["size"] == "8b" and cost["pairs"] == 20
@@ -214,7 +244,9 @@ def test_accepted_rows_and_cost_table():
     assert issue23_report.issue23_problems([res2]) == []
     assert issue23_report.issue23_problems([res]) == []
     q["batches"][0]["output_ids"] = [[1, 3]]
-    assert issue23_report.issue23_problems([res]) == ["0.5.12.post1 small bs=8: outputs differ (request 0, token 1: 2 vs 3)"]
+    assert issue23_report.issue23_problems([res]) == [
+        "0.5.12.post1 small bs=8: outputs differ (request 0, token 1: 2 vs 3)"
+    ]
     tables = issue23_report.issue23_tables([res, res2])
     assert "### Accepted runs" in tables and "### The sync's cost in one process" in tables
 
@@ -231,13 +263,21 @@ def test_orchestrator_key_names_only_what_differs():
 def test_runner_engine_kwargs_for_the_accepted_scenario(tmp_path):
     from gpu_e2e import runner
 
-    kw = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="triton", cuda_graph_max_bs=8,
-                              mem_fraction_static=0.25, scenario="standalone", deterministic=True)
+    kw = runner.engine_kwargs(
+        tmp_path / "t",
+        tmp_path / "d",
+        attention_backend="triton",
+        cuda_graph_max_bs=8,
+        mem_fraction_static=0.25,
+        scenario="standalone",
+        deterministic=True,
+    )
     assert kw["speculative_algorithm"] == "STANDALONE"
     assert kw["speculative_draft_model_path"] == str(tmp_path / "t")  # the target is its own draft
     assert kw["enable_deterministic_inference"] is True
-    kw = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="triton", cuda_graph_max_bs=8,
-                              mem_fraction_static=0.6)
+    kw = runner.engine_kwargs(
+        tmp_path / "t", tmp_path / "d", attention_backend="triton", cuda_graph_max_bs=8, mem_fraction_static=0.6
+    )
     assert kw["speculative_algorithm"] == "EAGLE3" and kw["speculative_draft_model_path"] == str(tmp_path / "d")
     assert "enable_deterministic_inference" not in kw
 
@@ -258,12 +298,16 @@ def test_host_waits_on_the_device_are_counted_by_site(monkeypatch):
         def synchronize(self):
             return "done"
 
-    cuda = types.SimpleNamespace(Event=Event, Stream=type("Stream", (), {"synchronize": lambda self: None}),
-                                 synchronize=lambda: None)
+    cuda = types.SimpleNamespace(
+        Event=Event, Stream=type("Stream", (), {"synchronize": lambda self: None}), synchronize=lambda: None
+    )
     monkeypatch.setattr(syncs, "_counts", syncs.Counter())
     syncs._wrap_waits(types.SimpleNamespace(cuda=cuda))
-    code = compile("def maybe_wait_verify_done(e):\n    return e.synchronize()\n",
-                   "/x/sglang/srt/managers/schedule_batch.py", "exec")
+    code = compile(
+        "def maybe_wait_verify_done(e):\n    return e.synchronize()\n",
+        "/x/sglang/srt/managers/schedule_batch.py",
+        "exec",
+    )
     ns: dict = {}
     exec(code, ns)
     assert ns["maybe_wait_verify_done"](Event()) == "done"
@@ -280,5 +324,10 @@ def test_accept_probe_tells_a_request_bound_acceptance_from_a_batch_size_one():
     assert [r["prompt"] for r in same["rows"]] == ["P1[0]", "P32[0]", "P32[1]"]
     moved = accept_probe.summarise(alone, {**alone, "P1[0]": (4.0, [5, 6])})
     assert not moved["request_bound"]
-    assert moved["rows"][0] == {"prompt": "P1[0]", "alone": 1.01, "batched": 4.0,
-                                "same_output": True, "same_accept": False}
+    assert moved["rows"][0] == {
+        "prompt": "P1[0]",
+        "alone": 1.01,
+        "batched": 4.0,
+        "same_output": True,
+        "same_accept": False,
+    }

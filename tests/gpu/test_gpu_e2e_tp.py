@@ -89,8 +89,10 @@ def _tree(root: Path, mode: str | None) -> Path:
     if mode is None:
         lines = dict(import_line="", decide_line="pass")
     else:
-        lines = dict(import_line="from sglang.srt._patchkit.runtime import configure_needs_cpu_seq_lens",
-                     decide_line="decide(server_args)")
+        lines = dict(
+            import_line="from sglang.srt._patchkit.runtime import configure_needs_cpu_seq_lens",
+            decide_line="decide(server_args)",
+        )
         for rel, data in _runtime_files(mode).items():
             (root / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / "sglang" / rel).write_bytes(data)
@@ -113,14 +115,27 @@ def test_each_scheduler_process_notes_its_rank_and_decision(tmp_path):
     pytest.importorskip("torch")
     sync_dir = tmp_path / "syncs"
     trees = {mode: _tree(tmp_path / (mode or "pristine"), mode) for mode in ("vendored", "package", None)}
-    jobs = [("vendored", 0, "positional"), ("vendored", 1, "keywords"), ("package", 2, "positional"),
-            (None, 3, "positional"), ("vendored", 9, "none")]
+    jobs = [
+        ("vendored", 0, "positional"),
+        ("vendored", 1, "keywords"),
+        ("package", 2, "positional"),
+        (None, 3, "positional"),
+        ("vendored", 9, "none"),
+    ]
     procs = []
     for mode, rank, how in jobs:
-        env = dict(os.environ, PK_E2E_SYNC_DIR=str(sync_dir),
-                   PYTHONPATH=os.pathsep.join([str(trees[mode]), str(repo_root())]))
-        procs.append(subprocess.Popen([sys.executable, "-c", _CHILD, str(rank), how], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ, PK_E2E_SYNC_DIR=str(sync_dir), PYTHONPATH=os.pathsep.join([str(trees[mode]), str(repo_root())])
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _CHILD, str(rank), how],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     flags = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)
@@ -161,6 +176,7 @@ def test_the_scheduler_of_each_release_names_its_rank_as_the_hook_reads_it(relea
 
 # ---------------------------------------------------------------- reading side
 
+
 def _dump(pid: int, counts: dict, rank: int | None = None, decisions=()) -> dict:
     notes = {}
     if rank is not None:
@@ -175,12 +191,18 @@ def test_ranks_from_recorded_process_files(tmp_path):
     scheduler per rank): per rank, the timed syncs and decode steps between two
     reads, and over the whole run the decision and every sync site."""
     start = "item|sglang/srt/mem_cache/memory_pool.py:_init_kv_copy_and_warmup:80"
-    before = [_dump(10, {"cpu|<other>:x.py:f:1": 3}), _dump(11, {}),
-              _dump(12, {start: 1, f"cpu|{PFD}:174": 4, PFD_CALL: 4}, 0, [False]),
-              _dump(13, {start: 1, f"cpu|{PFD}:174": 4, PFD_CALL: 4}, 1, [False])]
-    after = [_dump(10, {"cpu|<other>:x.py:f:1": 9}), _dump(11, {}),
-             _dump(12, {start: 1, f"cpu|{PFD}:174": 14, PFD_CALL: 14}, 0, [False]),
-             _dump(13, {start: 1, f"cpu|{PFD}:174": 4, PFD_CALL: 14}, 1, [False])]
+    before = [
+        _dump(10, {"cpu|<other>:x.py:f:1": 3}),
+        _dump(11, {}),
+        _dump(12, {start: 1, f"cpu|{PFD}:174": 4, PFD_CALL: 4}, 0, [False]),
+        _dump(13, {start: 1, f"cpu|{PFD}:174": 4, PFD_CALL: 4}, 1, [False]),
+    ]
+    after = [
+        _dump(10, {"cpu|<other>:x.py:f:1": 9}),
+        _dump(11, {}),
+        _dump(12, {start: 1, f"cpu|{PFD}:174": 14, PFD_CALL: 14}, 0, [False]),
+        _dump(13, {start: 1, f"cpu|{PFD}:174": 4, PFD_CALL: 14}, 1, [False]),
+    ]
     sync_dir = tmp_path / "syncs"
     sync_dir.mkdir()
     for d in after:
@@ -204,20 +226,41 @@ def test_ranks_from_recorded_process_files(tmp_path):
 
 # ---------------------------------------------------------------- report
 
-def _run(per_rank_steps: dict, pfd_per_rank: dict, decisions: dict, ids=((5, 6, 7),), tok_s=100.0,
-         whole: dict | None = None) -> dict:
+
+def _run(
+    per_rank_steps: dict, pfd_per_rank: dict, decisions: dict, ids=((5, 6, 7),), tok_s=100.0, whole: dict | None = None
+) -> dict:
     """A runner result of a TP run with one batch size."""
-    ranks_batch = [{"tp_rank": r, "decode_steps": s, "syncs": {f"cpu|{PFD}:174": pfd_per_rank[r]} if pfd_per_rank[r] else {}}
-                   for r, s in per_rank_steps.items()]
+    ranks_batch = [
+        {"tp_rank": r, "decode_steps": s, "syncs": {f"cpu|{PFD}:174": pfd_per_rank[r]} if pfd_per_rank[r] else {}}
+        for r, s in per_rank_steps.items()
+    ]
     total = sum(per_rank_steps.values())
     return {
-        "size": "small", "tp_size": len(per_rank_steps),
-        "batches": [{"batch_size": 1, "syncs": {f"cpu|{PFD}:174": sum(pfd_per_rank.values())},
-                     "decode_steps": total, "tok_per_s": tok_s, "ms_per_token": 1000 / tok_s,
-                     "accept_length": 1.0, "deterministic": True, "output_ids": [list(x) for x in ids],
-                     "ranks": ranks_batch}],
-        "ranks": [{"tp_rank": r, "needs_cpu_seq_lens": decisions.get(r), "decisions": [] if decisions.get(r) is None else [decisions[r]],
-                   "syncs_whole_run": (whole or {}).get(r, {})} for r in per_rank_steps],
+        "size": "small",
+        "tp_size": len(per_rank_steps),
+        "batches": [
+            {
+                "batch_size": 1,
+                "syncs": {f"cpu|{PFD}:174": sum(pfd_per_rank.values())},
+                "decode_steps": total,
+                "tok_per_s": tok_s,
+                "ms_per_token": 1000 / tok_s,
+                "accept_length": 1.0,
+                "deterministic": True,
+                "output_ids": [list(x) for x in ids],
+                "ranks": ranks_batch,
+            }
+        ],
+        "ranks": [
+            {
+                "tp_rank": r,
+                "needs_cpu_seq_lens": decisions.get(r),
+                "decisions": [] if decisions.get(r) is None else [decisions[r]],
+                "syncs_whole_run": (whole or {}).get(r, {}),
+            }
+            for r in per_rank_steps
+        ],
     }
 
 
@@ -228,11 +271,15 @@ def test_ranks_agree_and_the_sync_is_gone_on_every_rank():
     patched = _run({0: 1280, 1: 1280}, {0: 0, 1: 0}, {0: False, 1: False}, tok_s=110.0)
     rows = rank_report.compare("0.5.12.post1", PRISTINE, patched)
     assert [(r["tp_rank"], r["prepare_per_step"], r["decision"]) for r in rows] == [
-        (0, (1.0, 0.0), False), (1, (1.0, 0.0), False)]
+        (0, (1.0, 0.0), False),
+        (1, (1.0, 0.0), False),
+    ]
     assert rank_report.verdict(rows, tp=2) == []
     md = rank_report.markdown(rows)
-    assert ("| 0.5.12.post1 | small | 2 | 1 | 1 | 1 | False | 1.00 → 0.00 | n/a → n/a | n/a → n/a "
-            "| 0 / 0 → 0 / 0 | none | 100.0 → 110.0 | yes |") in md
+    assert (
+        "| 0.5.12.post1 | small | 2 | 1 | 1 | 1 | False | 1.00 → 0.00 | n/a → n/a | n/a → n/a "
+        "| 0 / 0 → 0 / 0 | none | 100.0 → 110.0 | yes |"
+    ) in md
     # the engine-wide table of the same run: all ranks summed, still 1 → 0 per step
     (row,) = report.compare("0.5.12.post1", PRISTINE, patched)
     assert row["prepare_per_step"] == (1.0, 0.0) and report.verdict([row]) == []
@@ -254,7 +301,11 @@ def test_one_rank_still_syncing_fails_even_when_both_decided_alike():
     rows = rank_report.compare("0.5.12.post1", PRISTINE, patched)
     problems = rank_report.verdict(rows, tp=2)
     assert problems == ["0.5.12.post1 small bs=1 rank 1: patched has 1.00 prepare_for_decode syncs/step (expected 0)"]
-    assert rank_report.markdown(rows).splitlines()[-1].startswith("| 0.5.12.post1 | small | 2 | 1 | 1 | 1 | False | 1.00 → 1.00 |")
+    assert (
+        rank_report.markdown(rows)
+        .splitlines()[-1]
+        .startswith("| 0.5.12.post1 | small | 2 | 1 | 1 | 1 | False | 1.00 → 1.00 |")
+    )
 
 
 def test_missing_rank_missing_decision_and_new_site_per_rank():
@@ -265,10 +316,14 @@ def test_missing_rank_missing_decision_and_new_site_per_rank():
     assert any("bs=1 rank 1: no sync counts from the patched process" in p for p in problems)
     patched = _run({0: 1280, 1: 1280}, {0: 0, 1: 0}, {0: False, 1: False}, whole=new)
     problems = rank_report.verdict(rank_report.compare("0.5.10", PRISTINE, patched), tp=2)
-    assert problems == ["0.5.10 small bs=1 rank 1: new sync sites in the patched process's whole run "
-                        "(after start-up): tolist sglang/srt/managers/scheduler.py:f"]
-    assert rank_report.verdict(rank_report.compare("0.5.10", PRISTINE, patched), tp=4)[0] == \
-        "ranks counted: [0, 1], expected [0, 1, 2, 3]"
+    assert problems == [
+        "0.5.10 small bs=1 rank 1: new sync sites in the patched process's whole run "
+        "(after start-up): tolist sglang/srt/managers/scheduler.py:f"
+    ]
+    assert (
+        rank_report.verdict(rank_report.compare("0.5.10", PRISTINE, patched), tp=4)[0]
+        == "ranks counted: [0, 1], expected [0, 1, 2, 3]"
+    )
 
 
 def test_mirror_kept_backend_wants_true_on_every_rank():
@@ -296,8 +351,14 @@ def _server_args_fields(release: str) -> set[str]:
 @pytest.mark.trees
 @pytest.mark.parametrize("release", wheels.RELEASES)
 def test_tp_engine_kwargs_are_server_args_of_each_release(release, tmp_path):
-    kwargs = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="triton",
-                                  cuda_graph_max_bs=8, mem_fraction_static=0.6, tp_size=2)
+    kwargs = runner.engine_kwargs(
+        tmp_path / "t",
+        tmp_path / "d",
+        attention_backend="triton",
+        cuda_graph_max_bs=8,
+        mem_fraction_static=0.6,
+        tp_size=2,
+    )
     assert kwargs["tp_size"] == 2 and kwargs["enforce_disable_flashinfer_allreduce_fusion"] is True
     assert not kwargs["enable_nccl_nvls"] and not kwargs["enable_symm_mem"]
     fields = _server_args_fields(release)
@@ -306,15 +367,23 @@ def test_tp_engine_kwargs_are_server_args_of_each_release(release, tmp_path):
     else:
         assert set(kwargs) - fields == set()
     for piecewise in ("on", "off"):  # issue 40's switches: ServerArgs fields of every release too
-        switched = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="fa3", cuda_graph_max_bs=8,
-                                        mem_fraction_static=0.6, piecewise=piecewise, context_length=8192)
+        switched = runner.engine_kwargs(
+            tmp_path / "t",
+            tmp_path / "d",
+            attention_backend="fa3",
+            cuda_graph_max_bs=8,
+            mem_fraction_static=0.6,
+            piecewise=piecewise,
+            context_length=8192,
+        )
         # 0.5.9 runs piecewise as it defaults it (off): its one switch is
         # enable_piecewise_cuda_graph, not 0.5.10's enforce_/disable_piecewise_cuda_graph
         switch = {"on": "enforce_piecewise_cuda_graph", "off": "disable_piecewise_cuda_graph"}[piecewise]
         missing = {switch} if release in TP1_ONLY else set()
         assert set(switched) - fields == missing
-    single = runner.engine_kwargs(tmp_path / "t", tmp_path / "d", attention_backend="triton",
-                                  cuda_graph_max_bs=8, mem_fraction_static=0.6)
+    single = runner.engine_kwargs(
+        tmp_path / "t", tmp_path / "d", attention_backend="triton", cuda_graph_max_bs=8, mem_fraction_static=0.6
+    )
     assert single["tp_size"] == 1 and "enable_nccl_nvls" not in single
 
 
@@ -406,7 +475,9 @@ def _fake_bundle(root: Path) -> Path:
         tar.add(src / "sglang", arcname="sglang")
     with tarfile.open(tdir / "overlay.tar.gz", "w:gz") as tar:
         tar.add(root / "over" / "sglang", arcname="sglang")
-    (tdir / "overlay.json").write_text(json.dumps({"_fake_variant.py": hashlib.sha256(patched.read_bytes()).hexdigest()}))
+    (tdir / "overlay.json").write_text(
+        json.dumps({"_fake_variant.py": hashlib.sha256(patched.read_bytes()).hexdigest()})
+    )
     (b / "manifest.json").write_text(json.dumps({"releases": {"9.9": {"runtime_mode": "vendored"}}}))
     bundle.copy_e2e_package(b)
     return b
@@ -425,9 +496,28 @@ def test_orchestrate_tp_reaches_the_engine_and_judges_per_rank(tmp_path, monkeyp
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")  # the orchestrator sets it off again
     monkeypatch.setenv("PK_FAKE_RANK1", rank1)
     out = tmp_path / "out"
-    rc = orchestrate.main(["--bundle", str(_fake_bundle(tmp_path)), "--out", str(out),
-                           "--work", str(tmp_path / "work"), "--sizes", "small", "--batch-sizes", "1",
-                           "--runs", "2", "--max-new-tokens", "8", "--tp", "2", "--run-timeout", "240"])
+    rc = orchestrate.main(
+        [
+            "--bundle",
+            str(_fake_bundle(tmp_path)),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--sizes",
+            "small",
+            "--batch-sizes",
+            "1",
+            "--runs",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--tp",
+            "2",
+            "--run-timeout",
+            "240",
+        ]
+    )
     results = json.loads((out / "results.json").read_text())
     assert sorted(results["runs"]) == ["9.9/small/triton/tp2/patched", "9.9/small/triton/tp2/pristine"]
     for key, run in results["runs"].items():
@@ -438,7 +528,10 @@ def test_orchestrate_tp_reaches_the_engine_and_judges_per_rank(tmp_path, monkeyp
     table = (out / "ranks.md").read_text()
     if not rank1:
         assert rc == 0 and results["problems"] == []
-        assert "| 9.9 | small | 2 | 1 | 1 | 1 | False | 1.00 → 0.00 | n/a → n/a | 1.00 → 0.00 | 16 / 0 → 16 / 0 | none |" in table
+        assert (
+            "| 9.9 | small | 2 | 1 | 1 | 1 | False | 1.00 → 0.00 | n/a → n/a | 1.00 → 0.00 | 16 / 0 → 16 / 0 | none |"
+            in table
+        )
     else:
         assert rc == 1
         assert "ranks disagree on needs_cpu_seq_lens: rank 0 False, rank 1 True" in results["problems"]

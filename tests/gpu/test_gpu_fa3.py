@@ -81,7 +81,9 @@ def test_static_width_page_table_inside_a_captured_graph():
     pool = torch.zeros(bs, dtype=torch.int64, device=DEVICE)
     strided = torch.arange(0, ctx, 1, device=DEVICE)
     table = torch.zeros(bs, ctx, dtype=torch.int32, device=DEVICE)
-    pages = mirror_reads.pages_within(mirror_reads.host_max_seq_len(None, ctx) + 1, table)  # bound + a draft step, capped
+    pages = mirror_reads.pages_within(
+        mirror_reads.host_max_seq_len(None, ctx) + 1, table
+    )  # bound + a draft step, capped
 
     def body():
         table[:, :pages].copy_(req_to_token[pool[:, None], strided[None, :pages]])

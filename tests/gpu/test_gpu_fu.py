@@ -34,6 +34,7 @@ def _digest(files: dict) -> str:
 
 # ---------------------------------------------------------------- step_times, on small records
 
+
 def _batch(bs, elapsed, steps, ids):
     return {"batch_size": bs, "elapsed_s": elapsed, "decode_steps": steps, "output_ids": ids}
 
@@ -57,17 +58,22 @@ def test_step_times_take_per_round_differences_and_see_different_tokens():
 
 # ---------------------------------------------------------------- issue 44: tree drafts, 0.5.13
 
+
 def test_fa3_tree_drafts_on_0_5_13_are_identical_and_the_eager_batch_takes_its_own_mask():
     data = _results("t13-fa3")
     pristine, patched = (data["runs"][f"0.5.13/small/fa3/ctx8192/{v}"] for v in ("pristine", "patched"))
     facts = [engine_facts.in_force(r) for r in (pristine, patched)]
     assert {(f["attn_backend"], f["topk"], f["context_len"], f["piecewise"]) for f in facts} == {
-        ("FlashAttentionBackend", "4", "8192", "on")}
+        ("FlashAttentionBackend", "4", "8192", "on")
+    }
     assert [f["draft_extend_graph_runner"] for f in facts] == ["None", "EAGLEDraftExtendCudaGraphRunner"]
     assert [r["engine_kwargs"]["cuda_graph_max_bs"] for r in (pristine, patched)] == [2, 2]
     masks = {b["batch_size"]: b["tree_mask"] for b in patched["batches"]}
-    assert masks == {1: {"per_batch": 0, "preallocated": 128}, 2: {"per_batch": 0, "preallocated": 128},
-                     16: {"per_batch": 128, "preallocated": 0}}
+    assert masks == {
+        1: {"per_batch": 0, "preallocated": 128},
+        2: {"per_batch": 0, "preallocated": 128},
+        16: {"per_batch": 128, "preallocated": 0},
+    }
     for before, after in zip(pristine["batches"], patched["batches"]):
         assert before["output_ids"] == after["output_ids"]
         waits = [{k: n for k, n in b["syncs"].items() if k.startswith(RESOLVE + ":")} for b in (before, after)]
@@ -93,6 +99,7 @@ def test_with_no_backend_named_0_5_13_picks_flashinfer_for_topk_4():
 
 # ---------------------------------------------------------------- issue 42: the 8B A/B
 
+
 def test_the_8b_ab_table_is_the_json_and_the_page_tables_save_time_at_bs_48_in_both_rounds():
     data = _results("ab12-8b")
     rows = step_times.rows(data, "0.5.12.post1", "8b", "default", TREES)
@@ -110,6 +117,7 @@ def test_the_8b_ab_table_is_the_json_and_the_page_tables_save_time_at_bs_48_in_b
 
 # ---------------------------------------------------------------- issue 43: 0.5.9
 
+
 def test_0_5_9_is_served_with_identical_outputs_and_the_sync_gone():
     section = _section()
     for step in ("p9/run3", "p9/rounds"):
@@ -120,8 +128,11 @@ def test_0_5_9_is_served_with_identical_outputs_and_the_sync_gone():
         for key, run in data["runs"].items():
             f = engine_facts.in_force(run)
             assert run["rc"] == 0 and run["sglang_version"] == "0.5.9"
-            assert (f["attn_backend"], f["piecewise"], f["hot_token_id_shape"]) == ("FlashAttentionBackend", "off",
-                                                                                    "[32000]")
+            assert (f["attn_backend"], f["piecewise"], f["hot_token_id_shape"]) == (
+                "FlashAttentionBackend",
+                "off",
+                "[32000]",
+            )
             patched = key.endswith("patched")
             assert (f["draft_extend_graph_runner"] != "None") is patched
     for run in _results("p9/rounds")["runs"].values():
@@ -145,8 +156,10 @@ def test_0_5_9_first_runs_stopped_where_the_docs_say():
 
 # ---------------------------------------------------------------- every step: device, commit, digests
 
-@pytest.mark.parametrize("step", ["ab12-8b", "t13-fa3", "t13-tree", "t13-memcheck", "p9/run1", "p9/run2",
-                                  "p9/run3", "p9/rounds"])
+
+@pytest.mark.parametrize(
+    "step", ["ab12-8b", "t13-fa3", "t13-tree", "t13-memcheck", "p9/run1", "p9/run2", "p9/run3", "p9/rounds"]
+)
 def test_docs_name_device_commit_and_each_tree(step):
     data, section = _results(step), _section()
     assert data["device"].startswith("NVIDIA H100") and data["patchkit_commit"][:7] in section

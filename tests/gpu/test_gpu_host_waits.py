@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU test: no CUDA device"),
 ]
 
-SNIPPETS = '''
+SNIPPETS = """
 import torch
 
 D = "cuda"
@@ -70,16 +70,24 @@ def event_sync():
     e = torch.cuda.Event()
     e.record()
     e.synchronize()
-'''
+"""
 
 #: The checkout (the device runs this file with --noconftest: no patchkit imports).
 ROOT = Path(__file__).resolve().parents[2]
 
-BLOCKING = ("item", "tensor_from_list", "pageable_blocking", "pageable_non_blocking", "nonzero",
-            "mask_index", "d2h", "stream_sync")
+BLOCKING = (
+    "item",
+    "tensor_from_list",
+    "pageable_blocking",
+    "pageable_non_blocking",
+    "nonzero",
+    "mask_index",
+    "d2h",
+    "stream_sync",
+)
 FREE = ("pinned_non_blocking", "device_math", "device_copy", "index_select")
 
-RUN = '''
+RUN = """
 import json, sys
 sys.path[:0] = [{root!r}, {tree!r}]
 from gpu_e2e import syncs, host_waits
@@ -94,7 +102,7 @@ for name in {names!r}:
 counts = syncs.delta(syncs.snapshot()["counts"], before)  # before this script's own waits below
 torch.cuda.synchronize()
 print(json.dumps({{"counts": counts, "mode": torch.cuda.get_sync_debug_mode()}}))
-'''
+"""
 
 
 def _counts(tmp_path, names):
@@ -105,8 +113,13 @@ def _counts(tmp_path, names):
         (p / "__init__.py").write_text("")
     (pkg / "snippets.py").write_text(SNIPPETS)
     script = RUN.format(root=str(ROOT), tree=str(tree), dump=str(tmp_path / "dump"), names=list(names))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"},
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["mode"] == 1  # "warn"

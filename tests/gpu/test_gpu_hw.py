@@ -62,8 +62,7 @@ def _waits(step: str) -> dict:
     """(workload, bs) -> [(pristine, patched) host waits per step, one per round]."""
     out: dict = {}
     for r in _rows(_results(step)):
-        out.setdefault((r["workload"], r["batch_size"]), []).append(
-            tuple(round(x, 2) for x in r["waits"]["per_step"]))
+        out.setdefault((r["workload"], r["batch_size"]), []).append(tuple(round(x, 2) for x in r["waits"]["per_step"]))
     return out
 
 
@@ -116,7 +115,7 @@ PENALIZERS = {
 def _served_as(data: dict, bs: int) -> str:
     """How the engine served a batch of bs requests, from the settings read back."""
     facts = {k: data["runs"][k]["engine_facts"][0] for k in data["runs"]}
-    (max_bs, running), = {(f["cuda_graph_max_bs"], f["max_running_requests"]) for f in facts.values()}
+    ((max_bs, running),) = {(f["cuda_graph_max_bs"], f["max_running_requests"]) for f in facts.values()}
     at_a_time = min(bs, running)
     graph = "captured" if at_a_time <= max_bs else "eager"
     return f"{at_a_time} at a time, {graph} (`cuda_graph_max_bs` {max_bs})"
@@ -137,9 +136,15 @@ def second_lease_rows() -> list[str]:
         for r in _rows(data):
             w = r["waits"]
             cells = [
-                f"`{step}`", r["workload"], str(r["batch_size"]), _served_as(data, r["batch_size"]),
-                str(w["decode_steps"][0]), "{:.2f} → {:.2f}".format(*w["per_step"]),
-                _pair(w["sites"], PFD), _pair(w["sites"], INIT_NEW), _pair(w["sites"], TRITON_VERIFY),
+                f"`{step}`",
+                r["workload"],
+                str(r["batch_size"]),
+                _served_as(data, r["batch_size"]),
+                str(w["decode_steps"][0]),
+                "{:.2f} → {:.2f}".format(*w["per_step"]),
+                _pair(w["sites"], PFD),
+                _pair(w["sites"], INIT_NEW),
+                _pair(w["sites"], TRITON_VERIFY),
                 "{:.2f} → {:.2f}".format(*w["wrapper_per_step"]),
                 "{:.1f} → {:.1f} ({:.3f})".format(*r["tok_per_s"], r["ratio"]),
                 "yes" if r["identical"] else "no",

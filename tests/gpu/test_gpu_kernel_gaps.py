@@ -46,8 +46,11 @@ def test_a_submodule_not_yet_imported_is_imported_not_stood_in_for(tmp_path, mon
 
 
 def test_a_run_records_the_stand_ins_its_processes_met():
-    dumps = [{"notes": {"kernel_gaps": ["awq_dequantize", "awq_marlin_repack"]}},
-             {"notes": {"kernel_gaps": ["awq_marlin_repack"], "kernel_gaps_called": ["awq_dequantize"]}},
-             {"notes": {}}, {}]
+    dumps = [
+        {"notes": {"kernel_gaps": ["awq_dequantize", "awq_marlin_repack"]}},
+        {"notes": {"kernel_gaps": ["awq_marlin_repack"], "kernel_gaps_called": ["awq_dequantize"]}},
+        {"notes": {}},
+        {},
+    ]
     assert kernel_gaps.met(dumps) == {"asked": ["awq_dequantize", "awq_marlin_repack"], "called": ["awq_dequantize"]}
     assert kernel_gaps.met([]) == {"asked": [], "called": []}

@@ -9,8 +9,16 @@ from gpu_e2e import profile_run, profile_trace
 
 
 def _kernel(name, ts, dur, stream=7, device=0):
-    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": device, "tid": stream,
-            "args": {"device": device, "stream": stream}}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "pid": device,
+        "tid": stream,
+        "args": {"device": device, "stream": stream},
+    }
 
 
 def _events():
@@ -51,7 +59,10 @@ def test_overlapping_kernels_count_once_and_the_window_splits_into_busy_gaps_and
     assert s["memcpy_memset_us"] == 4.0
     assert s["per_step_ms"] == {"wall": 0.05, "kernels": 0.025, "gaps": 0.015, "kernel_launches": 2.0}
     assert [(k["name"], k["count"], k["sum_us"]) for k in s["top_kernels"]] == [
-        ("gemm", 2, 30.0), ("attn", 1, 20.0), ("norm", 1, 10.0)]
+        ("gemm", 2, 30.0),
+        ("attn", 1, 20.0),
+        ("norm", 1, 10.0),
+    ]
     assert s["top_kernels"][0]["share"] == 0.5
     assert s["runtime_calls"][0] == {"name": "cudaGraphLaunch", "count": 2, "sum_us": 6.0}
 
@@ -130,8 +141,14 @@ def test_a_profile_that_stops_itself_after_num_steps_knows_its_steps(tmp_path):
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "old-TP-0-DECODE.trace.json.gz").write_bytes(b"stale")
     out = profile_run.profiled_generate(engine, engine.generate, ["r"], tmp_path / "p", 2, label="patched bs=8")
-    assert engine.kwargs == {"activities": ["CPU", "GPU"], "with_stack": False, "record_shapes": False,
-                             "profile_by_stage": True, "output_dir": str(tmp_path / "p"), "num_steps": 2}
+    assert engine.kwargs == {
+        "activities": ["CPU", "GPU"],
+        "with_stack": False,
+        "record_shapes": False,
+        "profile_by_stage": True,
+        "output_dir": str(tmp_path / "p"),
+        "num_steps": 2,
+    }
     assert out["stopped_by"] == "num_steps" and out["files"] == ["1764.5-TP-0-DECODE.trace.json.gz"]
     assert out["ranks"][0]["per_step_ms"]["wall"] == 0.05
     assert out["line"].startswith("patched bs=8: TP0 GPU busy 50.0%")
@@ -148,12 +165,15 @@ def test_a_profile_stopped_by_hand_or_refused_is_recorded_not_raised(tmp_path):
     assert out["line"] == "x: profile failed: RuntimeError: Profiling is already in progress."
 
 
-@pytest.mark.parametrize("asked, decode_steps, runs, steps", [
-    (20, 300, 3, 20),  # 100 steps a generate: all 20
-    (20, 45, 3, 13),  # 15 a generate: 13, so the 14th decode batch stops the profile
-    (20, 0, 3, 20),  # not counted: as asked
-    (20, None, 3, 20),
-])
+@pytest.mark.parametrize(
+    "asked, decode_steps, runs, steps",
+    [
+        (20, 300, 3, 20),  # 100 steps a generate: all 20
+        (20, 45, 3, 13),  # 15 a generate: 13, so the 14th decode batch stops the profile
+        (20, 0, 3, 20),  # not counted: as asked
+        (20, None, 3, 20),
+    ],
+)
 def test_steps_to_profile_leaves_room_for_the_batch_that_stops_the_profile(asked, decode_steps, runs, steps):
     assert profile_run.steps_to_profile(asked, decode_steps, runs) == steps
 
@@ -170,8 +190,10 @@ class _ProfilingEngine(_Engine):
         if self.kwargs:  # after start_profile: the profiled generate
             _write(self._dir() / "1764.5-TP-0-DECODE.trace.json.gz", _events())
         n = sampling_params["max_new_tokens"]
-        return [{"output_ids": list(range(n)), "meta_info": {"completion_tokens": n, "spec_verify_ct": n}}
-                for _ in input_ids]
+        return [
+            {"output_ids": list(range(n)), "meta_info": {"completion_tokens": n, "spec_verify_ct": n}}
+            for _ in input_ids
+        ]
 
     def shutdown(self):
         pass
@@ -188,16 +210,43 @@ def test_the_runner_profiles_the_batch_it_is_asked_for_after_its_timed_generates
     fake.__file__ = str(tmp_path / "sglang" / "__init__.py")
     engine_module = types.ModuleType("sglang.srt.entrypoints.engine")
     engine_module.Engine = lambda **kw: made.append(_ProfilingEngine(**kw)) or made[-1]
-    for name, module in {"sglang": fake, "sglang.srt": types.ModuleType("sglang.srt"),
-                         "sglang.srt.entrypoints": types.ModuleType("sglang.srt.entrypoints"),
-                         "sglang.srt.entrypoints.engine": engine_module}.items():
+    for name, module in {
+        "sglang": fake,
+        "sglang.srt": types.ModuleType("sglang.srt"),
+        "sglang.srt.entrypoints": types.ModuleType("sglang.srt.entrypoints"),
+        "sglang.srt.entrypoints.engine": engine_module,
+    }.items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delenv("PK_E2E_SYNC_DIR", raising=False)
     out = tmp_path / "r.json"
-    assert runner.main(["--tree-parent", str(tmp_path), "--variant", "upstream", "--size", "small",
-                        "--draft", "dummy", "--batch-sizes", "1,2", "--runs", "3", "--max-new-tokens", "4",
-                        "--profile-batch", "2", "--models-dir", str(tmp_path / "m"), "--out", str(out)]) == 0
+    assert (
+        runner.main(
+            [
+                "--tree-parent",
+                str(tmp_path),
+                "--variant",
+                "upstream",
+                "--size",
+                "small",
+                "--draft",
+                "dummy",
+                "--batch-sizes",
+                "1,2",
+                "--runs",
+                "3",
+                "--max-new-tokens",
+                "4",
+                "--profile-batch",
+                "2",
+                "--models-dir",
+                str(tmp_path / "m"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     batches = json.loads(out.read_text())["batches"]
     assert "profile" not in batches[0]
     profile = batches[1]["profile"]

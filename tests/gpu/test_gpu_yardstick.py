@@ -19,9 +19,16 @@ GPU_MD = repo_root() / "docs" / "gpu.md"
 
 
 def _batch(bs: int, tok_per_s: float, syncs: dict, ids=None) -> dict:
-    return {"batch_size": bs, "workload": "uniform", "tok_per_s": tok_per_s, "decode_steps": 100,
-            "accept_length": 1.0, "syncs": syncs, "output_ids": ids or [[1, 2, 3]] * bs,
-            "sync_debug_armed": True}
+    return {
+        "batch_size": bs,
+        "workload": "uniform",
+        "tok_per_s": tok_per_s,
+        "decode_steps": 100,
+        "accept_length": 1.0,
+        "syncs": syncs,
+        "output_ids": ids or [[1, 2, 3]] * bs,
+        "sync_debug_armed": True,
+    }
 
 
 def _call(folder: Path, name: str, variant: str, batches: list[dict], graph_max: int = 32) -> None:
@@ -37,11 +44,20 @@ def test_a_round_pairs_two_calls_and_only_one_machine_counts(tmp_path):
     for rnd, (p, u) in {"r1": (200.0, 100.0), "r2": (300.0, 100.0), "r3": (90.0, 100.0)}.items():
         _call(tmp_path, f"fa3-{rnd}-b12", "patched", [_batch(8, p, {}), _batch(48, p, {})])
         _call(tmp_path, f"fa3-{rnd}-b17", "upstream", [_batch(8, u, blocking), _batch(48, u, blocking, [[9]] * 48)])
-    (tmp_path / "machines.json").write_text(json.dumps(
-        {"fa3-r1-b12": 1, "fa3-r1-b17": 2, "fa3-r2-b12": 2, "fa3-r2-b17": 2, "fa3-r3-b12": 2, "fa3-r3-b17": 2}))
+    (tmp_path / "machines.json").write_text(
+        json.dumps(
+            {"fa3-r1-b12": 1, "fa3-r1-b17": 2, "fa3-r2-b12": 2, "fa3-r2-b17": 2, "fa3-r3-b12": 2, "fa3-r3-b17": 2}
+        )
+    )
     rows = yardstick.rows(tmp_path)
     assert [(r["round"], r["batch_size"], r["same_machine"]) for r in rows] == [
-        ("r1", 8, False), ("r1", 48, False), ("r2", 8, True), ("r2", 48, True), ("r3", 8, True), ("r3", 48, True)]
+        ("r1", 8, False),
+        ("r1", 48, False),
+        ("r2", 8, True),
+        ("r2", 48, True),
+        ("r3", 8, True),
+        ("r3", 48, True),
+    ]
     assert rows[0]["waits_per_step"] == (0.0, 2.0) and rows[0]["sites"]["upstream"] == {"sglang/srt/a.py:f": 2.0}
     assert [r["eager"] for r in rows[:2]] == [False, True]
     assert rows[1]["identical_requests"] == (0, 48) and rows[0]["identical_requests"] == (8, 8)
@@ -115,7 +131,11 @@ def test_the_profiles_put_the_8b_gap_in_host_gaps_not_kernels():
 
 def test_a_label_reads_the_plan_step_name():
     assert [yardstick.label(b) for b in ("fa3", "fa3_off", "triton_8b", "triton_8boff")] == [
-        "FA3, small", "FA3, small, counters off", "Triton, 8B", "Triton, 8B, counters off"]
+        "FA3, small",
+        "FA3, small, counters off",
+        "Triton, 8B",
+        "Triton, 8B, counters off",
+    ]
 
 
 def test_a_counters_off_round_has_no_waits_and_keeps_its_ratio(tmp_path):
@@ -136,8 +156,15 @@ def test_the_fa3_round_across_two_machines_is_out_of_the_median():
 
 @pytest.mark.parametrize(
     "step,commit",
-    [("fa3-r1-b12", "18a5b08"), ("fa3-r2-b12", "18a5b08"), ("triton-r1-b12", "18a5b08"), ("fa3-r3-b12", "821b890"),
-     ("fa3_8boff-r1-b12", "821b890"), ("triton_8b-r1-b12", "821b890"), ("triton_off-r2-b12", "821b890")],
+    [
+        ("fa3-r1-b12", "18a5b08"),
+        ("fa3-r2-b12", "18a5b08"),
+        ("triton-r1-b12", "18a5b08"),
+        ("fa3-r3-b12", "821b890"),
+        ("fa3_8boff-r1-b12", "821b890"),
+        ("triton_8b-r1-b12", "821b890"),
+        ("triton_off-r2-b12", "821b890"),
+    ],
 )
 def test_the_patched_tree_is_the_one_gpu_md_names(step, commit):
     data = json.loads((RUN / step / "results.json").read_text())
@@ -155,10 +182,11 @@ def test_issue_53_third_lease_rows_are_the_json(step, backend):
 
     data = json.loads((RUN / step / "results.json").read_text())
     runs = data["runs"]
-    rows = report.compare("0.5.12.post1", runs["0.5.12.post1/small/" + ("default" if step.startswith("fa3") else "triton")
-                                                + "/r1/pristine"],
-                          runs["0.5.12.post1/small/" + ("default" if step.startswith("fa3") else "triton")
-                               + "/r1/patched"])
+    rows = report.compare(
+        "0.5.12.post1",
+        runs["0.5.12.post1/small/" + ("default" if step.startswith("fa3") else "triton") + "/r1/pristine"],
+        runs["0.5.12.post1/small/" + ("default" if step.startswith("fa3") else "triton") + "/r1/patched"],
+    )
     assert orchestrate.tables(rows) == (RUN / step / "table.md").read_text()
     cells = [f"{a:.2f} → {b:.2f}" for a, b in (r["waits"]["per_step"] for r in rows)]
     assert [r["batch_size"] for r in rows] == [1, 8, 32, 48] and all(r["identical"] for r in rows)

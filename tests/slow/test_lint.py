@@ -1,5 +1,5 @@
 """The habits that keep the code readable, run with the tests (so `.ci/run`
-runs them): ruff's lint and mypy on ``patchkit/``, each
+runs them): ruff's lint and format check, and mypy on ``patchkit/``, each
 configured in pyproject.toml. Versions are pinned in the ``test`` extra, so a
 new release of either tool never fails a landing on code that did not change."""
 
@@ -20,6 +20,11 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_ruff_check_is_clean():
     result = _run("ruff", "check", "--no-cache", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_leaves_every_file_as_it_is():
+    result = _run("ruff", "format", "--check", "--no-cache", ".")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import PRIMARY, pristine_snapshot, snapshot
 
 from patchkit import api
 from patchkit.errors import PatchkitError
-from support import PRIMARY, pristine_snapshot, snapshot
 
 pytestmark = pytest.mark.trees
 
@@ -23,7 +23,9 @@ def test_apply_verify_revert_as_values(make_tree, capsys):
 
     dry = api.apply(str(tree), dry_run=True, say=said.append)
     assert dry.dry and dry.outcome.changed and snapshot(tree) == pristine_snapshot(PRIMARY)
-    assert dry.counts().startswith(f"{sum(1 for o, n in dry.outcome.changed.values() if o is not None)} file(s) would change")
+    assert dry.counts().startswith(
+        f"{sum(1 for o, n in dry.outcome.changed.values() if o is not None)} file(s) would change"
+    )
 
     applied = api.apply(str(tree), say=said.append)
     assert applied.outcome.changed.keys() == dry.outcome.changed.keys()
@@ -89,7 +91,9 @@ def test_a_warm_apply_does_not_audit_the_tree_again(make_tree, monkeypatch):
     monkeypatch.setattr(audit, "audit_tree", lambda package, **kw: audits.append(package) or real(package, **kw))
     again = api.apply(str(tree))
     assert not again.outcome.changed and again.vendor_line == first.vendor_line and audits == []
-    (tree / "srt" / "vendor_reads.py").write_text("def f(forward_batch):\n    return forward_batch.seq_lens_cpu.max()\n")
+    (tree / "srt" / "vendor_reads.py").write_text(
+        "def f(forward_batch):\n    return forward_batch.seq_lens_cpu.max()\n"
+    )
     api.apply(str(tree))
     assert len(audits) == 1  # a changed module under srt/: audited afresh
 

@@ -11,8 +11,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from support import PRIMARY
+
 from patchkit import audit
 from patchkit.audit import facts as audit_facts
 from patchkit.cli import main
@@ -85,8 +85,7 @@ VENDOR = {
         "        return batch.seq_lens_cpu.tolist(), draft_lens(batch)  # v:kept-mirror\n"
     ),
     "srt/speculative/acme_own_info.py": (
-        "def draft_lens(batch):\n"
-        "    return batch.seq_lens_sum + 1  # v:kept-mirror\n"
+        "def draft_lens(batch):\n    return batch.seq_lens_sum + 1  # v:kept-mirror\n"
     ),
     "srt/models/acme_v4.py": (
         "from torch import nn\n\n\n"
@@ -159,8 +158,14 @@ def test_vendor_modules_are_classified_on_the_unpatched_tree(trees):
     check(before)
     assert strict_before == 1
     # The release's own reads off the spec-v2 paths are the release's: none is a problem there.
-    assert not [r for r in before["reads"] if r["origin"] == "release" and r["verdict"] in audit.PROBLEMS
-                and r["file"] not in audit.MODULES and "Triton" not in r["function"]]
+    assert not [
+        r
+        for r in before["reads"]
+        if r["origin"] == "release"
+        and r["verdict"] in audit.PROBLEMS
+        and r["file"] not in audit.MODULES
+        and "Triton" not in r["function"]
+    ]
 
 
 def test_vendor_modules_are_classified_on_the_patched_tree(trees):
@@ -192,8 +197,10 @@ def test_kept_mirror_reads_say_why(trees):
 def test_apply_ends_with_one_line_naming_the_vendor_reads(trees):
     _, _, applied, _ = trees
     lines = applied.stderr.strip().splitlines()
-    assert lines[-1] == (f"audit: {PROBLEMS} read(s) of the CPU seq_lens mirror in the vendor's own code are "
-                         "unguarded or stale once it is dropped (`patchkit audit TREE` lists them)")
+    assert lines[-1] == (
+        f"audit: {PROBLEMS} read(s) of the CPU seq_lens mirror in the vendor's own code are "
+        "unguarded or stale once it is dropped (`patchkit audit TREE` lists them)"
+    )
     assert sum("vendor's own code" in line for line in lines) == 1
     assert "vendor's own code" not in applied.stdout
 
@@ -211,6 +218,7 @@ def test_without_the_release_the_vendor_s_modules_are_still_the_vendor_s(trees, 
     assert result.release is None and {r.origin for r in result.reads} == {"release", "vendor"}
     assert {r.origin for r in result.reads if r.file in VENDOR} == {"vendor"}
     assert [(r.file, r.line, r.verdict, r.origin) for r in result.reads] == [
-        (r.file, r.line, r.verdict, r.origin) for r in warm.reads]
+        (r.file, r.line, r.verdict, r.origin) for r in warm.reads
+    ]
     assert len(audit.vendor_problems(result)) == len(audit.vendor_problems(warm)) == PROBLEMS
     assert not result.ok

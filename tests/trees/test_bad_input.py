@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from support import PRIMARY, snapshot
 
 MHA = "srt/layers/attention/trtllm_mha_backend.py"
@@ -77,7 +76,10 @@ def test_read_only_folder_for_the_runtime(make_tree, cli):
 @pytest.mark.trees
 @pytest.mark.parametrize(
     "content, needle",
-    [("{not json", "corrupt patchkit state"), (json.dumps({"format": 99, "applied": {}, "files": {}}), "newer patchkit")],
+    [
+        ("{not json", "corrupt patchkit state"),
+        (json.dumps({"format": 99, "applied": {}, "files": {}}), "newer patchkit"),
+    ],
 )
 def test_corrupt_or_newer_state(make_tree, cli, content, needle):
     tree = make_tree(PRIMARY)
@@ -91,29 +93,38 @@ def test_corrupt_or_newer_state(make_tree, cli, content, needle):
 @pytest.mark.parametrize("command", ["apply", "status", "revert", "verify", "diff"])
 def test_neither_a_tree_nor_a_patch_names_the_argument(cli, tmp_path, monkeypatch, command):
     monkeypatch.chdir(tmp_path)
-    assert_one_line_error(cli(command, "does-not-exist"), "does-not-exist: no tree there (no such file or folder) "
-                          "and no patch of that name", "needs-cpu-seq-lens")
+    assert_one_line_error(
+        cli(command, "does-not-exist"),
+        "does-not-exist: no tree there (no such file or folder) and no patch of that name",
+        "needs-cpu-seq-lens",
+    )
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["apply", "--runtime", "bogus"], "'--runtime': 'bogus' is not one of"),
-    (["--bogus", "list"], "'--bogus'"),
-    (["nosuch"], "'nosuch'"),
-    (["show"], "'PATCH'"),
-    (["diff", "--stat", "--name-only"], "--stat and --name-only"),
-    (["matrix", "-j", "0"], "'-j' / '--jobs'"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["apply", "--runtime", "bogus"], "'--runtime': 'bogus' is not one of"),
+        (["--bogus", "list"], "'--bogus'"),
+        (["nosuch"], "'nosuch'"),
+        (["show"], "'PATCH'"),
+        (["diff", "--stat", "--name-only"], "--stat and --name-only"),
+        (["matrix", "-j", "0"], "'-j' / '--jobs'"),
+    ],
+)
 def test_usage_errors_are_one_line_naming_the_argument(cli, args, needle):
     assert_one_line_error(cli(*args), needle, "-h`)")
 
 
-@pytest.mark.parametrize("variable, value, needle", [
-    ("PATCHKIT_LOCK_TIMEOUT", "-1", "out of range; allowed: 0 (do not wait) or more seconds, finite"),
-    ("PATCHKIT_LOCK_TIMEOUT", "inf", "out of range; allowed: 0"),
-    ("PATCHKIT_LOCK_TIMEOUT", "soon", "not a number of seconds; allowed: 0"),
-    ("PATCHKIT_JOBS", "0", "allowed: 1 or more"),
-])
+@pytest.mark.parametrize(
+    "variable, value, needle",
+    [
+        ("PATCHKIT_LOCK_TIMEOUT", "-1", "out of range; allowed: 0 (do not wait) or more seconds, finite"),
+        ("PATCHKIT_LOCK_TIMEOUT", "inf", "out of range; allowed: 0"),
+        ("PATCHKIT_LOCK_TIMEOUT", "soon", "not a number of seconds; allowed: 0"),
+        ("PATCHKIT_JOBS", "0", "allowed: 1 or more"),
+    ],
+)
 def test_bad_environment_values_say_what_is_allowed(cli, monkeypatch, variable, value, needle):
     monkeypatch.setenv(variable, value)
     assert_one_line_error(cli("list"), f"{variable}={value!r}", needle)

@@ -19,9 +19,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support import PRIMARY, linked_copy
 
 from patchkit import fetch
-from support import PRIMARY, linked_copy
 
 pytestmark = pytest.mark.trees
 
@@ -99,8 +99,10 @@ def test_a_tampered_cached_release_is_not_used(tmp_path, real_cache, cache, regi
     registry.files[BATCH] = (real_cache / BATCH).read_bytes()
 
     result = cli("apply", tree, "needs-cpu-seq-lens")
-    assert (f"patchkit's cached sglang {PRIMARY} does not match the sha256 patchkit ships for {BATCH}: not used, "
-            "and removed from the cache") in result.output, result.output
+    assert (
+        f"patchkit's cached sglang {PRIMARY} does not match the sha256 patchkit ships for {BATCH}: not used, "
+        "and removed from the cache"
+    ) in result.output, result.output
     assert registry.asked == [PRIMARY], result.output
     assert "refused" in result.output and "my_bias" in result.output
     assert "+ my_bias" in (tree / BATCH).read_text()
@@ -121,8 +123,10 @@ def test_a_cut_short_wheel_is_removed_and_fetched_again(real_cache, cache, regis
     # The vendor-code check's read of the cache: not a release, and removed.
     said: list[str] = []
     assert fetch.pristine_source(PRIMARY, BATCH, said.append) is None and not cut.exists()
-    assert said == [f"patchkit's cached {cut.name} is not a whole zip: not used, and removed from the cache "
-                    f"({wheels}) to be fetched again"]
+    assert said == [
+        f"patchkit's cached {cut.name} is not a whole zip: not used, and removed from the cache "
+        f"({wheels}) to be fetched again"
+    ]
 
     cut.write_bytes(whole[: len(whole) // 2])
     result = cli("fetch", PRIMARY)
@@ -184,7 +188,11 @@ def test_a_read_only_cache(tmp_path, real_cache, cache):
     fork = linked_copy(real_cache, tmp_path / "fork2" / "sglang")
     _fork(fork, MHA, "\n", "ACME_VENDOR = 1\n")
     prefix = _read_only(tmp_path / "cache2")
-    having = subprocess.run([*prefix, sys.executable, "-m", "patchkit", "-q", "apply", str(fork), HOOK],
-                            env={**env, "PATCHKIT_CACHE_DIR": str(tmp_path / "cache2")}, capture_output=True, text=True)
+    having = subprocess.run(
+        [*prefix, sys.executable, "-m", "patchkit", "-q", "apply", str(fork), HOOK],
+        env={**env, "PATCHKIT_CACHE_DIR": str(tmp_path / "cache2")},
+        capture_output=True,
+        text=True,
+    )
     assert having.returncode == 0 and having.stderr == "", having.stderr
     assert "ACME_VENDOR = 1" in (fork / MHA).read_text()

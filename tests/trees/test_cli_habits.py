@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import PRIMARY, pristine_snapshot, snapshot
 
 from patchkit import registry
-from support import PRIMARY, pristine_snapshot, snapshot
 
 HOOK = "trtllm-mha-overlap-hook"
 MHA = "python/sglang/srt/layers/attention/trtllm_mha_backend.py"
@@ -47,8 +47,7 @@ def test_each_form_and_a_subfolder_given_as_tree(make_tree, cli, layout):
     package = given if layout == "package" else given / "sglang" if layout == "python" else given / "python/sglang"
     for tree in (given, package / "srt" / "layers"):
         result = cli("status", tree, HOOK)
-        assert result.exit_code == 0 and lines(result)[0].startswith(f"sglang {PRIMARY} at {package} ("), \
-            result.output
+        assert result.exit_code == 0 and lines(result)[0].startswith(f"sglang {PRIMARY} at {package} ("), result.output
 
 
 @pytest.mark.parametrize("args", [(), ("status",), ("apply",), ("diff", "--stat"), ("export", "--stdout")])
@@ -72,7 +71,9 @@ def test_diff_stat_name_only_and_patch_filter(make_tree, cli):
     only = cli("diff", root, HOOK, "--name-only")
     assert lines(only) == [MHA]  # the files of that patch, not the runtime folder
     full = cli("diff", root, HOOK).output
-    assert full.startswith(f"--- a/{MHA}\n+++ b/{MHA}\n") and "+    def update_verify_buffers_to_fill_after_draft(" in full
+    assert (
+        full.startswith(f"--- a/{MHA}\n+++ b/{MHA}\n") and "+    def update_verify_buffers_to_fill_after_draft(" in full
+    )
     both = cli("diff", root, "--stat", "--name-only")
     assert both.exit_code == 2 and "at most one of --stat and --name-only" in both.output
     unknown = cli("diff", root, "no-such-patch")
@@ -111,8 +112,11 @@ def test_verbose_says_where_it_changes_output_and_every_option_has_help(cli):
     for command in ("list", "status", "apply", "revert", "verify", "diff", "show", "export", "matrix", "fetch"):
         text = cli(command, "--help").output
         options = [line for line in text.split("Options:")[1].splitlines() if line.strip().startswith("-")]
-        assert options and all(len(line.split("  ")) > 1 and line.split("  ", 1)[1].strip()
-                               for line in options if not line.strip().endswith("]")), (command, options)
+        assert options and all(
+            len(line.split("  ")) > 1 and line.split("  ", 1)[1].strip()
+            for line in options
+            if not line.strip().endswith("]")
+        ), (command, options)
 
 
 def test_environment_variables_in_help_and_checked(cli, make_tree, tmp_path):
@@ -121,39 +125,67 @@ def test_environment_variables_in_help_and_checked(cli, make_tree, tmp_path):
     text = cli("--help").output
     documented = (Path(__file__).resolve().parents[2] / "docs" / "ci.md").read_text()
     assert all(f"`{name}`" in documented for name in [*settings.VARIABLES, *settings.DEPRECATED])
-    for name in ("PATCHKIT_LOCK_TIMEOUT", "PATCHKIT_JOBS", "PATCHKIT_CACHE_DIR", "PATCHKIT_TRANSFORM_CACHE",
-                 "PATCHKIT_CACHE", "_PATCHKIT_COMPLETE=bash_source patchkit"):
+    for name in (
+        "PATCHKIT_LOCK_TIMEOUT",
+        "PATCHKIT_JOBS",
+        "PATCHKIT_CACHE_DIR",
+        "PATCHKIT_TRANSFORM_CACHE",
+        "PATCHKIT_CACHE",
+        "_PATCHKIT_COMPLETE=bash_source patchkit",
+    ):
         assert name in text
     a_file = tmp_path / "file"
     a_file.write_text("")
     tree = make_tree()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
-    for variable, value, needle in (("PATCHKIT_CACHE_DIR", str(a_file), "not a folder"),
-                                    ("PATCHKIT_TRANSFORM_CACHE", str(a_file), "not a folder"),
-                                    ("PATCHKIT_JOBS", "many", "not a positive whole number")):
-        run = subprocess.run([sys.executable, "-m", "patchkit", "status", str(tree)], capture_output=True, text=True,
-                             env={**env, variable: value})
+    for variable, value, needle in (
+        ("PATCHKIT_CACHE_DIR", str(a_file), "not a folder"),
+        ("PATCHKIT_TRANSFORM_CACHE", str(a_file), "not a folder"),
+        ("PATCHKIT_JOBS", "many", "not a positive whole number"),
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", "patchkit", "status", str(tree)],
+            capture_output=True,
+            text=True,
+            env={**env, variable: value},
+        )
         assert run.returncode == 2 and run.stderr.count("\n") == 1 and needle in run.stderr, run.stderr
     # The old name still moves the cache folder, with one note (a cache entry
     # is made by hand: nothing is downloaded).
     cached = tmp_path / "old-cache" / "trees" / PRIMARY
     (cached / "sglang").mkdir(parents=True)
     (cached / ".complete").write_text("by the test")
-    run = subprocess.run([sys.executable, "-m", "patchkit", "fetch", PRIMARY], capture_output=True, text=True,
-                         env={**env, "PATCHKIT_CACHE": str(tmp_path / "old-cache")}, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "patchkit", "fetch", PRIMARY],
+        capture_output=True,
+        text=True,
+        env={**env, "PATCHKIT_CACHE": str(tmp_path / "old-cache")},
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == str(tmp_path / "old-cache" / "trees" / PRIMARY / "sglang")
     assert "PATCHKIT_CACHE is deprecated: use PATCHKIT_CACHE_DIR" in run.stderr
 
 
 def test_completion_script_names_the_commands():
-    run = subprocess.run([sys.executable, "-c", "from patchkit.cli import main; main(prog_name='patchkit')"],
-                         capture_output=True, text=True, env={**os.environ, "_PATCHKIT_COMPLETE": "bash_source"})
+    run = subprocess.run(
+        [sys.executable, "-c", "from patchkit.cli import main; main(prog_name='patchkit')"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "_PATCHKIT_COMPLETE": "bash_source"},
+    )
     assert run.returncode == 0 and "_patchkit_completion" in run.stdout
-    run = subprocess.run([sys.executable, "-c", "from patchkit.cli import main; main(prog_name='patchkit')"],
-                         capture_output=True, text=True,
-                         env={**os.environ, "_PATCHKIT_COMPLETE": "bash_complete", "COMP_WORDS": "patchkit show trtllm-mha",
-                              "COMP_CWORD": "2"})
+    run = subprocess.run(
+        [sys.executable, "-c", "from patchkit.cli import main; main(prog_name='patchkit')"],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "_PATCHKIT_COMPLETE": "bash_complete",
+            "COMP_WORDS": "patchkit show trtllm-mha",
+            "COMP_CWORD": "2",
+        },
+    )
     assert "plain,trtllm-mha-overlap-hook" in run.stdout and "plain,trtllm-mha-draft-extend-v2" in run.stdout
 
 

@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from support import PRIMARY, snapshot
+
 from patchkit.errors import PatchkitError
 from patchkit.state import vendoring
 from patchkit.state.files import write_or_remove
@@ -36,11 +36,15 @@ def assert_refused(result, *needles):
 def everything(folder: Path, state: bool = True) -> dict[str, str]:
     """sha256 of every file under ``folder`` (.patchkit's state too where ``state``, never its
     lock), and each link's target."""
-    return {str(p.relative_to(folder)): (f"-> {p.readlink()}" if p.is_symlink() else
-                                         hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(folder.rglob("*"))
-            if (p.is_symlink() or p.is_file()) and not (p.parent.name == ".patchkit" and p.name in LOCK)
-            and (state or ".patchkit" not in p.relative_to(folder).parts)}
+    return {
+        str(p.relative_to(folder)): (
+            f"-> {p.readlink()}" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
+        )
+        for p in sorted(folder.rglob("*"))
+        if (p.is_symlink() or p.is_file())
+        and not (p.parent.name == ".patchkit" and p.name in LOCK)
+        and (state or ".patchkit" not in p.relative_to(folder).parts)
+    }
 
 
 @pytest.fixture
@@ -94,8 +98,12 @@ def test_a_state_or_journal_naming_a_file_outside_is_refused(linked_tree, cli, t
     # A journal (a killed run's) that names it, with the state put back.
     tree = linked_tree(PRIMARY)
     assert cli("apply", tree).exit_code == 0
-    journal = {"verb": "revert", "files": [{"file": rel, "before": "0" * 64, "after": None}],
-               "state": {"format": 1, "applied": {}, "files": {}}, "old_state": None}
+    journal = {
+        "verb": "revert",
+        "files": [{"file": rel, "before": "0" * 64, "after": None}],
+        "state": {"format": 1, "applied": {}, "files": {}},
+        "old_state": None,
+    }
     (tree / ".patchkit" / "journal.json").write_text(json.dumps(journal))
     before = everything(tmp_path)
     for command in ("revert", "apply"):
@@ -108,8 +116,9 @@ def test_a_blob_named_by_a_path_is_refused(linked_tree, cli, tmp_path, victim):
     """A sha256 field that is a path never reaches the blobs folder's neighbours."""
     tree = linked_tree(PRIMARY)
     assert cli("apply", tree).exit_code == 0
-    rel = next(r for r, f in json.loads((tree / ".patchkit" / "state.json").read_text())["files"].items()
-               if f["original"])
+    rel = next(
+        r for r, f in json.loads((tree / ".patchkit" / "state.json").read_text())["files"].items() if f["original"]
+    )
     bad = os.path.relpath(victim, tree / ".patchkit" / "blobs")
     rewrite_json(tree / ".patchkit" / "state.json", lambda d: d["files"][rel].__setitem__("original", bad))
     before = everything(tmp_path)
@@ -124,14 +133,18 @@ def test_a_patch_set_naming_a_file_outside_is_refused(make_tree, cli, tmp_path, 
     outside = tmp_path / "outside"
     outside.mkdir()
     shutil.copy(tree / TORCH_NATIVE, outside / "victim.py")
-    target = {"dotdot": "../outside/victim.py", "absolute": str(outside / "victim.py"),
-              "state": ".patchkit/state.json"}[how]
+    target = {
+        "dotdot": "../outside/victim.py",
+        "absolute": str(outside / "victim.py"),
+        "state": ".patchkit/state.json",
+    }[how]
     patch_set = tmp_path / "set"
     patch_set.mkdir()
     shutil.copy(ACME / "torch_native.py", patch_set)
     (patch_set / "evil.toml").write_text(
         f'id = "evil"\ntitle = "t"\nupstream = []\nrequires = []\ndescription = "d"\n'
-        f'[[targets]]\nfile = "{target}"\ncodemods = ["torch_native:AddVerifyBuffersHook"]\n')
+        f'[[targets]]\nfile = "{target}"\ncodemods = ["torch_native:AddVerifyBuffersHook"]\n'
+    )
     before = everything(tmp_path)
     assert_refused(cli("--patches", patch_set, "apply", tree, "evil"), "evil.toml", repr(target))
     assert everything(tmp_path) == before

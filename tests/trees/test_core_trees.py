@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support import ALL_NATIVE, NATIVE, PRIMARY, pristine, snapshot
+
 from patchkit import registry
 from patchkit.tree import find_tree
 
@@ -104,8 +104,10 @@ def test_patch_definitions_load_from_an_uninstalled_checkout():
     ``scripts/gpu_e2e.py bundle`` runs it) finds the repo's ``patches/``: no
     site-packages, so no ``patchkit.patches`` package mapped by an install."""
     root = Path(__file__).resolve().parents[2]
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from patchkit import registry; "
-            "print(' '.join(p.id for p in registry.all_patches()))")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from patchkit import registry; "
+        "print(' '.join(p.id for p in registry.all_patches()))"
+    )
     out = subprocess.run([sys.executable, "-S", "-c", code, str(root)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [p.id for p in registry.all_patches()]

@@ -17,11 +17,10 @@ import tempfile
 import time
 
 import pytest
-
 from support import PRIMARY, pristine_snapshot, snapshot
+
 from patchkit import registry
-from patchkit.state import vendoring
-from patchkit.state import TEMP_SUFFIX, Store
+from patchkit.state import TEMP_SUFFIX, Store, vendoring
 
 pytestmark = pytest.mark.trees
 
@@ -29,7 +28,10 @@ pytestmark = pytest.mark.trees
 def run(tree, *args, env=None, **kw):
     return subprocess.run(
         [sys.executable, "-m", "patchkit", *args, str(tree)],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, **kw,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        **kw,
     )
 
 
@@ -126,8 +128,11 @@ def test_a_kill_inside_a_removal_leaves_no_empty_folder(linked_tree, patched_ref
     tree = linked_tree(PRIMARY)
     assert run(tree, "apply").returncode == 0
     assert run(tree, "revert", env={"PATCHKIT_TEST_CRASH_AT": "file:1"}).returncode == 137
-    removals = [e["file"] for e in json.loads((tree / ".patchkit" / "journal.json").read_text())["files"]
-                if e["after"] is None and (tree / e["file"]).exists()]
+    removals = [
+        e["file"]
+        for e in json.loads((tree / ".patchkit" / "journal.json").read_text())["files"]
+        if e["after"] is None and (tree / e["file"]).exists()
+    ]
     for rel in removals:  # the kill came after the last unlink, before any rmdir
         (tree / rel).unlink()
     assert_settled(tree, patched_reference, "revert")
@@ -142,8 +147,9 @@ def test_sigkill_at_random_moments(linked_tree, patched_reference):
         verb = "apply" if attempt % 2 == 0 else "revert"
         if verb == "revert":
             assert run(tree, "apply").returncode == 0
-        proc = subprocess.Popen([sys.executable, "-m", "patchkit", verb, str(tree)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "patchkit", verb, str(tree)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         time.sleep(rng.uniform(0.2, 2.5))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -176,8 +182,9 @@ def test_signals_at_random_moments_leave_all_or_nothing(linked_tree, patched_ref
     for attempt in range(10):
         tree = linked_tree(PRIMARY)
         sig = signal.SIGINT if attempt % 2 else signal.SIGTERM
-        proc = subprocess.Popen([sys.executable, "-m", "patchkit", "apply", str(tree)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "patchkit", "apply", str(tree)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         time.sleep(rng.uniform(0.1, 1.2))
         proc.send_signal(sig)
         proc.wait()
@@ -191,8 +198,15 @@ def test_signals_at_random_moments_leave_all_or_nothing(linked_tree, patched_ref
 
 def test_two_applies_at_once_are_serialised(linked_tree, patched_reference):
     tree = linked_tree(PRIMARY)
-    procs = [subprocess.Popen([sys.executable, "-m", "patchkit", "apply", str(tree)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "patchkit", "apply", str(tree)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate() for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert snapshot(tree) == patched_reference

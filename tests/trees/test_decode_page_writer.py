@@ -12,15 +12,15 @@ import textwrap
 
 import pytest
 
-from patchkit.testing import apply, detect
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods.common.base import State
 from patchkit.fetch import fetch_tree
+from patchkit.testing import apply, detect
 
 WRITER = "srt/layers/attention/triton_ops/metadata.py"
 CUT = fa3.DecodePageWriterStopsAtLivePages
 
-KERNEL = '''
+KERNEL = """
 @triton.jit
 def _fused_metadata_kernel_ps1_no_swa(seq_lens, seq_lens_stride_0, page_table, max_seq_pages, seq_len_delta: tl.constexpr, BLOCK_COLS: tl.constexpr):
     pid_b = tl.program_id(0)
@@ -29,7 +29,7 @@ def _fused_metadata_kernel_ps1_no_swa(seq_lens, seq_lens_stride_0, page_table, m
     col_offsets = pid_c * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     mask = col_offsets < max_seq_pages
     tl.store(page_table + i * 8 + col_offsets, col_offsets, mask=mask)
-'''
+"""
 
 
 def test_the_column_mask_also_stops_at_the_rows_live_pages():
@@ -40,7 +40,9 @@ def test_the_column_mask_also_stops_at_the_rows_live_pages():
 
 
 def test_paged_kernels_count_pages():
-    paged = KERNEL.replace("_ps1_no_swa(", "_general(").replace("seq_len_delta: tl.constexpr,", "page_size: tl.constexpr, seq_len_delta: tl.constexpr,")
+    paged = KERNEL.replace("_ps1_no_swa(", "_general(").replace(
+        "seq_len_delta: tl.constexpr,", "page_size: tl.constexpr, seq_len_delta: tl.constexpr,"
+    )
     out = apply(CUT, paged)
     assert "+ seq_len_delta + page_size - 1) // page_size" in out
 
@@ -61,10 +63,13 @@ def test_a_kernel_without_the_rows_length_is_a_missing_anchor():
 
 
 def test_fa3_module_without_the_kernels_says_where_they_are():
-    assert detect(fa3.FA3DecodePageWriterStopsAtLivePages, "class FlashAttentionBackend:\n    pass\n").state is State.SUPERSEDED
+    assert (
+        detect(fa3.FA3DecodePageWriterStopsAtLivePages, "class FlashAttentionBackend:\n    pass\n").state
+        is State.SUPERSEDED
+    )
 
 
-RUN = textwrap.dedent('''
+RUN = textwrap.dedent("""
     import sys, types, torch
     def load(path):
         module = types.ModuleType("writer")
@@ -91,7 +96,7 @@ RUN = textwrap.dedent('''
             assert torch.equal(new[row, :live], old[row, :live]), (page_size, row)
             assert (new[row, live:] == -1).all(), (page_size, row)
     print("same live columns")
-''')
+""")
 
 
 @pytest.mark.trees
@@ -101,6 +106,7 @@ def test_the_patched_013_kernels_under_the_interpreter(tmp_path):
     patched = tmp_path / "metadata.py"
     patched.write_text(apply(CUT, pristine.read_text()))
     env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", RUN, str(pristine), str(patched)], env=env, capture_output=True,
-                          text=True, timeout=400)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, str(pristine), str(patched)], env=env, capture_output=True, text=True, timeout=400
+    )
     assert done.returncode == 0 and "same live columns" in done.stdout, done.stderr[-3000:]

@@ -24,9 +24,9 @@ from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
-
 from dp_settings import SETTINGS, rank_view
 from support import linked_copy
+
 from patchkit.fetch import fetch_tree
 
 pytestmark = pytest.mark.trees
@@ -74,7 +74,9 @@ def scheduler_decision(package: Path):
     ``configure_needs_cpu_seq_lens(...)`` statement for stand-in ``self``."""
     runtime = vendored_runtime(package)
     source = (package / "srt/managers/scheduler.py").read_text()
-    call = next(line.strip() for line in source.splitlines() if line.strip().startswith("configure_needs_cpu_seq_lens("))
+    call = next(
+        line.strip() for line in source.splitlines() if line.strip().startswith("configure_needs_cpu_seq_lens(")
+    )
     assert "piecewise_reads_mirror=False" in call
 
     def decide(me):
@@ -111,7 +113,12 @@ def upstream_decision(package: Path, monkeypatch):
     spec_info = types.ModuleType("sglang.srt.speculative.spec_info")
     spec_info.SpeculativeAlgorithm = _Algorithm
     monkeypatch.setitem(sys.modules, spec_info.__name__, spec_info)
-    namespace = {"SpeculativeAlgorithm": _Algorithm, "Sequence": object, "AttentionBackend": object, "ServerArgs": object}
+    namespace = {
+        "SpeculativeAlgorithm": _Algorithm,
+        "Sequence": object,
+        "AttentionBackend": object,
+        "ServerArgs": object,
+    }
     exec(compile(ast.Module(body=[function], type_ignores=[]), str(package), "exec"), namespace)
     decide = namespace["decide_needs_cpu_seq_lens"]
     takes_args = len(function.args.args) == 2
@@ -130,8 +137,13 @@ def upstream_decision(package: Path, monkeypatch):
 def decisions(decide, fields, backends):
     """The decision of every DP rank, for both values of the piecewise switch."""
     return {
-        decide(rank_view(NS(**{"enable_two_batch_overlap": False, **fields, "disable_piecewise_cuda_graph": pcg_off}),
-                         backends, rank))
+        decide(
+            rank_view(
+                NS(**{"enable_two_batch_overlap": False, **fields, "disable_piecewise_cuda_graph": pcg_off}),
+                backends,
+                rank,
+            )
+        )
         for pcg_off in (True, False)
         for rank in DP_RANKS
     }

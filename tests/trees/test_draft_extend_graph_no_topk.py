@@ -7,12 +7,12 @@ trtllm-mha-draft-extend-v2, refusals, then every targeted release."""
 from __future__ import annotations
 
 import pytest
-
-from patchkit.testing import apply, assert_codemod, assert_state, run_all
 from support import snapshot
+
 from patchkit.codemods import draft_extend_graph_no_topk as nt
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, assert_codemod, assert_state, run_all
 
 PATCH = "draft-extend-graph-no-topk"
 RUNNER_FILE = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
@@ -49,14 +49,18 @@ CAPTURE_0512 = """\
         return self._capture_graph(graph, pool, stream, run_once)
 
 """
-CAPTURE_0512_AFTER = CAPTURE_0512.replace("""\
+CAPTURE_0512_AFTER = CAPTURE_0512.replace(
+    """\
             probs = torch.softmax(ret.next_token_logits, dim=-1)
             ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
-""", COMMENT + """\
+""",
+    COMMENT
+    + """\
             if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:
                 probs = torch.softmax(ret.next_token_logits, dim=-1)
                 ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
-""")
+""",
+)
 REPLAY_0512 = """\
     def replay(self, forward_batch):
         out = self.output_buffers[bs]
@@ -67,14 +71,17 @@ REPLAY_0512 = """\
             out.topk_index = out_copy.topk_index[:unpadding_bs]
         return out
 """
-REPLAY_GUARDED = REPLAY_0512.replace("""\
+REPLAY_GUARDED = REPLAY_0512.replace(
+    """\
             out.topk_p = out_copy.topk_p[:unpadding_bs]
             out.topk_index = out_copy.topk_index[:unpadding_bs]
-""", """\
+""",
+    """\
             if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:
                 out.topk_p = out_copy.topk_p[:unpadding_bs]
                 out.topk_index = out_copy.topk_index[:unpadding_bs]
-""")
+""",
+)
 
 # 0.5.13 .. 0.5.16: argmax fast path for topk == 1 on CUDA (sglang #26235).
 FAST_PATH = """\
@@ -86,15 +93,22 @@ FAST_PATH = """\
                 probs = torch.softmax(ret.next_token_logits, dim=-1)
                 ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
 """
-CAPTURE_0513 = CAPTURE_0512.replace("""\
+CAPTURE_0513 = CAPTURE_0512.replace(
+    """\
             probs = torch.softmax(ret.next_token_logits, dim=-1)
             ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
-""", FAST_PATH)
-CAPTURE_0513_AFTER = CAPTURE_0512.replace("""\
+""",
+    FAST_PATH,
+)
+CAPTURE_0513_AFTER = CAPTURE_0512.replace(
+    """\
             probs = torch.softmax(ret.next_token_logits, dim=-1)
             ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
-""", COMMENT + "            if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:\n"
-    + "".join("    " + line + "\n" for line in FAST_PATH.splitlines()))
+""",
+    COMMENT
+    + "            if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:\n"
+    + "".join("    " + line + "\n" for line in FAST_PATH.splitlines()),
+)
 
 # 0.5.14 .. 0.5.16: V2-only runner, capture_one_shape / execute (no top-k out).
 EXECUTE = """\
@@ -114,20 +128,32 @@ CAPTURE_UPSTREAM = """\
 
 
 def test_the_0512_runner_guards_capture_and_replay_for_v1():
-    assert_codemod(nt.V2GraphComputesNoTopk, HEAD + CAPTURE_0512 + REPLAY_0512,
-                   HEAD + CAPTURE_0512_AFTER + REPLAY_GUARDED)
+    assert_codemod(
+        nt.V2GraphComputesNoTopk, HEAD + CAPTURE_0512 + REPLAY_0512, HEAD + CAPTURE_0512_AFTER + REPLAY_GUARDED
+    )
 
 
 def test_0513_fast_path_moves_whole_under_the_guard_and_native_replay_stays():
-    assert_codemod(nt.V2GraphComputesNoTopk, HEAD + CAPTURE_0513 + REPLAY_GUARDED,
-                   HEAD + CAPTURE_0513_AFTER + REPLAY_GUARDED)
+    assert_codemod(
+        nt.V2GraphComputesNoTopk, HEAD + CAPTURE_0513 + REPLAY_GUARDED, HEAD + CAPTURE_0513_AFTER + REPLAY_GUARDED
+    )
 
 
 def test_0514_v2_only_runner_has_a_capture_one_shape_and_an_execute_without_top_k():
-    before = HEAD + CAPTURE_0513.replace("capture_one_batch_size(self, bs, forward, stream_idx=0)",
-                                         "capture_one_shape(self, size, forward)") + EXECUTE
-    after = HEAD + CAPTURE_0513_AFTER.replace("capture_one_batch_size(self, bs, forward, stream_idx=0)",
-                                              "capture_one_shape(self, size, forward)") + EXECUTE
+    before = (
+        HEAD
+        + CAPTURE_0513.replace(
+            "capture_one_batch_size(self, bs, forward, stream_idx=0)", "capture_one_shape(self, size, forward)"
+        )
+        + EXECUTE
+    )
+    after = (
+        HEAD
+        + CAPTURE_0513_AFTER.replace(
+            "capture_one_batch_size(self, bs, forward, stream_idx=0)", "capture_one_shape(self, size, forward)"
+        )
+        + EXECUTE
+    )
     assert_codemod(nt.V2GraphComputesNoTopk, before, after)
 
 
@@ -136,14 +162,17 @@ def test_upstream_top_k_free_graph_is_native_and_untouched():
 
 
 def test_a_v2_test_of_the_vendor_s_own_counts_as_done():
-    vendor = CAPTURE_0512.replace("""\
+    vendor = CAPTURE_0512.replace(
+        """\
             probs = torch.softmax(ret.next_token_logits, dim=-1)
             ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
-""", """\
+""",
+        """\
             if not forward_batch.forward_mode.is_draft_extend_v2():
                 probs = torch.softmax(ret.next_token_logits, dim=-1)
                 ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
-""")
+""",
+    )
     assert_state(nt.V2GraphComputesNoTopk, HEAD + vendor + REPLAY_GUARDED, State.DONE)
 
 
@@ -157,30 +186,56 @@ def test_the_replay_edit_is_shared_with_trtllm_mha_draft_extend_v2(order):
 
 
 def test_a_softmax_the_vendor_reads_elsewhere_stays_only_top_k_is_guarded():
-    src = HEAD + CAPTURE_0512.replace("            ret.topk_p, ret.topk_index", "            log(probs)\n"
-                                      "            ret.topk_p, ret.topk_index") + REPLAY_0512
+    src = (
+        HEAD
+        + CAPTURE_0512.replace(
+            "            ret.topk_p, ret.topk_index", "            log(probs)\n            ret.topk_p, ret.topk_index"
+        )
+        + REPLAY_0512
+    )
     after = apply(nt.V2GraphComputesNoTopk, src)
-    assert "            probs = torch.softmax(ret.next_token_logits, dim=-1)\n            log(probs)\n" + COMMENT in after
+    assert (
+        "            probs = torch.softmax(ret.next_token_logits, dim=-1)\n            log(probs)\n" + COMMENT in after
+    )
 
 
 def test_replay_alone_still_copying_is_todo_and_fixed():
     """A graph without top-k whose replay still copies it (a V2 replay would fail)."""
-    assert_codemod(nt.V2GraphComputesNoTopk, HEAD + CAPTURE_UPSTREAM + REPLAY_0512,
-                   HEAD + CAPTURE_UPSTREAM + REPLAY_GUARDED)
+    assert_codemod(
+        nt.V2GraphComputesNoTopk, HEAD + CAPTURE_UPSTREAM + REPLAY_0512, HEAD + CAPTURE_UPSTREAM + REPLAY_GUARDED
+    )
 
 
-@pytest.mark.parametrize("src, says", [
-    (HEAD.replace("self.forward_mode = ForwardMode.DRAFT_EXTEND_V2", "self.mode = 2") + CAPTURE_0512 + REPLAY_0512,
-     "never sets self.forward_mode"),
-    (HEAD + CAPTURE_0512.replace("            forward_batch.out_cache_loc =", "            log(ret)\n"
-                                 "            ret.topk_p = ret.topk_p.float()\n"
-                                 "            forward_batch.out_cache_loc =") + REPLAY_0512,
-     "not one run of statements that only compute it"),
-    (HEAD + REPLAY_0512, "defines none of capture_one_batch_size, capture_one_shape"),
-    (HEAD + CAPTURE_0512, "defines none of replay, execute"),
-    (HEAD + CAPTURE_0512 + REPLAY_0512.replace("            out.topk_index", "            log(out)\n"
-                                               "            out.topk_index"), "not one run of statements in one block"),
-])
+@pytest.mark.parametrize(
+    "src, says",
+    [
+        (
+            HEAD.replace("self.forward_mode = ForwardMode.DRAFT_EXTEND_V2", "self.mode = 2")
+            + CAPTURE_0512
+            + REPLAY_0512,
+            "never sets self.forward_mode",
+        ),
+        (
+            HEAD
+            + CAPTURE_0512.replace(
+                "            forward_batch.out_cache_loc =",
+                "            log(ret)\n"
+                "            ret.topk_p = ret.topk_p.float()\n"
+                "            forward_batch.out_cache_loc =",
+            )
+            + REPLAY_0512,
+            "not one run of statements that only compute it",
+        ),
+        (HEAD + REPLAY_0512, "defines none of capture_one_batch_size, capture_one_shape"),
+        (HEAD + CAPTURE_0512, "defines none of replay, execute"),
+        (
+            HEAD
+            + CAPTURE_0512
+            + REPLAY_0512.replace("            out.topk_index", "            log(out)\n            out.topk_index"),
+            "not one run of statements in one block",
+        ),
+    ],
+)
 def test_missing_anchors_are_one_line_naming_file_line_and_need(src, says):
     finding = assert_state(nt.V2GraphComputesNoTopk, src, State.MISSING, detail=says)
     assert "\n" not in finding.detail
@@ -198,7 +253,9 @@ def test_every_targeted_release_applies_verifies_and_reverts_exactly(make_tree, 
     result = cli("apply", package, PATCH)
     assert result.exit_code == 0, result.output
     text = (package / RUNNER_FILE).read_text()
-    assert text.count("if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:") == (1 if version >= "0.5.14" else 2)  # 0.5.14+: execute copies none
+    assert text.count("if self.forward_mode != ForwardMode.DRAFT_EXTEND_V2:") == (
+        1 if version >= "0.5.14" else 2
+    )  # 0.5.14+: execute copies none
     compile(text, RUNNER_FILE, "exec")
     assert cli("verify", package, PATCH).exit_code == 0
     assert cli("apply", package, PATCH).exit_code == 0 and (package / RUNNER_FILE).read_text() == text
@@ -218,7 +275,9 @@ def test_upstream_has_it_natively(make_tree, cli, version):
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.12.post1"])
-def test_with_trtllm_mha_draft_extend_v2_in_either_order_and_revert_of_one_keeps_the_replay_guard(make_tree, cli, version):
+def test_with_trtllm_mha_draft_extend_v2_in_either_order_and_revert_of_one_keeps_the_replay_guard(
+    make_tree, cli, version
+):
     package = make_tree(version)
     before = snapshot(package)
     assert cli("apply", package, "trtllm-mha-draft-extend-v2").exit_code == 0

@@ -17,16 +17,16 @@ import re
 import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext
-
-from patchkit.testing import run
 from support import NATIVE, PRIMARY, patch_states, snapshot
+
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods import flashmla_spec_v2 as fm
-from patchkit.codemods.flashmla_spec_v2 import fixed_q
 from patchkit.codemods import replay_no_stale_mirror as rnsm
 from patchkit.codemods import trtllm_mha_spec_v2 as mha
 from patchkit.codemods.common.base import State
+from patchkit.codemods.flashmla_spec_v2 import fixed_q
 from patchkit.fetch import fetch_tree
+from patchkit.testing import run
 
 pytestmark = pytest.mark.trees
 
@@ -60,18 +60,24 @@ FIRST_CALL = r"(\n( +)if self\.is_fp8_kvcache:\n)"
 
 def in_method(name: str, edit):
     """``edit`` applied to the text of method ``name`` only (up to the next def or class)."""
+
     def run_edit(text: str) -> str:
         start = text.index(f"    def {name}(")
-        end = min(i for i in (text.find("\n    def ", start + 1), text.find("\nclass ", start + 1), len(text)) if i != -1)
+        end = min(
+            i for i in (text.find("\n    def ", start + 1), text.find("\nclass ", start + 1), len(text)) if i != -1
+        )
         return text[:start] + edit(text[start:end]) + text[end:]
+
     return run_edit
 
 
 def _hoisted(value: str, name: str = "cache_seqlens"):
     """The verify lengths computed once, before the fp8 branch, in a local."""
+
     def edit(text: str) -> str:
         text = sub(FIRST_CALL, rf"\n\2{name} = {value}\1", text, count=1)
         return sub(VERIFY_LENS, f"cache_seqlens={name},", text, expected=2)
+
     return edit
 
 
@@ -80,23 +86,33 @@ def _positional(text: str) -> str:
     return sub(
         r"q=(reshape_q(?:_fp8)?),\n( +)k_cache=(.*?),\n +block_table=(.*?),\n +" + VERIFY_LENS,
         r"\1,\n\2\3,\n\2\4,\n\2forward_batch.seq_lens.to(torch.int32) + self.num_draft_tokens,",
-        text, expected=2,
+        text,
+        expected=2,
     )
 
 
 _FORWARD_EXTEND_FORKS = {
     # The value the verify path hands the kernel, spelled another way.
     "local-variable": _hoisted("forward_batch.seq_lens.to(torch.int32) + self.num_draft_tokens"),
-    "to-device-operands-swapped": lambda t: sub(VERIFY_LENS, "cache_seqlens=self.num_draft_tokens + forward_batch.seq_lens.to(q.device),", t),
-    "int32-cast-of-the-sum": lambda t: sub(VERIFY_LENS, "cache_seqlens=(forward_batch.seq_lens + self.num_draft_tokens).to(torch.int32),", t),
+    "to-device-operands-swapped": lambda t: sub(
+        VERIFY_LENS, "cache_seqlens=self.num_draft_tokens + forward_batch.seq_lens.to(q.device),", t
+    ),
+    "int32-cast-of-the-sum": lambda t: sub(
+        VERIFY_LENS, "cache_seqlens=(forward_batch.seq_lens + self.num_draft_tokens).to(torch.int32),", t
+    ),
     "draft-tokens-in-a-local": lambda t: sub(
-        VERIFY_LENS, "cache_seqlens=forward_batch.seq_lens.int() + num_draft,", sub(FIRST_CALL, r"\n\2num_draft = self.num_draft_tokens\1", t, count=1)
+        VERIFY_LENS,
+        "cache_seqlens=forward_batch.seq_lens.int() + num_draft,",
+        sub(FIRST_CALL, r"\n\2num_draft = self.num_draft_tokens\1", t, count=1),
     ),
     "seq-lens-cast-in-a-local": lambda t: sub(
-        VERIFY_LENS, "cache_seqlens=seq_lens_i32 + self.num_draft_tokens,",
+        VERIFY_LENS,
+        "cache_seqlens=seq_lens_i32 + self.num_draft_tokens,",
         sub(FIRST_CALL, r"\n\2seq_lens_i32 = forward_batch.seq_lens.to(dtype=torch.int32)\1", t, count=1),
     ),
-    "torch-add": lambda t: sub(VERIFY_LENS, "cache_seqlens=torch.add(forward_batch.seq_lens, self.num_draft_tokens).to(torch.int32),", t),
+    "torch-add": lambda t: sub(
+        VERIFY_LENS, "cache_seqlens=torch.add(forward_batch.seq_lens, self.num_draft_tokens).to(torch.int32),", t
+    ),
     "positional": _positional,
 }
 # The vendor already hands the draft extend its own K lengths: left alone, a note.
@@ -106,12 +122,14 @@ _VENDOR_K_LENS = {
         "else forward_batch.seq_lens.to(torch.int32) + self.num_draft_tokens)"
     ),
     "if-else-locals": lambda t: sub(
-        VERIFY_LENS, "cache_seqlens=k_lens,",
+        VERIFY_LENS,
+        "cache_seqlens=k_lens,",
         sub(
             FIRST_CALL,
             r"\n\2if forward_batch.forward_mode == ForwardMode.DRAFT_EXTEND_V2:\n\2    k_lens = self._vendor_draft_k_lens(forward_batch)\n"
             r"\2else:\n\2    k_lens = forward_batch.seq_lens.to(torch.int32) + self.num_draft_tokens\1",
-            t, count=1,
+            t,
+            count=1,
         ),
     ),
 }
@@ -128,7 +146,11 @@ ROUTES = {
 
 def _cache_seqlens_values(text: str) -> list[str]:
     """The code of each fixed-q kernel call's cache_seqlens, through one local."""
-    fn = next(n for n in cst.parse_module(text).visit(cst.CSTTransformer()).body if isinstance(n, cst.ClassDef) and n.name.value == fm.BACKEND)
+    fn = next(
+        n
+        for n in cst.parse_module(text).visit(cst.CSTTransformer()).body
+        if isinstance(n, cst.ClassDef) and n.name.value == fm.BACKEND
+    )
     method = next(s for s in fn.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward_extend")
     local = fixed_q.Locals(method)
     out = []
@@ -147,7 +169,9 @@ def test_flashmla_forward_extend_spelled_another_way(release, variant):
     before, after, again = run(fm.ForwardExtendFixedQDraftExtend, forked)
     assert (before, again) == (State.TODO, State.DONE)
     values = _cache_seqlens_values(after)
-    assert values and all(v.startswith("fixed_q_cache_seqlens(forward_batch, self.forward_metadata, ") for v in values), values
+    assert values and all(
+        v.startswith("fixed_q_cache_seqlens(forward_batch, self.forward_metadata, ") for v in values
+    ), values
     assert "from sglang.srt._patchkit.backends.flashmla import fixed_q_cache_seqlens" in after
     assert "ForwardMode.DRAFT_EXTEND_V2" not in after.split("def forward_extend", 1)[1].split("\nclass ", 1)[0]
     assert run(fm.ForwardExtendFixedQDraftExtend, after) == (State.DONE, after, State.DONE)
@@ -163,7 +187,11 @@ def test_flashmla_forward_extend_vendor_k_lengths_are_a_note(release, variant):
     compile(forked, FLASHMLA, "exec")
     found = finding(fm.ForwardExtendFixedQDraftExtend, forked, FLASHMLA)
     assert found.state is State.DONE and found.by_tree, found
-    needle = "self.forward_metadata.vendor_k_lens" if variant == "conditional-expression" else "k_lens = self._vendor_draft_k_lens"
+    needle = (
+        "self.forward_metadata.vendor_k_lens"
+        if variant == "conditional-expression"
+        else "k_lens = self._vendor_draft_k_lens"
+    )
     assert f"the draft extend's own K lengths at {FLASHMLA}:{line_of(forked, needle)}" in found.detail
     assert run(fm.ForwardExtendFixedQDraftExtend, forked) == (State.DONE, forked, State.DONE)
 
@@ -182,10 +210,14 @@ def test_flashmla_forward_extend_routing_spelled_another_way(route):
 
 
 def test_flashmla_forward_extend_unknown_cache_seqlens_names_file_line_and_shape():
-    forked = sub(VERIFY_LENS, "cache_seqlens=self._vendor_lengths(forward_batch),", (fetch_tree(PRIMARY) / FLASHMLA).read_text())
+    forked = sub(
+        VERIFY_LENS, "cache_seqlens=self._vendor_lengths(forward_batch),", (fetch_tree(PRIMARY) / FLASHMLA).read_text()
+    )
     found = finding(fm.ForwardExtendFixedQDraftExtend, forked, FLASHMLA)
     assert found.state is State.MISSING
-    assert found.detail.startswith(f"{FLASHMLA}:{line_of(forked, 'self._vendor_lengths(forward_batch)')}: the fixed-q kernel's cache_seqlens is `self._vendor_lengths(forward_batch)`")
+    assert found.detail.startswith(
+        f"{FLASHMLA}:{line_of(forked, 'self._vendor_lengths(forward_batch)')}: the fixed-q kernel's cache_seqlens is `self._vendor_lengths(forward_batch)`"
+    )
 
 
 # -- replay-no-stale-mirror: the pinned buffer handed at replay -----------------------------------
@@ -211,7 +243,9 @@ class _HoistKwarg(cst.CSTTransformer):
         if self.depth and cst.ensure_type(updated, cst.Arg).keyword is not None and m.matches(updated, rnsm.RAW_KWARG):
             value = rnsm.code_of(updated.value)
             if self.vendor_fix:
-                return updated.with_changes(value=cst.parse_expression(f"({value} if forward_batch.seq_lens_cpu is not None else None)"))
+                return updated.with_changes(
+                    value=cst.parse_expression(f"({value} if forward_batch.seq_lens_cpu is not None else None)")
+                )
             self.pending.append(cst.parse_statement(f"{self.local} = {value}\n"))
             if self.instrument:
                 self.pending.append(cst.parse_statement(f"logger.debug('fork: replay with %s', {self.local}.shape)\n"))
@@ -227,9 +261,10 @@ class _HoistKwarg(cst.CSTTransformer):
 
 import libcst.matchers as m  # noqa: E402
 
-
 REPLAY_FORKS = {
-    "buffer-held-elsewhere": lambda t: sub(r"seq_lens_cpu=buffers\.seq_lens_cpu", "seq_lens_cpu=self.graph_buffers.seq_lens_cpu", t),
+    "buffer-held-elsewhere": lambda t: sub(
+        r"seq_lens_cpu=buffers\.seq_lens_cpu", "seq_lens_cpu=self.graph_buffers.seq_lens_cpu", t
+    ),
     "pinned-buffer-in-a-local": lambda t: cst.parse_module(t).visit(_HoistKwarg("pinned_seq_lens")).code,
     "instrumented-and-in-a-local": lambda t: cst.parse_module(t).visit(_HoistKwarg("host_lens", instrument=True)).code,
 }
@@ -255,7 +290,10 @@ def test_replay_vendor_own_none_is_a_note(release):
         found = finding(rnsm.ReplayPassesNoStaleMirror, forked, rel)
         assert found.state is State.DONE and found.by_tree, found
         line = line_of(forked, "if forward_batch.seq_lens_cpu is not None else None")
-        assert found.detail == f"this tree already hands the backend None without the batch's mirror at {rel}:{line}; patchkit leaves it as it is"
+        assert (
+            found.detail
+            == f"this tree already hands the backend None without the batch's mirror at {rel}:{line}; patchkit leaves it as it is"
+        )
         assert run(rnsm.ReplayPassesNoStaleMirror, forked) == (State.DONE, forked, State.DONE)
 
 
@@ -269,12 +307,17 @@ HOST_MAX_FORKS = {
 
 
 @pytest.mark.parametrize("variant", sorted(HOST_MAX_FORKS))
-@pytest.mark.parametrize("rel, codemod", [(FA3, fa3.EagerMetadataWithoutMirror), (TRTLLM_MHA, mha.EagerMetadataWithoutMirror)])
+@pytest.mark.parametrize(
+    "rel, codemod", [(FA3, fa3.EagerMetadataWithoutMirror), (TRTLLM_MHA, mha.EagerMetadataWithoutMirror)]
+)
 def test_eager_host_max_spelled_another_way(rel, codemod, variant):
     forked = sub(HOST_MAX, HOST_MAX_FORKS[variant], (fetch_tree(PRIMARY) / rel).read_text(), count=1)
     before, after, again = run(codemod, forked)
     assert (before, again) == (State.TODO, State.DONE)
-    assert HOST_MAX_FORKS[variant] not in after and "host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len)" in after
+    assert (
+        HOST_MAX_FORKS[variant] not in after
+        and "host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len)" in after
+    )
 
 
 # -- the whole tree, once -------------------------------------------------------------------------
@@ -304,7 +347,9 @@ def test_forked_tree_applies_verifies_and_reverts_exactly(make_tree, cli):
     states = patch_states(cli, tree)
     assert {pid: p["state"] for pid, p in states.items()} == dict.fromkeys(states, "applied")
     assert any("reads no CPU seq_lens mirror here" in n for n in states["needs-cpu-seq-lens"]["notes"])
-    assert any("hands the backend None without the batch's mirror" in n for n in states["replay-no-stale-mirror"]["notes"])
+    assert any(
+        "hands the backend None without the batch's mirror" in n for n in states["replay-no-stale-mirror"]["notes"]
+    )
     assert "fixed_q_cache_seqlens(forward_batch, self.forward_metadata, num_draft)" in (tree / FLASHMLA).read_text()
     verified = cli("verify", tree)
     assert verified.exit_code == 0 and "verify: OK" in verified.output, verified.output
@@ -326,7 +371,12 @@ EAGER_FORKS = {
     "swa-switch-and-keyword": lambda t: sub(
         r"if not self\.use_sliding_window_kv_pool:\n            return None\n        shape",
         "if self._swa_kv_pool is None:\n            return None\n        shape",
-        sub(r"self\._maybe_translate_swa\(metadata\.page_table\)", "self._maybe_translate_swa(token_indices=metadata.page_table)", t, expected=1),
+        sub(
+            r"self\._maybe_translate_swa\(metadata\.page_table\)",
+            "self._maybe_translate_swa(token_indices=metadata.page_table)",
+            t,
+            expected=1,
+        ),
         expected=1,
     ),
 }
@@ -338,7 +388,9 @@ def test_eager_page_table_on_forked_real_file(variant):
     before, after, again = run(mha.EagerPageTableOnDevice, forked)
     assert (before, again) == (State.TODO, State.DONE)
     compile(after, TRTLLM_MHA, "exec")
-    switch = "self._swa_kv_pool is None" if variant == "swa-switch-and-keyword" else "not self.use_sliding_window_kv_pool"
+    switch = (
+        "self._swa_kv_pool is None" if variant == "swa-switch-and-keyword" else "not self.use_sliding_window_kv_pool"
+    )
     assert f"        page_table_on_device = {switch}\n" in after
     assert after.count("if not page_table_on_device:") == 5  # four gathers and the striding
     assert "eager_page_table(forward_batch.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, " in after

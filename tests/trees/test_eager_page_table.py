@@ -8,20 +8,20 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from patchkit.testing import apply, assert_codemod, assert_state, detect, run_all
 from support import snapshot
+
 from patchkit import registry
 from patchkit.backends import page_table as pt
 from patchkit.codemods import trtllm_mha_spec_v2 as mha
 from patchkit.codemods.common.base import State
 from patchkit.fetch import fetch_tree
+from patchkit.testing import apply, assert_codemod, assert_state, detect, run_all
 
 MHA_FILE = "srt/layers/attention/trtllm_mha_backend.py"
 PATCH = "trtllm-mha-spec-v2"
 EAGER = mha.EagerPageTableOnDevice
 
-BEFORE = '''
+BEFORE = """
 class TRTLLMHAAttnBackend:
     def _maybe_translate_swa(self, token_indices):
         if not self.use_sliding_window_kv_pool:
@@ -55,9 +55,9 @@ class TRTLLMHAAttnBackend:
                 metadata.swa_page_table = metadata.swa_page_table[:, self.strided_indices] // self.page_size
 
         self.forward_metadata = metadata
-'''
+"""
 
-AFTER = '''
+AFTER = """
 from sglang.srt._patchkit.backends.page_table import eager_page_table
 class TRTLLMHAAttnBackend:
     def _maybe_translate_swa(self, token_indices):
@@ -103,7 +103,7 @@ class TRTLLMHAAttnBackend:
                     metadata.swa_page_table = metadata.swa_page_table[:, self.strided_indices] // self.page_size
 
         self.forward_metadata = metadata
-'''
+"""
 
 
 def test_the_gathers_become_one_device_build():
@@ -202,16 +202,28 @@ class _Metadata:
 def _run_eager(source: str, page_size: int, swa: bool, decode: bool):
     req_to_token = torch.arange(6 * 70, dtype=torch.int32).reshape(6, 70)
     body = source.split("from sglang.srt._patchkit.backends.page_table import eager_page_table\n")[-1]
-    namespace = {"eager_page_table": pt.eager_page_table, "torch": torch, "TRTLLMMHAMetadata": _Metadata,
-                 "host_max_seq_len": lambda cpu, bound: bound if cpu is None else int(cpu.max())}
+    namespace = {
+        "eager_page_table": pt.eager_page_table,
+        "torch": torch,
+        "TRTLLMMHAMetadata": _Metadata,
+        "host_max_seq_len": lambda cpu, bound: bound if cpu is None else int(cpu.max()),
+    }
     exec(compile(body, "eager.py", "exec"), namespace)
-    backend = _NS(use_sliding_window_kv_pool=swa, page_size=page_size, max_context_len=64,
-                  _swa_kv_pool=_NS(translate_loc_from_full_to_swa=lambda t: t + 5000))
+    backend = _NS(
+        use_sliding_window_kv_pool=swa,
+        page_size=page_size,
+        max_context_len=64,
+        _swa_kv_pool=_NS(translate_loc_from_full_to_swa=lambda t: t + 5000),
+    )
     cls = namespace["TRTLLMHAAttnBackend"]
     backend._maybe_translate_swa = lambda t: cls._maybe_translate_swa(backend, t)
-    batch = _NS(forward_mode=_NS(is_decode_or_idle=lambda: decode), seq_lens=torch.tensor([3, 17, 9]),
-                seq_lens_cpu=None, req_pool_indices=torch.tensor([4, 0, 2]),
-                req_to_token_pool=_NS(req_to_token=req_to_token))
+    batch = _NS(
+        forward_mode=_NS(is_decode_or_idle=lambda: decode),
+        seq_lens=torch.tensor([3, 17, 9]),
+        seq_lens_cpu=None,
+        req_pool_indices=torch.tensor([4, 0, 2]),
+        req_to_token_pool=_NS(req_to_token=req_to_token),
+    )
     cls.init_forward_metadata(backend, batch)
     return backend.forward_metadata
 
@@ -271,7 +283,9 @@ def test_a_tree_applied_by_the_previous_form_is_partial_then_upgrades(make_tree,
     before = snapshot(pristine_tree)
     assert cli("apply", fresh_tree, PATCH).exit_code == 0
     with monkeypatch.context() as previous:
-        previous.setattr(target, "refs", tuple(r for r in target.refs if not str(r).endswith(":EagerPageTableOnDevice")))
+        previous.setattr(
+            target, "refs", tuple(r for r in target.refs if not str(r).endswith(":EagerPageTableOnDevice"))
+        )
         previous.setattr(target, "_loaded", None)
         assert cli("apply", pristine_tree, PATCH).exit_code == 0
     text = (pristine_tree / MHA_FILE).read_text()

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
-
 from support import NATIVE, PRIMARY, pristine, snapshot
+
 from patchkit import registry
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCodemod, Finding
@@ -23,8 +23,15 @@ pytestmark = pytest.mark.trees
 MHA = "srt/layers/attention/trtllm_mha_backend.py"
 BASE = "srt/layers/attention/base_attn_backend.py"
 HOOK = "trtllm-mha-overlap-hook"
-GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+GIT_ENV = {
+    **os.environ,
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
 
 
 def git(repo: Path, *args: str) -> str:
@@ -64,9 +71,14 @@ class MarkBase(MarkMHA):
     REQUIRED_TEXT = (CLASS,)
 
 
-SECOND = Patch("test-second", "Test: second patch, same file and one more", ("sglang#2",), (HOOK,),
-               "Test only.\n---\nFrom here on a line git would take for the diff.",
-               (Target(BASE, (MarkBase,)), Target(MHA, (MarkMHA,))))
+SECOND = Patch(
+    "test-second",
+    "Test: second patch, same file and one more",
+    ("sglang#2",),
+    (HOOK,),
+    "Test only.\n---\nFrom here on a line git would take for the diff.",
+    (Target(BASE, (MarkBase,)), Target(MHA, (MarkMHA,))),
+)
 
 
 def load_patch(pid: str) -> Patch:
@@ -191,9 +203,9 @@ def test_warm_export_transforms_nothing_and_prints_the_same(make_tree, cli, tmp_
     """export's transforms go through the transform cache and the parallel
     preparation apply uses: a second export computes nothing, and every path
     (serial, cold, warm) prints the same bytes."""
-    from patchkit.transform import parallel
-    from patchkit.engine import locked_session
     from patchkit.api.exporting import build_series
+    from patchkit.engine import locked_session
+    from patchkit.transform import parallel
     from patchkit.transform.transformer import Transformer
 
     monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "cache"))

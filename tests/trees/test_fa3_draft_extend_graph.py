@@ -5,24 +5,39 @@ then the patch on every release it targets and upstream's native form."""
 from __future__ import annotations
 
 import pytest
-
-from patchkit.testing import assert_codemod, assert_state, detect, run
 from drift import DRIFTS, drift
 from support import snapshot
+
 from patchkit.codemods import fa3_draft_extend_graph as deg
 from patchkit.codemods.common.base import State
+from patchkit.testing import assert_codemod, assert_state, detect, run
 
 PATCH = "fa3-draft-extend-graph"
 WORKER = "srt/speculative/eagle_worker_v2.py"
 FA3 = "srt/layers/attention/flashattention_backend.py"
 #: Every release the patch targets (0.5.23 has it upstream).
 TARGETS = [
-    "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14",
-    "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22",
+    "0.5.10",
+    "0.5.10.post1",
+    "0.5.11",
+    "0.5.12",
+    "0.5.12.post1",
+    "0.5.13",
+    "0.5.13.post1",
+    "0.5.14",
+    "0.5.15",
+    "0.5.15.post1",
+    "0.5.16",
+    "0.5.17",
+    "0.5.18",
+    "0.5.19",
+    "0.5.20",
+    "0.5.21",
+    "0.5.22",
 ]
 UPSTREAM = "0.5.23"
 
-LET_IN = '''\
+LET_IN = """\
         if (
             _is_cuda
             and not supports_cuda_draft_extend_graph
@@ -40,7 +55,7 @@ LET_IN = '''\
             supports_cuda_draft_extend_graph = isinstance(
                 self.draft_extend_attn_backend, FlashAttentionBackend
             )
-'''
+"""
 
 
 HEAD = """\
@@ -68,18 +83,18 @@ def worker(check: str, let_in: str = "") -> str:
     return HEAD + check + let_in + TAIL
 
 
-OR_CHAIN = '''\
+OR_CHAIN = """\
         supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and (
             isinstance(self.draft_extend_attn_backend, TritonAttnBackend)
             or isinstance(self.draft_extend_attn_backend, TRTLLMMLABackend)
         )
-'''
-TUPLE = '''\
+"""
+TUPLE = """\
         supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and isinstance(
             self.draft_extend_attn_backend, (TritonAttnBackend, TRTLLMMLABackend, VendorAttnBackend)
         )
-'''
-LIST = '''\
+"""
+LIST = """\
         graph_supported_backend_types = [TritonAttnBackend, FlashInferAttnBackend]
         if _is_cuda or _is_musa:
             graph_supported_backend_types.append(VendorAttnBackend)
@@ -87,7 +102,7 @@ LIST = '''\
             self.draft_extend_attn_backend, tuple(graph_supported_backend_types)
         )
         supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and graph_supported_backend
-'''
+"""
 
 
 @pytest.mark.parametrize("form", [OR_CHAIN, TUPLE, LIST], ids=["or-chain", "isinstance-tuple", "appended-list"])
@@ -96,7 +111,7 @@ def test_fa3_is_let_in_after_the_check_whatever_its_form(form):
     assert_codemod(deg.GraphCheckAdmitsFA3, worker(form), worker(form, LET_IN))
 
 
-UPSTREAM_FORM = '''\
+UPSTREAM_FORM = """\
         graph_supported_backend_types = [TritonAttnBackend]
         if _is_cuda:
             from sglang.srt.layers.attention.flashattention_backend import (
@@ -107,27 +122,31 @@ UPSTREAM_FORM = '''\
         supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and isinstance(
             self.draft_extend_attn_backend, tuple(graph_supported_backend_types)
         )
-'''
-VENDOR_TUPLE = '''\
+"""
+VENDOR_TUPLE = """\
         supports_cuda_draft_extend_graph = _is_cuda and isinstance(
             self.draft_extend_attn_backend, (TritonAttnBackend, FlashAttentionBackend)
         )
-'''
-VENDOR_CHAIN = '''\
+"""
+VENDOR_CHAIN = """\
         supports_cuda_draft_extend_graph = _is_cuda and (
             isinstance(self.draft_extend_attn_backend, TritonAttnBackend)
             or isinstance(self.draft_extend_attn_backend, FlashAttentionBackend)
         )
-'''
+"""
 
 
-@pytest.mark.parametrize("form", [UPSTREAM_FORM, VENDOR_TUPLE, VENDOR_CHAIN], ids=["upstream-append", "vendor-tuple", "vendor-chain"])
+@pytest.mark.parametrize(
+    "form", [UPSTREAM_FORM, VENDOR_TUPLE, VENDOR_CHAIN], ids=["upstream-append", "vendor-tuple", "vendor-chain"]
+)
 def test_a_check_that_already_lists_fa3_is_done_and_untouched(form):
     assert_state(deg.GraphCheckAdmitsFA3, worker(form), State.DONE)
 
 
 def test_the_check_in_a_nested_block_is_still_found():
-    nested = "        if True:\n" + OR_CHAIN.replace("\n        ", "\n            ").replace("        supports", "            supports", 1)
+    nested = "        if True:\n" + OR_CHAIN.replace("\n        ", "\n            ").replace(
+        "        supports", "            supports", 1
+    )
     before, out, after = run(deg.GraphCheckAdmitsFA3, worker(nested))
     assert (before, after) == (State.TODO, State.DONE)
     assert "            if (\n                _is_cuda\n                and not supports_cuda_draft_extend_graph" in out
@@ -139,7 +158,10 @@ def test_the_check_in_a_nested_block_is_still_found():
         (worker(OR_CHAIN).replace("_is_cuda = is_cuda()", "_on_gpu = is_cuda()"), "defines no `_is_cuda`"),
         (worker(OR_CHAIN).replace("self.hot_token_id = None", "self.token_map = None"), "never sets self.hot_token_id"),
         (worker("        pass\n"), "no method of EagleDraftWorker assigns supports_cuda_draft_extend_graph"),
-        (worker(OR_CHAIN).replace("self.speculative_algorithm =", "self.algorithm ="), "never sets self.speculative_algorithm"),
+        (
+            worker(OR_CHAIN).replace("self.speculative_algorithm =", "self.algorithm ="),
+            "never sets self.speculative_algorithm",
+        ),
     ],
     ids=["no-cuda-flag", "no-hot-token-id", "no-graph-check", "no-algorithm"],
 )
@@ -150,7 +172,7 @@ def test_missing_anchors_name_file_line_and_what_is_needed(src, says):
 
 # --- the FA3 branches the patch relies on ----------------------------------------------
 
-FA3_BRANCHES = '''
+FA3_BRANCHES = """
 class FlashAttentionBackend(AttentionBackend):
     def init_forward_metadata_capture_cuda_graph(self, bs, forward_mode):
         if forward_mode.is_decode_or_idle():
@@ -164,7 +186,7 @@ class FlashAttentionBackend(AttentionBackend):
             pass
         elif forward_mode.is_draft_extend_v2():
             metadata = self.draft_extend_metadata[bs]
-'''
+"""
 
 
 def test_fa3_with_both_graph_branches_needs_nothing():
@@ -188,7 +210,9 @@ def test_fa3_without_a_graph_branch_is_refused_naming_it(drop, kind):
 def test_a_release_without_the_branch_is_refused_in_one_line_and_unchanged(make_tree, cli):
     package = make_tree("0.5.12.post1")
     fa3 = package / FA3
-    fa3.write_text(fa3.read_text().replace("elif forward_mode.is_draft_extend_v2():", "elif forward_mode.is_draft_extend():"))
+    fa3.write_text(
+        fa3.read_text().replace("elif forward_mode.is_draft_extend_v2():", "elif forward_mode.is_draft_extend():")
+    )
     before = snapshot(package)
     result = cli("apply", package, PATCH)
     assert result.exit_code == 1

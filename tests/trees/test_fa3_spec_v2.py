@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from patchkit.testing import apply, code, detect
 from support import PRIMARY, class_section, patch_states, snapshot
+
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, code, detect
 
 FA3 = "srt/layers/attention/flashattention_backend.py"
 PATCH = "fa3-spec-v2"
@@ -64,8 +64,13 @@ def test_dflash_only_instance_opt_out_becomes_false():
 
 
 def test_upstream_flags_are_done_and_a_fork_value_is_refused():
-    upstream = BACKEND_CLASS.replace('implementation."""\n', 'implementation."""\n\n    needs_cpu_seq_lens: bool = False\n')
-    upstream = upstream.replace("        self.skip_prefill = skip_prefill\n", "        self.skip_prefill = skip_prefill\n        self.needs_cpu_seq_lens = False\n")
+    upstream = BACKEND_CLASS.replace(
+        'implementation."""\n', 'implementation."""\n\n    needs_cpu_seq_lens: bool = False\n'
+    )
+    upstream = upstream.replace(
+        "        self.skip_prefill = skip_prefill\n",
+        "        self.skip_prefill = skip_prefill\n        self.needs_cpu_seq_lens = False\n",
+    )
     assert detect(fa3.BackendOptsOut, upstream).state is State.DONE
     fork = BACKEND_CLASS.replace('implementation."""\n', 'implementation."""\n\n    needs_cpu_seq_lens = True\n')
     finding = detect(fa3.BackendOptsOut, fork)
@@ -74,7 +79,7 @@ def test_upstream_flags_are_done_and_a_fork_value_is_refused():
 
 # -- eager metadata ------------------------------------------------------------------------
 
-EAGER = '''
+EAGER = """
 class FlashAttentionBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch):
         metadata = FlashAttentionMetadata()
@@ -96,7 +101,7 @@ class FlashAttentionBackend(AttentionBackend):
         metadata.page_table = forward_batch.req_to_token_pool.req_to_token[
             forward_batch.req_pool_indices, : metadata.max_seq_len_k
         ]
-'''
+"""
 
 
 def test_eager_reads_take_the_bound_without_the_mirror():
@@ -108,7 +113,7 @@ def test_eager_reads_take_the_bound_without_the_mirror():
     compile(out, "x.py", "exec")
 
 
-EAGER_0515 = '''
+EAGER_0515 = """
 class FlashAttentionBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch):
         seqlens_in_batch = forward_batch.seq_lens
@@ -119,7 +124,7 @@ class FlashAttentionBackend(AttentionBackend):
         )
         metadata.max_seq_len_k = seq_lens_cpu.max().item()
         max_pf = int(seq_lens_cpu[:batch_size].max().item())
-'''
+"""
 
 
 def test_eager_015_local_d2h_fallback_becomes_the_mirror():
@@ -130,7 +135,7 @@ def test_eager_015_local_d2h_fallback_becomes_the_mirror():
     assert "max_pf = int(rows_max(seq_lens_cpu, forward_batch.seq_lens, batch_size))" in out
 
 
-EAGER_UPSTREAM = '''
+EAGER_UPSTREAM = """
 class FlashAttentionBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch):
         seq_lens_cpu = forward_batch.seq_lens_cpu
@@ -145,7 +150,7 @@ class FlashAttentionBackend(AttentionBackend):
             metadata.max_seq_len_q = max(forward_batch.extend_seq_lens_cpu)
         if seq_lens_cpu is not None:
             max_pf = int(seq_lens_cpu[:batch_size].max().item())
-'''
+"""
 
 
 def test_eager_upstream_016_shape_is_done():
@@ -155,7 +160,7 @@ def test_eager_upstream_016_shape_is_done():
 
 # -- replay --------------------------------------------------------------------------------
 
-REPLAY = '''
+REPLAY = """
 class FlashAttentionBackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
@@ -183,7 +188,7 @@ class FlashAttentionBackend(AttentionBackend):
             metadata.max_seq_len_k = (
                 seq_lens_cpu.max().item() + self.speculative_num_draft_tokens
             )
-'''
+"""
 
 
 def test_replay_reads_cope_with_none():
@@ -204,7 +209,7 @@ def test_replay_page_count_stays_in_the_table():
 def test_replay_page_writer_later_upstream_shapes_are_done():
     # 0.5.19: no strided indices, the static width moved up one argument.
     src = REPLAY.replace(
-        "                self.decode_cuda_graph_metadata[\"strided_indices\"],\n                max_seq_pages,\n",
+        '                self.decode_cuda_graph_metadata["strided_indices"],\n                max_seq_pages,\n',
         "                self.max_num_pages,\n",
     )
     assert detect(fa3.ReplayPageTableFits, src).state is State.DONE
@@ -220,7 +225,9 @@ def test_replay_page_writer_later_upstream_shapes_are_done():
 
 def test_later_upstream_flag_refinement_is_kept():
     """0.5.21+: opted out, then refined (KV-shard pools keep the mirror)."""
-    src = BACKEND_CLASS.replace('implementation."""\n', 'implementation."""\n\n    needs_cpu_seq_lens: bool = False\n').replace(
+    src = BACKEND_CLASS.replace(
+        'implementation."""\n', 'implementation."""\n\n    needs_cpu_seq_lens: bool = False\n'
+    ).replace(
         "        self.skip_prefill = skip_prefill\n",
         "        self.skip_prefill = skip_prefill\n        self.needs_cpu_seq_lens = False\n"
         "        self.needs_cpu_seq_lens = self._kv_shard_pool is not None\n",
@@ -229,15 +236,20 @@ def test_later_upstream_flag_refinement_is_kept():
 
 
 def test_replay_renamed_method_and_015_local_sync():
-    src = REPLAY.replace("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata").replace(
-        "        seq_lens_cpu = seq_lens_cpu[:bs]\n",
-        "        seq_lens_cpu = seq_lens_cpu[:bs] if seq_lens_cpu is not None else None\n",
-    ).replace(
-        "            max_len = seq_lens_cpu.max().item()\n",
-        "            max_len = seq_lens_cpu.max().item() if seq_lens_cpu is not None else self.max_context_len\n",
-    ).replace(
-        "            metadata.max_seq_len_k = (\n                seq_lens_cpu.max().item() + self.speculative_num_draft_tokens\n            )\n",
-        "            metadata.max_seq_len_k = self._host_max_seq_len(seq_lens_cpu, seq_lens)\n",
+    src = (
+        REPLAY.replace("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
+        .replace(
+            "        seq_lens_cpu = seq_lens_cpu[:bs]\n",
+            "        seq_lens_cpu = seq_lens_cpu[:bs] if seq_lens_cpu is not None else None\n",
+        )
+        .replace(
+            "            max_len = seq_lens_cpu.max().item()\n",
+            "            max_len = seq_lens_cpu.max().item() if seq_lens_cpu is not None else self.max_context_len\n",
+        )
+        .replace(
+            "            metadata.max_seq_len_k = (\n                seq_lens_cpu.max().item() + self.speculative_num_draft_tokens\n            )\n",
+            "            metadata.max_seq_len_k = self._host_max_seq_len(seq_lens_cpu, seq_lens)\n",
+        )
     )
     out = apply(fa3.ReplayMetadataWithoutMirror, src)
     assert "metadata.max_seq_len_k = host_max_seq_len(seq_lens_cpu, self.max_context_len)\n" in out
@@ -248,14 +260,14 @@ def test_replay_renamed_method_and_015_local_sync():
 
 MASK_CLASS = BACKEND_CLASS.replace(
     "class FlashAttentionMultiStepBackend:",
-    '''    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+    """    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         self.decode_cuda_graph_metadata = {}
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
 
 
-class FlashAttentionMultiStepBackend:''',
+class FlashAttentionMultiStepBackend:""",
 )
 
 
@@ -305,9 +317,18 @@ MARKS = [
 #: Files whose replay hands the backend the pinned buffer, per release.
 RUNNERS = {
     "0.5.10": ["srt/model_executor/cuda_graph_runner.py", "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"],
-    "0.5.12.post1": ["srt/model_executor/cuda_graph_runner.py", "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"],
-    "0.5.14": ["srt/model_executor/runner/decode_cuda_graph_runner.py", "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"],
-    "0.5.15": ["srt/model_executor/runner/decode_cuda_graph_runner.py", "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"],
+    "0.5.12.post1": [
+        "srt/model_executor/cuda_graph_runner.py",
+        "srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
+    ],
+    "0.5.14": [
+        "srt/model_executor/runner/decode_cuda_graph_runner.py",
+        "srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
+    ],
+    "0.5.15": [
+        "srt/model_executor/runner/decode_cuda_graph_runner.py",
+        "srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
+    ],
 }
 
 
@@ -331,7 +352,9 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
     assert "needs_cpu_seq_lens: bool = False" in class_section(text, "FlashAttentionMultiStepBackend")
     for rel in RUNNERS[version]:
         assert "mirror_or_none(forward_batch.seq_lens_cpu, buffers.seq_lens_cpu" in (tree / rel).read_text(), rel
-    assert (tree / "srt/_patchkit/backends/fa3.py").is_file() and (tree / "srt/_patchkit/backends/mirror_reads.py").is_file()
+    assert (tree / "srt/_patchkit/backends/fa3.py").is_file() and (
+        tree / "srt/_patchkit/backends/mirror_reads.py"
+    ).is_file()
     assert f"{HELPERS} alloc_verify_tree_mask, verify_buffers\n" in text and "mirror_or_none" not in text
     assert "from sglang.srt._patchkit.backends.mirror_reads import" in text
 

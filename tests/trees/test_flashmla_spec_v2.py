@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from patchkit.testing import apply, detect
 from support import class_section, patch_states, snapshot
+
 from patchkit.codemods import flashmla_spec_v2 as fm
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, detect
 
 FLASHMLA = "srt/layers/attention/flashmla_backend.py"
 PATCH = "flashmla-spec-v2"
@@ -19,7 +19,7 @@ PATCH = "flashmla-spec-v2"
 
 # -- flags ---------------------------------------------------------------------------------
 
-CLASSES = '''
+CLASSES = """
 class FlashMLABackend(FlashInferMLAAttnBackend):
     def __init__(self, model_runner, skip_prefill=False):
         super().__init__(model_runner, skip_prefill)
@@ -28,21 +28,24 @@ class FlashMLABackend(FlashInferMLAAttnBackend):
 class FlashMLAMultiStepDraftBackend:
     def __init__(self, model_runner, topk, speculative_num_steps):
         self.topk = topk
-'''
+"""
 
 
 def test_both_flags_added_and_a_fork_value_refused():
     out = apply(fm.DraftWrapperOptsOut, apply(fm.BackendOptsOut, CLASSES))
     assert out.count("    needs_cpu_seq_lens: bool = False\n") == 2
     assert "class FlashMLABackend(FlashInferMLAAttnBackend):\n    # Block tables use a static width" in out
-    fork = CLASSES.replace("):\n    def __init__(self, model_runner, skip", "):\n    needs_cpu_seq_lens = True\n\n    def __init__(self, model_runner, skip")
+    fork = CLASSES.replace(
+        "):\n    def __init__(self, model_runner, skip",
+        "):\n    needs_cpu_seq_lens = True\n\n    def __init__(self, model_runner, skip",
+    )
     finding = detect(fm.BackendOptsOut, fork)
     assert finding.state is State.MISSING and "refusing" in finding.detail
 
 
 # -- eager metadata ------------------------------------------------------------------------
 
-EAGER = '''
+EAGER = """
 class FlashMLABackend(FlashInferMLAAttnBackend):
     def init_forward_metadata(self, forward_batch):
         bs = forward_batch.batch_size
@@ -58,7 +61,7 @@ class FlashMLABackend(FlashInferMLAAttnBackend):
             self.forward_metadata = FlashMLADecodeMetadata(None, None, None)
         else:
             super().init_forward_metadata(forward_batch)
-'''
+"""
 
 
 def test_eager_block_table_widths_without_the_mirror():
@@ -75,7 +78,9 @@ def test_eager_block_table_widths_without_the_mirror():
 def test_draft_extend_branch_after_verify_launches_like_decode():
     assert detect(fm.EagerDraftExtendMetadata, EAGER).state is State.TODO
     out = apply(fm.EagerDraftExtendMetadata, EAGER)
-    verify, extend, parent = (out.index(s) for s in ("is_target_verify()", "is_draft_extend_v2()", "super().init_forward_metadata"))
+    verify, extend, parent = (
+        out.index(s) for s in ("is_target_verify()", "is_draft_extend_v2()", "super().init_forward_metadata")
+    )
     assert verify < extend < parent
     assert "        elif forward_batch.forward_mode.is_draft_extend_v2():\n" in out
     assert "create_flashmla_kv_indices_triton[(bs,)](" in out.split("is_draft_extend_v2")[1]
@@ -91,14 +96,16 @@ def test_draft_extend_branch_after_verify_launches_like_decode():
 
 
 def test_draft_extend_branch_needs_the_verify_chain():
-    src = EAGER.replace("elif forward_batch.forward_mode.is_target_verify()", "elif forward_batch.forward_mode.is_verify()")
+    src = EAGER.replace(
+        "elif forward_batch.forward_mode.is_target_verify()", "elif forward_batch.forward_mode.is_verify()"
+    )
     finding = detect(fm.EagerDraftExtendMetadata, src)
     assert finding.state is State.MISSING and "is_target_verify" in finding.detail
 
 
 # -- CUDA-graph replay ---------------------------------------------------------------------
 
-REPLAY_OLD = '''
+REPLAY_OLD = """
 class FlashMLABackend(FlashInferMLAAttnBackend):
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu):
         if forward_mode.is_decode_or_idle():
@@ -110,9 +117,9 @@ class FlashMLABackend(FlashInferMLAAttnBackend):
             seq_lens = seq_lens[:bs] + self.num_draft_tokens
             seq_lens_cpu = seq_lens_cpu[:bs] + self.num_draft_tokens
             max_seqlen_pad = triton.cdiv(seq_lens_cpu.max().item(), PAGE_SIZE)
-'''
+"""
 
-REPLAY_0_5_13 = '''
+REPLAY_0_5_13 = """
 class FlashMLABackend(FlashInferMLAAttnBackend):
     def _apply_decode_target_verify_metadata(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, forward_mode):
         if True:
@@ -128,7 +135,7 @@ class FlashMLABackend(FlashInferMLAAttnBackend):
                 else seq_lens.max().item()
             )
             max_seqlen_pad = triton.cdiv(seq_max, PAGE_SIZE)
-'''
+"""
 
 
 def test_replay_without_the_mirror_0_5_10_shape():
@@ -153,25 +160,25 @@ def test_replay_device_max_fallback_becomes_the_static_bound():
 
 def test_replay_upstream_shape_is_done():
     upstream = REPLAY_0_5_13.replace(
-        '''            seq_max = (
+        """            seq_max = (
                 seq_lens_cpu.max().item()
                 if seq_lens_cpu is not None
                 else seq_lens.max().item()
             )
             max_seqlen_pad = triton.cdiv(seq_max, PAGE_SIZE)
-''',
-        '''            if seq_lens_cpu is not None:
+""",
+        """            if seq_lens_cpu is not None:
                 max_seqlen_pad = triton.cdiv(seq_lens_cpu.max().item(), PAGE_SIZE)
             else:
                 max_seqlen_pad = self.cuda_graph_kv_indices.shape[1]
-''',
+""",
     )
     assert detect(fm.ReplayMetadataWithoutMirror, upstream).state is State.DONE
 
 
 # -- forward_extend ------------------------------------------------------------------------
 
-FORWARD_EXTEND = '''
+FORWARD_EXTEND = """
 class FlashMLABackend(FlashInferMLAAttnBackend):
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if forward_batch.forward_mode in (
@@ -186,7 +193,7 @@ class FlashMLABackend(FlashInferMLAAttnBackend):
                 + self.num_draft_tokens,
             )
             return o
-'''
+"""
 
 
 def test_forward_extend_runs_the_draft_extend_on_the_fixed_q_kernel():
@@ -284,10 +291,12 @@ def test_audit_lists_the_reads_of_a_flashmla_that_opts_out_unguarded(make_tree, 
     assert flashmla_reads(cli, tree, "unguarded") == []
     assert {r["function"] for r in flashmla_reads(cli, tree, "safe")} >= {"FlashMLABackend.init_forward_metadata"}
     path = tree / FLASHMLA
-    path.write_text(path.read_text().replace(
-        "class FlashMLABackend(FlashInferMLAAttnBackend):\n",
-        "class FlashMLABackend(FlashInferMLAAttnBackend):\n    needs_cpu_seq_lens: bool = False\n\n",
-    ))
+    path.write_text(
+        path.read_text().replace(
+            "class FlashMLABackend(FlashInferMLAAttnBackend):\n",
+            "class FlashMLABackend(FlashInferMLAAttnBackend):\n    needs_cpu_seq_lens: bool = False\n\n",
+        )
+    )
     assert {r["function"] for r in flashmla_reads(cli, tree, "unguarded")} == {"FlashMLABackend.init_forward_metadata"}
     assert cli("apply", tree, PATCH).exit_code == 0
     assert flashmla_reads(cli, tree, "unguarded") == []

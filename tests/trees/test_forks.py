@@ -3,11 +3,10 @@ primary release; a really missing anchor is reported, the rest still applies."""
 
 from __future__ import annotations
 
-
 import pytest
-
-from support import PRIMARY, patch_states, snapshot
 from drift import DRIFTS, drift
+from support import PRIMARY, patch_states, snapshot
+
 from patchkit import registry
 
 pytestmark = pytest.mark.trees
@@ -53,6 +52,8 @@ def test_missing_anchor_is_reported_and_the_rest_applies(make_tree, cli):
     report = patch_states(cli, tree)
     assert report["trtllm-mha-overlap-hook"]["state"] == "not-applicable"
     assert rel in report["trtllm-mha-overlap-hook"]["reason"]
-    others = [p.id for p in registry.all_patches() if rel not in p.files and "trtllm-mha-overlap-hook" not in p.requires]
+    others = [
+        p.id for p in registry.all_patches() if rel not in p.files and "trtllm-mha-overlap-hook" not in p.requires
+    ]
     for pid in others:
         assert report[pid]["state"] == "applied", (pid, report[pid])

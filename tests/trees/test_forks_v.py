@@ -19,8 +19,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from support import NATIVE, PRIMARY, patch_states, snapshot
+
 from patchkit.audit import audit_tree
 from patchkit.fetch import fetch_tree
 
@@ -47,7 +47,9 @@ def _move(tree: Path, old_rel: str, new_rel: str, rename: tuple[str, str] = ("",
         if folder != Path("."):
             (tree / folder).mkdir(exist_ok=True)
             (tree / folder / "__init__.py").touch()
-    (tree / new_rel).write_text((tree / old_rel).read_text().replace(*rename) if rename[0] else (tree / old_rel).read_text())
+    (tree / new_rel).write_text(
+        (tree / old_rel).read_text().replace(*rename) if rename[0] else (tree / old_rel).read_text()
+    )
     (tree / old_rel).unlink()
     for path in (tree / "srt").rglob("*.py"):
         data = path.read_bytes()
@@ -113,8 +115,11 @@ RELEASE_SIZE = """                kv_indices = torch.empty(
 def test_a_local_guard_is_audited_as_guarded_and_carries_every_patch(make_tree, cli):
     tree = make_tree(PRIMARY)
     _edit(tree, TRITON, RELEASE_SIZE, LOCAL_GUARD)
-    line = next(i for i, t in enumerate((tree / TRITON).read_text().splitlines(), 1)
-                if t.strip() == "seq_lens_sum = forward_batch.seq_lens_sum")
+    line = next(
+        i
+        for i, t in enumerate((tree / TRITON).read_text().splitlines(), 1)
+        if t.strip() == "seq_lens_sum = forward_batch.seq_lens_sum"
+    )
     [read] = [r for r in audit_tree(tree).reads if r.file == TRITON and r.line == line]
     assert read.verdict == "guarded" and f"fills it at line {line + 1}" in read.why, read
     _carries_every_patch(cli, tree)
@@ -123,11 +128,15 @@ def test_a_local_guard_is_audited_as_guarded_and_carries_every_patch(make_tree, 
 def test_pristine_0_5_13_lists_no_guarded_read_as_unguarded():
     result = audit_tree(fetch_tree(NATIVE))
     unguarded = {(r.file, r.function) for r in result.reads if r.verdict == "unguarded"}
-    for site in ((TRITON, "TritonAttnBackend.init_forward_metadata"), (TRITON, "TritonMultiStepDraftBackend.common_template"),
-                 (WORKER, "EagleDraftWorker.draft")):
+    for site in (
+        (TRITON, "TritonAttnBackend.init_forward_metadata"),
+        (TRITON, "TritonMultiStepDraftBackend.common_template"),
+        (WORKER, "EagleDraftWorker.draft"),
+    ):
         assert site not in unguarded
-        assert any(r.verdict == "guarded" and "fills it at line" in r.why for r in result.reads
-                   if (r.file, r.function) == site), site
+        assert any(
+            r.verdict == "guarded" and "fills it at line" in r.why for r in result.reads if (r.file, r.function) == site
+        ), site
 
 
 # -- 3. 0.5.13's metrics reporter before 0.5.13 ------------------------------------------------
@@ -195,23 +204,34 @@ VENDOR_SUM = """        seq_lens_sum = forward_batch.seq_lens_sum
 
 def _fork_runner(tree: Path, vendor_line: str) -> None:
     _edit(tree, RUNNER, RELEASE_REPLAY, VENDOR_REPLAY)
-    _edit(tree, RUNNER, "        self.draft_extend_attn_backend.init_forward_metadata_replay_cuda_graph(\n",
-          VENDOR_SUM.replace("        self.acme_padded_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * "
-                             "self.seq_len_fill_value\n", vendor_line))
+    _edit(
+        tree,
+        RUNNER,
+        "        self.draft_extend_attn_backend.init_forward_metadata_replay_cuda_graph(\n",
+        VENDOR_SUM.replace(
+            "        self.acme_padded_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * self.seq_len_fill_value\n",
+            vendor_line,
+        ),
+    )
 
 
 def test_the_vendor_s_padded_sum_in_its_runner_is_kept_guarded_and_said(make_tree, cli):
     tree = make_tree(PRIMARY)
-    _fork_runner(tree, "        self.acme_padded_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * self.seq_len_fill_value\n")
+    _fork_runner(
+        tree, "        self.acme_padded_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * self.seq_len_fill_value\n"
+    )
     _carries_every_patch(cli, tree)
     cli("apply", tree)
     text = (tree / RUNNER).read_text()
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "self.acme_padded_sum = " in t)
     assert text.splitlines()[line - 1].strip() == (
-        "self.acme_padded_sum = add_or_none(forward_batch.seq_lens_sum, (bs - raw_bs) * self.seq_len_fill_value)")
+        "self.acme_padded_sum = add_or_none(forward_batch.seq_lens_sum, (bs - raw_bs) * self.seq_len_fill_value)"
+    )
     notes = patch_states(cli, tree, DECISION)[DECISION]["notes"]
-    assert (f"EAGLEDraftExtendCudaGraphRunner.replay: the vendor's own padded sum at {RUNNER}:{line} is kept, "
-            "guarded by add_or_none beside upstream's guard") in notes, notes
+    assert (
+        f"EAGLEDraftExtendCudaGraphRunner.replay: the vendor's own padded sum at {RUNNER}:{line} is kept, "
+        "guarded by add_or_none beside upstream's guard"
+    ) in notes, notes
 
 
 def test_a_runner_read_no_guard_fits_is_the_vendor_s_in_one_warning_line(make_tree, cli):
@@ -224,10 +244,13 @@ def test_a_runner_read_no_guard_fits_is_the_vendor_s_in_one_warning_line(make_tr
     assert result.exit_code == 0 and "not applied" not in result.output, result.output
     assert result.stderr.strip().splitlines()[-1] == (
         "audit: 1 read(s) of the CPU seq_lens mirror in the vendor's own code are unguarded or stale once it is "
-        "dropped (`patchkit audit TREE` lists them)")
+        "dropped (`patchkit audit TREE` lists them)"
+    )
     on_disk = next(i for i, t in enumerate((tree / RUNNER).read_text().splitlines(), 1) if "self.acme_mean" in t)
     listed = cli("audit", tree).output.splitlines()
-    assert any(ln.startswith(f"{tree / RUNNER}:{on_disk}: unguarded: EAGLEDraftExtendCudaGraphRunner.replay") for ln in listed)
+    assert any(
+        ln.startswith(f"{tree / RUNNER}:{on_disk}: unguarded: EAGLEDraftExtendCudaGraphRunner.replay") for ln in listed
+    )
 
 
 # -- messages ----------------------------------------------------------------------------------
@@ -235,10 +258,15 @@ def test_a_runner_read_no_guard_fits_is_the_vendor_s_in_one_warning_line(make_tr
 
 def test_a_missing_anchor_is_refused_in_one_line_with_what_to_do(make_tree, cli):
     tree = make_tree(PRIMARY)
-    _edit(tree, WORKER, "        supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and (\n"
-          "            isinstance(self.draft_extend_attn_backend, TritonAttnBackend)\n"
-          "            or isinstance(self.draft_extend_attn_backend, TRTLLMMLABackend)\n"
-          "        )\n", "        supports_cuda_draft_extend_graph = acme_graph_ok(self)\n")
+    _edit(
+        tree,
+        WORKER,
+        "        supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and (\n"
+        "            isinstance(self.draft_extend_attn_backend, TritonAttnBackend)\n"
+        "            or isinstance(self.draft_extend_attn_backend, TRTLLMMLABackend)\n"
+        "        )\n",
+        "        supports_cuda_draft_extend_graph = acme_graph_ok(self)\n",
+    )
     # status and verify say the same of it.
     status = patch_states(cli, tree, "trtllm-mha-draft-extend-v2")["trtllm-mha-draft-extend-v2"]
     assert status["state"] == "not-applicable"

@@ -24,11 +24,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support import PRIMARY, alive, linked_copy, pristine_snapshot, session_processes, snapshot
 
-pytestmark = [pytest.mark.trees, pytest.mark.slow,
-              pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")]
+pytestmark = [
+    pytest.mark.trees,
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
+]
 
 POINTS = 20
 EXIT_WITHIN = 2.0  # seconds from the signal to the process's exit
@@ -37,8 +39,14 @@ BUDGET = 120.0  # seconds of waiting for all points: fewer points (6 at least) w
 
 def _start(tree: Path, cache: Path) -> subprocess.Popen:
     env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": str(cache), "PATCHKIT_JOBS": "2"}
-    return subprocess.Popen([sys.executable, "-m", "patchkit", "-q", "apply", str(tree)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "patchkit", "-q", "apply", str(tree)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _wait_for_handlers(proc: subprocess.Popen) -> None:
@@ -115,8 +123,10 @@ def test_one_signal_ends_a_cold_apply_at_any_moment(tmp_path):
             said = r"all \d+ patches were applied before the interrupt" if now == patched else "nothing changed"
             assert re.fullmatch(rf"patchkit: interrupted by {sig.name}: {said}\n", err), where
         assert not (tree / ".patchkit" / "journal.json").exists(), where
-        outcomes.append(f"{delay:.1f}s {sig.name[3:]} rc={proc.returncode} "
-                        f"{'patched' if now == patched else 'pristine'} {took:.2f}s")
+        outcomes.append(
+            f"{delay:.1f}s {sig.name[3:]} rc={proc.returncode} "
+            f"{'patched' if now == patched else 'pristine'} {took:.2f}s"
+        )
         shutil.rmtree(tree)
     print(f"cold apply {cold:.2f}s;", "; ".join(outcomes))
 
@@ -126,8 +136,14 @@ def test_one_signal_ends_a_parallel_matrix(tmp_path, sig):
     """matrix -j 2 (a process pool of its own): ended within 2 s, its workers
     gone and their copies of the releases removed."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "PATCHKIT_TRANSFORM_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "matrix", "-j", "2", PRIMARY, "0.5.12", "0.5.11", "0.5.10"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "patchkit", "matrix", "-j", "2", PRIMARY, "0.5.12", "0.5.11", "0.5.10"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     # Signalled once its workers copy releases (a fixed wait let a fast machine finish first).
     deadline = time.monotonic() + 60
     while not any(p.name.startswith("patchkit-matrix-") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
@@ -140,7 +156,10 @@ def test_one_signal_ends_a_parallel_matrix(tmp_path, sig):
     took = time.monotonic() - sent
     time.sleep(0.05)
     assert session_processes(proc.pid) == []
-    assert proc.returncode == 128 + sig and err == f"patchkit: interrupted by {sig.name}: nothing changed\n", (proc.returncode, err)
+    assert proc.returncode == 128 + sig and err == f"patchkit: interrupted by {sig.name}: nothing changed\n", (
+        proc.returncode,
+        err,
+    )
     assert took < EXIT_WITHIN, took
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("patchkit-matrix-")] == []
 
@@ -156,8 +175,13 @@ def test_an_interrupt_says_what_it_left(tmp_path, monkeypatch, cli):
     hook = "trtllm-mha-overlap-hook"
     tree = copy_tree(PRIMARY, tmp_path / "late")
     env = {**os.environ, "PATCHKIT_TEST_SIGNAL_AT": "state::SIGINT"}
-    late = subprocess.run([sys.executable, "-m", "patchkit", "apply", str(tree), hook], env=env,
-                          capture_output=True, text=True, timeout=300)
+    late = subprocess.run(
+        [sys.executable, "-m", "patchkit", "apply", str(tree), hook],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert late.returncode == 130, late.stderr
     assert late.stdout.splitlines() == [f"applied: {hook}", "1 file(s) changed, 1 added"], late.stdout
     assert late.stderr.splitlines()[-1] == f"patchkit: interrupted by SIGINT: {hook} was applied before the interrupt"
@@ -168,7 +192,9 @@ def test_an_interrupt_says_what_it_left(tmp_path, monkeypatch, cli):
     early = copy_tree(PRIMARY, tmp_path / "early")
     monkeypatch.setattr(applying, "apply_patches", interrupted)
     result = cli("apply", early, hook)
-    assert result.exit_code == 130 and result.output == "patchkit: interrupted by SIGINT: nothing changed\n", result.output
+    assert result.exit_code == 130 and result.output == "patchkit: interrupted by SIGINT: nothing changed\n", (
+        result.output
+    )
     assert snapshot(early) == pristine_snapshot(PRIMARY)
 
 
@@ -188,7 +214,9 @@ def test_an_interrupt_wrapped_on_its_way_is_still_one_line(tmp_path, monkeypatch
     tree = copy_tree(PRIMARY, tmp_path / "t")
     monkeypatch.setattr(applying, "apply_patches", wrapped)
     result = cli("apply", tree)
-    assert result.exit_code == 130 and result.output == "patchkit: interrupted by SIGINT: nothing changed\n", result.output
+    assert result.exit_code == 130 and result.output == "patchkit: interrupted by SIGINT: nothing changed\n", (
+        result.output
+    )
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
 
 

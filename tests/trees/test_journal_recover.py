@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import PRIMARY, pristine_snapshot, snapshot
 
 pytestmark = pytest.mark.trees
@@ -20,8 +19,12 @@ RECOVER = "`patchkit revert --recover`"
 
 
 def crash(tree, verb: str, point: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "patchkit", verb, str(tree)], capture_output=True, text=True,
-                            env={**os.environ, "PATCHKIT_TEST_CRASH_AT": point})
+    result = subprocess.run(
+        [sys.executable, "-m", "patchkit", verb, str(tree)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATCHKIT_TEST_CRASH_AT": point},
+    )
     assert result.returncode == 137, (point, result.stderr)
 
 

@@ -28,7 +28,7 @@ def documented(schema: str) -> set[str]:
     lines = DOCS.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("#") and f"`{schema}`" in line)
     keys: set[str] = set()
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("#"):
             break
         if not line.startswith("| `"):
@@ -39,7 +39,7 @@ def documented(schema: str) -> set[str]:
             prefix = name[: name.rfind(".") + 1]
             keys.add(name.removesuffix("[]"))
     # The objects and lists holding a documented key are documented with it.
-    return keys | {key[: i].removesuffix("[]") for key in keys for i, c in enumerate(key) if c == "."}
+    return keys | {key[:i].removesuffix("[]") for key in keys for i, c in enumerate(key) if c == "."}
 
 
 def emitted(doc, documented_keys: set[str], path: str = "", empty: set[str] | None = None) -> tuple[set[str], set[str]]:
@@ -85,7 +85,10 @@ def test_documented_keys_are_the_emitted_keys(make_tree, monkeypatch):
     tree = make_tree()
     docs = {
         "patchkit.status/1": [run("status", tree, "--format", "json")],
-        "patchkit.apply/1": [run("apply", tree, "--dry-run", "--format", "json"), run("apply", tree, "--format", "json")],
+        "patchkit.apply/1": [
+            run("apply", tree, "--dry-run", "--format", "json"),
+            run("apply", tree, "--format", "json"),
+        ],
     }
     docs["patchkit.status/1"] += [run("status", tree, "--format", "json"), run("verify", tree, "--format", "json")]
     docs["patchkit.audit/1"] = [run("audit", tree, "--format", "json")]
@@ -101,6 +104,5 @@ def test_documented_keys_are_the_emitted_keys(make_tree, monkeypatch):
             empty |= gone
         undocumented = sorted(k for k in seen if not any(matches(k, n) for n in names))
         assert not undocumented, f"{schema}: emitted, not in docs/ci.md: {undocumented}"
-        never = sorted(n for n in names if not any(matches(k, n) for k in seen)
-                       and not any(under(e, n) for e in empty))
+        never = sorted(n for n in names if not any(matches(k, n) for k in seen) and not any(under(e, n) for e in empty))
         assert not never, f"{schema}: in docs/ci.md, never emitted: {never}"

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support import PRIMARY, linked_copy, session_processes
 
 from patchkit.state import Store
-from support import PRIMARY, linked_copy, session_processes
 
 pytestmark = [pytest.mark.trees, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")]
 
@@ -38,8 +38,14 @@ def _start(*args, env: dict | None = None, stderr=subprocess.DEVNULL) -> subproc
     """patchkit in a session of its own (stderr: not a pipe where it is
     killed, as the orphans a kill left held the pipe open)."""
     env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": "off", "PATCHKIT_JOBS": "2", **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "patchkit", "-q", *map(str, args)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=stderr, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "patchkit", "-q", *map(str, args)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _kill(proc: subprocess.Popen, tree: Path | None, where: str) -> None:
@@ -107,8 +113,17 @@ def test_kill_9_of_a_parallel_matrix(tmp_path, monkeypatch):
 
     def fake(version: str, workdir: str | None = None) -> dict:
         seen.append(sorted(p.name for p in tmp_path.iterdir()))
-        return {"release": version, "error": None, "patches": {}, "changed_files": [], "verify_ok": True,
-                "idempotent": True, "revert_exact": True, "seconds": 0.0, "ok": True}
+        return {
+            "release": version,
+            "error": None,
+            "patches": {},
+            "changed_files": [],
+            "verify_ok": True,
+            "idempotent": True,
+            "revert_exact": True,
+            "seconds": 0.0,
+            "ok": True,
+        }
 
     monkeypatch.setattr(matrix, "run_release", fake)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import ALL_NATIVE as NATIVE
+from support import PRIMARY
 
-from support import ALL_NATIVE as NATIVE, PRIMARY
 from patchkit.api import matrix
 
 HOOK = "trtllm-mha-overlap-hook"
@@ -29,7 +30,11 @@ def test_two_releases_in_parallel(doc):
         assert row["verify_ok"] and row["idempotent"] and row["revert_exact"], row
         assert row["changed_after_revert"] == []
     assert primary["patches"][HOOK] == {
-        "before": "absent", "state": "applied", "ok": True, "reason": "", "notes": [],
+        "before": "absent",
+        "state": "applied",
+        "ok": True,
+        "reason": "",
+        "notes": [],
         "files": ["srt/layers/attention/trtllm_mha_backend.py"],
     }
     assert "srt/layers/attention/trtllm_mha_backend.py" in primary["changed_files"]
@@ -49,7 +54,12 @@ def test_markdown_and_json(doc):
     md = matrix.to_markdown(doc)
     lines = md.splitlines()
     ids = [p["id"] for p in doc["patches"]]
-    assert lines[0] == "| release | " + " | ".join(f"`{i}`" for i in ids) + " | files | verify | imports without patchkit | idempotent | revert exact | s |"
+    assert (
+        lines[0]
+        == "| release | "
+        + " | ".join(f"`{i}`" for i in ids)
+        + " | files | verify | imports without patchkit | idempotent | revert exact | s |"
+    )
     row = next(ln for ln in lines if ln.startswith(f"| {PRIMARY} |"))
     assert "applied (1)" in row and "| OK | yes | yes |" in row
     assert next(ln for ln in lines if ln.startswith(f"| {NATIVE} |")).count("native") >= 1

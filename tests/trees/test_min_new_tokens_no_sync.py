@@ -4,16 +4,16 @@ torch.where, not boolean-mask indexing (a host sync every decode step)."""
 from __future__ import annotations
 
 import pytest
-
-from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 from support import patch_states, snapshot
+
 from patchkit.codemods import min_new_tokens_no_sync as mnt
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 
 PATCH = "min-new-tokens-no-sync"
 FILE = "srt/sampling/penaltylib/min_new_tokens.py"
 
-BEFORE = code('''
+BEFORE = code("""
     import torch
 
 
@@ -21,8 +21,8 @@ BEFORE = code('''
         def _apply(self, logits: torch.Tensor):
             mask = (self.len_output_tokens < self.min_new_tokens).expand_as(logits)
             logits[mask] += self.stop_token_penalties[mask]
-''')
-AFTER = code('''
+""")
+AFTER = code("""
     import torch
 
 
@@ -32,13 +32,13 @@ AFTER = code('''
             # decode step; torch.where is an elementwise select (sglang #28397).
             mask = self.len_output_tokens < self.min_new_tokens
             logits.add_(torch.where(mask, self.stop_token_penalties, 0.0))
-''')
-UPSTREAM = code('''
+""")
+UPSTREAM = code("""
     class BatchedMinNewTokensPenalizer(_BatchedPenalizer):
         def _apply(self, logits: torch.Tensor):
             mask = self.len_output_tokens < self.min_new_tokens
             logits.add_(torch.where(mask, self.stop_token_penalties, 0.0))
-''')
+""")
 
 
 def test_the_masked_add_becomes_a_select():
@@ -51,10 +51,20 @@ def test_upstreams_shape_is_done():
 
 def test_renamed_names_and_a_mask_without_expand_as():
     """Anchored by meaning: whatever the logits and mask are called."""
-    src = BEFORE.replace("logits", "scores").replace("mask", "on").replace(
-        "(self.len_output_tokens < self.min_new_tokens).expand_as(scores)", "self.len_output_tokens < self.min_new_tokens")
-    out = code(AFTER.replace("logits.add_", "scores.add_").replace("logits: torch", "scores: torch").replace(
-        "mask = ", "on = ").replace("torch.where(mask,", "torch.where(on,"))
+    src = (
+        BEFORE.replace("logits", "scores")
+        .replace("mask", "on")
+        .replace(
+            "(self.len_output_tokens < self.min_new_tokens).expand_as(scores)",
+            "self.len_output_tokens < self.min_new_tokens",
+        )
+    )
+    out = code(
+        AFTER.replace("logits.add_", "scores.add_")
+        .replace("logits: torch", "scores: torch")
+        .replace("mask = ", "on = ")
+        .replace("torch.where(mask,", "torch.where(on,")
+    )
     assert_codemod(mnt.AddPenaltyWithoutSync, src, out)
 
 
@@ -68,7 +78,9 @@ def test_a_line_between_stays_and_a_different_shape_is_missing():
 
 
 @pytest.mark.trees
-@pytest.mark.parametrize("version, state", [("0.5.10", "absent"), ("0.5.13", "absent"), ("0.5.14", "native"), ("0.5.23", "native")])
+@pytest.mark.parametrize(
+    "version, state", [("0.5.10", "absent"), ("0.5.13", "absent"), ("0.5.14", "native"), ("0.5.23", "native")]
+)
 def test_real_trees(make_tree, cli, version, state):
     tree = make_tree(version)
     before = snapshot(tree)
@@ -83,7 +95,7 @@ def test_real_trees(make_tree, cli, version, state):
 
 # --- the penalizers' output ids (sglang #28491, #28500) --------------------------------
 
-BATCH = code('''
+BATCH = code("""
     import torch
 
 
@@ -103,11 +115,14 @@ BATCH = code('''
                     self.sampling_info.penalizer_orchestrator.cumulate_output_tokens(
                         self.output_ids.to(torch.int64)
                     )
-''')
-BATCH_AFTER = BATCH.replace("import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pin_memory_for\n").replace(
+""")
+BATCH_AFTER = BATCH.replace(
+    "import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pin_memory_for\n"
+).replace(
     "                    device=self.device,\n                )\n",
     "                    pin_memory=pin_memory_for(self.device),\n"
-    "                ).to(self.device, non_blocking=True)\n")
+    "                ).to(self.device, non_blocking=True)\n",
+)
 
 
 def test_the_output_ids_are_built_pinned_and_copied_non_blocking():
@@ -115,31 +130,33 @@ def test_the_output_ids_are_built_pinned_and_copied_non_blocking():
 
 
 def test_a_list_handed_straight_to_the_penalizers_and_the_spec_v2_class():
-    src = code('''
+    src = code("""
         class EagleDraftInputV2Mixin:
             def prepare_for_decode(self, batch):
                 if batch.sampling_info.penalizer_orchestrator.is_required:
                     batch.sampling_info.penalizer_orchestrator.cumulate_output_tokens(
                         torch.tensor([r.output_ids[-1] for r in batch.reqs], device=batch.device)
                     )
-    ''')
-    assert ("torch.tensor([r.output_ids[-1] for r in batch.reqs], pin_memory=pin_memory_for(batch.device))"
-            ".to(batch.device, non_blocking=True)") in apply(mnt.SpecV2OutputIdsCopyWithoutWait, src)
+    """)
+    assert (
+        "torch.tensor([r.output_ids[-1] for r in batch.reqs], pin_memory=pin_memory_for(batch.device))"
+        ".to(batch.device, non_blocking=True)"
+    ) in apply(mnt.SpecV2OutputIdsCopyWithoutWait, src)
 
 
 def test_upstreams_shared_method_is_done_and_no_penalizer_is_superseded():
-    upstream = code('''
+    upstream = code("""
         class ScheduleBatch:
             def prepare_for_decode(self):
                 if self.sampling_info.penalizer_orchestrator.is_required:
                     self.cumulate_penalty_output_tokens()
-    ''')
+    """)
     assert_state(mnt.OutputIdsCopyWithoutWait, upstream, State.DONE, "0.5.14")
-    none = code('''
+    none = code("""
         class EagleDraftInputV2Mixin:
             def prepare_for_decode(self, batch):
                 bs = batch.batch_size()
-    ''')
+    """)
     assert_state(mnt.SpecV2OutputIdsCopyWithoutWait, none, State.SUPERSEDED)
 
 

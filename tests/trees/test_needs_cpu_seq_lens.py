@@ -8,15 +8,15 @@ import textwrap
 
 import libcst as cst
 import pytest
-
-from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 from support import PRE_UPSTREAM, patch_states, pristine, snapshot
+
 from patchkit import registry
 from patchkit.codemods import needs_cpu_seq_lens_deferred_sum as deferred
 from patchkit.codemods import needs_cpu_seq_lens_flags as flags
 from patchkit.codemods import needs_cpu_seq_lens_guards as guards
 from patchkit.codemods import needs_cpu_seq_lens_sync as sync
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 
 PID = "needs-cpu-seq-lens"
 
@@ -53,10 +53,15 @@ def test_flags_are_declared_after_the_docstring_or_first():
                 self.topk = topk
         '''
     )
-    out = apply(flags.TritonBackendOptsOut, "class TritonAttnBackend(AttentionBackend):\n    def __init__(self):\n        pass\n")
+    out = apply(
+        flags.TritonBackendOptsOut,
+        "class TritonAttnBackend(AttentionBackend):\n    def __init__(self):\n        pass\n",
+    )
     assert out.startswith("class TritonAttnBackend(AttentionBackend):\n    # CUDA-graph replay")
     assert "    needs_cpu_seq_lens: bool = False\n\n    def __init__" in out
-    out = apply(flags.BaseBackendFlag, 'class AttentionBackend(ABC):\n    """Base."""\n\n    def f(self):\n        pass\n')
+    out = apply(
+        flags.BaseBackendFlag, 'class AttentionBackend(ABC):\n    """Base."""\n\n    def f(self):\n        pass\n'
+    )
     assert "    needs_cpu_seq_lens: bool = True\n" in out
 
 
@@ -74,7 +79,7 @@ def test_upstream_flag_anywhere_in_the_class_is_done():
 
 # -- the worker, the scheduler, the sync -------------------------------------------------------
 
-WORKER = '''
+WORKER = """
 class EAGLEWorkerV2(BaseSpecWorker):
     def __init__(self, target_worker):
         self._target_worker = target_worker
@@ -89,7 +94,7 @@ class EAGLEWorkerV2(BaseSpecWorker):
 
     def clear_cache_pool(self):
         pass
-'''
+"""
 
 
 def test_worker_exposes_its_backends_after_the_draft_worker_property():
@@ -122,8 +127,9 @@ class Scheduler:
 def test_scheduler_decides_before_building_the_future_map():
     out = apply(sync.DecideInInitOverlap, SCHEDULER)
     assert out.startswith("from sglang.srt._patchkit.runtime import configure_needs_cpu_seq_lens\n")
-    assert block(
-        """
+    assert (
+        block(
+            """
                     self.future_map = None
                     return
 
@@ -133,8 +139,10 @@ def test_scheduler_decides_before_building_the_future_map():
 
                 self.future_map = FutureMap(
         """,
-        8,
-    ) in out
+            8,
+        )
+        in out
+    )
 
 
 def test_scheduler_upstream_decision_is_done_and_no_future_map_is_missing():
@@ -150,7 +158,7 @@ def test_scheduler_upstream_decision_is_done_and_no_future_map_is_missing():
     assert finding.state is State.MISSING and "future_map" in finding.detail
 
 
-DECODE = '''
+DECODE = """
 class EagleDraftInputV2Mixin:
     def prepare_for_decode(self: EagleDraftInput, batch: ScheduleBatch):
         batch.maybe_wait_verify_done()
@@ -159,14 +167,15 @@ class EagleDraftInputV2Mixin:
         # FIXME(lsyin): make this sync optional
         batch.seq_lens_cpu = batch.seq_lens.cpu()
         batch.seq_lens_sum = batch.seq_lens_cpu.sum().item()
-'''
+"""
 
 
 def test_decode_sync_is_gated_by_the_decision():
     out = apply(sync.GateDecodeSync, DECODE)
     assert out.startswith("from sglang.srt._patchkit.runtime import needs_cpu_seq_lens\n")
-    assert block(
-        """
+    assert (
+        block(
+            """
                 # FIXME(lsyin): make this sync optional
                 if not needs_cpu_seq_lens():
                     # patchkit (sglang #26128): no attention backend reads the CPU mirror;
@@ -177,8 +186,10 @@ def test_decode_sync_is_gated_by_the_decision():
                     batch.seq_lens_cpu = batch.seq_lens.cpu()
                     batch.seq_lens_sum = batch.seq_lens_cpu.sum().item()
         """,
-        8,
-    ) in out
+            8,
+        )
+        in out
+    )
 
 
 def test_decode_sync_elsewhere_or_nested():
@@ -229,7 +240,12 @@ def test_decode_sync_a_fork_already_dropped(helper):
             batch.seq_lens_cpu = None
             batch.seq_lens_sum = None
     """
-    assert_state(sync.GateDecodeSync, fork, State.SUPERSEDED, detail="this tree avoids the seq_lens sync itself at line 5 (`batch.seq_lens_cpu = None`);")
+    assert_state(
+        sync.GateDecodeSync,
+        fork,
+        State.SUPERSEDED,
+        detail="this tree avoids the seq_lens sync itself at line 5 (`batch.seq_lens_cpu = None`);",
+    )
 
 
 # FutureMap.resolve_seq_lens_cpu as it was between the FutureMap rewrite and #26128.
@@ -256,8 +272,9 @@ class FutureMap:
 
 def test_future_map_sync_is_gated_when_the_tree_has_it():
     out = apply(sync.GateFutureMapSync, FUTURE_MAP)
-    assert block(
-        """
+    assert (
+        block(
+            """
                 batch.seq_lens = self.new_seq_lens_buf[fi]
 
                 # patchkit (sglang #26128): no attention backend reads the CPU mirror;
@@ -269,8 +286,10 @@ def test_future_map_sync_is_gated_when_the_tree_has_it():
 
                 if self.fwd_prepare_d2h_stream is None or self.publish_ready is None:
         """,
-        8,
-    ) in out
+            8,
+        )
+        in out
+    )
     # The old circular-buffer FutureMap (0.5.10 .. 0.5.12.post1) has no such method.
     old = "class FutureMap:\n    def resolve_future(self, model_worker_batch):\n        pass\n"
     assert_state(sync.GateFutureMapSync, old, State.SUPERSEDED)
@@ -381,8 +400,13 @@ def test_filter_merge_and_decode_defer_the_sum():
     out = apply(deferred.DeferMergeBatchSum, out)
     assert "seq_lens_sum +=" not in out and ".item()" not in out
     assert out.count("        self.seq_lens_sum = None\n") == 3
-    assert "        self.seq_lens_cpu.add_(1)\n        # keep the sum\n" + DEFERRED in out  # its comment kept above ours
-    assert "        self.seq_lens = self.seq_lens[keep_indices_device]\n" + DEFERRED + "        self.output_ids = None\n" in out
+    assert (
+        "        self.seq_lens_cpu.add_(1)\n        # keep the sum\n" + DEFERRED in out
+    )  # its comment kept above ours
+    assert (
+        "        self.seq_lens = self.seq_lens[keep_indices_device]\n" + DEFERRED + "        self.output_ids = None\n"
+        in out
+    )
     assert "    def merge_batch(self, other):\n" + DEFERRED in out
 
 
@@ -410,7 +434,11 @@ def test_deferral_after_the_merge_guard_and_upstream_shapes():
     for codemod in (deferred.DeferDecodeSum, deferred.DeferFilterBatchSum, deferred.DeferMergeBatchSum):
         assert_state(codemod, upstream, State.DONE)
     # A fork that keeps no sum in the method: nothing to defer.
-    assert_state(deferred.DeferFilterBatchSum, "class ScheduleBatch:\n    def filter_batch(self):\n        self.reqs = []\n", State.SUPERSEDED)
+    assert_state(
+        deferred.DeferFilterBatchSum,
+        "class ScheduleBatch:\n    def filter_batch(self):\n        self.reqs = []\n",
+        State.SUPERSEDED,
+    )
     # `x.seq_lens_sum = ...` on another object is not the batch's own sum.
     other = "class ScheduleBatch:\n    def merge_batch(self, other):\n        other.seq_lens_sum = 0\n        self.seq_lens_sum = None\n"
     assert_state(deferred.DeferMergeBatchSum, other, State.DONE)
@@ -458,10 +486,14 @@ def test_filling_the_sum_needs_its_anchors_and_upstream_folded_it_away():
     no_mirror = "class ScheduleBatch:\n    def get_model_worker_batch(self):\n        return ModelWorkerBatch(seq_lens_sum=self.seq_lens_sum)\n"
     finding = detect(deferred.FillDeferredSum, no_mirror)
     assert finding.state is State.MISSING and "no local `seq_lens_cpu`" in finding.detail
-    finding = detect(deferred.FillDeferredSum, "class ScheduleBatch:\n    def get_model_worker_batch(self):\n        return None\n")
+    finding = detect(
+        deferred.FillDeferredSum, "class ScheduleBatch:\n    def get_model_worker_batch(self):\n        return None\n"
+    )
     assert finding.state is State.MISSING and "ModelWorkerBatch" in finding.detail
     # 0.5.13+: get_model_worker_batch was folded into ForwardBatch.init_new.
-    assert_state(deferred.FillDeferredSum, "class ScheduleBatch:\n    def filter_batch(self):\n        pass\n", State.SUPERSEDED)
+    assert_state(
+        deferred.FillDeferredSum, "class ScheduleBatch:\n    def filter_batch(self):\n        pass\n", State.SUPERSEDED
+    )
 
 
 FORWARD_BATCH = """
@@ -497,8 +529,9 @@ class ForwardBatch:
 
 def test_init_new_takes_device_extend_lens():
     out = apply(guards.GuardInitNewExtendLens, FORWARD_BATCH)
-    assert block(
-        """
+    assert (
+        block(
+            """
                     assert isinstance(batch.extend_seq_lens, (list, torch.Tensor))
                     assert isinstance(batch.extend_prefix_lens, (list, torch.Tensor))
                     ret.extend_seq_lens = torch.as_tensor(
@@ -510,8 +543,10 @@ def test_init_new_takes_device_extend_lens():
                     ret.extend_prefix_lens_cpu = host_list_or_none(batch.extend_prefix_lens)
                     ret.extend_seq_lens_cpu = host_list_or_none(batch.extend_seq_lens)
         """,
-        12,
-    ) in out
+            12,
+        )
+        in out
+    )
     # The decode/verify pass-through is untouched.
     assert "ret = cls(seq_lens_sum=batch.seq_lens_sum, seq_lens_cpu=batch.seq_lens_cpu)" in out
 
@@ -588,7 +623,10 @@ class EAGLEDraftExtendCudaGraphRunner:
 
 def test_draft_extend_graph_replay_and_its_later_name():
     out = apply(guards.GuardDraftExtendGraphReplay, DRAFT_EXTEND_RUNNER)
-    assert "            seq_lens_sum=add_or_none(forward_batch.seq_lens_sum, (bs - raw_bs) * self.seq_len_fill_value),\n" in out
+    assert (
+        "            seq_lens_sum=add_or_none(forward_batch.seq_lens_sum, (bs - raw_bs) * self.seq_len_fill_value),\n"
+        in out
+    )
     renamed = """
     class EAGLEDraftExtendCudaGraphRunner:
         def execute(self, forward_batch):
@@ -663,16 +701,19 @@ class EagleDraftInputV2Mixin:
 
 def test_draft_extend_preparation_gpu_only_path():
     out = apply(guards.GuardDraftExtendPrep, DRAFT_EXTEND_PREP)
-    assert block(
-        """
+    assert (
+        block(
+            """
                 batch.seq_lens = batch.seq_lens + num_draft_tokens
                 batch.seq_lens_cpu = add_or_none(batch.seq_lens_cpu, num_draft_tokens)
                 batch.seq_lens_sum = add_or_none(batch.seq_lens_sum, extend_num_tokens)
                 batch.extend_seq_lens = [num_draft_tokens for _ in range(len(batch.seq_lens))]
                 batch.extend_prefix_lens = draft_extend_prefix_lens(seq_lens_cpu_, batch.seq_lens, num_draft_tokens)
         """,
-        8,
-    ) in out
+            8,
+        )
+        in out
+    )
 
 
 def test_draft_extend_preparation_without_its_anchor_is_missing():
@@ -711,12 +752,24 @@ class TritonMultiStepDraftBackend:
 
 def test_triton_metadata_upper_bounds():
     out = apply(guards.GuardTritonMetadata, TRITON)
-    assert "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len), dtype=torch.int64" in out
-    assert "                prefix_lens_sum_or_bound(forward_batch.extend_prefix_lens_cpu, forward_batch.batch_size, self.max_context_len),\n" in out
+    assert (
+        "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len), dtype=torch.int64"
+        in out
+    )
+    assert (
+        "                prefix_lens_sum_or_bound(forward_batch.extend_prefix_lens_cpu, forward_batch.batch_size, self.max_context_len),\n"
+        in out
+    )
     # The local keeps its name; the helper has another (no shadowing).
-    assert "            max_extend_len = max_of_extend_lens(forward_batch.extend_seq_lens_cpu, forward_batch.extend_seq_lens)\n" in out
+    assert (
+        "            max_extend_len = max_of_extend_lens(forward_batch.extend_seq_lens_cpu, forward_batch.extend_seq_lens)\n"
+        in out
+    )
     out = apply(guards.GuardTritonDraftTemplate, out)
-    assert "        seq_lens_sum = seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len)\n" in out
+    assert (
+        "        seq_lens_sum = seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len)\n"
+        in out
+    )
 
 
 def test_triton_upstream_shapes_are_done():
@@ -842,7 +895,9 @@ PRESENT = {
         "ret.extend_seq_lens_cpu = host_list_or_none(batch.extend_seq_lens)",
         "self.seq_lens_sum = add_or_none(self.seq_lens_sum,",
     ],
-    "srt/model_executor/cuda_graph_runner.py": ["add_or_none(forward_batch.seq_lens_sum, (bs - raw_bs) * self.seq_len_fill_value),"],
+    "srt/model_executor/cuda_graph_runner.py": [
+        "add_or_none(forward_batch.seq_lens_sum, (bs - raw_bs) * self.seq_len_fill_value),"
+    ],
     "srt/speculative/eagle_draft_extend_cuda_graph_runner.py": ["seq_lens_sum=add_or_none(forward_batch.seq_lens_sum,"],
     "srt/observability/scheduler_metrics_mixin.py": [
         "total_context = float(decode_total_seq_lens(batch))",

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
-
 from support import ALL_NATIVE, PRIMARY, snapshot
+
 from patchkit import registry
 from patchkit.codemods.common.base import ClassCodemod, Finding
-from patchkit.verify_output import github_annotation
 from patchkit.registry import Patch, Target
 from patchkit.tree import find_tree
+from patchkit.verify_output import github_annotation
 
 MHA = "srt/layers/attention/trtllm_mha_backend.py"
 HOOK = "trtllm-mha-overlap-hook"
@@ -40,8 +40,9 @@ class GoneUpstream(ClassCodemod):
         return Finding.superseded(f"{self.CLASS}.old_buffer", "upstream dropped old_buffer")
 
 
-SUPERSEDED = Patch("test-superseded", "Test: superseded upstream", ("sglang#1",), (), "test only",
-                   (Target(MHA, (GoneUpstream,)),))
+SUPERSEDED = Patch(
+    "test-superseded", "Test: superseded upstream", ("sglang#1",), (), "test only", (Target(MHA, (GoneUpstream,)),)
+)
 
 
 def load_patch(pid: str) -> Patch:
@@ -102,8 +103,9 @@ pytestmark_trees = pytest.mark.trees
 
 
 @pytestmark_trees
-@pytest.mark.parametrize("layout, prefix", [("checkout", "t0/python/sglang"), ("python", "t0/python/sglang"),
-                                            ("package", "t0/sglang")])
+@pytest.mark.parametrize(
+    "layout, prefix", [("checkout", "t0/python/sglang"), ("python", "t0/python/sglang"), ("package", "t0/sglang")]
+)
 def test_github_annotation_points_at_anchor(make_tree, cli, monkeypatch, tmp_path, layout, prefix):
     tree = make_tree(PRIMARY, layout)
     monkeypatch.chdir(tmp_path)
@@ -221,7 +223,11 @@ def test_apply_check_lists_what_would_change(make_tree, cli, monkeypatch, tmp_pa
     quiet = cli("-q", "apply", "t0/sglang", "--check")
     assert quiet.exit_code == 1 and quiet.output == ""
     # -q after the subcommand, as `git commit -q` and `ruff check -q` take it.
-    assert cli("apply", "t0/sglang", "--check", "-q").output == "" == cli("apply", "--quiet", "t0/sglang", "--check").output
+    assert (
+        cli("apply", "t0/sglang", "--check", "-q").output
+        == ""
+        == cli("apply", "--quiet", "t0/sglang", "--check").output
+    )
 
     assert cli("apply", "t0/sglang").exit_code == 0
     result = cli("apply", "t0/sglang", "--check")

@@ -12,10 +12,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support import PRIMARY, pristine
 
 from patchkit import __version__, registry
 from patchkit.registry import sets as patch_sets
-from support import PRIMARY, pristine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,8 +26,11 @@ pytestmark = pytest.mark.slow
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # No build isolation: setuptools comes from this environment (no download).
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
     (built,) = out.glob("*.whl")
     return built
 
@@ -45,9 +48,15 @@ def test_wheel_contents(wheel):
     assert not any("gpu_e2e" in n for n in names)
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("patchkit/patches/") and n.endswith(".toml")}
     assert shipped == {f.name for f in patch_sets.definition_files()} and shipped
-    for module in ("patchkit/cli.py", "patchkit/registry/__init__.py", "patchkit/runtime/seq_lens.py",
-                   "patchkit/backends/trtllm_mha.py", "patchkit/codemods/common/primitives/__init__.py",
-                   "patchkit/testing.py", "patchkit/known_releases.json"):  # the last: the vendor-code check's hashes
+    for module in (
+        "patchkit/cli.py",
+        "patchkit/registry/__init__.py",
+        "patchkit/runtime/seq_lens.py",
+        "patchkit/backends/trtllm_mha.py",
+        "patchkit/codemods/common/primitives/__init__.py",
+        "patchkit/testing.py",
+        "patchkit/known_releases.json",
+    ):  # the last: the vendor-code check's hashes
         assert module in names
 
 
@@ -57,8 +66,14 @@ def test_console_script_from_a_clean_venv(wheel, tmp_path):
     # would read as sglang-patchkit already installed).
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], check=True, capture_output=True,
-                   timeout=600, env=env, cwd=tmp_path)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
     patchkit = str(venv / "bin" / "patchkit")
 
     def run(*args):
@@ -67,8 +82,9 @@ def test_console_script_from_a_clean_venv(wheel, tmp_path):
     version = run("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"patchkit, version {__version__}"
     listed = run("list")
-    assert listed.returncode == 0 and [line.split()[0] for line in listed.stdout.splitlines()] == \
-        [p.id for p in registry.all_patches()]
+    assert listed.returncode == 0 and [line.split()[0] for line in listed.stdout.splitlines()] == [
+        p.id for p in registry.all_patches()
+    ]
     status = run("status", str(pristine(PRIMARY)))
     assert status.returncode == 0 and status.stdout.startswith(f"sglang {PRIMARY} at "), status.stderr
 
@@ -76,8 +92,11 @@ def test_console_script_from_a_clean_venv(wheel, tmp_path):
 def _listing(folder: Path) -> set[str]:
     """Every path under ``folder``, git-ignored ones too (build/, *.egg-info),
     bytecode caches aside (tests running beside this one write them)."""
-    return {str(p.relative_to(folder)) for p in folder.rglob("*")
-            if not {"__pycache__", ".pytest_cache"} & set(p.relative_to(folder).parts)}
+    return {
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if not {"__pycache__", ".pytest_cache"} & set(p.relative_to(folder).parts)
+    }
 
 
 def test_installing_the_example_set_leaves_its_folder_as_it_was(tmp_path):
@@ -87,8 +106,23 @@ def test_installing_the_example_set_leaves_its_folder_as_it_was(tmp_path):
     example = ROOT / "examples" / "acme-patches"
     before = _listing(example)
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
-                    str(target), str(example)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(example),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     assert _listing(example) == before
     (info,) = target.glob("acme_sglang_patches-*.dist-info")
     points = (info / "entry_points.txt").read_text().replace(" ", "")

@@ -12,10 +12,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from support import PRIMARY, pristine_snapshot, snapshot
 
 from patchkit import registry
 from patchkit.state import vendoring
-from support import PRIMARY, pristine_snapshot, snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "acme-patches"
@@ -33,8 +33,14 @@ def one_line_error(result, *needles) -> None:
 
 def test_the_example_stays_short():
     """What a vendor copies: definition and codemods under 100 lines, the test under 60."""
-    lines = [len(f.read_text().splitlines()) for f in (SET / "torch-native-spec-v2.toml", SET / "torch_native.py",
-                                                       EXAMPLE / "tests" / "test_acme_patches.py")]
+    lines = [
+        len(f.read_text().splitlines())
+        for f in (
+            SET / "torch-native-spec-v2.toml",
+            SET / "torch_native.py",
+            EXAMPLE / "tests" / "test_acme_patches.py",
+        )
+    ]
     assert lines[0] + lines[1] < 100 and lines[2] < 60, lines
 
 
@@ -52,8 +58,12 @@ def test_pyproject_names_the_set_found_from_the_tree_or_cwd(make_tree, cli, monk
     (fork / "pyproject.toml").write_text('[tool.patchkit]\npatches = ["acme"]\n')
     monkeypatch.chdir(tmp_path)  # outside the fork: found from the TREE
     # A folder is no installed package: package mode has nothing to import the helper from.
-    one_line_error(cli("apply", fork, PATCH, "--runtime", "package"), "needs runtime module acme_runtime of the "
-                   f"patch set folder {fork / 'acme'}", "install the set as a distribution", "--runtime vendored")
+    one_line_error(
+        cli("apply", fork, PATCH, "--runtime", "package"),
+        f"needs runtime module acme_runtime of the patch set folder {fork / 'acme'}",
+        "install the set as a distribution",
+        "--runtime vendored",
+    )
     assert cli("apply", fork, PATCH).exit_code == 0
     package = fork / "python" / "sglang"
     helper = package / HELPER
@@ -92,8 +102,13 @@ def test_installed_entry_point(make_tree, tmp_path):
     def patchkit(*args):
         code = "import sys; sys.path.insert(0, sys.argv[1]); from patchkit.cli import main; main(sys.argv[2:])"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        return subprocess.run([sys.executable, "-c", code, str(site), *map(str, args)], capture_output=True,
-                              text=True, env=env, cwd=tmp_path)
+        return subprocess.run(
+            [sys.executable, "-c", code, str(site), *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
 
     assert "[from acme (entry point of acme-sglang-patches)]" in patchkit("list").stdout
     applied = patchkit("apply", tree, PATCH)
@@ -128,8 +143,12 @@ def test_one_set_reached_twice_is_one_set(cli, make_tree, monkeypatch, tmp_path)
     shutil.copytree(SET, copy, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "pyproject.toml").write_text(f'[tool.patchkit]\npatches = ["{SET}"]\n')
     monkeypatch.chdir(tmp_path)
-    for extra in ([], ["--patches", SET], ["--patches", f"{SET}/", "--patches", SET / ".." / SET.name],
-                  ["--patches", copy]):
+    for extra in (
+        [],
+        ["--patches", SET],
+        ["--patches", f"{SET}/", "--patches", SET / ".." / SET.name],
+        ["--patches", copy],
+    ):
         listed = cli(*extra, "list")
         assert listed.exit_code == 0 and "warning" not in listed.output, (extra, listed.output)
         assert [line.split()[0] for line in listed.output.splitlines()].count(PATCH) == 1
@@ -153,8 +172,10 @@ def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path, make_tree):
         shutil.copy(SET / module, clash)
     text = (SET / "torch-native-spec-v2.toml").read_text()
     (clash / "mine.toml").write_text(text.replace(f'id = "{PATCH}"', 'id = "needs-cpu-seq-lens"'))
-    twice = ("patch needs-cpu-seq-lens is defined twice, by two different patch sets: in "
-             f"patches/needs-cpu-seq-lens.toml and in {clash / 'mine.toml'}")
+    twice = (
+        "patch needs-cpu-seq-lens is defined twice, by two different patch sets: in "
+        f"patches/needs-cpu-seq-lens.toml and in {clash / 'mine.toml'}"
+    )
     for command in (["status", make_tree(PRIMARY)], ["show", "fa3-spec-v2"], ["apply", make_tree(PRIMARY)]):
         one_line_error(cli("--patches", clash, *command), twice)
     listed = cli("--patches", clash, "list")  # list shows the clash, and --help works
@@ -163,15 +184,20 @@ def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path, make_tree):
     assert cli("--patches", clash, "--help").exit_code == 0
     assert cli("--patches", clash, "apply", "--help").exit_code == 0
     (clash / "mine.toml").write_text(text.replace("torch_native:", "nowhere:"))
-    one_line_error(cli("--patches", clash, "list"), "codemod nowhere:AddVerifyBuffersHook cannot be loaded",
-                   str(clash))
+    one_line_error(cli("--patches", clash, "list"), "codemod nowhere:AddVerifyBuffersHook cannot be loaded", str(clash))
     # Runtime modules: patchkit's own or the set's; one name, one set.
     (clash / "mine.toml").write_text(text.replace('"acme_runtime"', '"nowhere"'))
-    one_line_error(cli("--patches", clash, "list"), "runtime module 'nowhere' is neither one of patchkit's",
-                   f"nor a module of {clash}")
+    one_line_error(
+        cli("--patches", clash, "list"),
+        "runtime module 'nowhere' is neither one of patchkit's",
+        f"nor a module of {clash}",
+    )
     (clash / "mine.toml").write_text(text.replace(f'id = "{PATCH}"', 'id = "mine"'))
-    one_line_error(cli("--patches", SET, "--patches", clash, "show", "mine"), "runtime module acme_runtime is "
-                   f"defined twice: in {SET} and in {clash}", "sglang.srt._patchkit.acme_runtime")
+    one_line_error(
+        cli("--patches", SET, "--patches", clash, "show", "mine"),
+        f"runtime module acme_runtime is defined twice: in {SET} and in {clash}",
+        "sglang.srt._patchkit.acme_runtime",
+    )
     shutil.copy(SET / "acme_runtime.py", clash / "runtime.py")
     (clash / "mine.toml").write_text(text.replace('"acme_runtime"', '"runtime"'))
     one_line_error(cli("--patches", clash, "list"), f"{clash} has a module 'runtime', the name of patchkit's own")
@@ -180,7 +206,7 @@ def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path, make_tree):
     one_line_error(cli("--patches", tmp_path / "nope", "list"), "no such folder of patch definitions")
 
 
-@pytest.mark.parametrize("config", ['[tool.patchkit]\npatches = "acme"\n', '[tool.patchkit]\npatches = [1]\n'])
+@pytest.mark.parametrize("config", ['[tool.patchkit]\npatches = "acme"\n', "[tool.patchkit]\npatches = [1]\n"])
 def test_pyproject_patches_must_name_folders(cli, monkeypatch, tmp_path, config):
     (tmp_path / "pyproject.toml").write_text(config)
     monkeypatch.chdir(tmp_path)
@@ -196,11 +222,14 @@ def test_a_tree_patched_from_a_set_not_loaded_now(make_tree, cli):
     assert cli("--patches", SET, "apply", tree, PATCH).exit_code == 0
     before = snapshot(tree)
     status = cli("status", tree)
-    assert status.exit_code == 0 and f"note: {PATCH}: applied to this tree from a patch set that is not loaded" \
-        in status.output
+    assert (
+        status.exit_code == 0
+        and f"note: {PATCH}: applied to this tree from a patch set that is not loaded" in status.output
+    )
     for verb in ("revert", "apply"):  # both rebuild files with every patch on the tree: refused
-        one_line_error(cli(verb, tree), f"{PATCH}: applied to this tree from a patch set that is not loaded",
-                       "nothing was changed")
+        one_line_error(
+            cli(verb, tree), f"{PATCH}: applied to this tree from a patch set that is not loaded", "nothing was changed"
+        )
     assert snapshot(tree) == before
     assert cli("--patches", SET, "revert", tree).exit_code == 0
     assert snapshot(tree) == pristine_snapshot(PRIMARY)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from support import pristine_snapshot, snapshot
+
 from patchkit import audit
 
 DECISION = "needs-cpu-seq-lens"
@@ -49,8 +49,12 @@ def test_guarded_by_the_patch_0_5_4(cli, linked_tree):
     states = {p["id"]: p["state"] for p in doc["patches"]}
     assert states[DECISION] == states["trtllm-mla-spec-v2"] == states["fa3-spec-v2"] == "applied"
     reasons = {p["id"]: p.get("reason", "") for p in doc["patches"] if p["state"] == "not-applicable"}
-    assert set(reasons) == {"draft-extend-graph-no-topk", "fa3-draft-extend-graph", "trtllm-mha-draft-extend-v2",
-                            "spec-v2-decode-copies"}  # the kv lengths stay on the device there
+    assert set(reasons) == {
+        "draft-extend-graph-no-topk",
+        "fa3-draft-extend-graph",
+        "trtllm-mha-draft-extend-v2",
+        "spec-v2-decode-copies",
+    }  # the kv lengths stay on the device there
     assert "never replays its draft-extend CUDA graph" in reasons["fa3-draft-extend-graph"]
     assert cli("verify", tree, "-q").exit_code == 0
     assert audit.audit_tree(tree).ok
@@ -69,7 +73,8 @@ def test_refused_where_decode_reads_the_mirror_0_5_5(cli, linked_tree):
         "refused: srt/speculative/eagle_info_v2.py:133: EagleDraftInputV2Mixin.prepare_for_decode reads "
         "`batch.seq_lens_cpu` unguarded once the mirror is dropped, so nothing of needs-cpu-seq-lens is written: "
         "guard that line with a None test (`if ... is None:`), or `--skip needs-cpu-seq-lens` (the other patches "
-        "still apply; `patchkit audit` lists every read)")
+        "still apply; `patchkit audit` lists every read)"
+    )
     # The line of the file on disk (apply's would-be file has its imports above it).
     assert "batch.seq_lens_cpu[i]" in (tree / "srt/speculative/eagle_info_v2.py").read_text().splitlines()[132]
     assert refused["fa3-spec-v2"].endswith(f"requires {DECISION}, which is refused")

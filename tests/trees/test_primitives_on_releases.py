@@ -6,10 +6,10 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 import pytest
+from support import libcst_add_imports, pristine
 
 from patchkit import registry
 from patchkit.codemods.common import primitives as p
-from support import libcst_add_imports, pristine
 
 
 @pytest.mark.trees
@@ -26,7 +26,10 @@ def test_find_all_agrees_with_libcst_findall_on_a_real_tree():
     ]
     srt = pristine("0.5.12.post1") / "srt"
     attention = srt / "layers" / "attention"
-    paths = sorted((srt / "speculative").glob("eagle*.py")) + [attention / "trtllm_mla_backend.py", attention / "triton_backend.py"]
+    paths = sorted((srt / "speculative").glob("eagle*.py")) + [
+        attention / "trtllm_mla_backend.py",
+        attention / "triton_backend.py",
+    ]
     for path in paths:
         module = cst.parse_module(path.read_bytes())
         for matcher in matchers:
@@ -39,8 +42,11 @@ def test_find_all_agrees_with_libcst_findall_on_a_real_tree():
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.11", "0.5.12.post1"])
 def test_add_imports_matches_libcst_on_real_target_files(version):
     tree = pristine(version)
-    wanted = [("patchkit.runtime", "needs_cpu_seq_lens"), ("patchkit.runtime", "add_or_none"),
-              ("sglang.srt.model_executor.forward_batch_info", "ForwardMode")]
+    wanted = [
+        ("patchkit.runtime", "needs_cpu_seq_lens"),
+        ("patchkit.runtime", "add_or_none"),
+        ("sglang.srt.model_executor.forward_batch_info", "ForwardMode"),
+    ]
     files = sorted({t.file for patch in registry.all_patches() for t in patch.targets if (tree / t.file).exists()})
     assert files
     for rel in files:

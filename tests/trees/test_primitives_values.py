@@ -7,10 +7,10 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from patchkit.testing import apply, detect
 from patchkit.codemods import flashmla_spec_v2 as fm
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, detect
 
 SEQ_LENS = primitives.attr("seq_lens")
 DRAFT = primitives.attr("num_draft_tokens")
@@ -44,13 +44,16 @@ def test_sum_of_recognises_each_spelling(spelling):
     assert (found.bound is not None) == ("slice" in spelling or spelling == "temporary")
 
 
-@pytest.mark.parametrize("value", [
-    "forward_batch.seq_lens - self.num_draft_tokens",  # another operation
-    "forward_batch.seq_lens[1:] + self.num_draft_tokens",  # not a prefix of the batch
-    "forward_batch.seq_lens[::2] + self.num_draft_tokens",
-    "forward_batch.extend_seq_lens + self.num_draft_tokens",  # another value
-    "forward_batch.seq_lens + self.topk",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "forward_batch.seq_lens - self.num_draft_tokens",  # another operation
+        "forward_batch.seq_lens[1:] + self.num_draft_tokens",  # not a prefix of the batch
+        "forward_batch.seq_lens[::2] + self.num_draft_tokens",
+        "forward_batch.extend_seq_lens + self.num_draft_tokens",  # another value
+        "forward_batch.seq_lens + self.topk",
+    ],
+)
 def test_sum_of_refuses_other_values(value):
     fn = function("", value)
     assert primitives.sum_of(fn.body.body[-1].body[0].value, SEQ_LENS, DRAFT, primitives.Locals(fn)) is None
@@ -62,7 +65,7 @@ def test_peel_keeps_the_bound():
     assert cst.Module([]).code_for_node(peeled.bound) == "bs"
 
 
-FORWARD_EXTEND = '''
+FORWARD_EXTEND = """
 class FlashMLABackend(FlashInferMLAAttnBackend):
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if forward_batch.forward_mode == ForwardMode.EXTEND:
@@ -70,7 +73,7 @@ class FlashMLABackend(FlashInferMLAAttnBackend):
         bs = forward_batch.batch_size
         {body}o, _ = flash_mla_with_kvcache(q=q, cache_seqlens={value})
         return o
-'''
+"""
 CALL = "fixed_q_cache_seqlens(forward_batch, self.forward_metadata, self.num_draft_tokens)"
 
 
@@ -101,8 +104,11 @@ def test_a_fork_spelling_the_lengths_with_a_slice_and_a_cast_applies(make_tree, 
     text = path.read_text()
     old = "cache_seqlens=forward_batch.seq_lens.to(torch.int32)\n                    + self.num_draft_tokens,"
     assert text.count(old) == 2
-    path.write_text(text.replace(old, "cache_seqlens=(forward_batch.seq_lens[:bs].int()\n"
-                                      "                    + self.num_draft_tokens),"))
+    path.write_text(
+        text.replace(
+            old, "cache_seqlens=(forward_batch.seq_lens[:bs].int()\n                    + self.num_draft_tokens),"
+        )
+    )
     result = cli("apply", tree, "flashmla-spec-v2")
     assert result.exit_code == 0, result.output
     assert patch_states(cli, tree, "flashmla-spec-v2")["flashmla-spec-v2"]["state"] == "applied"

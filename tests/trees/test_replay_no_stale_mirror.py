@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from patchkit.testing import apply, detect
 from support import pristine, snapshot
+
 from patchkit.codemods import replay_no_stale_mirror as replay
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, detect
 
 PATCH = "replay-no-stale-mirror"
 FA3 = "srt/layers/attention/flashattention_backend.py"
@@ -26,7 +26,7 @@ VERIFY_RUNNER = {
 
 # -- replay hands over no stale mirror ----------------------------------------------------
 
-RUNNER = '''
+RUNNER = """
 class CudaGraphRunner:
     def capture_one_batch_size(self, bs, forward):
         seq_lens_cpu = buffers.seq_lens_cpu[:bs]
@@ -42,7 +42,7 @@ class CudaGraphRunner:
 
 def build_replay_fb_view(forward_batch, buffers, bs):
     return SimpleNamespace(seq_lens_cpu=buffers.seq_lens_cpu)
-'''
+"""
 
 
 def test_runner_replay_passes_none_without_a_mirror():
@@ -96,8 +96,10 @@ def _replay_reads_of_the_mirror(source: str, classes) -> dict[str, list]:
                 n.lineno
                 for n in ast.walk(fn)
                 if id(n) not in handed_to_parent
-                and ((isinstance(n, ast.Name) and n.id == "seq_lens_cpu" and isinstance(n.ctx, ast.Load))
-                     or (isinstance(n, ast.Attribute) and n.attr == "seq_lens_cpu"))
+                and (
+                    (isinstance(n, ast.Name) and n.id == "seq_lens_cpu" and isinstance(n.ctx, ast.Load))
+                    or (isinstance(n, ast.Attribute) and n.attr == "seq_lens_cpu")
+                )
             ]
             found[f"{node.name}.{fn.name}"] = reads
     return found

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from patchkit.testing import apply, assert_codemod, detect, run_all
 from patchkit import registry
 from patchkit.backends import page_table as pt
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods import trtllm_mha_spec_v2 as mha
 from patchkit.codemods.common.base import State
 from patchkit.fetch import fetch_tree
+from patchkit.testing import apply, assert_codemod, detect, run_all
 
 MHA_FILE = "srt/layers/attention/trtllm_mha_backend.py"
 FA3_FILE = "srt/layers/attention/flashattention_backend.py"
 
-BEFORE = '''
+BEFORE = """
 class TRTLLMHAAttnBackend:
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, forward_mode):
         if forward_mode.is_target_verify():
@@ -30,9 +30,9 @@ class TRTLLMHAAttnBackend:
             metadata.page_table[:, :max_seq_pages].copy_(page_indices // self.page_size)
             self._copy_swa_page_table(metadata, page_indices, max_seq_pages)
         self.forward_metadata = metadata
-'''
+"""
 
-AFTER = '''
+AFTER = """
 from sglang.srt._patchkit.backends.page_table import fill_page_table_rows
 class TRTLLMHAAttnBackend:
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, forward_mode):
@@ -51,7 +51,7 @@ class TRTLLMHAAttnBackend:
                 metadata.page_table[:, :max_seq_pages].copy_(page_indices // self.page_size)
                 self._copy_swa_page_table(metadata, page_indices, max_seq_pages)
         self.forward_metadata = metadata
-'''
+"""
 
 
 def test_the_gather_becomes_the_device_build():
@@ -130,7 +130,9 @@ def _run_replay(source: str, swa: bool):
         req_to_token=req_to_token,
         strided_indices=torch.arange(0, 160, page_size),
         page_size=page_size,
-        _copy_swa_page_table=lambda md, idx, n: md.swa_page_table is None or md.swa_page_table[:, :n].copy_(idx // page_size + 1000),
+        _copy_swa_page_table=lambda md, idx, n: (
+            md.swa_page_table is None or md.swa_page_table[:, :n].copy_(idx // page_size + 1000)
+        ),
     )
     namespace = {"fill_page_table_rows": pt.fill_page_table_rows, "max_seq_pages": width}
     body = source.split("from sglang.srt._patchkit.backends.page_table import fill_page_table_rows\n")[-1]
@@ -170,9 +172,19 @@ def _codemods(patch_id: str, rel: str) -> list[type]:
         # patchkits without the replay's device build had no eager one either
         ("trtllm-mha-spec-v2", MHA_FILE, "0.5.10", (mha.ReplayPageTableOnDevice, mha.EagerPageTableOnDevice)),
         ("trtllm-mha-spec-v2", MHA_FILE, "0.5.13", (mha.ReplayPageTableOnDevice, mha.EagerPageTableOnDevice)),
-        ("fa3-spec-v2", FA3_FILE, "0.5.12.post1", (fa3.ReplayPageTableOnDevice, fa3.FA3DecodePageWriterStopsAtLivePages)),
+        (
+            "fa3-spec-v2",
+            FA3_FILE,
+            "0.5.12.post1",
+            (fa3.ReplayPageTableOnDevice, fa3.FA3DecodePageWriterStopsAtLivePages),
+        ),
         ("fa3-spec-v2", FA3_FILE, "0.5.15", (fa3.ReplayPageTableOnDevice,)),
-        ("fa3-spec-v2", "srt/layers/attention/triton_ops/metadata.py", "0.5.14", (fa3.DecodePageWriterStopsAtLivePages,)),
+        (
+            "fa3-spec-v2",
+            "srt/layers/attention/triton_ops/metadata.py",
+            "0.5.14",
+            (fa3.DecodePageWriterStopsAtLivePages,),
+        ),
     ],
 )
 def test_an_earlier_patched_file_upgrades_to_a_fresh_apply(patch_id, rel, version, new):

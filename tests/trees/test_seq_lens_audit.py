@@ -13,8 +13,8 @@ from collections import Counter
 
 import libcst as cst
 import pytest
-
 from support import PRIMARY
+
 from patchkit.audit import MODULES, audit_tree, to_text
 from patchkit.codemods.common import primitives
 
@@ -54,7 +54,9 @@ def test_every_mirror_read_of_the_patched_tree_is_accounted_for(make_tree, cli, 
     spec_return = next(
         s.lineno
         for s in method.body
-        if isinstance(s, ast.If) and "spec_algorithm.is_none()" in ast.unparse(s.test) and isinstance(s.body[-1], ast.Return)
+        if isinstance(s, ast.If)
+        and "spec_algorithm.is_none()" in ast.unparse(s.test)
+        and isinstance(s.body[-1], ast.Return)
     )
     assert spec_return < min(r.line for r in result.reads if r.function == "ScheduleBatch.prepare_for_decode")
     # verify names the count and points to the audit.
@@ -79,7 +81,9 @@ def test_the_pristine_tree_has_the_reads_the_patch_guards(make_tree, cli):
 # Each statement carries `# planted:<marker>`; the reads on that line get the verdict (None: no read there).
 PLANTED = [
     (
-        "srt/model_executor/cuda_graph_runner.py", "CudaGraphRunner", "replay_prepare",
+        "srt/model_executor/cuda_graph_runner.py",
+        "CudaGraphRunner",
+        "replay_prepare",
         # NVTX labels from the runner's CPU buffer: stale once the mirror is dropped.
         "nvtx_label = f'bs={raw_bs} seq_lens={self.buffers.seq_lens_cpu[:raw_bs].tolist()}'  # planted:nvtx\n"
         # Filling the buffer is a write, not a read.
@@ -87,7 +91,9 @@ PLANTED = [
         {"nvtx": "stale", "buffer-write": None},
     ),
     (
-        "srt/speculative/eagle_worker_v2.py", "EagleDraftWorker", "draft",
+        "srt/speculative/eagle_worker_v2.py",
+        "EagleDraftWorker",
+        "draft",
         "logger.debug('draft seq lens %s', model_worker_batch.seq_lens_cpu.tolist())  # planted:log\n"
         "if model_worker_batch.seq_lens_sum is None:  # planted:early-test\n"
         "    return None\n"
@@ -95,7 +101,9 @@ PLANTED = [
         {"log": "unguarded", "early-test": "guarded", "after-early-return": "guarded"},
     ),
     (
-        "srt/observability/scheduler_metrics_mixin.py", "SchedulerMetricsMixin", "report_decode_stats",
+        "srt/observability/scheduler_metrics_mixin.py",
+        "SchedulerMetricsMixin",
+        "report_decode_stats",
         "if batch.seq_lens_cpu is not None:  # planted:metrics-if\n"
         "    self.stats.max_seq_len = int(batch.seq_lens_cpu.max())  # planted:metrics-guarded\n"
         "total = batch.seq_lens_sum if batch.seq_lens_sum is not None else 0  # planted:ifexp\n"
@@ -106,8 +114,13 @@ PLANTED = [
         "    self.stats.min_seq_len = int(req_batch.seq_lens_cpu.min())  # planted:after-continue\n"
         "self.stats.last_sum = batch.seq_lens_sum  # planted:metrics-unguarded\n",
         {
-            "metrics-if": "guarded", "metrics-guarded": "guarded", "ifexp": "guarded", "and": "guarded",
-            "loop-test": "guarded", "after-continue": "guarded", "metrics-unguarded": "unguarded",
+            "metrics-if": "guarded",
+            "metrics-guarded": "guarded",
+            "ifexp": "guarded",
+            "and": "guarded",
+            "loop-test": "guarded",
+            "after-continue": "guarded",
+            "metrics-unguarded": "unguarded",
         },
     ),
 ]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from support import PRIMARY, snapshot
+
 from patchkit import transform
 
 pytestmark = pytest.mark.trees

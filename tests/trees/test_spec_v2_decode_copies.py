@@ -9,19 +9,19 @@ import ast
 from unittest import mock
 
 import pytest
-
-from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 from support import NATIVE, PRE_UPSTREAM, patch_states, snapshot
+
 from patchkit.codemods.common.base import State
 from patchkit.codemods.spec_v2_decode_copies import ExtendLensCopiesPinned as INIT_NEW
 from patchkit.codemods.spec_v2_decode_copies import KvLensCopiesWithoutWait as CODEMOD
 from patchkit.runtime import host_copies
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 
 PATCH = "spec-v2-decode-copies"
 FILE = "srt/speculative/eagle_info_v2.py"
 FORWARD_BATCH = "srt/model_executor/forward_batch_info.py"
 
-BEFORE = code('''
+BEFORE = code("""
     import torch
 
 
@@ -39,18 +39,20 @@ BEFORE = code('''
                 cur_kv_lens_cpu.to(device=batch.device),
                 nxt_kv_lens_cpu.to(device=batch.device),
             )
-''')
-PIN = ', pin_memory=pin_memory_for(batch.device))'
+""")
+PIN = ", pin_memory=pin_memory_for(batch.device))"
 PINNED = "pin_for=device"
-AFTER = (BEFORE.replace("import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pin_memory_for\n")
-         .replace('device="cpu")', 'device="cpu"' + PIN)
-         .replace(".to(device=batch.device)", ".to(device=batch.device, non_blocking=True)"))
-UPSTREAM = code('''
+AFTER = (
+    BEFORE.replace("import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pin_memory_for\n")
+    .replace('device="cpu")', 'device="cpu"' + PIN)
+    .replace(".to(device=batch.device)", ".to(device=batch.device, non_blocking=True)")
+)
+UPSTREAM = code("""
     class EagleDraftInputV2Mixin:
         def prepare_for_decode(self, batch):
             cur_kv_lens_cpu = torch.tensor(cur_kv_lens, dtype=torch.int32, device="cpu")
             cur_kv_lens_device = cur_kv_lens_cpu.to(device=batch.device, non_blocking=True)
-''')
+""")
 
 
 def test_every_copy_non_blocking_from_a_pinned_tensor():
@@ -63,15 +65,20 @@ def test_upstreams_non_blocking_copies_are_done():
 
 def test_fork_spellings_positional_device_and_no_device_keyword():
     src = BEFORE.replace('dtype=torch.int32, device="cpu")', "dtype=torch.int32)").replace(
-        ".to(device=batch.device)", ".to(batch.device)")
+        ".to(device=batch.device)", ".to(batch.device)"
+    )
     out = apply(CODEMOD, src)
     assert out.count(".to(batch.device, non_blocking=True)") == 4
     assert out.count("dtype=torch.int32, pin_memory=pin_memory_for(batch.device))") == 2
 
 
 def test_a_copy_already_non_blocking_is_kept_and_a_device_tensor_is_not_touched():
-    src = BEFORE.replace("nxt_kv_lens_cpu.to(device=batch.device),", "nxt_kv_lens_cpu.to(device=batch.device, non_blocking=True),")
-    src = src.replace("        nxt_kv_lens_cpu = ", "        x = torch.tensor(y, device=batch.device)\n        nxt_kv_lens_cpu = ", 1)
+    src = BEFORE.replace(
+        "nxt_kv_lens_cpu.to(device=batch.device),", "nxt_kv_lens_cpu.to(device=batch.device, non_blocking=True),"
+    )
+    src = src.replace(
+        "        nxt_kv_lens_cpu = ", "        x = torch.tensor(y, device=batch.device)\n        nxt_kv_lens_cpu = ", 1
+    )
     out = apply(CODEMOD, src)
     assert "x = torch.tensor(y, device=batch.device)\n" in out
     assert out.count("non_blocking=True") == 4 and out.count("pin_memory=") == 2
@@ -80,13 +87,15 @@ def test_a_copy_already_non_blocking_is_kept_and_a_device_tensor_is_not_touched(
 def test_lengths_kept_on_the_device_are_superseded_and_an_unknown_copy_is_missing():
     """0.5.4, 0.5.5: no host tensor at all; a host tensor copied in a shape
     this change does not know is a missing anchor."""
-    src = code('''
+    src = code("""
         class EagleDraftInputV2Mixin:
             def prepare_for_decode(self, batch):
                 new_allocate_lens = batch.seq_lens + self.ALLOC_LEN_PER_DECODE
-    ''')
+    """)
     assert_state(CODEMOD, src, State.SUPERSEDED, "on the device")
-    other = src.replace("new_allocate_lens = batch", "lens = torch.tensor(x)\n        copy_to(lens)\n        new_allocate_lens = batch")
+    other = src.replace(
+        "new_allocate_lens = batch", "lens = torch.tensor(x)\n        copy_to(lens)\n        new_allocate_lens = batch"
+    )
     finding = detect(CODEMOD, other)
     assert finding.state is State.MISSING and "host tensor" in finding.detail
 
@@ -103,7 +112,7 @@ def test_pin_memory_for_pins_only_cuda_with_a_driver():
 
 # --- ForwardBatch.init_new: the host lists copied every draft extend ----------------------
 
-INIT_BEFORE = code('''
+INIT_BEFORE = code("""
     import torch
 
 
@@ -127,11 +136,16 @@ INIT_BEFORE = code('''
                     batch.extend_prefix_lens, dtype=torch.int32
                 ).to(device, non_blocking=True)
             return ret
-''')
-INIT_AFTER = (INIT_BEFORE.replace("import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pinned_tensor\n")
-              .replace("= torch.tensor(num_tokens, dtype=torch.int32).to(\n", "= pinned_tensor(num_tokens, dtype=torch.int32, pin_for=device).to(\n")
-              .replace("lens = torch.tensor(\n", "lens = pinned_tensor(\n")
-              .replace("lens, dtype=torch.int32\n", "lens, dtype=torch.int32, pin_for=device\n"))
+""")
+INIT_AFTER = (
+    INIT_BEFORE.replace("import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pinned_tensor\n")
+    .replace(
+        "= torch.tensor(num_tokens, dtype=torch.int32).to(\n",
+        "= pinned_tensor(num_tokens, dtype=torch.int32, pin_for=device).to(\n",
+    )
+    .replace("lens = torch.tensor(\n", "lens = pinned_tensor(\n")
+    .replace("lens, dtype=torch.int32\n", "lens, dtype=torch.int32, pin_for=device\n")
+)
 
 
 def test_init_new_pins_the_extend_lengths_in_the_calls_layout():
@@ -150,8 +164,9 @@ def test_init_new_needs_cpu_seq_lens_as_tensor_form_is_pinned_too():
 
 def test_init_new_upstreams_pinned_copies_are_done():
     """0.5.19+: ``pin_memory=is_pin_memory_available(device)``, or a name holding it."""
-    upstream = (INIT_BEFORE.replace("dtype=torch.int32).to(\n", "dtype=torch.int32, pin_memory=is_pin_memory_available(device)).to(\n")
-                .replace("lens, dtype=torch.int32\n", "lens, dtype=torch.int32, pin_memory=pin_memory\n"))
+    upstream = INIT_BEFORE.replace(
+        "dtype=torch.int32).to(\n", "dtype=torch.int32, pin_memory=is_pin_memory_available(device)).to(\n"
+    ).replace("lens, dtype=torch.int32\n", "lens, dtype=torch.int32, pin_memory=pin_memory\n")
     assert_state(INIT_NEW, upstream, State.DONE, "0.5.19")
 
 
@@ -182,12 +197,23 @@ def kv_copies(source: str) -> list[tuple[bool, bool]]:
     """(non_blocking, source pinned) of each ``*_kv_lens_cpu.to(...)`` in prepare_for_decode."""
     cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "EagleDraftInputV2Mixin")
     fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "prepare_for_decode")
-    pinned = {a.targets[0].id: any(k.arg == "pin_memory" for k in a.value.keywords)
-              for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.targets[0], ast.Name)
-              and isinstance(a.value, ast.Call) and ast.unparse(a.value.func) == "torch.tensor"}
-    return [(any(k.arg == "non_blocking" and ast.unparse(k.value) == "True" for k in c.keywords), pinned[c.func.value.id])
-            for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "to"
-            and isinstance(c.func.value, ast.Name) and c.func.value.id.endswith("kv_lens_cpu")]
+    pinned = {
+        a.targets[0].id: any(k.arg == "pin_memory" for k in a.value.keywords)
+        for a in ast.walk(fn)
+        if isinstance(a, ast.Assign)
+        and isinstance(a.targets[0], ast.Name)
+        and isinstance(a.value, ast.Call)
+        and ast.unparse(a.value.func) == "torch.tensor"
+    }
+    return [
+        (any(k.arg == "non_blocking" and ast.unparse(k.value) == "True" for k in c.keywords), pinned[c.func.value.id])
+        for c in ast.walk(fn)
+        if isinstance(c, ast.Call)
+        and isinstance(c.func, ast.Attribute)
+        and c.func.attr == "to"
+        and isinstance(c.func.value, ast.Name)
+        and c.func.value.id.endswith("kv_lens_cpu")
+    ]
 
 
 @pytest.mark.trees
@@ -218,7 +244,9 @@ def test_with_every_patch_on_the_primary_release(make_tree, cli):
 
 
 @pytest.mark.trees
-@pytest.mark.parametrize("version, state", [("0.5.19", "native"), ("0.5.23", "native"), ("0.5.4.post3", "not-applicable")])
+@pytest.mark.parametrize(
+    "version, state", [("0.5.19", "native"), ("0.5.23", "native"), ("0.5.4.post3", "not-applicable")]
+)
 def test_upstream_releases_are_left_alone(make_tree, cli, version, state):
     tree = make_tree(version)
     before = snapshot(tree)
@@ -250,11 +278,11 @@ def test_the_moved_function_upstreams_copies_are_done_a_forks_blocking_ones_are_
     """0.5.15+: upstream moved the method to eagle_utils.eagle_prepare_for_decode."""
     from patchkit.codemods.spec_v2_decode_copies import MovedKvLensCopiesWithoutWait as MOVED
 
-    upstream = code('''
+    upstream = code("""
         def eagle_prepare_for_decode(batch):
             cur_kv_lens_cpu = torch.tensor(cur_kv_lens, dtype=torch.int32, device="cpu")
             cur_kv_lens_device = cur_kv_lens_cpu.to(device=batch.device, non_blocking=True)
-    ''')
+    """)
     assert_state(MOVED, upstream, State.DONE, "0.5.13+")
     fork = upstream.replace(", non_blocking=True", "")
     out = apply(MOVED, fork)

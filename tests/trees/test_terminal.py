@@ -82,8 +82,11 @@ def test_q_prints_only_results_and_errors(make_tree, only_hook):
     assert quiet.stdout.splitlines()[-1].startswith("1 file(s) changed") and "applied: " in quiet.stdout
     loud = invoke("status", tree)
     # The results stay; the tree line and the "patched by" line go (docs/ci.md, issue 54).
-    kept = [x for x in loud.stdout.splitlines(keepends=True)
-            if not x.startswith("sglang ") and not x.startswith("  patched by patchkit")]
+    kept = [
+        x
+        for x in loud.stdout.splitlines(keepends=True)
+        if not x.startswith("sglang ") and not x.startswith("  patched by patchkit")
+    ]
     assert len(kept) == len(loud.stdout.splitlines()) - 2
     assert invoke("-q", "status", tree).stdout == "".join(kept)
     assert invoke("status", "-v", tree).stdout.startswith(loud.stdout.splitlines()[0])
@@ -97,7 +100,11 @@ def test_check_and_dry_run_worded_alike():
         text = " ".join(invoke(command, "--help").stdout.split())
         return text.split(f" {option} ", 1)[1].split(" --", 1)[0]
 
-    apply_dry, revert_dry, check = option_help("apply", "--dry-run"), option_help("revert", "--dry-run"), option_help("apply", "--check")
+    apply_dry, revert_dry, check = (
+        option_help("apply", "--dry-run"),
+        option_help("revert", "--dry-run"),
+        option_help("apply", "--check"),
+    )
     assert apply_dry.replace("applying", "reverting") == revert_dry
     assert apply_dry.startswith("Write nothing; ") and check.startswith("Write nothing; ")
     assert "applying would change" in apply_dry and "applying would change" in check

@@ -15,17 +15,17 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-
 from drift import drift
 from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
+
 from patchkit import registry, transform
-from patchkit.audit import facts
-from patchkit.findings import Finding
-from patchkit.transform import cache as transform_cache
 from patchkit.api.applying import apply_patches
+from patchkit.api.reverting import revert_patches
+from patchkit.audit import facts
 from patchkit.engine import locked_session
 from patchkit.fetch import copy_tree
-from patchkit.api.reverting import revert_patches
+from patchkit.findings import Finding
+from patchkit.transform import cache as transform_cache
 
 pytestmark = pytest.mark.trees
 
@@ -47,8 +47,11 @@ def cache_dir(tmp_path, monkeypatch):
 
 def entries(folder: Path) -> list[Path]:
     """The transform entries (not the audit's facts beside them: the test below)."""
-    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")
-                  and "audit" not in p.relative_to(folder).parts)
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not p.name.startswith(".") and "audit" not in p.relative_to(folder).parts
+    )
 
 
 @cache
@@ -230,8 +233,15 @@ def test_edited_codemods_change_the_key(tmp_path, monkeypatch):
 def test_two_concurrent_applies_share_the_cache(tmp_path, cache_dir, reference):
     trees = [copy_tree(PRIMARY, tmp_path / f"t{i}") for i in range(2)]
     env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": str(cache_dir)}
-    procs = [subprocess.Popen([sys.executable, "-m", "patchkit", "-q", "apply", str(t)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for t in trees]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "patchkit", "-q", "apply", str(t)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for t in trees
+    ]
     for proc in procs:
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err.decode()

@@ -18,7 +18,8 @@ from patchkit.codemods.common.reads import Methods
 from patchkit.findings import State
 from patchkit.transform import partial
 
-SOURCE = b'''"""A module."""
+SOURCE = (
+    b'''"""A module."""
 import os
 
 
@@ -41,7 +42,9 @@ class B:
 
 
 def helper():
-''' + b"".join(b"    x%d = %d\n" % (i, i) for i in range(400)) + b'''    return 3
+'''
+    + b"".join(b"    x%d = %d\n" % (i, i) for i in range(400))
+    + b"""    return 3
 
 
 class C:
@@ -50,7 +53,8 @@ class C:
 
   # indented comments at the end of the file: libcst's parser drops these
   # when they follow a statement at the top level (the skeleton's placeholder)
-'''
+"""
+)
 
 
 def test_what_no_codemod_reads_is_kept_verbatim_and_the_bytes_are_the_files():
@@ -64,8 +68,11 @@ def test_what_no_codemod_reads_is_kept_verbatim_and_the_bytes_are_the_files():
     assert primitives.find_class(module, "A") is None and primitives.find_function(module, "helper") is None
     # Lines are the file's: `keep` is at line 14 either way.
     whole = cst.parse_module(SOURCE)
-    assert primitives.line_of(module, primitives.find_method(b, "keep")) == 14 == primitives.line_of(
-        whole, primitives.find_method(primitives.find_class(whole, "B"), "keep"))
+    assert (
+        primitives.line_of(module, primitives.find_method(b, "keep"))
+        == 14
+        == primitives.line_of(whole, primitives.find_method(primitives.find_class(whole, "B"), "keep"))
+    )
 
 
 def test_a_method_holding_a_word_read_is_parsed_and_the_others_are_kept_verbatim():
@@ -85,14 +92,17 @@ def test_a_whole_parse_where_the_kept_code_is_indented_unlike_the_files_first_bl
     assert module is not None and module.default_indent == cst.parse_module(SOURCE).default_indent == "    "
 
 
-@pytest.mark.parametrize("source, reads", [
-    (SOURCE, None),  # a codemod reads the whole module
-    (SOURCE.replace(b"\n", b"\r\n"), {"B": None}),
-    (SOURCE[:-1], {"B": None}),  # no final newline
-    (b"\xef\xbb\xbf" + SOURCE, {"B": None}),
-    (b"class A:\n    def f(self):\n        return 1\n", {}),  # too little left out to be worth it
-    (b"class A(:\n", {}),  # the whole parse reports it
-])
+@pytest.mark.parametrize(
+    "source, reads",
+    [
+        (SOURCE, None),  # a codemod reads the whole module
+        (SOURCE.replace(b"\n", b"\r\n"), {"B": None}),
+        (SOURCE[:-1], {"B": None}),  # no final newline
+        (b"\xef\xbb\xbf" + SOURCE, {"B": None}),
+        (b"class A:\n    def f(self):\n        return 1\n", {}),  # too little left out to be worth it
+        (b"class A(:\n", {}),  # the whole parse reports it
+    ],
+)
 def test_a_whole_parse_where_the_shortcut_is_not_plainly_right(source, reads):
     assert partial.parse(source, reads) is None
 
@@ -198,7 +208,8 @@ def test_real_files_transform_alike_parsed_whole_or_in_part(version):
             _PROVEN[key] = any(type(s) is partial.Verbatim for s in module.body) or _has_verbatim_method(module)
             if _PROVEN[key]:
                 assert _transformed(rel, source, module, codemods) == _transformed(
-                    rel, source, transform.parse(source, root / rel), codemods), rel
+                    rel, source, transform.parse(source, root / rel), codemods
+                ), rel
         in_part += _PROVEN[key]
     assert in_part >= 5  # scheduler.py, schedule_batch.py, the metrics mixin, ...
 
@@ -208,8 +219,12 @@ _PROVEN: dict[tuple, bool] = {}
 
 
 def _has_verbatim_method(module: cst.Module) -> bool:
-    return any(type(s) is cst.ClassDef and isinstance(s.body, cst.IndentedBlock)
-               and any(type(i) is partial.Verbatim for i in s.body.body) for s in module.body)
+    return any(
+        type(s) is cst.ClassDef
+        and isinstance(s.body, cst.IndentedBlock)
+        and any(type(i) is partial.Verbatim for i in s.body.body)
+        for s in module.body
+    )
 
 
 def test_every_module_of_the_attention_and_speculative_packages_round_trips():
@@ -231,11 +246,17 @@ def test_every_module_of_the_attention_and_speculative_packages_round_trips():
 
 # -- beside the partial parse: what else a cold apply no longer does twice ---------------
 
+
 def test_the_audit_parses_only_modules_that_may_load_a_mirror_attribute():
     from patchkit.audit.facts import reads_mirror
 
-    for loads in (b"x.seq_lens_cpu", b"x . seq_lens_sum += 1", b"(x.\n  # why\n  seq_lens_cpu)", b"x.\\\n  seq_lens_cpu",
-                  b"# x.seq_lens_cpu  (a comment: a superset is fine)"):
+    for loads in (
+        b"x.seq_lens_cpu",
+        b"x . seq_lens_sum += 1",
+        b"(x.\n  # why\n  seq_lens_cpu)",
+        b"x.\\\n  seq_lens_cpu",
+        b"# x.seq_lens_cpu  (a comment: a superset is fine)",
+    ):
         assert reads_mirror(loads), loads
     for names in (b"seq_lens_cpu = batch", b"f(seq_lens_cpu=x)", b"x.seq_lens_cpu_copy", b"'seq_lens_cpu'"):
         assert not reads_mirror(names), names
@@ -247,8 +268,12 @@ def test_one_ast_parse_is_shared_and_only_where_bytes_and_text_parse_alike():
     data = b"def f():\n    return 1\n"
     assert python_ast.parse(data) is python_ast.parse(data)
     assert python_ast.plain_utf8(data) and python_ast.plain_utf8("x = 'é'\n".encode())
-    for other in (b"# -*- coding: latin-1 -*-\nx = 1\n", b"#!/usr/bin/env python\n# coding=utf-8\n", b"\xef\xbb\xbfx = 1\n",
-                  b"x = '\xff'\n"):
+    for other in (
+        b"# -*- coding: latin-1 -*-\nx = 1\n",
+        b"#!/usr/bin/env python\n# coding=utf-8\n",
+        b"\xef\xbb\xbfx = 1\n",
+        b"x = '\xff'\n",
+    ):
         assert not python_ast.plain_utf8(other), other
     with pytest.raises(SyntaxError):
         python_ast.parse(b"def (:\n")
@@ -265,11 +290,19 @@ class _Counting(base.MethodCodemod):
 
 def test_between_two_edits_a_codemod_whose_class_is_untouched_is_not_asked_again(monkeypatch):
     module = cst.parse_module(SOURCE)
-    other = module.with_changes(body=[s.with_changes(leading_lines=()) if type(s) is cst.ClassDef and s.name.value == "A"
-                                      else s for s in module.body])
+    other = module.with_changes(
+        body=[
+            s.with_changes(leading_lines=()) if type(s) is cst.ClassDef and s.name.value == "A" else s
+            for s in module.body
+        ]
+    )
     assert transform._reads_unchanged(_Counting, module, other)  # only A changed
-    changed_b = module.with_changes(body=[s.with_changes(leading_lines=()) if type(s) is cst.ClassDef and s.name.value == "B"
-                                          else s for s in module.body])
+    changed_b = module.with_changes(
+        body=[
+            s.with_changes(leading_lines=()) if type(s) is cst.ClassDef and s.name.value == "B" else s
+            for s in module.body
+        ]
+    )
     assert not transform._reads_unchanged(_Counting, module, changed_b)
     assert not transform._reads_unchanged(_OwnDetect, module, other)  # reads the whole module
     from libcst.codemod import CodemodContext

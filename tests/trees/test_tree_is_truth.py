@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support import ALL_NATIVE, PRIMARY, git, git_checkout, patch_states, pristine, snapshot
 
 pytestmark = pytest.mark.trees
@@ -168,14 +167,25 @@ def test_non_utf8_target_file_is_one_line(make_tree, cli):
         assert snapshot(package(root)) == before
 
 
-@pytest.mark.parametrize("variable, value", [("PATCHKIT_LOCK_TIMEOUT", "abc"), ("PATCHKIT_LOCK_TIMEOUT", "-1"),
-                                             ("PATCHKIT_JOBS", "abc"), ("PATCHKIT_JOBS", "0")])
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("PATCHKIT_LOCK_TIMEOUT", "abc"),
+        ("PATCHKIT_LOCK_TIMEOUT", "-1"),
+        ("PATCHKIT_JOBS", "abc"),
+        ("PATCHKIT_JOBS", "0"),
+    ],
+)
 def test_bad_environment_values_are_one_line(make_tree, variable, value):
     root = make_tree(PRIMARY, "checkout")
     before = snapshot(package(root))
     for command in ("apply", "status"):
-        result = subprocess.run([sys.executable, "-m", "patchkit", command, str(root)], capture_output=True,
-                                text=True, env=dict(os.environ, **{variable: value}))
+        result = subprocess.run(
+            [sys.executable, "-m", "patchkit", command, str(root)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, **{variable: value}),
+        )
         assert result.returncode == 2
         assert result.stderr.splitlines() == [result.stderr.strip()]
         assert f"{variable}={value!r}" in result.stderr and "fix or unset it" in result.stderr

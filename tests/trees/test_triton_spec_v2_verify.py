@@ -8,18 +8,18 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
-from patchkit.testing import assert_codemod, assert_state, code, detect
 from support import PRE_UPSTREAM, patch_states, snapshot
+
 from patchkit.backends import verify_tree_mask as vtm
 from patchkit.codemods.common.base import State
 from patchkit.codemods.triton_spec_v2_verify import TritonRecordsTreeMaskMaxBs as CODEMOD
+from patchkit.testing import assert_codemod, assert_state, code, detect
 
 PATCH = "triton-spec-v2-verify"
 TRITON = "srt/layers/attention/triton_backend.py"
 WORKER = "srt/speculative/eagle_worker_v2.py"
 
-BEFORE = code('''
+BEFORE = code("""
     class TritonAttnBackend(AttentionBackend):
         def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
             self.cuda_graph_kv_indices = kv_indices_buf
@@ -32,15 +32,19 @@ BEFORE = code('''
 
             if self.sliding_window_size is not None:
                 pass
-''')
-AFTER = BEFORE.replace("(max_num_tokens * self.max_context_len),",
-                       "(max_num_tokens * (self.max_context_len + (self.num_draft_tokens or 0))),").replace(
+""")
+AFTER = BEFORE.replace(
+    "(max_num_tokens * self.max_context_len),",
+    "(max_num_tokens * (self.max_context_len + (self.num_draft_tokens or 0))),",
+).replace(
     "            )\n\n",
     "            )\n"
     "            # C + D cells a verify token (a row is seq_len + D), and the batch size it\n"
     "            # holds: the spec-v2 workers hand it only to a batch it fits (sglang 0.5.17).\n"
-    "            self.verify_tree_mask_max_bs = max_bs\n\n", 1)
-LATER = code('''
+    "            self.verify_tree_mask_max_bs = max_bs\n\n",
+    1,
+)
+LATER = code("""
     class TritonAttnBackend(AttentionBackend):
         def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
             self._verify_mask = maybe_create_verify_mask(max_bs=max_bs)
@@ -48,7 +52,7 @@ LATER = code('''
         @property
         def verify_mask(self):
             return self._verify_mask
-''')
+""")
 
 
 def test_the_mask_grows_by_the_draft_tokens_and_records_max_bs():
@@ -75,7 +79,10 @@ def test_the_workers_guard_now_bounds_the_patched_triton_mask(bs, fits):
     seq_lens = torch.full((bs,), c)
     assert (vtm.verify_tree_mask_for_batch(mask, backend, seq_lens, d) is mask) is fits
     pristine = SimpleNamespace(max_context_len=c)
-    assert vtm.verify_tree_mask_for_batch(torch.zeros(max_bs * d * c, dtype=torch.uint8), pristine, seq_lens, d) is not None
+    assert (
+        vtm.verify_tree_mask_for_batch(torch.zeros(max_bs * d * c, dtype=torch.uint8), pristine, seq_lens, d)
+        is not None
+    )
 
 
 @pytest.mark.trees
@@ -108,7 +115,7 @@ def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
 
 from patchkit.codemods.triton_spec_v2_verify import TritonVerifyKvIndicesFromHost as KV  # noqa: E402
 
-VERIFY = code('''
+VERIFY = code("""
     class TritonAttnBackend(AttentionBackend):
         def init_forward_metadata(self, forward_batch):
             if forward_batch.forward_mode.is_decode_or_idle():
@@ -120,12 +127,13 @@ VERIFY = code('''
                 kv_indices = torch.empty(
                     kv_indptr[-1], dtype=torch.int64, device=self.device
                 )
-''')
+""")
 
 
 def test_the_verify_kv_indices_are_sized_from_the_host():
-    after = VERIFY.replace("kv_indptr[-1], dtype",
-                           "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, bs, self.max_context_len), dtype")
+    after = VERIFY.replace(
+        "kv_indptr[-1], dtype", "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, bs, self.max_context_len), dtype"
+    )
     assert_codemod(KV, VERIFY, "from sglang.srt._patchkit.runtime import seq_lens_sum_or_bound\n" + after)
 
 
@@ -134,11 +142,11 @@ def test_upstreams_host_size_and_no_branch_are_superseded():
     pristine 0.5.13 is not shown half-patched for it)."""
     upstream = VERIFY.replace("kv_indptr[-1], dtype", "seq_lens_sum, dtype")
     assert_state(KV, upstream, State.SUPERSEDED)
-    moved = code('''
+    moved = code("""
         class TritonAttnBackend(AttentionBackend):
             def init_forward_metadata(self, forward_batch):
                 self._plan(forward_batch)
-    ''')
+    """)
     assert_state(KV, moved, State.SUPERSEDED)
 
 
@@ -146,7 +154,9 @@ def test_without_a_bs_the_batch_size_is_read_from_the_batch():
     src = VERIFY.replace("            bs = len(forward_batch.req_pool_indices)\n", "")
     from patchkit.testing import apply
 
-    assert "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len)" in apply(KV, src)
+    assert "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len)" in apply(
+        KV, src
+    )
 
 
 @pytest.mark.trees
@@ -159,5 +169,7 @@ def test_0_5_13_gets_the_mask_bound_only(make_tree, cli):
     triton = (tree / TRITON).read_text()
     assert "self.verify_tree_mask_max_bs = max_bs\n" in triton and "seq_lens_sum_or_bound" not in triton
     assert " kv_indptr[-1], dtype" not in before  # upstream's own host size, left as it is
-    assert triton.count("seq_lens_sum = bs * self.max_context_len") == before.count("seq_lens_sum = bs * self.max_context_len")
+    assert triton.count("seq_lens_sum = bs * self.max_context_len") == before.count(
+        "seq_lens_sum = bs * self.max_context_len"
+    )
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "applied"

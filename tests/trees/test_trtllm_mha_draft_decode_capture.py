@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from patchkit.testing import apply, assert_codemod, detect
 from support import patch_states, snapshot
+
 from patchkit.codemods import trtllm_mha_draft_decode_capture as cap
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, assert_codemod, detect
 
 PATCH = "trtllm-mha-draft-decode-capture"
 MHA = "srt/layers/attention/trtllm_mha_backend.py"
 SEED = cap.SeedDraftDecodeLengthsAtCapture
 
-BEFORE = '''
+BEFORE = """
 class TRTLLMHAAttnBackend:
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info):
         metadata = TRTLLMMHAMetadata()
@@ -26,9 +26,9 @@ class TRTLLMHAAttnBackend:
                 metadata.cu_seqlens_k = torch.nn.functional.pad(torch.cumsum(metadata.cache_seqlens_int32, dim=0), (1, 0))
             else:
                 metadata.cache_seqlens_int32 = seq_lens[:bs].to(torch.int32)
-'''
+"""
 
-AFTER = '''
+AFTER = """
 class TRTLLMHAAttnBackend:
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info):
         metadata = TRTLLMMHAMetadata()
@@ -42,7 +42,7 @@ class TRTLLMHAAttnBackend:
                 metadata.cu_seqlens_k = torch.nn.functional.pad(torch.cumsum(metadata.cache_seqlens_int32, dim=0), (1, 0))
             else:
                 metadata.cache_seqlens_int32 = seq_lens[:bs].to(torch.int32)
-'''
+"""
 
 
 def test_the_draft_decode_capture_seeds_its_lengths():
@@ -90,8 +90,10 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
 
 
 @pytest.mark.trees
-@pytest.mark.parametrize("version, state", [("0.5.13", "native"), ("0.5.14", "native"), ("0.5.15", "native"), ("0.5.16", "native"),
-                                            ("0.5.23", "native")])
+@pytest.mark.parametrize(
+    "version, state",
+    [("0.5.13", "native"), ("0.5.14", "native"), ("0.5.15", "native"), ("0.5.16", "native"), ("0.5.23", "native")],
+)
 def test_later_releases_are_untouched(make_tree, cli, version, state):
     tree = make_tree(version)
     before = snapshot(tree)

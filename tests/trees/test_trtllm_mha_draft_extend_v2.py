@@ -7,12 +7,12 @@ import json
 
 import libcst as cst
 import pytest
-
-from patchkit.testing import assert_codemod, assert_state, code, detect, run, run_all
 from support import NATIVE, PRE_UPSTREAM, pristine, snapshot
-from patchkit.codemods.common import primitives
+
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2
+from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import State
+from patchkit.testing import assert_codemod, assert_state, code, detect, run, run_all
 
 PATCH = "trtllm-mha-draft-extend-v2"
 WORKER = "srt/speculative/eagle_worker_v2.py"
@@ -24,7 +24,7 @@ LATER = "0.5.17"  # whitelist as a list, V2-only metadata branches, runner `exec
 
 # --- whitelist -------------------------------------------------------------------------
 
-WORKER_PRE = '''
+WORKER_PRE = """
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.layers.attention.trtllm_mla_backend import (
@@ -44,9 +44,9 @@ class EagleDraftWorker(BaseDraftWorker):
         # Capture extend
         if self.draft_extend_attn_backend and supports_cuda_draft_extend_graph:
             pass
-'''
+"""
 
-WORKER_POST = '''
+WORKER_POST = """
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend
@@ -71,7 +71,7 @@ class EagleDraftWorker(BaseDraftWorker):
         # Capture extend
         if self.draft_extend_attn_backend and supports_cuda_draft_extend_graph:
             pass
-'''
+"""
 
 
 def test_whitelist_chain_becomes_one_tuple_and_import_sits_with_the_backends():
@@ -90,7 +90,9 @@ def test_whitelist_fork_shapes():
     before, after, again = run(dev2.WhitelistTRTLLMHA, src)
     assert (before, again) == (State.TODO, State.DONE)
     assert "supports_cuda_draft_extend_graph = _is_cuda and isinstance(\n" in after
-    assert primitives.isinstance_class_names(cst.parse_expression(after.split(" = _is_cuda and ")[1].split("\n        #")[0])) == (
+    assert primitives.isinstance_class_names(
+        cst.parse_expression(after.split(" = _is_cuda and ")[1].split("\n        #")[0])
+    ) == (
         "self.draft_extend_attn_backend",
         ["TritonAttnBackend", "TRTLLMMLABackend", "TRTLLMHAAttnBackend"],
     )
@@ -106,7 +108,7 @@ def test_whitelist_fork_shapes():
     assert "or isinstance(self.draft_extend_attn_backend, TRTLLMHAAttnBackend)" in after
 
 
-UPSTREAM_0_5_13_WORKER = '''
+UPSTREAM_0_5_13_WORKER = """
 from sglang.srt.layers.attention.tokenspeed_mla_backend import TokenspeedMLABackend
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend
@@ -123,9 +125,9 @@ class EagleDraftWorker(BaseDraftWorker):
                 TokenspeedMLABackend,
             ),
         )
-'''
+"""
 
-UPSTREAM_0_5_17_WORKER = '''
+UPSTREAM_0_5_17_WORKER = """
 from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend
 
 
@@ -145,7 +147,7 @@ class EagleDraftWorker(EagleDraftWorkerBase):
         supports_cuda_draft_extend_graph = (
             _is_cuda or _is_musa
         ) and graph_supported_backend
-'''
+"""
 
 
 @pytest.mark.parametrize("src", [UPSTREAM_0_5_13_WORKER, UPSTREAM_0_5_17_WORKER], ids=["0.5.13", "0.5.17"])
@@ -316,9 +318,9 @@ def test_mha_renamed_methods_0_5_13_pre_change_shape():
     )
     after, states = run_all(MHA_CODEMODS, src)
     assert states == [State.DONE, State.DONE]
-    assert after == code(MHA_POST).replace("init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata").replace(
-        "init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata"
-    )
+    assert after == code(MHA_POST).replace(
+        "init_forward_metadata_capture_cuda_graph", "_build_cuda_graph_metadata"
+    ).replace("init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
 
 
 def test_mha_partial_include_v2_without_stride_path():
@@ -330,7 +332,7 @@ def test_mha_partial_include_v2_without_stride_path():
     assert after == code(MHA_POST)
 
 
-UPSTREAM_0_5_13_APPLY = '''
+UPSTREAM_0_5_13_APPLY = """
 class TRTLLMHAAttnBackend(FlashInferAttnBackend):
     def _build_cuda_graph_metadata(self, bs, num_tokens, forward_mode, spec_info, device):
         if forward_mode.is_draft_extend(include_v2=True):
@@ -345,9 +347,9 @@ class TRTLLMHAAttnBackend(FlashInferAttnBackend):
             else:
                 extend_lens = spec_info.num_accept_tokens[:bs]
                 metadata.cu_seqlens_q[1:].copy_(torch.cumsum(extend_lens, dim=0, dtype=torch.int32))
-'''
+"""
 
-UPSTREAM_0_5_17_APPLY = '''
+UPSTREAM_0_5_17_APPLY = """
 class TRTLLMHAAttnBackend(FlashInferAttnBackend):
     def _build_cuda_graph_metadata(self, bs, num_tokens, forward_mode, spec_info, device):
         if forward_mode.is_target_verify():
@@ -360,7 +362,7 @@ class TRTLLMHAAttnBackend(FlashInferAttnBackend):
             pass
         elif forward_mode.is_draft_extend_v2():
             q_stride = metadata.max_seq_len_q
-'''
+"""
 
 
 @pytest.mark.parametrize("src", [UPSTREAM_0_5_13_APPLY, UPSTREAM_0_5_17_APPLY], ids=["0.5.13", "0.5.17"])
@@ -386,7 +388,9 @@ def test_mha_missing_anchors():
 
 
 def test_mha_helper_call_without_import_is_todo():
-    src = MHA_POST.replace("from sglang.srt._patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q\n", "")
+    src = MHA_POST.replace(
+        "from sglang.srt._patchkit.backends.trtllm_mha import fill_draft_extend_v2_cu_seqlens_q\n", ""
+    )
     before, after, again = run(dev2.ReplayDraftExtendV2Stride, src)
     assert (before, again) == (State.TODO, State.DONE)
     assert after == code(MHA_POST)
@@ -394,7 +398,7 @@ def test_mha_helper_call_without_import_is_todo():
 
 # --- draft-extend CUDA-graph runner -----------------------------------------------------
 
-RUNNER_PRE = '''
+RUNNER_PRE = """
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -423,7 +427,7 @@ class EAGLEDraftExtendCudaGraphRunner:
             out.topk_p = out_copy.topk_p[:unpadding_bs]
             out.topk_index = out_copy.topk_index[:unpadding_bs]
         return out
-'''
+"""
 
 
 def test_runner_topk_copies_skipped_for_v2():
@@ -467,7 +471,9 @@ def test_runner_topk_copies_in_a_fork_s_own_block():
 
 
 def test_runner_adds_forward_mode_import_when_a_fork_lacks_it():
-    src = RUNNER_PRE.replace("    ForwardMode,\n", "").replace("self.forward_mode == ForwardMode.DRAFT_EXTEND_V2", "self.forward_mode.is_draft_extend_v2()")
+    src = RUNNER_PRE.replace("    ForwardMode,\n", "").replace(
+        "self.forward_mode == ForwardMode.DRAFT_EXTEND_V2", "self.forward_mode.is_draft_extend_v2()"
+    )
     before, after, again = run(dev2.RunnerReplaySkipsTopkForV2, src)
     assert (before, again) == (State.TODO, State.DONE)
     assert "from sglang.srt.model_executor.forward_batch_info import ForwardMode" in after or "    ForwardMode" in after
@@ -520,7 +526,7 @@ def test_runner_missing_anchor():
 
 # --- test kit ---------------------------------------------------------------------------
 
-KIT_PRE = '''
+KIT_PRE = """
 import torch
 
 
@@ -548,7 +554,7 @@ def run_dense_eagle_draft_extend_v2_cuda_graph_runner_case(testcase, case):
 
 def run_mla_eagle_draft_extend_v2_cuda_graph_runner_case(testcase, case):
     adapter = EagleDraftExtendCudaGraphRunnerAdapter(build_fixture=build_mla_attention_fixture)
-'''
+"""
 
 
 def test_kit_adds_v2_assertion_and_hooks_the_v2_cases():
@@ -557,14 +563,21 @@ def test_kit_adds_v2_assertion_and_hooks_the_v2_cases():
     module = cst.parse_module(after)
     v2 = primitives.find_function(module, dev2.V2_ASSERT)
     body = module.code_for_node(v2)
-    assert "next_token_logits" in body and "hidden_states" in body and "topk" not in body.split('"""')[-1].split("# ")[0]
-    assert after.index("def _assert_draft_extend_outputs_close") < after.index("def _assert_draft_extend_v2_outputs_close")
+    assert (
+        "next_token_logits" in body and "hidden_states" in body and "topk" not in body.split('"""')[-1].split("# ")[0]
+    )
+    assert after.index("def _assert_draft_extend_outputs_close") < after.index(
+        "def _assert_draft_extend_v2_outputs_close"
+    )
     assert after.count("assert_outputs_close=_assert_draft_extend_v2_outputs_close") == 2
     assert (
         "        make_forward_batch=_make_dense_eagle_draft_extend_v2_forward_batch,\n"
         "        assert_outputs_close=_assert_draft_extend_v2_outputs_close,\n    )" in after
     )
-    assert "EagleDraftExtendCudaGraphRunnerAdapter(build_fixture=build_mla_attention_fixture, assert_outputs_close=" in after
+    assert (
+        "EagleDraftExtendCudaGraphRunnerAdapter(build_fixture=build_mla_attention_fixture, assert_outputs_close="
+        in after
+    )
     # The V1 case keeps the default (top-k compared).
     v1 = module.code_for_node(primitives.find_function(module, "run_dense_eagle_draft_extend_cuda_graph_runner_case"))
     assert "assert_outputs_close" not in v1
@@ -572,14 +585,19 @@ def test_kit_adds_v2_assertion_and_hooks_the_v2_cases():
 
 
 def test_kit_upstream_shape_done_and_missing_anchor():
-    done = KIT_PRE.replace(
-        "@dataclass", "def _assert_draft_extend_v2_outputs_close(actual, expected, settings) -> None:\n    pass\n\n\n@dataclass"
-    ).replace(
-        "make_forward_batch=_make_dense_eagle_draft_extend_v2_forward_batch,\n",
-        "make_forward_batch=_make_dense_eagle_draft_extend_v2_forward_batch,\n        assert_outputs_close=_assert_draft_extend_v2_outputs_close,\n",
-    ).replace(
-        "(build_fixture=build_mla_attention_fixture)",
-        "(build_fixture=build_mla_attention_fixture, assert_outputs_close=_assert_draft_extend_v2_outputs_close)",
+    done = (
+        KIT_PRE.replace(
+            "@dataclass",
+            "def _assert_draft_extend_v2_outputs_close(actual, expected, settings) -> None:\n    pass\n\n\n@dataclass",
+        )
+        .replace(
+            "make_forward_batch=_make_dense_eagle_draft_extend_v2_forward_batch,\n",
+            "make_forward_batch=_make_dense_eagle_draft_extend_v2_forward_batch,\n        assert_outputs_close=_assert_draft_extend_v2_outputs_close,\n",
+        )
+        .replace(
+            "(build_fixture=build_mla_attention_fixture)",
+            "(build_fixture=build_mla_attention_fixture, assert_outputs_close=_assert_draft_extend_v2_outputs_close)",
+        )
     )
     assert_state(dev2.TestKitV2OutputsClose, done, State.DONE)
     assert_state(dev2.TestKitV2OutputsClose, "def _assert_draft_extend_other():\n    pass\n", State.MISSING)
@@ -616,7 +634,11 @@ def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
 
     worker = (tree / WORKER).read_text()
     assert "from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend\n" in worker
-    assert worker.index("triton_backend import") < worker.index("trtllm_mha_backend import") < worker.index("trtllm_mla_backend import")
+    assert (
+        worker.index("triton_backend import")
+        < worker.index("trtllm_mha_backend import")
+        < worker.index("trtllm_mla_backend import")
+    )
     assert "or isinstance(self.draft_extend_attn_backend" not in worker
     assert "                TRTLLMMLABackend,\n                TRTLLMHAAttnBackend,\n            ),\n" in worker
     mha = (tree / MHA).read_text()
@@ -670,7 +692,9 @@ def test_real_tree_revert_only_this_patch_keeps_the_overlap_hook(make_tree, cli)
     assert cli("revert", tree, PATCH).exit_code == 0
     mha = (tree / MHA).read_text()
     assert "def update_verify_buffers_to_fill_after_draft" in mha  # the hook stays
-    assert "fill_draft_extend_v2_cu_seqlens_q" not in mha and "include_v2=True):\n            metadata = self" not in mha
+    assert (
+        "fill_draft_extend_v2_cu_seqlens_q" not in mha and "include_v2=True):\n            metadata = self" not in mha
+    )
     assert snapshot(tree)[WORKER] == before[WORKER] and snapshot(tree)[RUNNER] == before[RUNNER]
     assert cli("revert", tree).exit_code == 0
     assert snapshot(tree) == before

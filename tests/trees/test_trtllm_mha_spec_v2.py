@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from patchkit.testing import apply, detect
 from support import snapshot
+
 from patchkit.codemods import trtllm_mha_spec_v2 as mha
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, detect
 
 MHA = "srt/layers/attention/trtllm_mha_backend.py"
 PATCH = "trtllm-mha-spec-v2"

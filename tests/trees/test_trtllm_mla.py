@@ -8,12 +8,12 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-
-from patchkit.testing import apply, assert_codemod, assert_state, code, detect, run_all
 from support import NATIVE, PRE_UPSTREAM, class_section, patch_states, snapshot
+
 from patchkit.codemods import trtllm_mla_draft_skip_template as skip
 from patchkit.codemods import trtllm_mla_spec_v2 as spec
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect, run_all
 
 MLA = "srt/layers/attention/trtllm_mla_backend.py"
 SPEC = "trtllm-mla-spec-v2"
@@ -31,7 +31,9 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 
 """
 
-BACKEND = HEADER + '''
+BACKEND = (
+    HEADER
+    + '''
 class TRTLLMMLABackend(FlashInferMLAAttnBackend):
     """TRTLLM MLA attention kernel from flashinfer."""
 
@@ -47,17 +49,23 @@ class TRTLLMMLABackend(FlashInferMLAAttnBackend):
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
 '''
+)
 
-DRAFT = HEADER + '''
+DRAFT = (
+    HEADER
+    + '''
 class TRTLLMMLAMultiStepDraftBackend(FlashInferMLAMultiStepDraftBackend):
     """Multi-step draft backend for TRT-LLM MLA used by EAGLE."""
 
     def __init__(self, model_runner, topk, speculative_num_steps):
         super().__init__(model_runner, topk, speculative_num_steps)
 '''
+)
 
 # sglang 0.5.17+: cuda_graph_custom_mask replaced by a verify_mask property.
-LATER = HEADER + '''
+LATER = (
+    HEADER
+    + """
 class TRTLLMMLABackend(FlashInferMLAAttnBackend):
     needs_cpu_seq_lens: bool = False
 
@@ -71,7 +79,8 @@ class TRTLLMMLABackend(FlashInferMLAAttnBackend):
     @property
     def verify_mask(self):
         return self._verify_mask
-'''
+"""
+)
 
 
 # --- trtllm-mla-spec-v2: snippets -------------------------------------------------
@@ -277,7 +286,10 @@ def test_all_spec_codemods_together_then_idempotent():
 def test_draft_overrides_added_after_init():
     out = apply(skip.DraftInitMetadataSkipsTemplate, DRAFT)
     out = apply(skip.DraftReplaySkipsTemplate, out)
-    assert out == DRAFT + '''
+    assert (
+        out
+        == DRAFT
+        + """
     def init_forward_metadata(self, forward_batch: ForwardBatch):
         # Skip common_template: each TRT-LLM MLA step backend builds its own
         # block kv-indices from req_pool_indices / seq_lens, so the parent's
@@ -302,7 +314,8 @@ def test_draft_overrides_added_after_init():
                 spec_info=forward_batch.spec_info,
                 seq_lens_cpu=forward_batch.seq_lens_cpu,
             )
-'''
+"""
+    )
 
 
 def test_draft_overrides_import_forward_mode_when_missing():
@@ -312,8 +325,10 @@ def test_draft_overrides_import_forward_mode_when_missing():
                 pass
     """
     out = apply(skip.DraftReplaySkipsTemplate, src)
-    assert out.startswith("from sglang.srt.model_executor.forward_batch_info import ForwardBatch\n"
-                          "from sglang.srt.model_executor.forward_batch_info import ForwardMode\n")
+    assert out.startswith(
+        "from sglang.srt.model_executor.forward_batch_info import ForwardBatch\n"
+        "from sglang.srt.model_executor.forward_batch_info import ForwardMode\n"
+    )
 
 
 def test_draft_upstream_shapes_are_done():
@@ -352,7 +367,11 @@ def test_draft_override_through_common_template_is_refused():
 
 
 def test_missing_classes_are_reported_missing():
-    for codemod in (spec.BackendOptsOutOfCpuSeqLens, spec.DraftBackendOptsOutOfCpuSeqLens, skip.DraftInitMetadataSkipsTemplate):
+    for codemod in (
+        spec.BackendOptsOutOfCpuSeqLens,
+        spec.DraftBackendOptsOutOfCpuSeqLens,
+        skip.DraftInitMetadataSkipsTemplate,
+    ):
         assert_state(codemod, "x = 1\n", State.MISSING)
 
 
@@ -387,8 +406,14 @@ def test_patched_draft_overrides_call_each_step_once_without_common_template():
     for step in backend.attn_backends:
         step.init_forward_metadata.assert_called_once_with(batch)
         step.init_forward_metadata_replay_cuda_graph.assert_called_once_with(
-            7, "rpi", "sl", seq_lens_sum=None, encoder_lens=None, forward_mode="DECODE",
-            spec_info="si", seq_lens_cpu="slc",
+            7,
+            "rpi",
+            "sl",
+            seq_lens_sum=None,
+            encoder_lens=None,
+            forward_mode="DECODE",
+            spec_info="si",
+            seq_lens_cpu="slc",
         )
 
 
@@ -409,8 +434,7 @@ SPEC_MARKS = [
     "from sglang.srt._patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask\n",
 ]
 SKIP_MARKS = [
-    "    def init_forward_metadata(self, forward_batch: ForwardBatch):\n"
-    "        # Skip common_template",
+    "    def init_forward_metadata(self, forward_batch: ForwardBatch):\n        # Skip common_template",
     "    def init_forward_metadata_replay_cuda_graph(\n        self, forward_batch: ForwardBatch, bs: int\n    ):\n",
 ]
 
@@ -433,7 +457,10 @@ def check_items(text: str, spec_on: bool, skip_on: bool) -> None:
 def test_release_apply_verify_idempotent_partial_and_exact_revert(make_tree, cli, version):
     tree = make_tree(version)
     before = snapshot(tree)
-    assert {p: s["state"] for p, s in patch_states(cli, tree, SPEC, SKIP).items() if p in (SPEC, SKIP)} == {SPEC: "absent", SKIP: "absent"}
+    assert {p: s["state"] for p, s in patch_states(cli, tree, SPEC, SKIP).items() if p in (SPEC, SKIP)} == {
+        SPEC: "absent",
+        SKIP: "absent",
+    }
 
     result = cli("apply", tree, SPEC, SKIP)
     assert result.exit_code == 0, result.output

@@ -4,16 +4,16 @@ update_verify_buffers_to_fill_after_draft (upstream from sglang 0.5.19)."""
 from __future__ import annotations
 
 import pytest
-
-from patchkit.testing import assert_codemod, assert_state, code
 from support import patch_states, snapshot
+
 from patchkit.codemods import trtllm_mla_overlap_hook as hook
 from patchkit.codemods.common.base import State
+from patchkit.testing import assert_codemod, assert_state, code
 
 PATCH = "trtllm-mla-overlap-hook"
 FILE = "srt/layers/attention/trtllm_mla_backend.py"
 
-BACKEND = code('''
+BACKEND = code("""
     class TRTLLMMLABackend(FlashInferMLAAttnBackend):
         def init_cuda_graph_state(self, max_bs, max_num_tokens):
             pass
@@ -23,15 +23,15 @@ BACKEND = code('''
 
         def init_forward_metadata(self, forward_batch):
             pass
-''')
+""")
 
-ADDED = '''
+ADDED = """
     def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs):
         # Verify metadata (seq_lens, block tables, cu_seqlens) does not depend on
         # the draft tokens and trtllm-gen reads no tree mask: nothing to redo
         # after the draft (base class: NotImplementedError under the overlap plan stream).
         pass
-'''
+"""
 
 
 def test_the_hook_goes_after_the_buffers_it_would_refill():
@@ -41,7 +41,9 @@ def test_the_hook_goes_after_the_buffers_it_would_refill():
 
 def test_without_the_buffers_hook_it_goes_after_init_cuda_graph_state():
     src = BACKEND.replace("    def get_verify_buffers_to_fill_after_draft(self):\n        return [None, None]\n\n", "")
-    out = src.replace("        pass\n\n    def init_forward_metadata", "        pass\n" + ADDED + "\n    def init_forward_metadata", 1)
+    out = src.replace(
+        "        pass\n\n    def init_forward_metadata", "        pass\n" + ADDED + "\n    def init_forward_metadata", 1
+    )
     assert_codemod(hook.AddNoopVerifyBuffersHook, src, out)
 
 
@@ -76,5 +78,8 @@ def test_with_trtllm_mla_spec_v2_it_follows_the_buffers_hook(make_tree, cli):
     tree = make_tree("0.5.12.post1")
     assert cli("apply", tree, "trtllm-mla-spec-v2", PATCH).exit_code == 0
     text = (tree / FILE).read_text()
-    assert text.index("def get_verify_buffers_to_fill_after_draft(self):") < text.index(
-        "def update_verify_buffers_to_fill_after_draft(") < text.index("def init_forward_metadata_capture_cuda_graph(")
+    assert (
+        text.index("def get_verify_buffers_to_fill_after_draft(self):")
+        < text.index("def update_verify_buffers_to_fill_after_draft(")
+        < text.index("def init_forward_metadata_capture_cuda_graph(")
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from support import PRIMARY, pristine_snapshot, snapshot
 
 pytestmark = pytest.mark.trees
@@ -17,14 +16,17 @@ def test_unrelated_edit_survives_revert(make_tree, cli):
     tree = make_tree(PRIMARY)
     assert cli("apply", tree, HOOK).exit_code == 0
     text = (tree / MHA).read_text()
-    (tree / MHA).write_text(text.replace("logger = logging.getLogger(__name__)\n",
-                                         "logger = logging.getLogger(__name__)\nFORK_SETTING = 3\n"))
+    (tree / MHA).write_text(
+        text.replace(
+            "logger = logging.getLogger(__name__)\n", "logger = logging.getLogger(__name__)\nFORK_SETTING = 3\n"
+        )
+    )
     result = cli("revert", tree)
     assert result.exit_code == 0, result.output
     assert "kept your edits" in result.output
     reverted = (tree / MHA).read_text()
     assert "FORK_SETTING = 3" in reverted and HOOK_LINE not in reverted
-    original = (pristine_snapshot(PRIMARY))
+    original = pristine_snapshot(PRIMARY)
     now = snapshot(tree)
     assert {k for k in original if original[k] != now[k]} == {MHA}
 
@@ -33,8 +35,10 @@ def test_edit_overlapping_the_patch_stops_revert(make_tree, cli):
     tree = make_tree(PRIMARY)
     cli("apply", tree, HOOK)
     text = (tree / MHA).read_text()
-    edited = text.replace("        pass\n\n    def get_cuda_graph_seq_len_fill_value",
-                          "        self.fork_counter += 1\n\n    def get_cuda_graph_seq_len_fill_value")
+    edited = text.replace(
+        "        pass\n\n    def get_cuda_graph_seq_len_fill_value",
+        "        self.fork_counter += 1\n\n    def get_cuda_graph_seq_len_fill_value",
+    )
     assert edited != text
     (tree / MHA).write_text(edited)
     before = snapshot(tree)

@@ -12,10 +12,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support import PRIMARY, snapshot
 
 from patchkit import fetch, known_releases
 from patchkit.errors import PatchkitError
-from support import PRIMARY, snapshot
 
 BATCH = "srt/managers/schedule_batch.py"
 EAGER_SUM = "self.seq_lens_sum = self.seq_lens.sum().item()"
@@ -134,7 +134,9 @@ def test_the_risk_flag_applies_unchecked_and_says_so(tree, cli, empty_cache, off
 def test_the_hash_script_reads_the_cached_trees(tmp_path):
     import runpy
 
-    table = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "release_hashes.py"))["table"]([PRIMARY])
+    table = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "release_hashes.py"))["table"](
+        [PRIMARY]
+    )
     data = (fetch.fetch_tree(PRIMARY) / BATCH).read_bytes()
     assert table["releases"] == [PRIMARY]
     assert table["files"][BATCH] == {hashlib.sha256(data).hexdigest(): PRIMARY}
@@ -152,12 +154,16 @@ def test_cold_apply_audits_only_what_the_vendor_changed(tree, tmp_path, monkeypa
     # The safety rule's audit of the tree as it would be written is a cost of its own (kept by the
     # tree's bytes in the transform cache: tests/trees/test_pre_0510.py); here only the vendor audit.
     from patchkit.checks import mirror_reads
+
     monkeypatch.setattr(mirror_reads, "first_unsafe_read", lambda *args, **kwargs: None)
     (tree / "srt" / "acme_reads.py").write_text("def f(forward_batch):\n    return forward_batch.seq_lens_cpu.max()\n")
     read = []
     real = audit_facts.facts_of
-    monkeypatch.setattr(audit_facts, "facts_of", lambda rel, data, reads=True: (read.append(rel) if reads else None)
-                        or real(rel, data, reads))
+    monkeypatch.setattr(
+        audit_facts,
+        "facts_of",
+        lambda rel, data, reads=True: (read.append(rel) if reads else None) or real(rel, data, reads),
+    )
     result = api.apply(str(tree))
     assert read == ["srt/acme_reads.py"]
     assert result.vendor_line and result.vendor_line.startswith("audit: 1 read(s)")
@@ -187,8 +193,10 @@ def test_a_local_version_is_checked_against_its_base_release(tree, cli, empty_ca
     result = cli("apply", tree)
     assert result.exit_code == 0, result.output
     assert empty_cache == [PRIMARY]
-    assert (f"the vendor-code check compares with sglang {PRIMARY}: {PRIMARY}+acme is a local build of that release"
-            in result.output)
+    assert (
+        f"the vendor-code check compares with sglang {PRIMARY}: {PRIMARY}+acme is a local build of that release"
+        in result.output
+    )
     assert "skipped" not in result.output and "acme_vendor_stmt" in (tree / SYNC).read_text()
 
 
@@ -206,8 +214,10 @@ def test_a_version_naming_no_release_refuses_in_one_line(tree, cli, empty_cache)
     result = cli("apply", tree)
     assert result.exit_code == 2, result.output
     errors = [line for line in result.output.splitlines() if "cannot" in line]
-    assert errors == ["patchkit: error: cannot run the vendor-code check: sglang 'acme-main' names no release to compare with; "
-                      "nothing was changed (--accept-vendor-code-risk to apply without the check)"], result.output
+    assert errors == [
+        "patchkit: error: cannot run the vendor-code check: sglang 'acme-main' names no release to compare with; "
+        "nothing was changed (--accept-vendor-code-risk to apply without the check)"
+    ], result.output
     assert snapshot(tree) == before and empty_cache == []
     risked = cli("apply", "--accept-vendor-code-risk", tree)
     # Applied unchecked. Without a release to place the tree's reads by, the safety rule refuses
@@ -215,4 +225,7 @@ def test_a_version_naming_no_release_refuses_in_one_line(tree, cli, empty_cache)
     # the shared cache (its result is keyed by the release bytes it was given, too).
     assert risked.exit_code == 1 and "applied: min-new-tokens-no-sync" in risked.output, risked.output
     assert "not applied: needs-cpu-seq-lens" in risked.output, risked.output
-    assert "the vendor-code check was skipped (--accept-vendor-code-risk): sglang 'acme-main' names no release" in risked.output
+    assert (
+        "the vendor-code check was skipped (--accept-vendor-code-risk): sglang 'acme-main' names no release"
+        in risked.output
+    )

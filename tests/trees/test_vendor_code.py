@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import PRIMARY
 
 from patchkit import fetch
 from patchkit.transform import vendor_code
-from support import PRIMARY
 
 VERSIONS = ["0.5.11", "0.5.12.post1"]
 
@@ -38,7 +38,13 @@ def insert(tree: Path, rel: str, anchor: str, text: str, before: bool = False) -
 
 # (file, anchor, inserted text, the vendor token that must survive, insert before the anchor?)
 SHAPES = {
-    "isinstance-member": (WORKER, WHITELIST_LINE, "            or isinstance(self.draft_extend_attn_backend, AcmeVendorBackend)\n", "AcmeVendorBackend", False),
+    "isinstance-member": (
+        WORKER,
+        WHITELIST_LINE,
+        "            or isinstance(self.draft_extend_attn_backend, AcmeVendorBackend)\n",
+        "AcmeVendorBackend",
+        False,
+    ),
     "boolean-term": (WORKER, WHITELIST_LINE, "            or self.acme_vendor_flag\n", "acme_vendor_flag", False),
     "keyword": (REPLAY, REPLAY_KWARG, "            acme_vendor_kw=1,\n", "acme_vendor_kw=1", False),
     "statement": (SYNC, SYNC_LINE, "        acme_vendor_stmt = batch.seq_lens.numel()\n", "acme_vendor_stmt", True),
@@ -115,8 +121,11 @@ def test_replaced_vendor_code_is_refused_with_its_line(make_tree, cli, version):
 def unpinned(text: str) -> str:
     """schedule_batch.py without min-new-tokens-no-sync's pinned output-id copy."""
     text = text.replace("from sglang.srt._patchkit.runtime import pin_memory_for\n", "", 1)
-    return text.replace("pin_memory=pin_memory_for(self.device),\n                ).to(self.device, non_blocking=True)\n",
-                        "device=self.device,\n                )\n", 1)
+    return text.replace(
+        "pin_memory=pin_memory_for(self.device),\n                ).to(self.device, non_blocking=True)\n",
+        "device=self.device,\n                )\n",
+        1,
+    )
 
 
 def test_declared_replacement_is_reported(make_tree, cli, monkeypatch):
@@ -138,8 +147,20 @@ def test_forward_mode_member_survives_on_0_5_13(make_tree, cli):
     return tuple on 0.5.13 .. 0.5.15; a fork's own member stays, before or after it."""
     tree = make_tree("0.5.13")
     rel = "srt/layers/attention/flashmla_backend.py"
-    insert(tree, rel, "            ForwardMode.DRAFT_EXTEND_V2,\n        ):\n", "            ForwardMode.ACME_MODE,\n", before=True)
-    insert(tree, rel, "            ForwardMode.DRAFT_EXTEND_V2,\n        ):\n", "            ForwardMode.ACME_LAST,\n", before=False)
+    insert(
+        tree,
+        rel,
+        "            ForwardMode.DRAFT_EXTEND_V2,\n        ):\n",
+        "            ForwardMode.ACME_MODE,\n",
+        before=True,
+    )
+    insert(
+        tree,
+        rel,
+        "            ForwardMode.DRAFT_EXTEND_V2,\n        ):\n",
+        "            ForwardMode.ACME_LAST,\n",
+        before=False,
+    )
     result = cli("apply", tree)
     assert result.exit_code == 0, result.output
     patched = (tree / rel).read_text()
@@ -167,7 +188,10 @@ def test_lost_names_the_vendor_token_and_line():
 
 def test_layout_and_moves_are_not_losses():
     fork = PRISTINE.replace(b"g(1, k=2)", b"g(1, k=2, vendor=3)")
-    relaid = fork.replace(b"g(1, k=2, vendor=3)", b"g(\n                1,\n                k=2,\n                vendor=3,\n            )")
+    relaid = fork.replace(
+        b"g(1, k=2, vendor=3)",
+        b"g(\n                1,\n                k=2,\n                vendor=3,\n            )",
+    )
     assert vendor_code.lost(PRISTINE, fork, relaid) == []
     wrapped = fork.replace(b"            return g(", b"            if ok:\n                return g(")
     assert vendor_code.lost(PRISTINE, fork, wrapped) == []
@@ -175,7 +199,10 @@ def test_layout_and_moves_are_not_losses():
 
 
 def test_removed_vendor_statement_and_method():
-    fork = PRISTINE.replace(b"        return None\n", b"        vendor_log(mode)\n        return None\n    def vendor_m(self):\n        pass\n")
+    fork = PRISTINE.replace(
+        b"        return None\n",
+        b"        vendor_log(mode)\n        return None\n    def vendor_m(self):\n        pass\n",
+    )
     gone = PRISTINE.replace(b"return None", b"return 0")
     tokens = {x.token for x in vendor_code.lost(PRISTINE, fork, gone)}
     assert {"vendor_log", "def vendor_m"} <= tokens

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import registry, transform
-from patchkit import fetch
-from patchkit.transform import vendor_code
+from patchkit import fetch, registry, transform
 from patchkit.errors import PatchkitError
 from patchkit.findings import State
+from patchkit.transform import vendor_code
 
 FILES_PER_RELEASE = 3
 BUDGET_S = 40.0
@@ -61,9 +60,14 @@ def _candidates(tree: ast.Module, lo: int, hi: int, shape: str) -> list[ast.AST]
         return node.lineno <= hi and node.end_lineno >= lo
 
     if shape == "statement":
-        return [s for node in ast.walk(tree) for f in ("body", "orelse", "finalbody")
-                if isinstance(getattr(node, f, None), list)
-                for s in getattr(node, f) if isinstance(s, ast.stmt) and overlaps(s)]
+        return [
+            s
+            for node in ast.walk(tree)
+            for f in ("body", "orelse", "finalbody")
+            if isinstance(getattr(node, f, None), list)
+            for s in getattr(node, f)
+            if isinstance(s, ast.stmt) and overlaps(s)
+        ]
     kind = ast.Call if shape == "keyword" else ast.Tuple
     return [n for n in ast.walk(tree) if isinstance(n, kind) and overlaps(n)]
 

@@ -19,14 +19,14 @@ import re
 from pathlib import Path
 
 import pytest
-
-from patchkit.testing import run
 from support import PRIMARY, snapshot
+
 from patchkit.codemods import needs_cpu_seq_lens_guards as guards
 from patchkit.codemods import needs_cpu_seq_lens_sync as sync
 from patchkit.codemods import trtllm_mha_draft_extend_v2 as dev2
 from patchkit.codemods.common.base import State
 from patchkit.fetch import fetch_tree
+from patchkit.testing import run
 
 pytestmark = pytest.mark.trees
 
@@ -95,12 +95,17 @@ def whitelisted(text: str) -> tuple[set[str], set[str], int]:
     """(classes accepted by isinstance checks of the backend, names used,
     number of those checks) in the method that assigns the whitelist."""
     method = next(
-        n for n in ast.walk(ast.parse(text))
+        n
+        for n in ast.walk(ast.parse(text))
         if isinstance(n, ast.FunctionDef) and "supports_cuda_draft_extend_graph" in ast.unparse(n)
     )
     classes, names, checks = set(), set(), 0
     for node in ast.walk(method):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance" and ast.unparse(node.args[0]) == SUBJECT:
+        if (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func) == "isinstance"
+            and ast.unparse(node.args[0]) == SUBJECT
+        ):
             checks += 1
             kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
             classes |= {ast.unparse(k) for k in kinds}
@@ -133,8 +138,8 @@ def test_whitelist_without_an_isinstance_disjunction_names_file_line_and_shape()
         count=1,
         flags=re.S,
     )
-    from libcst.codemod import CodemodContext
     import libcst as cst
+    from libcst.codemod import CodemodContext
 
     finding = dev2.WhitelistTRTLLMHA(CodemodContext(filename=WORKER)).detect(cst.parse_module(forked))
     line = next(i for i, text in enumerate(forked.splitlines(), 1) if "vendor_backend_supports_graphs(self)" in text)
@@ -156,9 +161,12 @@ def fork_lazy_mirror(text: str, helper: str) -> str:
     """prepare_for_decode no longer copies seq_lens to the host; ``helper``
     (module level) fills the mirror for whoever needs it."""
     dropped = (
-        rf"\1# vendor: no D2H here; {helper}() fills the mirror on demand" "\n"
-        r"\1batch.seq_lens_cpu = None" "\n"
-        r"\1batch.seq_lens_sum = None" "\n"
+        rf"\1# vendor: no D2H here; {helper}() fills the mirror on demand"
+        "\n"
+        r"\1batch.seq_lens_cpu = None"
+        "\n"
+        r"\1batch.seq_lens_sum = None"
+        "\n"
     )
     text, count = SYNC_LINES.subn(dropped, text)
     assert count == 1
@@ -173,11 +181,24 @@ def fork_lazy_mirror(text: str, helper: str) -> str:
 
 DECODE_SUM = re.compile(r"( +)self\.stats\.decode_sum_seq_lens = batch\.seq_lens_cpu\.sum\(\)\.item\(\)\n")
 GUARD_FORMS = {
-    "if-not-none": r"\1if batch.seq_lens_cpu is not None:" "\n" r"\1    self.stats.decode_sum_seq_lens = batch.seq_lens_cpu.sum().item()" "\n",
-    "early-return": r"\1if batch.seq_lens_cpu is None:" "\n" r"\1    return" "\n" r"\1self.stats.decode_sum_seq_lens = batch.seq_lens_cpu.sum().item()" "\n",
-    "conditional-expression": r"\1self.stats.decode_sum_seq_lens = batch.seq_lens_cpu.sum().item() if batch.seq_lens_cpu is not None else 0" "\n",
-    "and": r"\1self.stats.decode_sum_seq_lens = batch.seq_lens_cpu is not None and batch.seq_lens_cpu.sum().item()" "\n",
-    "not-none-in-an-and": r"\1if self.enable_metrics and batch.seq_lens_cpu is not None:" "\n" r"\1    self.stats.decode_sum_seq_lens = batch.seq_lens_cpu.sum().item()" "\n",
+    "if-not-none": r"\1if batch.seq_lens_cpu is not None:"
+    "\n"
+    r"\1    self.stats.decode_sum_seq_lens = batch.seq_lens_cpu.sum().item()"
+    "\n",
+    "early-return": r"\1if batch.seq_lens_cpu is None:"
+    "\n"
+    r"\1    return"
+    "\n"
+    r"\1self.stats.decode_sum_seq_lens = batch.seq_lens_cpu.sum().item()"
+    "\n",
+    "conditional-expression": r"\1self.stats.decode_sum_seq_lens = batch.seq_lens_cpu.sum().item() if batch.seq_lens_cpu is not None else 0"
+    "\n",
+    "and": r"\1self.stats.decode_sum_seq_lens = batch.seq_lens_cpu is not None and batch.seq_lens_cpu.sum().item()"
+    "\n",
+    "not-none-in-an-and": r"\1if self.enable_metrics and batch.seq_lens_cpu is not None:"
+    "\n"
+    r"\1    self.stats.decode_sum_seq_lens = batch.seq_lens_cpu.sum().item()"
+    "\n",
 }
 TOTAL_CONTEXT = re.compile(r"( +)total_context = float\(batch\.seq_lens_cpu\.sum\(\)\.item\(\)\)\n")
 LOOP = re.compile(r"( +)for sl in batch\.seq_lens_cpu:\n")
@@ -189,8 +210,12 @@ def fork_guarded_metrics(text: str, form: str) -> str:
     text, count = DECODE_SUM.subn(GUARD_FORMS[form], text)
     assert count == 1
     text = TOTAL_CONTEXT.sub(
-        r"\1if batch.seq_lens_cpu is None:" "\n" r"\1    return 0.0, 0.0, 0.0" "\n"
-        r"\1total_context = float(batch.seq_lens_cpu.sum().item())" "\n",
+        r"\1if batch.seq_lens_cpu is None:"
+        "\n"
+        r"\1    return 0.0, 0.0, 0.0"
+        "\n"
+        r"\1total_context = float(batch.seq_lens_cpu.sum().item())"
+        "\n",
         text,
     )
     return LOOP.sub(r"\1for sl in (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else ()):" "\n", text)
@@ -206,7 +231,10 @@ def test_a_fork_that_dropped_the_sync_is_not_gated_again(release, helper):
     finding = sync.GateDecodeSync(CodemodContext(filename=SYNC)).detect(cst.parse_module(forked))
     line = next(i for i, text in enumerate(forked.splitlines(), 1) if text.strip() == "batch.seq_lens_cpu = None")
     assert finding.state is State.SUPERSEDED
-    assert finding.detail == f"this tree avoids the seq_lens sync itself at {SYNC}:{line} (`batch.seq_lens_cpu = None`); patchkit leaves it as it is"
+    assert (
+        finding.detail
+        == f"this tree avoids the seq_lens sync itself at {SYNC}:{line} (`batch.seq_lens_cpu = None`); patchkit leaves it as it is"
+    )
     assert run(sync.GateDecodeSync, forked) == (State.SUPERSEDED, forked, State.SUPERSEDED)
 
 
@@ -230,7 +258,9 @@ def test_metrics_reads_guarded_by_the_fork_are_left_alone(release, form):
 def fork_dropped_metric_reads(text: str) -> str:
     """The decode metrics no longer read the mirror: the fork sums the
     requests' own lengths (what decode_total_seq_lens does without it)."""
-    text, count = DECODE_SUM.subn(r"\1self.stats.decode_sum_seq_lens = sum(req.seqlen for req in batch.reqs)" "\n", text)
+    text, count = DECODE_SUM.subn(
+        r"\1self.stats.decode_sum_seq_lens = sum(req.seqlen for req in batch.reqs)" "\n", text
+    )
     assert count == 1
     text, count = TOTAL_CONTEXT.subn(r"\1total_context = float(sum(req.seqlen for req in batch.reqs))" "\n", text)
     assert count == 1
@@ -243,11 +273,17 @@ def test_metrics_reads_the_fork_removed_are_its_own_change_not_a_missing_anchor(
     from libcst.codemod import CodemodContext
 
     forked = fork_dropped_metric_reads((fetch_tree(release) / METRICS).read_text())
-    for codemod, method in ((guards.GuardDecodePerfMetrics, "_estimate_decode_perf"), (guards.GuardDecodeStats, "report_decode_stats")):
+    for codemod, method in (
+        (guards.GuardDecodePerfMetrics, "_estimate_decode_perf"),
+        (guards.GuardDecodeStats, "report_decode_stats"),
+    ):
         finding = codemod(CodemodContext(filename=METRICS)).detect(cst.parse_module(forked))
         line = next(i for i, t in enumerate(forked.splitlines(), 1) if t.strip().startswith(f"def {method}("))
         assert finding.state is State.SUPERSEDED and finding.by_tree, finding
-        assert finding.detail == f"this tree reads no CPU seq_lens mirror here ({METRICS}:{line}); patchkit has nothing to guard"
+        assert (
+            finding.detail
+            == f"this tree reads no CPU seq_lens mirror here ({METRICS}:{line}); patchkit has nothing to guard"
+        )
         assert run(codemod, forked) == (State.SUPERSEDED, forked, State.SUPERSEDED)
 
 
@@ -256,12 +292,16 @@ def test_an_unguarded_read_in_a_shape_no_codemod_knows_names_file_line_and_shape
     from libcst.codemod import CodemodContext
 
     text = (fetch_tree(PRIMARY) / METRICS).read_text()
-    forked, count = DECODE_SUM.subn(r"\1self.stats.decode_sum_seq_lens = int(batch.seq_lens_cpu.float().mean())" "\n", text)
+    forked, count = DECODE_SUM.subn(
+        r"\1self.stats.decode_sum_seq_lens = int(batch.seq_lens_cpu.float().mean())" "\n", text
+    )
     assert count == 1
     finding = guards.GuardDecodeStats(CodemodContext(filename=METRICS)).detect(cst.parse_module(forked))
     line = next(i for i, t in enumerate(forked.splitlines(), 1) if "seq_lens_cpu.float().mean()" in t)
     assert finding.state is State.MISSING
-    assert finding.detail.startswith(f"{METRICS}:{line}: `batch.seq_lens_cpu` is read unguarded in a shape this change does not know")
+    assert finding.detail.startswith(
+        f"{METRICS}:{line}: `batch.seq_lens_cpu` is read unguarded in a shape this change does not know"
+    )
     assert finding.detail.endswith("seq_lens_cpu.sum().item() -> decode_total_seq_lens) or a None test around it")
 
 
@@ -294,9 +334,14 @@ def test_vendor_fork_applies_verifies_and_reverts_exactly(make_tree, cli, releas
     states = _states(cli, tree)
     assert {pid: p["state"] for pid, p in states.items()} == dict.fromkeys(states, "applied")
     # One verdict for the sync, with its place; nothing claims another file owns it.
-    line = next(i for i, t in enumerate((tree / SYNC).read_text().splitlines(), 1) if t.strip() == "batch.seq_lens_cpu = None")
+    line = next(
+        i for i, t in enumerate((tree / SYNC).read_text().splitlines(), 1) if t.strip() == "batch.seq_lens_cpu = None"
+    )
     notes = states["needs-cpu-seq-lens"]["notes"]
-    assert f"EagleDraftInputV2Mixin.prepare_for_decode: this tree avoids the seq_lens sync itself at {SYNC}:{line} (`batch.seq_lens_cpu = None`); patchkit leaves it as it is" in notes
+    assert (
+        f"EagleDraftInputV2Mixin.prepare_for_decode: this tree avoids the seq_lens sync itself at {SYNC}:{line} (`batch.seq_lens_cpu = None`); patchkit leaves it as it is"
+        in notes
+    )
     assert not any("owns" in note for note in notes)
     # The fork's guarded metrics are left as they are; the parts that still mean something are there.
     assert snapshot(tree)[METRICS] == forked[METRICS]

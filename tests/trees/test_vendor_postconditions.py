@@ -39,9 +39,11 @@ def test_a_failing_vendor_postcondition_refuses_its_patch_in_one_line(make_tree,
     result = cli("--patches", SET, "apply", tree, PATCH, OTHER)
     assert result.exit_code == 1, result.output
     refused = [text.strip() for text in result.output.splitlines() if "refused" in text]
-    why = (f"refused: {FILE}:{line}: AcmeTorchNativeBackend.forward_decode reshapes q on every call: guard it "
-           f"with `if decode_q_needs_reshape(q):` as {PATCH} does in TorchNativeAttnBackend, or `--skip {PATCH}` "
-           "(the other patches still apply)")
+    why = (
+        f"refused: {FILE}:{line}: AcmeTorchNativeBackend.forward_decode reshapes q on every call: guard it "
+        f"with `if decode_q_needs_reshape(q):` as {PATCH} does in TorchNativeAttnBackend, or `--skip {PATCH}` "
+        "(the other patches still apply)"
+    )
     assert refused == [f"not applied: {PATCH}: {why}"], result.output
     assert f"applied: {OTHER}" in result.output
     assert (tree / FILE).read_bytes() == before  # nothing of the refused patch is written
@@ -62,7 +64,8 @@ def test_a_postcondition_that_cannot_be_loaded_is_one_line(cli, tmp_path):
     (clash / "mine.toml").write_text('id = "mine"\ntitle = "t"\npostconditions = ["nowhere:Check"]\n')
     listed = cli("--patches", clash, "list")
     assert listed.exit_code == 2 and listed.output.strip().splitlines() == [
-        f"patchkit: error: patch mine: postcondition nowhere:Check cannot be loaded: no module nowhere in {clash}"]
+        f"patchkit: error: patch mine: postcondition nowhere:Check cannot be loaded: no module nowhere in {clash}"
+    ]
     (clash / "mine.toml").write_text('id = "mine"\ntitle = "t"\npostconditions = "checks:Check"\n')
     listed = cli("--patches", clash, "list")
     assert listed.exit_code == 2 and "postconditions must be a list" in listed.output
@@ -75,11 +78,13 @@ def test_a_postcondition_that_fails_to_run_changes_nothing(make_tree, cli, tmp_p
         "from patchkit.postconditions import Postcondition\n\n\n"
         "class SubclassesGuardReshape(Postcondition):\n"
         "    def check(self, proposed):\n"
-        "        raise RuntimeError('boom')\n")
+        "        raise RuntimeError('boom')\n"
+    )
     tree = make_tree(PRIMARY)
     before = snapshot(tree)
     result = cli("--patches", broken, "apply", tree, PATCH, OTHER)
     assert result.exit_code == 2 and result.output.strip().splitlines() == [
         f"patchkit: error: postcondition SubclassesGuardReshape of {PATCH} failed to run: RuntimeError: boom; "
-        "nothing was changed"], result.output
+        "nothing was changed"
+    ], result.output
     assert snapshot(tree) == before

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support import PRIMARY, git, git_checkout, patch_states, pristine_snapshot, snapshot
+
 from patchkit.state import vendoring
 
 pytestmark = pytest.mark.trees
@@ -210,17 +210,24 @@ def test_clone_whose_originals_cannot_be_found_refuses_revert(make_tree, cli):
 
 
 def test_runtime_wheel_installs_without_cli_dependencies(tmp_path):
-    built = subprocess.run([sys.executable, str(ROOT / "scripts/build_runtime_wheel.py"), "--out", str(tmp_path)],
-                           capture_output=True, text=True)
+    built = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/build_runtime_wheel.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert built.returncode == 0, built.stderr
     wheel = Path(built.stdout.strip())
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target",
-                    str(site), str(wheel)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
+        check=True,
+    )
     assert not (site / "patchkit" / "__init__.py").exists()
-    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import patchkit.runtime, patchkit.backends.trtllm_mha, "
-             "patchkit.backends.trtllm_mla; import importlib.util as u; "
-             "print(patchkit.runtime.RUNTIME_API, u.find_spec('libcst'), u.find_spec('click'))")
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import patchkit.runtime, patchkit.backends.trtllm_mha, "
+        "patchkit.backends.trtllm_mla; import importlib.util as u; "
+        "print(patchkit.runtime.RUNTIME_API, u.find_spec('libcst'), u.find_spec('click'))"
+    )
     out = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(site)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(vendoring.RUNTIME_API), "None", "None"]

@@ -18,7 +18,6 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from patchkit.testing import apply, assert_codemod, assert_state, code, detect, run_all
 from patchkit.backends import fa3 as fa3_rt
 from patchkit.backends import trtllm_mla as mla_rt
 from patchkit.backends import verify_tree_mask as vtm
@@ -27,6 +26,7 @@ from patchkit.codemods import flashmla_spec_v2 as flashmla
 from patchkit.codemods import trtllm_mla_spec_v2 as mla
 from patchkit.codemods import verify_tree_mask_fits as fits
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect, run_all
 
 torch = pytest.importorskip("torch")
 
@@ -40,7 +40,10 @@ class TreeMaskMode(enum.IntEnum):  # sglang's, as eagle_utils defines it
 # -- run time -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("recorded, expected", [(False, TreeMaskMode.QLEN_ONLY), (True, TreeMaskMode.FULL_MASK), (None, TreeMaskMode.FULL_MASK)])
+@pytest.mark.parametrize(
+    "recorded, expected",
+    [(False, TreeMaskMode.QLEN_ONLY), (True, TreeMaskMode.FULL_MASK), (None, TreeMaskMode.FULL_MASK)],
+)
 def test_the_worker_asks_for_the_compact_layout_only_where_verify_never_reads(recorded, expected):
     backend = NS() if recorded is None else NS(verify_tree_mask_is_read=recorded)
     mode = vtm.tree_mask_mode_for(TreeMaskMode.FULL_MASK, backend)
@@ -69,7 +72,7 @@ def test_a_compact_mask_goes_to_batches_it_fits_in_its_own_layout():
 
 # -- the backends: fresh, and upgrades of what earlier patchkits wrote --------------------------
 
-TRT_BACKEND = code('''
+TRT_BACKEND = code("""
     class TRTLLMMLABackend(B):
         def __init__(self, model_runner, skip_prefill=False):
             self.num_draft_tokens = model_runner.server_args.speculative_num_draft_tokens
@@ -78,20 +81,22 @@ TRT_BACKEND = code('''
             self.padded_q_buffer = torch.zeros((max_bs,))
 
             super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
-''')
-FA3_BACKEND = code('''
+""")
+FA3_BACKEND = code("""
     class FlashAttentionBackend(B):
         def __init__(self, model_runner, skip_prefill=False):
             self.topk = model_runner.server_args.speculative_eagle_topk or 0
 
         def init_cuda_graph_state(self, max_bs, max_num_tokens):
             self.decode_cuda_graph_metadata = {}
-''')
+""")
 FLASHMLA_BACKEND = FA3_BACKEND.replace("FlashAttentionBackend", "FlashMLABackend")
 
 RECORD = re.compile(r"        # The mask holds max_bs requests:.*?self\.verify_tree_mask_max_bs = max_bs\n", re.S)
-NEW_ALLOC = re.compile(r"        # [^\n]*\(sglang #3[^\n]*\n        self\.verify_tree_mask_is_read = [^\n]*\n.*?\n        \)\n", re.S)
-OLD_TRT_ALLOC = '''        # Worst-case FULL_MASK tree mask (bool) for verify; build_tree fills it
+NEW_ALLOC = re.compile(
+    r"        # [^\n]*\(sglang #3[^\n]*\n        self\.verify_tree_mask_is_read = [^\n]*\n.*?\n        \)\n", re.S
+)
+OLD_TRT_ALLOC = """        # Worst-case FULL_MASK tree mask (bool) for verify; build_tree fills it
         # in place, so the GPU-only spec-v2 path needs no seq_lens_sum.
         self.cuda_graph_custom_mask = alloc_cuda_graph_custom_mask(
             max_num_tokens=max_num_tokens,
@@ -100,8 +105,8 @@ OLD_TRT_ALLOC = '''        # Worst-case FULL_MASK tree mask (bool) for verify; b
             skip_prefill=self.skip_prefill,
             device=self.device,
         )
-'''
-OLD_FA3_ALLOC = '''        # Worst-case FULL_MASK verify tree mask (bool), filled in place by
+"""
+OLD_FA3_ALLOC = """        # Worst-case FULL_MASK verify tree mask (bool), filled in place by
         # build_tree_kernel_efficient: the GPU-only path needs no seq_lens_sum.
         self.cuda_graph_custom_mask = alloc_verify_tree_mask(
             max_num_tokens=max_num_tokens,
@@ -111,8 +116,10 @@ OLD_FA3_ALLOC = '''        # Worst-case FULL_MASK verify tree mask (bool), fille
             is_draft_runner=self.is_draft_runner,
             device=self.device,
         )
-'''
-DRAFT_RUNNER_LINES = re.compile(r"        # The draft worker's instances never verify: no tree mask there \(sglang #31527\)\.\n.*?\n")
+"""
+DRAFT_RUNNER_LINES = re.compile(
+    r"        # The draft worker's instances never verify: no tree mask there \(sglang #31527\)\.\n.*?\n"
+)
 
 
 def downgrade(fresh: str, old_alloc: str, *, with_record: bool) -> str:
@@ -125,14 +132,28 @@ def downgrade(fresh: str, old_alloc: str, *, with_record: bool) -> str:
 
 CASES = [
     ([mla.InitCustomMask, mla.AllocCustomMask], TRT_BACKEND, OLD_TRT_ALLOC, True),
-    ([fa3.InitTreeMask, fa3.AllocTreeMask], FA3_BACKEND, OLD_FA3_ALLOC.format(draft="self.speculative_num_draft_tokens"), False),
-    ([flashmla.InitTreeMask, flashmla.AllocTreeMask], FLASHMLA_BACKEND, OLD_FA3_ALLOC.format(draft="self.num_draft_tokens"), False),
+    (
+        [fa3.InitTreeMask, fa3.AllocTreeMask],
+        FA3_BACKEND,
+        OLD_FA3_ALLOC.format(draft="self.speculative_num_draft_tokens"),
+        False,
+    ),
+    (
+        [flashmla.InitTreeMask, flashmla.AllocTreeMask],
+        FLASHMLA_BACKEND,
+        OLD_FA3_ALLOC.format(draft="self.num_draft_tokens"),
+        False,
+    ),
 ]
 
 
 @pytest.mark.parametrize("with_record", [True, False], ids=["max_bs-recorded", "before-the-record"])
-@pytest.mark.parametrize("codemods, pristine, old_alloc, draft_runner_is_new", CASES, ids=["trtllm-mla", "fa3", "flashmla"])
-def test_an_earlier_patchkits_mask_upgrades_to_exactly_a_fresh_apply(codemods, pristine, old_alloc, draft_runner_is_new, with_record):
+@pytest.mark.parametrize(
+    "codemods, pristine, old_alloc, draft_runner_is_new", CASES, ids=["trtllm-mla", "fa3", "flashmla"]
+)
+def test_an_earlier_patchkits_mask_upgrades_to_exactly_a_fresh_apply(
+    codemods, pristine, old_alloc, draft_runner_is_new, with_record
+):
     fresh, states = run_all(codemods, pristine)
     assert states == [State.DONE] * len(codemods) and "self.verify_tree_mask_is_read = " in fresh
     old = downgrade(fresh, old_alloc, with_record=with_record)
@@ -145,8 +166,14 @@ def test_an_earlier_patchkits_mask_upgrades_to_exactly_a_fresh_apply(codemods, p
 
 
 def test_what_each_backend_records_and_the_trtllm_draft_gate():
-    assert "self.verify_tree_mask_is_read = self.topk > 1\n" in run_all([fa3.InitTreeMask, fa3.AllocTreeMask], FA3_BACKEND)[0]
-    assert "self.verify_tree_mask_is_read = False\n" in run_all([flashmla.InitTreeMask, flashmla.AllocTreeMask], FLASHMLA_BACKEND)[0]
+    assert (
+        "self.verify_tree_mask_is_read = self.topk > 1\n"
+        in run_all([fa3.InitTreeMask, fa3.AllocTreeMask], FA3_BACKEND)[0]
+    )
+    assert (
+        "self.verify_tree_mask_is_read = False\n"
+        in run_all([flashmla.InitTreeMask, flashmla.AllocTreeMask], FLASHMLA_BACKEND)[0]
+    )
     out = run_all([mla.InitCustomMask, mla.AllocCustomMask], TRT_BACKEND)[0]
     assert "self.verify_tree_mask_is_read = False\n" in out and "is_draft_runner=self.is_draft_runner,\n" in out
     assert 'self.is_draft_runner = getattr(model_runner, "is_draft_worker", False)\n' in out
@@ -169,7 +196,7 @@ def test_upstreams_own_trtllm_mla_mask_keeps_its_init():
 
 # -- the worker asks for the backend's layout ---------------------------------------------------
 
-WORKER = code('''
+WORKER = code("""
     class EagleDraftWorker:
         def draft(self, model_worker_batch):
             tree_mask_buf, position_buf = (
@@ -182,26 +209,28 @@ WORKER = code('''
                 tree_mask_buf,
                 position_buf,
             )
-''')
+""")
 IMPORT = "from sglang.srt._patchkit.backends.verify_tree_mask import tree_mask_mode_for\n"
 WRAPPED = "tree_mask_mode_for(self.tree_mask_mode, self.target_worker.model_runner.attn_backend),"
 
 
 def test_the_kernel_gets_the_layout_the_target_backend_reads():
-    assert_codemod(fits.DraftAsksForTheBackendsLayout, WORKER,
-                   IMPORT + WORKER.replace("self.tree_mask_mode,", WRAPPED))
+    assert_codemod(fits.DraftAsksForTheBackendsLayout, WORKER, IMPORT + WORKER.replace("self.tree_mask_mode,", WRAPPED))
 
 
 def test_a_keyword_mode_argument_is_found():
-    src = WORKER.replace("            self.tree_mask_mode,\n", "            tree_mask_mode=self.tree_mask_mode,\n").replace(
-        "            tree_mask_buf,\n            position_buf,\n", "            tree_mask_buf=tree_mask_buf,\n")
+    src = WORKER.replace(
+        "            self.tree_mask_mode,\n", "            tree_mask_mode=self.tree_mask_mode,\n"
+    ).replace("            tree_mask_buf,\n            position_buf,\n", "            tree_mask_buf=tree_mask_buf,\n")
     assert "tree_mask_mode=self" in src
     out = apply(fits.DraftAsksForTheBackendsLayout, src)
     assert "tree_mask_mode=" + WRAPPED in out
 
 
 def test_no_mode_argument_is_missing_and_a_moved_build_superseded():
-    src = WORKER.replace("            self.tree_mask_mode,\n            tree_mask_buf,\n            position_buf,\n", "")
+    src = WORKER.replace(
+        "            self.tree_mask_mode,\n            tree_mask_buf,\n            position_buf,\n", ""
+    )
     assert "self.tree_mask_mode" not in src
     finding = detect(fits.DraftAsksForTheBackendsLayout, src)
     assert finding.state is State.MISSING and "tree_mask_mode" in finding.detail
@@ -222,7 +251,9 @@ FLASHMLA_FILE = "srt/layers/attention/flashmla_backend.py"
 TRT_FILE = "srt/layers/attention/trtllm_mla_backend.py"
 WORKER_FILE = "srt/speculative/eagle_worker_v2.py"
 OLD_IMPORT = "from sglang.srt._patchkit.backends.verify_tree_mask import verify_tree_mask_for_batch\n"
-NEW_IMPORT = "from sglang.srt._patchkit.backends.verify_tree_mask import tree_mask_mode_for, verify_tree_mask_for_batch\n"
+NEW_IMPORT = (
+    "from sglang.srt._patchkit.backends.verify_tree_mask import tree_mask_mode_for, verify_tree_mask_for_batch\n"
+)
 
 
 @pytest.mark.trees
@@ -230,8 +261,18 @@ NEW_IMPORT = "from sglang.srt._patchkit.backends.verify_tree_mask import tree_ma
 def test_real_files_upgrade_to_exactly_a_fresh_apply(make_tree, version):
     tree = make_tree(version)
     files = [
-        (FA3_FILE, [fa3.InitTreeMask, fa3.AllocTreeMask], OLD_FA3_ALLOC.format(draft="self.speculative_num_draft_tokens"), False),
-        (FLASHMLA_FILE, [flashmla.InitTreeMask, flashmla.AllocTreeMask], OLD_FA3_ALLOC.format(draft="self.num_draft_tokens"), False),
+        (
+            FA3_FILE,
+            [fa3.InitTreeMask, fa3.AllocTreeMask],
+            OLD_FA3_ALLOC.format(draft="self.speculative_num_draft_tokens"),
+            False,
+        ),
+        (
+            FLASHMLA_FILE,
+            [flashmla.InitTreeMask, flashmla.AllocTreeMask],
+            OLD_FA3_ALLOC.format(draft="self.num_draft_tokens"),
+            False,
+        ),
     ]
     if version != "0.5.15":  # TRT-LLM MLA's mask is upstream's from 0.5.13
         files.append((TRT_FILE, [mla.InitCustomMask, mla.AllocCustomMask], OLD_TRT_ALLOC, True))
@@ -246,5 +287,6 @@ def test_real_files_upgrade_to_exactly_a_fresh_apply(make_tree, version):
     fresh, states = run_all(worker, (tree / WORKER_FILE).read_text())
     assert states == [State.DONE] * 2 and fresh.count("tree_mask_mode_for(self.tree_mask_mode, ") == 1
     old = fresh.replace(NEW_IMPORT, OLD_IMPORT).replace(
-        "tree_mask_mode_for(self.tree_mask_mode, self.target_worker.model_runner.attn_backend)", "self.tree_mask_mode")
+        "tree_mask_mode_for(self.tree_mask_mode, self.target_worker.model_runner.attn_backend)", "self.tree_mask_mode"
+    )
     assert old != fresh and run_all(worker, old)[0] == fresh

@@ -9,17 +9,17 @@ exactly."""
 from __future__ import annotations
 
 import pytest
-
-from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 from support import patch_states, snapshot
+
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods import trtllm_mla_spec_v2 as mla
 from patchkit.codemods import verify_tree_mask_fits as fits
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, assert_codemod, assert_state, code, detect
 
 IMPORT = "from sglang.srt._patchkit.backends.verify_tree_mask import verify_tree_mask_for_batch\n"
 
-WORKER = '''
+WORKER = """
 from sglang.srt.speculative.eagle_utils import build_tree_kernel_efficient
 
 
@@ -44,9 +44,9 @@ class EagleDraftWorker:
             position_buf,
         )
         return tree_mask
-'''
+"""
 
-GUARD = '''        # The preallocated mask holds the captured max_bs requests: only a batch it
+GUARD = """        # The preallocated mask holds the captured max_bs requests: only a batch it
         # fits gets it (an eager batch above that size would write past its end);
         # for any other, None and the tree-mask build allocates one for the batch.
         tree_mask_buf = verify_tree_mask_for_batch(
@@ -55,14 +55,18 @@ GUARD = '''        # The preallocated mask holds the captured max_bs requests: o
             model_worker_batch.seq_lens,
             self.speculative_num_draft_tokens,
         )
-'''
+"""
 
 
 def test_the_worker_keeps_the_mask_only_for_a_batch_it_fits():
-    expected = code(WORKER).replace(
-        "from sglang.srt.speculative.eagle_utils import build_tree_kernel_efficient\n",
-        "from sglang.srt.speculative.eagle_utils import build_tree_kernel_efficient\n" + IMPORT,
-    ).replace("        )\n        (tree_mask,", "        )\n" + GUARD + "        (tree_mask,")
+    expected = (
+        code(WORKER)
+        .replace(
+            "from sglang.srt.speculative.eagle_utils import build_tree_kernel_efficient\n",
+            "from sglang.srt.speculative.eagle_utils import build_tree_kernel_efficient\n" + IMPORT,
+        )
+        .replace("        )\n        (tree_mask,", "        )\n" + GUARD + "        (tree_mask,")
+    )
     assert_codemod(fits.DraftHandsOverAFittingTreeMask, WORKER, expected)
 
 
@@ -73,26 +77,37 @@ def test_the_trtllm_mla_variant_writes_the_same_and_finds_the_others_edit_done()
 
 
 def test_keyword_arguments_of_the_tree_kernel():
-    src = WORKER.replace("            model_worker_batch.seq_lens,\n", "            seq_lens=model_worker_batch.seq_lens,\n", 1)
-    src = src.replace("            self.speculative_num_draft_tokens,\n            self.tree_mask_mode,\n            tree_mask_buf,\n            position_buf,\n",
-                      "            num_verify_tokens=self.speculative_num_draft_tokens,\n")
-    src = src.replace("            model_worker_batch.seq_lens_sum,\n            self.topk,\n            self.speculative_num_steps,\n", "")
+    src = WORKER.replace(
+        "            model_worker_batch.seq_lens,\n", "            seq_lens=model_worker_batch.seq_lens,\n", 1
+    )
+    src = src.replace(
+        "            self.speculative_num_draft_tokens,\n            self.tree_mask_mode,\n            tree_mask_buf,\n            position_buf,\n",
+        "            num_verify_tokens=self.speculative_num_draft_tokens,\n",
+    )
+    src = src.replace(
+        "            model_worker_batch.seq_lens_sum,\n            self.topk,\n            self.speculative_num_steps,\n",
+        "",
+    )
     out = apply(fits.DraftHandsOverAFittingTreeMask, src)
-    assert "            model_worker_batch.seq_lens,\n            self.speculative_num_draft_tokens,\n        )\n" in out
+    assert (
+        "            model_worker_batch.seq_lens,\n            self.speculative_num_draft_tokens,\n        )\n" in out
+    )
 
 
 def test_from_0_5_13_trtllm_mla_leaves_the_worker_to_upstream_fa3_does_not():
-    src = WORKER.replace("model_worker_batch: ModelWorkerBatch", "batch: ScheduleBatch").replace("model_worker_batch", "batch")
+    src = WORKER.replace("model_worker_batch: ModelWorkerBatch", "batch: ScheduleBatch").replace(
+        "model_worker_batch", "batch"
+    )
     assert detect(fits.DraftHandsOverAFittingTreeMaskUpTo0512, src).state is State.SUPERSEDED
     assert detect(fits.DraftHandsOverAFittingTreeMask, src).state is State.TODO
 
 
 def test_moved_tree_mask_build_is_superseded():
-    src = code('''
+    src = code("""
         class EagleDraftWorker:
             def draft(self, batch: ScheduleBatch):
                 return build_eagle_verify_input(self, batch)
-    ''')
+    """)
     assert detect(fits.DraftHandsOverAFittingTreeMask, src).state is State.SUPERSEDED
 
 
@@ -104,7 +119,7 @@ def test_a_hook_without_the_tree_kernel_is_missing():
 
 # -- the backends record the captured max_bs; trees patched before that upgrade --------------
 
-MLA_BACKEND = code('''
+MLA_BACKEND = code("""
     from sglang.srt._patchkit.backends.trtllm_mla import alloc_cuda_graph_custom_mask
 
 
@@ -113,13 +128,13 @@ MLA_BACKEND = code('''
             self.padded_q_buffer = torch.zeros((max_bs,))
 
             super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
-''')
+""")
 
-RECORD = '''        # The mask holds max_bs requests: the spec worker hands it to
+RECORD = """        # The mask holds max_bs requests: the spec worker hands it to
         # build_tree_kernel_efficient only for a batch it fits, so an eager
         # batch above the captured size never writes past its end.
         self.verify_tree_mask_max_bs = max_bs
-'''
+"""
 
 
 def old_patched(fresh: str) -> str:
@@ -128,12 +143,18 @@ def old_patched(fresh: str) -> str:
     return fresh.replace(RECORD, "")
 
 
-@pytest.mark.parametrize("codemod, src", [
-    (mla.AllocCustomMask, MLA_BACKEND),
-    (fa3.AllocTreeMask, MLA_BACKEND.replace("TRTLLMMLABackend", "FlashAttentionBackend").replace(
-        "trtllm_mla import alloc_cuda_graph_custom_mask", "fa3 import alloc_verify_tree_mask").replace(
-        "\n        super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)\n", "")),
-])
+@pytest.mark.parametrize(
+    "codemod, src",
+    [
+        (mla.AllocCustomMask, MLA_BACKEND),
+        (
+            fa3.AllocTreeMask,
+            MLA_BACKEND.replace("TRTLLMMLABackend", "FlashAttentionBackend")
+            .replace("trtllm_mla import alloc_cuda_graph_custom_mask", "fa3 import alloc_verify_tree_mask")
+            .replace("\n        super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)\n", ""),
+        ),
+    ],
+)
 def test_an_old_patched_tree_upgrades_to_exactly_a_fresh_apply(codemod, src):
     fresh = apply(codemod, src)
     assert "self.verify_tree_mask_max_bs = max_bs\n" in fresh
@@ -153,7 +174,9 @@ def test_upstreams_own_unbounded_allocation_is_left_alone():
 
 
 def test_recording_needs_max_bs():
-    src = MLA_BACKEND.replace("max_bs, max_num_tokens, kv_indices_buf=None", "bs_cap, max_num_tokens, kv_indices_buf=None")
+    src = MLA_BACKEND.replace(
+        "max_bs, max_num_tokens, kv_indices_buf=None", "bs_cap, max_num_tokens, kv_indices_buf=None"
+    )
     finding = detect(mla.AllocCustomMask, src)
     assert finding.state is State.MISSING and "max_bs" in finding.detail
 
@@ -174,7 +197,9 @@ def test_real_tree_patches_share_the_worker_guard_and_revert_exactly(make_tree, 
         text = (tree / rel).read_text()
         assert text.count("tree_mask_buf = verify_tree_mask_for_batch(") == 1, rel
         compile(text, rel, "exec")
-    assert "self.verify_tree_mask_max_bs = max_bs" in (tree / "srt/layers/attention/flashattention_backend.py").read_text()
+    assert (
+        "self.verify_tree_mask_max_bs = max_bs" in (tree / "srt/layers/attention/flashattention_backend.py").read_text()
+    )
     assert (tree / "srt/_patchkit/backends/verify_tree_mask.py").is_file()
     worker = (tree / WORKER_FILE).read_text()
 

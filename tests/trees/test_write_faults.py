@@ -19,8 +19,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from support import PRIMARY, snapshot
+
 from patchkit.state import TEMP_SUFFIX, files
 
 pytestmark = pytest.mark.trees
@@ -31,6 +31,7 @@ ERRNOS = ("ENOSPC", "EACCES", "EPERM")
 @pytest.fixture
 def fail_at(monkeypatch):
     """fail_at(spec): PATCHKIT_TEST_FAIL_AT for the next in-process command, its pass counters reset."""
+
     def arm(spec: str | None) -> None:
         for label in ("write", "remove"):
             monkeypatch.delenv(f"_PATCHKIT_PATCHKIT_TEST_FAIL_AT_COUNT_{label}", raising=False)
@@ -38,6 +39,7 @@ def fail_at(monkeypatch):
             monkeypatch.delenv("PATCHKIT_TEST_FAIL_AT", raising=False)
         else:
             monkeypatch.setenv("PATCHKIT_TEST_FAIL_AT", spec)
+
     return arm
 
 
@@ -63,7 +65,9 @@ def kinds(points: list[tuple[str, int, Path]], tree: Path) -> dict[str, tuple[st
     chosen = {
         "backup": blobs[len(blobs) // 2] if blobs else None,
         "journal": next(p for p in points if p[2] == state / "journal.json" and p[0] == "write"),
-        "first file": in_tree[0], "middle file": in_tree[len(in_tree) // 2], "last file": in_tree[-1],
+        "first file": in_tree[0],
+        "middle file": in_tree[len(in_tree) // 2],
+        "last file": in_tree[-1],
         "removal": next((p for p in points if p[0] == "remove" and state not in p[2].parents), None),
         "state": next(p for p in points if p[2] == state / "state.json"),
         "journal removal": next(p for p in points if p[0] == "remove" and p[2] == state / "journal.json"),
@@ -122,8 +126,11 @@ def test_a_rollback_that_cannot_write_keeps_the_journal_for_revert(linked_tree, 
     line says `patchkit revert` will finish it, and it does."""
     pristine = linked_tree(PRIMARY)
     before = snapshot(pristine)
-    in_tree = [p for p in write_points(cli, pristine, "apply", monkeypatch)
-               if p[0] == "write" and ".patchkit" not in p[2].parts]
+    in_tree = [
+        p
+        for p in write_points(cli, pristine, "apply", monkeypatch)
+        if p[0] == "write" and ".patchkit" not in p[2].parts
+    ]
     tree = linked_tree(PRIMARY)
     fail_at(f"write:{in_tree[2][1]}+:ENOSPC")  # two files written, then nothing can be
     result = cli("apply", tree)
@@ -145,7 +152,8 @@ def test_blobs_that_is_a_file_is_one_line(linked_tree, cli):
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [
         f"patchkit: error: {tree / '.patchkit' / 'blobs'}: not a folder, where patchkit keeps its backups "
-        "(move it away; nothing was changed)"]
+        "(move it away; nothing was changed)"
+    ]
     assert snapshot(tree) == before
 
 

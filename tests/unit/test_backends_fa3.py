@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from support import import_cost
+
 from patchkit.backends import fa3, mirror_reads
 
 torch = pytest.importorskip("torch")
@@ -97,8 +97,14 @@ def test_mask_numel():
 
 
 def alloc(**overrides):
-    kwargs = dict(max_num_tokens=16, max_context_len=256, num_draft_tokens=4, skip_prefill=False,
-                  is_draft_runner=False, device="cpu")
+    kwargs = dict(
+        max_num_tokens=16,
+        max_context_len=256,
+        num_draft_tokens=4,
+        skip_prefill=False,
+        is_draft_runner=False,
+        device="cpu",
+    )
     kwargs.update(overrides)
     return fa3.alloc_verify_tree_mask(**kwargs)
 
@@ -109,7 +115,9 @@ def test_alloc_is_a_zeroed_bool_buffer_of_the_worst_case():
     assert not mask.any()
 
 
-@pytest.mark.parametrize("overrides", [dict(num_draft_tokens=None), dict(skip_prefill=True), dict(is_draft_runner=True)])
+@pytest.mark.parametrize(
+    "overrides", [dict(num_draft_tokens=None), dict(skip_prefill=True), dict(is_draft_runner=True)]
+)
 def test_no_mask_where_there_is_no_verify(overrides):
     assert alloc(**overrides) is None
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace as NS
 
 import pytest
-
 from support import import_cost
+
 from patchkit.backends import flashmla, mirror_reads
 
 torch = pytest.importorskip("torch")

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from support import import_cost
+
 from patchkit.backends import page_table as pt
 
 torch = pytest.importorskip("torch")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from support import import_cost
+
 from patchkit.backends import trtllm_mla
 
 
@@ -27,12 +27,18 @@ def test_mask_numel():
 
 
 def test_no_mask_is_none_without_importing_torch():
-    assert trtllm_mla.alloc_cuda_graph_custom_mask(
-        max_num_tokens=8, max_context_len=64, num_draft_tokens=None, skip_prefill=False, device="cpu"
-    ) is None
-    assert trtllm_mla.alloc_cuda_graph_custom_mask(
-        max_num_tokens=8, max_context_len=64, num_draft_tokens=4, skip_prefill=True, device="cpu"
-    ) is None
+    assert (
+        trtllm_mla.alloc_cuda_graph_custom_mask(
+            max_num_tokens=8, max_context_len=64, num_draft_tokens=None, skip_prefill=False, device="cpu"
+        )
+        is None
+    )
+    assert (
+        trtllm_mla.alloc_cuda_graph_custom_mask(
+            max_num_tokens=8, max_context_len=64, num_draft_tokens=4, skip_prefill=True, device="cpu"
+        )
+        is None
+    )
 
 
 def test_verify_buffers_are_mask_and_none():

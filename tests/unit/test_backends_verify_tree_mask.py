@@ -6,9 +6,10 @@ from __future__ import annotations
 from types import SimpleNamespace as NS
 
 import pytest
-
 from support import import_cost
-from patchkit.backends import fa3, trtllm_mla, verify_tree_mask as vtm
+
+from patchkit.backends import fa3, trtllm_mla
+from patchkit.backends import verify_tree_mask as vtm
 
 torch = pytest.importorskip("torch")
 
@@ -29,8 +30,14 @@ def test_full_mask_numel_is_what_the_kernel_writes_at_most():
 
 def the_mask(alloc):
     if alloc is fa3.alloc_verify_tree_mask:
-        return alloc(max_num_tokens=MAX_BS * D, max_context_len=C, num_draft_tokens=D, skip_prefill=False,
-                     is_draft_runner=False, device="cpu")
+        return alloc(
+            max_num_tokens=MAX_BS * D,
+            max_context_len=C,
+            num_draft_tokens=D,
+            skip_prefill=False,
+            is_draft_runner=False,
+            device="cpu",
+        )
     return alloc(max_num_tokens=MAX_BS * D, max_context_len=C, num_draft_tokens=D, skip_prefill=False, device="cpu")
 
 

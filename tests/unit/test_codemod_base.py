@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from patchkit.testing import assert_codemod, assert_state, detect
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod, State
+from patchkit.testing import assert_codemod, assert_state, detect
 
 
 class AddsReturnNone(MethodCodemod):

@@ -7,12 +7,15 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("old, name, new", [
-    ("patchkit.codemods.base", "MethodCodemod", "patchkit.codemods.common.base"),
-    ("patchkit.codemods.base", "Finding", "patchkit.findings"),
-    ("patchkit.codemods.primitives", "find_method", "patchkit.codemods.common.primitives"),
-    ("patchkit.vendoring", "import_path", "patchkit.layout"),
-])
+@pytest.mark.parametrize(
+    "old, name, new",
+    [
+        ("patchkit.codemods.base", "MethodCodemod", "patchkit.codemods.common.base"),
+        ("patchkit.codemods.base", "Finding", "patchkit.findings"),
+        ("patchkit.codemods.primitives", "find_method", "patchkit.codemods.common.primitives"),
+        ("patchkit.vendoring", "import_path", "patchkit.layout"),
+    ],
+)
 def test_old_import_paths_still_load(old, name, new):
     sys.modules.pop(old, None)
     with pytest.warns(DeprecationWarning, match=new.rsplit(".", 1)[0] if name == "Finding" else new):

@@ -58,13 +58,23 @@ def test_sets_named_by_patches_complete_too():
     assert "acme-torch-native-spec-v2" not in {p.id for p in registry.all_patches()}  # nothing left loaded
 
 
-@pytest.mark.parametrize("shell, words, separator", [("bash", {"COMP_WORDS": "patchkit show ", "COMP_CWORD": "2"}, ","),
-                                                     ("zsh", {"COMP_WORDS": "patchkit show ", "COMP_CWORD": "2"}, "\n"),
-                                                     ("fish", {"COMP_WORDS": "patchkit show ", "COMP_CWORD": ""}, ",")])
+@pytest.mark.parametrize(
+    "shell, words, separator",
+    [
+        ("bash", {"COMP_WORDS": "patchkit show ", "COMP_CWORD": "2"}, ","),
+        ("zsh", {"COMP_WORDS": "patchkit show ", "COMP_CWORD": "2"}, "\n"),
+        ("fish", {"COMP_WORDS": "patchkit show ", "COMP_CWORD": ""}, ","),
+    ],
+)
 def test_each_shell_gets_the_ids_and_a_script(shell, words, separator):
     def run(mode: str, **env: str) -> str:
-        return subprocess.run([sys.executable, "-m", "patchkit"], capture_output=True, text=True, check=True,
-                              env={**os.environ, "_PATCHKIT_COMPLETE": f"{shell}_{mode}", **env}).stdout
+        return subprocess.run(
+            [sys.executable, "-m", "patchkit"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "_PATCHKIT_COMPLETE": f"{shell}_{mode}", **env},
+        ).stdout
 
     assert "_PATCHKIT_COMPLETE" in run("source")
     out = run("complete", **words)

@@ -38,8 +38,11 @@ def floor_map() -> dict[str, int]:
 
 def units() -> set[str]:
     """patchkit's top-level modules and packages (``__init__`` aside: it is the package)."""
-    return {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
-            if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    return {
+        p.stem if p.is_file() else p.name
+        for p in PACKAGE.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
+    }
 
 
 def _imported_units(path: Path) -> set[str]:
@@ -48,7 +51,7 @@ def _imported_units(path: Path) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
-            base = list(here[:len(here) - (node.level - 1)])
+            base = list(here[: len(here) - (node.level - 1)])
             target = base + (node.module.split(".") if node.module else [a.name for a in node.names][:1])
             out.add(target[0])
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("patchkit"):
@@ -85,7 +88,8 @@ def test_no_module_imports_from_a_floor_above_its_own():
 def test_the_reader_finds_relative_and_absolute_imports(tmp_path, monkeypatch):
     fake = tmp_path / "patchkit"
     (fake / "api").mkdir(parents=True)
-    (fake / "api" / "x.py").write_text("from ..engine import Session\nfrom . import y\nimport patchkit.tree\n"
-                                       "from patchkit import output\n")
+    (fake / "api" / "x.py").write_text(
+        "from ..engine import Session\nfrom . import y\nimport patchkit.tree\nfrom patchkit import output\n"
+    )
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     assert _imported_units(fake / "api" / "x.py") == {"engine", "api", "tree", "output"}

@@ -14,9 +14,14 @@ from patchkit.transform.cache import Entry, TransformCache
 
 
 def test_the_three_caches_round_trip_through_json():
-    learnt = Learnt({FindingKey("m.Codemod", "a" * 64): Finding.todo("A.b", "why").at(3),
-                     FindingKey("m.Other", "b" * 64): Finding.superseded("A.c", "fork", by_tree=True)},
-                    {AuditKey("f" * 64): 2}, {VendorKey("f" * 64, "t" * 64): 1})
+    learnt = Learnt(
+        {
+            FindingKey("m.Codemod", "a" * 64): Finding.todo("A.b", "why").at(3),
+            FindingKey("m.Other", "b" * 64): Finding.superseded("A.c", "fork", by_tree=True),
+        },
+        {AuditKey("f" * 64): 2},
+        {VendorKey("f" * 64, "t" * 64): 1},
+    )
     assert Learnt.from_json(learnt.to_json()) == learnt
 
 

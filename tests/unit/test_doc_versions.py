@@ -12,7 +12,9 @@ from patchkit import __version__
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "examples").rglob("*.md"))]
 # patchkit 0.2.0 / patchkit, version 0.2.0 / sglang-patchkit==0.2.0 / sglang_patchkit-0.2.0-py3...
-NAMED = re.compile(r"(?<![\w-])(?:sglang[-_])?patchkit(?:[-_]runtime)?(?:,? version |==|-| v?)(\d+\.\d+(?:\.\d+)?)\b", re.I)
+NAMED = re.compile(
+    r"(?<![\w-])(?:sglang[-_])?patchkit(?:[-_]runtime)?(?:,? version |==|-| v?)(\d+\.\d+(?:\.\d+)?)\b", re.I
+)
 # "Before 0.3," / "since 0.2" / "until 0.4": patchkit's own range (sglang's releases are 0.5.x)
 SINCE = re.compile(r"\b(?:before|since|until|as of|from|after) (0\.[0-4](?:\.\d+)?)\b", re.I)
 
@@ -28,17 +30,22 @@ def test_docs_name_the_current_version():
         for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
             for match in NAMED.finditer(line):
                 if not __version__.startswith(match.group(1)):
-                    wrong.append(f"{doc.relative_to(ROOT)}:{number}: {match.group(0)!r} (patchkit --version: {__version__})")
+                    wrong.append(
+                        f"{doc.relative_to(ROOT)}:{number}: {match.group(0)!r} (patchkit --version: {__version__})"
+                    )
             for match in SINCE.finditer(line):
                 if _key(match.group(1)) > current:
-                    wrong.append(f"{doc.relative_to(ROOT)}:{number}: {match.group(0)!r} names a later version than "
-                                 f"{__version__} as the past")
+                    wrong.append(
+                        f"{doc.relative_to(ROOT)}:{number}: {match.group(0)!r} names a later version than "
+                        f"{__version__} as the past"
+                    )
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_patterns_catch_what_they_are_for():
-    assert [m.group(1) for m in NAMED.finditer("patched by patchkit 0.2.0; sglang-patchkit==0.3.1, "
-                                                 "patchkit, version 1.0")] == ["0.2.0", "0.3.1", "1.0"]
+    assert [
+        m.group(1) for m in NAMED.finditer("patched by patchkit 0.2.0; sglang-patchkit==0.3.1, patchkit, version 1.0")
+    ] == ["0.2.0", "0.3.1", "1.0"]
     assert not NAMED.search("sglang 0.5.12.post1 and sglang-kernel 0.4.2")
     assert [m.group(1) for m in SINCE.finditer("Before 0.3, ... since 0.5.13")] == ["0.3"]
 
@@ -59,8 +66,11 @@ def test_docs_index_links_every_guide():
     """docs/README.md links every page under docs/ (results aside: their pages link them)."""
     index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
     linked = set(re.findall(r"\]\(([^)#]+)", index))
-    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")
-             if p.name != "README.md" and "results" not in p.relative_to(ROOT / "docs").parts}
+    pages = {
+        str(p.relative_to(ROOT / "docs"))
+        for p in (ROOT / "docs").rglob("*.md")
+        if p.name != "README.md" and "results" not in p.relative_to(ROOT / "docs").parts
+    }
     assert pages <= linked, sorted(pages - linked)
     for link in linked:
         assert (ROOT / "docs" / link).exists(), link

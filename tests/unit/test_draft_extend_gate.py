@@ -7,12 +7,12 @@ here after those releases; the real trees: tests/trees/test_pre_0510.py."""
 
 from __future__ import annotations
 
-from patchkit.testing import apply, assert_codemod, assert_state, detect, run
 from patchkit.codemods import draft_extend_graph_no_topk as no_topk
 from patchkit.codemods import fa3_draft_extend_graph as fa3
 from patchkit.codemods import trtllm_mla_spec_v2 as mla
 from patchkit.codemods.common.base import State
 from patchkit.codemods.trtllm_mha_draft_extend_v2 import WhitelistTRTLLMHA
+from patchkit.testing import apply, assert_codemod, assert_state, detect, run
 
 HEAD = """\
 _is_npu = is_npu()
@@ -90,14 +90,25 @@ def test_the_inline_gate_admits_trtllm_mha_after_fa3():
 
 
 def test_a_gate_that_lists_no_backends_is_missing():
-    src = HEAD + "        if has_graph(self):\n            self.cuda_graph_runner_for_draft_extend = Runner(self)\n" + REPLAY
+    src = (
+        HEAD
+        + "        if has_graph(self):\n            self.cuda_graph_runner_for_draft_extend = Runner(self)\n"
+        + REPLAY
+    )
     assert_state(WhitelistTRTLLMHA, src, State.MISSING, "lists no backends in an `or` of isinstance checks")
 
 
 def test_moot_where_the_graph_is_never_replayed_or_npu_only():
     """0.5.4.post3 captures for every backend and never replays; 0.5.5 .. 0.5.7 capture on NPU only."""
-    every = HEAD + "        if self.draft_extend_attn_backend:\n            self.cuda_graph_runner_for_draft_extend = Runner(self)\n"
-    npu_only = HEAD + "        if self.draft_extend_attn_backend and _is_npu:\n            self.cuda_graph_runner_for_draft_extend = Runner(self)\n" + REPLAY
+    every = (
+        HEAD
+        + "        if self.draft_extend_attn_backend:\n            self.cuda_graph_runner_for_draft_extend = Runner(self)\n"
+    )
+    npu_only = (
+        HEAD
+        + "        if self.draft_extend_attn_backend and _is_npu:\n            self.cuda_graph_runner_for_draft_extend = Runner(self)\n"
+        + REPLAY
+    )
     for codemod in (fa3.GraphCheckAdmitsFA3, WhitelistTRTLLMHA):
         never = detect(codemod, every)
         assert never.state is State.SUPERSEDED and never.moots_patch and "never replays" in never.detail

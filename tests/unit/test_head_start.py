@@ -41,7 +41,9 @@ def test_side_jobs_and_after_run_in_the_workers(tmp_path, two_workers):
     entries = parallel.prepare_all(jobs, TransformCache(None), head_start=head)
     assert [e.new for e in entries] == [b"x = %d\n# changed\n" % i for i in range(3)]
     assert sorted(taken) == [1, 3]  # side() was told the three files the workers transform
-    assert [(tmp_path / f"m{i}.py").read_bytes() for i in range(3)] == [b"x = %d\n->" % i + e.new for i, e in enumerate(entries)]
+    assert [(tmp_path / f"m{i}.py").read_bytes() for i in range(3)] == [
+        b"x = %d\n->" % i + e.new for i, e in enumerate(entries)
+    ]
 
 
 def test_a_failing_head_start_changes_nothing(tmp_path, two_workers):
@@ -67,8 +69,8 @@ def test_facts_computed_elsewhere_are_the_audits_own(monkeypatch):
 def test_the_head_starts_of_several_checks_each_get_their_own_results(tmp_path, two_workers):
     """Two patches' postconditions each ask the workers for work: each
     ``take`` hears its own side jobs' results, each ``after`` every file."""
-    from patchkit.transform import checks
     from patchkit.postconditions import Postcondition
+    from patchkit.transform import checks
 
     taken: dict[str, list] = {"a": [], "b": []}
 

@@ -16,11 +16,28 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_failures_are_rows_not_crashes(monkeypatch):
     def fake(version, workdir=None):
         if version == "bad":
-            return {"release": "bad", "error": "fetch: cannot download",
-                    "patches": {}, "changed_files": [], "verify_ok": None, "idempotent": None,
-                    "revert_exact": None, "seconds": 0.0, "ok": False}
-        return {"release": version, "error": None, "patches": {}, "changed_files": ["x.py"], "verify_ok": True,
-                "idempotent": True, "revert_exact": True, "seconds": 1.0, "ok": True}
+            return {
+                "release": "bad",
+                "error": "fetch: cannot download",
+                "patches": {},
+                "changed_files": [],
+                "verify_ok": None,
+                "idempotent": None,
+                "revert_exact": None,
+                "seconds": 0.0,
+                "ok": False,
+            }
+        return {
+            "release": version,
+            "error": None,
+            "patches": {},
+            "changed_files": ["x.py"],
+            "verify_ok": True,
+            "idempotent": True,
+            "revert_exact": True,
+            "seconds": 1.0,
+            "ok": True,
+        }
 
     monkeypatch.setattr(matrix, "run_release", fake)
     told: list[tuple] = []
@@ -32,9 +49,21 @@ def test_failures_are_rows_not_crashes(monkeypatch):
 
 
 def test_cli_exit_code_and_quiet(monkeypatch, cli, tmp_path):
-    monkeypatch.setattr(matrix, "run_release", lambda v, w=None: {
-        "release": v, "error": None, "patches": {}, "changed_files": [], "verify_ok": v != "x",
-        "idempotent": True, "revert_exact": True, "seconds": 0.5, "ok": v != "x"})
+    monkeypatch.setattr(
+        matrix,
+        "run_release",
+        lambda v, w=None: {
+            "release": v,
+            "error": None,
+            "patches": {},
+            "changed_files": [],
+            "verify_ok": v != "x",
+            "idempotent": True,
+            "revert_exact": True,
+            "seconds": 0.5,
+            "ok": v != "x",
+        },
+    )
     result = cli("-q", "matrix", "a", "b", "--format", "json")
     assert result.exit_code == 0 and json.loads(result.output)["ok"]
     out = tmp_path / "m.md"
@@ -48,9 +77,21 @@ def test_progress_bar_on_a_terminal_only(monkeypatch, cli):
     terminal, and nothing with -q (patchkit.terminal.progress_bar)."""
     from click.testing import _NamedTextIOWrapper
 
-    monkeypatch.setattr(matrix, "run_release", lambda v, w=None: {
-        "release": v, "error": None, "patches": {}, "changed_files": [], "verify_ok": True,
-        "idempotent": True, "revert_exact": True, "seconds": 0.5, "ok": True})
+    monkeypatch.setattr(
+        matrix,
+        "run_release",
+        lambda v, w=None: {
+            "release": v,
+            "error": None,
+            "patches": {},
+            "changed_files": [],
+            "verify_ok": True,
+            "idempotent": True,
+            "revert_exact": True,
+            "seconds": 0.5,
+            "ok": True,
+        },
+    )
     assert cli("matrix", "a", "b").stderr == ""  # not a terminal
     monkeypatch.setattr(_NamedTextIOWrapper, "isatty", lambda self: True, raising=False)
     drawn = cli("matrix", "a", "b").stderr
@@ -59,7 +100,9 @@ def test_progress_bar_on_a_terminal_only(monkeypatch, cli):
 
 
 def test_script_help():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "matrix.py"), "--help"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "matrix.py"), "--help"], capture_output=True, text=True
+    )
     # One command line: the script is `patchkit matrix`, options and all.
     assert proc.returncode == 0 and "-j, --jobs" in proc.stdout and "markdown" in proc.stdout
     assert "Usage: patchkit matrix [OPTIONS] [RELEASE]..." in proc.stdout

@@ -24,14 +24,15 @@ BEGIN, END = "<!-- patchkit list --format markdown -->\n", "\n<!-- end -->"
 
 def _readme_table() -> str:
     text = (REPO / "README.md").read_text()
-    return text[text.index(BEGIN) + len(BEGIN):text.index(END)]
+    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
 
 
 def test_the_readme_table_is_patchkit_list_markdown():
     result = CliRunner().invoke(main, ["list", "--format", "markdown"])
     assert result.exit_code == 0, result.output
     assert _readme_table() == result.output.rstrip("\n"), (
-        "README's patch table drifted from the TOMLs: paste `patchkit list --format markdown` between its markers")
+        "README's patch table drifted from the TOMLs: paste `patchkit list --format markdown` between its markers"
+    )
 
 
 def test_every_builtin_patch_says_what_it_changes_and_where_it_was_proven():
@@ -40,8 +41,14 @@ def test_every_builtin_patch_says_what_it_changes_and_where_it_was_proven():
 
 
 def test_the_table_takes_its_cells_from_the_definition():
-    p = Patch(id="x", title="the title", upstream=("sglang#1", "sglang 0.5.23", "vllm#2"), requires=(),
-              description="", summary="a | b\n  c")
+    p = Patch(
+        id="x",
+        title="the title",
+        upstream=("sglang#1", "sglang 0.5.23", "vllm#2"),
+        requires=(),
+        description="",
+        summary="a | b\n  c",
+    )
     assert list_markdown([p]).splitlines()[2] == "| `x` | #1 0.5.23 vllm#2 | a \\| b c | - |"
     q = Patch(id="y", title="only a title", upstream=(), requires=(), description="")
     assert list_markdown([q]).splitlines()[2] == "| `y` | - | only a title | - |"
@@ -52,7 +59,8 @@ def test_performance_md_has_a_matrix_column_for_every_patch():
     header = next(line for line in text.splitlines() if line.startswith("| release | `"))
     columns = re.findall(r"`([a-z0-9-]+)`", header)
     assert columns == [p.id for p in registry.load().patches], (
-        "docs/performance.md's matrix is not `patchkit matrix`'s for these patches: run `patchkit matrix -j 2`")
+        "docs/performance.md's matrix is not `patchkit matrix`'s for these patches: run `patchkit matrix -j 2`"
+    )
 
 
 def test_a_summary_that_is_not_text_is_refused_in_one_line():

@@ -8,9 +8,9 @@ import libcst as cst
 import libcst.matchers as m
 import pytest
 from libcst.codemod import CodemodContext
+from support import libcst_add_imports
 
 from patchkit.codemods.common import primitives as p
-from support import libcst_add_imports
 
 
 def mod(src: str) -> cst.Module:
@@ -82,9 +82,7 @@ def test_add_class_attribute_goes_after_docstring():
 
 
 def test_insert_at_start_keeps_docstring_first():
-    new = p.replace_class(
-        SAMPLE, "A", lambda c: p.replace_method(c, "second", lambda f: p.insert_at_start(f, "z = 0"))
-    )
+    new = p.replace_class(SAMPLE, "A", lambda c: p.replace_method(c, "second", lambda f: p.insert_at_start(f, "z = 0")))
     assert '"""Doc."""\n        z = 0\n        y = compute()' in new.code
 
 

@@ -154,9 +154,14 @@ SUBJECT = "self.backend"
     "expr, expected",
     [
         ("isinstance(self.backend, A)", "isinstance(self.backend, A)"),
-        ("cuda and (isinstance(self.backend, A) or isinstance(self.backend, B))",
-         "isinstance(self.backend, A) or isinstance(self.backend, B)"),
-        ("cuda and (extra or (isinstance(self.backend, (A, B))) or f())", "extra or (isinstance(self.backend, (A, B))) or f()"),
+        (
+            "cuda and (isinstance(self.backend, A) or isinstance(self.backend, B))",
+            "isinstance(self.backend, A) or isinstance(self.backend, B)",
+        ),
+        (
+            "cuda and (extra or (isinstance(self.backend, (A, B))) or f())",
+            "extra or (isinstance(self.backend, (A, B))) or f()",
+        ),
         ("(cuda or hip) and ((isinstance(self.backend, A)) or nsa)", "(isinstance(self.backend, A)) or nsa"),
         ("cuda and isinstance(other, A)", None),
         ("cuda and supported", None),
@@ -171,15 +176,24 @@ def test_find_isinstance_disjunction(expr, expected):
     "expr, expected",
     [
         # All terms isinstance checks: one tuple, as before.
-        ("cuda and (isinstance(self.backend, A) or isinstance(self.backend, B))",
-         "cuda and isinstance(\n    self.backend,\n    (\n        A,\n        C,\n        B,\n    ),\n)"),
+        (
+            "cuda and (isinstance(self.backend, A) or isinstance(self.backend, B))",
+            "cuda and isinstance(\n    self.backend,\n    (\n        A,\n        C,\n        B,\n    ),\n)",
+        ),
         # Extra terms first or last stay, in order; the checks become one tuple where the first was.
-        ("cuda and (nsa or isinstance(self.backend, A) or isinstance(self.backend, (B,)))",
-         "cuda and (\n    nsa\n    or isinstance(\n        self.backend,\n        (\n            A,\n            C,\n            B,\n        ),\n    )\n)"),
-        ("isinstance(self.backend, (A, B)) or f(x)",
-         "(\n    isinstance(\n        self.backend,\n        (\n            A,\n            C,\n            B,\n        ),\n    )\n    or f(x)\n)"),
+        (
+            "cuda and (nsa or isinstance(self.backend, A) or isinstance(self.backend, (B,)))",
+            "cuda and (\n    nsa\n    or isinstance(\n        self.backend,\n        (\n            A,\n            C,\n            B,\n        ),\n    )\n)",
+        ),
+        (
+            "isinstance(self.backend, (A, B)) or f(x)",
+            "(\n    isinstance(\n        self.backend,\n        (\n            A,\n            C,\n            B,\n        ),\n    )\n    or f(x)\n)",
+        ),
         # Already accepted: not repeated.
-        ("isinstance(self.backend, (A, C))", "isinstance(\n    self.backend,\n    (\n        A,\n        C,\n    ),\n)"),
+        (
+            "isinstance(self.backend, (A, C))",
+            "isinstance(\n    self.backend,\n    (\n        A,\n        C,\n    ),\n)",
+        ),
     ],
 )
 def test_add_isinstance_classes(expr, expected):

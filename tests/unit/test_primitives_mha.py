@@ -19,7 +19,7 @@ def code(src: str) -> str:
 
 
 FUNCS = mod(
-    '''
+    """
     import os
 
 
@@ -29,7 +29,7 @@ FUNCS = mod(
 
     def last():
         return 2
-    '''
+    """
 )
 
 
@@ -42,7 +42,7 @@ def test_find_replace_add_function():
         p.replace_function(FUNCS, "missing", lambda f: f)
     added = p.add_function(FUNCS, "def mid():\n    return 0\n", after="first")
     assert added.code == code(
-        '''
+        """
         import os
 
 
@@ -56,14 +56,14 @@ def test_find_replace_add_function():
 
         def last():
             return 2
-        '''
+        """
     )
     at_end = p.add_function(FUNCS, "def tail():\n    pass\n")
     assert at_end.code.endswith("return 2\n\n\ndef tail():\n    pass\n")
 
 
 BLOCK = mod(
-    '''
+    """
     def f():
         a = 1
         # about b
@@ -71,7 +71,7 @@ BLOCK = mod(
             2,
         )
         c = 3
-    '''
+    """
 )
 
 
@@ -86,7 +86,7 @@ def test_guard_statements_keeps_comments_above():
         body=[BLOCK.body[0].with_changes(body=BLOCK.body[0].body.with_changes(body=[stmts[0], guarded]))]
     )
     assert new.code == code(
-        '''
+        """
         def f():
             a = 1
             # about b
@@ -95,7 +95,7 @@ def test_guard_statements_keeps_comments_above():
                     2,
                 )
                 c = 3
-        '''
+        """
     )
     with pytest.raises(p.AnchorError):
         p.guard_statements([], "flag")
@@ -108,7 +108,7 @@ def test_branch_statements_new_code_first_old_in_else():
         body=[BLOCK.body[0].with_changes(body=BLOCK.body[0].body.with_changes(body=[stmts[0], branched]))]
     )
     assert new.code == code(
-        '''
+        """
         def f():
             a = 1
             # about b
@@ -120,7 +120,7 @@ def test_branch_statements_new_code_first_old_in_else():
                     2,
                 )
                 c = 3
-        '''
+        """
     )
 
 
@@ -141,7 +141,9 @@ def test_isinstance_class_names(expr, expected):
 
 
 def test_isinstance_tuple_black_style_and_position():
-    chain = cst.parse_expression("(\n    isinstance(self.b, A)\n    or isinstance(self.b, B)\n    or isinstance(self.b, C)\n)")
+    chain = cst.parse_expression(
+        "(\n    isinstance(self.b, A)\n    or isinstance(self.b, B)\n    or isinstance(self.b, C)\n)"
+    )
     call = p.isinstance_tuple(chain, add=["New"], after="B")
     assert cst.Module(body=[]).code_for_node(call) == code(
         """
@@ -164,7 +166,7 @@ def test_isinstance_tuple_black_style_and_position():
 
 
 IMPORTS = mod(
-    '''
+    """
     import torch
 
     from pkg.env import envs
@@ -175,14 +177,14 @@ IMPORTS = mod(
     from pkg.layers.dp import group
 
     logger = 1
-    '''
+    """
 )
 
 
 def test_add_import_sorted_between_siblings():
     new = p.add_import_sorted(IMPORTS, "pkg.layers.attention.trtllm_mha_backend", "MHABackend")
     assert new.code == code(
-        '''
+        """
         import torch
 
         from pkg.env import envs
@@ -194,7 +196,7 @@ def test_add_import_sorted_between_siblings():
         from pkg.layers.dp import group
 
         logger = 1
-        '''
+        """
     )
     assert p.imports_name(new, "pkg.layers.attention.trtllm_mha_backend", "MHABackend")
     assert p.add_import_sorted(new, "pkg.layers.attention.trtllm_mha_backend", "MHABackend") is new
@@ -202,19 +204,22 @@ def test_add_import_sorted_between_siblings():
 
 def test_add_import_sorted_after_last_sibling_and_without_siblings():
     new = p.add_import_sorted(IMPORTS, "pkg.layers.attention.zz_backend", "ZZ")
-    assert "    MLABackend,\n)\nfrom pkg.layers.attention.zz_backend import ZZ\nfrom pkg.layers.dp import group\n\nlogger" in new.code
+    assert (
+        "    MLABackend,\n)\nfrom pkg.layers.attention.zz_backend import ZZ\nfrom pkg.layers.dp import group\n\nlogger"
+        in new.code
+    )
     other = p.add_import_sorted(IMPORTS, "elsewhere.mod", "X")
     assert "from pkg.layers.dp import group\nfrom elsewhere.mod import X\n\nlogger = 1\n" in other.code
 
 
 def test_add_import_sorted_keeps_section_breaks_and_comments():
     src = mod(
-        '''
+        """
         import os
 
         # first-party
         from pkg.b import B
-        '''
+        """
     )
     new = p.add_import_sorted(src, "pkg.a", "A")
     assert new.code == "import os\n\nfrom pkg.a import A\n# first-party\nfrom pkg.b import B\n"

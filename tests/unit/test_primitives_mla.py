@@ -53,7 +53,7 @@ def test_insert_at_end():
 
 def test_insert_before_keeps_comments_on_the_anchor():
     module, fn = method(
-        '''
+        """
         class C(B):
             def f(self, n):
                 x = 1
@@ -61,11 +61,11 @@ def test_insert_before_keeps_comments_on_the_anchor():
                 # hand over to the parent
                 super().f(n)
                 y = 2
-        '''
+        """
     )
     out = rebuilt(module, p.insert_before(fn, SUPER_CALL, "self.m = n\nself.k = 0"))
     assert out == code(
-        '''
+        """
         class C(B):
             def f(self, n):
                 x = 1
@@ -76,40 +76,40 @@ def test_insert_before_keeps_comments_on_the_anchor():
                 # hand over to the parent
                 super().f(n)
                 y = 2
-        '''
+        """
     )
 
 
 def test_insert_before_matches_a_statement_containing_the_call():
     module, fn = method(
-        '''
+        """
         class C(B):
             def f(self, n):
                 x = 1
                 return super().f(n)
-        '''
+        """
     )
     assert p.find_statement_index(fn, SUPER_CALL) == 1
     out = rebuilt(module, p.insert_before(fn, SUPER_CALL, "self.m = n"))
     assert out == code(
-        '''
+        """
         class C(B):
             def f(self, n):
                 x = 1
                 self.m = n
 
                 return super().f(n)
-        '''
+        """
     )
 
 
 def test_insert_before_missing_anchor():
     _, fn = method(
-        '''
+        """
         class C:
             def f(self):
                 pass
-        '''
+        """
     )
     assert p.find_statement_index(fn, SUPER_CALL) is None
     with pytest.raises(p.AnchorError):
@@ -118,17 +118,17 @@ def test_insert_before_missing_anchor():
 
 def test_inserted_code_keeps_its_leading_comments():
     module, fn = method(
-        '''
+        """
         class C(B):
             def f(self, n):
                 x = 1
                 super().f(n)
-        '''
+        """
     )
     fn = p.insert_before(fn, SUPER_CALL, "# why\n# and how\nself.m = n")
     fn = p.insert_at_end(fn, "# last\nself.z = 0")
     assert rebuilt(module, fn) == code(
-        '''
+        """
         class C(B):
             def f(self, n):
                 x = 1
@@ -139,6 +139,6 @@ def test_inserted_code_keeps_its_leading_comments():
                 super().f(n)
                 # last
                 self.z = 0
-        '''
+        """
     )
     assert len(p.parse_statements_with_comments("# c\nx = 1\ny = 2")) == 2

@@ -273,5 +273,9 @@ def test_piecewise_is_read_by_each_releases_own_switch():
     opted_out = [SimpleNamespace(needs_cpu_seq_lens=False)]
     old_release = SimpleNamespace(enable_two_batch_overlap=False, enable_piecewise_cuda_graph=False)
     assert impl.decide_needs_cpu_seq_lens(old_release, opted_out) is False
-    assert impl.decide_needs_cpu_seq_lens(
-        SimpleNamespace(enable_two_batch_overlap=False, enable_piecewise_cuda_graph=True), opted_out) is True
+    assert (
+        impl.decide_needs_cpu_seq_lens(
+            SimpleNamespace(enable_two_batch_overlap=False, enable_piecewise_cuda_graph=True), opted_out
+        )
+        is True
+    )

@@ -22,12 +22,18 @@ def write_worker(folder: Path, name: str, spent: dict, span: dict) -> None:
 
 
 def test_report_adds_up_files_kinds_releases_and_workers(tmp_path):
-    write_worker(tmp_path, "gw0",
-                 {"tests/test_a.py::t[0.5.10]": {"cli apply": 6.0, "copy tree": 1.0}},
-                 {"tests/test_a.py::t[0.5.10]": [100.0, 110.0], "tests/test_a.py::u": [110.0, 112.0]})
-    write_worker(tmp_path, "gw1",
-                 {"tests/test_b.py::v[0.5.12.post1-x]": {"cli apply": 2.0}},
-                 {"tests/test_b.py::v[0.5.12.post1-x]": [100.0, 104.0]})
+    write_worker(
+        tmp_path,
+        "gw0",
+        {"tests/test_a.py::t[0.5.10]": {"cli apply": 6.0, "copy tree": 1.0}},
+        {"tests/test_a.py::t[0.5.10]": [100.0, 110.0], "tests/test_a.py::u": [110.0, 112.0]},
+    )
+    write_worker(
+        tmp_path,
+        "gw1",
+        {"tests/test_b.py::v[0.5.12.post1-x]": {"cli apply": 2.0}},
+        {"tests/test_b.py::v[0.5.12.post1-x]": [100.0, 104.0]},
+    )
     text = test_profile.report(tmp_path, top=5)
     assert text.startswith("3 tests, 16 s of test time over 12 s of wall time")
     assert "| gw1 | 4 | 0 | 4 | 8 |" in text  # busy 4 s, idle the last 8 s
@@ -41,5 +47,6 @@ def test_durations_name_only_test_files_that_exist():
     """tests/durations.json orders the run (conftest: longest files first);
     a renamed file left in it would only lose its place, but say so here."""
     seconds = json.loads((ROOT / "tests" / "durations.json").read_text())
-    assert seconds and all((ROOT / name).is_file() for name in seconds), \
-        [n for n in seconds if not (ROOT / n).is_file()]
+    assert seconds and all((ROOT / name).is_file() for name in seconds), [
+        n for n in seconds if not (ROOT / n).is_file()
+    ]

@@ -53,8 +53,12 @@ def test_functions_fail_with_assertion_errors():
 def test_the_api_is_stable_and_imports_no_pytest():
     assert all(hasattr(testing, name) for name in testing.__all__)
     assert {"assert_codemod", "assert_state", "CodemodTest", "check_release", "set_codemod"} <= set(testing.__all__)
-    run = subprocess.run([sys.executable, "-c", "import sys, patchkit.testing; print('pytest' in sys.modules)"],
-                         capture_output=True, text=True, check=True)
+    run = subprocess.run(
+        [sys.executable, "-c", "import sys, patchkit.testing; print('pytest' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert run.stdout.strip() == "False"
 
 
@@ -62,8 +66,9 @@ def test_patchkits_own_tests_use_patchkit_testing_only():
     """The legacy ``tests/codemod_testing.py`` re-export is gone (issue 56): one way to test a codemod."""
     tests = Path(__file__).resolve().parents[1]
     assert not (tests / "codemod_testing.py").exists()
-    users = [p.name for p in tests.rglob("*.py") if p != Path(__file__).resolve()
-             and "codemod_testing" in p.read_text()]
+    users = [
+        p.name for p in tests.rglob("*.py") if p != Path(__file__).resolve() and "codemod_testing" in p.read_text()
+    ]
     assert users == []
 
 

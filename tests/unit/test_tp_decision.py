@@ -30,8 +30,9 @@ class Recorder:
         if isinstance(value, (SimpleNamespace, Backend)):
             return Recorder(f"{self._name}.{attr}", value, self._reads)
         if isinstance(value, (list, tuple)):
-            return type(value)(Recorder(f"{self._name}.{attr}[]", v, self._reads) if v is not None else None
-                               for v in value)
+            return type(value)(
+                Recorder(f"{self._name}.{attr}[]", v, self._reads) if v is not None else None for v in value
+            )
         return value
 
 
@@ -43,12 +44,17 @@ class Backend:
 
 def rank_view(rank: int, pcg_off: bool, flags: tuple[bool, ...], mrope: bool = False):
     """What one rank's scheduler hands to ``configure_needs_cpu_seq_lens``."""
-    server_args = SimpleNamespace(enable_two_batch_overlap=False, disable_piecewise_cuda_graph=pcg_off,
-                                  tp_size=2, **{f: rank for f in RANK_FIELDS - {"device"}})
+    server_args = SimpleNamespace(
+        enable_two_batch_overlap=False,
+        disable_piecewise_cuda_graph=pcg_off,
+        tp_size=2,
+        **{f: rank for f in RANK_FIELDS - {"device"}},
+    )
     backends = [Backend(f, rank) for f in flags] + [None]  # e.g. no draft-extend backend
     draft_worker = SimpleNamespace(spec_v2_attn_backends=backends, tp_rank=rank, gpu_id=rank)
-    tp_worker = SimpleNamespace(model_runner=SimpleNamespace(model_is_mrope=mrope, tp_rank=rank, gpu_id=rank),
-                                tp_rank=rank, gpu_id=rank)
+    tp_worker = SimpleNamespace(
+        model_runner=SimpleNamespace(model_is_mrope=mrope, tp_rank=rank, gpu_id=rank), tp_rank=rank, gpu_id=rank
+    )
     return server_args, draft_worker, tp_worker
 
 
@@ -66,9 +72,13 @@ def test_the_decision_reads_nothing_rank_specific(pcg_off, flags, mrope):
     for rank in (0, 1):
         reads: list[str] = []
         server_args, draft_worker, tp_worker = rank_view(rank, pcg_off, flags, mrope)
-        decisions.append(rt.configure_needs_cpu_seq_lens(Recorder("server_args", server_args, reads),
-                                                         Recorder("draft_worker", draft_worker, reads),
-                                                         Recorder("tp_worker", tp_worker, reads)))
+        decisions.append(
+            rt.configure_needs_cpu_seq_lens(
+                Recorder("server_args", server_args, reads),
+                Recorder("draft_worker", draft_worker, reads),
+                Recorder("tp_worker", tp_worker, reads),
+            )
+        )
         reads_per_rank.append(reads)
     assert decisions[0] == decisions[1]
     touched = {name.rsplit(".", 1)[-1] for name in reads_per_rank[0] + reads_per_rank[1]}

@@ -12,12 +12,12 @@ import libcst as cst
 import libcst.matchers as m
 import pytest
 
-from patchkit.testing import apply, detect
 from patchkit.codemods import fa3_spec_v2 as fa3
 from patchkit.codemods import needs_cpu_seq_lens_guards as guards
 from patchkit.codemods import needs_cpu_seq_lens_sync as sync
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import State
+from patchkit.testing import apply, detect
 
 code_of = cst.Module([]).code_for_node
 MIRROR = primitives.save(primitives.attr("seq_lens_cpu", m.Name("forward_batch")), "M")
@@ -45,20 +45,30 @@ def test_host_scalar_captures_the_value_in_each_spelling(spelling):
 
 
 def test_host_scalar_without_slices_leaves_the_rows_max_alone():
-    assert m.extract(cst.parse_expression(MAX_SPELLINGS["batch-slice"]), primitives.host_scalar("max", MIRROR, slices=False)) is None
+    assert (
+        m.extract(
+            cst.parse_expression(MAX_SPELLINGS["batch-slice"]), primitives.host_scalar("max", MIRROR, slices=False)
+        )
+        is None
+    )
 
 
-@pytest.mark.parametrize("other", [
-    "forward_batch.seq_lens_cpu.sum().item()",  # another reduction
-    "forward_batch.seq_lens.max().item()",  # another value
-    "forward_batch.seq_lens_cpu[1:].max().item()",  # not the batch's rows
-    "forward_batch.seq_lens_cpu.max()",  # not read to the host
-])
+@pytest.mark.parametrize(
+    "other",
+    [
+        "forward_batch.seq_lens_cpu.sum().item()",  # another reduction
+        "forward_batch.seq_lens.max().item()",  # another value
+        "forward_batch.seq_lens_cpu[1:].max().item()",  # not the batch's rows
+        "forward_batch.seq_lens_cpu.max()",  # not read to the host
+    ],
+)
 def test_host_scalar_refuses_other_values(other):
     assert m.extract(cst.parse_expression(other), primitives.host_scalar("max", MIRROR)) is None
 
 
-@pytest.mark.parametrize("src", ["x", "x.int()", "int(x)", "x.to(torch.int32)", "(x)[:bs]", "x[:bs].long()", "torch.as_tensor(x, device=d)"])
+@pytest.mark.parametrize(
+    "src", ["x", "x.int()", "int(x)", "x.to(torch.int32)", "(x)[:bs]", "x[:bs].long()", "torch.as_tensor(x, device=d)"]
+)
 def test_spelled_captures_through_casts_and_slices(src):
     found = m.extract(cst.parse_expression(src), primitives.spelled(primitives.save(m.Name("x"), "X")))
     assert found is not None and code_of(found["X"]).strip("()") == "x"
@@ -67,11 +77,11 @@ def test_spelled_captures_through_casts_and_slices(src):
 
 # -- the host max of the mirror (FA3 / TRT-LLM MHA eager reads) -------------------------------
 
-EAGER = '''
+EAGER = """
 class FlashAttentionBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch):
         metadata.max_seq_len_k = {value}
-'''
+"""
 
 
 @pytest.mark.parametrize("spelling", sorted(set(MAX_SPELLINGS) - {"batch-slice"}))
@@ -91,12 +101,12 @@ def test_eager_rows_max_keeps_its_rows():
 
 # -- the batch's total length (decode metrics) -----------------------------------------------
 
-METRICS = '''
+METRICS = """
 class SchedulerMetricsMixin:
     def report_decode_stats(self, can_run_cuda_graph, running_batch=None):
         batch = running_batch or self.running_batch
         self.stats.decode_sum_seq_lens = {value}
-'''
+"""
 SUM_SPELLINGS = {
     "item": "batch.seq_lens_cpu.sum().item()",
     "int": "int(batch.seq_lens_cpu.sum())",
@@ -117,13 +127,13 @@ def test_metrics_total_in_each_spelling(spelling):
 
 # -- the seq_lens copy to the host (the spec-v2 decode sync) ---------------------------------
 
-DECODE = '''
+DECODE = """
 class EagleDraftInputV2Mixin:
     def prepare_for_decode(self, batch):
         batch.maybe_wait_verify_done()
         batch.seq_lens_cpu = {value}
         batch.seq_lens_sum = batch.seq_lens_cpu.sum().item()
-'''
+"""
 COPY_SPELLINGS = {
     "cpu": "batch.seq_lens.cpu()",
     "to-cpu": 'batch.seq_lens.to("cpu", non_blocking=True)',
@@ -140,7 +150,10 @@ def test_decode_copy_in_each_spelling_is_gated(spelling):
     src = DECODE.format(value=value)
     assert detect(sync.GateDecodeSync, src).state is State.TODO
     out = apply(sync.GateDecodeSync, src)
-    assert "        if not needs_cpu_seq_lens():\n" in out and f"        else:\n            batch.seq_lens_cpu = {value}\n" in out, out
+    assert (
+        "        if not needs_cpu_seq_lens():\n" in out
+        and f"        else:\n            batch.seq_lens_cpu = {value}\n" in out
+    ), out
     assert detect(sync.GateDecodeSync, out).state is State.DONE
 
 
@@ -151,19 +164,24 @@ def test_another_value_copied_is_not_the_sync():
 
 # -- the kv-indices size (Triton) ------------------------------------------------------------
 
-TRITON = '''
+TRITON = """
 class TritonAttnBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch):
         kv_indices = torch.empty({value}, dtype=torch.int64, device=self.device)
-'''
+"""
 
 
-@pytest.mark.parametrize("value", ["forward_batch.seq_lens_sum", "int(forward_batch.seq_lens_sum)", "(forward_batch.seq_lens_sum)"])
+@pytest.mark.parametrize(
+    "value", ["forward_batch.seq_lens_sum", "int(forward_batch.seq_lens_sum)", "(forward_batch.seq_lens_sum)"]
+)
 def test_triton_kv_size_in_each_spelling(value):
     src = TRITON.format(value=value)
     out = apply(guards.GuardTritonMetadata, src)
     # The read as the vendor wrote it (parentheses kept), inside its cast.
-    assert f"seq_lens_sum_or_bound({value.removeprefix('int(').removesuffix(')') if value.startswith('int') else value}, forward_batch.batch_size, self.max_context_len)" in out, out
+    assert (
+        f"seq_lens_sum_or_bound({value.removeprefix('int(').removesuffix(')') if value.startswith('int') else value}, forward_batch.batch_size, self.max_context_len)"
+        in out
+    ), out
     assert detect(guards.GuardTritonMetadata, out).state is State.DONE
 
 
@@ -171,11 +189,11 @@ def test_triton_kv_size_in_each_spelling(value):
 
 from patchkit.codemods.flashmla_spec_v2 import EagerMetadataWithoutMirror as FlashMLAEager  # noqa: E402
 
-PAD = '''
+PAD = """
 class ForwardBatch:
     def _pad_inputs_to_size(self, model_runner, num_tokens, bs):
         self.seq_lens_sum = {value}
-'''
+"""
 ADD_SPELLINGS = {
     "plain": "self.seq_lens_sum + fill * (bs - self.seq_lens.shape[0])",
     "operand-order": "fill * (bs - self.seq_lens.shape[0]) + self.seq_lens_sum",
@@ -200,17 +218,22 @@ def test_added_captures_the_value_as_left():
     assert m.extract(cst.parse_expression("a.seq_lens_sum - 1"), matcher) is None
 
 
-FLASHMLA_VERIFY = '''
+FLASHMLA_VERIFY = """
 class FlashMLABackend(FlashInferMLAAttnBackend):
     def init_forward_metadata(self, forward_batch):
         seq_lens_cpu = {value}
         max_seqlen_pad = triton.cdiv(seq_lens_cpu.max().item(), PAGE_SIZE)
-'''
+"""
 
 
-@pytest.mark.parametrize("value", ["forward_batch.seq_lens_cpu + self.num_draft_tokens",
-                                   "self.num_draft_tokens + forward_batch.seq_lens_cpu",
-                                   "torch.add(forward_batch.seq_lens_cpu, self.num_draft_tokens)"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "forward_batch.seq_lens_cpu + self.num_draft_tokens",
+        "self.num_draft_tokens + forward_batch.seq_lens_cpu",
+        "torch.add(forward_batch.seq_lens_cpu, self.num_draft_tokens)",
+    ],
+)
 def test_flashmla_verify_lengths_in_each_operand_order(value):
     out = apply(FlashMLAEager, FLASHMLA_VERIFY.format(value=value))
     assert "seq_lens_cpu = plus_or_none(forward_batch.seq_lens_cpu, self.num_draft_tokens)\n" in out, out
@@ -219,16 +242,18 @@ def test_flashmla_verify_lengths_in_each_operand_order(value):
 
 # -- the replay's page count (FA3's page-table writer) ------------------------------------------
 
-REPLAY_PAGES = '''
+REPLAY_PAGES = """
 class FlashAttentionBackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens,
                                                  forward_mode, spec_info, seq_lens_cpu):
         normal_decode_set_metadata(metadata.cache_seqlens_int32, metadata.cu_seqlens_k, metadata.page_table,
                                    self.req_to_token, req_pool_indices, strided, {pages}, seq_lens, 1, self.page_size)
-'''
+"""
 
 
-@pytest.mark.parametrize("pages", ["max_seq_pages", "int(max_seq_pages)", "max_seq_pages.to(torch.int32)", "(max_seq_pages)"])
+@pytest.mark.parametrize(
+    "pages", ["max_seq_pages", "int(max_seq_pages)", "max_seq_pages.to(torch.int32)", "(max_seq_pages)"]
+)
 def test_replay_page_count_in_each_spelling(pages):
     src = REPLAY_PAGES.format(pages=pages)
     assert detect(fa3.ReplayPageTableFits, src).state is State.TODO
