@@ -39,7 +39,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
 
-from .wheels import COMMON_PINS, RELEASE_ENV, add_wheels_to_tar, all_pins, download_wheels, wheel_cache
+from .wheels import (
+    COMMON_PINS,
+    RELEASE_ENV,
+    RELEASES,
+    add_wheels_to_tar,
+    all_pins,
+    download_wheels,
+    wheel_cache,
+)
 
 MIB = 1024 * 1024
 LIMIT_BYTES = 64 * MIB
@@ -235,6 +243,16 @@ def _git_head() -> Optional[str]:
 
 def folder_size(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def carried(releases: Iterable[str], reference: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(releases carried pristine and patched, releases carried as published). A release
+    patchkit only measures against (0.5.17: its patches are native or partial there, and
+    the yardstick is upstream's own tree) is carried as published even when named as a
+    release, so ``bundle --release 0.5.17`` builds issue 57's yardstick bundle."""
+    patched = [r for r in releases if r in RELEASES]
+    published = list(dict.fromkeys([*reference, *(r for r in releases if r not in RELEASES)]))
+    return patched, published
 
 
 def build(

@@ -37,8 +37,9 @@ def main() -> int:
     b.add_argument(
         "--release",
         action="append",
-        choices=wheels.RELEASES,
-        help="release(s) to carry, pristine and patched (default: 0.5.12.post1)",
+        choices=wheels.RELEASES + tuple(r for r in wheels.REFERENCE_RELEASES if r not in wheels.RELEASES),
+        help="release(s) to carry, pristine and patched (default: 0.5.12.post1); 0.5.17, the "
+        "yardstick, is carried as published (as --reference)",
     )
     b.add_argument(
         "--reference",
@@ -106,14 +107,16 @@ def main() -> int:
     args = ap.parse_args()
     if args.cmd == "bundle":
         earlier = dict(item.split("=", 1) for item in args.earlier)
-        releases = args.release or ([] if args.reference else ["0.5.12.post1"])
+        releases, reference = bundle.carried(
+            args.release or ([] if args.reference else ["0.5.12.post1"]), args.reference
+        )
         bundle.build(
             args.out,
             releases,
             limit=int(args.limit_mib * bundle.MIB),
             minus=args.minus,
             kernels=args.kernel,
-            reference=args.reference,
+            reference=reference,
             earlier=earlier,
             site_compression=args.site_compression,
             reuse_site=args.reuse_site,

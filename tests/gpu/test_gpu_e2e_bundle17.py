@@ -472,3 +472,13 @@ def test_the_plan_s_counters_off_and_8b_steps(tmp_path):
         ("b12", "8b", "1", None, "patched"),  # r2: 0.5.17 first
     ]
     assert all(_arg(c, "--batch-sizes") == "1,8,32" for c in calls)
+
+
+def test_bundle_release_0_5_17_carries_the_yardstick_as_published():
+    """`bundle --release 0.5.17` (issue 57's wording) builds the reference bundle: 0.5.17
+    has no pristine/patched pair to measure, only upstream's own tree."""
+    from gpu_e2e import bundle
+
+    assert bundle.carried(["0.5.17"], []) == ([], ["0.5.17"])
+    assert bundle.carried(["0.5.12.post1", "0.5.17"], ["0.5.17"]) == (["0.5.12.post1"], ["0.5.17"])
+    assert bundle.carried(["0.5.13"], ["0.5.13"]) == (["0.5.13"], ["0.5.13"])  # both, as before
