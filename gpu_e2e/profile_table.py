@@ -19,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: ``fa3_8boff-r1-b12`` -> backend ``fa3_8boff``.
-CALL = re.compile(r"^(?P<backend>[a-z0-9_]+)-r\d+-b1[27]$")
+#: A plan call's folder: ``fa3_8boff-r2-b12`` -> backend ``fa3_8boff``, round ``r2``, bundle
+#: ``b12`` (patched 0.5.12.post1) or ``b17`` (upstream 0.5.17); the yardstick reads it too.
+CALL = re.compile(r"^(?P<backend>[a-z0-9_]+)-(?P<round>r\d+)-(?P<bundle>b12|b17)$")
 RUNTIME = {
     "launches": ("cudaLaunchKernel", "cudaLaunchKernelExC"),
     "copies": ("cudaMemcpyAsync",),

@@ -26,7 +26,6 @@ docs/gpu.md are recomputed from the committed results by tests/gpu/test_gpu_yard
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import sys
 from collections.abc import Iterable, Mapping
@@ -35,8 +34,7 @@ from typing import Any, Optional
 
 from . import profile_table, wait_report
 
-#: ``fa3-r2-b12`` -> backend ``fa3``, round ``r2``, bundle ``b12``.
-CALL = re.compile(r"^(?P<backend>[a-z0-9_]+)-(?P<round>r\d+)-(?P<bundle>b12|b17)$")
+CALL = profile_table.CALL
 PATCHED, UPSTREAM, PRISTINE = "patched", "upstream", "pristine"
 
 
