@@ -27,6 +27,7 @@ from .seq_lens import (
     spec_v2_attn_backends_of,
     tree_mask_seq_lens_sum,
 )
+from .streams import wait_event_on_stream
 
 # The runtime contract: bumped whenever a name here changes incompatibly. A
 # tree records the API it was patched against; package mode checks it at import.
@@ -52,4 +53,5 @@ __all__ = [
     "set_needs_cpu_seq_lens",
     "spec_v2_attn_backends_of",
     "tree_mask_seq_lens_sum",
+    "wait_event_on_stream",
 ]
