@@ -482,3 +482,19 @@ def test_bundle_release_0_5_17_carries_the_yardstick_as_published():
     assert bundle.carried(["0.5.17"], []) == ([], ["0.5.17"])
     assert bundle.carried(["0.5.12.post1", "0.5.17"], ["0.5.17"]) == (["0.5.12.post1"], ["0.5.17"])
     assert bundle.carried(["0.5.13"], ["0.5.13"]) == (["0.5.13"], ["0.5.13"])  # both, as before
+
+
+def test_the_plan_s_per_patch_ab_runs_both_trees_of_b12_in_abba_order(tmp_path, monkeypatch):
+    """VARIANTS12: every step's B12 call runs the minus tree beside the patched one, the
+    order flipping in round 2, the comparison always minus against patched."""
+    ab = "minus-verify-wait-on-stream,patched"
+    monkeypatch.setenv("VARIANTS12", ab)
+    calls = _run_plan(tmp_path, "fa3_8boff-r1 triton_8boff-r2 fa3_8b-r3")
+    b12 = [(_arg(c, "--label"), _arg(c, "--variants"), _arg(c, "--compare")) for c in calls if c["bundle"] == "b12"]
+    assert b12 == [
+        ("r1", ab, ab),
+        ("r2", "patched,minus-verify-wait-on-stream", ab),
+        ("r3", ab, ab),
+    ]
+    assert [c["bundle"] for c in calls] == ["b12", "b17", "b17", "b12", "b12", "b17"]
+    assert all("--compare" not in c["args"] for c in calls if c["bundle"] == "b17")

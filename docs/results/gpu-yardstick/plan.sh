@@ -25,6 +25,10 @@
 # results.json keeps its runs; the patched-vs-0.5.17 ratio per round and its interval are
 # read from them afterwards (python -m gpu_e2e.yardstick RESULTS).
 #
+# VARIANTS12 (fifth lease, issue 57's per-patch A/B): the trees of B12 every step runs instead,
+# e.g. "minus-verify-wait-on-stream,patched" (a bundle built with --minus: every patch but
+# that one, beside all of them, in one call, the order flipping with the round).
+#
 # Each bundle has its own FA3 library: sglang-kernel 0.4.2.post2's for B12, 0.4.5's for B17
 # (`fa3-pack --kernel-version`); the orchestrator refuses a library of another version.
 #
@@ -43,7 +47,9 @@ GIVE_UP_S=${GIVE_UP_S:-3300}
 # Third lease (2026-11-27, third session): fa3-r3 fa3_off-r1 triton-r2 fa3_8b-r1 triton-r3
 # triton_8b-r1 triton_off-r1, in that order.
 # Fourth lease (the same session): 8B with the counters off, two ABBA rounds per backend.
-STEPS=${STEPS:-"fa3_8boff-r1 triton_8boff-r1 fa3_8boff-r2 triton_8boff-r2 fa3_off-r2 triton_off-r2"}
+# Fifth lease (fourth session): the A/B of verify-wait-on-stream at 8B, counters off (three
+# ABBA rounds a backend) and on (one round, for the event waits), with VARIANTS12 set.
+STEPS=${STEPS:-"fa3_8boff-r1 triton_8boff-r1 fa3_8b-r1 fa3_8boff-r2 triton_8boff-r2 triton_8b-r1 fa3_8boff-r3 triton_8boff-r3"}
 mkdir -p "$R"
 note() { echo "[$(date +%T)] $*" >> "$R/progress.log"; }
 
@@ -89,7 +95,10 @@ step() {  # name: run it when its inputs are there (return 2: not yet)
              common=(--sizes small --batch-sizes 1,8,32,48 --engine-extra '{"cuda_graph_max_bs": 32}'
                      --runs 3 --run-timeout 560 --profile-batch 8); fi ;;
   esac
+  [ -n "$VARIANTS12" ] && variants=$VARIANTS12
+  [ "$rnd" = r2 ] && [ -n "$VARIANTS12" ] && variants=$(echo "$variants" | tr ',' '\n' | tac | paste -sd,)
   local a12=("${common[@]}") a17=("${common[@]}")
+  [ -n "$VARIANTS12" ] && a12+=(--compare "$VARIANTS12")
   if [ "$backend" = fa3 ]; then
     ready "$B12" "$FA3_12" && ready "$B17" "$FA3_17" || return 2
     a12+=(--attention-backend default --fa3-lib "$FA3_12"); a17+=(--attention-backend default --fa3-lib "$FA3_17")
