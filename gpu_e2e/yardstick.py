@@ -233,8 +233,17 @@ def markdown(table: list[dict]) -> str:
 
 
 def report(folder: Path) -> str:
-    """The ratios, the rounds, then the profiles: what ``yardstick.md`` holds."""
-    return markdown(rows(folder)) + "\n" + profile_table.markdown(profile_table.rows(folder, label))
+    """The ratios, the rounds, the profiles, then a ``--minus`` tree's A/B where the calls ran
+    one: what ``yardstick.md`` holds."""
+    from . import minus_ab  # it reads the calls through this module's helpers
+
+    ab = minus_ab.markdown(minus_ab.rows(folder))
+    return (
+        markdown(rows(folder))
+        + "\n"
+        + profile_table.markdown(profile_table.rows(folder, label))
+        + ("\n" + ab if ab else "")
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
