@@ -212,57 +212,33 @@ class Session:
     # -- status ----------------------------------------------------------------
 
     def report(self, patch: Patch) -> PatchReport:
-        report = PatchReport(patch, ABSENT)
+        """``patch``'s state on the tree, made once: each target's findings,
+        the state and reason they give, and the notes (a frozen value)."""
+        results: list[CodemodResult] = []
+        notes: list[str] = []
         for target in patch.targets:
             if self.read(target.file) is None:
                 if target.optional:
-                    report.notes.append(
+                    notes.append(
                         f"{target.file}: not applicable here ({target.why_missing(base_release(self.tree.version))})"
                     )
                     continue
-                report.results.append(
-                    CodemodResult(target.file, "-", Finding.missing(target.file, "file not in this tree"))
-                )
+                results.append(CodemodResult(target.file, "-", Finding.missing(target.file, "file not in this tree")))
                 continue
             for ref in target.refs:  # classes or module:Class references, imported only on a cache miss
                 name = registry.codemod_name(ref)
-                report.results.append(CodemodResult(target.file, name, self.detect(target.file, ref)))
-        states = {r.finding.state for r in report.results}
+                results.append(CodemodResult(target.file, name, self.detect(target.file, ref)))
         applied_by_us = patch.id in self.record.applied
-        moot = next((r for r in report.results if r.finding.moots_patch), None)
-        if moot is not None:  # what the patch changes never runs here: its other sites do not matter
-            report.state, report.reason = NOT_APPLICABLE, f"{moot.file}: {moot.finding.detail}"
-        elif State.MISSING in states:
-            first = report.missing[0]
-            report.state = NOT_APPLICABLE
-            # A missing file's anchor is its path, and a detail that starts with FILE:LINE names it: named once.
-            anchor = "" if first.finding.anchor == first.file else f"{first.finding.anchor}: "
-            where, detail = first.file, first.finding.detail
-            if detail.startswith(f"{where}:") and (line := detail[len(where) + 1 :].split(":", 1)[0]).isdigit():
-                where, detail = f"{where}:{line}", detail[len(where) + len(line) + 2 :].lstrip()
-            report.reason = f"{where}: {anchor}{detail}"
-        elif states <= {State.SUPERSEDED}:
-            report.state = NOT_APPLICABLE
-            report.reason = "; ".join(sorted({r.finding.detail for r in report.results})) or "no targets in this tree"
-        elif states <= {State.DONE, State.SUPERSEDED}:
-            report.state = APPLIED if applied_by_us else NATIVE
-        elif states <= {State.TODO, State.SUPERSEDED}:
-            report.state = ABSENT
-        else:
-            report.state = PARTIAL
-            todo = [r for r in report.results if r.finding.state is State.TODO]
-            report.reason = "still to do: " + ", ".join(f"{r.file}: {r.finding.anchor}" for r in todo)
+        state, reason = _state_of(results, applied_by_us)
         # Parts a fork does its own way: said once, with where and why.
-        report.notes.extend(
-            dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in report.results if r.finding.by_tree)
-        )
-        if applied_by_us and report.state != APPLIED:
-            report.notes.append("recorded as applied by patchkit, but the tree no longer has all of it")
-        if report.state == APPLIED:
+        notes.extend(dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in results if r.finding.by_tree))
+        if applied_by_us and state != APPLIED:
+            notes.append("recorded as applied by patchkit, but the tree no longer has all of it")
+        if state == APPLIED:
             stale = self._stale_runtime(patch)
             if stale:
-                report.state, report.reason = STALE, "; ".join(stale)
-        return report
+                state, reason = STALE, "; ".join(stale)
+        return PatchReport(patch, state, reason, tuple(results), tuple(notes))
 
     def _stale_runtime(self, patch: Patch) -> list[str]:
         """Runtime files of ``patch`` that differ from what this patchkit writes."""
@@ -360,3 +336,28 @@ class locked_session:
         finally:
             if self._lock is not None:
                 self._lock.__exit__(*exc)
+
+
+def _state_of(results: list[CodemodResult], applied_by_us: bool) -> tuple[str, str]:
+    """A patch's state and its reason, from its codemods' ``results`` (``applied_by_us``:
+    patchkit recorded it as applied)."""
+    states = {r.finding.state for r in results}
+    moot = next((r for r in results if r.finding.moots_patch), None)
+    if moot is not None:  # what the patch changes never runs here: its other sites do not matter
+        return NOT_APPLICABLE, f"{moot.file}: {moot.finding.detail}"
+    if State.MISSING in states:
+        first = next(r for r in results if r.finding.state is State.MISSING)
+        # A missing file's anchor is its path, and a detail that starts with FILE:LINE names it: named once.
+        anchor = "" if first.finding.anchor == first.file else f"{first.finding.anchor}: "
+        where, detail = first.file, first.finding.detail
+        if detail.startswith(f"{where}:") and (line := detail[len(where) + 1 :].split(":", 1)[0]).isdigit():
+            where, detail = f"{where}:{line}", detail[len(where) + len(line) + 2 :].lstrip()
+        return NOT_APPLICABLE, f"{where}: {anchor}{detail}"
+    if states <= {State.SUPERSEDED}:
+        return NOT_APPLICABLE, "; ".join(sorted({r.finding.detail for r in results})) or "no targets in this tree"
+    if states <= {State.DONE, State.SUPERSEDED}:
+        return (APPLIED if applied_by_us else NATIVE), ""
+    if states <= {State.TODO, State.SUPERSEDED}:
+        return ABSENT, ""
+    todo = [r for r in results if r.finding.state is State.TODO]
+    return PARTIAL, "still to do: " + ", ".join(f"{r.file}: {r.finding.anchor}" for r in todo)

@@ -5,7 +5,7 @@ step that writes it, ``patchkit.api.commit``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from patchkit.findings import Finding, State
@@ -24,20 +24,20 @@ LEGACY = (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class CodemodResult:
     file: str
     codemod: str
     finding: Finding
 
 
-@dataclass
+@dataclass(frozen=True)
 class PatchReport:
     patch: Patch
     state: str
     reason: str = ""
-    results: list[CodemodResult] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    results: tuple[CodemodResult, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -17,9 +17,8 @@ import re
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from patchkit import containment
 from patchkit.errors import PatchkitError
 
 
@@ -45,8 +44,8 @@ class Tree:
         return self.package / ".patchkit"
 
     def path(self, relpath: str) -> Path:
-        """A file of the package, which it never leaves (``patchkit.containment``)."""
-        return containment.inside(self.package, relpath)
+        """A file of the package, which it never leaves (``inside``)."""
+        return inside(self.package, relpath)
 
     def repo_path(self, relpath: str) -> str:
         """Path as it appears in an upstream checkout (for diffs and patches)."""
@@ -169,9 +168,9 @@ def check_writable(tree: Tree, files: Iterable[str]) -> None:
     """Stop before any write if one of ``files`` cannot be written: the file,
     or, for a file to create, the nearest folder that exists. Mode bits count
     too: root may write anything, but a file the user marked read-only is not
-    ours to replace (os.replace would). Nor is a symlink (``containment.writable``)."""
+    ours to replace (os.replace would). Nor is a symlink (``writable``)."""
     for rel in files:
-        path = containment.writable(tree.package, rel)
+        path = writable(tree.package, rel)
         nodes = [("file", path)] if path.exists() else []
         folder = path.parent
         while not folder.exists():
@@ -197,3 +196,95 @@ def base_release(version: str) -> str | None:
     with; None when it names no release (``unknown``, ``acme-main``)."""
     found = _PEP440.match(version or "")
     return found.group("public") if found else None
+
+
+# --- paths inside the package -------------------------------------------------
+# The one rule for paths inside a tree: they stay inside the sglang package.
+#
+# Every path patchkit reads from a file (the tracked manifest, ``state.json``,
+# the journal, a patch set's ``[[targets]] file``) is untrusted: a clone or a
+# vendor's folder may carry any text. The sources check its spelling when they
+# parse it (``relative``, ``digest``: they name the file that said it), and
+# ``Tree.path`` / the transaction resolve it against the package (``inside``,
+# ``writable``) before anything is read, written or removed. A violation is a
+# ``PatchkitError``: one line, exit 2, found before the first write.
+#
+# - A path is relative, in ``/`` form, without ``..``, without an empty part,
+#   and never under ``.patchkit/`` (patchkit's own state, never a tree file).
+# - Resolved (every symlink that exists followed), it lies inside the package:
+#   a symlinked folder may point elsewhere in the tree, never out of it.
+# - A file patchkit writes or removes is never itself a symlink: patchkit
+#   replaces files by rename, which would turn the link into a plain file that
+#   revert cannot give back; such a file is refused, whatever it points at.
+# - A blob is named by a sha256 (64 hex digits), never by a path.
+
+STATE_FOLDER = ".patchkit"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def relative(rel: object, where: str) -> str:
+    """``rel`` as ``where`` (the file that named it) gave it, if it is a path
+    inside a package; else a one-line refusal."""
+    if not isinstance(rel, str):
+        raise PatchkitError(f"{where}: names {rel!r} where a file path belongs; refused (nothing was changed)")
+    parts = rel.split("/")
+    escapes = (
+        not rel
+        or "\0" in rel
+        or "\\" in rel
+        or PurePosixPath(rel).is_absolute()
+        or bool(PureWindowsPath(rel).drive)
+        or any(p in ("", "..") for p in parts)
+        or parts[0] == STATE_FOLDER
+    )
+    if escapes:
+        raise PatchkitError(
+            f"{where}: names {rel!r}, not a path inside the sglang package "
+            "(absolute, through .., or patchkit's own state); refused (nothing was changed)"
+        )
+    return rel
+
+
+def digest(value: object, where: str) -> str | None:
+    """A blob's name as ``where`` gave it: a sha256, or None (no such file)."""
+    return None if value is None else blob_name(value, where)
+
+
+def blob_name(value: object, where: str) -> str:
+    """A blob's name as ``where`` gave it: a sha256, nothing else."""
+    if isinstance(value, str) and _DIGEST.fullmatch(value):
+        return value
+    raise PatchkitError(f"{where}: names {value!r} where a sha256 belongs; refused (nothing was changed)")
+
+
+def inside(package: Path, rel: str) -> Path:
+    """``package / rel``, once it is certain to lie inside ``package`` with
+    every symlink on the way followed."""
+    path = package / relative(rel, str(package))
+    root = package.resolve()
+    real = path.resolve()
+    if real != root and root not in real.parents:
+        raise PatchkitError(
+            f"{path}: leads out of the sglang package {package} (through a symlink, to {real}); "
+            "refused (nothing was changed)"
+        )
+    return path
+
+
+def writable(package: Path, rel: str) -> Path:
+    """``inside``, for a file patchkit writes or removes: never a symlink."""
+    path = inside(package, rel)
+    if path.is_symlink():
+        raise PatchkitError(
+            f"{path}: a symbolic link; patchkit writes files by rename and would replace the link "
+            "by a plain file: refused (nothing was changed; replace the link by the file it "
+            "points at, or leave the patch out with --skip)"
+        )
+    return path
+
+
+def folders_of(package: Path, rel: str) -> list[Path]:
+    """The folders between ``rel`` and ``package``, innermost first: where a
+    removal's clean-up may go, and never further (never ``package`` itself)."""
+    parts = relative(rel, str(package)).split("/")[:-1]
+    return [package.joinpath(*parts[:depth]) for depth in range(len(parts), 0, -1)]

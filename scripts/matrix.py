@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Every patch on every sglang release, from a checkout without installing:
-the same as `patchkit matrix` (one command line, defined in patchkit/cli.py).
+the same as `patchkit matrix` (one command line, defined in patchkit/cli/reading.py).
 
     python scripts/matrix.py [RELEASE ...] [-j N] [-q] [--format markdown|json] [-o FILE]
 """

@@ -81,7 +81,7 @@ def apply_patches(
     transformer = Transformer(
         tree, session.findings, session.modules, sources, pristine, risk_accepted=accept_vendor_code_risk
     )
-    transformer.prepare(selected, progress, checks)
+    prepared = transformer.prepare(selected, progress, checks)
     # Plan; then, before the transform, what the plan's files need: edits
     # made since an earlier apply (a clone may recover backups).
     plan = plan_apply(session.reports(selected), selected, applied)
@@ -93,7 +93,7 @@ def apply_patches(
     changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = {
         rel: (sources[rel], new) for rel, new in done.changed.items()
     }
-    messages = list(transformer.notes)  # vendor code replaced on purpose, or its check skipped
+    messages = list(dict.fromkeys(prepared + done.notes))  # vendor code replaced on purpose, or its check skipped
     new_record, blobs = _record(tree, record, done, sources, edited)
     runtime_patches: Optional[list[Patch]] = None  # the runtime folder is planned for these (None: left as it is)
     if new_record.applied:

@@ -156,7 +156,7 @@ def run_matrix(
             for version in releases:
                 done(run_release(version, str(shared)))
         else:
-            from patchkit.transform.parallel import interruptible_pool
+            from patchkit.transform import interruptible_pool
 
             # Ctrl-C / SIGTERM kill the workers at once (with the workers they
             # forked), not after their releases; a kill -9 too (they die with us).

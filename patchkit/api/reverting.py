@@ -52,7 +52,7 @@ def revert_patches(
     messages: list[str] = []
     blobs: dict[str, bytes] = {}
     for rel in files:
-        target = transformer.run(rel, original[rel], remaining) if rel in again else original[rel]
+        target = transformer.run(rel, original[rel], remaining).new if rel in again else original[rel]
         if rel in edited:
             merged = keep_user_edits(session.tree.path(rel), current[rel], edited[rel][0], target, force)
             target = merged.data

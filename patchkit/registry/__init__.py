@@ -34,11 +34,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from patchkit.containment import relative
 from patchkit.errors import PatchkitError
 from patchkit.registry import definitions
 from patchkit.registry.definitions import Patch, Target
 from patchkit.registry.sets import PatchSet, builtin_set, folder_set, identity, installed_sets, pyproject_folders
+from patchkit.tree import relative
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable

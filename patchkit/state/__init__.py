@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from patchkit import containment, lifetimes
+from patchkit import lifetimes, tree
 from patchkit.errors import PatchkitError
 from patchkit.state.files import (
     TEMP_SUFFIX,  # noqa: F401 - its home
@@ -47,7 +47,7 @@ from patchkit.state.files import (
 )
 from patchkit.state.record import CorruptState, Record
 from patchkit.state.signals import held_signals
-from patchkit.tree import sha256  # noqa: F401 - the state names files by it
+from patchkit.tree import sha256
 
 
 class Store:
@@ -92,7 +92,7 @@ class Store:
         return digests
 
     def has_blob(self, digest: str) -> bool:
-        return (self.blobs / containment.blob_name(digest, str(self.blobs))).is_file()
+        return (self.blobs / tree.blob_name(digest, str(self.blobs))).is_file()
 
     def get_blob(self, digest: str) -> bytes:
         data = self.read_blob(digest, missing_ok=False)
@@ -102,7 +102,7 @@ class Store:
     def read_blob(self, digest: str, missing_ok: bool) -> Optional[bytes]:
         """The stored bytes of sha256 ``digest``, checked; None where none
         are stored and ``missing_ok`` (else that is damaged state)."""
-        path = self.blobs / containment.blob_name(digest, str(self.blobs))
+        path = self.blobs / tree.blob_name(digest, str(self.blobs))
         try:
             data = path.read_bytes()
         except OSError:
@@ -217,7 +217,7 @@ class Store:
                 # The files' renames are durable before the state says they happened:
                 # each folder once, not once a file (the journal covers a kill before).
                 for folder in dict.fromkeys(
-                    containment.inside(root, rel).parent for rel, (_, data) in changes.items() if data is not None
+                    tree.inside(root, rel).parent for rel, (_, data) in changes.items() if data is not None
                 ):
                     fsync_dir(folder)
                 self.save(new_record)
@@ -238,7 +238,7 @@ class Store:
         one was saved) and no journal; the line that says so."""
         try:
             for rel, old in reversed(before.items()):
-                path = containment.inside(root, rel)
+                path = tree.inside(root, rel)
                 remove_temp_files(path)
                 if old is None or file_sha(path) != sha256(old):
                     write_or_remove(root, rel, old)
@@ -269,9 +269,9 @@ class Store:
             journal = json.loads(self.journal.read_text(encoding="utf-8"))
             entries, state, old = journal["files"], journal["state"], journal.get("old_state")
             for entry in entries:
-                containment.relative(entry["file"], where)
-                containment.digest(entry["before"], where)
-                containment.digest(entry["after"], where)
+                tree.relative(entry["file"], where)
+                tree.digest(entry["before"], where)
+                tree.digest(entry["after"], where)
             return Pending(
                 journal.get("verb", "apply"),
                 entries,
@@ -299,7 +299,7 @@ class Store:
         forward = pending.verb == verb or pending.old_state is None  # journals of patchkit 0.2.0 only go forward
         side = "after" if forward else "before"
         moved = 0
-        paths = [containment.writable(root, entry["file"]) for entry in pending.files]  # all, before any write
+        paths = [tree.writable(root, entry["file"]) for entry in pending.files]  # all, before any write
         with held_signals(), _settling(self.journal, pending.verb):
             for entry, path in zip(pending.files, paths):
                 # A kill inside this file's write left its temp file beside it.

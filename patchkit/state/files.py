@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from patchkit import containment
+from patchkit.tree import folders_of, writable
 
 TEMP_SUFFIX = ".patchkit-tmp"
 
@@ -83,8 +83,8 @@ def remove(path: Path) -> None:
 def write_or_remove(root: Path, rel: str, data: Optional[bytes], sync_folder: bool = True) -> None:
     """Write a file (creating its folders), or remove it and the folders it
     leaves empty (with the bytecode Python cached there), up to ``root`` and
-    never above it (``patchkit.containment``)."""
-    path = containment.writable(root, rel)
+    never above it (``patchkit.tree``)."""
+    path = writable(root, rel)
     if data is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, data, sync_folder)
@@ -92,7 +92,7 @@ def write_or_remove(root: Path, rel: str, data: Optional[bytes], sync_folder: bo
     fault_point("remove", path)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-    for folder in containment.folders_of(root, rel):
+    for folder in folders_of(root, rel):
         if folder.is_symlink():  # the user's link (inside the tree): neither removed nor followed
             break
         if not folder.is_dir():  # removed already (by an earlier removal, or a run a kill cut short)

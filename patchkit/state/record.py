@@ -6,7 +6,7 @@ in two places that must agree (``patchkit.state.reconcile``): the local
 ``.patchkit/state.json`` (with the backups) and the tracked manifest
 ``srt/_patchkit/manifest.json``. Both are written from a ``Record`` and read
 back into one here; no other module reads their JSON keys. Every path and
-sha256 they name is checked as it is read (``patchkit.containment``): a file
+sha256 they name is checked as it is read (``patchkit.tree``: paths inside the package): a file
 that names a path outside the package is refused, never followed.
 """
 
@@ -16,8 +16,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
-from patchkit.containment import digest, relative
 from patchkit.errors import PatchkitError
+from patchkit.tree import digest, relative
 
 STATE_FORMAT = 1
 

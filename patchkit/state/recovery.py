@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from patchkit import containment
 from patchkit.errors import PatchkitError
 from patchkit.state import Store, file_sha, vendoring
 from patchkit.state.record import Record
-from patchkit.tree import Tree
+from patchkit.tree import Tree, writable
 
 JOURNAL_START = b'{\n "files": ['  # how every journal's bytes begin (sorted keys, indent 1)
 
@@ -152,7 +151,7 @@ def recover(store: Store, tree: Tree, dry_run: bool) -> Recovery:
     back in place: every command keeps naming ``--recover``."""
     recovery = plan(store, tree)
     for rel in recovery.changed:
-        containment.writable(tree.package, rel)  # every path, before any write
+        writable(tree.package, rel)  # every path, before any write
     if dry_run:
         return recovery
     try:

@@ -3,12 +3,16 @@
 Pure functions of their arguments (bytes in, bytes and findings out): the
 session calls them for the serial path, and ``patchkit.transform.parallel`` calls them
 in worker processes, so neither climbs back up to whoever asked.
+
+The package's public face: the pools (``interruptible_pool``) are reached
+here too, never in ``patchkit.transform.parallel`` itself.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -197,3 +201,12 @@ def run(
             owners if owners is not None else _owners(rel, transformed),
         )
     return Transformed(new, after, transformed, notes)
+
+
+def interruptible_pool(workers: int) -> AbstractContextManager:
+    """A pool of ``workers`` processes for work that forks pools of its own
+    (the matrix: one release's apply each), whose workers end at once, with
+    what they forked, when the block raises (``patchkit.transform.parallel``)."""
+    from patchkit.transform import parallel
+
+    return parallel.interruptible_pool(workers)

@@ -36,11 +36,14 @@ Skipped = tuple[tuple[str, str], ...]  # (patch id, why)
 @dataclass(frozen=True)
 class Transformed:
     """What the checked transform gives: the patches it kept, the files
-    they change (rel -> new bytes) and the patches it refused, with why."""
+    they change (rel -> new bytes), the patches it refused, with why, and
+    the notes of its transforms (vendor code replaced on purpose, a check
+    skipped; those of an attempt the vendor-code check refused are dropped)."""
 
     todo: tuple[Patch, ...]
     changed: Mapping[str, bytes]
     skipped: Skipped
+    notes: tuple[str, ...] = ()
 
 
 def transform_checked(
@@ -58,7 +61,7 @@ def transform_checked(
     this apply leaves it (not dry)."""
     applied = frozenset(applied)
     done = _transform_refusing(transformer, tuple(todo))
-    todo, changed, skipped = done.todo, done.changed, tuple(planned) + done.skipped
+    todo, changed, skipped, notes = done.todo, done.changed, tuple(planned) + done.skipped, done.notes
     refused: Skipped = ()
     while todo:
         ids = frozenset(p.id for p in todo)
@@ -70,11 +73,11 @@ def transform_checked(
         refused += tuple((p.id, f"requires {violation.refuse}, which is refused") for p in dropped)
         gone = {violation.refuse, *(p.id for p in dropped)}
         done = _transform_refusing(transformer, tuple(p for p in todo if p.id not in gone))
-        todo, changed, skipped = done.todo, done.changed, skipped + done.skipped
+        todo, changed, skipped, notes = done.todo, done.changed, skipped + done.skipped, notes + done.notes
     skipped += refused
     if lines_as_written:
         skipped = tuple((pid, lines_after(why, transformer.sources, changed)) for pid, why in skipped)
-    return Transformed(todo, changed, skipped)
+    return Transformed(todo, changed, skipped, tuple(dict.fromkeys(notes)))
 
 
 def files_of(todo: Iterable[Patch], sources: Mapping[str, bytes]) -> list[str]:
@@ -87,15 +90,14 @@ def _transform_refusing(transformer: Transformer, todo: tuple[Patch, ...]) -> Tr
     change). A patch the vendor-code check refuses is taken out, with the
     patches that require it, each skipped with its one-line reason; the
     others are transformed again without it (one refusal never blocks the rest)."""
-    notes = list(transformer.notes)
     skipped: Skipped = ()
     while True:
-        try:
-            return Transformed(todo, transformer.transform_files(files_of(todo, transformer.sources), todo), skipped)
+        try:  # what a refused attempt noted no longer holds: only the last attempt's notes
+            changed, notes = transformer.transform_files(files_of(todo, transformer.sources), todo)
+            return Transformed(todo, changed, skipped, notes)
         except VendorCodeLost as exc:
             if exc.patch is None or exc.patch not in {p.id for p in todo}:
                 raise  # not one patch's doing (the import block): the whole apply stops
-            transformer.notes[:] = notes  # what the refused attempt noted no longer holds
             skipped += ((exc.patch, f"{exc.site}; {exc.remedy}"),)
             out = {exc.patch}
             for patch in todo:  # in order: a patch comes after those it requires

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Generic, NamedTuple, Optional, TypeVar
 
 from patchkit import registry, transform
 from patchkit.detection_cache import FindingKey
@@ -39,6 +39,16 @@ def codemods_for(rel: str, patches: Iterable["Patch"]) -> list:
     return [c for p in patches for t in p.targets if t.file == rel for c in t.refs]
 
 
+T = TypeVar("T")
+
+
+class Ran(NamedTuple, Generic[T]):
+    """What a transform gives back: its result, and the notes it made (one line each)."""
+
+    new: T
+    notes: tuple[str, ...]
+
+
 @dataclass
 class Transformer:
     tree: "Tree"
@@ -48,7 +58,6 @@ class Transformer:
         default_factory=dict
     )  # apply's target files as read: what prepare and transform_files work on
     pristine: dict[str, Optional[bytes]] = field(default_factory=dict)  # the fetch step's release bytes, by file
-    notes: list[str] = field(default_factory=list)  # vendor code replaced on purpose, a check skipped
     risk_accepted: bool = False  # the fetch step downloaded nothing, by the user's choice (its note says so)
     cache: TransformCache = field(default_factory=TransformCache.default)  # shared by every tree of the user
     _prepared: dict[str, tuple[str, Entry]] = field(default_factory=dict)  # rel -> (sha256 of its source, entry)
@@ -56,31 +65,36 @@ class Transformer:
     def release_bytes(self, rel: str) -> Optional[bytes]:
         """``rel`` as the tree's release ships it (the fetch step put it in
         ``pristine``). None: not in patchkit's cache, or not a release; a
-        file transformed without it skips the vendor-code check, said once
-        in ``notes``."""
+        file transformed without it skips the vendor-code check
+        (``release_notes`` says so)."""
         if rel not in self.pristine:
             raise KeyError(f"{rel}: its release bytes were not fetched before the transform")
-        data = self.pristine[rel]
-        if data is None:
-            from patchkit.fetch import is_release, release_note
+        return self.pristine[rel]
 
-            known = is_release(self.tree.version) or self.risk_accepted
-            note = release_note(self.tree.version, self.risk_accepted) if known else None
-            self.notes.extend([note] if note and note not in self.notes else [])
-        return data
+    def release_notes(self, files: Iterable[str]) -> tuple[str, ...]:
+        """The note that the vendor-code check was skipped, where one of
+        ``files`` has no release bytes (said once); else none."""
+        if all(self.release_bytes(rel) is not None for rel in files):
+            return ()
+        from patchkit.fetch import is_release, release_note
+
+        known = is_release(self.tree.version) or self.risk_accepted
+        note = release_note(self.tree.version, self.risk_accepted) if known else None
+        return (note,) if note else ()
 
     def prepare(
         self,
         patches: Iterable["Patch"],
         progress: Optional["Progress"] = None,
         checks: Sequence["Check"] = (),
-    ) -> None:
+    ) -> tuple[str, ...]:
         """Detect and transform, per file of ``sources``, with the codemods of
         all ``patches`` (grouped by patch). Findings seed ``findings``; files
         whose findings are all known and none is TODO need nothing.
         ``checks``: the postconditions to check after the transform
         (``checks.declared``), whose head start goes to the worker
-        processes, when files are computed there (``parallel.prepare``)."""
+        processes, when files are computed there (``parallel.prepare``).
+        Returns the notes of the files it prepared (``release_notes``)."""
         from patchkit.transform import parallel
         from patchkit.transform.checks import head_start
 
@@ -110,17 +124,20 @@ class Transformer:
                 for name, finding in (entry.after or {}).items():
                     self.findings[FindingKey(name, new_digest)] = finding
             self._prepared[rel] = (digest, entry)
+        return self.release_notes(need)
 
-    def transform_files(self, files: Iterable[str], patches: Sequence["Patch"]) -> dict[str, bytes]:
+    def transform_files(self, files: Iterable[str], patches: Sequence["Patch"]) -> Ran[dict[str, bytes]]:
         """Each of ``files`` (of ``sources``, their release bytes fetched)
         transformed with the codemods of ``patches``: the files it changes,
-        with their new bytes."""
-        out = {}
+        with their new bytes, and the notes of their runs."""
+        out: dict[str, bytes] = {}
+        notes: list[str] = []
         for rel in files:
-            new = self.run(rel, self.sources[rel], patches)
+            new, said = self.run(rel, self.sources[rel], patches)
+            notes.extend(said)
             if new != self.sources[rel]:
                 out[rel] = new
-        return out
+        return Ran(out, tuple(dict.fromkeys(notes)))
 
     def transform_prefixes(
         self,
@@ -148,13 +165,14 @@ class Transformer:
             if entry is not None and entry.new is not None and entry.groups == whole:
                 out[rel, k] = entry.new  # every group ran, in order: the serial path's codemods over the same bytes
             else:
-                out[rel, k] = self.run(rel, originals[rel], patches[: k + 1])
+                out[rel, k] = self.run(rel, originals[rel], patches[: k + 1]).new
         return out
 
-    def run(self, rel: str, source: bytes, patches: Sequence["Patch"]) -> bytes:
+    def run(self, rel: str, source: bytes, patches: Sequence["Patch"]) -> Ran[bytes]:
         """Run ``patches``' codemods for the file ``rel`` over its ``source``;
         every one must end DONE. The file's release bytes must have been
-        fetched (``pristine``)."""
+        fetched (``pristine``). Its new bytes, and the notes of the run: the
+        vendor code a codemod replaces on purpose, or its check skipped."""
         codemods = codemods_for(rel, patches)
         prepared = self._use_prepared(rel, source, codemods)
         if prepared is not None:
@@ -168,27 +186,28 @@ class Transformer:
         # Findings already detected for these very bytes need no second detection.
         known = [self.findings.get(FindingKey(registry.codemod_name(c), digest)) for c in codemods]
         if all(k is not None and k.state in (State.DONE, State.SUPERSEDED) for k in known):
-            return source  # every change is there (a file a patch to apply leaves as it is): nothing to parse
+            return Ran(source, ())  # every change is there (a file a patch to apply leaves as it is): nothing to parse
         pristine = self.release_bytes(rel)
         classes = [registry.load_codemod(codemod) for codemod in codemods]
         module = self.modules.get(digest) or transform.parse_for(rel, source, self.tree.path(rel), classes, pristine)
         result = transform.run(rel, self.tree.path(rel), module, classes, known, source, pristine, owners)
-        self.notes.extend(line for line in result.notes if line not in self.notes)
         new_digest = sha256(result.new)
         for name, finding in result.after.items():
             self.findings[FindingKey(name, new_digest)] = finding
-        return result.new
+        return Ran(result.new, (*self.release_notes([rel]), *result.notes))
 
-    def _use_prepared(self, rel: str, source: bytes, codemods: list) -> Optional[bytes]:
+    def _use_prepared(self, rel: str, source: bytes, codemods: list) -> Optional[Ran[bytes]]:
         """The prepared result of ``run(rel, source, codemods)``, where it is
         provably the same: the same bytes, ``codemods`` a subset of those the
         preparation ran (so their postconditions were checked) and containing,
         in the same order, every codemod that changed the file there (so the
         same edits happen in the same order)."""
         hit = self._prepared.get(rel)
-        if hit is None or hit[1].new is None or hit[0] != sha256(source):
+        if hit is None or hit[0] != sha256(source):
             return None
         entry = hit[1]
+        if entry.new is None:
+            return None
         # A codemod two patches share (e.g. one draft-worker edit of FA3's and
         # FlashMLA's spec-v2) is listed twice but changes the file once: its
         # first place is where it acts, the second finds it done (were it to
@@ -197,5 +216,4 @@ class Transformer:
         ran = {n for group in entry.groups for n in group}
         if not set(names) <= ran or [n for n in names if n in entry.transformed] != list(entry.transformed):
             return None
-        self.notes.extend(line for line in entry.notes if line not in self.notes)
-        return entry.new
+        return Ran(entry.new, tuple(entry.notes))

@@ -49,7 +49,7 @@ def test_wheel_contents(wheel):
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("patchkit/patches/") and n.endswith(".toml")}
     assert shipped == {f.name for f in patch_sets.definition_files()} and shipped
     for module in (
-        "patchkit/cli.py",
+        "patchkit/cli/__init__.py",
         "patchkit/registry/__init__.py",
         "patchkit/runtime/seq_lens.py",
         "patchkit/backends/trtllm_mha.py",

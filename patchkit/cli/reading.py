@@ -1,90 +1,31 @@
-"""The ``patchkit`` command line: parse, call ``patchkit.api``, print what it
-returns (documents are built in ``patchkit.output``; the shared arguments,
-options and error handling are ``patchkit.arguments``; apply and revert, the
-commands that write, are ``patchkit.cli_changes``)."""
+"""The commands that only read the tree (or the registry, or the release
+cache): ``list``, ``status``, ``verify``, ``audit``, ``diff``, ``show``,
+``export``, ``matrix`` and ``fetch``. Each parses, calls ``patchkit.api`` and
+prints what it returns; :mod:`patchkit.cli` puts them in the group."""
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Optional
 
 import click
 
-from patchkit import __version__, api, listing, output, registry, settings, terminal, verify_output
+from patchkit import api, listing, output, registry, terminal, verify_output
 from patchkit.arguments import (
-    COMPLETION,
     GIT_LAYOUT,
-    QUIET_HELP,
     TREE_EPILOG,
-    VERBOSE_HELP,
     Ctx,
-    PatchkitGroup,
+    PatchkitCommand,
     _complete_patches,
     format_option,
     tree_and_patches,
     tree_only,
 )
-from patchkit.cli_changes import apply, revert
-from patchkit.errors import EXIT_CHANGES, EXIT_OK, Interrupted
+from patchkit.errors import EXIT_CHANGES, EXIT_OK
 
 
-@click.group(
-    cls=PatchkitGroup,
-    epilog=f"{TREE_EPILOG}\n\n{settings.epilog()}\n\n{COMPLETION}",
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-@click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)
-@click.option(
-    "-v",
-    "--verbose",
-    is_flag=True,
-    help=VERBOSE_HELP.format(
-        detail=" (status, verify: every check of every patch; audit: every read; other commands: none)"
-    ),
-)
-@click.option(
-    "--patches",
-    "patch_dirs",
-    multiple=True,
-    type=click.Path(file_okay=False),
-    metavar="DIR",
-    help="Also load the patch set in DIR: its *.toml and their codemod modules (repeatable). Sets "
-    "named by [tool.patchkit] patches in a pyproject.toml above the tree or the current folder, "
-    "and installed ones (entry points in patchkit.patches), load too; see docs/writing-a-patch.md.",
-)
-@click.version_option(__version__, prog_name="patchkit")
-@click.pass_context
-def main(ctx: click.Context, quiet: bool, verbose: bool, patch_dirs: tuple[str, ...]) -> None:
-    """Carry upstream sglang speculative-decoding and TRT-LLM attention changes
-    onto older releases and forks, with libcst codemods that revert exactly."""
-    ctx.obj = Ctx(quiet, verbose)
-    settings.check()
-    for note in settings.deprecations():
-        ctx.obj.say(f"patchkit: note: {note}")
-    registry.reset()
-    registry.use_folders(patch_dirs, "--patches")
-    registry.use_pyproject(Path.cwd())
-    # A caller that runs commands in-process (tests, a Python host) gets the
-    # registry back as it was: the next library call sees no set a command named.
-    ctx.call_on_close(registry.reset)
-    # SIGTERM ends a run like Ctrl-C does (exit 143, not a bare kill); inside
-    # a transaction both wait for its end (patchkit.state.held_signals).
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminate)
-
-
-def _terminate(signum: int, frame) -> None:
-    raise Interrupted(signum)
-
-
-# The two commands that write, with what they print (cli_changes.py).
-main.add_command(apply)
-main.add_command(revert)
-
-
-@main.command("list")
+@click.command("list", cls=PatchkitCommand)
 @format_option("patches", markdown="the README's patch table, from the definitions")
 def list_cmd(fmt: str) -> None:
     """List the patches: patchkit's own and those of the patch sets it loads
@@ -97,7 +38,7 @@ def list_cmd(fmt: str) -> None:
         click.echo(terminal.styled(f"patchkit: warning: {problem}"), err=True)
 
 
-@main.command(verbose=True, epilog=TREE_EPILOG)
+@click.command(cls=PatchkitCommand, verbose=True, epilog=TREE_EPILOG)
 @tree_and_patches
 @format_option("status")
 @click.pass_obj
@@ -117,7 +58,7 @@ def status(obj: Ctx, args, fmt: str) -> None:
         obj.echo(output.status_text(tree, result.reports, obj.verbose, result.runtime, result.notes, obj.quiet))
 
 
-@main.command(verbose=True, epilog=TREE_EPILOG)
+@click.command(cls=PatchkitCommand, verbose=True, epilog=TREE_EPILOG)
 @tree_and_patches
 @click.option(
     "--format",
@@ -152,7 +93,7 @@ def verify(obj: Ctx, args, fmt: str) -> None:
     sys.exit(EXIT_OK if result.ok else EXIT_CHANGES)
 
 
-@main.command(verbose="every read, not only the unguarded and stale ones", epilog=TREE_EPILOG)
+@click.command(cls=PatchkitCommand, verbose="every read, not only the unguarded and stale ones", epilog=TREE_EPILOG)
 @tree_only
 @format_option("audit")
 @click.option("--strict", is_flag=True, help="Exit 1 when a read is unguarded or stale.")
@@ -173,7 +114,7 @@ def audit(obj: Ctx, tree: Optional[str], fmt: str, strict: bool) -> None:
     sys.exit(EXIT_CHANGES if strict and not result.ok else EXIT_OK)
 
 
-@main.command(epilog=TREE_EPILOG)
+@click.command(cls=PatchkitCommand, epilog=TREE_EPILOG)
 @tree_and_patches
 @click.option("--stat", is_flag=True, help="A diffstat per file and in all (as git diff --stat), not the diff.")
 @click.option("--name-only", is_flag=True, help="Only the paths of the changed files, one a line.")
@@ -195,7 +136,7 @@ def diff(obj: Ctx, args, stat: bool, name_only: bool) -> None:
         obj.echo("".join(f"{d.path}\n" if name_only else d.text for d in diffs), nl=False)
 
 
-@main.command(epilog=TREE_EPILOG)
+@click.command(cls=PatchkitCommand, epilog=TREE_EPILOG)
 @click.argument("patch", shell_complete=_complete_patches)
 @tree_only
 @click.option(
@@ -223,7 +164,7 @@ def show(obj: Ctx, patch: str, tree: Optional[str], show_diff: bool, fmt: str) -
         obj.echo(result.diff, nl=False)
 
 
-@main.command(epilog=TREE_EPILOG)
+@click.command(cls=PatchkitCommand, epilog=TREE_EPILOG)
 @tree_only
 @click.option(
     "-o",
@@ -267,7 +208,7 @@ def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, a
         obj.echo(str(written_path))
 
 
-@main.command()
+@click.command(cls=PatchkitCommand)
 @click.argument("releases", nargs=-1, metavar="[RELEASE]...")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, help="Releases run in parallel processes.")
 @click.option(
@@ -298,7 +239,7 @@ def matrix(obj: Ctx, releases: tuple[str, ...], jobs: int, fmt: str, output: Opt
     sys.exit(EXIT_OK if doc["ok"] else EXIT_CHANGES)
 
 
-@main.command()
+@click.command(cls=PatchkitCommand)
 @click.argument("version")
 def fetch(version: str) -> None:
     """Download sglang==VERSION from the package registry into the cache

@@ -1,8 +1,8 @@
 """The two commands that write: ``patchkit apply`` and ``patchkit revert``, and what
 they print (their result lines, --check's verdicts, a dry run's diffstat).
 
-Kept apart from :mod:`patchkit.cli` (the group and the commands that only read),
-which adds these two to it, so each stays under the house's 400 lines.
+:mod:`patchkit.cli` (the group) adds these two to it, beside the commands
+that only read (:mod:`patchkit.cli.reading`).
 """
 
 from __future__ import annotations
