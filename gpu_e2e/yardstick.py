@@ -232,12 +232,81 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- one patch's own effect: the ``minus-PATCH`` tree beside ``patched`` in each B12 call ---------
+#
+# A bundle built with ``--minus PATCH`` carries every patch but PATCH as the tree
+# ``minus-PATCH``; ``plan.sh`` with ``VARIANTS12`` runs it beside ``patched`` in one call, one
+# engine each, the start order flipping with the round. Per backend, round and batch size:
+# tok/s without the patch and with it, their ratio, the wrapper's event waits per decode step
+# (where a patch moves a host wait onto the stream, this is the count that changes), and
+# whether the outputs are identical token for token (they must be: one patch apart).
+
+MINUS = "minus-"
+
+
+def _minus_tree(results: dict) -> Optional[str]:
+    """The ``minus-PATCH`` variant a call ran, if any."""
+    return next(
+        (key.rsplit("/", 1)[1] for key in results.get("runs", {}) if key.rsplit("/", 1)[1].startswith(MINUS)), None
+    )
+
+
+def minus_rows(folder: Path) -> list[dict]:
+    """One row per backend, round and batch size of each B12 call that ran a minus tree."""
+    out = []
+    for (backend, rnd), sides in sorted(load(folder).items()):
+        b12 = sides.get("b12")
+        minus = _minus_tree(b12) if b12 else None
+        if minus is None:
+            continue
+        without, with_ = _batches(b12, minus), _batches(b12, PATCHED)
+        for bs in sorted(set(without) & set(with_)):
+            a, b = without[bs], with_[bs]
+            same, n = _identical_requests(a, b)
+            out.append(
+                {
+                    "backend": backend,
+                    "round": rnd,
+                    "batch_size": bs,
+                    "patch": minus[len(MINUS) :],
+                    "tok_per_s": (a["tok_per_s"], b["tok_per_s"]),
+                    "ratio": b["tok_per_s"] / a["tok_per_s"],
+                    "event_waits_per_step": (event_waits_per_step(a), event_waits_per_step(b)),
+                    "identical_requests": (same, n),
+                }
+            )
+    return out
+
+
+def minus_markdown(table: list[dict]) -> str:
+    """The rounds, then per backend and batch size the median of their ratios."""
+    if not table:
+        return ""
+    patch = table[0]["patch"]
+    lines = [
+        f"| backend | round | bs | tok/s without `{patch}` → with | ratio "
+        "| event waits per decode step, without → with | outputs identical |",
+        "|---|---|---:|---|---:|---|---|",
+    ]
+    for r in table:
+        (a, b), (wa, wb), (same, n) = r["tok_per_s"], r["event_waits_per_step"], r["identical_requests"]
+        lines.append(
+            f"| {label(r['backend'])} | {r['round']} | {r['batch_size']} | {a:.0f} → {b:.0f} "
+            f"| {r['ratio']:.3f} | {_f(wa)} → {_f(wb)} | {same} of {n} requests |"
+        )
+    groups: dict[tuple[str, int], list[float]] = {}
+    for r in table:
+        groups.setdefault((r["backend"], r["batch_size"]), []).append(r["ratio"])
+    lines += ["", f"| backend | bs | rounds | with / without `{patch}`, median |", "|---|---:|---:|---:|"]
+    for (backend, bs), ratios in sorted(groups.items()):
+        lines.append(f"| {label(backend)} | {bs} | {len(ratios)} | {statistics.median(ratios):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def report(folder: Path) -> str:
     """The ratios, the rounds, the profiles, then a ``--minus`` tree's A/B where the calls ran
     one: what ``yardstick.md`` holds."""
-    from . import minus_ab  # it reads the calls through this module's helpers
-
-    ab = minus_ab.markdown(minus_ab.rows(folder))
+    ab = minus_markdown(minus_rows(folder))
     return (
         markdown(rows(folder))
         + "\n"

@@ -1,6 +1,6 @@
 """Issue 57's fifth lease: verify-wait-on-stream's A/B at the 8B shape on one H200
 (docs/results/gpu-verify-wait-2026-11-27/, docs/gpu.md "At a glance"). The ``--minus``
-reader (gpu_e2e/minus_ab.py) is checked on synthetic calls, and every committed figure
+reader (gpu_e2e/yardstick.py's minus_rows) is checked on synthetic calls, and every committed figure
 is recomputed from the committed JSON. No GPU needed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from gpu_e2e import minus_ab, profile_table, yardstick
+from gpu_e2e import profile_table, yardstick
 from gpu_e2e.bundle import repo_root
 
 RUN = repo_root() / "docs" / "results" / "gpu-verify-wait-2026-11-27"
@@ -26,7 +26,7 @@ def test_the_committed_tables_are_recomputed_from_the_json():
 
 
 def test_the_patch_closes_the_event_waits_and_keeps_outputs_identical():
-    rows = minus_ab.rows(RUN)
+    rows = yardstick.minus_rows(RUN)
     assert len(rows) == 12 and {r["patch"] for r in rows} == {PATCH}
     for r in rows:
         assert r["identical_requests"][0] == r["identical_requests"][1] == r["batch_size"]
@@ -93,7 +93,7 @@ def _batch(bs: int, tok_per_s: float, waits: int = 0) -> dict:
 
 def test_a_call_without_a_minus_tree_gives_no_row_and_no_table(tmp_path):
     _call(tmp_path, "fa3-r1-b12", {"0.5.12.post1/small/x/r1/patched": {"batches": [_batch(8, 100.0)]}})
-    assert minus_ab.rows(tmp_path) == [] and minus_ab.markdown([]) == ""
+    assert yardstick.minus_rows(tmp_path) == [] and yardstick.minus_markdown([]) == ""
     _call(
         tmp_path,
         "fa3-r2-b12",
@@ -102,6 +102,8 @@ def test_a_call_without_a_minus_tree_gives_no_row_and_no_table(tmp_path):
             "0.5.12.post1/small/x/r2/patched": {"batches": [_batch(8, 100.0, waits=10)]},
         },
     )
-    (row,) = minus_ab.rows(tmp_path)
+    (row,) = yardstick.minus_rows(tmp_path)
     assert (row["round"], row["patch"], row["ratio"], row["event_waits_per_step"]) == ("r2", "x", 1.25, (3.0, 1.0))
-    assert "| FA3, small | r2 | 8 | 80 → 100 | 1.250 | 3.00 → 1.00 | 8 of 8 requests |" in minus_ab.markdown([row])
+    assert "| FA3, small | r2 | 8 | 80 → 100 | 1.250 | 3.00 → 1.00 | 8 of 8 requests |" in yardstick.minus_markdown(
+        [row]
+    )
