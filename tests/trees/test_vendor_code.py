@@ -105,7 +105,7 @@ def test_replaced_vendor_code_is_refused_with_its_line(make_tree, cli, version):
     assert "acme_vendor_bias" in refused[0] and "DeferFilterBatchSum" in refused[0]
     assert refused[0].endswith("or `--skip needs-cpu-seq-lens` (the other patches still apply)")
     assert "nothing was changed" not in result.output
-    # Of the refused patch nothing; min-new-tokens-no-sync's pinned output-id copy only (issue 53).
+    # Of the refused patch nothing; min-new-tokens-no-sync's copy and verify-wait-on-stream's wait only.
     assert unpinned((tree / BATCH).read_text()) == batch.decode()
     states = {pid: p["state"] for pid, p in patch_states(cli, tree).items()}
     assert states["needs-cpu-seq-lens"] == "absent"
@@ -119,8 +119,16 @@ def test_replaced_vendor_code_is_refused_with_its_line(make_tree, cli, version):
 
 
 def unpinned(text: str) -> str:
-    """schedule_batch.py without min-new-tokens-no-sync's pinned output-id copy."""
-    text = text.replace("from sglang.srt._patchkit.runtime import pin_memory_for\n", "", 1)
+    """schedule_batch.py without the patches that still apply there beside the refused one:
+    min-new-tokens-no-sync's pinned output-id copy and verify-wait-on-stream's stream wait."""
+    text = text.replace("from sglang.srt._patchkit.runtime import pin_memory_for, wait_event_on_stream\n", "", 1)
+    text = text.replace(
+        "                # patchkit (sglang #25879): the schedule stream waits for the verify, not the\n"
+        "                # host, which goes on preparing the next step (a host wait on ROCm, as upstream).\n"
+        "                wait_event_on_stream(draft_input.verify_done)\n",
+        "                draft_input.verify_done.synchronize()\n",
+        1,
+    )
     return text.replace(
         "pin_memory=pin_memory_for(self.device),\n                ).to(self.device, non_blocking=True)\n",
         "device=self.device,\n                )\n",
