@@ -46,8 +46,8 @@ from patchkit.codemods.common.reads import Reads
 from patchkit.codemods.common.shared import RUNTIME, code_of
 
 WAIT = "wait_event_on_stream"
-#: ``EVENT.verify_done.synchronize()``: the host wait.
-HOST_WAIT = primitives.method_call("synchronize", primitives.attr("verify_done"))
+#: ``EVENT.verify_done.synchronize()`` as a statement: the host wait.
+HOST_WAIT = primitives.line(m.Expr(value=primitives.method_call("synchronize", primitives.attr("verify_done"))))
 #: ``X.verify_done.wait()`` or ``STREAM.wait_event(X.verify_done)``: a stream wait the tree wrote itself.
 OWN_STREAM_WAIT = primitives.method_call("wait", primitives.attr("verify_done")) | m.Call(
     func=primitives.attr("wait_event"), args=[m.Arg(value=primitives.attr("verify_done"))]
@@ -69,7 +69,7 @@ class VerifyWaitOnStream(MethodCodemod):
     )
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
-        if primitives.contains(fn, primitives.line(m.Expr(value=HOST_WAIT))):
+        if primitives.contains(fn, HOST_WAIT):
             return Finding.todo(self.anchor, "the host waits for the previous verify (verify_done.synchronize())")
         if primitives.contains(fn, ON_STREAM):
             return Finding.done(self.anchor)
@@ -92,7 +92,7 @@ class VerifyWaitOnStream(MethodCodemod):
             return wait.with_changes(leading_lines=[*line.leading_lines, *wait.leading_lines])
 
         self.require_import(RUNTIME, WAIT)
-        return primitives.replace_statements(fn, primitives.line(m.Expr(value=HOST_WAIT)), on_stream)
+        return primitives.replace_statements(fn, HOST_WAIT, on_stream)
 
 
 class FutureMapWaitsOnStream(ClassCheck):
@@ -102,6 +102,7 @@ class FutureMapWaitsOnStream(ClassCheck):
     CLASS = "FutureMap"
     REQUIRED_TEXT = ()  # a tree without FutureMap is answered, not skipped: the wait is then elsewhere
     METHODS_READ, WORDS_READ = (), ("publish_ready",)  # the methods that wait on it
+    ANCHOR = "FutureMap: the publish wait"
 
     @classmethod
     def reads(cls) -> Reads:
@@ -114,13 +115,11 @@ class FutureMapWaitsOnStream(ClassCheck):
 
     def _elsewhere(self) -> Finding:
         return Finding.superseded(
-            f"{self.CLASS}: the publish wait",
+            self.ANCHOR,
             "the verify wait is ScheduleBatch.maybe_wait_verify_done's in this release",
         )
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         if primitives.contains(cls, PUBLISH_WAIT):
-            return Finding.done(
-                f"{self.CLASS}: the publish wait", "upstream's FutureMap relay (sglang #25879, 0.5.13+)"
-            )
+            return Finding.done(self.ANCHOR, "upstream's FutureMap relay (sglang #25879, 0.5.13+)")
         return self._elsewhere()
