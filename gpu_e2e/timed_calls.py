@@ -67,7 +67,7 @@ def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
     toks = calls[0]["completion_tokens"]
     verify = sum(c["verify_ct"] for c in calls)
     steps, source = decode_steps_of(timed)
-    return {
+    batch = {
         "elapsed_s": [round(c["elapsed_s"], 4) for c in calls],
         "median_s": med,
         "tok_per_s": toks / med,
@@ -83,6 +83,26 @@ def timed_runs(engine, requests, runs: int, sync_dir: str | None) -> dict:
         "ranks": ranks.batch_per_rank(ranks.read(sync_dir), before_ranks),
         "verify_ct": verify,
         "sync_debug_armed": armed_in(sync_dir),
+    }
+    # last: every count above is the timed calls' alone
+    return {**batch, **first_token_runs(engine, requests, runs, med, toks)}
+
+
+def first_token_runs(engine, requests, runs: int, median_s: float, toks: int) -> dict:
+    """After the timed calls, ``runs`` calls of the same prompts asking one token each
+    (:func:`workloads.first_token_only`), and the decode alone's tok/s: the tokens after the
+    first over the median whole call less the median first-token call. Empty where the
+    workload has no such call."""
+    first = workloads.first_token_only(requests)
+    if first is None:
+        return {}
+    times = [_call(engine, first)["elapsed_s"] for _ in range(runs)]
+    first_s = statistics.median(times)
+    decode_s = median_s - first_s
+    return {
+        "first_token_s": [round(t, 4) for t in times],
+        "first_token_median_s": first_s,
+        "decode_tok_per_s": (toks - len(requests)) / decode_s if decode_s > 0 else None,
     }
 
 

@@ -102,6 +102,16 @@ def params(r: Request) -> dict:
     return out
 
 
+def first_token_only(requests: list[Request]) -> list[Request] | None:
+    """The same prompts asking one new token each: a generate that is all prefill (target,
+    then draft) and the engine's per-request path, with no decode step. Its time taken from
+    a whole generate's leaves the decode steps' (issue 57: tok/s of the decode alone).
+    None where that subtraction means nothing: late arrivals or unequal lengths."""
+    if staggered(requests) or len({r.max_new_tokens for r in requests}) != 1 or requests[0].max_new_tokens < 2:
+        return None
+    return [replace(r, max_new_tokens=1) for r in requests]
+
+
 def generate(engine, requests: list[Request]) -> list[dict]:
     """Send ``requests`` to an ``sglang.Engine``; outputs in request order.
 

@@ -113,6 +113,8 @@ def rows(folder: Path) -> list[dict]:
                     "tok_per_s": (p["tok_per_s"], u["tok_per_s"]),
                     "pristine_tok_per_s": pristine[bs]["tok_per_s"] if bs in pristine else None,
                     "ratio": p["tok_per_s"] / u["tok_per_s"],
+                    "first_token_s": (p.get("first_token_median_s"), u.get("first_token_median_s")),
+                    "decode_tok_per_s": (p.get("decode_tok_per_s"), u.get("decode_tok_per_s")),
                     "waits_per_step": (waits["per_step"][1], waits["per_step"][0]),
                     "event_waits_per_step": (event_waits_per_step(p), event_waits_per_step(u)),
                     "sites": {PATCHED: _site_steps(waits, 1), UPSTREAM: _site_steps(waits, 0)},
@@ -303,12 +305,58 @@ def minus_markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def decode_ratio(row: Mapping) -> Optional[float]:
+    """Patched / upstream tok/s of the decode steps alone, where both calls timed the first
+    token (timed_calls.first_token_runs): a whole generate's time also holds the prefill,
+    which 0.5.17 runs under CUDA graphs 0.5.12.post1 does not have for the draft."""
+    p, u = row.get("decode_tok_per_s") or (None, None)
+    return p / u if p and u else None
+
+
+def decode_markdown(table: list[dict]) -> str:
+    """Per round, the first-token time and the decode-only tok/s of both sides; then per
+    backend and batch size the same-machine rounds' median. Empty for calls before it."""
+    timed = [r for r in table if decode_ratio(r) is not None]
+    if not timed:
+        return ""
+    lines = [
+        "| backend | round | bs | first token ms, patched / 0.5.17 | decode-only tok/s, patched / 0.5.17 "
+        "| decode-only ratio | whole-generate ratio |",
+        "|---|---|---:|---|---|---:|---:|",
+    ]
+    for r in timed:
+        (fp, fu), (dp, du) = r["first_token_s"], r["decode_tok_per_s"]
+        machine = "" if r["same_machine"] else " (two machines)"
+        lines.append(
+            f"| {label(r['backend'])} | {r['round']}{machine} | {r['batch_size']} | {1000 * fp:.1f} / {1000 * fu:.1f} "
+            f"| {dp:.0f} / {du:.0f} | {decode_ratio(r):.3f} | {r['ratio']:.3f} |"
+        )
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in timed:
+        if r["same_machine"]:
+            groups.setdefault((r["backend"], r["batch_size"]), []).append(r)
+    lines += [
+        "",
+        "| backend | bs | same-machine rounds | decode-only ratio, median | whole-generate ratio, median |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for (backend, bs), rs in sorted(groups.items()):
+        decode = statistics.median(decode_ratio(r) for r in rs)
+        whole = statistics.median(r["ratio"] for r in rs)
+        lines.append(f"| {label(backend)} | {bs} | {len(rs)} | {decode:.3f} | {whole:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def report(folder: Path) -> str:
-    """The ratios, the rounds, the profiles, then a ``--minus`` tree's A/B where the calls ran
-    one: what ``yardstick.md`` holds."""
+    """The ratios, the rounds, the decode alone where the calls timed the first token, the
+    profiles, then a ``--minus`` tree's A/B where the calls ran one: what ``yardstick.md``
+    holds."""
+    table = rows(folder)
     ab = minus_markdown(minus_rows(folder))
+    decode = decode_markdown(table)
     return (
-        markdown(rows(folder))
+        markdown(table)
+        + ("\n" + decode if decode else "")
         + "\n"
         + profile_table.markdown(profile_table.rows(folder, label))
         + ("\n" + ab if ab else "")

@@ -372,7 +372,7 @@ print("verdict: stub")
 """
 
 
-def _run_plan(tmp_path, steps: str) -> list[dict]:
+def _run_plan(tmp_path, steps: str, **extra: str) -> list[dict]:
     """plan.sh over stub bundles (each orchestrate call logged), with STEPS ``steps``."""
     import os
 
@@ -398,6 +398,7 @@ def _run_plan(tmp_path, steps: str) -> list[dict]:
         PK_PLAN_LOG=str(log),
         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         STEPS=steps,
+        **extra,
     )
     done = subprocess.run(["bash", str(PLAN)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -472,6 +473,17 @@ def test_the_plan_s_counters_off_and_8b_steps(tmp_path):
         ("b12", "8b", "1", None, "patched"),  # r2: 0.5.17 first
     ]
     assert all(_arg(c, "--batch-sizes") == "1,8,32" for c in calls)
+
+
+def test_the_plan_without_profiles_keeps_every_other_argument(tmp_path):
+    """NO_PROFILE (sixth lease): the round-1 steps lose their profiled generate only;
+    VARIANTS12=patched runs the patched tree alone, with no pristine."""
+    calls = _run_plan(tmp_path, "fa3_8boff-r1 triton_off-r1 fa3-r1", NO_PROFILE="1", VARIANTS12="patched")
+    assert [c["bundle"] for c in calls] == ["b12", "b17"] * 3
+    assert not any("--profile-batch" in c["args"] for c in calls)
+    assert {_arg(c, "--variants") for c in calls if c["bundle"] == "b12"} == {"patched"}
+    assert _arg(calls[4], "--engine-extra") == '{"cuda_graph_max_bs": 32}'  # kept whole
+    assert [_arg(c, "--sizes") for c in calls] == ["8b", "8b", "small", "small", "small", "small"]
 
 
 def test_bundle_release_0_5_17_carries_the_yardstick_as_published():

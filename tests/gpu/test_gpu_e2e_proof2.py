@@ -331,3 +331,36 @@ def test_accept_probe_tells_a_request_bound_acceptance_from_a_batch_size_one():
         "same_output": True,
         "same_accept": False,
     }
+
+
+def test_first_token_only_asks_one_token_of_the_same_prompts_or_nothing():
+    uniform = workloads.uniform(3, input_len=4, max_new_tokens=5, vocab=100)
+    first = workloads.first_token_only(uniform)
+    assert [r.input_ids for r in first] == [r.input_ids for r in uniform]
+    assert {r.max_new_tokens for r in first} == {1}
+    assert workloads.first_token_only(workloads.mixed(6, vocab=100, seed=1)) is None  # late arrivals
+    assert workloads.first_token_only(workloads.uniform(2, input_len=4, max_new_tokens=1, vocab=100)) is None
+
+
+def test_timed_runs_time_the_decode_alone_from_the_first_token_calls(monkeypatch):
+    """Whole generates take 2.0 s, one-token generates 0.5 s: 4 requests x 255 tokens after
+    the first in 1.5 s of decode."""
+    from gpu_e2e import timed_calls
+
+    def call(engine, requests):
+        n = requests[0].max_new_tokens
+        outs = [[7] * n for _ in requests]
+        return {
+            "elapsed_s": 2.0 if n > 1 else 0.5,
+            "completion_tokens": n * len(requests),
+            "verify_ct": 0,
+            "output_ids": outs,
+            "accept_per_request": [None] * len(requests),
+        }
+
+    monkeypatch.setattr(timed_calls, "_call", call)
+    requests = workloads.uniform(4, input_len=8, max_new_tokens=256, vocab=100)
+    batch = timed_calls.timed_runs(object(), requests, 3, None)
+    assert batch["median_s"] == 2.0 and batch["first_token_s"] == [0.5, 0.5, 0.5]
+    assert batch["decode_tok_per_s"] == pytest.approx(4 * 255 / 1.5)
+    assert batch["tok_per_s"] == pytest.approx(4 * 256 / 2.0)

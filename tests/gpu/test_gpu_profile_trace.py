@@ -254,4 +254,5 @@ def test_the_runner_profiles_the_batch_it_is_asked_for_after_its_timed_generates
     assert profile["trace_dir"] == f"{out}.profile-uniform-bs2"
     assert profile["ranks"][0]["busy_fraction"] == 0.5
     assert profile["line"].startswith("upstream uniform bs=2: TP0 GPU busy 50.0%")
-    assert made[0].calls == 4 + 5  # bs 1: warm-up and 3 timed; bs 2: the same and the profiled one
+    # bs 1: warm-up, 3 timed and 3 first-token; bs 2: the same and the profiled one
+    assert made[0].calls == 7 + 8

@@ -191,3 +191,23 @@ def test_issue_53_third_lease_rows_are_the_json(step, backend):
     cells = [f"{a:.2f} → {b:.2f}" for a, b in (r["waits"]["per_step"] for r in rows)]
     assert [r["batch_size"] for r in rows] == [1, 8, 32, 48] and all(r["identical"] for r in rows)
     assert f"| {backend} | {' | '.join(cells)} | identical |" in GPU_MD.read_text()
+
+
+def test_decode_alone_is_read_where_both_sides_timed_the_first_token(tmp_path):
+    """The whole-generate ratio holds the prefill; the decode-only ratio does not."""
+    for rnd in ("r1", "r2"):
+        p = {**_batch(8, 95.0, {}), "first_token_median_s": 0.06, "decode_tok_per_s": 101.0}
+        u = {**_batch(8, 100.0, {}), "first_token_median_s": 0.03, "decode_tok_per_s": 100.0}
+        _call(tmp_path, f"fa3_8boff-{rnd}-b12", "patched", [p])
+        _call(tmp_path, f"fa3_8boff-{rnd}-b17", "upstream", [u])
+    (tmp_path / "machines.json").write_text(json.dumps({f"fa3_8boff-{r}-b1{s}": 1 for r in ("r1", "r2") for s in "27"}))
+    table = yardstick.rows(tmp_path)
+    assert [yardstick.decode_ratio(r) for r in table] == [pytest.approx(1.01)] * 2
+    md = yardstick.decode_markdown(table)
+    assert "| FA3, 8B, counters off | r1 | 8 | 60.0 / 30.0 | 101 / 100 | 1.010 | 0.950 |" in md
+    assert "| FA3, 8B, counters off | 8 | 2 | 1.010 | 0.950 |" in md
+    assert md in yardstick.report(tmp_path)
+
+
+def test_calls_before_the_first_token_was_timed_have_no_decode_table():
+    assert yardstick.decode_markdown(yardstick.rows(RUN)) == ""

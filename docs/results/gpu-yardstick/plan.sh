@@ -29,6 +29,10 @@
 # e.g. "minus-verify-wait-on-stream,patched" (a bundle built with --minus: every patch but
 # that one, beside all of them, in one call, the order flipping with the round).
 #
+# NO_PROFILE=1 (sixth lease): no profiled generate in any step, for more rounds a lease; the
+# bundles of that lease also time each batch's first token (timed_calls.first_token_runs), so
+# the decode alone's tok/s is read beside the whole generate's.
+#
 # Each bundle has its own FA3 library: sglang-kernel 0.4.2.post2's for B12, 0.4.5's for B17
 # (`fa3-pack --kernel-version`); the orchestrator refuses a library of another version.
 #
@@ -79,6 +83,10 @@ run17() {  # name round backend-args...: upstream 0.5.17
   orchestrate "$name-b17" "$B17" 1200 --releases 0.5.17 --label "$rnd" "$@"
 }
 
+profile() {  # batch size: the arguments that profile it, none with NO_PROFILE
+  [ -z "$NO_PROFILE" ] && echo "--profile-batch $1"
+}
+
 step() {  # name: run it when its inputs are there (return 2: not yet)
   [ -e "$R/$1/.done" ] && return 0
   local head=${1%-r*} rnd=${1##*-}
@@ -87,13 +95,13 @@ step() {  # name: run it when its inputs are there (return 2: not yet)
   case $kind in *8b*) size=8b ;; esac
   local common=(--sizes $size --batch-sizes 1,8,32 --runs 3 --run-timeout 560)
   case $kind in
-    *off*) [ "$rnd" = r1 ] && [ "$size" = small ] && { common+=(--profile-batch 8); variants=pristine,patched; }
+    *off*) [ "$rnd" = r1 ] && [ "$size" = small ] && { common+=($(profile 8)); variants=pristine,patched; }
            # 8B profiles bs 32, the last batch size: 0.5.17 once died after a profile
            # (free(): invalid next size), and the timed batches before it are written first
-           [ "$rnd" = r1 ] && [ "$size" = 8b ] && common+=(--profile-batch 32) ;;
+           [ "$rnd" = r1 ] && [ "$size" = 8b ] && common+=($(profile 32)) ;;
     "")    if [ "$rnd" = r1 ]; then variants=pristine,patched
              common=(--sizes small --batch-sizes 1,8,32,48 --engine-extra '{"cuda_graph_max_bs": 32}'
-                     --runs 3 --run-timeout 560 --profile-batch 8); fi ;;
+                     --runs 3 --run-timeout 560 $(profile 8)); fi ;;
   esac
   [ -n "$VARIANTS12" ] && variants=$VARIANTS12
   [ "$rnd" = r2 ] && [ -n "$VARIANTS12" ] && variants=$(echo "$variants" | tr ',' '\n' | tac | paste -sd,)
