@@ -19,11 +19,9 @@ import os
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Optional
 
-import patchkit
-from patchkit import detection_cache, registry, transform
-from patchkit.detection_cache import FindingKey, Learnt
+from patchkit import registry
 from patchkit.errors import PatchkitError
 from patchkit.findings import Finding, State
 from patchkit.registry import Patch
@@ -42,16 +40,11 @@ from patchkit.results import (
 from patchkit.state import Store, originals, sha256, vendoring
 from patchkit.state.record import Record
 from patchkit.state.snapshot import Snapshot, read_snapshot
-from patchkit.transform import audit_counts
-from patchkit.transform import cache as transform_cache
+from patchkit.transform.detection import Detection
 from patchkit.tree import base_release, find_tree
 
-if TYPE_CHECKING:  # libcst and the codemods are imported only when a file must be parsed
-    import libcst as cst
-
-    from patchkit.codemods.common.base import PatchCodemod
-
-    CodemodRef = Union[type[PatchCodemod], str]
+if TYPE_CHECKING:
+    from patchkit.transform.detection import CodemodRef
 
 
 class Session:
@@ -60,17 +53,12 @@ class Session:
         self.tree = snapshot.tree
         self.record: Record = snapshot.record
         self.store = store
-        # Handed down to the transform step (``patchkit.transform.transformer``), which adds to both.
-        self.modules: dict[str, cst.Module] = {}  # parsed files, by the sha256 of their bytes
-        # Findings are the code's verdicts: a patchkit whose codemods changed (same version or not)
-        # must not trust an earlier one's, so the key is the transform cache's code fingerprint.
-        self._cache_key = (
-            f"patchkit {patchkit.__version__} {transform_cache.fingerprint()[:16]} cache {detection_cache.FORMAT}"
-        )
-        self.learnt = Learnt.from_json(store.load_cache(self._cache_key))
-        self.findings = self.learnt.findings  # the detection cache, by codemod and file sha256
-        self._saved = self.learnt.copy()
-        self.shared = transform_cache.SharedFindings(transform_cache.default_folder())
+        # The transform package, reached through its one door: findings (the
+        # detection cache), parsed modules, the audit's counts.
+        self.detection = Detection(self.tree.package, store.load_cache)
+        self.findings = self.detection.findings  # handed down to the transform step, which adds to them
+        self.modules = self.detection.modules  # parsed files, by the sha256 of their bytes (the same)
+        self._saved = self.detection.learnt.copy()
         self.recovered: dict[str, bytes] = {}  # backups a clone recovered, by sha256 (``blob``)
 
     # -- reading ---------------------------------------------------------------
@@ -153,37 +141,12 @@ class Session:
             "recorded_in": ".patchkit/state.json" if self.snapshot.believed.source == "state" else vendoring.MANIFEST,
         }
 
-    def module(self, rel: str) -> "cst.Module":
-        data = self.read(rel)
-        assert data is not None, rel  # a file the session read: patchkit parses only files the tree has
-        digest = sha256(data)
-        if digest not in self.modules:
-            self.modules[digest] = transform.parse(data, self.tree.path(rel))
-        return self.modules[digest]
-
     def detect(self, rel: str, codemod: "CodemodRef") -> Finding:
         """``codemod`` (a class, or its ``module:Class`` reference) on the file
-        as it is on disk. A cached finding (what detection gave for these very
-        bytes) needs neither libcst nor the codemod module."""
+        as it is on disk (``Detection.finding``: cached where it can be)."""
         data = self.read(rel)
         assert data is not None
-        key = FindingKey(registry.codemod_name(codemod), sha256(data))
-        cached = self.findings.get(key)
-        if cached is not None:
-            return cached
-        # status on a tree patchkit does not manage keeps no cache of its own: the
-        # findings shared by path and bytes (the user's cache folder) spare the parse.
-        name, digest = registry.codemod_name(codemod), sha256(data)
-        shared = transform_cache.cacheable([codemod])
-        if shared and (found := self.shared.get(rel, digest, name)) is not None:
-            self.findings[key] = found
-            return found
-        finding = self.findings[key] = transform.detect(
-            rel, data, lambda: self.module(rel), registry.load_codemod(codemod)
-        )
-        if shared:
-            self.shared.add(rel, digest, name, finding)
-        return finding
+        return self.detection.finding(rel, data, codemod)
 
     def keep_learnt(self) -> None:
         """Keep what the session learnt, when its command ends well: the
@@ -194,20 +157,21 @@ class Session:
         self.save_cache()
 
     def save_cache(self) -> None:
-        self.shared.flush()
+        self.detection.shared.flush()
         # Only trees patchkit already manages get a cache: `status` on a pristine
         # tree leaves no trace.
-        if self.learnt != self._saved and self.store.folder.is_dir() and os.access(self.store.folder, os.W_OK):
-            self.store.save_cache(self._cache_key, self.learnt.to_json())
-            self._saved = self.learnt.copy()
+        learnt = self.detection.learnt
+        if learnt != self._saved and self.store.folder.is_dir() and os.access(self.store.folder, os.W_OK):
+            self.store.save_cache(self.detection.cache_key, learnt.to_json())
+            self._saved = learnt.copy()
 
     def audit_problems(self) -> int:
-        """How many reads of the CPU mirror ``patchkit audit`` finds unguarded or stale (``transform.audit_counts``)."""
-        return audit_counts.audit_problems(self.learnt, self.tree.package)
+        """How many reads of the CPU mirror ``patchkit audit`` finds unguarded or stale."""
+        return self.detection.audit_problems()
 
     def vendor_problems(self, targets: Iterable[str], release_own: Iterable[str] = ()) -> int:
-        """How many of those reads are in the vendor's own code (``transform.audit_counts``)."""
-        return audit_counts.vendor_problems(self.learnt, self.tree.package, targets, release_own)
+        """How many of those reads are in the vendor's own code."""
+        return self.detection.vendor_problems(targets, release_own)
 
     # -- status ----------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -227,6 +227,16 @@ def pristine_source(version: str, rel: str, say: Callable[[str], None] = lambda 
     release = base_release(version)
     if release is None:
         return None
+    return next(
+        (data for data, marker in _cached_copies(release, rel, say) if _checked(release, rel, data, marker, say)), None
+    )
+
+
+def _cached_copies(release: str, rel: str, say: Callable[[str], None]) -> Iterator[tuple[bytes, Path]]:
+    """``rel`` as each copy of ``release`` in patchkit's cache has it (b"":
+    the copy has no such file), cheapest first (the extracted tree, then
+    each wheel), with the file whose removal drops that copy from the cache.
+    A wheel that is not a whole zip is removed as it is met."""
     cache = cache_dir()
     tree = cache / "trees" / release
     if (tree / ".complete").exists():
@@ -236,8 +246,8 @@ def pristine_source(version: str, rel: str, say: Callable[[str], None] = lambda 
             data = b""
         except OSError:
             data = None
-        if data is not None and _checked(release, rel, data, tree / ".complete", say):
-            return data
+        if data is not None:
+            yield data, tree / ".complete"
     for wheel in sorted((cache / "wheels").glob(f"sglang-{release}-*.whl")):
         try:
             with zipfile.ZipFile(wheel) as zf:
@@ -250,9 +260,7 @@ def pristine_source(version: str, rel: str, say: Callable[[str], None] = lambda 
             continue
         except OSError:
             continue
-        if _checked(release, rel, data, wheel, say):
-            return data
-    return None
+        yield data, wheel
 
 
 def _checked(version: str, rel: str, data: bytes, marker: Path, say: Callable[[str], None]) -> bool:

@@ -25,6 +25,8 @@ from patchkit.transform.cache import Entry, TransformCache
 from patchkit.tree import sha256
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import libcst as cst
 
     from patchkit.registry import Patch
@@ -61,6 +63,12 @@ class Transformer:
     risk_accepted: bool = False  # the fetch step downloaded nothing, by the user's choice (its note says so)
     cache: TransformCache = field(default_factory=TransformCache.default)  # shared by every tree of the user
     _prepared: dict[str, tuple[str, Entry]] = field(default_factory=dict)  # rel -> (sha256 of its source, entry)
+
+    def named(self, rel: str) -> "Path":
+        """The file ``rel`` as messages name it. The transform reads and
+        writes no file (its bytes were read, and its path checked, through
+        ``Tree.path``), so it checks no path again."""
+        return self.tree.package / rel
 
     def release_bytes(self, rel: str) -> Optional[bytes]:
         """``rel`` as the tree's release ships it (the fetch step put it in
@@ -112,9 +120,7 @@ class Transformer:
             known = [self.findings.get(FindingKey(registry.codemod_name(r), digest)) for g in groups for r in g]
             if any(k is None or k.state is State.TODO for k in known):
                 need[rel] = groups
-        jobs = {
-            rel: (self.tree.path(rel), sources[rel], groups, self.release_bytes(rel)) for rel, groups in need.items()
-        }
+        jobs = {rel: (self.named(rel), sources[rel], groups, self.release_bytes(rel)) for rel, groups in need.items()}
         for rel, entry in parallel.prepare(jobs, self.cache, progress, start).items():
             digest = sha256(sources[rel])
             for name, finding in entry.before.items():
@@ -156,9 +162,7 @@ class Transformer:
         def groups(rel: str, k: int) -> list[list]:
             return [list(t.refs) for p in patches[: k + 1] for t in p.targets if t.file == rel]
 
-        jobs = [
-            (rel, (self.tree.path(rel), originals[rel], groups(rel, k), self.release_bytes(rel))) for rel, k in steps
-        ]
+        jobs = [(rel, (self.named(rel), originals[rel], groups(rel, k), self.release_bytes(rel))) for rel, k in steps]
         out = {}
         for (rel, k), (_, job), entry in zip(steps, jobs, parallel.prepare_all(jobs, self.cache, progress)):
             whole = [[registry.codemod_name(r) for r in g] for g in job[2]]
@@ -189,8 +193,9 @@ class Transformer:
             return Ran(source, ())  # every change is there (a file a patch to apply leaves as it is): nothing to parse
         pristine = self.release_bytes(rel)
         classes = [registry.load_codemod(codemod) for codemod in codemods]
-        module = self.modules.get(digest) or transform.parse_for(rel, source, self.tree.path(rel), classes, pristine)
-        result = transform.run(rel, self.tree.path(rel), module, classes, known, source, pristine, owners)
+        path = self.named(rel)
+        module = self.modules.get(digest) or transform.parse_for(rel, source, path, classes, pristine)
+        result = transform.run(rel, path, module, classes, known, source, pristine, owners)
         new_digest = sha256(result.new)
         for name, finding in result.after.items():
             self.findings[FindingKey(name, new_digest)] = finding

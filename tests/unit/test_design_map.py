@@ -93,3 +93,22 @@ def test_the_reader_finds_relative_and_absolute_imports(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     assert _imported_units(fake / "api" / "x.py") == {"engine", "api", "tree", "output"}
+
+
+def _transform_imports(path: Path) -> set[str]:
+    """The modules of ``patchkit.transform`` (the package, or one of its modules) that one file imports from."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "patchkit":
+            out.update(f"patchkit.{a.name}" for a in node.names if a.name == "transform")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("patchkit.transform"):
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("patchkit.transform"))
+    return out
+
+
+def test_the_read_side_reaches_the_transform_package_through_one_door():
+    """The engine never parses, detects or touches a transform cache itself:
+    it asks ``patchkit.transform.detection`` (design.md, "The parts")."""
+    assert _transform_imports(PACKAGE / "engine.py") == {"patchkit.transform.detection"}
