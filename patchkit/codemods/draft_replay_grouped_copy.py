@@ -48,7 +48,9 @@ KEPT = ("hidden_states",)
 
 #: ``X[...].copy_(Y)`` as a statement line: one field copied into its buffer.
 FIELD_COPY = primitives.line(
-    m.Expr(value=m.Call(func=m.Attribute(value=m.Subscript(), attr=m.Name("copy_")), args=[m.Arg(keyword=None, star="")]))
+    m.Expr(
+        value=m.Call(func=m.Attribute(value=m.Subscript(), attr=m.Name("copy_")), args=[m.Arg(keyword=None, star="")])
+    )
 )
 #: A grouped copy the tree wrote itself: ``torch._foreach_copy_(...)`` or a helper named so.
 OWN_GROUPED = m.Call(
@@ -79,7 +81,9 @@ def _copies_in(stmt: cst.BaseStatement) -> list[cst.SimpleStatementLine]:
     if m.matches(stmt, FIELD_COPY):
         return [cst.ensure_type(stmt, cst.SimpleStatementLine)] if _grouped(stmt) else []
     if isinstance(stmt, cst.If):
-        return [cst.ensure_type(n, cst.SimpleStatementLine) for n in primitives.find_all(stmt, FIELD_COPY) if _grouped(n)]
+        return [
+            cst.ensure_type(n, cst.SimpleStatementLine) for n in primitives.find_all(stmt, FIELD_COPY) if _grouped(n)
+        ]
     return []
 
 
@@ -191,8 +195,9 @@ class _GroupReplayCopies(MethodCodemod):
             # torch._foreach_copy_ per dtype pair (hidden_states keeps its copy_), not a memcpy each.
             {name} = []
         """)
-        region[0], init = region[0].with_changes(leading_lines=[]), init.with_changes(
-            leading_lines=[*region[0].leading_lines, *init.leading_lines]
+        region[0], init = (
+            region[0].with_changes(leading_lines=[]),
+            init.with_changes(leading_lines=[*region[0].leading_lines, *init.leading_lines]),
         )
         body[plan.start : plan.end] = [init, *region, primitives.parse_statement(f"{COPY}({name})")]
         self.require_import(RUNTIME, COPY)

@@ -25,13 +25,13 @@ __all__ = ["copy_grouped"]
 
 def copy_grouped(pairs: Iterable[tuple[Any, Any]]) -> None:
     """``dst.copy_(src)`` for every ``(dst, src)`` pair, as one
-    ``torch._foreach_copy_`` per group of pairs sharing dtypes and devices
-    (a foreach call takes one dtype and one device a list). A group of one
-    pair, or a torch without ``_foreach_copy_``, copies with ``copy_``: one
-    call either way, and a same-dtype ``copy_`` stays on the copy engine.
-    Where torch's foreach kernel cannot take a group (sizes or strides that
-    differ, a CPU tensor), it copies pair by pair itself: every pair is
-    copied in any case."""
+    ``torch._foreach_copy_`` per group of pairs sharing dtypes and devices (a
+    foreach call takes one dtype and one device a list; upstream groups by the
+    dtype pair alone), a group of one pair included, as upstream. A torch
+    without ``_foreach_copy_`` copies with ``copy_``, as upstream does. Where
+    torch's foreach kernel cannot take a group (sizes or strides that differ,
+    CPU tensors), it copies pair by pair itself: every pair is copied in any
+    case."""
     import torch
 
     foreach_copy = getattr(torch, "_foreach_copy_", None)
@@ -41,7 +41,7 @@ def copy_grouped(pairs: Iterable[tuple[Any, Any]]) -> None:
         dsts.append(dst)
         srcs.append(src)
     for dsts, srcs in groups.values():
-        if foreach_copy is None or len(dsts) == 1:
+        if foreach_copy is None:
             for dst, src in zip(dsts, srcs):
                 dst.copy_(src)
         else:

@@ -90,7 +90,9 @@ def test_a_fork_that_names_its_buffers_and_batch_otherwise():
 
 def test_the_draft_runner_and_upstreams_execute():
     draft = BEFORE.replace("EAGLEDraftExtendCudaGraphRunner", "EAGLEDraftCudaGraphRunner")
-    assert_codemod(gc.GroupDraftCopies, draft, AFTER.replace("EAGLEDraftExtendCudaGraphRunner", "EAGLEDraftCudaGraphRunner"))
+    assert_codemod(
+        gc.GroupDraftCopies, draft, AFTER.replace("EAGLEDraftExtendCudaGraphRunner", "EAGLEDraftCudaGraphRunner")
+    )
     upstream = code("""
         class EAGLEDraftCudaGraphRunner:
             def execute(self, forward_batch):
