@@ -29,6 +29,7 @@ a tree where one does is a missing anchor naming it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -76,7 +77,7 @@ def _grouped(line: cst.CSTNode) -> bool:
     return name not in KEPT and not name.endswith("_cpu")
 
 
-def _copies_in(stmt: cst.BaseStatement) -> list[cst.SimpleStatementLine]:
+def _copies_in(stmt: primitives.Statement) -> list[cst.SimpleStatementLine]:
     """The grouped copies of one top-level statement: itself, or those in an ``if``."""
     if m.matches(stmt, FIELD_COPY):
         return [cst.ensure_type(stmt, cst.SimpleStatementLine)] if _grouped(stmt) else []
@@ -95,7 +96,7 @@ class _Plan:
     clash: Optional[tuple[cst.CSTNode, str]]  # a statement the grouping would reorder, and why
 
 
-def _clash(stmt: cst.BaseStatement, skip: list[cst.SimpleStatementLine], dsts: set, srcs: set) -> Optional[str]:
+def _clash(stmt: primitives.Statement, skip: list[cst.SimpleStatementLine], dsts: set, srcs: set) -> Optional[str]:
     """Why ``stmt`` (less its own copies ``skip``) may not run before copies queued
     into the buffers ``dsts`` from ``srcs``: it reads such a buffer, or changes a source in place."""
     inside = {id(n) for line in skip for n in primitives.find_all(line, REFERENCE | IN_PLACE)}
@@ -111,7 +112,7 @@ def _clash(stmt: cst.BaseStatement, skip: list[cst.SimpleStatementLine], dsts: s
 
 def _plan(fn: cst.FunctionDef) -> Optional[_Plan]:
     """Where the method's grouped copies are, or None with fewer than two."""
-    body = list(fn.body.body)
+    body = primitives.block_statements(fn.body)
     copies = {i: found for i, stmt in enumerate(body) if (found := _copies_in(stmt))}
     if sum(len(found) for found in copies.values()) < 2:
         return None
@@ -127,6 +128,11 @@ def _plan(fn: cst.FunctionDef) -> Optional[_Plan]:
             dsts.add(code_of(dst.value))
             srcs.add(code_of(src))
     return _Plan(start, end, copies, None)
+
+
+def _one_of(nodes: list[cst.SimpleStatementLine]) -> Callable[[cst.CSTNode], bool]:
+    """Whether a node is one of ``nodes`` (those very nodes: the copies to queue)."""
+    return lambda node: any(node is n for n in nodes)
 
 
 def _free_name(fn: cst.FunctionDef) -> str:
@@ -173,22 +179,21 @@ class _GroupReplayCopies(MethodCodemod):
         assert plan is not None  # detect said TODO
         name = _free_name(fn)
 
-        def queued(line: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+        def queued(stmt: primitives.Statement) -> cst.SimpleStatementLine:
+            line = cst.ensure_type(stmt, cst.SimpleStatementLine)
             dst, src = _parts(line)
             pair = cst.Tuple([cst.Element(dst), cst.Element(src)])
             append = cst.Call(func=cst.Attribute(cst.Name(name), cst.Name("append")), args=[cst.Arg(pair)])
             return line.with_changes(body=[cst.Expr(append)])
 
-        body = list(fn.body.body)
-        region = []
+        body = primitives.block_statements(fn.body)
+        region: list[primitives.Statement] = []
         for i in range(plan.start, plan.end):
             stmt, found = body[i], plan.copies.get(i, [])
             if m.matches(stmt, FIELD_COPY) and found:
-                stmt = queued(cst.ensure_type(stmt, cst.SimpleStatementLine))
+                stmt = queued(stmt)
             elif found:
-                stmt = primitives.replace_statements(
-                    stmt, FIELD_COPY & m.MatchIfTrue(lambda n, f=found: any(n is c for c in f)), queued
-                )
+                stmt = primitives.replace_statements(stmt, FIELD_COPY & m.MatchIfTrue(_one_of(found)), queued)
             region.append(stmt)
         (init,) = primitives.parse_statements_with_comments(f"""
             # patchkit (sglang #28465): the fields go into the graph's buffers together, one
