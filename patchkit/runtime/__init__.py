@@ -8,6 +8,7 @@ imports the names below from there (or, in package mode, through a forwarder,
 from ``patchkit.runtime``).
 """
 
+from .grouped_copies import copy_grouped
 from .host_copies import pin_memory_for, pinned_tensor
 from .seq_lens import (
     add_or_none,
@@ -38,6 +39,7 @@ __all__ = [
     "add_or_none",
     "cat_or_none",
     "configure_needs_cpu_seq_lens",
+    "copy_grouped",
     "decide_needs_cpu_seq_lens",
     "decode_seq_lens",
     "decode_total_seq_lens",

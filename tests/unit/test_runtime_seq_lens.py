@@ -215,10 +215,11 @@ def test_import_is_cheap_and_standalone():
 
 
 def test_public_names():
-    """The package's names are its modules' public ones (seq_lens, host_copies, streams), each the same object."""
-    from patchkit.runtime import host_copies, streams
+    """The package's names are its modules' public ones (seq_lens, host_copies, streams, grouped_copies),
+    each the same object."""
+    from patchkit.runtime import grouped_copies, host_copies, streams
 
-    modules = (impl, host_copies, streams)
+    modules = (impl, host_copies, streams, grouped_copies)
     public = {name: module for module in modules for name in dir(module) if not name.startswith("_")}
     assert set(rt.__all__) - {"RUNTIME_API"} == set(public) - {"annotations", "TYPE_CHECKING"}
     assert isinstance(rt.RUNTIME_API, int)
