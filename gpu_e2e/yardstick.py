@@ -145,13 +145,18 @@ def _site_steps(waits: Mapping, side: int) -> dict[str, float]:
     return {name: e["per_step"][side] for name, e in waits["sites"].items() if e["count"][side]}
 
 
+def by_cell(table: Iterable[Mapping]) -> list[tuple[tuple[str, int], list[Mapping]]]:
+    """The rows per backend and batch size, in that order: a table's cells."""
+    cells: dict[tuple[str, int], list[Mapping]] = {}
+    for r in table:
+        cells.setdefault((r["backend"], r["batch_size"]), []).append(r)
+    return sorted(cells.items())
+
+
 def summary(table: list[dict]) -> list[dict]:
     """Per backend and batch size: the same-machine rounds' ratios, their median and range."""
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for r in table:
-        groups.setdefault((r["backend"], r["batch_size"]), []).append(r)
     out = []
-    for (backend, bs), rs in sorted(groups.items()):
+    for (backend, bs), rs in by_cell(table):
         same = [r["ratio"] for r in rs if r["same_machine"]]
         out.append(
             {
@@ -296,12 +301,9 @@ def minus_markdown(table: list[dict]) -> str:
             f"| {label(r['backend'])} | {r['round']} | {r['batch_size']} | {a:.0f} → {b:.0f} "
             f"| {r['ratio']:.3f} | {_f(wa)} → {_f(wb)} | {same} of {n} requests |"
         )
-    groups: dict[tuple[str, int], list[float]] = {}
-    for r in table:
-        groups.setdefault((r["backend"], r["batch_size"]), []).append(r["ratio"])
     lines += ["", f"| backend | bs | rounds | with / without `{patch}`, median |", "|---|---:|---:|---:|"]
-    for (backend, bs), ratios in sorted(groups.items()):
-        lines.append(f"| {label(backend)} | {bs} | {len(ratios)} | {statistics.median(ratios):.3f} |")
+    for (backend, bs), rs in by_cell(table):
+        lines.append(f"| {label(backend)} | {bs} | {len(rs)} | {statistics.median(r['ratio'] for r in rs):.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -331,16 +333,12 @@ def decode_markdown(table: list[dict]) -> str:
             f"| {label(r['backend'])} | {r['round']}{machine} | {r['batch_size']} | {1000 * fp:.1f} / {1000 * fu:.1f} "
             f"| {dp:.0f} / {du:.0f} | {decode_ratio(r):.3f} | {r['ratio']:.3f} |"
         )
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for r in timed:
-        if r["same_machine"]:
-            groups.setdefault((r["backend"], r["batch_size"]), []).append(r)
     lines += [
         "",
         "| backend | bs | same-machine rounds | decode-only ratio, median | whole-generate ratio, median |",
         "|---|---:|---:|---:|---:|",
     ]
-    for (backend, bs), rs in sorted(groups.items()):
+    for (backend, bs), rs in by_cell([r for r in timed if r["same_machine"]]):
         decode = statistics.median(decode_ratio(r) for r in rs)
         whole = statistics.median(r["ratio"] for r in rs)
         lines.append(f"| {label(backend)} | {bs} | {len(rs)} | {decode:.3f} | {whole:.3f} |")
