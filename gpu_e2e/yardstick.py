@@ -278,6 +278,7 @@ def minus_rows(folder: Path) -> list[dict]:
                     "patch": minus[len(MINUS) :],
                     "tok_per_s": (a["tok_per_s"], b["tok_per_s"]),
                     "ratio": b["tok_per_s"] / a["tok_per_s"],
+                    "decode_tok_per_s": (a.get("decode_tok_per_s"), b.get("decode_tok_per_s")),
                     "event_waits_per_step": (event_waits_per_step(a), event_waits_per_step(b)),
                     "identical_requests": (same, n),
                 }
@@ -286,25 +287,42 @@ def minus_rows(folder: Path) -> list[dict]:
 
 
 def minus_markdown(table: list[dict]) -> str:
-    """The rounds, then per backend and batch size the median of their ratios."""
+    """The rounds, then per backend and batch size the median of their ratios; where the calls
+    timed the first token, the decode alone's ratio beside the whole generate's."""
     if not table:
         return ""
     patch = table[0]["patch"]
+    decode = all(_minus_decode_ratio(r) is not None for r in table)
+    more = (" | decode-only ratio", "---:|") if decode else ("", "")
     lines = [
-        f"| backend | round | bs | tok/s without `{patch}` → with | ratio "
+        f"| backend | round | bs | tok/s without `{patch}` → with | ratio{more[0]} "
         "| event waits per decode step, without → with | outputs identical |",
-        "|---|---|---:|---|---:|---|---|",
+        f"|---|---|---:|---|---:|{more[1]}---|---|",
     ]
     for r in table:
         (a, b), (wa, wb), (same, n) = r["tok_per_s"], r["event_waits_per_step"], r["identical_requests"]
+        cell = f" | {_minus_decode_ratio(r):.3f}" if decode else ""
         lines.append(
             f"| {label(r['backend'])} | {r['round']} | {r['batch_size']} | {a:.0f} → {b:.0f} "
-            f"| {r['ratio']:.3f} | {_f(wa)} → {_f(wb)} | {same} of {n} requests |"
+            f"| {r['ratio']:.3f}{cell} | {_f(wa)} → {_f(wb)} | {same} of {n} requests |"
         )
-    lines += ["", f"| backend | bs | rounds | with / without `{patch}`, median |", "|---|---:|---:|---:|"]
+    lines += [
+        "",
+        f"| backend | bs | rounds | with / without `{patch}`, median{', whole generate | decode only' if decode else ''} |",
+        f"|---|---:|---:|---:|{'---:|' if decode else ''}",
+    ]
     for (backend, bs), rs in by_cell(table):
-        lines.append(f"| {label(backend)} | {bs} | {len(rs)} | {statistics.median(r['ratio'] for r in rs):.3f} |")
+        cell = f" | {statistics.median(_minus_decode_ratio(r) for r in rs):.3f}" if decode else ""
+        lines.append(
+            f"| {label(backend)} | {bs} | {len(rs)} | {statistics.median(r['ratio'] for r in rs):.3f}{cell} |"
+        )
     return "\n".join(lines) + "\n"
+
+
+def _minus_decode_ratio(row: Mapping) -> Optional[float]:
+    """With / without the patch, tok/s of the decode steps alone (both timed their first token)."""
+    a, b = row.get("decode_tok_per_s") or (None, None)
+    return b / a if a and b else None
 
 
 def decode_ratio(row: Mapping) -> Optional[float]:

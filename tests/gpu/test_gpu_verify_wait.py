@@ -109,3 +109,18 @@ def test_a_call_without_a_minus_tree_gives_no_row_and_no_table(tmp_path):
     assert "| FA3, small | r2 | 8 | 80 → 100 | 1.250 | 3.00 → 1.00 | 8 of 8 requests |" in yardstick.minus_markdown(
         [row]
     )
+
+
+def test_a_minus_call_that_timed_the_first_token_shows_the_decode_alone_beside(tmp_path):
+    without, with_ = _batch(8, 80.0), _batch(8, 100.0)
+    without["decode_tok_per_s"], with_["decode_tok_per_s"] = 90.0, 99.0
+    _call(
+        tmp_path,
+        "fa3-r1-b12",
+        {"0.5.12.post1/8b/x/r1/minus-x": {"batches": [without]}, "0.5.12.post1/8b/x/r1/patched": {"batches": [with_]}},
+    )
+    (row,) = yardstick.minus_rows(tmp_path)
+    assert row["decode_tok_per_s"] == (90.0, 99.0)
+    text = yardstick.minus_markdown([row])
+    assert "| FA3, small | r1 | 8 | 80 → 100 | 1.250 | 1.100 | 0.00 → 0.00 | 8 of 8 requests |" in text
+    assert "| FA3, small | 8 | 1 | 1.250 | 1.100 |" in text
