@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 from . import wait_report
@@ -9,6 +10,13 @@ from .sites import by_function, new_sites
 from .syncs import wrapper_only
 
 PREPARE_FOR_DECODE = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
+
+
+def tree_digest(files: Mapping[str, str]) -> str:
+    """How docs/gpu.md names a patched tree: the first 16 hex digits of the sha256 of its
+    files' ``sha256sum`` listing (``files``: path -> sha256, as a run's results.json keeps them)."""
+    lines = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(files.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()[:16]
 
 
 def prepare_syncs(table: Mapping[str, int]) -> int:

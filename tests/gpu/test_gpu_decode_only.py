@@ -6,12 +6,12 @@ Every committed figure is recomputed from the committed JSON. No GPU needed."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 
 from gpu_e2e import yardstick
 from gpu_e2e.bundle import repo_root
+from gpu_e2e.report import tree_digest
 
 RUN = repo_root() / "docs" / "results" / "gpu-decode-only-2026-11-27"
 GPU_MD = repo_root() / "docs" / "gpu.md"
@@ -42,7 +42,6 @@ def test_every_call_ran_the_tree_and_bundle_gpu_md_names():
         assert data["patchkit_commit"].startswith("c9a3e78") and data["device"].startswith("NVIDIA H200")
         if path.parent.name.endswith("b12"):
             files = data["trees"]["0.5.12.post1"]["patched_files_sha256"]
-            digest = hashlib.sha256("".join(f"{s}  {r}\n" for r, s in sorted(files.items())).encode()).hexdigest()
-            assert digest[:16] == "f9d514b5bccb3c29", path
+            assert tree_digest(files) == "f9d514b5bccb3c29", path
     text = GPU_MD.read_text()
     assert "c9a3e78" in text and "gpu-decode-only-2026-11-27" in text

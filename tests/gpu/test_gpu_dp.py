@@ -7,13 +7,13 @@ cause read back from its engine log. No GPU needed."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 
 from gpu_e2e import engine_facts, orchestrate, rank_report, report, wait_report, worker_steps
 from gpu_e2e.bundle import repo_root
+from gpu_e2e.report import tree_digest
 
 RUNS = repo_root() / "docs" / "results" / "gpu-dp-2026-11-27"
 RELEASE = "0.5.12.post1"
@@ -40,11 +40,6 @@ def _rank_rows(step: str) -> list[dict]:
 def _section() -> str:
     text = (repo_root() / "docs" / "gpu.md").read_text()
     return text.split("## DeepSeek at TP 4 with DP attention, 4 GPUs (issue 58")[1].split("\n## ")[0]
-
-
-def _digest(files: dict) -> str:
-    lines = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(files.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()[:16]
 
 
 def _doc_rows() -> list[dict]:
@@ -129,7 +124,7 @@ def test_the_patched_tree_is_one_and_the_same_in_every_step_and_named_in_the_doc
         data = _results(step)
         assert data["device"].splitlines() == ["NVIDIA H200, 143771 MiB, 580.159.04"] * 4
         assert data["patchkit_commit"].startswith("973575c")
-        digests.add(_digest(data["trees"][RELEASE]["patched_files_sha256"]))
+        digests.add(tree_digest(data["trees"][RELEASE]["patched_files_sha256"]))
     assert digests == {"4b0b587c1a4846e4"}
     assert "`4b0b587c1a4846e4`" in section and "973575c" in section and "4 × NVIDIA H200" in section
 

@@ -16,6 +16,7 @@ import pytest
 
 from gpu_e2e import bundle_kernels, deepseek, engine_facts, orchestrate, report, runner, syncs, tree_mask_probe
 from gpu_e2e.bundle import repo_root
+from gpu_e2e.report import tree_digest
 
 RUNS = repo_root() / "docs" / "results" / "gpu-ds-2026-11-26"
 PFD = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
@@ -228,8 +229,7 @@ def test_docs_gpu_section_names_device_commit_and_patched_tree():
         data = _results(step)
         assert data["device"].startswith("NVIDIA H100") and data["patchkit_commit"][:7] in section
         for tree in data["trees"].values():
-            lines = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(tree["patched_files_sha256"].items()))
-            assert f"`{hashlib.sha256(lines.encode()).hexdigest()[:16]}`" in section
+            assert f"`{tree_digest(tree['patched_files_sha256'])}`" in section
 
 
 def test_plan_script_parses():

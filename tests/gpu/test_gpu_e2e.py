@@ -19,6 +19,7 @@ import pytest
 
 from gpu_e2e import engine_facts, models, report, syncs
 from gpu_e2e.bundle import repo_root
+from gpu_e2e.report import tree_digest
 
 RECORDED = repo_root() / "docs" / "results" / "gpu-e2e"
 PFD = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
@@ -314,7 +315,6 @@ def test_recorded_gpu_runs_reproduce_their_table(run):
 def test_docs_gpu_names_the_patched_trees_of_the_default_settings_runs():
     """docs/gpu.md's digest of each release's patched files is the one the
     runs' results.json record (issue 40's runs, 2026-11-26)."""
-    import hashlib
 
     text = (repo_root() / "docs" / "gpu.md").read_text()
     runs = sorted(RECORDED.glob("*-default-settings-2026-11-26/results.json"))
@@ -323,8 +323,7 @@ def test_docs_gpu_names_the_patched_trees_of_the_default_settings_runs():
         data = json.loads(path.read_text())
         assert data["device"].startswith("NVIDIA H100") and data["patchkit_commit"][:7] in text
         for release, tree in data["trees"].items():
-            lines = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(tree["patched_files_sha256"].items()))
-            assert f"| {release} | {hashlib.sha256(lines.encode()).hexdigest()[:16]} |" in text, (
+            assert f"| {release} | {tree_digest(tree['patched_files_sha256'])} |" in text, (
                 path.parent.name,
                 release,
             )

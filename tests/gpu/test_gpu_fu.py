@@ -4,7 +4,6 @@ per-step arithmetic of gpu_e2e/step_times.py on small records. No GPU needed."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 
@@ -12,6 +11,7 @@ import pytest
 
 from gpu_e2e import engine_facts, report, step_times
 from gpu_e2e.bundle import repo_root
+from gpu_e2e.report import tree_digest
 
 RUNS = repo_root() / "docs" / "results" / "gpu-fu-2026-11-26"
 TREES = ["before42", "mask-only", "patched"]
@@ -25,11 +25,6 @@ def _results(step: str) -> dict:
 def _section() -> str:
     text = (repo_root() / "docs" / "gpu.md").read_text()
     return text.split("## Tree drafts on spec v2, upstream's later fixes")[1].split("\n## ")[0]
-
-
-def _digest(files: dict) -> str:
-    lines = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(files.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------- step_times, on small records
@@ -164,9 +159,9 @@ def test_docs_name_device_commit_and_each_tree(step):
     data, section = _results(step), _section()
     assert data["device"].startswith("NVIDIA H100") and data["patchkit_commit"][:7] in section
     for tree in data["trees"].values():
-        assert f"`{_digest(tree['patched_files_sha256'])}`" in section
+        assert f"`{tree_digest(tree['patched_files_sha256'])}`" in section
         for files in tree.get("variant_files_sha256", {}).values():
-            assert f"`{_digest(files)}`" in section
+            assert f"`{tree_digest(files)}`" in section
 
 
 def test_plan_script_parses():

@@ -6,13 +6,13 @@ needed."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 
 from gpu_e2e import orchestrate, report, wait_report
 from gpu_e2e.bundle import repo_root
+from gpu_e2e.report import tree_digest
 
 RUNS = repo_root() / "docs" / "results" / "gpu-hw-2026-11-26"
 STEPS = sorted(p.parent.name for p in RUNS.glob("*/table.md"))
@@ -35,11 +35,6 @@ def _rows(data: dict) -> list[dict]:
     return rows
 
 
-def digest(files: dict) -> str:
-    lines = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(files.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()[:16]
-
-
 @pytest.mark.parametrize("runs,step", [(RUNS, s) for s in STEPS] + [(RUNS2, s) for s in STEPS2])
 def test_tables_recomputed_from_the_json(runs, step):
     data = _results(step, runs)
@@ -54,7 +49,7 @@ def test_tables_recomputed_from_the_json(runs, step):
 
 
 def test_the_patched_tree_is_one_and_the_same_in_every_step():
-    digests = {digest(_results(s)["trees"]["0.5.12.post1"]["patched_files_sha256"]) for s in STEPS}
+    digests = {tree_digest(_results(s)["trees"]["0.5.12.post1"]["patched_files_sha256"]) for s in STEPS}
     assert digests == {"6b44ed3cad69caf1"}
 
 
@@ -165,7 +160,7 @@ def test_second_lease_device_bundle_and_digest():
         data = _results(step, RUNS2)
         assert data["device"].startswith("NVIDIA H100 80GB HBM3")
         assert data["patchkit_commit"].startswith("e6ad8de")
-        assert digest(data["trees"]["0.5.12.post1"]["patched_files_sha256"]) == "132d33dfb0036dbf"
+        assert tree_digest(data["trees"]["0.5.12.post1"]["patched_files_sha256"]) == "132d33dfb0036dbf"
         assert data["problems"] == []
 
 

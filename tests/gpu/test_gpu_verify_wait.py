@@ -5,12 +5,12 @@ is recomputed from the committed JSON. No GPU needed."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from gpu_e2e import profile_table, yardstick
 from gpu_e2e.bundle import repo_root
+from gpu_e2e.report import tree_digest
 
 RUN = repo_root() / "docs" / "results" / "gpu-verify-wait-2026-11-27"
 GPU_MD = repo_root() / "docs" / "gpu.md"
@@ -66,10 +66,7 @@ def test_every_b12_call_ran_the_tree_gpu_md_names():
         data = json.loads(path.read_text())
         tree = data["trees"]["0.5.12.post1"]
         digests = {"patched": tree["patched_files_sha256"], **tree["variant_files_sha256"]}
-        got = {
-            name: hashlib.sha256("".join(f"{s}  {r}\n" for r, s in sorted(files.items())).encode()).hexdigest()[:16]
-            for name, files in digests.items()
-        }
+        got = {name: tree_digest(files) for name, files in digests.items()}
         assert got == {"patched": "f9d514b5bccb3c29", f"minus-{PATCH}": "ce6a1d3adfd1228d"}, path
         # the same trees, bundled twice: a9e972f (fifth lease), f033669 (sixth lease, machine 6)
         assert data["patchkit_commit"][:7] in ("a9e972f", "f033669") and data["device"].startswith("NVIDIA H200")

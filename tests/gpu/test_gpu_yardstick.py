@@ -5,7 +5,6 @@ recomputed from the committed JSON. No GPU needed."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from gpu_e2e import yardstick
 from gpu_e2e.bundle import repo_root
+from gpu_e2e.report import tree_digest
 
 RUN = repo_root() / "docs" / "results" / "gpu-yardstick-2026-11-27"
 GPU_MD = repo_root() / "docs" / "gpu.md"
@@ -169,8 +169,7 @@ def test_the_fa3_round_across_two_machines_is_out_of_the_median():
 def test_the_patched_tree_is_the_one_gpu_md_names(step, commit):
     data = json.loads((RUN / step / "results.json").read_text())
     files = data["trees"]["0.5.12.post1"]["patched_files_sha256"]
-    lines = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(files.items()))
-    assert hashlib.sha256(lines.encode()).hexdigest()[:16] == "132d33dfb0036dbf"
+    assert tree_digest(files) == "132d33dfb0036dbf"
     assert data["patchkit_commit"].startswith(commit) and data["device"].startswith("NVIDIA H200")
     assert "132d33dfb0036dbf" in GPU_MD.read_text()
 
