@@ -144,17 +144,20 @@ def join(part: Path, dest: Path) -> list[str]:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["join"])
-    ap.add_argument("--part", required=True, type=Path, help="one part folder (carried by this call)")
+    ap.add_argument(
+        "--part", required=True, type=Path, action="append", help="a part folder carried by this call (repeatable)"
+    )
     ap.add_argument("--dest", required=True, type=Path, help="where the whole folder is put together")
     args = ap.parse_args(argv)
-    missing = join(args.part, args.dest)
-    if missing:
-        print(
-            f"{args.dest}: part {json.loads((args.part / INDEX).read_text())['part']} in; "
-            f"{len(missing)} file(s) still to come: {', '.join(missing)}"
-        )
-    else:
-        print(f"{args.dest}: complete, every file's sha256 checked")
+    for part in args.part:  # every part named is joined, in the order given
+        missing = join(part, args.dest)
+        if missing:
+            print(
+                f"{args.dest}: part {json.loads((part / INDEX).read_text())['part']} in; "
+                f"{len(missing)} file(s) still to come: {', '.join(missing)}"
+            )
+        else:
+            print(f"{args.dest}: complete, every file's sha256 checked")
     return 0
 
 

@@ -313,9 +313,7 @@ def minus_markdown(table: list[dict]) -> str:
     ]
     for (backend, bs), rs in by_cell(table):
         cell = f" | {statistics.median(_minus_decode_ratio(r) for r in rs):.3f}" if decode else ""
-        lines.append(
-            f"| {label(backend)} | {bs} | {len(rs)} | {statistics.median(r['ratio'] for r in rs):.3f}{cell} |"
-        )
+        lines.append(f"| {label(backend)} | {bs} | {len(rs)} | {statistics.median(r['ratio'] for r in rs):.3f}{cell} |")
     return "\n".join(lines) + "\n"
 
 

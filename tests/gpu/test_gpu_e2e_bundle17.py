@@ -160,6 +160,18 @@ def test_what_017_eagle_graph_capture_imports_on_cuda_is_on_the_image_or_in_the_
     assert missing == {}
 
 
+def test_join_takes_every_part_named_in_one_call(tmp_path, capsys):
+    src = tmp_path / "bundle"
+    (src / "site").mkdir(parents=True)
+    (src / "site" / "big.tar.xz").write_bytes(bytes(range(256)) * 700)
+    parts = bundle_parts.split(src, part_bytes=64 * 1024 + 100_000, log=lambda *_: None)
+    dest = tmp_path / "joined"
+    # two --part flags once kept only the last: every one named is joined now
+    assert bundle_parts.main(["join", *(a for p in parts for a in ("--part", str(p))), "--dest", str(dest)]) == 0
+    assert (dest / "site" / "big.tar.xz").read_bytes() == (src / "site" / "big.tar.xz").read_bytes()
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("complete, every file's sha256 checked")
+
+
 def test_split_and_join_put_every_file_back(tmp_path):
     src = tmp_path / "bundle"
     (src / "site").mkdir(parents=True)
