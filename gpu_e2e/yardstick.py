@@ -293,11 +293,11 @@ def minus_markdown(table: list[dict]) -> str:
         return ""
     patch = table[0]["patch"]
     decode = all(_minus_decode_ratio(r) is not None for r in table)
-    more = (" | decode-only ratio", "---:|") if decode else ("", "")
+    head, rule = (" | decode-only ratio", "---:|") if decode else ("", "")
     lines = [
-        f"| backend | round | bs | tok/s without `{patch}` → with | ratio{more[0]} "
+        f"| backend | round | bs | tok/s without `{patch}` → with | ratio{head} "
         "| event waits per decode step, without → with | outputs identical |",
-        f"|---|---|---:|---|---:|{more[1]}---|---|",
+        f"|---|---|---:|---|---:|{rule}---|---|",
     ]
     for r in table:
         (a, b), (wa, wb), (same, n) = r["tok_per_s"], r["event_waits_per_step"], r["identical_requests"]
@@ -306,11 +306,8 @@ def minus_markdown(table: list[dict]) -> str:
             f"| {label(r['backend'])} | {r['round']} | {r['batch_size']} | {a:.0f} → {b:.0f} "
             f"| {r['ratio']:.3f}{cell} | {_f(wa)} → {_f(wb)} | {same} of {n} requests |"
         )
-    lines += [
-        "",
-        f"| backend | bs | rounds | with / without `{patch}`, median{', whole generate | decode only' if decode else ''} |",
-        f"|---|---:|---:|---:|{'---:|' if decode else ''}",
-    ]
+    head = ", whole generate | decode only" if decode else ""
+    lines += ["", f"| backend | bs | rounds | with / without `{patch}`, median{head} |", f"|---|---:|---:|---:|{rule}"]
     for (backend, bs), rs in by_cell(table):
         cell = f" | {statistics.median(_minus_decode_ratio(r) for r in rs):.3f}" if decode else ""
         lines.append(f"| {label(backend)} | {bs} | {len(rs)} | {statistics.median(r['ratio'] for r in rs):.3f}{cell} |")
@@ -318,9 +315,10 @@ def minus_markdown(table: list[dict]) -> str:
 
 
 def _minus_decode_ratio(row: Mapping) -> Optional[float]:
-    """With / without the patch, tok/s of the decode steps alone (both timed their first token)."""
-    a, b = row.get("decode_tok_per_s") or (None, None)
-    return b / a if a and b else None
+    """With / without the patch, tok/s of the decode steps alone (both timed their first
+    token): a minus row keeps (without, with), so it is ``decode_ratio`` turned over."""
+    ratio = decode_ratio(row)
+    return 1 / ratio if ratio else None
 
 
 def decode_ratio(row: Mapping) -> Optional[float]:
