@@ -34,17 +34,21 @@ __all__ = ["host_max_seq_len", "rows_or_none", "rows_max", "any_host_lens", "max
 # -- reads of the CPU mirror ----------------------------------------------------------------
 
 
-def host_max_seq_len(seq_lens_cpu: Any, bound: int) -> int:
-    """``seq_lens_cpu.max().item()``, or ``bound`` (the backend's
-    ``max_context_len``) when the batch has no CPU mirror.
+def host_max_seq_len(seq_lens_cpu: Any, bound: int, batch: Any = None) -> int:
+    """``seq_lens_cpu.max().item()``; without the CPU mirror, the ``batch``'s
+    host bound (``seq_lens_host_bound.max_len``, patch seq-lens-host-bound:
+    the longest KV allocation, a few tokens above the truth) where it has one,
+    at most ``bound`` (the backend's static ``max_context_len``).
 
     FA3 and TRT-LLM MHA use this host value only to size the page table they
     gather from ``req_to_token`` (FA3, on normal decode, also the split
-    heuristic of ``scheduler_metadata``): the static bound gives every row all
-    of its context without a device-to-host copy.
+    heuristic of ``scheduler_metadata``): either bound gives every row all of
+    its context without a device-to-host copy; the host one keeps the gather
+    as narrow as the batch.
     """
     if seq_lens_cpu is None:
-        return bound
+        host = getattr(batch, "seq_lens_host_bound", None)  # runtime.host_bound.SeqLensBound
+        return bound if host is None else min(bound, host.max_len)
     return seq_lens_cpu.max().item()
 
 

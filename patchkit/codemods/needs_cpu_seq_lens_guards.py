@@ -199,7 +199,7 @@ class GuardDraftTreeMask(MirrorGuards):
     GUARDS = (
         Guard(
             save(attr("seq_lens_sum", save(ANY, "BATCH")), "SUM"),
-            "tree_mask_seq_lens_sum(SUM, BUF, BATCH.seq_lens, BACKEND)",
+            "tree_mask_seq_lens_sum(SUM, BUF, BATCH.seq_lens, BACKEND, BATCH)",
             "tree_mask_seq_lens_sum",
             within=call(TREE_KERNEL, m.ZeroOrMore(), m.Arg(value=attr("seq_lens_sum")), m.ZeroOrMore()),
             # `tree_mask_buf, position_buf = <backend>.get_verify_buffers_to_fill_after_draft()`
@@ -250,7 +250,7 @@ class GuardDraftExtendPrep(MirrorGuards):
 
 # -- layers/attention/triton_backend.py (#26738: upper bounds instead of the mirror) ----------------------
 
-SEQ_LENS_SUM_BOUND = "seq_lens_sum_or_bound(SUM, BATCH.batch_size, self.max_context_len)"
+SEQ_LENS_SUM_BOUND = "seq_lens_sum_or_bound(SUM, BATCH.batch_size, self.max_context_len, BATCH)"
 
 
 class GuardTritonMetadata(MirrorGuards):
@@ -272,7 +272,7 @@ class GuardTritonMetadata(MirrorGuards):
         ),
         Guard(
             call("sum", m.Arg(value=save(attr("extend_prefix_lens_cpu", save(ANY, "BATCH")), "LENS"))),
-            "prefix_lens_sum_or_bound(LENS, BATCH.batch_size, self.max_context_len)",
+            "prefix_lens_sum_or_bound(LENS, BATCH.batch_size, self.max_context_len, BATCH)",
             "prefix_lens_sum_or_bound",
         ),
         Guard(

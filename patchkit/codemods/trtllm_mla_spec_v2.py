@@ -249,7 +249,7 @@ class EagerMaxWithoutMirror(MethodCodemod):
         source = f"""
             # Without the CPU mirror, the static bound (sglang 0.5.16): it only sizes
             # the block table; seq_lens.max().item() waited for the GPU every eager step.
-            {MAX} = host_max_seq_len({code_of(mirror)}, self.max_context_len)
+            {MAX} = host_max_seq_len({code_of(mirror)}, self.max_context_len, forward_batch)
         """
         (line,) = primitives.parse_statements_with_comments(source)
         self.require_import(MIRROR_READS, "host_max_seq_len")

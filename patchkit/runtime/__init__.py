@@ -9,6 +9,15 @@ from ``patchkit.runtime``).
 """
 
 from .grouped_copies import copy_grouped
+from .host_bound import (
+    CHECK_SWITCH,
+    OFF_SWITCH,
+    SeqLensBound,
+    checked_host_bound,
+    host_bound_of,
+    rows_total_bound,
+    seq_lens_host_bound,
+)
 from .host_copies import pin_memory_for, pinned_tensor
 from .seq_lens import (
     add_or_none,
@@ -35,15 +44,20 @@ from .streams import wait_event_on_stream
 RUNTIME_API = 1
 
 __all__ = [
+    "CHECK_SWITCH",
+    "OFF_SWITCH",
     "RUNTIME_API",
+    "SeqLensBound",
     "add_or_none",
     "cat_or_none",
+    "checked_host_bound",
     "configure_needs_cpu_seq_lens",
     "copy_grouped",
     "decide_needs_cpu_seq_lens",
     "decode_seq_lens",
     "decode_total_seq_lens",
     "draft_extend_prefix_lens",
+    "host_bound_of",
     "host_list_or_none",
     "index_or_none",
     "max_of_extend_lens",
@@ -51,6 +65,8 @@ __all__ = [
     "pin_memory_for",
     "pinned_tensor",
     "prefix_lens_sum_or_bound",
+    "rows_total_bound",
+    "seq_lens_host_bound",
     "seq_lens_sum_or_bound",
     "set_needs_cpu_seq_lens",
     "spec_v2_attn_backends_of",

@@ -25,13 +25,15 @@ functions that need it.
 
 from __future__ import annotations
 
-# Patched sglang imports this at start-up: keep it to nothing but this file.
+# Patched sglang imports this at start-up: keep it to this package's own files.
 # `logging` is imported where it is used, and the typing names are only for
 # type checkers (annotations are strings here); type checkers honour a
 # module-level TYPE_CHECKING = False as they do typing.TYPE_CHECKING.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Iterable, Optional, Sequence
+
+from .host_bound import rows_total_bound
 
 # -- the decision ------------------------------------------------------------------
 
@@ -153,20 +155,26 @@ def host_list_or_none(lens: Any) -> Optional[list]:
 # -- upper bounds where a size came from the mirror ------------------------------------
 
 
-def seq_lens_sum_or_bound(seq_lens_sum: Optional[int], batch_size: int, max_context_len: int) -> int:
-    """``seq_lens_sum``, or ``batch_size * max_context_len`` without the mirror.
+def seq_lens_sum_or_bound(seq_lens_sum: Optional[int], batch_size: int, max_context_len: int, batch: Any = None) -> int:
+    """``seq_lens_sum``, or an upper bound without the mirror: ``batch_size``
+    rows of the ``batch``'s host bound (``host_bound``), else of ``max_context_len``.
 
     Used to size (or slice) kv-index buffers that the kernels fill from the
     device seq_lens: over-allocating is safe, reading the device is a sync.
     """
-    return batch_size * max_context_len if seq_lens_sum is None else seq_lens_sum
+    if seq_lens_sum is not None:
+        return seq_lens_sum
+    return rows_total_bound(batch, batch_size, batch_size * max_context_len)
 
 
-def prefix_lens_sum_or_bound(extend_prefix_lens_cpu: Optional[Sequence[int]], batch_size: int, max_context_len: int) -> int:
-    """``sum(extend_prefix_lens_cpu)``, or the upper bound when the GPU-only
-    draft extend left the host list unset."""
+def prefix_lens_sum_or_bound(
+    extend_prefix_lens_cpu: Optional[Sequence[int]], batch_size: int, max_context_len: int, batch: Any = None
+) -> int:
+    """``sum(extend_prefix_lens_cpu)``, or the upper bound (as
+    :func:`seq_lens_sum_or_bound`'s) when the GPU-only draft extend left the
+    host list unset."""
     if extend_prefix_lens_cpu is None:
-        return batch_size * max_context_len
+        return rows_total_bound(batch, batch_size, batch_size * max_context_len)
     return sum(extend_prefix_lens_cpu)
 
 
@@ -178,20 +186,24 @@ def max_of_extend_lens(extend_seq_lens_cpu: Optional[Sequence[int]], extend_seq_
     return int(extend_seq_lens.max())
 
 
-def tree_mask_seq_lens_sum(seq_lens_sum: Optional[int], tree_mask_buf: Any, seq_lens: Any, attn_backend: Any) -> int:
+def tree_mask_seq_lens_sum(
+    seq_lens_sum: Optional[int], tree_mask_buf: Any, seq_lens: Any, attn_backend: Any, batch: Any = None
+) -> int:
     """The ``seq_lens_sum`` that ``build_tree_kernel_efficient`` sizes the
     verify tree mask with.
 
     With the mirror: the real sum. Without it, a preallocated mask (the kernel
-    ignores the value): 0; otherwise the upper bound
-    ``batch size * max_context_len`` of the target backend (the kernel writes
-    at offsets derived from the device seq_lens, so a larger mask is safe).
+    ignores the value): 0; otherwise an upper bound: the batch's host bound
+    (``host_bound``), else ``batch size * max_context_len`` of the target
+    backend (the kernel writes at offsets derived from the device seq_lens, so
+    a larger mask is safe).
     """
     if seq_lens_sum is not None:
         return seq_lens_sum
     if tree_mask_buf is not None:
         return 0
-    return seq_lens.shape[0] * attn_backend.max_context_len
+    rows = seq_lens.shape[0]
+    return rows_total_bound(batch, rows, rows * attn_backend.max_context_len)
 
 
 def draft_extend_prefix_lens(seq_lens_cpu: Any, seq_lens: Any, num_draft_tokens: int) -> Any:

@@ -316,7 +316,7 @@ def test_eager_host_max_spelled_another_way(rel, codemod, variant):
     assert (before, again) == (State.TODO, State.DONE)
     assert (
         HOST_MAX_FORKS[variant] not in after
-        and "host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len)" in after
+        and "host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch)" in after
     )
 
 

@@ -33,13 +33,13 @@ class TRTLLMHAAttnBackend:
 
         if forward_batch.forward_mode.is_decode_or_idle():
             metadata.cache_seqlens_int32 = forward_batch.seq_lens.to(torch.int32)
-            metadata.max_seq_len_k = host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len)
+            metadata.max_seq_len_k = host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch)
             metadata.page_table = forward_batch.req_to_token_pool.req_to_token[
                 forward_batch.req_pool_indices, : metadata.max_seq_len_k
             ]
         else:
             metadata.cache_seqlens_int32 = (forward_batch.seq_lens + 4).to(torch.int32)
-            metadata.max_seq_len_k = host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len) + 4
+            metadata.max_seq_len_k = host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch) + 4
             metadata.page_table = forward_batch.req_to_token_pool.req_to_token[
                 forward_batch.req_pool_indices, : metadata.max_seq_len_k
             ]
@@ -75,14 +75,14 @@ class TRTLLMHAAttnBackend:
         page_table_on_device = not self.use_sliding_window_kv_pool
         if forward_batch.forward_mode.is_decode_or_idle():
             metadata.cache_seqlens_int32 = forward_batch.seq_lens.to(torch.int32)
-            metadata.max_seq_len_k = host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len)
+            metadata.max_seq_len_k = host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch)
             if not page_table_on_device:
                 metadata.page_table = forward_batch.req_to_token_pool.req_to_token[
                     forward_batch.req_pool_indices, : metadata.max_seq_len_k
                 ]
         else:
             metadata.cache_seqlens_int32 = (forward_batch.seq_lens + 4).to(torch.int32)
-            metadata.max_seq_len_k = host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len) + 4
+            metadata.max_seq_len_k = host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch) + 4
             if not page_table_on_device:
                 metadata.page_table = forward_batch.req_to_token_pool.req_to_token[
                     forward_batch.req_pool_indices, : metadata.max_seq_len_k

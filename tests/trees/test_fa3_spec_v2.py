@@ -107,7 +107,7 @@ class FlashAttentionBackend(AttentionBackend):
 def test_eager_reads_take_the_bound_without_the_mirror():
     out = apply(fa3.EagerMetadataWithoutMirror, EAGER)
     assert "seq_lens_cpu.max()" not in out
-    assert out.count("host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len)") == 3
+    assert out.count("host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch)") == 3
     assert "any_host_lens(forward_batch.extend_prefix_lens_cpu)" in out
     assert "max_host_lens(forward_batch.extend_seq_lens_cpu, self.speculative_num_draft_tokens)" in out
     compile(out, "x.py", "exec")
@@ -310,7 +310,7 @@ MARKS = [
     "        self.cuda_graph_custom_mask = None\n",
     "        self.cuda_graph_custom_mask = alloc_verify_tree_mask(\n",
     "    def get_verify_buffers_to_fill_after_draft(self):\n",
-    "host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len)",
+    "host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch)",
     "host_max_seq_len(seq_lens_cpu, self.max_context_len)",
     "any_host_lens(forward_batch.extend_prefix_lens_cpu)",
 ]

@@ -753,11 +753,11 @@ class TritonMultiStepDraftBackend:
 def test_triton_metadata_upper_bounds():
     out = apply(guards.GuardTritonMetadata, TRITON)
     assert (
-        "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len), dtype=torch.int64"
+        "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len, forward_batch), dtype=torch.int64"
         in out
     )
     assert (
-        "                prefix_lens_sum_or_bound(forward_batch.extend_prefix_lens_cpu, forward_batch.batch_size, self.max_context_len),\n"
+        "                prefix_lens_sum_or_bound(forward_batch.extend_prefix_lens_cpu, forward_batch.batch_size, self.max_context_len, forward_batch),\n"
         in out
     )
     # The local keeps its name; the helper has another (no shadowing).
@@ -767,7 +767,7 @@ def test_triton_metadata_upper_bounds():
     )
     out = apply(guards.GuardTritonDraftTemplate, out)
     assert (
-        "        seq_lens_sum = seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len)\n"
+        "        seq_lens_sum = seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len, forward_batch)\n"
         in out
     )
 
@@ -867,7 +867,7 @@ PRESENT = {
     "srt/layers/attention/triton_backend.py": [
         "class TritonAttnBackend(AttentionBackend):\n    # CUDA-graph replay",
         "    needs_cpu_seq_lens: bool = False\n\n    def __init__(\n",
-        "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len)",
+        "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len, forward_batch)",
         "prefix_lens_sum_or_bound(forward_batch.extend_prefix_lens_cpu,",
         "max_extend_len = max_of_extend_lens(forward_batch.extend_seq_lens_cpu, forward_batch.extend_seq_lens)",
     ],

@@ -179,7 +179,7 @@ def test_triton_kv_size_in_each_spelling(value):
     out = apply(guards.GuardTritonMetadata, src)
     # The read as the vendor wrote it (parentheses kept), inside its cast.
     assert (
-        f"seq_lens_sum_or_bound({value.removeprefix('int(').removesuffix(')') if value.startswith('int') else value}, forward_batch.batch_size, self.max_context_len)"
+        f"seq_lens_sum_or_bound({value.removeprefix('int(').removesuffix(')') if value.startswith('int') else value}, forward_batch.batch_size, self.max_context_len, forward_batch)"
         in out
     ), out
     assert detect(guards.GuardTritonMetadata, out).state is State.DONE
@@ -237,7 +237,7 @@ class FlashMLABackend(FlashInferMLAAttnBackend):
 def test_flashmla_verify_lengths_in_each_operand_order(value):
     out = apply(FlashMLAEager, FLASHMLA_VERIFY.format(value=value))
     assert "seq_lens_cpu = plus_or_none(forward_batch.seq_lens_cpu, self.num_draft_tokens)\n" in out, out
-    assert "host_max_seq_len(seq_lens_cpu, self.max_context_len + self.num_draft_tokens)" in out
+    assert "host_max_seq_len(seq_lens_cpu, self.max_context_len + self.num_draft_tokens, forward_batch)" in out
 
 
 # -- the replay's page count (FA3's page-table writer) ------------------------------------------

@@ -297,7 +297,7 @@ EAGER_GUARDS = (
     # 0.5.10 .. 0.5.14: the mirror's max sizes the req_to_token gather.
     Guard(
         max_item(save(attr("seq_lens_cpu", m.Name("forward_batch")), "M")),
-        f"host_max_seq_len(M, {BOUND})",
+        f"host_max_seq_len(M, {BOUND}, forward_batch)",
         "host_max_seq_len",
     ),
     # 0.5.15: a mirror-or-local-D2H variable; it becomes the mirror (None
@@ -315,7 +315,7 @@ EAGER_GUARDS = (
         "rows_max(M, forward_batch.seq_lens, N)",
         "rows_max",
     ),
-    Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+    Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND}, forward_batch)", "host_max_seq_len"),
     # The GPU-only draft extend leaves the prefix host list unset (the
     # lengths stay a device tensor) and may leave the extend one unset.
     Guard(

@@ -111,10 +111,10 @@ class EagerMetadataWithoutMirror(shared.MirrorReadGuards):
     METHOD = "init_forward_metadata"
     GUARDS = (
         # decode: `triton.cdiv(forward_batch.seq_lens_cpu.max().item(), PAGE_SIZE)`
-        Guard(shared.max_item(save(BATCH_MIRROR, "M")), f"host_max_seq_len(M, {BOUND})", "host_max_seq_len"),
+        Guard(shared.max_item(save(BATCH_MIRROR, "M")), f"host_max_seq_len(M, {BOUND}, forward_batch)", "host_max_seq_len"),
         # verify: `seq_lens_cpu = forward_batch.seq_lens_cpu + self.num_draft_tokens`, then its max
         Guard(primitives.added(BATCH_MIRROR), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
-        Guard(shared.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {VERIFY_BOUND})", "host_max_seq_len"),
+        Guard(shared.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {VERIFY_BOUND}, forward_batch)", "host_max_seq_len"),
     )
 
 
@@ -196,7 +196,7 @@ if forward_batch.forward_mode.is_draft_extend_v2():
     window = self.num_draft_tokens
     seq_lens_k = draft_extend_seq_lens_k(forward_batch.seq_lens, forward_batch.extend_seq_lens, window)
     max_seqlen_pad = triton.cdiv(
-        host_max_seq_len(forward_batch.seq_lens_cpu, {BOUND}) + window, PAGE_SIZE
+        host_max_seq_len(forward_batch.seq_lens_cpu, {BOUND}, forward_batch) + window, PAGE_SIZE
     )
     block_kv_indices = torch.full(
         (bs, max_seqlen_pad), -1, dtype=torch.int32, device=forward_batch.seq_lens.device

@@ -43,6 +43,7 @@ from patchkit.codemods.common.primitives.classes import (  # noqa: F401
     _starts_blank,
     _with_class_body,
     add_class_attribute,
+    add_dataclass_field,
     add_method,
     base_names,
     class_body,

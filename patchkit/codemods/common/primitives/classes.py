@@ -111,6 +111,22 @@ def add_class_attribute(cls: cst.ClassDef, source: str) -> cst.ClassDef:
     return _with_class_body(cls, body)
 
 
+def add_dataclass_field(cls: cst.ClassDef, source: str) -> cst.ClassDef:
+    """Add ``source`` (``name: T = default``) after the last annotated field of
+    the class body: a field with a default must follow the fields without one,
+    or the dataclass refuses to build."""
+    body = list(class_body(cls))
+    fields = [
+        i
+        for i, stmt in enumerate(body)
+        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.AnnAssign)
+    ]
+    if not fields:
+        raise AnchorError(f"{cls.name.value}: no annotated field")
+    body.insert(fields[-1] + 1, parse_statement(source))
+    return _with_class_body(cls, body)
+
+
 def space_class_attribute(cls: cst.ClassDef, name: str, comment: str = "") -> cst.ClassDef:
     """Lay out the class attribute ``name`` as black would, plus optional
     ``# comment`` lines right above it: a blank line separates it from a
