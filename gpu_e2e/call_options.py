@@ -72,7 +72,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--profile-batch", type=int, default=0, help="BS: one more generate under sglang's profiler")
+    ap.add_argument(
+        "--profile-batch", default="0", help="BS[,BS...]: one more generate of each under sglang's profiler"
+    )
     ap.add_argument(
         "--attention-backend",
         default="triton",

@@ -158,9 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-extra", default="{}", help="JSON object of Engine settings over the rest")
     ap.add_argument(
         "--profile-batch",
-        type=int,
-        default=0,
-        help="BS > 0: after its timed generates, one more under sglang's profiler (profile_run.py)",
+        default="0",
+        help="BS[,BS...] > 0: after its timed generates, one more under sglang's profiler (profile_run.py)",
     )
     ap.add_argument("--profile-steps", type=int, default=20, help="decode steps --profile-batch profiles")
     ap.add_argument("--models-dir", required=True)
@@ -288,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 result["batches"].append(batch)
                 Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
-                if bs == args.profile_batch and not args.alternate:  # issue 57: the timed ones are written
+                if (
+                    bs in profile_run.batch_sizes(args.profile_batch) and not args.alternate
+                ):  # issue 57: the timed ones are written
                     batch["profile"] = profile_run.profiled_generate(
                         engine,
                         workloads.generate,
