@@ -29,6 +29,7 @@ from . import (
     rank_report,
     ranks,
     report,
+    sites,
     wait_report,
 )
 from .call_options import _schedule, _setting, _variant, parser
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 mirror_kept = used not in report.SYNC_FREE_BACKENDS
                 all_results["problems"].extend(report.verdict(rows, mirror_kept=mirror_kept))
                 all_results["problems"].extend(wait_report.problems(rows))  # torch's count (issue 53)
-                all_results["notes"].extend(_startup_notes(rows))
+                all_results["notes"].extend(_startup_notes(rows) + sites.negligible_notes(rows))
                 (out / "table.md").write_text(tables(all_results["rows"]))
                 if args.rounds > 1:
                     (out / "speed.md").write_text(report.speed_markdown(all_results["rows"]))
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                     rank_rows = rank_report.compare(release, got["pristine"], got["patched"])
                     all_results["rank_rows"].extend(rank_rows)
                     all_results["problems"].extend(rank_report.verdict(rank_rows, args.tp, mirror_kept=mirror_kept))
-                    all_results["notes"].extend(_startup_notes(rank_rows))
+                    all_results["notes"].extend(_startup_notes(rank_rows) + sites.negligible_notes(rank_rows))
                     (out / "ranks.md").write_text(rank_report.markdown(all_results["rank_rows"]))
                     print(rank_report.markdown(rank_rows), flush=True)
             results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
