@@ -14,6 +14,7 @@ side, per decode step, by what the time went to:
   synchronizations, ``cudaMalloc``): calls and host microseconds per step;
 * the host's torch ops (``cpu_op`` events): calls and microseconds per step, sorted by the
   difference (``aten::index``, ``aten::empty`` ... say what the host did more of);
+* sglang's own phase annotations (``step[TARGET_VERIFY bs=16]`` ...: host and GPU spans);
 * the GPU's idle gaps between kernels per step (the host did not feed it).
 
     python -m gpu_e2e.profile_compare ROOT [--out FILE.json] [--md FILE.md]
@@ -78,6 +79,7 @@ def step_profile(events: list[dict], steps: int) -> dict:
     kernels: dict = defaultdict(lambda: [0, 0.0])
     runtime: dict = defaultdict(lambda: [0, 0.0])
     cpu_ops: dict = defaultdict(lambda: [0, 0.0])
+    phases: dict = defaultdict(lambda: [0, 0.0])
     for e in events:
         if e.get("ph") != "X" or not isinstance(e.get("ts"), (int, float)):
             continue
@@ -91,6 +93,10 @@ def step_profile(events: list[dict], steps: int) -> dict:
             row[1] += dur
         elif cat == "cuda_runtime" or cat == "cuda_driver":
             row = runtime[name]
+            row[0] += 1
+            row[1] += dur
+        elif cat in ("user_annotation", "gpu_user_annotation"):  # sglang's step[VERIFY bs=N] ...
+            row = phases[("gpu " if cat.startswith("gpu") else "host ") + name]
             row[0] += 1
             row[1] += dur
         elif cat == "cpu_op":
@@ -111,6 +117,7 @@ def step_profile(events: list[dict], steps: int) -> dict:
         "kernels": per(kernels),
         "runtime": per(runtime),
         "cpu_ops": per(cpu_ops),
+        "phases": per(phases),
     }
 
 
@@ -157,6 +164,7 @@ def compare(a: dict, b: dict, top: int = TOP) -> dict:
         },
         "kernels": _diff_rows(a["kernels"], b["kernels"], top),
         "cpu_ops": _diff_rows(a["cpu_ops"], b["cpu_ops"], top),
+        "phases": _diff_rows(a.get("phases", {}), b.get("phases", {}), top),
     }
 
 
@@ -216,6 +224,13 @@ def markdown(rep: dict) -> str:
             lines.append(f"| kernels: {cat} | {x:.1f} | {y:.1f} | {d:+.1f} |")
         for k, (x, y) in c["runtime"].items():
             lines.append(f"| {k} (calls; host us) | {x['calls']}; {x['us']} | {y['calls']}; {y['us']} | |")
+        lines.append("\nsglang's annotated phases (host span; GPU span), largest difference first:\n")
+        lines.append("| phase | calls | us | difference |")
+        lines.append("|---|---|---|---:|")
+        for r in c.get("phases", []):
+            lines.append(
+                f"| `{r['name']}` | {r['calls'][0]} → {r['calls'][1]} | {r['us'][0]} → {r['us'][1]} | {r['diff_us']:+.1f} |"
+            )
         lines.append("\nKernels, largest difference first (calls per step; us per step):\n")
         lines.append("| kernel | calls | us | difference |")
         lines.append("|---|---|---|---:|")

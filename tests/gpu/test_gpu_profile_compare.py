@@ -12,7 +12,7 @@ def _x(cat, name, ts, dur):
 
 def _trace(extra_gather_us=0.0, combine=False):
     """Two decode steps: a gemm and FA3's kernel each; patched adds a gather (and a combine)."""
-    ev = [_x("cpu_op", "aten::mm", 0.0, 400.0)]
+    ev = [_x("cpu_op", "aten::mm", 0.0, 400.0), _x("user_annotation", "step[TARGET_VERIFY bs=16]", 0.0, 300.0)]
     for step in range(2):
         t = step * 200.0
         ev += [
@@ -54,6 +54,12 @@ def test_step_profile_divides_by_steps_and_compare_puts_the_extra_time_on_its_ke
     )
     assert c["cpu_ops"][0] == {"name": "aten::index", "calls": [0, 1.0], "us": [0.0, 15.0], "diff_us": 15.0}
     assert c["runtime"]["cudaStreamWaitEvent"][1] == {"calls": 1.0, "us": 2.0}
+    assert c["phases"][0] == {
+        "name": "host step[TARGET_VERIFY bs=16]",
+        "calls": [0.5, 0.5],
+        "us": [150.0, 150.0],
+        "diff_us": 0.0,
+    }
     assert c["runtime"]["cudaLaunchKernel"] == [{"calls": 1.0, "us": 4.0}, {"calls": 1.0, "us": 4.0}]
 
 
