@@ -22,6 +22,7 @@ from . import (
     bundle_kernels,
     call_verdict,
     dp,
+    engine_env,
     engine_facts,
     fa3_kernel,
     issue23_report,
@@ -38,6 +39,7 @@ from .unpack import log, prepare_trees, unpacked_site
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    asked_env = engine_env.parse(args.engine_env)
     gpus = ranks.gpus_visible() if args.tp > 1 else None
     if args.tp > 1 and (gpus or 0) < args.tp:
         raise SystemExit(f"--tp {args.tp}: nvidia-smi lists {gpus} GPU(s)")
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     **ranks.MULTICAST_OFF,
                 )
                 env.update(info.get("env", {}))  # what the release needs on this image (wheels.RELEASE_ENV)
+                env.update(engine_env.for_runner(asked_env))  # --engine-env (issue 67)
                 if args.alternate:
                     env[mirror_control.ENV_CONTROL] = str(sync_dir / "mirror")
                     env["PK_E2E_SYNC_FLUSH_S"] = "0.05"
@@ -205,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                     res["engine_log"] = engine_facts.log_facts(_section(engine_log, section_start))
                     all_results["runs"][key] = res
                     all_results["problems"].extend(engine_facts.problems(key, res))
+                    res["engine_env"] = asked_env
+                    all_results["problems"].extend(engine_env.problems(key, asked_env, res))
                     (out / "settings.md").write_text(engine_facts.settings_markdown(all_results["runs"]))
                     log(f"  in force: {engine_facts.in_force(res)}")
                     if (res.get("kernel_gaps") or {}).get("asked"):  # 0.5.9's stand-ins (kernel_gaps.py)

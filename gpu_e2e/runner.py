@@ -43,6 +43,7 @@ from . import (
     deepseek,
     dp,
     draft_checkpoint,
+    engine_env,
     engine_facts,
     kernel_gaps,
     mirror_control,
@@ -302,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))
         result["ranks"] = ranks.run_per_rank(ranks.read(sync_dir))
+        result["engine_env_seen"] = engine_env.seen(ranks.read(sync_dir), ranks.rank_of)
         late = engine_facts.from_dumps(ranks.read(sync_dir))
         if len(late) > len(result["engine_facts"]):
             result["engine_facts"] = late
