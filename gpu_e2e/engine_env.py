@@ -8,10 +8,10 @@ it is too small) or ``PATCHKIT_SEQ_LEN_BOUND=static`` (the old ``max_context_len
 
 That they arrived is checked, not assumed: the orchestrator also sets
 ``PK_E2E_ENGINE_ENV`` to the keys, and every process the bundle's ``sitecustomize`` starts
-the sync recorder in (:func:`note_in_process`, from ``syncs.install``) notes the values it
-sees. The runner keeps what the scheduler processes noted (:func:`seen`, results
-``engine_env_seen``) and the orchestrator makes a scheduler that saw another value, or none
-that noted, a PROBLEM (:func:`problems`).
+the sync recorder in (:func:`note_in_process`, from ``syncs.install``, counters on or off)
+notes the values it sees. The runner keeps what every process noted (:func:`seen`, results
+``engine_env_seen``) and the orchestrator makes a process that saw another value, or fewer
+than the runner and one engine process noting, a PROBLEM (:func:`problems`).
 """
 
 from __future__ import annotations
@@ -61,24 +61,33 @@ def note_in_process(note, environ: Mapping[str, str] = os.environ) -> None:
 
 
 def seen(dumps: Iterable[Mapping], rank_of) -> dict:
-    """What the scheduler processes (``rank_of(dump)`` not None) noted, by TP rank."""
+    """What each process that noted saw: ``"rank N"`` for a scheduler that noted its TP rank,
+    ``"pid N"`` for the others. With the counters off no rank is noted (the import probes that
+    note it are off), so the runner and the engine's children (scheduler, detokenizer) all
+    appear by pid: the children are spawned by sglang, so what they saw is what the scheduler saw."""
     out: dict = {}
     for dump in dumps:
+        env = (dump.get("notes") or {}).get(NOTE)
+        if env is None:
+            continue
         rank = rank_of(dump)
-        if rank is not None:
-            out[str(rank)] = (dump.get("notes") or {}).get(NOTE)
+        out[f"rank {rank}" if rank is not None else f"pid {dump.get('pid', '?')}"] = env
     return out
 
 
-def problems(key: str, asked: Mapping[str, str], run: Mapping) -> list[str]:
-    """A scheduler that saw another value than asked, or none that noted at all."""
+def problems(key: str, asked: Mapping[str, str], run: Mapping, least: int = 2) -> list[str]:
+    """A process that saw another value than asked, or fewer than ``least`` that noted (the
+    runner and at least one process the engine started)."""
     if not asked or not run.get("batches"):
         return []
     got = run.get("engine_env_seen") or {}
-    if not got:
-        return [f"{key}: no scheduler process noted its environment (--engine-env {sorted(asked)})"]
+    if len(got) < least:
+        return [
+            f"{key}: {len(got)} process(es) noted their environment, expected the runner and the "
+            f"engine's own (--engine-env {sorted(asked)})"
+        ]
     return [
-        f"{key}: scheduler rank {rank} saw {env} for --engine-env {dict(asked)}"
-        for rank, env in sorted(got.items())
+        f"{key}: {who} saw {env} for --engine-env {dict(asked)}"
+        for who, env in sorted(got.items())
         if env != dict(asked)
     ]

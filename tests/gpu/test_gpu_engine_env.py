@@ -73,21 +73,31 @@ def test_a_child_process_with_the_bundles_sitecustomize_notes_what_it_sees(tmp_p
     assert [d["notes"][engine_env.NOTE] for d in dumps] == [ASKED]
 
 
-def _dump(rank, env):
+def _dump(rank, env, pid):
     notes = {} if env is None else {engine_env.NOTE: env}
     if rank is not None:
         notes[ranks.RANK_NOTE] = {"tp_rank": rank}
-    return {"notes": notes}
+    return {"pid": pid, "notes": notes}
 
 
-def test_seen_keeps_the_schedulers_and_problems_name_a_rank_that_saw_otherwise():
-    dumps = [_dump(None, ASKED), _dump(0, ASKED), _dump(1, {**ASKED, "PATCHKIT_SEQ_LEN_BOUND": None})]
+def test_seen_names_schedulers_by_rank_the_rest_by_pid_and_problems_name_who_saw_otherwise():
+    dumps = [_dump(None, ASKED, 10), _dump(0, ASKED, 11), _dump(1, {**ASKED, "PATCHKIT_SEQ_LEN_BOUND": None}, 12)]
+    dumps.append(_dump(None, None, 13))  # a process that noted nothing (started before the recorder)
     got = engine_env.seen(dumps, ranks.rank_of)
-    assert set(got) == {"0", "1"}  # the engine's own process is no scheduler
+    assert set(got) == {"pid 10", "rank 0", "rank 1"}
     run = {"batches": [{}], "engine_env_seen": got}
     (problem,) = engine_env.problems("0.5.12.post1/small/fa3/patched", ASKED, run)
-    assert "scheduler rank 1 saw" in problem and "'PATCHKIT_SEQ_LEN_BOUND': None" in problem
-    assert engine_env.problems("k", ASKED, {"batches": [{}], "engine_env_seen": {"0": ASKED}}) == []
-    assert "no scheduler process noted" in engine_env.problems("k", ASKED, {"batches": [{}]})[0]
+    assert "rank 1 saw" in problem and "'PATCHKIT_SEQ_LEN_BOUND': None" in problem
+    json.dumps(got)  # results.json keeps it
+
+
+def test_with_the_counters_off_the_processes_appear_by_pid_and_two_must_have_noted():
+    """Counters off (the speed runs): no rank is noted, so the processes appear by pid."""
+    got = engine_env.seen([_dump(None, ASKED, 10), _dump(None, ASKED, 11)], ranks.rank_of)
+    assert got == {"pid 10": ASKED, "pid 11": ASKED}
+    assert engine_env.problems("k", ASKED, {"batches": [{}], "engine_env_seen": got}) == []
+    only_runner = {"batches": [{}], "engine_env_seen": {"pid 10": ASKED}}
+    assert "1 process(es) noted" in engine_env.problems("k", ASKED, only_runner)[0]
+    assert "0 process(es) noted" in engine_env.problems("k", ASKED, {"batches": [{}]})[0]
     assert engine_env.problems("k", {}, {"batches": [{}]}) == []  # nothing asked, nothing checked
-    assert json.dumps(got)  # results.json keeps it
+    assert engine_env.problems("k", ASKED, {"batches": []}) == []  # an engine that did not run says so itself
