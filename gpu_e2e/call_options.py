@@ -11,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from . import dp
+from . import dp, engine_env
 
 
 def parser() -> argparse.ArgumentParser:
@@ -72,7 +72,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--profile-batch", type=int, default=0, help="BS: one more generate under sglang's profiler")
+    ap.add_argument(
+        "--profile-batch", default="0", help="BS[,BS...]: one more generate of each under sglang's profiler"
+    )
     ap.add_argument(
         "--attention-backend",
         default="triton",
@@ -119,6 +121,7 @@ def parser() -> argparse.ArgumentParser:
         default=1,
         help="tp_size of every engine; above 1 also a row per rank in ranks.md (see ranks.py)",
     )
+    engine_env.add_arguments(ap)  # issue 67: the host bound's switches, read back per scheduler
     dp.add_arguments(ap)  # issue 58: DP attention, two-batch overlap, the a2a backend (GPUs: --tp)
     return ap
 

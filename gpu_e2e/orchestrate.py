@@ -22,6 +22,7 @@ from . import (
     bundle_kernels,
     call_verdict,
     dp,
+    engine_env,
     engine_facts,
     fa3_kernel,
     issue23_report,
@@ -29,6 +30,7 @@ from . import (
     rank_report,
     ranks,
     report,
+    sites,
     wait_report,
 )
 from .call_options import _schedule, _setting, _variant, parser
@@ -37,6 +39,7 @@ from .unpack import log, prepare_trees, unpacked_site
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    asked_env = engine_env.parse(args.engine_env)
     gpus = ranks.gpus_visible() if args.tp > 1 else None
     if args.tp > 1 and (gpus or 0) < args.tp:
         raise SystemExit(f"--tp {args.tp}: nvidia-smi lists {gpus} GPU(s)")
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     **ranks.MULTICAST_OFF,
                 )
                 env.update(info.get("env", {}))  # what the release needs on this image (wheels.RELEASE_ENV)
+                env.update(engine_env.for_runner(asked_env))  # --engine-env (issue 67)
                 if args.alternate:
                     env[mirror_control.ENV_CONTROL] = str(sync_dir / "mirror")
                     env["PK_E2E_SYNC_FLUSH_S"] = "0.05"
@@ -204,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                     res["engine_log"] = engine_facts.log_facts(_section(engine_log, section_start))
                     all_results["runs"][key] = res
                     all_results["problems"].extend(engine_facts.problems(key, res))
+                    res["engine_env"] = asked_env
+                    all_results["problems"].extend(engine_env.problems(key, asked_env, res))
                     (out / "settings.md").write_text(engine_facts.settings_markdown(all_results["runs"]))
                     log(f"  in force: {engine_facts.in_force(res)}")
                     if (res.get("kernel_gaps") or {}).get("asked"):  # 0.5.9's stand-ins (kernel_gaps.py)
@@ -255,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 mirror_kept = used not in report.SYNC_FREE_BACKENDS
                 all_results["problems"].extend(report.verdict(rows, mirror_kept=mirror_kept))
                 all_results["problems"].extend(wait_report.problems(rows))  # torch's count (issue 53)
-                all_results["notes"].extend(_startup_notes(rows))
+                all_results["notes"].extend(_startup_notes(rows) + sites.negligible_notes(rows))
                 (out / "table.md").write_text(tables(all_results["rows"]))
                 if args.rounds > 1:
                     (out / "speed.md").write_text(report.speed_markdown(all_results["rows"]))
@@ -264,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                     rank_rows = rank_report.compare(release, got["pristine"], got["patched"])
                     all_results["rank_rows"].extend(rank_rows)
                     all_results["problems"].extend(rank_report.verdict(rank_rows, args.tp, mirror_kept=mirror_kept))
-                    all_results["notes"].extend(_startup_notes(rank_rows))
+                    all_results["notes"].extend(_startup_notes(rank_rows) + sites.negligible_notes(rank_rows))
                     (out / "ranks.md").write_text(rank_report.markdown(all_results["rank_rows"]))
                     print(rank_report.markdown(rank_rows), flush=True)
             results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))

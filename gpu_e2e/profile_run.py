@@ -27,6 +27,11 @@ from . import profile_trace
 OPTIONS = {"activities": ["CPU", "GPU"], "with_stack": False, "record_shapes": False, "profile_by_stage": True}
 
 
+def batch_sizes(spec) -> frozenset[int]:
+    """``--profile-batch``'s batch sizes: ``"16"``, ``"8,16"`` (or an int); 0 or "" is none."""
+    return frozenset(int(x) for x in str(spec).split(",") if x.strip() and int(x) > 0)
+
+
 def steps_to_profile(asked: int, decode_steps: int | None, runs: int) -> int:
     """``asked`` decode steps, fewer when a timed generate had no more than ``asked`` + 2:
     the profile must stop by itself (the N+1-th decode batch) for its step count to hold."""

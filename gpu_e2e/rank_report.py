@@ -21,7 +21,7 @@ from typing import Optional
 
 from . import ranks, wait_report, worker_steps
 from .report import _f, by_function, per_step, prepare_syncs
-from .sites import new_sites
+from .sites import new_sites, split_by_rate
 from .syncs import wrapper_only
 
 
@@ -87,7 +87,12 @@ def compare(release: str, pristine: Mapping, patched: Mapping) -> list[dict]:
                     "worker_steps": (_steps(a), _steps(b)),
                     "waits_per_step": (wa, wb),
                     "wrapper_per_step": (xa, xb),
-                    "new_sites": sorted(set(fb) - set(fa)),
+                    **dict(
+                        zip(
+                            ("new_sites", "new_sites_negligible"),
+                            split_by_rate(set(fb) - set(fa), fb, b.get("decode_steps", 0)),
+                        )
+                    ),
                     "new_sites_whole_run": after,
                     "new_sites_startup": startup_only,
                     "decision": decided.get(rank),

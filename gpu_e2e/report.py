@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Mapping
 
 from . import wait_report
-from .sites import by_function, new_sites
+from .sites import by_function, new_sites, split_by_rate
 from .syncs import wrapper_only
 
 PREPARE_FOR_DECODE = "sglang/srt/speculative/eagle_info_v2.py:prepare_for_decode"
@@ -59,7 +59,7 @@ def compare_batch(release: str, pristine: Mapping, patched: Mapping, size: str) 
     fa, fb = by_function(wa), by_function(wb)
     other_a = {k: v for k, v in fa.items() if k.split(" ", 1)[1] != PREPARE_FOR_DECODE}
     other_b = {k: v for k, v in fb.items() if k.split(" ", 1)[1] != PREPARE_FOR_DECODE}
-    new_sites = sorted(set(fb) - set(fa))
+    new_sites, negligible = split_by_rate(set(fb) - set(fa), fb, b["decode_steps"])
     mismatch = first_mismatch(a["output_ids"], b["output_ids"])
     return {
         "release": release,
@@ -74,6 +74,7 @@ def compare_batch(release: str, pristine: Mapping, patched: Mapping, size: str) 
         **({"waits": wait_report.compare_batch(a, b)} if wait_report.armed(a, b) else {}),
         "other_sites": (other_a, other_b),
         "new_sites": new_sites,
+        "new_sites_negligible": negligible,
         "tok_per_s": (a["tok_per_s"], b["tok_per_s"]),
         "ratio": b["tok_per_s"] / a["tok_per_s"],
         "best_tok_per_s": (best_tok_per_s(a), best_tok_per_s(b)),

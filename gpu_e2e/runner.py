@@ -43,6 +43,7 @@ from . import (
     deepseek,
     dp,
     draft_checkpoint,
+    engine_env,
     engine_facts,
     kernel_gaps,
     mirror_control,
@@ -158,9 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-extra", default="{}", help="JSON object of Engine settings over the rest")
     ap.add_argument(
         "--profile-batch",
-        type=int,
-        default=0,
-        help="BS > 0: after its timed generates, one more under sglang's profiler (profile_run.py)",
+        default="0",
+        help="BS[,BS...] > 0: after its timed generates, one more under sglang's profiler (profile_run.py)",
     )
     ap.add_argument("--profile-steps", type=int, default=20, help="decode steps --profile-batch profiles")
     ap.add_argument("--models-dir", required=True)
@@ -288,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 result["batches"].append(batch)
                 Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
-                if bs == args.profile_batch and not args.alternate:  # issue 57: the timed ones are written
+                if (
+                    bs in profile_run.batch_sizes(args.profile_batch) and not args.alternate
+                ):  # issue 57: the timed ones are written
                     batch["profile"] = profile_run.profiled_generate(
                         engine,
                         workloads.generate,
@@ -301,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
         result["syncs_whole_run"] = syncs.syncs_only(_sync_table(sync_dir))
         result["ranks"] = ranks.run_per_rank(ranks.read(sync_dir))
+        result["engine_env_seen"] = engine_env.seen(ranks.read(sync_dir), ranks.rank_of)
         late = engine_facts.from_dumps(ranks.read(sync_dir))
         if len(late) > len(result["engine_facts"]):
             result["engine_facts"] = late

@@ -14,7 +14,7 @@ new site as after start-up, as the old rule did.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Optional
 
 from .syncs import delta, site_function, split_key
@@ -39,3 +39,40 @@ def new_sites(
         return sorted(new), []
     after = by_function(delta(whole_patched, startup_patched))
     return sorted(s for s in new if after.get(s)), sorted(s for s in new if not after.get(s))
+
+
+#: Below this many per decode step a site new in patched prints as 0.00 in the tables (one idle
+#: batch of a run, as ``process_batch_result_idle`` at DP attention bs 8): the verdict compares
+#: per-step rates, so such a site is a note, not a problem (issue 67, item 4).
+NEGLIGIBLE_PER_STEP = 0.005
+
+
+def split_by_rate(new: Iterable[str], counts: Mapping[str, int], steps: int) -> tuple[list[str], list[str]]:
+    """(``new`` sites at ``NEGLIGIBLE_PER_STEP`` or more per step: problems, those below: notes).
+    ``counts``: per site (the same names as ``new``), its count over ``steps`` decode steps; with
+    no steps counted every new site stays a problem."""
+    if not steps:
+        return sorted(new), []
+    rate = {s: counts.get(s, 0) / steps for s in new}
+    return sorted(s for s, r in rate.items() if r >= NEGLIGIBLE_PER_STEP), sorted(
+        s for s, r in rate.items() if r < NEGLIGIBLE_PER_STEP
+    )
+
+
+def negligible_notes(rows: list[dict]) -> list[str]:
+    """Notes for the sites new in patched at under ``NEGLIGIBLE_PER_STEP`` per step (rows of
+    report.py, rank_report.py; torch's count under ``waits``)."""
+    out = []
+    for r in rows:
+        tag = f"{r['release']} {r['size']} bs={r['batch_size']}" + (f" rank {r['tp_rank']}" if "tp_rank" in r else "")
+        steps = r.get("decode_steps", (0, 0))[1]
+        for label, names in (
+            ("sync sites", r.get("new_sites_negligible") or []),
+            ("host-wait sites (torch's count)", (r.get("waits") or {}).get("new_negligible") or []),
+        ):
+            if names:
+                out.append(
+                    f"{tag}: {label} new in patched at 0.00 per step ({steps} steps; a note, not a "
+                    f"problem): {', '.join(names)}"
+                )
+    return out

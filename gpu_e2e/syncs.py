@@ -45,7 +45,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
-from . import host_waits
+from . import engine_env, host_waits
 
 ENV_DIR = "PK_E2E_SYNC_DIR"
 ENV_FLUSH = "PK_E2E_SYNC_FLUSH_S"
@@ -307,6 +307,7 @@ def install(directory: Optional[str] = None) -> bool:
     _dir = directory
     counting = not os.environ.get(ENV_COUNTERS_OFF)
     note("counters", counting)
+    engine_env.note_in_process(note)  # --engine-env: what this process sees (issue 67)
     if counting:
         _count_in(torch)
     period = float(os.environ.get(ENV_FLUSH, "0.2"))

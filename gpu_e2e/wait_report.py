@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Optional
 
 from .host_waits import KINDS, blocking_count
+from .sites import split_by_rate
 from .syncs import delta, site_function, split_key, wrapper_only
 
 #: Dropped from the site names in the tables (every sglang site starts so).
@@ -77,7 +78,16 @@ def compare_batch(pristine: Mapping, patched: Mapping) -> dict:
         "decode_steps": steps,
         "per_step": (_per(totals[0], steps[0]), _per(totals[1], steps[1])),
         "sites": per_site,
-        "new": sorted(n for n, e in per_site.items() if e["count"][1] and not e["count"][0]),
+        **dict(
+            zip(
+                ("new", "new_negligible"),
+                split_by_rate(
+                    (n for n, e in per_site.items() if e["count"][1] and not e["count"][0]),
+                    {n: e["count"][1] for n, e in per_site.items()},
+                    steps[1],
+                ),
+            )
+        ),
         "more": sorted(
             n
             for n, e in per_site.items()

@@ -1,0 +1,115 @@
+"""docs/results/gpu-grid-2026-11-28/plan.sh (issue 67's speed grid), run on CPU over stub bundles:
+four lanes in parallel, one GPU each, every step's orchestrator calls as the plan says."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PLAN = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-grid-2026-11-28" / "plan.sh"
+STUB = """import json, os, sys, time
+from pathlib import Path
+args = sys.argv[1:]
+time.sleep(0.3)
+with open(os.environ["PK_PLAN_LOG"], "a") as fh:
+    fh.write(json.dumps({"bundle": Path.cwd().name, "args": args, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                         "counters_off": os.environ.get("PK_E2E_COUNTERS_OFF", ""),
+                         "fi": os.environ.get("FLASHINFER_WORKSPACE_BASE")}) + "\\n")
+print("verdict: stub")
+"""
+
+
+def _run_plan(tmp_path, missing: tuple[str, ...] = (), **extra: str) -> tuple[list[dict], str]:
+    log = tmp_path / "calls.jsonl"
+    for name in ("b12", "b17"):
+        (tmp_path / name / "e2e" / "pk_gpu_e2e").mkdir(parents=True)
+        (tmp_path / name / "e2e" / "pk_gpu_e2e" / "__init__.py").write_text("")
+        (tmp_path / name / "e2e" / "pk_gpu_e2e" / "orchestrate.py").write_text(STUB)
+        (tmp_path / name / "manifest.json").write_text("{}")
+    for name in ("fa3", "fa3_17"):
+        (tmp_path / name).mkdir()
+        if name not in missing:
+            (tmp_path / name / "fa3.json").write_text("{}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = dict(
+        os.environ,
+        R=str(tmp_path / "run"),
+        B12=str(tmp_path / "b12"),
+        B17=str(tmp_path / "b17"),
+        FA3_12=str(tmp_path / "fa3" / "lib.so"),
+        FA3_17=str(tmp_path / "fa3_17" / "lib.so"),
+        PK_PLAN_LOG=str(log),
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        **extra,
+    )
+    done = subprocess.run(["bash", str(PLAN)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    progress = (tmp_path / "run" / "progress.log").read_text()
+    assert "all done" in progress
+    return [json.loads(line) for line in log.read_text().splitlines()], progress
+
+
+def _arg(call: dict, name: str) -> str:
+    return call["args"][call["args"].index(name) + 1]
+
+
+def test_every_step_runs_once_on_one_gpu_with_abba_order_and_the_eager_sizes(tmp_path):
+    calls, progress = _run_plan(tmp_path)
+    by_out: dict[str, list[dict]] = {}
+    for c in calls:
+        by_out.setdefault(Path(_arg(c, "--out")).name, []).append(c)
+    assert all(len(v) == 1 for v in by_out.values())  # each call once
+    names = set(by_out)
+    for cell in ("triton", "fa3"):
+        for r in ("r1", "r2", "r3"):
+            assert {f"{cell}-{r}-b12", f"{cell}-{r}-b17"} <= names
+    for cell in ("triton_8b", "fa3_8b"):
+        assert {f"{cell}-r1-b12", f"{cell}-r1-b17", f"{cell}-r2-b12", f"{cell}-r2-b17", f"{cell}-r3-b12"} <= names
+        assert f"{cell}-r3-b17" not in names  # the cut: 0.5.17 two rounds at 8B
+    assert {"triton_check-r1-b12", "fa3_check-r1-b12", "fa3_static-r1-b12"} <= names
+    assert len(names) == 6 * 2 + 2 * 5 + 3
+    for c in calls:
+        assert c["counters_off"] == "1"
+        assert c["gpu"] in {"0", "1", "2", "3"} and c["fi"] == f"/tmp/fi{c['gpu']}"
+        assert _arg(c, "--work") == f"/tmp/pkw{c['gpu']}"
+        extra = json.loads(_arg(c, "--engine-extra"))
+        assert extra == {"cuda_graph_max_bs": 32, "max_running_requests": 128, "port": 31000 + 2000 * int(c["gpu"])}
+        assert _arg(c, "--batch-sizes") == "1,8,32,64,128"  # 64 and 128 above cuda_graph_max_bs: eager
+        name = Path(_arg(c, "--out")).name
+        assert _arg(c, "--sizes") == ("8b" if "_8b" in name else "small")
+        assert _arg(c, "--releases") == {"b12": "0.5.12.post1", "b17": "0.5.17"}[c["bundle"]]
+        if name.startswith("fa3"):
+            assert _arg(c, "--attention-backend") == "default"
+            assert Path(_arg(c, "--fa3-lib")).parent.name == {"b12": "fa3", "b17": "fa3_17"}[c["bundle"]]
+        else:
+            assert _arg(c, "--attention-backend") == "triton"
+    # a round's calls run on one GPU, in ABBA order (r2: 0.5.17 first, patched before pristine)
+    for cell in ("triton", "fa3", "triton_8b", "fa3_8b"):
+        for r in ("r1", "r2"):
+            a, b = by_out[f"{cell}-{r}-b12"][0], by_out[f"{cell}-{r}-b17"][0]
+            assert a["gpu"] == b["gpu"]
+            assert (calls.index(b) < calls.index(a)) == (r == "r2")
+            assert _arg(a, "--variants") == ("patched,pristine" if r == "r2" else "pristine,patched")
+    env_args = {
+        n: [c["args"][i + 1] for i, x in enumerate(c["args"]) if x == "--engine-env"] for n, (c,) in by_out.items()
+    }
+    assert env_args["triton_check-r1-b12"] == env_args["fa3_check-r1-b12"] == ["PATCHKIT_CHECK_SEQ_LEN_BOUND=1"]
+    assert env_args["fa3_static-r1-b12"] == ["PATCHKIT_SEQ_LEN_BOUND=static"]
+    assert all(not v for n, v in env_args.items() if "_check" not in n and "_static" not in n)
+    assert all(_arg(by_out[n][0], "--variants") == "patched" for n in env_args if "_check" in n or "_static" in n)
+    assert len({c["gpu"] for c in calls}) == 4  # the lanes ran in parallel
+    assert progress.count("no step left") == 4
+
+
+def test_steps_wait_for_their_inputs_and_the_fa3_steps_for_both_libraries(tmp_path):
+    # 0.5.17's FA3 never comes: the steps that need it give up, the rest run
+    calls, progress = _run_plan(tmp_path, missing=("fa3_17",), GIVE_UP_S="3", LANES="0 1")
+    names = {Path(_arg(c, "--out")).name for c in calls}
+    assert "triton-r1-b17" in names and "fa3_8b-r3-b12" in names and "fa3_check-r1-b12" in names
+    assert not any(n.startswith("fa3-") or n.startswith("fa3_8b-r1") for n in names)
+    assert "gave up waiting for inputs" in progress
