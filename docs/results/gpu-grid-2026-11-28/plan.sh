@@ -45,7 +45,9 @@ FA3_12=${FA3_12:-/tmp/pk_fa3/flash_ops.abi3.so}
 FA3_17=${FA3_17:-/tmp/pk_fa3_17/flash_ops.abi3.so}
 LANES=${LANES:-"0 1 2 3"}
 GIVE_UP_S=${GIVE_UP_S:-1500}
-STEPS=${STEPS:-"triton_check-r1 triton_8b-r1 triton_8b-r2 fa3_8b-r1 fa3_8b-r2 triton_8b-r3 fa3_8b-r3 fa3_check-r1
+# Run 2026-11-28 with 1277 s of device time left: 8B r3 cut (8B has 2 rounds of all three
+# variants; the small shape, where the eager regression was reported, keeps 3).
+STEPS=${STEPS:-"triton_check-r1 triton_8b-r1 triton_8b-r2 fa3_8b-r1 fa3_8b-r2 fa3_check-r1
   triton-r1 fa3-r1 triton-r2 fa3-r2 triton-r3 fa3-r3 fa3_static-r1"}
 export PK_E2E_COUNTERS_OFF=1
 mkdir -p "$R/claims"
