@@ -64,6 +64,40 @@ def test_a_forks_own_stream_wait_is_superseded_naming_its_line(line):
     assert finding.by_tree and line in finding.detail
 
 
+# A fork between 0.5.11 and 0.5.12 (issue 69): the event in a local, an early return, and the
+# host wait in the else branch of its own stream wait behind a flag (off by default).
+BRANCHED = code("""
+    import torch
+
+
+    class ScheduleBatch:
+        def maybe_wait_verify_done(self):
+            draft_input = self.spec_info
+            verify_done = getattr(draft_input, "verify_done", None)
+            if verify_done is None:
+                return
+            if envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM.get():
+                torch.get_device_module(self.device).current_stream().wait_event(verify_done)
+            else:
+                verify_done.synchronize()
+""")
+
+
+def test_a_forks_host_wait_in_a_branch_of_its_own_stream_wait_moves_onto_the_stream():
+    """The flag's path already waits on the stream; the default path's host wait is carried."""
+    after = BRANCHED.replace(
+        "import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import wait_event_on_stream\n"
+    ).replace(
+        "            verify_done.synchronize()",
+        "            # patchkit (sglang #25879): the schedule stream waits for the verify, not the\n"
+        "            # host, which goes on preparing the next step (a host wait on ROCm, as upstream).\n"
+        "            wait_event_on_stream(verify_done)",
+    )
+    assert_codemod(vw.VerifyWaitOnStream, BRANCHED, after)
+    own = BRANCHED.replace("verify_done.synchronize()", "verify_done.wait()")
+    assert_state(vw.VerifyWaitOnStream, own, State.SUPERSEDED, "waits for the previous verify on the stream")
+
+
 def test_no_wait_at_all_is_a_missing_anchor_that_says_what_it_needs():
     src = BEFORE.replace("draft_input.verify_done.synchronize()", "pass")
     finding = detect(vw.VerifyWaitOnStream, src, FILE)
