@@ -183,15 +183,13 @@ PER_STEP_COPIES = (
     "global_num_tokens_gpu",
     "global_num_tokens_for_logprob_gpu",
 )
-PINNED_TENSOR = "pinned_tensor"
+PINNED_TENSOR = host_copies.PINNED_TENSOR
 # torch.tensor (the releases), torch.as_tensor (needs-cpu-seq-lens: device lengths pass), ours.
 _BUILD = host_copies.TENSOR | primitives.call("torch.as_tensor") | primitives.call(PINNED_TENSOR)
 _COPY = m.Assign(
     targets=[m.AssignTarget(target=m.Attribute(attr=m.Name(m.MatchIfTrue(lambda name: name in PER_STEP_COPIES))))],
     value=host_copies.TO,
 )
-#: ``X.pin_memory()``: a fork that pins its own host tensor before the copy (issue 69).
-_OWN_PIN = m.Call(func=m.Attribute(attr=m.Name("pin_memory")), args=[])
 
 
 @dataclass(frozen=True)
@@ -223,7 +221,7 @@ def _list_copies(fn: cst.FunctionDef) -> dict[str, _ListCopy]:
         source = _copied(copy)
         if isinstance(source, cst.Name) and len(local.values(source)) == 1:  # through a local (a 0.5.10 fork)
             source = local.values(source)[0]
-        own_pin = source if m.matches(source, _OWN_PIN) else None
+        own_pin = source if m.matches(source, host_copies.OWN_PIN) else None
         if own_pin is not None:
             source = _copied(own_pin)
         if (
@@ -268,18 +266,14 @@ class ExtendLensCopiesPinned(MethodCodemod):
         return Finding.done(self.anchor, "upstream's pinned copies (0.5.19+)")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        """``torch.tensor(LIST, ...)`` / ``torch.as_tensor(LIST, ...)`` -> ``pinned_tensor(LIST, ..., pin_for=D)``:
-        one call for both (a keyword would not do: torch.as_tensor has no ``pin_memory``). Found again
-        after each rewrite: a build through a local is a statement of its own."""
+        """Each build left pageable -> ``host_copies.pinned_build``, each blocking copy non_blocking.
+        Found again after each rewrite: a build through a local is a statement of its own."""
         for name in [n for n, c in _list_copies(fn).items() if c.waits]:
             found = _list_copies(fn)[name]
             if not found.pinned:
                 device = host_copies.copy_device(found.copy)
                 assert device is not None  # _list_copies keeps copies to a device
-                host = primitives.set_keyword_argument(
-                    found.build.with_changes(func=cst.Name(PINNED_TENSOR)), "pin_for", code_of(device)
-                )
-                fn = primitives.replace_node(fn, found.build, host)
+                fn = primitives.replace_node(fn, found.build, host_copies.pinned_build(found.build, device))
                 found = _list_copies(fn)[name]
             if host_copies.blocks(found.copy):
                 fn = primitives.replace_node(fn, found.copy, host_copies.non_blocking(found.copy))

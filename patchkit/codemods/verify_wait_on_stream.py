@@ -69,6 +69,10 @@ class VerifyWaitOnStream(MethodCodemod):
     WHY_ABSENT = (
         "no verify_done wait in ScheduleBatch: upstream relays seq_lens through FutureMap (sglang #25879, 0.5.13+)"
     )
+    # A fork's own spelling of the host wait (the event in a local; issue 69) is what the patch moves.
+    REPLACES_VENDOR = (
+        (r"(\w+\.)?verify_done\.synchronize", "the host wait on the verify, moved onto the stream as in the release"),
+    )
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if primitives.contains(fn, HOST_WAIT):

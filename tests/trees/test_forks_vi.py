@@ -1,0 +1,142 @@
+"""Vendor forks VI (issue 69): the fork shapes that regressed or broke, each a
+synthetic fork (small edits written here on a real release tree).
+
+- regressions: ``ForwardBatch.init_new`` copying the extend lengths through
+  its own pinned memory (shape 1: 0.5.7 and 0.5.12.post1 forks) or through
+  locals (a 0.5.10 ROCm fork); ``maybe_wait_verify_done`` with the event in a
+  local, an early return and the host wait in a branch (0.5.11);
+- the postcondition of needs-cpu-seq-lens: a fork's host-only use of the
+  extend lengths no guard fits is refused at its line, and the advice the
+  refusal prints, run exactly as printed, applies the rest.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+from support import PRIMARY, carries_every_patch, edit_file, patch_states, snapshot
+
+pytestmark = pytest.mark.trees
+
+DECISION = "needs-cpu-seq-lens"
+COPIES = "spec-v2-decode-copies"
+FORWARD_BATCH = "srt/model_executor/forward_batch_info.py"
+SCHEDULE_BATCH = "srt/managers/schedule_batch.py"
+
+RELEASE_COPIES = """            ret.extend_seq_lens = torch.tensor(
+                batch.extend_seq_lens, dtype=torch.int32
+            ).to(device, non_blocking=True)
+            ret.extend_prefix_lens = torch.tensor(
+                batch.extend_prefix_lens, dtype=torch.int32
+            ).to(device, non_blocking=True)
+"""
+OWN_PINS = """            ret.extend_seq_lens = (
+                torch.tensor(batch.extend_seq_lens, dtype=torch.int32)
+                .pin_memory()
+                .to(device, non_blocking=True)
+            )
+            ret.extend_prefix_lens = (
+                torch.tensor(batch.extend_prefix_lens, dtype=torch.int32)
+                .pin_memory()
+                .to(device, non_blocking=True)
+            )
+"""
+LOCALS = """            # ROCm computes the positions from the host tensors.
+            _seq_cpu = torch.tensor(batch.extend_seq_lens, dtype=torch.int32)
+            _prefix_cpu = torch.tensor(batch.extend_prefix_lens, dtype=torch.int32)
+            ret.extend_seq_lens = _seq_cpu.to(device, non_blocking=True)
+            ret.extend_prefix_lens = _prefix_cpu.to(device, non_blocking=True)
+            ret.extend_prefix_lens_host = torch.as_strided(_prefix_cpu, _prefix_cpu.shape, (1,))
+"""
+
+
+def test_a_fork_that_pins_its_own_extend_copies_carries_every_patch(make_tree, cli):
+    """Shape 1 (0.5.12.post1, both lists): spec-v2-decode-copies finds the fork's pins
+    (its own change), and needs-cpu-seq-lens builds them with pinned_tensor, which pins a
+    host list as the fork did and keeps the GPU-only draft extend's device lengths there."""
+    tree = make_tree(PRIMARY)
+    edit_file(tree, FORWARD_BATCH, RELEASE_COPIES, OWN_PINS)
+    output = carries_every_patch(cli, tree)
+    assert "replaces the vendor's" in output and "pin_memory" in output  # said, one note line
+    assert cli("apply", tree).exit_code == 0
+    text = (tree / FORWARD_BATCH).read_text()
+    assert ".pin_memory()" not in text
+    assert text.count("pinned_tensor(batch.extend_seq_lens, dtype=torch.int32, pin_for=device)") == 1
+
+
+def test_a_0_5_7_fork_that_pins_its_prefix_lengths_carries_both_patches(make_tree, cli):
+    """Shape 1 as seen on 0.5.7: the prefix lengths pinned by the fork, the others not."""
+    tree = make_tree("0.5.7")
+    edit_file(tree, FORWARD_BATCH, RELEASE_COPIES, RELEASE_COPIES.split("            ret.extend_prefix_lens")[0]
+              + OWN_PINS[OWN_PINS.index("            ret.extend_prefix_lens"):])
+    forked = snapshot(tree)
+    applied = cli("apply", tree)
+    assert f"not applied: {DECISION}" not in applied.output and f"not applied: {COPIES}" not in applied.output
+    states = patch_states(cli, tree, DECISION, COPIES)
+    assert {p: s["state"] for p, s in states.items()} == {DECISION: "applied", COPIES: "applied"}
+    text = (tree / FORWARD_BATCH).read_text()
+    assert ".pin_memory()" not in text and text.count("pin_for=device") >= 2
+    assert cli("revert", tree).exit_code == 0 and snapshot(tree) == forked
+
+
+def test_a_fork_that_builds_its_host_tensors_in_locals_carries_every_patch(make_tree, cli):
+    tree = make_tree("0.5.10")
+    edit_file(tree, FORWARD_BATCH, RELEASE_COPIES, LOCALS)
+    carries_every_patch(cli, tree)
+    assert cli("apply", tree).exit_code == 0
+    text = (tree / FORWARD_BATCH).read_text()
+    assert "_seq_cpu = pinned_tensor(batch.extend_seq_lens, dtype=torch.int32, pin_for=device)" in text
+
+
+BRANCHED_WAIT = """        verify_done = getattr(draft_input, "verify_done", None)
+        if verify_done is None:
+            return
+        if envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM.get():
+            torch.get_device_module(self.device).current_stream().wait_event(verify_done)
+        else:
+            verify_done.synchronize()
+"""
+
+
+def test_a_fork_whose_host_wait_is_in_a_branch_carries_every_patch(make_tree, cli):
+    tree = make_tree("0.5.11")
+    text = (tree / SCHEDULE_BATCH).read_text()
+    method = re.search(r"    def maybe_wait_verify_done\(self\):\n(?:        .*\n|\n)+", text)
+    assert method is not None
+    body = "    def maybe_wait_verify_done(self):\n        draft_input = self.spec_info\n" + BRANCHED_WAIT + "\n"
+    edit_file(tree, SCHEDULE_BATCH, method.group(0), body)
+    carries_every_patch(cli, tree)
+    assert cli("apply", tree).exit_code == 0
+    assert "wait_event_on_stream(verify_done)" in (tree / SCHEDULE_BATCH).read_text()
+
+
+# -- the postcondition, and advice that works the first time ---------------------------------
+
+NUMPY_POSITIONS = LOCALS.replace(
+    "torch.as_strided(_prefix_cpu, _prefix_cpu.shape, (1,))", "np.cumsum(_prefix_cpu.numpy())"
+)
+
+
+def test_a_host_only_use_of_the_lengths_is_refused_at_its_line_and_the_advice_applies_the_rest(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    edit_file(tree, FORWARD_BATCH, RELEASE_COPIES, NUMPY_POSITIONS)
+    result = cli("apply", tree)
+    assert result.exit_code == 1, result.output
+    [line] = [ln for ln in result.output.splitlines() if ln.startswith(f"not applied: {DECISION}: ")]
+    on_disk = next(
+        i for i, t in enumerate((tree / FORWARD_BATCH).read_text().splitlines(), 1) if "_prefix_cpu.numpy()" in t
+    )
+    assert f"refused: {FORWARD_BATCH}:{on_disk}: ForwardBatch.init_new hands `_prefix_cpu` to `.numpy()`" in line
+    states = patch_states(cli, tree)
+    assert states[DECISION]["state"] == "absent"
+    # The advice, as printed: one command, every dependent left out at once.
+    advice = re.search(r"or `(--skip [^`]+)` \(which also leaves out ([^)]+), as they require it", line)
+    assert advice is not None, line
+    assert cli("revert", tree).exit_code == 0
+    again = cli("apply", tree, *shlex.split(advice.group(1)))
+    assert again.exit_code == 0, again.output
+    left_out = {DECISION, *re.split(r", | and ", advice.group(2))}
+    states = patch_states(cli, tree)
+    assert {p for p, s in states.items() if s["state"] != "applied"} == left_out
