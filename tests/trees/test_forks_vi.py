@@ -129,8 +129,14 @@ def test_a_host_only_use_of_the_lengths_is_refused_at_its_line_and_the_advice_ap
         i for i, t in enumerate((tree / FORWARD_BATCH).read_text().splitlines(), 1) if "_prefix_cpu.numpy()" in t
     )
     assert f"refused: {FORWARD_BATCH}:{on_disk}: ForwardBatch.init_new hands `_prefix_cpu` to `.numpy()`" in line
+    # One word for one state: what apply did not apply, status and verify call absent (not partial,
+    # though patches applied beside them wrote codemods they share).
     states = patch_states(cli, tree)
-    assert states[DECISION]["state"] == "absent"
+    not_applied = {ln.split(":")[1].strip() for ln in result.output.splitlines() if ln.startswith("not applied: ")}
+    assert {states[p]["state"] for p in not_applied} == {"absent"}, {p: states[p]["state"] for p in not_applied}
+    verdict = cli("verify", tree).output.splitlines()[-1]
+    assert verdict.startswith("verify: FAILED (") and "partial" not in verdict
+    assert all(f"{p}: absent" in verdict for p in not_applied), verdict
     # The advice, as printed: one command, every dependent left out at once.
     advice = re.search(r"or `(--skip [^`]+)` \(which also leaves out ([^)]+), as they require it", line)
     assert advice is not None, line
