@@ -144,16 +144,8 @@ class GuardInitNewExtendLens(MirrorGuards):
 
 
 #: A fork's own pinned copy (0.5.7, 0.5.12.post1 forks): ``torch.tensor(LENS, ...).pin_memory().to(D, ...)``.
-OWN_PINNED_COPY = m.Call(
-    func=m.Attribute(
-        value=m.Call(
-            func=m.Attribute(
-                value=call("torch.tensor", m.Arg(value=attr(EXTEND_LENS)), m.ZeroOrMore()), attr=m.Name("pin_memory")
-            ),
-            args=[],
-        ),
-        attr=m.Name("to"),
-    )
+OWN_PINNED_COPY = primitives.method_call(
+    "to", m.Call(func=attr("pin_memory", call("torch.tensor", m.Arg(value=attr(EXTEND_LENS)), m.ZeroOrMore())), args=[])
 )
 
 
@@ -246,6 +238,7 @@ class GuardDraftTreeMask(MirrorGuards):
         ),
     )
     UPSTREAM_MARKER = none_test(m.Name("seq_lens_sum"))
+    FOLLOW_DECORATORS, METHODS_READ = True, None  # a fork's @draft_wrapper builds the tree mask (issue 69)
     MOVED_OUT = (
         call("build_eagle_verify_input"),
         "the tree-mask build moved to eagle_worker_common.build_eagle_verify_input (upstream, 0.5.16+)",

@@ -8,9 +8,10 @@ import pytest
 
 from patchkit import registry
 from patchkit.checks.device_lens import host_only_uses
-from patchkit.codemods.needs_cpu_seq_lens_guards import GuardInitNewExtendLens
+from patchkit.codemods.common.base import State
+from patchkit.codemods.needs_cpu_seq_lens_guards import GuardDraftTreeMask, GuardInitNewExtendLens
 from patchkit.errors import PatchkitError
-from patchkit.testing import assert_codemod, code
+from patchkit.testing import assert_codemod, code, detect
 
 PINNED_BY_THE_FORK = code("""
     import torch
@@ -143,3 +144,56 @@ def test_select_names_every_blocked_dependent_at_once_and_cascade_leaves_them_ou
     left = {p.id for p in registry.select([], ["needs-cpu-seq-lens"], cascade=True)}
     assert not left & {"needs-cpu-seq-lens", *registry.dependents("needs-cpu-seq-lens")}
     assert "verify-wait-on-stream" in left
+
+
+# --- item 2: the tree-mask read one decorator away ----------------------------------------
+
+DECORATED = code("""
+    class EagleDraftWorker(BaseDraftWorker):
+        @staticmethod
+        def draft_wrapper(draft_func):
+            def wrapper(self, model_worker_batch):
+                draft_input = draft_func(self, model_worker_batch)
+                tree_mask_buf, position_buf = (
+                    self.target_worker.model_runner.attn_backend.get_verify_buffers_to_fill_after_draft()
+                )
+                (tree_mask, position, draft_tokens) = build_tree_kernel_efficient(
+                    draft_input.bonus_tokens,
+                    model_worker_batch.seq_lens,
+                    model_worker_batch.seq_lens_sum,
+                    self.topk,
+                    tree_mask_buf,
+                    position_buf,
+                )
+                return EagleVerifyInput(draft_token=draft_tokens, seq_lens_sum=None, seq_lens_cpu=None)
+
+            return wrapper
+
+        @draft_wrapper
+        def draft(self, model_worker_batch: ModelWorkerBatch):
+            return self.draft_forward(model_worker_batch)
+""")
+
+
+def test_the_tree_mask_read_in_a_decorator_of_the_same_class_is_guarded_there():
+    after = (
+        "from sglang.srt._patchkit.runtime import tree_mask_seq_lens_sum\n"
+        + DECORATED.replace(
+            "                model_worker_batch.seq_lens_sum,\n",
+            "                tree_mask_seq_lens_sum(model_worker_batch.seq_lens_sum, tree_mask_buf, "
+            "model_worker_batch.seq_lens, self.target_worker.model_runner.attn_backend),\n",
+        )
+    )
+    assert_codemod(GuardDraftTreeMask, DECORATED, after)
+
+
+def test_a_read_in_the_decorator_no_guard_fits_is_refused_at_its_line_naming_the_method():
+    odd = DECORATED.replace(
+        "            (tree_mask, position, draft_tokens) = build_tree_kernel_efficient(",
+        "            budget = model_worker_batch.seq_lens_sum * 2\n"
+        "            (tree_mask, position, draft_tokens) = acme_tree_kernel(",
+    )
+    finding = detect(GuardDraftTreeMask, odd, "srt/speculative/eagle_worker_v2.py")
+    assert finding.state is State.MISSING
+    assert finding.detail.startswith("srt/speculative/eagle_worker_v2.py:9: ")  # the read's line, not the def's
+    assert "reached from EagleDraftWorker.draft through its decorator @draft_wrapper" in finding.detail

@@ -10,6 +10,7 @@ result: that is the idempotence and the postcondition in one place.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar, Optional
 
 import libcst as cst
@@ -245,7 +246,33 @@ class MethodCodemod(ClassCodemod):
         fn = self.find_method(cls)
         if fn is None:
             return self.detect_absent(cls)
+        decorator = self._decorator_holding_anchor(cls, fn)
+        if decorator is not None:  # the anchor is one decorator away (a fork's wrapper; issue 69)
+            found = self.detect_in_method(decorator)
+            reach = f"reached from {self.anchor_of(fn)} through its decorator @{decorator.name.value}"
+            return self.located(replace(found, detail=f"{found.detail} ({reach})"), self.line_node(decorator))
         return self.located(self.detect_in_method(fn), self.line_node(fn))
+
+    #: Follow the method's decorators defined in the same class (``@draft_wrapper``) when the
+    #: method itself lacks the anchor and the decorator holds it (``holds_anchor``).
+    FOLLOW_DECORATORS: ClassVar[bool] = False
+
+    def holds_anchor(self, fn: cst.FunctionDef) -> bool:
+        """Whether ``fn`` holds what the codemod changes (subclasses that follow decorators say)."""
+        return False
+
+    def reaches_anchor(self, fn: cst.FunctionDef) -> bool:
+        """Whether a decorator ``fn`` is worth following: it holds the anchor, or something
+        of it the codemod cannot change (then refused at that line, not at the method's)."""
+        return self.holds_anchor(fn)
+
+    def _decorator_holding_anchor(self, cls: cst.ClassDef, fn: cst.FunctionDef) -> Optional[cst.FunctionDef]:
+        if not self.FOLLOW_DECORATORS or self.holds_anchor(fn):
+            return None
+        for decorator in primitives.class_decorators_of(cls, fn):
+            if self.reaches_anchor(decorator):
+                return decorator
+        return None
 
     def line_node(self, fn: cst.FunctionDef) -> cst.CSTNode:
         """The node a finding about ``fn`` is reported at: the method."""
@@ -271,6 +298,7 @@ class MethodCodemod(ClassCodemod):
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         method = cst.ensure_type(self.find_method(cls), cst.FunctionDef)  # detect found it
+        method = self._decorator_holding_anchor(cls, method) or method
         return primitives.replace_method(cls, method.name.value, self.transform_method)
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:

@@ -49,6 +49,19 @@ def find_method(cls: cst.ClassDef, name: str) -> Optional[cst.FunctionDef]:
     return next((f for f in methods(cls) if f.name.value == name), None)
 
 
+def class_decorators_of(cls: cst.ClassDef, fn: cst.FunctionDef) -> list[cst.FunctionDef]:
+    """The methods of ``cls`` that decorate ``fn``: ``@NAME`` or ``@NAME(...)`` naming one
+    (a wrapper a fork keeps beside the method, ``@staticmethod def draft_wrapper(f)``)."""
+    out = []
+    for decorator in fn.decorators:
+        node = decorator.decorator
+        node = node.func if isinstance(node, cst.Call) else node
+        found = find_method(cls, node.value) if isinstance(node, cst.Name) else None
+        if found is not None and found is not fn:
+            out.append(found)
+    return out
+
+
 def find_first_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cst.FunctionDef]:
     """The first of several alternative names (a method renamed across releases)."""
     for name in names:
