@@ -146,3 +146,51 @@ def test_a_host_only_use_of_the_lengths_is_refused_at_its_line_and_the_advice_ap
     left_out = {DECISION, *re.split(r", | and ", advice.group(2))}
     states = patch_states(cli, tree)
     assert {p for p, s in states.items() if s["state"] != "applied"} == left_out
+
+
+# -- 3. FlashMLA: its refusal costs FlashMLA's part alone ------------------------------------
+
+FLASHMLA = "srt/layers/attention/flashmla_backend.py"
+TWO_TESTS = """        if (
+            forward_batch.forward_mode == ForwardMode.EXTEND
+            or forward_batch.forward_mode == ForwardMode.DRAFT_EXTEND
+        ):
+"""
+ONE_TUPLE = """        if forward_batch.forward_mode in (
+            ForwardMode.EXTEND,
+            ForwardMode.DRAFT_EXTEND,
+            ForwardMode.DRAFT_EXTEND_V2,
+        ):
+"""
+FIXED_Q_LENS = """                    cache_seqlens=forward_batch.seq_lens.to(torch.int32)
+                    + self.num_draft_tokens,
+"""
+
+
+def test_a_flashmla_fork_handing_the_v2_draft_extend_to_its_parent_in_one_tuple_carries_every_patch(make_tree, cli):
+    tree = make_tree(PRIMARY)
+    edit_file(tree, FLASHMLA, TWO_TESTS, ONE_TUPLE)
+    output = carries_every_patch(cli, tree)
+    assert "ForwardMode.DRAFT_EXTEND_V2" in output and "no longer goes to the parent" in output
+
+
+def test_flashmla_code_no_codemod_fits_refuses_flashmla_alone(make_tree, cli):
+    """FlashMLA keeps the mirror (it does not opt out: the decision keeps the mirror while it
+    is in use); FA3, Triton and the TRT-LLM backends get theirs."""
+    tree = make_tree(PRIMARY)
+    edit_file(tree, FLASHMLA, TWO_TESTS, ONE_TUPLE)
+    text = (tree / FLASHMLA).read_text()
+    assert text.count(FIXED_Q_LENS) == 2
+    (tree / FLASHMLA).write_text(
+        text.replace(FIXED_Q_LENS, "                    cache_seqlens=acme_fixed_q_lens(forward_batch),\n")
+    )
+    result = cli("apply", tree)
+    assert result.exit_code == 1
+    refused = [ln for ln in result.output.splitlines() if ln.startswith("not applied: ")]
+    assert len(refused) == 1 and refused[0].startswith(f"not applied: flashmla-spec-v2: refused: {FLASHMLA}:")
+    assert refused[0].endswith("`--skip flashmla-spec-v2` (the other patches still apply)")
+    states = patch_states(cli, tree)
+    assert {p for p, s in states.items() if s["state"] != "applied"} == {"flashmla-spec-v2"}
+    assert states["flashmla-spec-v2"]["state"] == "not-applicable"
+    assert "needs_cpu_seq_lens" not in (tree / FLASHMLA).read_text()  # FlashMLA keeps the mirror
+    assert cli("verify", tree).output.splitlines()[-1] == "verify: FAILED (flashmla-spec-v2: not-applicable)"
