@@ -209,7 +209,9 @@ class Session:
         that one wrote (perhaps through a sibling class of the module, as verify_tree_mask_fits'
         release variants) is no part of ``patch`` (issue 69: a refused patch is absent, not partial)."""
         others = [p for p in registry.all_patches() if p.id != patch.id and p.id in self.record.applied]
-        return frozenset((t.file, _module(registry.codemod_name(ref))) for p in others for t in p.targets for ref in t.refs)
+        return frozenset(
+            (t.file, _module(registry.codemod_name(ref))) for p in others for t in p.targets for ref in t.refs
+        )
 
     def _stale_runtime(self, patch: Patch) -> list[str]:
         """Runtime files of ``patch`` that differ from what this patchkit writes."""

@@ -184,4 +184,3 @@ def _uses(fn: ast.FunctionDef | ast.AsyncFunctionDef, qualname: str) -> Iterator
         if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and trail.holds(node.iter):
             line = node.iter.lineno
             yield HostOnlyUse(line, qualname, ast.unparse(node.iter), "iteration (`for ... in`)")
-

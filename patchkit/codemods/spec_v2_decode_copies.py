@@ -41,7 +41,6 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import host_copies, primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod, PatchCodemod
-from patchkit.codemods.common.shared import code_of
 
 
 def _host_tensors(fn: cst.FunctionDef) -> dict[str, cst.Call]:
@@ -204,8 +203,10 @@ class _ListCopy:
 
     @property
     def pinned(self) -> bool:
-        return self.own_pin is not None or m.matches(self.build, primitives.call(PINNED_TENSOR)) or (
-            host_copies.is_pinned(self.build)
+        return (
+            self.own_pin is not None
+            or m.matches(self.build, primitives.call(PINNED_TENSOR))
+            or (host_copies.is_pinned(self.build))
         )
 
     @property

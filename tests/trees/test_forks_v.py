@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 import pytest
-from support import NATIVE, PRIMARY, carries_every_patch, edit_file, patch_states, snapshot
+from support import NATIVE, PRIMARY, carries_every_patch, edit_file, patch_states
 
 from patchkit.audit import audit_tree
 from patchkit.fetch import fetch_tree

@@ -69,8 +69,13 @@ def test_a_fork_that_pins_its_own_extend_copies_carries_every_patch(make_tree, c
 def test_a_0_5_7_fork_that_pins_its_prefix_lengths_carries_both_patches(make_tree, cli):
     """Shape 1 as seen on 0.5.7: the prefix lengths pinned by the fork, the others not."""
     tree = make_tree("0.5.7")
-    edit_file(tree, FORWARD_BATCH, RELEASE_COPIES, RELEASE_COPIES.split("            ret.extend_prefix_lens")[0]
-              + OWN_PINS[OWN_PINS.index("            ret.extend_prefix_lens"):])
+    edit_file(
+        tree,
+        FORWARD_BATCH,
+        RELEASE_COPIES,
+        RELEASE_COPIES.split("            ret.extend_prefix_lens")[0]
+        + OWN_PINS[OWN_PINS.index("            ret.extend_prefix_lens") :],
+    )
     forked = snapshot(tree)
     applied = cli("apply", tree)
     assert f"not applied: {DECISION}" not in applied.output and f"not applied: {COPIES}" not in applied.output

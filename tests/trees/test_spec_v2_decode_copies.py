@@ -226,10 +226,10 @@ LOCALS = code("""
 
 def test_init_new_a_fork_that_builds_the_host_tensors_in_locals_pins_them_there():
     """A 0.5.10 fork (ROCm): the host tensors built into locals first, which its positions read."""
-    after = LOCALS.replace(
-        "import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pinned_tensor\n"
-    ).replace("= torch.tensor(batch.", "= pinned_tensor(batch.").replace(
-        "dtype=torch.int32)\n", "dtype=torch.int32, pin_for=device)\n"
+    after = (
+        LOCALS.replace("import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pinned_tensor\n")
+        .replace("= torch.tensor(batch.", "= pinned_tensor(batch.")
+        .replace("dtype=torch.int32)\n", "dtype=torch.int32, pin_for=device)\n")
     )
     assert after.count(PINNED) == 2
     assert_codemod(INIT_NEW, LOCALS, after)

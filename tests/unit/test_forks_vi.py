@@ -107,20 +107,29 @@ def test_the_postcondition_names_iteration_and_len_of_the_lengths_but_not_a_list
                     pass
                 lens = [n + 1 for n in ret.extend_seq_lens]
                 count = len(batch.extend_seq_lens)
-    """) == [(4, "batch.extend_seq_lens", "`sum(...)`"), (5, "batch.extend_prefix_lens", "iteration (`for ... in`)"),
-             (8, "batch.extend_seq_lens", "`len(...)`")]
+    """) == [
+        (4, "batch.extend_seq_lens", "`sum(...)`"),
+        (5, "batch.extend_prefix_lens", "iteration (`for ... in`)"),
+        (8, "batch.extend_seq_lens", "`len(...)`"),
+    ]
     # Under the fork's own list test (what the refusal suggests), or in a function the patch
     # did not open to device lengths: nothing to say.
-    assert _uses("""
+    assert (
+        _uses("""
         def init_new(cls, batch, device):
             ret.extend_seq_lens = torch.as_tensor(batch.extend_seq_lens).to(device)
             if isinstance(batch.extend_seq_lens, list):
                 total = sum(batch.extend_seq_lens)
-    """) == []
-    assert _uses("""
+    """)
+        == []
+    )
+    assert (
+        _uses("""
         def compute_positions(batch):
             return sum(batch.extend_seq_lens), [n for n in batch.extend_prefix_lens]
-    """) == []
+    """)
+        == []
+    )
 
 
 # --- item 4: --skip advice that works the first time ------------------------------------
@@ -132,7 +141,10 @@ def test_skip_advice_names_every_dependent_and_cascades():
     advice = registry.skip_advice("needs-cpu-seq-lens")
     assert advice.startswith("`--skip needs-cpu-seq-lens --cascade`")
     assert all(d in advice for d in deps)
-    assert registry.skip_advice("verify-wait-on-stream") == "`--skip verify-wait-on-stream` (the other patches still apply)"
+    assert (
+        registry.skip_advice("verify-wait-on-stream")
+        == "`--skip verify-wait-on-stream` (the other patches still apply)"
+    )
 
 
 def test_select_names_every_blocked_dependent_at_once_and_cascade_leaves_them_out():
@@ -176,13 +188,10 @@ DECORATED = code("""
 
 
 def test_the_tree_mask_read_in_a_decorator_of_the_same_class_is_guarded_there():
-    after = (
-        "from sglang.srt._patchkit.runtime import tree_mask_seq_lens_sum\n"
-        + DECORATED.replace(
-            "                model_worker_batch.seq_lens_sum,\n",
-            "                tree_mask_seq_lens_sum(model_worker_batch.seq_lens_sum, tree_mask_buf, "
-            "model_worker_batch.seq_lens, self.target_worker.model_runner.attn_backend),\n",
-        )
+    after = "from sglang.srt._patchkit.runtime import tree_mask_seq_lens_sum\n" + DECORATED.replace(
+        "                model_worker_batch.seq_lens_sum,\n",
+        "                tree_mask_seq_lens_sum(model_worker_batch.seq_lens_sum, tree_mask_buf, "
+        "model_worker_batch.seq_lens, self.target_worker.model_runner.attn_backend),\n",
     )
     assert_codemod(GuardDraftTreeMask, DECORATED, after)
 
