@@ -161,7 +161,8 @@ def _host_branches(fn: ast.AST) -> set[int]:
     for node in ast.walk(fn):
         test = node.test if isinstance(node, ast.If) else None
         if (
-            isinstance(test, ast.Call)
+            isinstance(node, ast.If)
+            and isinstance(test, ast.Call)
             and _dotted(test.func) == "isinstance"
             and len(test.args) == 2
             and _dotted(test.args[1]) == "list"

@@ -222,7 +222,7 @@ def _list_copies(fn: cst.FunctionDef) -> dict[str, _ListCopy]:
         source = _copied(copy)
         if isinstance(source, cst.Name) and len(local.values(source)) == 1:  # through a local (a 0.5.10 fork)
             source = local.values(source)[0]
-        own_pin = source if m.matches(source, host_copies.OWN_PIN) else None
+        own_pin = source if isinstance(source, cst.Call) and m.matches(source, host_copies.OWN_PIN) else None
         if own_pin is not None:
             source = _copied(own_pin)
         if (
