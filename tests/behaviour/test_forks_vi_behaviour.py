@@ -12,10 +12,10 @@ raises here, at run time, as it did on the GPU."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from click.testing import CliRunner
+from fork_shapes import FORWARD_BATCH, OWN_PINS, RELEASE_COPIES
+from forward_batch_inputs import draft_extend, runner
 from support import edit_file
 
 pytestmark = pytest.mark.behaviour
@@ -28,31 +28,12 @@ from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree  # noqa: E402
 
 VERSION = "0.5.12.post1"
-FORWARD_BATCH = "srt/model_executor/forward_batch_info.py"
-RELEASE = """            ret.extend_seq_lens = torch.tensor(
-                batch.extend_seq_lens, dtype=torch.int32
-            ).to(device, non_blocking=True)
-            ret.extend_prefix_lens = torch.tensor(
-                batch.extend_prefix_lens, dtype=torch.int32
-            ).to(device, non_blocking=True)
-"""
-OWN_PINS = """            ret.extend_seq_lens = (
-                torch.tensor(batch.extend_seq_lens, dtype=torch.int32)
-                .pin_memory()
-                .to(device, non_blocking=True)
-            )
-            ret.extend_prefix_lens = (
-                torch.tensor(batch.extend_prefix_lens, dtype=torch.int32)
-                .pin_memory()
-                .to(device, non_blocking=True)
-            )
-"""
 
 
 @pytest.fixture(scope="module")
 def forward_batch_info(tmp_path_factory, load_sglang):
     package = copy_tree(VERSION, tmp_path_factory.mktemp("own-pins"), "package")
-    edit_file(package, FORWARD_BATCH, RELEASE, OWN_PINS)
+    edit_file(package, FORWARD_BATCH, RELEASE_COPIES, OWN_PINS)
     result = CliRunner().invoke(main, ["apply", str(package)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     load_sglang(package)
@@ -60,13 +41,6 @@ def forward_batch_info(tmp_path_factory, load_sglang):
 
     assert forward_batch_info.__file__.startswith(str(package))
     return forward_batch_info
-
-
-class _WorkerBatch(SimpleNamespace):
-    """The fields init_new reads of a ModelWorkerBatch: those set here, None for the rest."""
-
-    def __getattr__(self, name):
-        return None
 
 
 def on_device(values: list[int]):
@@ -100,31 +74,6 @@ def pins(monkeypatch, forward_batch_info):
 
     monkeypatch.setattr(runtime_copies, "pin_memory_for", lambda device: True)  # as on a GPU
     return pinned
-
-
-def draft_extend(module, seq_lens, prefix_lens):
-    return _WorkerBatch(
-        forward_mode=module.ForwardMode.DRAFT_EXTEND_V2,
-        seq_lens=torch.tensor([7, 12, 4]),
-        input_ids=torch.arange(12),
-        extend_seq_lens=seq_lens,
-        extend_prefix_lens=prefix_lens,
-        extend_num_tokens=12,
-        reqs=[],
-    )
-
-
-def runner():
-    return SimpleNamespace(
-        device="cpu",
-        req_to_token_pool=None,
-        token_to_kv_pool=None,
-        attn_backend=None,
-        server_args=SimpleNamespace(attention_backend="torch_native", enable_lora=False),
-        use_ngram_embedding=False,
-        model_is_mrope=False,
-        is_hybrid_swa=False,
-    )
 
 
 def test_the_forks_pinned_copy_runs_with_device_lengths_and_still_pins_host_lists(forward_batch_info, pins):

@@ -16,40 +16,14 @@ import re
 import shlex
 
 import pytest
+from fork_shapes import BRANCHED_WAIT, FORWARD_BATCH, LOCALS, OWN_PINS, RELEASE_COPIES
 from support import PRIMARY, carries_every_patch, edit_file, patch_states, snapshot
 
 pytestmark = pytest.mark.trees
 
 DECISION = "needs-cpu-seq-lens"
 COPIES = "spec-v2-decode-copies"
-FORWARD_BATCH = "srt/model_executor/forward_batch_info.py"
 SCHEDULE_BATCH = "srt/managers/schedule_batch.py"
-
-RELEASE_COPIES = """            ret.extend_seq_lens = torch.tensor(
-                batch.extend_seq_lens, dtype=torch.int32
-            ).to(device, non_blocking=True)
-            ret.extend_prefix_lens = torch.tensor(
-                batch.extend_prefix_lens, dtype=torch.int32
-            ).to(device, non_blocking=True)
-"""
-OWN_PINS = """            ret.extend_seq_lens = (
-                torch.tensor(batch.extend_seq_lens, dtype=torch.int32)
-                .pin_memory()
-                .to(device, non_blocking=True)
-            )
-            ret.extend_prefix_lens = (
-                torch.tensor(batch.extend_prefix_lens, dtype=torch.int32)
-                .pin_memory()
-                .to(device, non_blocking=True)
-            )
-"""
-LOCALS = """            # ROCm computes the positions from the host tensors.
-            _seq_cpu = torch.tensor(batch.extend_seq_lens, dtype=torch.int32)
-            _prefix_cpu = torch.tensor(batch.extend_prefix_lens, dtype=torch.int32)
-            ret.extend_seq_lens = _seq_cpu.to(device, non_blocking=True)
-            ret.extend_prefix_lens = _prefix_cpu.to(device, non_blocking=True)
-            ret.extend_prefix_lens_host = torch.as_strided(_prefix_cpu, _prefix_cpu.shape, (1,))
-"""
 
 
 def test_a_fork_that_pins_its_own_extend_copies_carries_every_patch(make_tree, cli):
@@ -93,16 +67,6 @@ def test_a_fork_that_builds_its_host_tensors_in_locals_carries_every_patch(make_
     assert cli("apply", tree).exit_code == 0
     text = (tree / FORWARD_BATCH).read_text()
     assert "_seq_cpu = pinned_tensor(batch.extend_seq_lens, dtype=torch.int32, pin_for=device)" in text
-
-
-BRANCHED_WAIT = """        verify_done = getattr(draft_input, "verify_done", None)
-        if verify_done is None:
-            return
-        if envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM.get():
-            torch.get_device_module(self.device).current_stream().wait_event(verify_done)
-        else:
-            verify_done.synchronize()
-"""
 
 
 def test_a_fork_whose_host_wait_is_in_a_branch_carries_every_patch(make_tree, cli):

@@ -4,6 +4,7 @@ moves from the host (``verify_done.synchronize()``) onto the schedule stream."""
 from __future__ import annotations
 
 import pytest
+from fork_shapes import BRANCHED_WAIT
 from support import patch_states, snapshot
 
 from patchkit.codemods import verify_wait_on_stream as vw
@@ -66,21 +67,17 @@ def test_a_forks_own_stream_wait_is_superseded_naming_its_line(line):
 
 # A fork between 0.5.11 and 0.5.12 (issue 69): the event in a local, an early return, and the
 # host wait in the else branch of its own stream wait behind a flag (off by default).
-BRANCHED = code("""
+BRANCHED = (
+    code("""
     import torch
 
 
     class ScheduleBatch:
         def maybe_wait_verify_done(self):
             draft_input = self.spec_info
-            verify_done = getattr(draft_input, "verify_done", None)
-            if verify_done is None:
-                return
-            if envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM.get():
-                torch.get_device_module(self.device).current_stream().wait_event(verify_done)
-            else:
-                verify_done.synchronize()
 """)
+    + BRANCHED_WAIT
+)
 
 
 def test_a_forks_host_wait_in_a_branch_of_its_own_stream_wait_moves_onto_the_stream():

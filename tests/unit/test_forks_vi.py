@@ -5,6 +5,7 @@ the device lengths away from host-only code, and the ``--skip`` advice."""
 from __future__ import annotations
 
 import pytest
+from fork_shapes import OWN_PINS
 
 from patchkit import registry
 from patchkit.checks.device_lens import host_only_uses
@@ -13,7 +14,8 @@ from patchkit.codemods.needs_cpu_seq_lens_guards import GuardDraftTreeMask, Guar
 from patchkit.errors import PatchkitError
 from patchkit.testing import assert_codemod, code, detect
 
-PINNED_BY_THE_FORK = code("""
+PINNED_BY_THE_FORK = (
+    code("""
     import torch
 
 
@@ -24,19 +26,10 @@ PINNED_BY_THE_FORK = code("""
             device = model_runner.device
             if not ret.forward_mode.is_decode():
                 assert isinstance(batch.extend_seq_lens, list)
-                ret.extend_seq_lens = (
-                    torch.tensor(batch.extend_seq_lens, dtype=torch.int32)
-                    .pin_memory()
-                    .to(device, non_blocking=True)
-                )
-                ret.extend_prefix_lens = (
-                    torch.tensor(batch.extend_prefix_lens, dtype=torch.int32)
-                    .pin_memory()
-                    .to(device, non_blocking=True)
-                )
-                ret.extend_seq_lens_cpu = batch.extend_seq_lens
-            return ret
 """)
+    + OWN_PINS
+    + "            ret.extend_seq_lens_cpu = batch.extend_seq_lens\n        return ret\n"
+)
 CARRIED = (
     PINNED_BY_THE_FORK.replace(
         "import torch\n",
