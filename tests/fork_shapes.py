@@ -44,3 +44,26 @@ BRANCHED_WAIT = """        verify_done = getattr(draft_input, "verify_done", Non
         else:
             verify_done.synchronize()
 """
+
+
+def draft_in_a_wrapper(text: str) -> str:
+    """``EagleDraftWorker.draft`` of 0.5.12's eagle_worker_v2.py with its tree-mask build moved
+    into a decorator of the same class, ``@draft_wrapper`` (a 0.5.12 fork)."""
+    start = text.index("    def draft(self, model_worker_batch: ModelWorkerBatch):\n")
+    build = text.index("        # Build tree mask\n", start)
+    end = text.index("\n    def ", build) + 1
+    wrapped = "".join("    " + line if line.strip() else line for line in text[build:end].splitlines(True))
+    wrapper = (
+        "    @staticmethod\n"
+        "    def draft_wrapper(draft_func):\n"
+        "        def wrapper(self, model_worker_batch):\n"
+        "            drafted = draft_func(self, model_worker_batch)\n"
+        "            if not isinstance(drafted, tuple):\n"
+        "                return drafted  # the idle input\n"
+        "            draft_input, parent_list, top_scores_index, draft_tokens = drafted\n"
+        f"{wrapped.rstrip()}\n\n"
+        "        return wrapper\n\n"
+        "    @draft_wrapper\n"
+    )
+    drafted = "        return draft_input, parent_list, top_scores_index, draft_tokens\n\n"
+    return text[:start] + wrapper + text[start:build] + drafted + text[end:]

@@ -5,6 +5,9 @@ synthetic fork (small edits written here on a real release tree).
   its own pinned memory (shape 1: 0.5.7 and 0.5.12.post1 forks) or through
   locals (a 0.5.10 ROCm fork); ``maybe_wait_verify_done`` with the event in a
   local, an early return and the host wait in a branch (0.5.11);
+- the tree-mask build moved into a decorator of ``EagleDraftWorker`` (0.5.12);
+- FlashMLA's forward_extend handing DRAFT_EXTEND_V2 to its parent in one tuple
+  test, and FlashMLA code no codemod fits (refused alone);
 - the postcondition of needs-cpu-seq-lens: a fork's host-only use of the
   extend lengths no guard fits is refused at its line, and the advice the
   refusal prints, run exactly as printed, applies the rest.
@@ -16,7 +19,7 @@ import re
 import shlex
 
 import pytest
-from fork_shapes import BRANCHED_WAIT, FORWARD_BATCH, LOCALS, OWN_PINS, RELEASE_COPIES
+from fork_shapes import BRANCHED_WAIT, FORWARD_BATCH, LOCALS, OWN_PINS, RELEASE_COPIES, draft_in_a_wrapper
 from support import PRIMARY, carries_every_patch, edit_file, patch_states, snapshot
 
 pytestmark = pytest.mark.trees
@@ -24,6 +27,7 @@ pytestmark = pytest.mark.trees
 DECISION = "needs-cpu-seq-lens"
 COPIES = "spec-v2-decode-copies"
 SCHEDULE_BATCH = "srt/managers/schedule_batch.py"
+WORKER = "srt/speculative/eagle_worker_v2.py"
 
 
 def test_a_fork_that_pins_its_own_extend_copies_carries_every_patch(make_tree, cli):
@@ -163,3 +167,19 @@ def test_flashmla_code_no_codemod_fits_refuses_flashmla_alone(make_tree, cli):
     assert states["flashmla-spec-v2"]["state"] == "not-applicable"
     assert "needs_cpu_seq_lens" not in (tree / FLASHMLA).read_text()  # FlashMLA keeps the mirror
     assert cli("verify", tree).output.splitlines()[-1] == "verify: FAILED (flashmla-spec-v2: not-applicable)"
+
+
+# -- 2. the tree-mask read one decorator away --------------------------------------------------
+
+
+def test_a_fork_that_builds_the_tree_mask_in_a_decorator_carries_every_patch(make_tree, cli):
+    """A 0.5.12 fork: ``@draft_wrapper``, a static method of EagleDraftWorker, builds the tree
+    mask after ``draft``; the read of the mirror there is guarded where it is."""
+    tree = make_tree(PRIMARY)
+    path = tree / WORKER
+    path.write_text(draft_in_a_wrapper(path.read_text()))
+    carries_every_patch(cli, tree)
+    assert cli("apply", tree).exit_code == 0
+    text = path.read_text()
+    wrapper = text[text.index("    def draft_wrapper(") : text.index("    @draft_wrapper\n")]
+    assert "tree_mask_seq_lens_sum(model_worker_batch.seq_lens_sum, tree_mask_buf," in wrapper
