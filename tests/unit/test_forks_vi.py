@@ -199,3 +199,27 @@ def test_a_read_in_the_decorator_no_guard_fits_is_refused_at_its_line_naming_the
     assert finding.state is State.MISSING
     assert finding.detail.startswith("srt/speculative/eagle_worker_v2.py:9: ")  # the read's line, not the def's
     assert "reached from EagleDraftWorker.draft through its decorator @draft_wrapper" in finding.detail
+
+
+def test_a_decorator_the_module_defines_is_followed_too():
+    at_top = code("""
+        def draft_wrapper(draft_func):
+            def wrapper(self, model_worker_batch):
+                draft_input = draft_func(self, model_worker_batch)
+                tree_mask_buf, position_buf = self.attn_backend.get_verify_buffers_to_fill_after_draft()
+                return build_tree_kernel_efficient(model_worker_batch.seq_lens_sum, tree_mask_buf)
+
+            return wrapper
+
+
+        class EagleDraftWorker(BaseDraftWorker):
+            @draft_wrapper
+            def draft(self, model_worker_batch: ModelWorkerBatch):
+                return self.draft_forward(model_worker_batch)
+    """)
+    after = "from sglang.srt._patchkit.runtime import tree_mask_seq_lens_sum\n" + at_top.replace(
+        "build_tree_kernel_efficient(model_worker_batch.seq_lens_sum, tree_mask_buf)",
+        "build_tree_kernel_efficient(tree_mask_seq_lens_sum(model_worker_batch.seq_lens_sum, tree_mask_buf, "
+        "model_worker_batch.seq_lens, self.attn_backend), tree_mask_buf)",
+    )
+    assert_codemod(GuardDraftTreeMask, at_top, after)

@@ -66,8 +66,8 @@ class MethodGuards(MethodCodemod):
     @classmethod
     def reads(cls) -> Optional[Reads]:
         # detect reads UPSTREAM_FUNCTION too (a module function)
-        if not reads_only(cls, MODULE_HOOKS, PatchCodemod, ClassCodemod, MethodGuards):
-            return None
+        if cls.FOLLOW_DECORATORS or not reads_only(cls, MODULE_HOOKS, PatchCodemod, ClassCodemod, MethodGuards):
+            return None  # a decorator followed may be any function of the module
         return {cls.CLASS: cls.methods_read(), **({cls.UPSTREAM_FUNCTION: None} if cls.UPSTREAM_FUNCTION else {})}
 
     def detect(self, module: cst.Module) -> Finding:
