@@ -238,7 +238,7 @@ class GuardDraftTreeMask(MirrorGuards):
         ),
     )
     UPSTREAM_MARKER = none_test(m.Name("seq_lens_sum"))
-    FOLLOW_DECORATORS, METHODS_READ = True, None  # a fork's @draft_wrapper builds the tree mask (issue 69)
+    FOLLOW_DECORATORS = True  # a fork's @draft_wrapper builds the tree mask (issue 69)
     MOVED_OUT = (
         call("build_eagle_verify_input"),
         "the tree-mask build moved to eagle_worker_common.build_eagle_verify_input (upstream, 0.5.16+)",
