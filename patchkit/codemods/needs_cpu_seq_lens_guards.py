@@ -239,6 +239,7 @@ class GuardDraftTreeMask(MirrorGuards):
     )
     UPSTREAM_MARKER = none_test(m.Name("seq_lens_sum"))
     FOLLOW_DECORATORS = True  # a fork's @draft_wrapper builds the tree mask (issue 69)
+    READS_WHOLE = "a decorator of draft it follows may be any function of the module (a fork's @draft_wrapper)"
     MOVED_OUT = (
         call("build_eagle_verify_input"),
         "the tree-mask build moved to eagle_worker_common.build_eagle_verify_input (upstream, 0.5.16+)",
