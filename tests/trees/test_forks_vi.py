@@ -114,6 +114,11 @@ def test_a_host_only_use_of_the_lengths_is_refused_at_its_line_and_the_advice_ap
     advice = re.search(r"or `(--skip [^`]+)` \(which also leaves out ([^)]+), as they require it", line)
     assert advice is not None, line
     assert cli("revert", tree).exit_code == 0
+    # --skip alone names every patch that needs it, at once, and the command that works.
+    alone = cli("apply", tree, "--skip", DECISION)
+    assert alone.exit_code == 2 and len(alone.output.strip().splitlines()) == 1, alone.output
+    assert f"`--skip {DECISION} --cascade` leaves them out too" in alone.output
+    assert all(d in alone.output for d in re.split(r", | and ", advice.group(2)))
     again = cli("apply", tree, *shlex.split(advice.group(1)))
     assert again.exit_code == 0, again.output
     left_out = {DECISION, *re.split(r", | and ", advice.group(2))}
