@@ -289,6 +289,9 @@ class MethodCodemod(ClassCodemod):
     def transform_beside(self, tree: cst.Module) -> cst.Module:
         """A decorator followed that the module defines is edited here; one of the class's
         own, by ``transform_class`` (told which by ``_followed``, as detect chose it)."""
+        self._followed = ""
+        if not self.FOLLOW_DECORATORS:
+            return tree
         cls = primitives.find_class(tree, self.CLASS)
         method = self.find_method(cls) if cls is not None else None
         decorator = self._decorator_holding_anchor(cls, method, tree) if cls and method else None
