@@ -7,6 +7,17 @@ from __future__ import annotations
 
 FORWARD_BATCH = "srt/model_executor/forward_batch_info.py"
 
+#: A snippet's ``ForwardBatch.init_new`` up to its extend branch, whose body (12 spaces in) follows.
+INIT_NEW_HEAD = """import torch
+
+
+class ForwardBatch:
+    @classmethod
+    def init_new(cls, batch, model_runner):
+        ret = cls(forward_mode=batch.forward_mode)
+        device = model_runner.device
+        if not ret.forward_mode.is_decode():
+"""
 RELEASE_COPIES = """            ret.extend_seq_lens = torch.tensor(
                 batch.extend_seq_lens, dtype=torch.int32
             ).to(device, non_blocking=True)

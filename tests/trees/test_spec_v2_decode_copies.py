@@ -9,6 +9,8 @@ import ast
 from unittest import mock
 
 import pytest
+from fork_shapes import INIT_NEW_HEAD
+from fork_shapes import LOCALS as LOCALS_BODY
 from support import NATIVE, PRE_UPSTREAM, patch_states, snapshot
 
 from patchkit.codemods.common.base import State
@@ -205,23 +207,7 @@ def test_init_new_a_fork_that_pins_the_extend_lengths_itself_is_superseded_else_
     assert "pinned_tensor(num_tokens, dtype=torch.int32, pin_for=device)" in after
 
 
-LOCALS = code("""
-    import torch
-
-
-    class ForwardBatch:
-        @classmethod
-        def init_new(cls, batch, model_runner):
-            ret = cls(forward_mode=batch.forward_mode)
-            device = model_runner.device
-            if not ret.forward_mode.is_decode():
-                _seq_cpu = torch.tensor(batch.extend_seq_lens, dtype=torch.int32)
-                _prefix_cpu = torch.tensor(batch.extend_prefix_lens, dtype=torch.int32)
-                ret.extend_seq_lens = _seq_cpu.to(device, non_blocking=True)
-                ret.extend_prefix_lens = _prefix_cpu.to(device, non_blocking=True)
-                positions = compute_positions_on_host(_prefix_cpu, _seq_cpu)
-            return ret
-""")
+LOCALS = INIT_NEW_HEAD + LOCALS_BODY + "        return ret\n"
 
 
 def test_init_new_a_fork_that_builds_the_host_tensors_in_locals_pins_them_there():

@@ -5,7 +5,7 @@ the device lengths away from host-only code, and the ``--skip`` advice."""
 from __future__ import annotations
 
 import pytest
-from fork_shapes import OWN_PINS
+from fork_shapes import INIT_NEW_HEAD, OWN_PINS
 
 from patchkit import registry
 from patchkit.checks.device_lens import host_only_uses
@@ -15,18 +15,8 @@ from patchkit.errors import PatchkitError
 from patchkit.testing import assert_codemod, code, detect
 
 PINNED_BY_THE_FORK = (
-    code("""
-    import torch
-
-
-    class ForwardBatch:
-        @classmethod
-        def init_new(cls, batch, model_runner):
-            ret = cls(forward_mode=batch.forward_mode)
-            device = model_runner.device
-            if not ret.forward_mode.is_decode():
-                assert isinstance(batch.extend_seq_lens, list)
-""")
+    INIT_NEW_HEAD
+    + "            assert isinstance(batch.extend_seq_lens, list)\n"
     + OWN_PINS
     + "            ret.extend_seq_lens_cpu = batch.extend_seq_lens\n        return ret\n"
 )
