@@ -193,7 +193,7 @@ class Session:
                 name = registry.codemod_name(ref)
                 results.append(CodemodResult(target.file, name, self.detect(target.file, ref)))
         applied_by_us = patch.id in self.record.applied
-        state, reason = _state_of(results, applied_by_us)
+        state, reason = _state_of(results, applied_by_us, self._written_by_others(patch))
         # Parts a fork does its own way: said once, with where and why.
         notes.extend(dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in results if r.finding.by_tree))
         if applied_by_us and state != APPLIED:
@@ -203,6 +203,15 @@ class Session:
             if stale:
                 state, reason = STALE, "; ".join(stale)
         return PatchReport(patch, state, reason, tuple(results), tuple(notes))
+
+    def _written_by_others(self, patch: Patch) -> frozenset[tuple[str, str]]:
+        """(file, codemod module) that another patch patchkit applied here lists too: what
+        that one wrote (perhaps through a sibling class of the module, as verify_tree_mask_fits'
+        release variants) is no part of ``patch`` (issue 69: a refused patch is absent, not partial)."""
+        others = [p for p in registry.all_patches() if p.id != patch.id and p.id in self.record.applied]
+        return frozenset(
+            (t.file, _module(registry.codemod_name(ref))) for p in others for t in p.targets for ref in t.refs
+        )
 
     def _stale_runtime(self, patch: Patch) -> list[str]:
         """Runtime files of ``patch`` that differ from what this patchkit writes."""
@@ -302,9 +311,16 @@ class locked_session:
                 self._lock.__exit__(*exc)
 
 
-def _state_of(results: list[CodemodResult], applied_by_us: bool) -> tuple[str, str]:
+def _module(codemod: str) -> str:
+    """``module`` of a codemod's name, ``module.Class``."""
+    return codemod.rpartition(".")[0] or codemod
+
+
+def _state_of(
+    results: list[CodemodResult], applied_by_us: bool, by_others: frozenset[tuple[str, str]] = frozenset()
+) -> tuple[str, str]:
     """A patch's state and its reason, from its codemods' ``results`` (``applied_by_us``:
-    patchkit recorded it as applied)."""
+    patchkit recorded it as applied; ``by_others``: (file, codemod) another applied patch wrote)."""
     states = {r.finding.state for r in results}
     moot = next((r for r in results if r.finding.moots_patch), None)
     if moot is not None:  # what the patch changes never runs here: its other sites do not matter
@@ -322,6 +338,9 @@ def _state_of(results: list[CodemodResult], applied_by_us: bool) -> tuple[str, s
     if states <= {State.DONE, State.SUPERSEDED}:
         return (APPLIED if applied_by_us else NATIVE), ""
     if states <= {State.TODO, State.SUPERSEDED}:
+        return ABSENT, ""
+    own = {r.finding.state for r in results if (r.file, _module(r.codemod)) not in by_others}
+    if not applied_by_us and own <= {State.TODO, State.SUPERSEDED}:  # only what other patches wrote is done
         return ABSENT, ""
     todo = [r for r in results if r.finding.state is State.TODO]
     return PARTIAL, "still to do: " + ", ".join(f"{r.file}: {r.finding.anchor}" for r in todo)

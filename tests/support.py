@@ -200,3 +200,29 @@ def session_processes(sid: int) -> list[str]:
 def alive(pid: int) -> bool:
     _, fields = _stat(Path(f"/proc/{pid}/stat"))
     return bool(fields) and fields[0] != "Z"
+
+
+# -- synthetic forks (tests/trees/test_forks_v.py, test_forks_vi.py) ----------------------------
+
+
+def edit_file(tree: Path, rel: str, old: str, new: str) -> None:
+    """The fork's edit: ``old`` (once in the file) becomes ``new``."""
+    text = (tree / rel).read_text()
+    assert text.count(old) == 1, (rel, old)
+    (tree / rel).write_text(text.replace(old, new))
+
+
+def carries_every_patch(cli, tree: Path) -> str:
+    """apply, verify OK, every patch applied, audit ok, revert exact; apply's output."""
+    forked = snapshot(tree)
+    applied = cli("apply", tree)
+    assert applied.exit_code == 0 and "not applied" not in applied.output, applied.output
+    states = patch_states(cli, tree)
+    assert {pid: p["state"] for pid, p in states.items()} == dict.fromkeys(states, "applied")
+    verified = cli("verify", tree)
+    assert verified.exit_code == 0 and "verify: OK" in verified.output, verified.output
+    doc = json.loads(cli("audit", tree, "--format", "json").output)
+    assert doc["ok"], [r for r in doc["reads"] if r["verdict"] in ("unguarded", "stale")]
+    assert cli("revert", tree).exit_code == 0
+    assert snapshot(tree) == forked
+    return applied.output

@@ -198,13 +198,14 @@ def apply(
     skip: Iterable[str] = (),
     dry_run: bool = False,
     runtime: Optional[str] = None,
+    cascade: bool = False,
     say: Say = _drop,
     audit_vendor: bool = True,
     progress: Optional["Progress"] = None,
     accept_vendor_code_risk: bool = False,
 ) -> ChangeResult:
     """Apply the patches (all by default, with what they require; not
-    ``skip``). ``dry_run`` writes nothing. ``runtime``: vendored | package.
+    ``skip``, and with ``cascade`` what requires a skipped one). ``dry_run`` writes nothing. ``runtime``: vendored | package.
     ``audit_vendor``: audit the written tree for the vendor's own unguarded
     reads of the mirror (``result.vendor_line``). ``progress(done, total)``
     hears of each file transformed ahead (none the cache had). The release's
@@ -213,7 +214,7 @@ def apply(
     from patchkit.api.applying import apply_patches
 
     where = locate(tree, say)
-    selected = registry.select(ids, skip)
+    selected = registry.select(ids, skip, cascade)
     result = None
     try:
         with locked_session(where.given, say, None if dry_run else "apply") as session:

@@ -148,7 +148,7 @@ def refused_anchor(pid: str, reason: str) -> str:
     what = (
         "restore that file" if reason.endswith("file not in this tree") else "give that code the shape the patch needs"
     )
-    return f"refused: {reason}; {what}, or `--skip {pid}` (the other patches still apply)"
+    return f"refused: {reason}; {what}, or {registry.skip_advice(pid)}"
 
 
 def _record(

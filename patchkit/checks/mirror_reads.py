@@ -164,10 +164,12 @@ def disk_line(read: Read, written: bytes | None, on_disk: bytes | None) -> int:
 def refusal(read: Read, line: int | None, patch: str) -> str:
     """One line: what is refused and why, and what the maintainer can do
     (``line``: the read's line on disk, :func:`disk_line`)."""
+    from patchkit.registry import skip_advice
+
     return (
         f"refused: {read.file}:{line or read.line}: {read.function} reads `{read.code}` {read.verdict} once the "
         f"mirror is dropped, so nothing of {patch} is written: guard that line with a None test "
-        f"(`if ... is None:`), or `--skip {patch}` (the other patches still apply; `patchkit audit` lists every read)"
+        f"(`if ... is None:`; `patchkit audit` lists every read), or {skip_advice(patch)}"
     )
 
 

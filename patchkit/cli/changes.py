@@ -35,6 +35,7 @@ from patchkit.errors import EXIT_CHANGES
     help="Leave this patch out (repeatable).",
     shell_complete=_complete_patches,
 )
+@click.option("--cascade", is_flag=True, help="With --skip: also leave out the patches that require a skipped one.")
 @dry_run_option("applying")
 @click.option(
     "--check",
@@ -65,6 +66,7 @@ def apply(
     obj: Ctx,
     args,
     skip: tuple[str, ...],
+    cascade: bool,
     dry_run: bool,
     check: bool,
     show_diff: bool,
@@ -83,6 +85,7 @@ def apply(
             ids,
             skip,
             dry_run=dry_run or check,
+            cascade=cascade,
             runtime=runtime,
             say=obj.say,
             progress=progress,

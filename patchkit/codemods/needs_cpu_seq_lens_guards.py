@@ -20,7 +20,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common import primitives
+from patchkit.codemods.common import host_copies, primitives
 from patchkit.codemods.common.base import Finding, State
 from patchkit.codemods.common.method_guards import Guard
 from patchkit.codemods.common.metrics_guards import MIRROR_TOTAL, MetricsGuards, ReporterGuards
@@ -121,6 +121,32 @@ class GuardInitNewExtendLens(MirrorGuards):
         ),
     )
     UPSTREAM_MARKER = m.If(test=call("isinstance", m.Arg(), m.Arg(value=m.Name("list"))))
+    # A fork pinning its own copy (issue 69): `.pin_memory()` of the device lengths would raise.
+    REPLACES_VENDOR = (
+        (
+            r"\.?pin_memory",
+            "the fork's pinned copy of the extend lengths becomes pinned_tensor(LENS, ..., pin_for=D): a host "
+            "list pinned as the fork did, the GPU-only draft extend's device lengths kept (.pin_memory() raises)",
+        ),
+    )
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        for copy in primitives.find_all_of(cst.Call, fn, OWN_PINNED_COPY):
+            pin = cst.ensure_type(cst.ensure_type(copy.func, cst.Attribute).value, cst.Call)  # BUILD(...).pin_memory()
+            build = cst.ensure_type(cst.ensure_type(pin.func, cst.Attribute).value, cst.Call)
+            device = host_copies.copy_device(copy)
+            if device is None:  # no device named: left to the postcondition, which refuses
+                continue
+            pinned = host_copies.pinned_build(build, device)
+            fn = primitives.replace_node(fn, copy, copy.with_changes(func=copy.func.with_changes(value=pinned)))
+            self.require_import(host_copies.HELPERS, host_copies.PINNED_TENSOR)
+        return super().transform_method(fn)
+
+
+#: A fork's own pinned copy (0.5.7, 0.5.12.post1 forks): ``torch.tensor(LENS, ...).pin_memory().to(D, ...)``.
+OWN_PINNED_COPY = primitives.method_call(
+    "to", m.Call(func=attr("pin_memory", call("torch.tensor", m.Arg(value=attr(EXTEND_LENS)), m.ZeroOrMore())), args=[])
+)
 
 
 class GuardPadInputs(MirrorGuards):
@@ -212,6 +238,8 @@ class GuardDraftTreeMask(MirrorGuards):
         ),
     )
     UPSTREAM_MARKER = none_test(m.Name("seq_lens_sum"))
+    FOLLOW_DECORATORS = True  # a fork's @draft_wrapper builds the tree mask (issue 69)
+    READS_WHOLE = "a decorator of draft it follows may be any function of the module (a fork's @draft_wrapper)"
     MOVED_OUT = (
         call("build_eagle_verify_input"),
         "the tree-mask build moved to eagle_worker_common.build_eagle_verify_input (upstream, 0.5.16+)",

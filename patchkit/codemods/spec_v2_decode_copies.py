@@ -33,14 +33,14 @@ under MoE expert parallelism and DP attention, pinned by 0.5.19 too).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import host_copies, primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod, PatchCodemod
-from patchkit.codemods.common.shared import code_of
 
 
 def _host_tensors(fn: cst.FunctionDef) -> dict[str, cst.Call]:
@@ -182,36 +182,58 @@ PER_STEP_COPIES = (
     "global_num_tokens_gpu",
     "global_num_tokens_for_logprob_gpu",
 )
-PINNED_TENSOR = "pinned_tensor"
+PINNED_TENSOR = host_copies.PINNED_TENSOR
 # torch.tensor (the releases), torch.as_tensor (needs-cpu-seq-lens: device lengths pass), ours.
 _BUILD = host_copies.TENSOR | primitives.call("torch.as_tensor") | primitives.call(PINNED_TENSOR)
 _COPY = m.Assign(
     targets=[m.AssignTarget(target=m.Attribute(attr=m.Name(m.MatchIfTrue(lambda name: name in PER_STEP_COPIES))))],
-    value=m.Call(func=m.Attribute(value=_BUILD, attr=m.Name("to"))),
+    value=host_copies.TO,
 )
 
 
-def _list_copies(fn: cst.FunctionDef) -> dict[str, cst.Call]:
-    """Each ``X.<one of PER_STEP_COPIES> = torch.tensor(LIST, ...).to(D, ...)`` built on the host, by name."""
-    copies = {}
+@dataclass(frozen=True)
+class _ListCopy:
+    """One per-step copy of a host list: ``X.NAME = SRC.to(D, ...)``, where SRC is the
+    host tensor ``BUILD(LIST, ...)``, perhaps pinned by the fork (``.pin_memory()``),
+    written in place or through a local the method assigned once (``_seq_cpu = ...``)."""
+
+    copy: cst.Call  # SRC.to(D, ...)
+    build: cst.Call  # BUILD(LIST, ...)
+    own_pin: Optional[cst.Call]  # the fork's BUILD(...).pin_memory(), if it pins itself
+
+    @property
+    def pinned(self) -> bool:
+        return (
+            self.own_pin is not None
+            or m.matches(self.build, primitives.call(PINNED_TENSOR))
+            or (host_copies.is_pinned(self.build))
+        )
+
+    @property
+    def waits(self) -> bool:
+        return host_copies.blocks(self.copy) or not self.pinned
+
+
+def _list_copies(fn: cst.FunctionDef) -> dict[str, _ListCopy]:
+    """Each per-step copy of a host list to the device (``_ListCopy``), by the attribute it sets."""
+    copies, local = {}, primitives.Locals(fn)
     for a in primitives.find_all_of(cst.Assign, fn, _COPY):
-        copy = cst.ensure_type(a.value, cst.Call)  # as matched: X.NAME = BUILD(...).to(...)
-        if host_copies.built_on_device(_copied(copy)) is None and host_copies.copy_device(copy) is not None:
-            copies[cst.ensure_type(a.targets[0].target, cst.Attribute).attr.value] = copy
+        copy = cst.ensure_type(a.value, cst.Call)  # as matched: X.NAME = SRC.to(...)
+        source = _copied(copy)
+        if isinstance(source, cst.Name) and len(local.values(source)) == 1:  # through a local (a 0.5.10 fork)
+            source = local.values(source)[0]
+        own_pin = source if isinstance(source, cst.Call) and m.matches(source, host_copies.OWN_PIN) else None
+        if own_pin is not None:
+            source = _copied(own_pin)
+        if (
+            isinstance(source, cst.Call)
+            and m.matches(source, _BUILD)
+            and host_copies.built_on_device(source) is None
+            and host_copies.copy_device(copy) is not None
+        ):
+            name = cst.ensure_type(a.targets[0].target, cst.Attribute).attr.value
+            copies[name] = _ListCopy(copy, source, own_pin)
     return copies
-
-
-def _built(copy: cst.Call) -> cst.Call:
-    """``BUILD(...)`` of one of ``_list_copies``: ``BUILD(...).to(...)``."""
-    return cst.ensure_type(_copied(copy), cst.Call)
-
-
-def _pinned(build: cst.Call) -> bool:
-    return m.matches(build, primitives.call(PINNED_TENSOR)) or host_copies.is_pinned(build)
-
-
-def _waits(call: cst.Call) -> bool:
-    return host_copies.blocks(call) or not _pinned(_built(call))
 
 
 class ExtendLensCopiesPinned(MethodCodemod):
@@ -231,27 +253,30 @@ class ExtendLensCopiesPinned(MethodCodemod):
                 "(X.extend_seq_lens = torch.tensor(LIST, ...).to(device, ...)); "
                 "the patch pins that host tensor",
             )
-        waiting = [c for c in copies.values() if _waits(c)]
+        waiting = [c.copy for c in copies.values() if c.waits]
         if waiting:
             return Finding.todo(
                 self.anchor,
                 f"{len(waiting)} copy(ies) of a host list from pageable memory (first at {self.where(waiting[0])})",
             )
-        if all(m.matches(_built(c), primitives.call(PINNED_TENSOR)) for c in copies.values()):
+        own = [c.own_pin for c in copies.values() if c.own_pin is not None]
+        if own and len(own) == len(copies):
+            return self.vendors_own(self.anchor, "pins the extend lengths before their non_blocking copy", own[0])
+        if all(m.matches(c.build, primitives.call(PINNED_TENSOR)) for c in copies.values() if c.own_pin is None):
             return Finding.done(self.anchor)
         return Finding.done(self.anchor, "upstream's pinned copies (0.5.19+)")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        """``torch.tensor(LIST, ...)`` / ``torch.as_tensor(LIST, ...)`` -> ``pinned_tensor(LIST, ..., pin_for=D)``:
-        one call for both (a keyword would not do: torch.as_tensor has no ``pin_memory``)."""
-        for copy in [c for c in _list_copies(fn).values() if _waits(c)]:
-            host, device = _built(copy), host_copies.copy_device(copy)
-            assert device is not None  # _list_copies keeps copies to a device
-            if not _pinned(host):
-                host = primitives.set_keyword_argument(
-                    host.with_changes(func=cst.Name(PINNED_TENSOR)), "pin_for", code_of(device)
-                )
-            new = copy.with_changes(func=copy.func.with_changes(value=host))
-            fn = primitives.replace_node(fn, copy, host_copies.non_blocking(new) if host_copies.blocks(new) else new)
+        """Each build left pageable -> ``host_copies.pinned_build``, each blocking copy non_blocking.
+        Found again after each rewrite: a build through a local is a statement of its own."""
+        for name in [n for n, c in _list_copies(fn).items() if c.waits]:
+            found = _list_copies(fn)[name]
+            if not found.pinned:
+                device = host_copies.copy_device(found.copy)
+                assert device is not None  # _list_copies keeps copies to a device
+                fn = primitives.replace_node(fn, found.build, host_copies.pinned_build(found.build, device))
+                found = _list_copies(fn)[name]
+            if host_copies.blocks(found.copy):
+                fn = primitives.replace_node(fn, found.copy, host_copies.non_blocking(found.copy))
         self.require_import(host_copies.HELPERS, PINNED_TENSOR)
         return fn

@@ -46,11 +46,13 @@ from patchkit.codemods.common.reads import Reads
 from patchkit.codemods.common.shared import RUNTIME, code_of
 
 WAIT = "wait_event_on_stream"
-#: ``EVENT.verify_done.synchronize()`` as a statement: the host wait.
-HOST_WAIT = primitives.line(m.Expr(value=primitives.method_call("synchronize", primitives.attr("verify_done"))))
-#: ``X.verify_done.wait()`` or ``STREAM.wait_event(X.verify_done)``: a stream wait the tree wrote itself.
-OWN_STREAM_WAIT = primitives.method_call("wait", primitives.attr("verify_done")) | m.Call(
-    func=primitives.attr("wait_event"), args=[m.Arg(value=primitives.attr("verify_done"))]
+#: The event: ``X.verify_done``, or a local of that name (``verify_done = getattr(X, "verify_done", None)``).
+VERIFY_DONE = primitives.attr("verify_done") | m.Name("verify_done")
+#: ``EVENT.synchronize()`` as a statement: the host wait (a fork's ``else:`` branch included).
+HOST_WAIT = primitives.line(m.Expr(value=primitives.method_call("synchronize", VERIFY_DONE)))
+#: ``EVENT.wait()`` or ``STREAM.wait_event(EVENT)``: a stream wait the tree wrote itself.
+OWN_STREAM_WAIT = primitives.method_call("wait", VERIFY_DONE) | m.Call(
+    func=primitives.attr("wait_event"), args=[m.Arg(value=VERIFY_DONE)]
 )
 ON_STREAM = call(WAIT)
 #: ``FutureMap``'s wait for its publish event on the stream (upstream, 0.5.13+).
@@ -66,6 +68,10 @@ class VerifyWaitOnStream(MethodCodemod):
     METHOD = "maybe_wait_verify_done"
     WHY_ABSENT = (
         "no verify_done wait in ScheduleBatch: upstream relays seq_lens through FutureMap (sglang #25879, 0.5.13+)"
+    )
+    # A fork's own spelling of the host wait (the event in a local; issue 69) is what the patch moves.
+    REPLACES_VENDOR = (
+        (r"(\w+\.)?verify_done\.synchronize", "the host wait on the verify, moved onto the stream as in the release"),
     )
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:

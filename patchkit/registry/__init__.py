@@ -248,10 +248,11 @@ def by_id(pid: str) -> Patch:
     raise PatchkitError(f"unknown patch {pid!r} (known: {known})")
 
 
-def select(ids: Iterable[str], skip: Iterable[str] = ()) -> list[Patch]:
+def select(ids: Iterable[str], skip: Iterable[str] = (), cascade: bool = False) -> list[Patch]:
     """The named patches plus everything they require, in dependency order;
-    all patches when none is named. ``skip`` drops patches by name (and is an
-    error if a selected patch requires a skipped one)."""
+    all patches when none is named. ``skip`` drops patches by name, and with
+    ``cascade`` every selected patch that requires one of them; without it, a
+    selected patch requiring a skipped one is an error naming all of them."""
     ids = list(ids)
     skip = {by_id(s).id for s in skip}
     wanted = {by_id(i).id for i in ids} if ids else {p.id for p in all_patches()}
@@ -264,9 +265,39 @@ def select(ids: Iterable[str], skip: Iterable[str] = ()) -> list[Patch]:
                     if req not in wanted:
                         wanted.add(req)
                         changed = True
-    for patch in all_patches():
-        if patch.id in wanted and patch.id not in skip:
-            blocked = [r for r in patch.requires if r in skip]
-            if blocked:
-                raise PatchkitError(f"patch {patch.id} requires {blocked[0]}, which --skip excludes")
+    blocked = [d for s in sorted(skip) for d in dependents(s) if d in wanted and d not in skip]
+    if blocked and cascade:
+        skip |= set(blocked)
+    elif blocked:
+        named, unique = " ".join(f"--skip {s}" for s in sorted(skip)), list(dict.fromkeys(blocked))
+        raise PatchkitError(
+            f"{_and(unique)} {'requires' if len(unique) == 1 else 'require'} what {named} excludes: "
+            f"`{named} --cascade` leaves them out too (the other patches still apply)"
+        )
     return [p for p in all_patches() if p.id in wanted and p.id not in skip]
+
+
+def dependents(pid: str) -> list[str]:
+    """Every patch that requires ``pid``, directly or through another, in patch order."""
+    found = {pid}
+    changed = True
+    while changed:
+        changed = False
+        for patch in all_patches():
+            if patch.id not in found and found.intersection(patch.requires):
+                found.add(patch.id)
+                changed = True
+    return [p.id for p in all_patches() if p.id in found and p.id != pid]
+
+
+def skip_advice(pid: str) -> str:
+    """The one command-line option that leaves ``pid`` out and still applies: with
+    ``--cascade`` where other patches require it (every one named, at once)."""
+    deps = dependents(pid)
+    if not deps:
+        return f"`--skip {pid}` (the other patches still apply)"
+    return f"`--skip {pid} --cascade` (which also leaves out {_and(deps)}, as they require it; the others still apply)"
+
+
+def _and(ids: list[str]) -> str:
+    return ids[0] if len(ids) == 1 else ", ".join(ids[:-1]) + " and " + ids[-1]

@@ -304,12 +304,11 @@ class VendorCodeLost(PatchkitError):
     exit_code = EXIT_CHANGES
 
     def __init__(self, site: str, patch: Optional[str]) -> None:
-        skip = f"`--skip {patch}`" if patch else "`--skip` that patch"
+        from patchkit.registry import skip_advice
+
+        skip = skip_advice(patch) if patch else "`--skip` that patch (the other patches still apply)"
         # What the maintainer can do, said in the same line as the refusal.
-        self.remedy = (
-            f"keep that code out of the patch's site, carry the change by hand there, or {skip} "
-            "(the other patches still apply)"
-        )
+        self.remedy = f"keep that code out of the patch's site, carry the change by hand there, or {skip}"
         super().__init__(f"{site}; nothing was changed: {self.remedy}")
         self.site, self.patch = site, patch  # the refusal without its consequence; the refused patch (None: unknown)
 

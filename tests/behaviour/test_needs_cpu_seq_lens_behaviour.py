@@ -26,6 +26,7 @@ pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
+from forward_batch_inputs import runner as cpu_runner  # noqa: E402
 
 from patchkit.cli import main  # noqa: E402
 from patchkit.fetch import copy_tree  # noqa: E402
@@ -343,17 +344,7 @@ def test_forward_batch_gets_the_filled_sum(sglang, monkeypatch):
     batch.filter_batch()
     batch.spec_info = None  # a plain decode forward
     batch.input_ids = torch.tensor([1, 2])  # 0.5.9's init_new counts them unconditionally
-    runner = SimpleNamespace(
-        spec_algorithm=batch.spec_algorithm,
-        device="cpu",
-        req_to_token_pool=None,
-        token_to_kv_pool=None,
-        attn_backend=None,
-        server_args=SimpleNamespace(attention_backend="torch_native", enable_lora=False),
-        use_ngram_embedding=False,
-        model_is_mrope=False,
-        is_hybrid_swa=False,
-    )
+    runner = SimpleNamespace(**vars(cpu_runner()), spec_algorithm=batch.spec_algorithm)
     forward_batch = ForwardBatch.init_new(batch.get_model_worker_batch(), runner)
     assert forward_batch.seq_lens_sum == 12 and forward_batch.seq_lens_cpu.tolist() == [9, 3]
 

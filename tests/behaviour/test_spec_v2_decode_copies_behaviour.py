@@ -7,10 +7,9 @@ batch gets the same lengths, positions and start offsets as without."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from click.testing import CliRunner
+from forward_batch_inputs import draft_extend, runner
 
 pytestmark = pytest.mark.behaviour
 
@@ -35,38 +34,6 @@ def forward_batch_info(tmp_path_factory, load_sglang):
 
     assert forward_batch_info.__file__.startswith(str(package))
     return forward_batch_info
-
-
-class _WorkerBatch(SimpleNamespace):
-    """The fields init_new reads of a ModelWorkerBatch: those set here, None for the rest."""
-
-    def __getattr__(self, name):
-        return None
-
-
-def draft_extend(module):
-    return _WorkerBatch(
-        forward_mode=module.ForwardMode.DRAFT_EXTEND_V2,
-        seq_lens=torch.tensor([7, 12, 4]),
-        input_ids=torch.arange(12),
-        extend_seq_lens=[4, 4, 4],  # num_draft_tokens a request
-        extend_prefix_lens=[7, 12, 4],
-        extend_num_tokens=12,
-        reqs=[],
-    )
-
-
-def runner():
-    return SimpleNamespace(
-        device="cpu",
-        req_to_token_pool=None,
-        token_to_kv_pool=None,
-        attn_backend=None,
-        server_args=SimpleNamespace(attention_backend="torch_native", enable_lora=False),
-        use_ngram_embedding=False,
-        model_is_mrope=False,
-        is_hybrid_swa=False,
-    )
 
 
 @pytest.fixture

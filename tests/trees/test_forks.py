@@ -48,7 +48,10 @@ def test_missing_anchor_is_reported_and_the_rest_applies(make_tree, cli):
     result = cli("apply", tree)
     assert result.exit_code == 1
     assert f"not applied: trtllm-mha-overlap-hook: refused: {rel}: TRTLLMHAAttnBackend" in result.output
-    assert "`--skip trtllm-mha-overlap-hook` (the other patches still apply)" in result.output
+    assert (
+        "`--skip trtllm-mha-overlap-hook --cascade` (which also leaves out trtllm-mha-draft-extend-v2, "
+        "as they require it; the others still apply)"
+    ) in result.output
     report = patch_states(cli, tree)
     assert report["trtllm-mha-overlap-hook"]["state"] == "not-applicable"
     assert rel in report["trtllm-mha-overlap-hook"]["reason"]

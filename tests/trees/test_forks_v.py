@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 import pytest
-from support import NATIVE, PRIMARY, patch_states, snapshot
+from support import NATIVE, PRIMARY, carries_every_patch, edit_file, patch_states
 
 from patchkit.audit import audit_tree
 from patchkit.fetch import fetch_tree
@@ -32,12 +32,6 @@ REPORTER = "srt/managers/scheduler_components/metrics_reporter.py"
 TRITON = "srt/layers/attention/triton_backend.py"
 WORKER = "srt/speculative/eagle_worker_v2.py"
 RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
-
-
-def _edit(tree: Path, rel: str, old: str, new: str) -> None:
-    text = (tree / rel).read_text()
-    assert text.count(old) == 1, (rel, old)
-    (tree / rel).write_text(text.replace(old, new))
 
 
 def _move(tree: Path, old_rel: str, new_rel: str, rename: tuple[str, str] = ("", "")) -> None:
@@ -58,22 +52,6 @@ def _move(tree: Path, old_rel: str, new_rel: str, rename: tuple[str, str] = ("",
             path.write_text(text.replace(*rename) if rename[0] else text)
 
 
-def _carries_every_patch(cli, tree: Path) -> str:
-    """apply, verify OK, every patch applied, audit ok, revert exact; apply's output."""
-    forked = snapshot(tree)
-    applied = cli("apply", tree)
-    assert applied.exit_code == 0 and "not applied" not in applied.output, applied.output
-    states = patch_states(cli, tree)
-    assert {pid: p["state"] for pid, p in states.items()} == dict.fromkeys(states, "applied")
-    verified = cli("verify", tree)
-    assert verified.exit_code == 0 and "verify: OK" in verified.output, verified.output
-    doc = json.loads(cli("audit", tree, "--format", "json").output)
-    assert doc["ok"], [r for r in doc["reads"] if r["verdict"] in ("unguarded", "stale")]
-    assert cli("revert", tree).exit_code == 0
-    assert snapshot(tree) == forked
-    return applied.output
-
-
 def _paths_named_once_and_relative(output: str, tree: Path, rel: str) -> None:
     for line in output.splitlines():
         assert str(tree) not in line, line
@@ -83,10 +61,10 @@ def _paths_named_once_and_relative(output: str, tree: Path, rel: str) -> None:
 # -- 1. an early metrics mixin -----------------------------------------------------------
 
 
-def test_an_early_metrics_mixin_carries_every_patch(make_tree, cli):
+def test_an_early_metrics_mixincarries_every_patch(make_tree, cli):
     tree = make_tree("0.5.9")
     _move(tree, "srt/managers/scheduler_metrics_mixin.py", METRICS)
-    output = _carries_every_patch(cli, tree)
+    output = carries_every_patch(cli, tree)
     # The read the fork has is guarded; a replacement in a module the release lacks there, said once, relative.
     assert f"{METRICS}:" in output and "GuardLogDecodeStats" in output
     _paths_named_once_and_relative(output, tree, METRICS)
@@ -112,9 +90,9 @@ RELEASE_SIZE = """                kv_indices = torch.empty(
 """
 
 
-def test_a_local_guard_is_audited_as_guarded_and_carries_every_patch(make_tree, cli):
+def test_a_local_guard_is_audited_as_guarded_andcarries_every_patch(make_tree, cli):
     tree = make_tree(PRIMARY)
-    _edit(tree, TRITON, RELEASE_SIZE, LOCAL_GUARD)
+    edit_file(tree, TRITON, RELEASE_SIZE, LOCAL_GUARD)
     line = next(
         i
         for i, t in enumerate((tree / TRITON).read_text().splitlines(), 1)
@@ -122,7 +100,7 @@ def test_a_local_guard_is_audited_as_guarded_and_carries_every_patch(make_tree, 
     )
     [read] = [r for r in audit_tree(tree).reads if r.file == TRITON and r.line == line]
     assert read.verdict == "guarded" and f"fills it at line {line + 1}" in read.why, read
-    _carries_every_patch(cli, tree)
+    carries_every_patch(cli, tree)
 
 
 def test_pristine_0_5_13_lists_no_guarded_read_as_unguarded():
@@ -142,14 +120,14 @@ def test_pristine_0_5_13_lists_no_guarded_read_as_unguarded():
 # -- 3. 0.5.13's metrics reporter before 0.5.13 ------------------------------------------------
 
 
-def test_the_metrics_reporter_of_a_fork_before_0_5_13_carries_every_patch(make_tree, cli):
+def test_the_metrics_reporter_of_a_fork_before_0_5_13carries_every_patch(make_tree, cli):
     tree = make_tree(PRIMARY)
     _move(tree, METRICS, REPORTER, ("SchedulerMetricsMixin", "SchedulerMetricsReporter"))
     assert "for sl in batch.seq_lens_cpu:" in (tree / REPORTER).read_text()
     # The module this fork moved away is not in this tree: said so, not "removed upstream in 0.5.13".
     notes = patch_states(cli, tree, DECISION)[DECISION]["notes"]
     assert f"{METRICS}: not applicable here (not in this tree)" in notes, notes
-    output = _carries_every_patch(cli, tree)
+    output = carries_every_patch(cli, tree)
     assert "GuardReporterScheduledRequestMetrics" in output
     _paths_named_once_and_relative(output, tree, REPORTER)
     cli("apply", tree)
@@ -173,12 +151,12 @@ def patch_states_of(package: Path) -> dict[str, str]:
 # -- 4. a third backend in the whitelist -------------------------------------------------------
 
 
-def test_a_third_backend_in_the_whitelist_chain_carries_every_patch(make_tree, cli):
+def test_a_third_backend_in_the_whitelist_chaincarries_every_patch(make_tree, cli):
     tree = make_tree(PRIMARY)
     release = "            or isinstance(self.draft_extend_attn_backend, TRTLLMMLABackend)\n"
     vendor = "            or isinstance(self.draft_extend_attn_backend, AcmeMLABackend)\n"
-    _edit(tree, WORKER, release, release + vendor)
-    _carries_every_patch(cli, tree)
+    edit_file(tree, WORKER, release, release + vendor)
+    carries_every_patch(cli, tree)
     cli("apply", tree)
     text = (tree / WORKER).read_text()
     # The vendor's term stays as written; TRT-LLM MHA joins the chain.
@@ -203,8 +181,8 @@ VENDOR_SUM = """        seq_lens_sum = forward_batch.seq_lens_sum
 
 
 def _fork_runner(tree: Path, vendor_line: str) -> None:
-    _edit(tree, RUNNER, RELEASE_REPLAY, VENDOR_REPLAY)
-    _edit(
+    edit_file(tree, RUNNER, RELEASE_REPLAY, VENDOR_REPLAY)
+    edit_file(
         tree,
         RUNNER,
         "        self.draft_extend_attn_backend.init_forward_metadata_replay_cuda_graph(\n",
@@ -220,7 +198,7 @@ def test_the_vendor_s_padded_sum_in_its_runner_is_kept_guarded_and_said(make_tre
     _fork_runner(
         tree, "        self.acme_padded_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * self.seq_len_fill_value\n"
     )
-    _carries_every_patch(cli, tree)
+    carries_every_patch(cli, tree)
     cli("apply", tree)
     text = (tree / RUNNER).read_text()
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "self.acme_padded_sum = " in t)
@@ -258,7 +236,7 @@ def test_a_runner_read_no_guard_fits_is_the_vendor_s_in_one_warning_line(make_tr
 
 def test_a_missing_anchor_is_refused_in_one_line_with_what_to_do(make_tree, cli):
     tree = make_tree(PRIMARY)
-    _edit(
+    edit_file(
         tree,
         WORKER,
         "        supports_cuda_draft_extend_graph = (_is_cuda or _is_musa) and (\n"

@@ -10,7 +10,7 @@ import json
 import pytest
 from support import pristine_snapshot, snapshot
 
-from patchkit import audit
+from patchkit import audit, registry
 
 DECISION = "needs-cpu-seq-lens"
 
@@ -72,8 +72,8 @@ def test_refused_where_decode_reads_the_mirror_0_5_5(cli, linked_tree):
     assert refused[DECISION].endswith(
         "refused: srt/speculative/eagle_info_v2.py:133: EagleDraftInputV2Mixin.prepare_for_decode reads "
         "`batch.seq_lens_cpu` unguarded once the mirror is dropped, so nothing of needs-cpu-seq-lens is written: "
-        "guard that line with a None test (`if ... is None:`), or `--skip needs-cpu-seq-lens` (the other patches "
-        "still apply; `patchkit audit` lists every read)"
+        "guard that line with a None test (`if ... is None:`; `patchkit audit` lists every read), or "
+        + registry.skip_advice(DECISION)
     )
     # The line of the file on disk (apply's would-be file has its imports above it).
     assert "batch.seq_lens_cpu[i]" in (tree / "srt/speculative/eagle_info_v2.py").read_text().splitlines()[132]

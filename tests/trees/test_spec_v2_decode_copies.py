@@ -9,6 +9,8 @@ import ast
 from unittest import mock
 
 import pytest
+from fork_shapes import INIT_NEW_HEAD
+from fork_shapes import LOCALS as LOCALS_BODY
 from support import NATIVE, PRE_UPSTREAM, patch_states, snapshot
 
 from patchkit.codemods.common.base import State
@@ -177,6 +179,48 @@ def test_init_new_a_forks_blocking_copy_becomes_non_blocking_and_no_extend_copy_
     gone = INIT_BEFORE.replace("ret.extend_seq_lens = ", "extend_seq_lens = ")
     finding = detect(INIT_NEW, gone)
     assert finding.state is State.MISSING and "extend lengths" in finding.detail
+
+
+# Issue 69: forks that copy the extend lengths their own way.
+OWN_PINS = INIT_BEFORE.replace(
+    "lens, dtype=torch.int32\n            ).to(device, non_blocking=True)",
+    "lens, dtype=torch.int32\n            ).pin_memory().to(device, non_blocking=True)",
+)
+
+
+def test_init_new_a_fork_that_pins_the_extend_lengths_itself_is_superseded_else_the_rest_is_pinned():
+    """A 0.5.7 / 0.5.12.post1 fork: ``torch.tensor(LIST, ...).pin_memory().to(device, non_blocking=True)``
+    for both lists. Its own pins are the change done its way; another per-step copy it left
+    pageable (the EP count) is still pinned, and the fork's pins are kept."""
+    assert OWN_PINS.count(".pin_memory()") == 2
+    only_lens = OWN_PINS.replace(
+        "        if enable_num_token_non_padded():\n"
+        "            ret.num_token_non_padded = torch.tensor(num_tokens, dtype=torch.int32).to(\n"
+        "                device, non_blocking=True\n"
+        "            )\n",
+        "",
+    )
+    finding = assert_state(INIT_NEW, only_lens, State.SUPERSEDED, "pins the extend lengths")
+    assert finding.by_tree and "at line 13" in finding.detail  # the prefix lengths' pinned copy
+    after = apply(INIT_NEW, OWN_PINS)
+    assert after.count(".pin_memory().to(device, non_blocking=True)") == 2
+    assert "pinned_tensor(num_tokens, dtype=torch.int32, pin_for=device)" in after
+
+
+LOCALS = INIT_NEW_HEAD + LOCALS_BODY + "        return ret\n"
+
+
+def test_init_new_a_fork_that_builds_the_host_tensors_in_locals_pins_them_there():
+    """A 0.5.10 fork (ROCm): the host tensors built into locals first, which its positions read."""
+    after = (
+        LOCALS.replace("import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import pinned_tensor\n")
+        .replace("= torch.tensor(batch.", "= pinned_tensor(batch.")
+        .replace("dtype=torch.int32)\n", "dtype=torch.int32, pin_for=device)\n")
+    )
+    assert after.count(PINNED) == 2
+    assert_codemod(INIT_NEW, LOCALS, after)
+    blocking = LOCALS.replace("_seq_cpu.to(device, non_blocking=True)", "_seq_cpu.to(device)")
+    assert apply(INIT_NEW, blocking) == after
 
 
 def test_pinned_tensor_keeps_a_tensor_and_pins_a_list_where_pinning_is_available():

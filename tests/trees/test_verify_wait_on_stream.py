@@ -4,6 +4,7 @@ moves from the host (``verify_done.synchronize()``) onto the schedule stream."""
 from __future__ import annotations
 
 import pytest
+from fork_shapes import BRANCHED_WAIT
 from support import patch_states, snapshot
 
 from patchkit.codemods import verify_wait_on_stream as vw
@@ -62,6 +63,36 @@ def test_a_forks_own_stream_wait_is_superseded_naming_its_line(line):
     src = BEFORE.replace("draft_input.verify_done.synchronize()", line)
     finding = assert_state(vw.VerifyWaitOnStream, src, State.SUPERSEDED, "waits for the previous verify on the stream")
     assert finding.by_tree and line in finding.detail
+
+
+# A fork between 0.5.11 and 0.5.12 (issue 69): the event in a local, an early return, and the
+# host wait in the else branch of its own stream wait behind a flag (off by default).
+BRANCHED = (
+    code("""
+    import torch
+
+
+    class ScheduleBatch:
+        def maybe_wait_verify_done(self):
+            draft_input = self.spec_info
+""")
+    + BRANCHED_WAIT
+)
+
+
+def test_a_forks_host_wait_in_a_branch_of_its_own_stream_wait_moves_onto_the_stream():
+    """The flag's path already waits on the stream; the default path's host wait is carried."""
+    after = BRANCHED.replace(
+        "import torch\n", "import torch\nfrom sglang.srt._patchkit.runtime import wait_event_on_stream\n"
+    ).replace(
+        "            verify_done.synchronize()",
+        "            # patchkit (sglang #25879): the schedule stream waits for the verify, not the\n"
+        "            # host, which goes on preparing the next step (a host wait on ROCm, as upstream).\n"
+        "            wait_event_on_stream(verify_done)",
+    )
+    assert_codemod(vw.VerifyWaitOnStream, BRANCHED, after)
+    own = BRANCHED.replace("verify_done.synchronize()", "verify_done.wait()")
+    assert_state(vw.VerifyWaitOnStream, own, State.SUPERSEDED, "waits for the previous verify on the stream")
 
 
 def test_no_wait_at_all_is_a_missing_anchor_that_says_what_it_needs():

@@ -10,6 +10,7 @@ result: that is the idempotence and the postcondition in one place.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar, Optional
 
 import libcst as cst
@@ -161,7 +162,11 @@ class ClassCodemod(PatchCodemod):
         return self.located(self.detect_in_class(cls), cls)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        return primitives.replace_class(tree, self.CLASS, self.transform_class)
+        return primitives.replace_class(self.transform_beside(tree), self.CLASS, self.transform_class)
+
+    def transform_beside(self, tree: cst.Module) -> cst.Module:
+        """What the change edits beside the class, in the module (a decorator defined there)."""
+        return tree
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         raise NotImplementedError
@@ -241,11 +246,60 @@ class MethodCodemod(ClassCodemod):
     def methods_read(cls) -> Optional[Methods]:
         return declared_methods(cls, cls.METHOD, *cls.RENAMED)  # the method, and what classes below declare
 
+    @classmethod
+    def reads(cls) -> Optional[Reads]:
+        return None if cls.FOLLOW_DECORATORS else super().reads()  # a decorator may be any function of the module
+
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         fn = self.find_method(cls)
         if fn is None:
             return self.detect_absent(cls)
+        decorator = self._decorator_holding_anchor(cls, fn)
+        if decorator is not None:  # the anchor is one decorator away (a fork's wrapper; issue 69)
+            found = self.detect_in_method(decorator)
+            reach = f"reached from {self.anchor_of(fn)} through its decorator @{decorator.name.value}"
+            return self.located(replace(found, detail=f"{found.detail} ({reach})"), self.line_node(decorator))
         return self.located(self.detect_in_method(fn), self.line_node(fn))
+
+    #: Follow the method's decorators defined in the same class or module (``@draft_wrapper``)
+    #: when the method itself lacks the anchor and a decorator reaches it (``reaches_anchor``).
+    FOLLOW_DECORATORS: ClassVar[bool] = False
+    _followed: Optional[str] = ""  # the decorator transform_class edits ("": none; None: the module's)
+
+    def holds_anchor(self, fn: cst.FunctionDef) -> bool:
+        """Whether ``fn`` holds what the codemod changes (subclasses that follow decorators say)."""
+        return False
+
+    def reaches_anchor(self, fn: cst.FunctionDef) -> bool:
+        """Whether a decorator ``fn`` is worth following: it holds the anchor, or something
+        of it the codemod cannot change (then refused at that line, not at the method's)."""
+        return self.holds_anchor(fn)
+
+    def _decorator_holding_anchor(
+        self, cls: cst.ClassDef, fn: cst.FunctionDef, module: Optional[cst.Module] = None
+    ) -> Optional[cst.FunctionDef]:
+        if not self.FOLLOW_DECORATORS or self.holds_anchor(fn):
+            return None
+        module = module if module is not None else getattr(self, "_module", None)
+        for decorator in primitives.decorators_defined_beside(fn, cls, module):
+            if self.reaches_anchor(decorator):
+                return decorator
+        return None
+
+    def transform_beside(self, tree: cst.Module) -> cst.Module:
+        """A decorator followed that the module defines is edited here; one of the class's
+        own, by ``transform_class`` (told which by ``_followed``, as detect chose it)."""
+        self._followed = ""
+        if not self.FOLLOW_DECORATORS:
+            return tree
+        cls = primitives.find_class(tree, self.CLASS)
+        method = self.find_method(cls) if cls is not None else None
+        decorator = self._decorator_holding_anchor(cls, method, tree) if cls and method else None
+        self._followed = decorator.name.value if decorator is not None else ""
+        if cls is None or decorator is None or primitives.find_method(cls, self._followed) is decorator:
+            return tree
+        self._followed = None  # the module's: the class is left as it is
+        return primitives.replace_function(tree, decorator.name.value, self.transform_method)
 
     def line_node(self, fn: cst.FunctionDef) -> cst.CSTNode:
         """The node a finding about ``fn`` is reported at: the method."""
@@ -271,7 +325,10 @@ class MethodCodemod(ClassCodemod):
 
     def transform_class(self, cls: cst.ClassDef) -> cst.ClassDef:
         method = cst.ensure_type(self.find_method(cls), cst.FunctionDef)  # detect found it
-        return primitives.replace_method(cls, method.name.value, self.transform_method)
+        followed = self._followed
+        if followed is None:  # transform_beside edited a decorator of the module's
+            return cls
+        return primitives.replace_method(cls, followed or method.name.value, self.transform_method)
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         raise NotImplementedError

@@ -27,8 +27,11 @@ from patchkit.layout import import_path
 
 HELPERS = import_path("runtime")
 PIN = "pin_memory_for"
+PINNED_TENSOR = "pinned_tensor"
 TENSOR = primitives.call("torch.tensor")
 TO = primitives.method_call("to")
+#: ``X.pin_memory()``: a host tensor a fork pins itself before its copy (issue 69).
+OWN_PIN = m.Call(func=m.Attribute(attr=m.Name("pin_memory")), args=[])
 
 
 def keyword(call: cst.Call, name: str) -> Optional[cst.Arg]:
@@ -104,3 +107,11 @@ def pinned(call: cst.Call, device: cst.BaseExpression) -> cst.Call:
 
 def is_pinned(call: cst.Call) -> bool:
     return keyword(call, "pin_memory") is not None
+
+
+def pinned_build(build: cst.Call, device: cst.BaseExpression) -> cst.Call:
+    """``torch.tensor(LIST, ...)`` / ``torch.as_tensor(LIST, ...)`` -> the runtime's
+    ``pinned_tensor(LIST, ..., pin_for=D)``: pinned where ``D`` is a CUDA device, and a
+    tensor (needs-cpu-seq-lens's device lengths) kept as it is, never pinned. One call for
+    both (a keyword would not do: torch.as_tensor has no ``pin_memory``)."""
+    return primitives.set_keyword_argument(build.with_changes(func=cst.Name(PINNED_TENSOR)), "pin_for", code_of(device))

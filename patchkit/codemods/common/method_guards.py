@@ -66,8 +66,8 @@ class MethodGuards(MethodCodemod):
     @classmethod
     def reads(cls) -> Optional[Reads]:
         # detect reads UPSTREAM_FUNCTION too (a module function)
-        if not reads_only(cls, MODULE_HOOKS, PatchCodemod, ClassCodemod, MethodGuards):
-            return None
+        if cls.FOLLOW_DECORATORS or not reads_only(cls, MODULE_HOOKS, PatchCodemod, ClassCodemod, MethodGuards):
+            return None  # a decorator followed may be any function of the module
         return {cls.CLASS: cls.methods_read(), **({cls.UPSTREAM_FUNCTION: None} if cls.UPSTREAM_FUNCTION else {})}
 
     def detect(self, module: cst.Module) -> Finding:
@@ -123,6 +123,14 @@ class MethodGuards(MethodCodemod):
                 bare[0],
             )
         return self.missing_in(fn, f"no read of {self.READS} here", f"the reads it rewrites ({self.DESCRIPTION})")
+
+    def holds_anchor(self, fn: cst.FunctionDef) -> bool:
+        """A read a guard is for, or upstream's shape of the method."""
+        markers = [mk for mk in (self.UPSTREAM_MARKER, self.MOVED_OUT and self.MOVED_OUT[0]) if mk is not None]
+        return any(self._reads(fn, g) for g in self.GUARDS) or any(primitives.contains(fn, mk) for mk in markers)
+
+    def reaches_anchor(self, fn: cst.FunctionDef) -> bool:
+        return self.holds_anchor(fn) or bool(self._value_reads(fn))  # an unknown read: refused at its line
 
     def _value_reads(self, fn: cst.FunctionDef) -> list[cst.CSTNode]:
         """Every read of an attribute named in VALUES (assignment targets are writes)."""

@@ -47,6 +47,7 @@ from patchkit.codemods.common.primitives.classes import (  # noqa: F401
     add_method,
     base_names,
     class_body,
+    decorators_defined_beside,
     find_class_attribute,
     find_first_method,
     find_method,

@@ -8,7 +8,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.codemods.common.primitives.module import FunctionEdit, _find_named, is_definition
+from patchkit.codemods.common.primitives.module import FunctionEdit, _find_named, find_function, is_definition
 from patchkit.codemods.common.primitives.snippets import (
     AnchorError,
     Statement,
@@ -47,6 +47,26 @@ def methods(cls: cst.ClassDef) -> Iterator[cst.FunctionDef]:
 
 def find_method(cls: cst.ClassDef, name: str) -> Optional[cst.FunctionDef]:
     return next((f for f in methods(cls) if f.name.value == name), None)
+
+
+def decorators_defined_beside(
+    fn: cst.FunctionDef, cls: cst.ClassDef, module: Optional[cst.Module]
+) -> list[cst.FunctionDef]:
+    """The functions that decorate ``fn`` (``@NAME`` or ``@NAME(...)``) defined beside it: a
+    method of ``cls`` (``@staticmethod def draft_wrapper(f)``, a fork's wrapper), else a
+    top-level function of ``module`` (when given)."""
+    out = []
+    for decorator in fn.decorators:
+        node = decorator.decorator
+        node = node.func if isinstance(node, cst.Call) else node
+        if not isinstance(node, cst.Name):
+            continue
+        found = find_method(cls, node.value)
+        if found is None and module is not None:
+            found = find_function(module, node.value)
+        if found is not None and found is not fn:
+            out.append(found)
+    return out
 
 
 def find_first_method(cls: cst.ClassDef, names: Sequence[str]) -> Optional[cst.FunctionDef]:
