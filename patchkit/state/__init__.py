@@ -37,9 +37,11 @@ from patchkit import lifetimes, tree
 from patchkit.errors import PatchkitError
 from patchkit.state.files import (
     TEMP_SUFFIX,  # noqa: F401 - its home
+    Ownership,
     atomic_write,
     crash_point,
     fsync_dir,  # noqa: F401 - their home
+    make_folders,
     remove,
     remove_all_temp_files,
     remove_temp_files,
@@ -59,7 +61,7 @@ class Store:
 
     def ensure_folder(self) -> None:
         # exist_ok: two runs may create it at once, before either holds the lock.
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_folders(self.folder)
         ignore = self.folder / ".gitignore"
         if not ignore.exists():
             # Keep patchkit's state out of the fork's git status.
@@ -84,7 +86,7 @@ class Store:
                         f"{self.blobs}: not a folder, where patchkit keeps its backups "
                         "(move it away; nothing was changed)"
                     )
-                self.blobs.mkdir(exist_ok=True)
+                make_folders(self.blobs)
                 atomic_write(path, data, sync_folder=False)
                 written = True
         if written:
@@ -139,7 +141,7 @@ class Store:
         """Move ``state.json`` out of the way (kept, never deleted), for a
         command that found it disagreeing with the tree."""
         folder = self.folder / "set-aside"
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder)
         target = folder / f"state-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
         os.replace(self.folder / "state.json", target)
         fsync_dir(self.folder)
@@ -331,7 +333,10 @@ class Store:
             self.ensure_folder()
             # Forked workers close their copy: sharing the flock, one that
             # outlived a killed run held the tree (patchkit.lifetimes).
+            made = not (self.folder / "lock").exists()
             fd = lifetimes.close_on_fork(os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644))
+            if made:  # the tree's owner's, as every file patchkit adds
+                Ownership.new_in(self.folder).give(fd)
         except OSError as exc:
             raise PatchkitError(f"{self.folder}: cannot create patchkit state ({exc.strerror})") from None
         try:

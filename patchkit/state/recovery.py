@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from patchkit.errors import PatchkitError
-from patchkit.state import Store, file_sha, vendoring
+from patchkit.state import Store, file_sha, make_folders, vendoring
 from patchkit.state.record import Record
 from patchkit.tree import Tree, writable
 
@@ -137,7 +137,7 @@ def set_aside(store: Store) -> list[Path]:
     folder = store.folder / "set-aside"
     for path in (store.journal, store.folder / "state.json"):
         if path.exists():
-            folder.mkdir(parents=True, exist_ok=True)
+            make_folders(folder)
             target = folder / f"{path.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
             shutil.copy2(path, target)
             copied.append(target)
