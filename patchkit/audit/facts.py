@@ -20,6 +20,7 @@ from typing import Optional
 from patchkit import python_ast
 from patchkit.audit.scan import MIRROR, ClassFacts, scan
 from patchkit.audit.syntax import PATCH, FileAudit, Read
+from patchkit.errors import untrusted_json
 
 # The text pre-filter: a module is parsed only where its bytes may load an
 # attribute of a mirror's name: a dot, then (whitespace, a line continuation,
@@ -82,7 +83,7 @@ def facts_of(rel: str, data: bytes, reads: bool = True) -> Optional[Facts]:
     path = _disk(key)
     if path is not None and path.is_file():
         try:
-            doc = json.loads(path.read_text())
+            doc = untrusted_json(path.read_text())
             _MEMO[key] = (
                 None
                 if doc is None
@@ -115,8 +116,10 @@ def facts_of(rel: str, data: bytes, reads: bool = True) -> Optional[Facts]:
                 "classes": [{**asdict(c), "calls": sorted(c.calls)} for c in facts.classes.values()],
             }
         )
+        from patchkit import settings
+
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            settings.make_cache_folder(path.parent)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(doc))
             os.replace(tmp, path)

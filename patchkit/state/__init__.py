@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Optional
 
 from patchkit import lifetimes, tree
-from patchkit.errors import PatchkitError
+from patchkit.errors import PatchkitError, untrusted_json
 from patchkit.state.files import (
     TEMP_SUFFIX,  # noqa: F401 - its home
     Ownership,
@@ -126,7 +126,7 @@ class Store:
         if not path.exists():
             return None
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = untrusted_json(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             raise CorruptState(f"{path}: corrupt patchkit state (not the expected JSON)") from None
         if not isinstance(doc, dict):
@@ -152,7 +152,7 @@ class Store:
     def load_cache(self, key: str) -> object:
         """The entries ``save_cache`` kept under ``key``; {} under another key."""
         try:
-            data = json.loads((self.folder / "cache.json").read_text(encoding="utf-8"))
+            data = untrusted_json((self.folder / "cache.json").read_text(encoding="utf-8"))
             return data["entries"] if data.get("key") == key else {}
         except (OSError, ValueError, KeyError, TypeError):
             return {}
@@ -268,7 +268,7 @@ class Store:
             return None
         where = str(self.journal)
         try:
-            journal = json.loads(self.journal.read_text(encoding="utf-8"))
+            journal = untrusted_json(self.journal.read_text(encoding="utf-8"))
             entries, state, old = journal["files"], journal["state"], journal.get("old_state")
             for entry in entries:
                 tree.relative(entry["file"], where)

@@ -17,7 +17,6 @@ Pure planning here; the writes are one ``Store.commit`` transaction.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from patchkit.errors import PatchkitError
+from patchkit.errors import PatchkitError, untrusted_json
 from patchkit.state import Store, file_sha, make_folders, vendoring
 from patchkit.state.record import Record
 from patchkit.tree import Tree, writable
@@ -70,7 +69,7 @@ def _journal(path: Path) -> Optional[dict]:
     with contextlib.suppress(OSError, ValueError):
         with open(path, "rb") as handle:
             if handle.read(len(JOURNAL_START)) == JOURNAL_START:
-                doc = json.loads(JOURNAL_START + handle.read())
+                doc = untrusted_json(JOURNAL_START + handle.read())
                 return doc if isinstance(doc, dict) else None
     return None
 

@@ -47,6 +47,7 @@ from typing import Any, ClassVar, Optional, Protocol, Self, TypeVar
 
 import patchkit
 from patchkit import settings
+from patchkit.errors import untrusted_json
 from patchkit.findings import Finding
 from patchkit.registry import sets as patch_sets
 
@@ -163,7 +164,7 @@ class TransformCache:
         try:
             raw = self._path(key).read_bytes()
             header, sep, payload = raw.partition(b"\n")
-            meta = json.loads(header)
+            meta = untrusted_json(header)
             if not sep or meta.get("format") != FORMAT or meta.get("key") != key:
                 return None
             if meta.pop("sha256") != _checksum(meta, payload) or meta["length"] != len(payload):
@@ -185,7 +186,7 @@ class TransformCache:
         if self.folder is None:
             return None
         try:
-            meta = json.loads(self._fact_path(key).read_bytes())
+            meta = untrusted_json(self._fact_path(key).read_bytes())
             if meta.get("format") != FORMAT or meta.get("key") != key or meta.get("kind") != kind.KIND:
                 return None
             if meta.pop("sha256") != _checksum(meta, b""):
@@ -244,7 +245,7 @@ class SharedFindings:
     def _load(self, key: str) -> Findings:
         assert self.folder is not None
         try:
-            data = json.loads((self.folder / "findings" / key[:2] / key).read_bytes())
+            data = untrusted_json((self.folder / "findings" / key[:2] / key).read_bytes())
             found = data["findings"]
             if data["key"] != key or data["sha256"] != _checksum(
                 {"key": key}, json.dumps(found, sort_keys=True).encode()
@@ -284,7 +285,7 @@ class SharedFindings:
 def _write(path: Path, data: bytes) -> None:
     """``data`` at ``path``, whole or not at all (a temporary file renamed into place)."""
     with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        settings.make_cache_folder(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:

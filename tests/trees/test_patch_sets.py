@@ -233,3 +233,24 @@ def test_a_tree_patched_from_a_set_not_loaded_now(make_tree, cli):
     assert snapshot(tree) == before
     assert cli("--patches", SET, "revert", tree).exit_code == 0
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
+
+
+@pytest.mark.parametrize("method", ["detect_in_method", "transform_method"])
+def test_a_codemod_that_raises_is_one_line(cli, linked_tree, tmp_path, method):
+    """A patch set's codemod that raises was a traceback; now one line naming
+    it and the file, nothing changed (as a postcondition that raises)."""
+    broken = tmp_path / "broken"
+    shutil.copytree(SET, broken, ignore=shutil.ignore_patterns("__pycache__"))
+    module = broken / "torch_native.py"
+    text = module.read_text()
+    head = f"    def {method}(self, fn: cst.FunctionDef)"
+    at = text.index("\n", text.index(head)) + 1
+    module.write_text(text[:at] + '        raise KeyError("boom")\n' + text[at:])
+    tree = linked_tree(PRIMARY)
+    before = snapshot(tree)
+    one_line_error(
+        cli("--patches", broken, "apply", tree, PATCH),
+        "torch_native.GuardDecodeReshape",
+        "on srt/layers/attention/torch_native_backend.py failed to run: KeyError: 'boom'; nothing was changed",
+    )
+    assert snapshot(tree) == before
