@@ -86,7 +86,7 @@ class Store:
                         f"{self.blobs}: not a folder, where patchkit keeps its backups "
                         "(move it away; nothing was changed)"
                     )
-                make_folders(self.blobs)
+                make_folders(self.blobs, private=True)
                 atomic_write(path, data, sync_folder=False)
                 written = True
         if written:

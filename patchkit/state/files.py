@@ -86,15 +86,17 @@ class Ownership:
         os.fchmod(fd, self.mode)  # after chown, which clears set-id bits
 
 
-def make_folders(folder: Path) -> None:
+def make_folders(folder: Path, private: bool = False) -> None:
     """``folder`` and the folders above it that are missing, each owned as
     its parent is (root patching another user's tree leaves them that user's);
-    their mode is what ``mkdir`` gives under the umask."""
+    their mode is what ``mkdir`` gives under the umask, or 0700 for a
+    ``private`` ``folder`` (the backups: copies of files that may be closed
+    to others, never opened wider)."""
     if folder.is_dir():
         return
     make_folders(folder.parent)
     with contextlib.suppress(FileExistsError):  # two runs may create it at once
-        folder.mkdir()
+        folder.mkdir(0o700 if private else 0o777)
         if os.geteuid() == 0:
             parent = folder.parent.stat()
             os.chown(folder, parent.st_uid, parent.st_gid)

@@ -26,6 +26,7 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
+BLOBS = ".patchkit/blobs"  # copies of the originals, some maybe closed to others: the owner's alone
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_a_tree_patched_as_root_reads_as_nobody(shared_tree):
     new = added(before, owners(shared_tree))
     assert "srt/_patchkit/manifest.json" in new and "srt/_patchkit/runtime/seq_lens.py" in new
     for rel, (mode, uid, _gid) in new.items():
-        want = 0o755 if (shared_tree / rel).is_dir() else 0o644
+        want = 0o700 if rel == BLOBS else 0o755 if (shared_tree / rel).is_dir() else 0o644
         assert (mode, uid) == (want, 0), rel
     files = [str(shared_tree / rel) for rel in new if (shared_tree / rel).is_file() and ".patchkit" not in rel]
     read = subprocess.run(
@@ -94,7 +95,7 @@ def test_an_unprivileged_user_gets_its_umask(shared_tree):
     assert applied.returncode == 0, applied.stderr
     new = added(before, owners(shared_tree))
     assert new and all(
-        mode == (0o750 if (shared_tree / rel).is_dir() else 0o640) and uid == NOBODY
+        mode == (0o700 if rel == BLOBS else 0o750 if (shared_tree / rel).is_dir() else 0o640) and uid == NOBODY
         for rel, (mode, uid, _gid) in new.items()
     ), new
 
