@@ -109,7 +109,8 @@ def make_cache_folder(folder: Path) -> None:
     anchors = [(cache_dir(), cache_dir().parent if _explicit_cache() else Path.home())]
     transforms = _value("PATCHKIT_TRANSFORM_CACHE")
     if transforms is not None and not _off(transforms):
-        anchors.insert(0, (_folder("PATCHKIT_TRANSFORM_CACHE", transforms), _folder("", transforms).parent))
+        named = _folder("PATCHKIT_TRANSFORM_CACHE", transforms)
+        anchors.insert(0, (named, named.parent))
     for root, anchor in anchors:
         if folder.is_relative_to(root) and not anchor.is_dir():
             code = errno.ENOTDIR if anchor.exists() else errno.ENOENT

@@ -133,7 +133,12 @@ def use_config(tree: "Tree", load: bool) -> Optional[str]:
     (``patchkit.registry.config``): loaded where ``load`` (apply, revert) and
     the repository is trusted; else the line that says they are there, and
     how to load them."""
-    found = config.find(tree)
+    try:
+        found = config.find(tree)
+    except PatchkitError as exc:
+        if load:
+            raise
+        return f"note: {exc} (read commands do not load a config's patch sets)"
     if found is None:
         return None
     if load and found.distrust is None:

@@ -12,6 +12,7 @@ git's ``safe.directory`` trusts it, the rule git follows for the same reason.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tomllib
 from dataclasses import dataclass
@@ -108,8 +109,9 @@ def _safe_directory(top: Path) -> bool:
         value = value.strip()
         if value == "*":
             return True
-        if value.endswith("/*") and top.is_relative_to(Path(value[:-2]).expanduser()):
-            return True
-        if value and Path(value).expanduser().resolve() == top:
-            return True
+        with contextlib.suppress(RuntimeError):  # ~user of no such user: names nothing
+            if value.endswith("/*") and top.is_relative_to(Path(value[:-2]).expanduser()):
+                return True
+            if value and Path(value).expanduser().resolve() == top:
+                return True
     return False

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import glob
 import os
 import signal
@@ -28,8 +27,8 @@ TEMP_SUFFIX = ".patchkit-tmp"
 def atomic_write(path: Path, data: bytes, sync_folder: bool = True) -> None:
     """Replace ``path`` with ``data``: temp file in the same folder, fsync,
     rename. Readers see the old or the new file, never a mix. The file keeps
-    its mode and owner, or a new one gets those of its folder's files
-    (``Ownership``). A kill between the two leaves the temp file (see
+    its mode and owner; a new one gets the umask's mode and its folder's
+    owner (``Ownership``). A kill between the two leaves the temp file (see
     ``remove_temp_files``); a failure (disk full, permission) removes it and
     raises the ``OSError``. ``sync_folder`` False: the caller fsyncs the
     folder (once for many files)."""
@@ -102,10 +101,9 @@ def make_folders(folder: Path, private: bool = False) -> None:
             os.chown(folder, parent.st_uid, parent.st_gid)
 
 
-@functools.cache
 def umask() -> int:
-    """This process's umask (read once: patchkit never changes it). From
-    /proc where Linux has it: setting it to read it back races other threads."""
+    """This process's umask: from /proc where Linux has it (setting it to
+    read it back, the only other way, races other threads' file creation)."""
     with contextlib.suppress(OSError, ValueError, StopIteration):
         with open("/proc/self/status", encoding="ascii") as fh:
             return int(next(line for line in fh if line.startswith("Umask:")).split()[1], 8)

@@ -218,6 +218,8 @@ def test_pyproject_patches_must_name_folders(cli, make_tree, config):
         one_line_error(result, "no such folder of patch definitions")
     else:
         one_line_error(result, "[tool.patchkit] patches must be a list of folders")
+        status = cli("status", fork)  # a read command loads no config: a note, not an error
+        assert status.exit_code == 0 and "note: " in status.output and "must be a list" in status.output
 
 
 def test_a_tree_patched_from_a_set_not_loaded_now(make_tree, cli):
