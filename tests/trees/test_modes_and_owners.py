@@ -21,7 +21,10 @@ from patchkit.fetch import copy_tree, fetch_tree
 
 pytestmark = [
     pytest.mark.trees,
-    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists("/usr/bin/python3"),
+        reason="needs root, setpriv and a system python",
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +86,16 @@ def test_a_tree_patched_as_root_reads_as_nobody(shared_tree):
         capture_output=True,
     )
     assert read.returncode == 0, read.stderr
+    # The vendored runtime imports with the standard library alone, as nobody (under the system's
+    # python: a virtualenv's may link to an interpreter only its owner may run).
+    code = f"from patchkit.state import vendoring; print(vendoring.import_in_isolation({str(shared_tree)!r}))"
+    imported = subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "/usr/bin/python3", "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert imported.stdout.strip() == "(True, '')", imported.stdout + imported.stderr  # the vendored runtime
     status = patchkit("status", shared_tree, user=NOBODY)
     assert status.returncode == 0 and "applied" in status.stdout, status.stderr
     assert "needs-cpu-seq-lens" in patchkit("verify", shared_tree, user=NOBODY).stdout
