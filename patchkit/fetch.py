@@ -22,11 +22,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Optional
 
-from packaging.version import InvalidVersion, Version
-
 from patchkit import known_releases, lifetimes, settings
 from patchkit.errors import PatchkitError
-from patchkit.tree import base_release
+from patchkit.tree import base_release, check_fetchable
 
 # Pure-Python parts are identical across platforms; pin one wheel flavour so the
 # download works from any host.
@@ -98,7 +96,7 @@ def fetch_tree(version: str, say: Optional[Callable[[str], None]] = None, fallba
     this process, which ``say`` (else stderr) tells in one line; with
     ``fallback`` False that is refused in one line instead.
     """
-    check_version(version)
+    check_fetchable(version)
     for cache in [cache_dir(), *_TEMPORARY[:1]]:
         if (cache / "trees" / version / ".complete").exists():
             return cache / "trees" / version / "sglang"
@@ -118,20 +116,6 @@ def fetch_tree(version: str, say: Optional[Callable[[str], None]] = None, fallba
             f"fetched into a temporary cache, {temporary}, removed when this command ends"
         )
         return _fetch_into(temporary, version)
-
-
-def check_version(version: str) -> None:
-    """``version`` names files in the cache (``trees/VERSION``, its lock) and
-    goes to ``pip download sglang==VERSION``: only a PEP 440 version string,
-    never a path nor a pip option."""
-    try:
-        Version(version)
-    except InvalidVersion:
-        pass
-    else:
-        if version == version.strip():
-            return
-    raise PatchkitError(f"{version!r}: not a version of sglang (PEP 440, e.g. 0.5.12.post1); nothing was fetched")
 
 
 # A cache that cannot be written, or made (HOME or PATCHKIT_CACHE_DIR missing,

@@ -37,11 +37,11 @@ from patchkit import lifetimes, tree
 from patchkit.errors import PatchkitError, untrusted_json
 from patchkit.state.files import (
     TEMP_SUFFIX,  # noqa: F401 - its home
-    Ownership,
     atomic_write,
     crash_point,
     fsync_dir,  # noqa: F401 - their home
     make_folders,
+    open_owned,
     remove,
     remove_all_temp_files,
     remove_temp_files,
@@ -60,7 +60,6 @@ class Store:
         self.blobs = folder / "blobs"
 
     def ensure_folder(self) -> None:
-        # exist_ok: two runs may create it at once, before either holds the lock.
         make_folders(self.folder)
         ignore = self.folder / ".gitignore"
         if not ignore.exists():
@@ -333,10 +332,7 @@ class Store:
             self.ensure_folder()
             # Forked workers close their copy: sharing the flock, one that
             # outlived a killed run held the tree (patchkit.lifetimes).
-            made = not (self.folder / "lock").exists()
-            fd = lifetimes.close_on_fork(os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644))
-            if made:  # the tree's owner's, as every file patchkit adds
-                Ownership.new_in(self.folder).give(fd)
+            fd = lifetimes.close_on_fork(open_owned(self.folder / "lock", os.O_RDWR))
         except OSError as exc:
             raise PatchkitError(f"{self.folder}: cannot create patchkit state ({exc.strerror})") from None
         try:

@@ -85,6 +85,15 @@ class Ownership:
         os.fchmod(fd, self.mode)  # after chown, which clears set-id bits
 
 
+def open_owned(path: Path, flags: int) -> int:
+    """``os.open`` that gives a file it creates what ``atomic_write`` gives a new one."""
+    made = not path.exists()
+    fd = os.open(path, flags | os.O_CREAT, 0o600)
+    if made:
+        Ownership.new_in(path.parent).give(fd)
+    return fd
+
+
 def make_folders(folder: Path, private: bool = False) -> None:
     """``folder`` and the folders above it that are missing, each owned as
     its parent is (root patching another user's tree leaves them that user's);
