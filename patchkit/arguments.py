@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -239,7 +238,6 @@ def _complete_patches(ctx: click.Context, param: click.Parameter, incomplete: st
         return [CompletionItem(incomplete, type="dir")]
     try:  # the sets a command would load (click completes without running main)
         registry.use_folders(ctx.find_root().params.get("patch_dirs") or (), "--patches")
-        registry.use_pyproject(Path.cwd())
         ids = [p.id for p in registry.load().patches]
     except PatchkitError:  # completion never prints an error
         ids = []

@@ -24,7 +24,7 @@ from typing import Optional
 
 from patchkit import known_releases, lifetimes, settings
 from patchkit.errors import PatchkitError
-from patchkit.tree import base_release
+from patchkit.tree import base_release, check_fetchable
 
 # Pure-Python parts are identical across platforms; pin one wheel flavour so the
 # download works from any host.
@@ -46,7 +46,7 @@ def cache_dir() -> Path:
 def download_wheel(version: str, cache: Optional[Path] = None) -> Path:
     """The release's wheel in ``cache`` (patchkit's), downloaded where it is not there."""
     wheels = (cache or cache_dir()) / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
+    settings.make_cache_folder(wheels)
     found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
     if found:
         return found[0]
@@ -54,7 +54,7 @@ def download_wheel(version: str, cache: Optional[Path] = None) -> Path:
 
 
 def download_from_registry(version: str, wheels: Path) -> Path:
-    wheels.mkdir(parents=True, exist_ok=True)
+    settings.make_cache_folder(wheels)
     # On a terminal pip draws its download progress (on stderr: stdout stays
     # patchkit's results); elsewhere it is quiet.
     shown = sys.stderr.isatty()
@@ -96,6 +96,7 @@ def fetch_tree(version: str, say: Optional[Callable[[str], None]] = None, fallba
     this process, which ``say`` (else stderr) tells in one line; with
     ``fallback`` False that is refused in one line instead.
     """
+    check_fetchable(version)
     for cache in [cache_dir(), *_TEMPORARY[:1]]:
         if (cache / "trees" / version / ".complete").exists():
             return cache / "trees" / version / "sglang"
@@ -106,18 +107,26 @@ def fetch_tree(version: str, say: Optional[Callable[[str], None]] = None, fallba
             raise
         if not fallback:
             raise PatchkitError(
-                f"cannot write patchkit's cache {cache_dir()} ({exc.strerror}): set "
+                f"cannot write patchkit's cache {cache_dir()} ({_where(exc)}): set "
                 "PATCHKIT_CACHE_DIR to a folder patchkit may write"
             ) from None
         temporary = _temporary_cache()
         (say or _note)(
-            f"patchkit's cache {cache_dir()} cannot be written ({exc.strerror}): sglang {version} is "
+            f"patchkit's cache {cache_dir()} cannot be written ({_where(exc)}): sglang {version} is "
             f"fetched into a temporary cache, {temporary}, removed when this command ends"
         )
         return _fetch_into(temporary, version)
 
 
-_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+# A cache that cannot be written, or made (HOME or PATCHKIT_CACHE_DIR missing,
+# a file, under /proc): settings.make_cache_folder.
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR)
+
+
+def _where(exc: OSError) -> str:
+    return f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror)
+
+
 _TEMPORARY: list = []  # the temporary cache of this process, once made: [path, its owned_folder]
 
 
@@ -138,7 +147,7 @@ def _fetch_into(cache: Path, version: str) -> Path:
     package = dest / "sglang"
     if (dest / ".complete").exists():
         return package
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    settings.make_cache_folder(dest.parent)
     # One fetch per release at a time: a second process (matrix -j, parallel
     # tests) waits, then finds it complete, instead of replacing the folder
     # under the first one's readers.

@@ -3,6 +3,7 @@ a bad value is one line and exit 2, never a traceback or a silent default."""
 
 from __future__ import annotations
 
+import errno
 import os
 import textwrap
 from pathlib import Path
@@ -65,7 +66,10 @@ def jobs() -> Optional[int]:
 
 
 def _folder(name: str, value: str) -> Path:
-    path = Path(value).expanduser()
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # ~user of no such user, or ~ with no HOME
+        raise PatchkitError(f"{name}={value!r}: names the home folder of no user here; fix or unset it") from None
     if path.exists() and not path.is_dir():
         raise PatchkitError(f"{name}={value!r}: not a folder; fix or unset it")
     return path
@@ -87,6 +91,31 @@ def cache_dir() -> Path:
             return _folder(name, value)
     base = _value("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "patchkit"
+
+
+def _explicit_cache() -> bool:
+    """The cache folder is one a variable names (not the default under HOME)."""
+    values = [_value(name) for name in ("PATCHKIT_CACHE_DIR", "PATCHKIT_CACHE")]
+    return any(v is not None and not _off(v) for v in values) or _value("XDG_CACHE_HOME") is not None
+
+
+def make_cache_folder(folder: Path) -> None:
+    """Create ``folder``, one of patchkit's cache, and what is missing above
+    it. Only below a folder that exists: the one above the cache folder a
+    variable names, else HOME. patchkit never creates a missing HOME (a
+    service user's ``HOME=/nonexistent``) nor the path a variable leads
+    through: that is an ``OSError`` naming it, as any cache folder that
+    cannot be made."""
+    anchors = [(cache_dir(), cache_dir().parent if _explicit_cache() else Path.home())]
+    transforms = _value("PATCHKIT_TRANSFORM_CACHE")
+    if transforms is not None and not _off(transforms):
+        named = _folder("PATCHKIT_TRANSFORM_CACHE", transforms)
+        anchors.insert(0, (named, named.parent))
+    for root, anchor in anchors:
+        if folder.is_relative_to(root) and not anchor.is_dir():
+            code = errno.ENOTDIR if anchor.exists() else errno.ENOENT
+            raise OSError(code, os.strerror(code), str(anchor))
+    folder.mkdir(parents=True, exist_ok=True)
 
 
 def transform_cache_dir() -> Optional[Path]:

@@ -36,7 +36,7 @@ Say = Callable[[str], None]
 
 UNLOADED = (
     "{ids}: applied to this tree from a patch set that is not loaded now; name it (--patches DIR, "
-    "[tool.patchkit] patches in pyproject.toml, or install it)"
+    "[tool.patchkit] patches in the tree's pyproject.toml for apply and revert, or install it)"
 )
 
 
@@ -116,17 +116,20 @@ class AuditReport:
     result: "Report"
 
 
-def locate(given: Optional[str], say: Say = _drop, announce: bool = True) -> Located:
+def locate(given: Optional[str], say: Say = _drop, announce: bool = True, load_config: bool = False) -> Located:
     """The tree at (or above) ``given``, default the current folder. Found
     elsewhere than exactly at ``given``, ``say`` gets which tree was taken
     (unless the command's own first line names it: ``announce`` False).
-    Patch sets that a pyproject.toml above the tree names load too. A
+    Patch sets that the tree's repository's pyproject.toml names load where
+    ``load_config`` (apply, revert); other commands say they are there. A
     ``say`` with a ``tree_line`` method gets that line there (the CLI holds
     it back until the command prints something else: an error stays one line)."""
     shown, tree, found = trees.locate(given)
     if found and announce:
         getattr(say, "tree_line", say)(f"sglang {tree.version} at {tree.package} ({tree.layout} layout)")
-    registry.use_pyproject(tree.given)
+    unloaded = registry.use_config(tree, load_config)
+    if unloaded:
+        say(unloaded)
     return Located(tree, shown)
 
 
@@ -213,7 +216,7 @@ def apply(
     line) unless ``accept_vendor_code_risk``."""
     from patchkit.api.applying import apply_patches
 
-    where = locate(tree, say)
+    where = locate(tree, say, load_config=True)
     selected = registry.select(ids, skip, cascade)
     result = None
     try:
@@ -261,7 +264,7 @@ def revert(
     a journal or state that cannot be read (``patchkit.state.recovery``)."""
     from patchkit.api.reverting import revert_patches
 
-    where = locate(tree, say)
+    where = locate(tree, say, load_config=True)
     if recover:
         if ids or cascade or force:
             raise PatchkitError("--recover puts every file back: it takes no PATCH, --cascade or --force")

@@ -20,6 +20,8 @@ from typing import Optional
 from patchkit import python_ast
 from patchkit.audit.scan import MIRROR, ClassFacts, scan
 from patchkit.audit.syntax import PATCH, FileAudit, Read
+from patchkit.cache_secret import seal, sealed
+from patchkit.errors import untrusted_json
 
 # The text pre-filter: a module is parsed only where its bytes may load an
 # attribute of a mirror's name: a dot, then (whitespace, a line continuation,
@@ -82,7 +84,10 @@ def facts_of(rel: str, data: bytes, reads: bool = True) -> Optional[Facts]:
     path = _disk(key)
     if path is not None and path.is_file():
         try:
-            doc = json.loads(path.read_text())
+            entry = untrusted_json(path.read_text())
+            doc = entry["facts"]
+            if not sealed(path.parents[2], json.dumps(doc, sort_keys=True).encode(), entry["seal"]):
+                raise ValueError("not sealed by this cache's owner")
             _MEMO[key] = (
                 None
                 if doc is None
@@ -115,11 +120,15 @@ def facts_of(rel: str, data: bytes, reads: bool = True) -> Optional[Facts]:
                 "classes": [{**asdict(c), "calls": sorted(c.calls)} for c in facts.classes.values()],
             }
         )
+        from patchkit import settings
+
+        mac = seal(path.parents[2], json.dumps(doc, sort_keys=True).encode())
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, path)
+            if mac is not None:
+                settings.make_cache_folder(path.parent)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({"facts": doc, "seal": mac}))
+                os.replace(tmp, path)
         except OSError:
             pass
     return facts
@@ -147,7 +156,8 @@ _CODE: list[str] = []
 def _disk(key: tuple) -> Optional[Path]:
     """Where a module's facts are cached: ``audit/`` in the transform cache's
     folder (``PATCHKIT_TRANSFORM_CACHE=off`` turns both off), under the
-    module's path and bytes and the audit's own code."""
+    module's path and bytes and the audit's own code; sealed as the transform
+    cache's entries are (``patchkit.cache_secret``: ``parents[2]`` of an entry, the cache's folder)."""
     from patchkit import settings
 
     folder = settings.transform_cache_dir()

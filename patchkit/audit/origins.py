@@ -7,7 +7,6 @@ hashes patchkit ships (``KnownRelease``), or the tree's manifest
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Optional
 
 from patchkit.audit.facts import MANIFEST, facts_of
 from patchkit.audit.reads import Read
+from patchkit.errors import untrusted_json
 
 
 class Release:
@@ -78,7 +78,7 @@ def patched_release_modules(package: Path, sources: dict[str, bytes]) -> set[str
     from patchkit.tree import _read_version, base_release
 
     try:
-        doc = json.loads((package / MANIFEST).read_bytes())
+        doc = untrusted_json((package / MANIFEST).read_bytes())
         version = base_release(_read_version(package))  # the release the tree is now
         files = doc["files"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

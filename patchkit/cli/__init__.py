@@ -8,7 +8,6 @@ and error handling are ``patchkit.arguments``."""
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 
 import click
 
@@ -38,9 +37,9 @@ from patchkit.errors import Interrupted
     multiple=True,
     type=click.Path(file_okay=False),
     metavar="DIR",
-    help="Also load the patch set in DIR: its *.toml and their codemod modules (repeatable). Sets "
-    "named by [tool.patchkit] patches in a pyproject.toml above the tree or the current folder, "
-    "and installed ones (entry points in patchkit.patches), load too; see docs/writing-a-patch.md.",
+    help="Also load the patch set in DIR: its *.toml and their codemod modules (repeatable). Installed "
+    "sets (entry points in patchkit.patches) load too; sets named by [tool.patchkit] patches in a "
+    "pyproject.toml of the tree's repository load on apply and revert only; see docs/writing-a-patch.md.",
 )
 @click.version_option(__version__, prog_name="patchkit")
 @click.pass_context
@@ -53,7 +52,6 @@ def main(ctx: click.Context, quiet: bool, verbose: bool, patch_dirs: tuple[str, 
         ctx.obj.say(f"patchkit: note: {note}")
     registry.reset()
     registry.use_folders(patch_dirs, "--patches")
-    registry.use_pyproject(Path.cwd())
     # A caller that runs commands in-process (tests, a Python host) gets the
     # registry back as it was: the next library call sees no set a command named.
     ctx.call_on_close(registry.reset)

@@ -8,8 +8,9 @@ beside the Python modules of their codemods, where a reference
 ``module:Class`` names ``module.py`` of that folder. patchkit finds sets
 
 - named on the command line (``patchkit --patches DIR``, repeatable),
-- listed in a ``pyproject.toml`` above the tree or the current folder
+- listed in a ``pyproject.toml`` of the tree's repository
   (``[tool.patchkit] patches = ["path", ...]``, relative to that file),
+  loaded by ``apply`` and ``revert`` only (``patchkit.registry.config``),
 - installed: a distribution's entry point in the ``patchkit.patches`` group
   names a package, which holds the definitions and codemod modules the same way.
 
@@ -35,13 +36,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from patchkit.errors import PatchkitError
-from patchkit.registry import definitions
+from patchkit.registry import config, definitions
 from patchkit.registry.definitions import Patch, Target
-from patchkit.registry.sets import PatchSet, builtin_set, folder_set, identity, installed_sets, pyproject_folders
+from patchkit.registry.sets import PatchSet, builtin_set, folder_set, identity, installed_sets
 from patchkit.tree import relative
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
+
+    from patchkit.tree import Tree
 
 
 def _parse(text: str, source: str, patch_set: Optional[PatchSet] = None) -> Patch:
@@ -125,11 +128,23 @@ def _forget() -> None:
     load.cache_clear()
 
 
-def use_pyproject(start: Path) -> None:
-    """The sets the nearest ``[tool.patchkit]`` above ``start`` lists."""
-    config, folders = pyproject_folders(start)
-    if config is not None:
-        use_folders(folders, str(config))
+def use_config(tree: "Tree", load: bool) -> Optional[str]:
+    """The sets the ``[tool.patchkit]`` of TREE's repository names
+    (``patchkit.registry.config``): loaded where ``load`` (apply, revert) and
+    the repository is trusted; else the line that says they are there, and
+    how to load them."""
+    try:
+        found = config.find(tree)
+    except PatchkitError as exc:
+        if load:
+            raise
+        return f"note: {exc} (read commands do not load a config's patch sets)"
+    if found is None:
+        return None
+    if load and found.distrust is None:
+        use_folders(found.loadable(), str(found.path))
+        return None
+    return found.unloaded_line()
 
 
 def patch_sets() -> list[PatchSet]:

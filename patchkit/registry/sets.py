@@ -2,8 +2,8 @@
 
 A set is a folder of ``*.toml`` definitions beside the Python modules of
 their codemods (``PatchSet``): patchkit's own (``builtin_set``), a folder
-named on the command line or in a pyproject (``folder_set``,
-``pyproject_folders``), or a package an installed distribution names
+named on the command line or in a pyproject (``folder_set``; which
+pyproject counts: ``patchkit.registry.config``), or a package an installed distribution names
 (``installed_sets``). ``identity`` says when two places are one set.
 Which sets a command uses, and the patches they define, is
 ``patchkit.registry``'s business.
@@ -17,7 +17,6 @@ import importlib.util
 import os
 import re
 import sys
-import tomllib
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,30 +169,6 @@ def folder_set(folder: Path, how: str) -> PatchSet:
         module.__path__ = [str(folder)]
         sys.modules[package] = module
     return PatchSet(str(folder), folder, package)
-
-
-def pyproject_folders(start: Path) -> tuple[Optional[Path], list[Path]]:
-    """The nearest ``pyproject.toml`` at or above ``start`` that has a
-    ``[tool.patchkit]`` table, and the folders its ``patches`` lists."""
-    start = start.resolve()
-    for folder in (start, *start.parents):
-        config = folder / "pyproject.toml"
-        if not config.is_file():
-            continue
-        try:
-            data = tomllib.loads(config.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
-            raise PatchkitError(f"{config}: cannot read it ({exc})") from None
-        table = data.get("tool", {}).get("patchkit")
-        if table is None:
-            continue
-        listed = table.get("patches", [])
-        if isinstance(listed, str):
-            listed = [listed]
-        if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
-            raise PatchkitError(f"{config}: [tool.patchkit] patches must be a list of folders")
-        return config, [folder / p for p in listed]
-    return None, []
 
 
 def installed_sets() -> list[PatchSet]:

@@ -34,12 +34,14 @@ from pathlib import Path
 from typing import Optional
 
 from patchkit import lifetimes, tree
-from patchkit.errors import PatchkitError
+from patchkit.errors import PatchkitError, untrusted_json
 from patchkit.state.files import (
     TEMP_SUFFIX,  # noqa: F401 - its home
     atomic_write,
     crash_point,
     fsync_dir,  # noqa: F401 - their home
+    make_folders,
+    open_owned,
     remove,
     remove_all_temp_files,
     remove_temp_files,
@@ -58,8 +60,7 @@ class Store:
         self.blobs = folder / "blobs"
 
     def ensure_folder(self) -> None:
-        # exist_ok: two runs may create it at once, before either holds the lock.
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_folders(self.folder)
         ignore = self.folder / ".gitignore"
         if not ignore.exists():
             # Keep patchkit's state out of the fork's git status.
@@ -84,7 +85,7 @@ class Store:
                         f"{self.blobs}: not a folder, where patchkit keeps its backups "
                         "(move it away; nothing was changed)"
                     )
-                self.blobs.mkdir(exist_ok=True)
+                make_folders(self.blobs, private=True)
                 atomic_write(path, data, sync_folder=False)
                 written = True
         if written:
@@ -124,7 +125,7 @@ class Store:
         if not path.exists():
             return None
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = untrusted_json(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             raise CorruptState(f"{path}: corrupt patchkit state (not the expected JSON)") from None
         if not isinstance(doc, dict):
@@ -139,7 +140,7 @@ class Store:
         """Move ``state.json`` out of the way (kept, never deleted), for a
         command that found it disagreeing with the tree."""
         folder = self.folder / "set-aside"
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder)
         target = folder / f"state-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
         os.replace(self.folder / "state.json", target)
         fsync_dir(self.folder)
@@ -150,7 +151,7 @@ class Store:
     def load_cache(self, key: str) -> object:
         """The entries ``save_cache`` kept under ``key``; {} under another key."""
         try:
-            data = json.loads((self.folder / "cache.json").read_text(encoding="utf-8"))
+            data = untrusted_json((self.folder / "cache.json").read_text(encoding="utf-8"))
             return data["entries"] if data.get("key") == key else {}
         except (OSError, ValueError, KeyError, TypeError):
             return {}
@@ -266,7 +267,7 @@ class Store:
             return None
         where = str(self.journal)
         try:
-            journal = json.loads(self.journal.read_text(encoding="utf-8"))
+            journal = untrusted_json(self.journal.read_text(encoding="utf-8"))
             entries, state, old = journal["files"], journal["state"], journal.get("old_state")
             for entry in entries:
                 tree.relative(entry["file"], where)
@@ -331,7 +332,7 @@ class Store:
             self.ensure_folder()
             # Forked workers close their copy: sharing the flock, one that
             # outlived a killed run held the tree (patchkit.lifetimes).
-            fd = lifetimes.close_on_fork(os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644))
+            fd = lifetimes.close_on_fork(open_owned(self.folder / "lock", os.O_RDWR))
         except OSError as exc:
             raise PatchkitError(f"{self.folder}: cannot create patchkit state ({exc.strerror})") from None
         try:

@@ -15,6 +15,7 @@ import glob
 import os
 import signal
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -25,11 +26,13 @@ TEMP_SUFFIX = ".patchkit-tmp"
 
 def atomic_write(path: Path, data: bytes, sync_folder: bool = True) -> None:
     """Replace ``path`` with ``data``: temp file in the same folder, fsync,
-    rename. Readers see the old or the new file, never a mix. Keeps the mode.
-    A kill between the two leaves the temp file (see ``remove_temp_files``);
-    a failure (disk full, permission) removes it and raises the ``OSError``.
-    ``sync_folder`` False: the caller fsyncs the folder (once for many files)."""
-    mode = path.stat().st_mode & 0o7777 if path.exists() else None
+    rename. Readers see the old or the new file, never a mix. The file keeps
+    its mode and owner; a new one gets the umask's mode and its folder's
+    owner (``Ownership``). A kill between the two leaves the temp file (see
+    ``remove_temp_files``); a failure (disk full, permission) removes it and
+    raises the ``OSError``. ``sync_folder`` False: the caller fsyncs the
+    folder (once for many files)."""
+    ownership = Ownership.of(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -38,8 +41,7 @@ def atomic_write(path: Path, data: bytes, sync_folder: bool = True) -> None:
             fh.write(data[len(data) // 2 :])
             fh.flush()
             os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+            ownership.give(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -47,6 +49,76 @@ def atomic_write(path: Path, data: bytes, sync_folder: bool = True) -> None:
         raise
     if sync_folder:
         fsync_dir(path.parent)
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """The mode and owner a file patchkit writes gets. A file it replaces
+    keeps its own exactly (the temp file it is renamed from would be 0600 and
+    the writer's); a new one gets what the tree's own files would get: the
+    mode ``open`` gives under this process's umask, and the owner of the
+    folder it lands in. Only root can give a file away (``chown``); anyone
+    else's files are their own anyway."""
+
+    mode: int
+    uid: int
+    gid: int
+
+    @classmethod
+    def of(cls, path: Path) -> "Ownership":
+        try:
+            st = path.stat()
+            return cls(st.st_mode & 0o7777, st.st_uid, st.st_gid)
+        except FileNotFoundError:
+            return cls.new_in(path.parent)
+
+    @classmethod
+    def new_in(cls, folder: Path) -> "Ownership":
+        st = folder.stat()
+        return cls(0o666 & ~umask(), st.st_uid, st.st_gid)
+
+    def give(self, fd: int) -> None:
+        if os.geteuid() == 0:
+            st = os.fstat(fd)
+            if (st.st_uid, st.st_gid) != (self.uid, self.gid):
+                os.fchown(fd, self.uid, self.gid)
+        os.fchmod(fd, self.mode)  # after chown, which clears set-id bits
+
+
+def open_owned(path: Path, flags: int) -> int:
+    """``os.open`` that gives a file it creates what ``atomic_write`` gives a new one."""
+    made = not path.exists()
+    fd = os.open(path, flags | os.O_CREAT, 0o600)
+    if made:
+        Ownership.new_in(path.parent).give(fd)
+    return fd
+
+
+def make_folders(folder: Path, private: bool = False) -> None:
+    """``folder`` and the folders above it that are missing, each owned as
+    its parent is (root patching another user's tree leaves them that user's);
+    their mode is what ``mkdir`` gives under the umask, or 0700 for a
+    ``private`` ``folder`` (the backups: copies of files that may be closed
+    to others, never opened wider)."""
+    if folder.is_dir():
+        return
+    make_folders(folder.parent)
+    with contextlib.suppress(FileExistsError):  # two runs may create it at once
+        folder.mkdir(0o700 if private else 0o777)
+        if os.geteuid() == 0:
+            parent = folder.parent.stat()
+            os.chown(folder, parent.st_uid, parent.st_gid)
+
+
+def umask() -> int:
+    """This process's umask: from /proc where Linux has it (setting it to
+    read it back, the only other way, races other threads' file creation)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status", encoding="ascii") as fh:
+            return int(next(line for line in fh if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
 
 
 def remove_temp_files(path: Path) -> None:
@@ -86,7 +158,7 @@ def write_or_remove(root: Path, rel: str, data: Optional[bytes], sync_folder: bo
     never above it (``patchkit.tree``)."""
     path = writable(root, rel)
     if data is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(path.parent)
         atomic_write(path, data, sync_folder)
         return
     fault_point("remove", path)

@@ -17,7 +17,6 @@ Pure planning here; the writes are one ``Store.commit`` transaction.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
@@ -26,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from patchkit.errors import PatchkitError
-from patchkit.state import Store, file_sha, vendoring
+from patchkit.errors import PatchkitError, untrusted_json
+from patchkit.state import Store, file_sha, make_folders, vendoring
 from patchkit.state.record import Record
 from patchkit.tree import Tree, writable
 
@@ -70,7 +69,7 @@ def _journal(path: Path) -> Optional[dict]:
     with contextlib.suppress(OSError, ValueError):
         with open(path, "rb") as handle:
             if handle.read(len(JOURNAL_START)) == JOURNAL_START:
-                doc = json.loads(JOURNAL_START + handle.read())
+                doc = untrusted_json(JOURNAL_START + handle.read())
                 return doc if isinstance(doc, dict) else None
     return None
 
@@ -137,7 +136,7 @@ def set_aside(store: Store) -> list[Path]:
     folder = store.folder / "set-aside"
     for path in (store.journal, store.folder / "state.json"):
         if path.exists():
-            folder.mkdir(parents=True, exist_ok=True)
+            make_folders(folder)
             target = folder / f"{path.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
             shutil.copy2(path, target)
             copied.append(target)

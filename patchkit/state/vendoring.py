@@ -37,7 +37,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Optional
 
 from patchkit import __version__
-from patchkit.errors import PatchkitError
+from patchkit.errors import PatchkitError, untrusted_json
 from patchkit.layout import FOLDER, IMPORT_ROOT
 from patchkit.state.record import Record
 
@@ -261,7 +261,7 @@ def manifest_bytes(record: Record) -> bytes:
 
 def read_manifest(data: bytes, where: str) -> Record:
     try:
-        doc = json.loads(data)
+        doc = untrusted_json(data)
     except ValueError:
         raise PatchkitError(f"{where}: corrupt patchkit manifest (not the expected JSON)") from None
     if not isinstance(doc, dict):

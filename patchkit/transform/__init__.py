@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from patchkit import python_ast
-from patchkit.errors import PatchkitError
+from patchkit.errors import PatchkitError, failure_in
 from patchkit.findings import Finding, State
 
 if TYPE_CHECKING:  # libcst is imported only when a file must be parsed
@@ -69,7 +69,13 @@ def detect(rel: str, source: bytes, module: Callable[[], "cst.Module"], codemod:
         if needle.encode() not in source:
             return Finding.missing(needle, f"{needle} does not occur in the file")
     # The file name lets a finding say where it is (``PatchCodemod.where``).
-    return codemod(CodemodContext(filename=rel)).detect(module())
+    with _running(codemod, rel):
+        return codemod(CodemodContext(filename=rel)).detect(module())
+
+
+def _running(codemod: type["PatchCodemod"], rel: str) -> failure_in:
+    """A codemod that raises (a patch set's may, any way): one line naming it and the file."""
+    return failure_in(f"codemod {codemod.name()} on {rel}")
 
 
 @dataclass
@@ -153,16 +159,17 @@ def run(
     original = module
     for i, inst in enumerate(instances):
         given = known[i] if i < len(known) else None
-        if given is not None and (not transformed or _reads_unchanged(inst, original, module)):
-            state = given.state  # what it reads is as it was detected
-        else:
-            state = inst.state_of(module)
-        if state is State.MISSING:
-            finding = inst.detect(module)  # again, with its lines, for the message
-            raise PatchkitError(f"{path}: anchor {finding.anchor} missing: {finding.detail}")
-        if state is State.TODO:
-            module = inst.transform_module(module)
-            transformed.append(inst.name())
+        with _running(type(inst), rel):
+            if given is not None and (not transformed or _reads_unchanged(inst, original, module)):
+                state = given.state  # what it reads is as it was detected
+            else:
+                state = inst.state_of(module)
+            if state is State.MISSING:
+                finding = inst.detect(module)  # again, with its lines, for the message
+                raise PatchkitError(f"{path}: anchor {finding.anchor} missing: {finding.detail}")
+            if state is State.TODO:
+                module = inst.transform_module(module)
+                transformed.append(inst.name())
     module = add_needed_imports(module, context)
     new = module.bytes
     lost = None if source is None else _trailing_comments_kept(source, new)
@@ -173,7 +180,8 @@ def run(
         )
     after = {}
     for inst in instances:
-        finding = inst.detect(module)
+        with _running(type(inst), rel):
+            finding = inst.detect(module)
         if finding.state not in (State.DONE, State.SUPERSEDED):
             raise PatchkitError(
                 f"{path}: {inst.name()} did not reach its postcondition ({finding.anchor}: {finding.detail})"

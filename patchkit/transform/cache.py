@@ -23,9 +23,11 @@ Safe by construction:
 - written to a temporary file and renamed into place: a reader sees a whole
   entry or none, and two runs writing the same key write the same bytes;
 - read back only if its header names this exact key and the recorded length
-  and sha256 match; the sha256 covers the header's findings as well as the
-  payload: a truncated, corrupted or misplaced entry is a miss (a cold
-  transform), never a wrong result;
+  and seal match; the seal, an HMAC under the cache's own secret
+  (``patchkit.cache_secret``), covers the header's findings as well as the
+  payload: a truncated, corrupted, misplaced or forged entry (one written by
+  anyone but the cache's owner) is a miss (a cold transform), never a wrong
+  result;
 - another patchkit version (or edited codemods) computes other keys, so it
   never reads this one's entries.
 Only codemods that live in ``patchkit.codemods`` are cached (test codemods
@@ -47,10 +49,12 @@ from typing import Any, ClassVar, Optional, Protocol, Self, TypeVar
 
 import patchkit
 from patchkit import settings
+from patchkit.cache_secret import seal, sealed
+from patchkit.errors import untrusted_json
 from patchkit.findings import Finding
 from patchkit.registry import sets as patch_sets
 
-FORMAT = 2  # 2: facts apart from transforms (1 kept them in a transform's findings)
+FORMAT = 3  # 2: facts apart from transforms (1 kept them in a transform's findings); 3: sealed
 Findings = dict[str, Finding]  # codemod name -> its finding
 
 
@@ -122,10 +126,10 @@ def cacheable(codemods) -> bool:
     return all(isinstance(c, str) or c.__module__.startswith("patchkit.codemods.") for c in codemods)
 
 
-def _checksum(meta: dict, payload: bytes) -> str:
-    """sha256 of the header (without the checksum itself) and the payload: a
-    flipped finding is as much damage as a flipped byte of code."""
-    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode() + b"\n" + payload).hexdigest()
+def _signed(meta: dict, payload: bytes) -> bytes:
+    """What an entry's seal covers: the header (without the seal itself) and
+    the payload; a flipped finding is as much damage as a flipped byte of code."""
+    return json.dumps(meta, sort_keys=True).encode() + b"\n" + payload
 
 
 class TransformCache:
@@ -163,10 +167,11 @@ class TransformCache:
         try:
             raw = self._path(key).read_bytes()
             header, sep, payload = raw.partition(b"\n")
-            meta = json.loads(header)
+            meta = untrusted_json(header)
             if not sep or meta.get("format") != FORMAT or meta.get("key") != key:
                 return None
-            if meta.pop("sha256") != _checksum(meta, payload) or meta["length"] != len(payload):
+            mac = meta.pop("seal")
+            if not sealed(self.folder, _signed(meta, payload), mac) or meta["length"] != len(payload):
                 return None
             has_new = meta["has_new"]
             return Entry(
@@ -185,10 +190,11 @@ class TransformCache:
         if self.folder is None:
             return None
         try:
-            meta = json.loads(self._fact_path(key).read_bytes())
+            meta = untrusted_json(self._fact_path(key).read_bytes())
             if meta.get("format") != FORMAT or meta.get("key") != key or meta.get("kind") != kind.KIND:
                 return None
-            if meta.pop("sha256") != _checksum(meta, b""):
+            mac = meta.pop("seal")
+            if not sealed(self.folder, _signed(meta, b""), mac):
                 return None
             return kind.from_json(meta["fact"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -198,8 +204,8 @@ class TransformCache:
         if self.folder is None:
             return
         meta = {"format": FORMAT, "key": key, "kind": fact.KIND, "fact": fact.to_json()}
-        meta["sha256"] = _checksum(meta, b"")
-        _write(self._fact_path(key), json.dumps(meta, sort_keys=True).encode())
+        if (mac := seal(self.folder, _signed(meta, b""))) is not None:
+            _write(self._fact_path(key), json.dumps({**meta, "seal": mac}, sort_keys=True).encode())
 
     def put(self, key: str, entry: Entry) -> None:
         if self.folder is None:
@@ -216,10 +222,10 @@ class TransformCache:
             "notes": list(entry.notes),
             "length": len(payload),
         }
-        meta["sha256"] = _checksum(meta, payload)
-        data = json.dumps(meta, sort_keys=True).encode() + b"\n" + payload
-        # A cache is an optimisation: a read-only or full disk only costs speed.
-        _write(self._path(key), data)
+        mac = seal(self.folder, _signed(meta, payload))
+        # A cache is an optimisation: a read-only or full disk, or no secret, only costs speed.
+        if mac is not None:
+            _write(self._path(key), json.dumps({**meta, "seal": mac}, sort_keys=True).encode() + b"\n" + payload)
 
 
 class SharedFindings:
@@ -228,7 +234,7 @@ class SharedFindings:
     on a tree patchkit does not manage yet keeps no cache of its own (it
     writes nothing there), and would parse every target file again each
     time. The key holds the code fingerprint; an entry is read back only if
-    it names its key and its sha256 matches (else a miss, never a wrong
+    it names its key and its seal matches (else a miss, never a wrong
     finding). Written when the command ends (``flush``), merged with what
     another run wrote meanwhile."""
 
@@ -244,10 +250,10 @@ class SharedFindings:
     def _load(self, key: str) -> Findings:
         assert self.folder is not None
         try:
-            data = json.loads((self.folder / "findings" / key[:2] / key).read_bytes())
+            data = untrusted_json((self.folder / "findings" / key[:2] / key).read_bytes())
             found = data["findings"]
-            if data["key"] != key or data["sha256"] != _checksum(
-                {"key": key}, json.dumps(found, sort_keys=True).encode()
+            if data["key"] != key or not sealed(
+                self.folder, _signed({"key": key}, json.dumps(found, sort_keys=True).encode()), data["seal"]
             ):
                 return {}
             return _read_findings(found)
@@ -272,11 +278,10 @@ class SharedFindings:
             return
         for key, found in self._learnt.items():
             merged = _listed({**self._load(key), **found})
-            data = {
-                "key": key,
-                "findings": merged,
-                "sha256": _checksum({"key": key}, json.dumps(merged, sort_keys=True).encode()),
-            }
+            mac = seal(self.folder, _signed({"key": key}, json.dumps(merged, sort_keys=True).encode()))
+            if mac is None:
+                break
+            data = {"key": key, "findings": merged, "seal": mac}
             _write(self.folder / "findings" / key[:2] / key, json.dumps(data, sort_keys=True).encode())
         self._learnt.clear()
 
@@ -284,7 +289,7 @@ class SharedFindings:
 def _write(path: Path, data: bytes) -> None:
     """``data`` at ``path``, whole or not at all (a temporary file renamed into place)."""
     with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        settings.make_cache_folder(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from patchkit.errors import PatchkitError, interrupt_in
+from patchkit.errors import PatchkitError, failure_in
 from patchkit.postconditions import HeadStart, Postcondition
 from patchkit.registry import definitions
 
@@ -32,16 +32,8 @@ class Check:
 def guarded(owner: str, name: str, method: Callable, *args):
     """A check made or its method called: a check that fails to run stops
     the command in one line (nothing changed)."""
-    try:
+    with failure_in(f"postcondition {name} of {owner}"):
         return method(*args)
-    except PatchkitError:
-        raise
-    except Exception as exc:  # a vendor's check may fail any way: one line
-        if interrupt_in(exc) is not None:  # a signal, wrapped by Python (an import): it ends the command as itself
-            raise
-        raise PatchkitError(
-            f"postcondition {name} of {owner} failed to run: {type(exc).__name__}: {exc}; nothing was changed"
-        ) from None
 
 
 def declared(patches: Iterable[Patch], wanted: Iterable[str]) -> list[Check]:

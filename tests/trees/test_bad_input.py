@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from support import PRIMARY, snapshot
+from support import PRIMARY, pristine_snapshot, snapshot
 
 MHA = "srt/layers/attention/trtllm_mha_backend.py"
 
@@ -150,3 +150,18 @@ def test_a_missing_file_is_named_once(make_tree, cli):
     assert f"({MHA}: file not in this tree; verify fails on it)" in line and line.count(MHA) == 1, line
     verify = cli("verify", tree, "trtllm-mha-overlap-hook")
     assert verify.exit_code == 1 and not any(line.count(MHA) > 1 for line in verify.output.splitlines()), verify.output
+
+
+def test_a_manifest_nested_too_deeply_is_one_line(linked_tree, cli):
+    """A manifest of ``'[' * 200000`` was a RecursionError out of every
+    command, ``--recover`` included: the tree could not be managed."""
+    tree = linked_tree(PRIMARY)
+    assert cli("apply", tree, "trtllm-mha-overlap-hook").exit_code == 0
+    manifest = tree / "srt/_patchkit/manifest.json"
+    manifest.write_text("[" * 200000)
+    for command in ("status", "verify", "diff", "apply", "revert"):
+        assert_one_line_error(cli(command, tree), str(manifest), "corrupt patchkit manifest")
+    recovered = cli("revert", tree, "--recover")
+    assert recovered.exit_code == 0 and "manifest.json: holds bytes patchkit never wrote" in recovered.output
+    manifest.unlink()  # the one file it leaves, named
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)

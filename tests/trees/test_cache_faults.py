@@ -196,3 +196,29 @@ def test_a_read_only_cache(tmp_path, real_cache, cache):
     )
     assert having.returncode == 0 and having.stderr == "", having.stderr
     assert "ACME_VENDOR = 1" in (fork / MHA).read_text()
+
+
+@pytest.mark.parametrize("where", ["HOME=/proc", "HOME=a file", "HOME=missing", "PATCHKIT_CACHE_DIR=/proc/x"])
+def test_a_cache_that_cannot_be_made_works_as_a_read_only_one(tmp_path, real_cache, registry, cli, monkeypatch, where):
+    """HOME=/proc, HOME a file or PATCHKIT_CACHE_DIR=/proc/x: apply on a fork
+    (which fetches its release for the vendor-code check) was a traceback.
+    Now, as with a read-only cache: the release goes to a temporary cache,
+    said in one line, and the apply goes on."""
+    name, _, value = where.partition("=")
+    if value == "a file":
+        value = str(tmp_path / "home")
+        Path(value).write_text("")
+    elif value == "missing":  # HOME=/nonexistent, a service user's: never created
+        value = str(tmp_path / "nonexistent")
+    monkeypatch.delenv("PATCHKIT_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv(name, value)
+    monkeypatch.setattr(fetch, "_TEMPORARY", [])  # none made yet by this process
+    tree = linked_copy(real_cache, tmp_path / "fork" / "sglang")
+    _fork(tree, BATCH, "\n", "# a vendor's comment\n")
+    registry.files[BATCH] = (real_cache / BATCH).read_bytes()
+    result = cli("apply", tree, "needs-cpu-seq-lens")
+    assert result.exit_code == 0, result.output
+    assert f"sglang {PRIMARY} is fetched into a temporary cache" in result.output
+    assert registry.asked == [PRIMARY]
+    assert not (tmp_path / "nonexistent").exists()

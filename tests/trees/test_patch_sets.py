@@ -52,7 +52,7 @@ def test_folder_on_the_command_line(cli):
     assert f'"origin": "{SET}"' in cli("--patches", SET, "list", "--format", "json").output
 
 
-def test_pyproject_names_the_set_found_from_the_tree_or_cwd(make_tree, cli, monkeypatch, tmp_path):
+def test_pyproject_of_the_trees_repository_names_the_set(make_tree, cli, monkeypatch, tmp_path):
     fork = make_tree(PRIMARY, "checkout")
     shutil.copytree(SET, fork / "acme")
     (fork / "pyproject.toml").write_text('[tool.patchkit]\npatches = ["acme"]\n')
@@ -70,14 +70,17 @@ def test_pyproject_names_the_set_found_from_the_tree_or_cwd(make_tree, cli, monk
     assert helper.read_text().endswith((SET / "acme_runtime.py").read_text())  # vendored, with patchkit's header
     assert HELPER in (package / "srt/_patchkit/manifest.json").read_text()  # with its sha256
     monkeypatch.chdir(package / "srt")  # inside it, no TREE: found from here
-    assert f"[from {fork / 'acme'}]" in cli("list").output
-    assert [PATCH, "applied"] in [line.split() for line in cli("status").output.splitlines()]
+    # Read commands do not load it (issue 68): they say it is there, and how to load it.
+    named = f"--patches {fork / 'acme'}"
+    assert f"note: {fork / 'pyproject.toml'} names patch sets" in cli("status").output
+    assert named in cli("status").output
+    assert [PATCH, "applied"] in [line.split() for line in cli(*named.split(), "status").output.splitlines()]
     vendored = helper.read_bytes()
     helper.write_bytes(vendored.replace(b"!= 2", b"!= 3"))
-    edited = cli("verify", PATCH)
+    edited = cli(*named.split(), "verify", PATCH)
     assert edited.exit_code == 1 and f"{HELPER}: edited after patchkit wrote it" in edited.output, edited.output
     helper.write_bytes(vendored)
-    assert cli("verify", PATCH).exit_code == 0
+    assert cli(*named.split(), "verify", PATCH).exit_code == 0
     assert cli("revert").exit_code == 0
     assert snapshot(fork / "python" / "sglang") == pristine_snapshot(PRIMARY)
 
@@ -136,26 +139,26 @@ def test_installed_entry_point(make_tree, tmp_path):
     assert patchkit("--patches", site / "acme_patches", "status", tree).returncode == 0
 
 
-def test_one_set_reached_twice_is_one_set(cli, make_tree, monkeypatch, tmp_path):
+def test_one_set_reached_twice_is_one_set(cli, make_tree, tmp_path):
     """The same folder by --patches and a pyproject, or twice by --patches
     (spelled two ways), or a copy of the same files: one set, no clash."""
     copy = tmp_path / "copy"
     shutil.copytree(SET, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "pyproject.toml").write_text(f'[tool.patchkit]\npatches = ["{SET}"]\n')
-    monkeypatch.chdir(tmp_path)
     for extra in (
-        [],
         ["--patches", SET],
         ["--patches", f"{SET}/", "--patches", SET / ".." / SET.name],
-        ["--patches", copy],
+        ["--patches", SET, "--patches", copy],
     ):
         listed = cli(*extra, "list")
         assert listed.exit_code == 0 and "warning" not in listed.output, (extra, listed.output)
         assert [line.split()[0] for line in listed.output.splitlines()].count(PATCH) == 1
-    tree = make_tree(PRIMARY)
-    assert cli("--patches", copy, "--patches", SET, "apply", tree, PATCH).exit_code == 0
-    assert cli("--patches", SET, "revert", tree).exit_code == 0
-    assert snapshot(tree) == pristine_snapshot(PRIMARY)
+    fork = make_tree(PRIMARY, "checkout")
+    shutil.copytree(SET, fork / "acme")
+    (fork / "pyproject.toml").write_text('[tool.patchkit]\npatches = ["acme"]\n')
+    applied = cli("--patches", copy, "--patches", fork / "acme", "apply", fork, PATCH)
+    assert applied.exit_code == 0 and "warning" not in applied.output, applied.output
+    assert cli("revert", fork).exit_code == 0
+    assert snapshot(fork / "python" / "sglang") == pristine_snapshot(PRIMARY)
 
 
 def test_a_command_leaves_no_set_loaded_behind(cli):
@@ -207,14 +210,16 @@ def test_id_collision_and_bad_sets_are_one_line(cli, tmp_path, make_tree):
 
 
 @pytest.mark.parametrize("config", ['[tool.patchkit]\npatches = "acme"\n', "[tool.patchkit]\npatches = [1]\n"])
-def test_pyproject_patches_must_name_folders(cli, monkeypatch, tmp_path, config):
-    (tmp_path / "pyproject.toml").write_text(config)
-    monkeypatch.chdir(tmp_path)
-    result = cli("list")
+def test_pyproject_patches_must_name_folders(cli, make_tree, config):
+    fork = make_tree(PRIMARY, "checkout")
+    (fork / "pyproject.toml").write_text(config)
+    result = cli("apply", fork)
     if '"acme"' in config:  # one folder as a string is accepted, and must exist
         one_line_error(result, "no such folder of patch definitions")
     else:
         one_line_error(result, "[tool.patchkit] patches must be a list of folders")
+        status = cli("status", fork)  # a read command loads no config: a note, not an error
+        assert status.exit_code == 0 and "note: " in status.output and "must be a list" in status.output
 
 
 def test_a_tree_patched_from_a_set_not_loaded_now(make_tree, cli):
@@ -233,3 +238,24 @@ def test_a_tree_patched_from_a_set_not_loaded_now(make_tree, cli):
     assert snapshot(tree) == before
     assert cli("--patches", SET, "revert", tree).exit_code == 0
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
+
+
+@pytest.mark.parametrize("method", ["detect_in_method", "transform_method"])
+def test_a_codemod_that_raises_is_one_line(cli, linked_tree, tmp_path, method):
+    """A patch set's codemod that raises was a traceback; now one line naming
+    it and the file, nothing changed (as a postcondition that raises)."""
+    broken = tmp_path / "broken"
+    shutil.copytree(SET, broken, ignore=shutil.ignore_patterns("__pycache__"))
+    module = broken / "torch_native.py"
+    text = module.read_text()
+    head = f"    def {method}(self, fn: cst.FunctionDef)"
+    at = text.index("\n", text.index(head)) + 1
+    module.write_text(text[:at] + '        raise KeyError("boom")\n' + text[at:])
+    tree = linked_tree(PRIMARY)
+    before = snapshot(tree)
+    one_line_error(
+        cli("--patches", broken, "apply", tree, PATCH),
+        "torch_native.GuardDecodeReshape",
+        "on srt/layers/attention/torch_native_backend.py failed to run: KeyError: 'boom'; nothing was changed",
+    )
+    assert snapshot(tree) == before

@@ -6,6 +6,7 @@ wrong tree."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import pytest
 from drift import drift
 from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
 
-from patchkit import registry, transform
+from patchkit import cache_secret, registry, transform
 from patchkit.api.applying import apply_patches
 from patchkit.api.reverting import revert_patches
 from patchkit.audit import facts
@@ -50,7 +51,10 @@ def entries(folder: Path) -> list[Path]:
     return sorted(
         p
         for p in folder.rglob("*")
-        if p.is_file() and not p.name.startswith(".") and "audit" not in p.relative_to(folder).parts
+        if p.is_file()
+        and not p.name.startswith(".")
+        and p.name != "secret"
+        and "audit" not in p.relative_to(folder).parts
     )
 
 
@@ -173,7 +177,7 @@ def test_a_flipped_finding_in_an_entry_header_is_a_miss(tmp_path):
     done = {"m.Codemod": Finding.done("f")}
     cache.put("k" * 64, transform_cache.Entry({"m.Codemod": Finding.todo("f")}, [["m.Codemod"]], b"x = 1\n", done))
     assert cache.get("k" * 64).after == done
-    path = next(p for p in tmp_path.rglob("*") if p.is_file())
+    (path,) = entries(tmp_path)
     header, _, payload = path.read_bytes().partition(b"\n")
     path.write_bytes(header.replace(b'"todo"', b'"done"') + b"\n" + payload)
     assert cache.get("k" * 64) is None
@@ -294,4 +298,55 @@ def test_a_damaged_audit_facts_file_is_computed_again_and_rewritten(tmp_path, mo
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     monkeypatch.setattr(facts, "_MEMO", {})  # a new process
     assert facts.facts_of("srt/m.py", source) == good
-    assert json.loads(path.read_text())["reads"]  # written whole again
+    assert json.loads(path.read_text())["facts"]["reads"]  # written whole again
+
+
+def poison(folder: Path, line: bytes) -> int:
+    """The issue's attack: the cached output of eagle_worker_v2.py gets ``line``, and the
+    entry's check is fixed up as anyone who can write the cache can (the
+    length, and sha256 of the sorted header and the payload)."""
+    count = 0
+    for path in entries(folder):
+        header, _, payload = path.read_bytes().partition(b"\n")
+        meta = json.loads(header)
+        if not (meta["has_new"] and b"class EAGLEWorkerV2" in payload):
+            continue
+        payload = line + payload
+        check = "seal" if "seal" in meta else "sha256"  # the field's name before issue 68
+        meta.pop(check)
+        meta["length"] = len(payload)
+        meta[check] = hashlib.sha256(json.dumps(meta, sort_keys=True).encode() + b"\n" + payload).hexdigest()
+        path.write_bytes(json.dumps(meta, sort_keys=True).encode() + b"\n" + payload)
+        count += 1
+    return count
+
+
+def test_a_poisoned_entry_never_reaches_a_tree(tmp_path, cache_dir, reference, cli):
+    """Issue 68: an entry whose patched bytes were edited (an ``os.system``
+    line) and whose length and sha256 were recomputed was written into the
+    next tree, and ``verify`` said OK. Entries are sealed with the cache's
+    secret: the poisoned one is a miss, the tree gets the real transform."""
+    apply(copy_tree(PRIMARY, tmp_path / "first"))
+    line = b"import os; os.system('touch /tmp/pwned')\n"
+    assert poison(cache_dir, line) == 1
+    tree = copy_tree(PRIMARY, tmp_path / "fresh")
+    assert cli("apply", tree).exit_code == 0
+    assert snapshot(tree) == reference(PRIMARY)
+    assert not any(line in p.read_bytes() for p in tree.rglob("*.py"))
+    assert cli("verify", tree).exit_code == 0
+
+
+def test_a_secret_others_may_read_or_own_is_not_believed(tmp_path):
+    """The cache's secret is the user's own, 0600; one readable by others, or
+    another user's, makes the cache unused (a miss, nothing written)."""
+    done = {"m.Codemod": Finding.done("f")}
+    entry = transform_cache.Entry({"m.Codemod": Finding.todo("f")}, [["m.Codemod"]], b"x = 1\n", done)
+    for damage_secret in (lambda p: p.chmod(0o640), lambda p: os.chown(p, 65534, -1) if os.geteuid() == 0 else None):
+        folder = tmp_path / f"cache{len(list(tmp_path.iterdir()))}"
+        transform_cache.TransformCache(folder).put("k" * 64, entry)
+        assert (folder / "secret").stat().st_mode & 0o777 == 0o600
+        damage_secret(folder / "secret")
+        cache_secret._secret.cache_clear()
+        assert transform_cache.TransformCache(folder).get("k" * 64) is None
+        transform_cache.TransformCache(folder).put("j" * 64, entry)
+        assert not list(folder.glob("jj/*"))
