@@ -174,7 +174,7 @@ def test_the_tree_mask_read_in_a_decorator_of_the_same_class_is_guarded_there():
     after = "from sglang.srt._patchkit.runtime import tree_mask_seq_lens_sum\n" + DECORATED.replace(
         "                model_worker_batch.seq_lens_sum,\n",
         "                tree_mask_seq_lens_sum(model_worker_batch.seq_lens_sum, tree_mask_buf, "
-        "model_worker_batch.seq_lens, self.target_worker.model_runner.attn_backend),\n",
+        "model_worker_batch.seq_lens, self.target_worker.model_runner.attn_backend, model_worker_batch),\n",
     )
     assert_codemod(GuardDraftTreeMask, DECORATED, after)
 
@@ -210,6 +210,6 @@ def test_a_decorator_the_module_defines_is_followed_too():
     after = "from sglang.srt._patchkit.runtime import tree_mask_seq_lens_sum\n" + at_top.replace(
         "build_tree_kernel_efficient(model_worker_batch.seq_lens_sum, tree_mask_buf)",
         "build_tree_kernel_efficient(tree_mask_seq_lens_sum(model_worker_batch.seq_lens_sum, tree_mask_buf, "
-        "model_worker_batch.seq_lens, self.attn_backend), tree_mask_buf)",
+        "model_worker_batch.seq_lens, self.attn_backend, model_worker_batch), tree_mask_buf)",
     )
     assert_codemod(GuardDraftTreeMask, at_top, after)
