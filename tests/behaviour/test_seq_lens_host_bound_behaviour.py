@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
+from forward_batch_inputs import WorkerBatch, runner
 
 pytestmark = pytest.mark.behaviour
 
@@ -36,25 +37,19 @@ def sglang(tmp_path_factory, load_sglang):
     return SimpleNamespace(schedule_batch=schedule_batch, forward_batch_info=forward_batch_info)
 
 
-class _Anything(SimpleNamespace):
-    """The fields a method reads of a stand-in: those set here, None for the rest."""
-
-    def __getattr__(self, name):
-        return None
-
-
 def decode_batch(module, seq_lens_cpu=None):
-    """A spec-v2 decode ScheduleBatch as get_model_worker_batch reads it: three requests whose
-    allocations prepare_for_decode raised to 40, 1030 and 250."""
-    reqs = [_Anything(rid=str(i), kv_allocated_len=n, sampling_params=_Anything()) for i, n in enumerate((40, 1030, 250))]
-    return _Anything(
+    """A spec-v2 decode ScheduleBatch as get_model_worker_batch reads it (a stand-in answering
+    None for the fields not set): three requests whose allocations prepare_for_decode raised to
+    40, 1030 and 250."""
+    reqs = [WorkerBatch(rid=str(i), kv_allocated_len=n, sampling_params=WorkerBatch()) for i, n in enumerate((40, 1030, 250))]
+    return WorkerBatch(
         forward_mode=module.ForwardMode.DECODE,
         reqs=reqs,
         seq_lens=torch.tensor([31, 1021, 241]),
         seq_lens_cpu=seq_lens_cpu,
         seq_lens_sum=None,
         extend_lens=None,
-        sampling_info=_Anything(),
+        sampling_info=WorkerBatch(),
         multimodal_inputs=[None, None, None],
         return_logprob=False,
         has_grammar=False,
@@ -69,21 +64,8 @@ def test_the_worker_batch_carries_the_requests_allocations(sglang):
     assert with_mirror.seq_lens_host_bound is None  # the mirror: the exact values, no bound
 
 
-def runner():
-    return SimpleNamespace(
-        device="cpu",
-        req_to_token_pool=None,
-        token_to_kv_pool=None,
-        attn_backend=None,
-        server_args=SimpleNamespace(attention_backend="torch_native", enable_lora=False),
-        use_ngram_embedding=False,
-        model_is_mrope=False,
-        is_hybrid_swa=False,
-    )
-
-
 def worker_batch(module, bound):
-    return _Anything(
+    return WorkerBatch(
         forward_mode=module.ForwardMode.DECODE,
         seq_lens=torch.tensor([31, 1021, 241]),
         input_ids=torch.arange(3),
