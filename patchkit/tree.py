@@ -175,8 +175,15 @@ def _read_version(package: Path) -> str:
 
 
 def check_writable(tree: Tree, files: Iterable[str]) -> None:
-    """Stop before any write if one of ``files`` cannot be written: the file,
-    or, for a file to create, the nearest folder that exists. Mode bits count
+    """Stop before any write if one of ``files`` cannot be written (``unwritable``)."""
+    why = unwritable(tree, files)
+    if why:
+        raise PatchkitError(f"{why} (nothing was changed)")
+
+
+def unwritable(tree: Tree, files: Iterable[str]) -> Optional[str]:
+    """Why one of ``files`` cannot be written (None: all can): the file, or,
+    for a file to create, the nearest folder that exists. Mode bits count
     too: root may write anything, but a file the user marked read-only is not
     ours to replace (os.replace would). Nor is a symlink (``writable``)."""
     for rel in files:
@@ -187,7 +194,8 @@ def check_writable(tree: Tree, files: Iterable[str]) -> None:
             folder = folder.parent
         for what, node in (*nodes, ("folder", folder)):
             if not os.access(node, os.W_OK) or not node.stat().st_mode & stat.S_IWUSR:
-                raise PatchkitError(f"{node}: read-only {what}, cannot write {path.name} (nothing was changed)")
+                return f"{node}: read-only {what}, cannot write {path.name}"
+    return None
 
 
 # A PEP 440 public version (``0.5.11``, ``0.5.12.post1``, ``0.5.0rc2``, ``1!2.0.dev3``) and
