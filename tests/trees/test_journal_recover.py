@@ -158,3 +158,21 @@ def test_no_native_where_patchkits_work_is_without_its_record(linked_tree, cli):
 
     shutil.rmtree(tree / "srt" / "_patchkit")  # the imports of it alone say so too
     assert "native" not in {p["state"] for p in patch_states(cli, tree).values()}
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_recover_without_its_backups_finds_the_originals(linked_tree, cli, damage):
+    """Issue 68, item 11: with the blobs missing or corrupt, `revert --recover`
+    advised "fetch it from git" even in a package layout. The originals are
+    looked for where a clone finds them (the release, git history)."""
+    tree = linked_tree(PRIMARY)
+    assert cli("apply", tree).exit_code == 0
+    (tree / ".patchkit" / "journal.json").write_text("{")
+    for blob in (tree / ".patchkit" / "blobs").iterdir():
+        if damage == "missing":
+            blob.unlink()
+        else:
+            blob.write_bytes(b"not the backup")
+    result = cli("revert", "--recover", tree)
+    assert result.exit_code == 0 and "git" not in result.output, result.output
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
