@@ -67,8 +67,8 @@ class Tree:
         if os.path.isabs(joined):
             root = os.path.abspath(base or os.getcwd())
             if joined == root or joined.startswith(root.rstrip(os.sep) + os.sep):
-                return os.path.relpath(joined, root)
-        return joined
+                return quoted(os.path.relpath(joined, root))
+        return quoted(joined)
 
     def github_path(self, relpath: str, given: str | None = None) -> str:
         """``shown_path`` for GitHub annotations, which are resolved against
@@ -78,8 +78,22 @@ class Tree:
             absolute = os.path.abspath(os.path.join(self.package, relpath))
             root = os.path.abspath(workspace)
             if absolute.startswith(root.rstrip(os.sep) + os.sep):
-                return os.path.relpath(absolute, root)
+                return quoted(os.path.relpath(absolute, root))
         return self.shown_path(relpath, given)
+
+
+_CONTROL = re.compile(r'[\x00-\x1f\x7f"\\]')
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+
+
+def quoted(path: str) -> str:
+    """``path`` as printed: as it is, or where it holds a control character
+    (a newline), in double quotes with C escapes, as git quotes it. A module
+    named ``x\n::error ...`` printed a line that GitHub Actions runs as a
+    workflow command."""
+    if not any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return path
+    return '"' + _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\{ord(m.group()):03o}"), path) + '"'
 
 
 def holds_package(path: Path) -> bool:
