@@ -8,6 +8,9 @@ patchkit runs as a session leader: its workers inherit the session, even
 once orphaned, so the session's live processes are what the kill left. The
 sweep applies two patches of two files (a worker pool of two, the transform
 cache off: every run cold), killed at delays spread over one such run.
+
+And 50 real SIGKILLs spread over apply's commit, each followed by
+`revert --recover` and by `apply` (issue 68, item 5).
 """
 
 from __future__ import annotations
@@ -182,7 +185,9 @@ def _journal_window(journal: Path, child: int) -> tuple[float, float]:
     """When the child's journal appeared and went again (its commit), by
     polling; (appeared, gone) in ``time.monotonic``, waiting for the child."""
     appeared = gone = None
+    deadline = time.monotonic() + 120
     while gone is None:
+        _before(deadline, child)
         exists = journal.exists()
         now = time.monotonic()
         if exists and appeared is None:
@@ -194,6 +199,14 @@ def _journal_window(journal: Path, child: int) -> tuple[float, float]:
         time.sleep(0.0002)
     assert os.waitpid(child, 0)[1] == 0
     return appeared, gone
+
+
+def _before(deadline: float, child: int) -> None:
+    """A child that never gets there (one forked while another thread held a lock it needs) fails the test."""
+    if time.monotonic() > deadline:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        raise AssertionError("the forked apply did not reach its commit in 120 s")
 
 
 def _commit_length(source: Path, tmp_path: Path) -> float:
@@ -208,7 +221,9 @@ def _commit_length(source: Path, tmp_path: Path) -> float:
 
 def _kill_in_commit(child: int, journal: Path, delay: float) -> int:
     """SIGKILL ``child`` ``delay`` seconds after ``journal`` appears; its wait status."""
+    deadline = time.monotonic() + 120
     while not journal.exists():
+        _before(deadline, child)
         pid, status = os.waitpid(child, os.WNOHANG)
         if pid:
             return status
