@@ -82,9 +82,10 @@ def commit(
     are; ``force``: as ``sync_runtime``; ``mode_check``: apply refuses a
     runtime mode that cannot serve them all, ``vendoring.check_mode``, where
     revert goes back whatever the mode). Every file to change must be
-    writable (a dry run says where one is not). Then the outcome's blobs and the backups a clone
-    recovered are stored, and the changed files and the record written as
-    one transaction, where there is something to write."""
+    writable (a dry run, which writes nothing, says where one is not). Then
+    the outcome's blobs and the backups a clone recovered are stored, and the
+    changed files and the record written as one transaction, where there is
+    something to write."""
     if runtime is not None:
         planned = sync_runtime(session.snapshot, record, runtime, force)
         if mode_check:

@@ -11,7 +11,9 @@ removed); a file whose bytes patchkit never wrote (the release's, or edited
 by hand since) is left as it is, and named. The damaged journal and state are
 copied to ``.patchkit/set-aside/`` first, never deleted.
 
-Pure planning here; the writes are one ``Store.commit`` transaction.
+Pure planning here; the writes are one ``Store.commit`` transaction, with
+what a killed run left around it removed (its temp files, before; the
+folders a file it was creating left empty, after).
 """
 
 from __future__ import annotations
