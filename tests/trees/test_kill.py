@@ -159,7 +159,7 @@ def test_a_forked_child_does_not_hold_the_trees_lock(tmp_path):
 
 
 SIGKILLS_IN_COMMIT = 50
-# One patch that changes a file, one that also vendors its runtime: a commit of ten writes.
+# One patch that changes a file, one that also vendors its runtime: a commit of nine writes and the state.
 IN_COMMIT = ("trtllm-mha-overlap-hook", "verify-wait-on-stream")
 
 
@@ -238,11 +238,11 @@ def test_real_sigkills_during_the_commit_then_recover_then_apply(tmp_path, linke
     journal.json appears), then an emptied journal, left `*.patchkit-tmp`
     files behind `revert --recover`, once `srt/_patchkit/` too, after which
     every apply refused. Here 50 kills spread over the commit of two patches
-    (two files changed, eight created: the runtime folder and the manifest),
-    each followed by `--recover` (the pristine tree, no temp file) and by
-    `apply`. On disk: each file's fsync is what makes a kill land inside a
-    write (in memory one in twenty did). The tree holds only the files
-    patchkit reads (its patches' targets): a copy in milliseconds."""
+    (two files changed, seven created: the runtime folder and the manifest),
+    each followed by `--recover` (the pristine tree, no temp file), by
+    `apply` and by `revert`. On disk: each file's fsync is what makes a kill
+    land inside a write (in memory one in twenty did). The tree holds only
+    the files patchkit reads (its patches' targets): a copy in milliseconds."""
     from support import snapshot
 
     source = _small_tree(linked_tree(PRIMARY), tmp_path / "small" / "sglang")
@@ -267,6 +267,7 @@ def test_real_sigkills_during_the_commit_then_recover_then_apply(tmp_path, linke
         assert snapshot(tree) == pristine, where
         applied = cli("apply", tree, *IN_COMMIT)
         assert applied.exit_code == 0, (where, applied.output)
+        assert cli("revert", tree).exit_code == 0 and snapshot(tree) == pristine, where
         shutil.rmtree(tree.parent)
     # The kills landed in the commit, inside writes too: what the sweep is for.
     assert left["journal"] >= SIGKILLS_IN_COMMIT // 3 and left["temp files"] > 0, left
