@@ -194,6 +194,13 @@ class Session:
                 results.append(CodemodResult(target.file, name, self.detect(target.file, ref)))
         applied_by_us = patch.id in self.record.applied
         state, reason = _state_of(results, applied_by_us, self._written_by_others(patch))
+        if state == NATIVE and (self.snapshot.pending or self.snapshot.unrecorded):
+            # Not the release's code: a killed run's half-written files, or patchkit's work without its record.
+            state, reason = (
+                PARTIAL,
+                "patched by patchkit, not native: "
+                + (self.snapshot.pending.line() if self.snapshot.pending else "its record is gone (see above)"),
+            )
         # Parts a fork does its own way: said once, with where and why.
         notes.extend(dict.fromkeys(f"{r.finding.anchor}: {r.finding.detail}" for r in results if r.finding.by_tree))
         if applied_by_us and state != APPLIED:

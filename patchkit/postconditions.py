@@ -61,7 +61,7 @@ class Proposed:
         if rel in self.changed:
             return self.changed[rel]
         try:
-            return self.tree.path(rel).read_bytes()
+            return self.tree.read(rel)
         except OSError:
             return None
 
@@ -71,7 +71,7 @@ class Proposed:
         if rel not in self.changed:
             return line
         try:
-            return map_line(self.changed[rel], self.tree.path(rel).read_bytes(), line, code)
+            return map_line(self.changed[rel], self.tree.read(rel) or b"", line, code)
         except OSError:
             return line
 

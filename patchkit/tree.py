@@ -18,6 +18,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Optional
 
 from patchkit.errors import PatchkitError
 
@@ -47,6 +48,10 @@ class Tree:
         """A file of the package, which it never leaves (``inside``)."""
         return inside(self.package, relpath)
 
+    def read(self, relpath: str) -> Optional[bytes]:
+        """The bytes of a file of the package (``read_regular``); None where there is none."""
+        return read_regular(self.path(relpath), self.package)
+
     def repo_path(self, relpath: str) -> str:
         """Path as it appears in an upstream checkout (for diffs and patches)."""
         return f"python/sglang/{relpath}"
@@ -62,8 +67,8 @@ class Tree:
         if os.path.isabs(joined):
             root = os.path.abspath(base or os.getcwd())
             if joined == root or joined.startswith(root.rstrip(os.sep) + os.sep):
-                return os.path.relpath(joined, root)
-        return joined
+                return quoted(os.path.relpath(joined, root))
+        return quoted(joined)
 
     def github_path(self, relpath: str, given: str | None = None) -> str:
         """``shown_path`` for GitHub annotations, which are resolved against
@@ -73,15 +78,35 @@ class Tree:
             absolute = os.path.abspath(os.path.join(self.package, relpath))
             root = os.path.abspath(workspace)
             if absolute.startswith(root.rstrip(os.sep) + os.sep):
-                return os.path.relpath(absolute, root)
+                return quoted(os.path.relpath(absolute, root))
         return self.shown_path(relpath, given)
 
 
+_CONTROL = re.compile(r'[\x00-\x1f\x7f"\\]')
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+
+
+def quoted(path: str) -> str:
+    """``path`` as printed: as it is, or where it holds a control character
+    (a newline), in double quotes with C escapes, as git quotes it. A module
+    named ``x\n::error ...`` printed a line that GitHub Actions runs as a
+    workflow command."""
+    if not any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return path
+    return '"' + _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\{ord(m.group()):03o}"), path) + '"'
+
+
+def holds_package(path: Path) -> bool:
+    """Does ``path`` hold an sglang package (``__init__.py`` and the marker
+    file), whatever its name: a tree, or a copy of one nested in a tree."""
+    return (path / "__init__.py").is_file() and (path / _MARKER).is_file()
+
+
 def _is_package(path: Path, named: bool = True) -> bool:
-    """An sglang package folder: ``__init__.py`` and the marker file; named
-    ``sglang``, or (``named`` False: a copy the user renamed) with a version
-    file of its own (``_version.py`` / ``version.py``)."""
-    if not ((path / "__init__.py").is_file() and (path / _MARKER).is_file()):
+    """An sglang package folder (``holds_package``); named ``sglang``, or
+    (``named`` False: a copy the user renamed) with a version file of its
+    own (``_version.py`` / ``version.py``)."""
+    if not holds_package(path):
         return False
     return path.name == "sglang" or (not named and _own_version(path) is not None)
 
@@ -145,10 +170,10 @@ def locate(given: str | None) -> tuple[str, Tree, bool]:
 def _own_version(package: Path) -> str | None:
     """The version the package's own version file states, if any."""
     for candidate in (package / "_version.py", package / "version.py"):
-        if candidate.is_file():
-            found = _VERSION_RE.search(candidate.read_text(encoding="utf-8", errors="replace"))
-            if found:
-                return found.group(1)
+        data = read_regular(candidate, package)
+        found = None if data is None else _VERSION_RE.search(data.decode("utf-8", errors="replace"))
+        if found:
+            return found.group(1)
     return None
 
 
@@ -156,17 +181,23 @@ def _read_version(package: Path) -> str:
     own = _own_version(package)
     if own is not None:
         return own
-    pyproject = package.parent / "pyproject.toml"
-    if pyproject.is_file():
-        found = _PYPROJECT_RE.search(pyproject.read_text(encoding="utf-8", errors="replace"))
-        if found:
-            return found.group(1)
+    pyproject = read_regular(package.parent / "pyproject.toml", package.parent)
+    found = None if pyproject is None else _PYPROJECT_RE.search(pyproject.decode("utf-8", errors="replace"))
+    if found:
+        return found.group(1)
     return "unknown"
 
 
 def check_writable(tree: Tree, files: Iterable[str]) -> None:
-    """Stop before any write if one of ``files`` cannot be written: the file,
-    or, for a file to create, the nearest folder that exists. Mode bits count
+    """Stop before any write if one of ``files`` cannot be written (``unwritable``)."""
+    why = unwritable(tree, files)
+    if why:
+        raise PatchkitError(f"{why} (nothing was changed)")
+
+
+def unwritable(tree: Tree, files: Iterable[str]) -> Optional[str]:
+    """Why one of ``files`` cannot be written (None: all can): the file, or,
+    for a file to create, the nearest folder that exists. Mode bits count
     too: root may write anything, but a file the user marked read-only is not
     ours to replace (os.replace would). Nor is a symlink (``writable``)."""
     for rel in files:
@@ -177,7 +208,8 @@ def check_writable(tree: Tree, files: Iterable[str]) -> None:
             folder = folder.parent
         for what, node in (*nodes, ("folder", folder)):
             if not os.access(node, os.W_OK) or not node.stat().st_mode & stat.S_IWUSR:
-                raise PatchkitError(f"{node}: read-only {what}, cannot write {path.name} (nothing was changed)")
+                return f"{node}: read-only {what}, cannot write {path.name}"
+    return None
 
 
 # A PEP 440 public version (``0.5.11``, ``0.5.12.post1``, ``0.5.0rc2``, ``1!2.0.dev3``) and
@@ -304,3 +336,71 @@ def folders_of(package: Path, rel: str) -> list[Path]:
     removal's clean-up may go, and never further (never ``package`` itself)."""
     parts = relative(rel, str(package)).split("/")[:-1]
     return [package.joinpath(*parts[:depth]) for depth in range(len(parts), 0, -1)]
+
+
+# --- reading a file of the tree ----------------------------------------------------
+# Every file patchkit reads from a tree (its modules, the manifest, the
+# version file, ``.patchkit/``'s state, journal and blobs) is read by
+# ``read_regular``: a module symlinked to /dev/zero or to a file outside the
+# tree, or a FIFO where a module or state.json belongs, is refused in one line
+# (it was read, or hung every command).
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+}
+
+
+def read_regular(path: Path, root: Path) -> Optional[bytes]:
+    """The bytes of ``path``, a regular file inside ``root`` (every symlink
+    on the way followed, it stays inside); None where there is no such file.
+    Anything else is refused in one line, before it is opened (a FIFO would
+    block, a device never end); the open does not block either, and the
+    file opened is checked again (it may have been swapped meanwhile)."""
+    real, top = path.resolve(), root.resolve()
+    if real != top and top not in real.parents:
+        raise PatchkitError(
+            f"{path}: leads out of {root} (through a symlink, to {real}); patchkit reads nothing "
+            "outside the tree: refused (nothing was changed)"
+        )
+    try:
+        return _open_regular(path, os.stat(real).st_mode, real, 0)
+    except FileNotFoundError:
+        return None
+
+
+def read_walked(path: str, root: Path) -> Optional[bytes]:
+    """``read_regular`` for a file a walk of ``root`` found (``os.walk``,
+    which enters no folder link): only a link of its own is resolved (a
+    thousand modules' ``resolve`` cost the audit a quarter of a second)."""
+    try:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            return read_regular(Path(path), root)
+        return _open_regular(path, mode, path, os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+
+
+_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC  # O_NONBLOCK: a FIFO swapped in never blocks
+
+
+def _open_regular(path: str | Path, mode: int, real: str | Path, flags: int) -> bytes:
+    """The bytes of ``real`` (``path`` resolved, of ``mode``), a regular file;
+    checked again once open (it may have been swapped meanwhile)."""
+    _regular(path, mode)
+    with open(os.open(real, _READ | flags), "rb") as handle:
+        _regular(path, os.fstat(handle.fileno()).st_mode)
+        return handle.read()
+
+
+def _regular(path: str | Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise PatchkitError(
+            f"{path}: {kind}, where patchkit expects a regular file; it reads only regular files: "
+            "refused (nothing was changed)"
+        )

@@ -143,6 +143,8 @@ def _refuse(session: Session) -> None:
     """What apply, revert, diff, show and export refuse: a half-written tree."""
     if session.snapshot.pending is not None:
         raise PatchkitError(session.snapshot.pending.line())
+    if session.snapshot.unrecorded:
+        raise PatchkitError(f"{session.snapshot.unrecorded}; nothing was changed")
 
 
 def _refuse_unloaded(session: Session) -> None:

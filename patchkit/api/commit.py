@@ -11,7 +11,7 @@ from patchkit.errors import Interrupted, PatchkitError
 from patchkit.results import PatchReport, unified_diff
 from patchkit.state import vendoring
 from patchkit.state.record import FileRecord, Record
-from patchkit.tree import Tree, check_writable, sha256
+from patchkit.tree import Tree, check_writable, sha256, unwritable
 
 if TYPE_CHECKING:
     from patchkit.engine import Session
@@ -82,9 +82,10 @@ def commit(
     are; ``force``: as ``sync_runtime``; ``mode_check``: apply refuses a
     runtime mode that cannot serve them all, ``vendoring.check_mode``, where
     revert goes back whatever the mode). Every file to change must be
-    writable, dry or not. Then the outcome's blobs and the backups a clone
-    recovered are stored, and the changed files and the record written as
-    one transaction, where there is something to write."""
+    writable (a dry run, which writes nothing, says where one is not). Then
+    the outcome's blobs and the backups a clone recovered are stored, and the
+    changed files and the record written as one transaction, where there is
+    something to write."""
     if runtime is not None:
         planned = sync_runtime(session.snapshot, record, runtime, force)
         if mode_check:
@@ -96,8 +97,13 @@ def commit(
             messages=outcome.messages + planned.messages,
             blobs={**outcome.blobs, **planned.blobs},
         )
+    if dry_run:  # it writes nothing: a read-only tree is told what a real run would say
+        why = unwritable(session.tree, outcome.changed)
+        return replace(
+            outcome, messages=[*outcome.messages, f"{why}: the run itself stops here"] if why else outcome.messages
+        )
     check_writable(session.tree, outcome.changed)
-    if dry_run or not (outcome.changed or record.applied != session.record.applied):
+    if not (outcome.changed or record.applied != session.record.applied):
         return outcome
     try:
         session.store.commit(

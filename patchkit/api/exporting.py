@@ -30,6 +30,7 @@ from patchkit.results import NATIVE, unified_diff
 from patchkit.state import vendoring
 from patchkit.transform.parallel import Progress
 from patchkit.transform.transformer import Transformer
+from patchkit.tree import Tree
 
 DEFAULT_AUTHOR = "patchkit <patchkit@invalid>"
 ZERO_SHA = "0" * 40
@@ -249,10 +250,17 @@ def format_patch(p: ExportedPatch, author: str, date: str) -> str:
     return "\n".join(head + body) + "\n---\n" + _diffstat(p.diff) + "\n" + p.diff + f"-- \npatchkit {__version__}\n\n"
 
 
-def write_series(series: Series, out: Path) -> list[Path]:
+def write_series(series: Series, out: Path, tree: Tree) -> list[Path]:
     """Write ``NNNN-<id>.patch`` files and a quilt ``series`` file to ``out``.
     Files a previous export listed in ``out/series`` are removed first, so
-    ``git am out/*.patch`` never picks up a stale patch."""
+    ``git am out/*.patch`` never picks up a stale patch. Never into patchkit's
+    own folders of ``tree`` (the exported tree): a series in ``srt/_patchkit``
+    made every later apply refuse a runtime folder it had not written."""
+    for own in (tree.package / vendoring.FOLDER, tree.state_dir):
+        if out.resolve() == own.resolve() or own.resolve() in out.resolve().parents:
+            raise PatchkitError(
+                f"{out}: inside {own}, which patchkit keeps for itself; export somewhere else (nothing was written)"
+            )
     if out.exists() and not out.is_dir():
         raise PatchkitError(f"{out}: exists and is not a folder")
     try:

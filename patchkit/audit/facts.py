@@ -22,6 +22,7 @@ from patchkit.audit.scan import MIRROR, ClassFacts, scan
 from patchkit.audit.syntax import PATCH, FileAudit, Read
 from patchkit.cache_secret import seal, sealed
 from patchkit.errors import untrusted_json
+from patchkit.tree import holds_package, read_walked
 
 # The text pre-filter: a module is parsed only where its bytes may load an
 # attribute of a mirror's name: a dot, then (whitespace, a line continuation,
@@ -46,14 +47,17 @@ def sources(package: Path) -> dict[str, bytes]:
     found = {}
     cut = len(os.path.join(str(package), ""))  # os.walk's folders start with the package's path
     for folder, dirs, files in os.walk(package / "srt"):
+        if "srt" in dirs and holds_package(Path(folder)):  # a tree nested in this one: its own audit's
+            dirs[:] = []
+            continue
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
                 rel = path[cut:].replace(os.sep, "/")
-                if not rel.startswith(SKIP):
-                    with open(path, "rb") as handle:
-                        found[rel] = handle.read()
+                data = None if rel.startswith(SKIP) else read_walked(path, package)
+                if data is not None:
+                    found[rel] = data
     return found
 
 

@@ -15,6 +15,7 @@ from typing import Optional
 from patchkit.audit.facts import MANIFEST, facts_of
 from patchkit.audit.reads import Read
 from patchkit.errors import untrusted_json
+from patchkit.tree import read_regular
 
 
 class Release:
@@ -78,7 +79,7 @@ def patched_release_modules(package: Path, sources: dict[str, bytes]) -> set[str
     from patchkit.tree import _read_version, base_release
 
     try:
-        doc = untrusted_json((package / MANIFEST).read_bytes())
+        doc = untrusted_json(read_regular(package / MANIFEST, package) or b"")
         version = base_release(_read_version(package))  # the release the tree is now
         files = doc["files"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -98,7 +99,8 @@ def patched_release_modules(package: Path, sources: dict[str, bytes]) -> set[str
 def manifest_digest(package: Path) -> bytes:
     """The manifest's bytes' sha256 (b"" without one): part of what an audit is a function of."""
     try:
-        return hashlib.sha256((package / MANIFEST).read_bytes()).digest()
+        data = read_regular(package / MANIFEST, package)
+        return b"" if data is None else hashlib.sha256(data).digest()
     except OSError:
         return b""
 

@@ -175,6 +175,6 @@ def refusal(read: Read, line: int | None, patch: str) -> str:
 
 def _read(tree: Tree, rel: str) -> bytes | None:
     try:
-        return tree.path(rel).read_bytes()
+        return tree.read(rel)
     except OSError:
         return None

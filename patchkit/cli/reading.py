@@ -198,7 +198,7 @@ def export(obj: Ctx, tree: Optional[str], out: Optional[str], to_stdout: bool, a
     if to_stdout or out is None:
         obj.echo(series.mbox(), nl=False)
         return
-    written = write_series(series, Path(out)) if series.patches else []
+    written = write_series(series, Path(out), result.where.tree) if series.patches else []
     if fmt == "json":
         obj.echo(output.export_json(result.where.tree, out, series, written))
         return

@@ -27,9 +27,9 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -47,6 +47,7 @@ from patchkit.state.files import (
     remove_temp_files,
     write_or_remove,
 )
+from patchkit.state.journal import Pending, cannot_write, read_journal, settling
 from patchkit.state.record import CorruptState, Record
 from patchkit.state.signals import held_signals
 from patchkit.tree import sha256
@@ -57,7 +58,9 @@ class Store:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self.root = folder.parent  # the package: every read stays inside it (``tree.read_regular``)
         self.blobs = folder / "blobs"
+        refuse_links(folder)
 
     def ensure_folder(self) -> None:
         make_folders(self.folder)
@@ -105,11 +108,13 @@ class Store:
         are stored and ``missing_ok`` (else that is damaged state)."""
         path = self.blobs / tree.blob_name(digest, str(self.blobs))
         try:
-            data = path.read_bytes()
+            data = tree.read_regular(path, self.root)
         except OSError:
+            data = None
+        if data is None:
             if missing_ok and not path.is_file():
                 return None
-            raise PatchkitError(f"{path}: backup missing; .patchkit state is damaged") from None
+            raise PatchkitError(f"{path}: backup missing; .patchkit state is damaged")
         if sha256(data) != digest:
             raise PatchkitError(f"{path}: backup corrupt (sha256 mismatch); .patchkit state is damaged")
         return data
@@ -122,10 +127,11 @@ class Store:
     def load(self) -> Optional[Record]:
         """The local record, or None where there is none."""
         path = self.folder / "state.json"
-        if not path.exists():
-            return None
         try:
-            doc = untrusted_json(path.read_text(encoding="utf-8"))
+            data = tree.read_regular(path, self.root)
+            if data is None:
+                return None
+            doc = untrusted_json(data)
         except (OSError, ValueError):
             raise CorruptState(f"{path}: corrupt patchkit state (not the expected JSON)") from None
         if not isinstance(doc, dict):
@@ -151,9 +157,9 @@ class Store:
     def load_cache(self, key: str) -> object:
         """The entries ``save_cache`` kept under ``key``; {} under another key."""
         try:
-            data = untrusted_json((self.folder / "cache.json").read_text(encoding="utf-8"))
+            data = untrusted_json(tree.read_regular(self.folder / "cache.json", self.root) or b"{}")
             return data["entries"] if data.get("key") == key else {}
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return {}
 
     def save_cache(self, key: str, entries: object) -> None:
@@ -241,7 +247,7 @@ class Store:
             for rel, old in reversed(before.items()):
                 path = tree.inside(root, rel)
                 remove_temp_files(path)
-                if old is None or file_sha(path) != sha256(old):
+                if old is None or file_sha(path, root) != sha256(old):
                     write_or_remove(root, rel, old)
             if old_record is not None:
                 self.save(old_record)
@@ -252,38 +258,18 @@ class Store:
             return self._failed(
                 exc,
                 verb,
-                f"rolling it back failed too ({_why(again)}): {self.journal} stays, "
+                f"rolling it back failed too ({cannot_write(again)}): {self.journal} stays, "
                 "and `patchkit revert` will finish it",
             )
         return self._failed(exc, verb, f"rolled back ({len(before)} file(s) restored): nothing was changed")
 
     @staticmethod
     def _failed(exc: OSError, verb: str, then: str) -> PatchkitError:
-        return PatchkitError(f"{_why(exc)}, during {verb}; {then}")
+        return PatchkitError(f"{cannot_write(exc)}, during {verb}; {then}")
 
-    def pending(self) -> Optional["Pending"]:
+    def pending(self) -> Optional[Pending]:
         """The transaction a killed run left behind, if any."""
-        if not self.journal.exists():
-            return None
-        where = str(self.journal)
-        try:
-            journal = untrusted_json(self.journal.read_text(encoding="utf-8"))
-            entries, state, old = journal["files"], journal["state"], journal.get("old_state")
-            for entry in entries:
-                tree.relative(entry["file"], where)
-                tree.digest(entry["before"], where)
-                tree.digest(entry["after"], where)
-            return Pending(
-                journal.get("verb", "apply"),
-                entries,
-                Record.from_state(state, where),
-                None if old is None else Record.from_state(old, where),
-            )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, PatchkitError):
-            raise PatchkitError(
-                f"{self.journal}: corrupt transaction journal; `patchkit revert --recover` puts every "
-                "file back from the backups (and keeps the journal, set aside)"
-            ) from None
+        return read_journal(self.journal, self.root)
 
     def recover(self, verb: str, root: Path, say: Callable[[str], None]) -> None:
         """Settle a transaction a killed run left behind: the same command
@@ -301,11 +287,11 @@ class Store:
         side = "after" if forward else "before"
         moved = 0
         paths = [tree.writable(root, entry["file"]) for entry in pending.files]  # all, before any write
-        with held_signals(), _settling(self.journal, pending.verb):
+        with held_signals(), settling(self.journal, pending.verb):
             for entry, path in zip(pending.files, paths):
                 # A kill inside this file's write left its temp file beside it.
                 remove_temp_files(path)
-                current = file_sha(path)
+                current = file_sha(path, root)
                 if current == entry[side]:
                     if current is None:  # a kill between a removal's unlink and its rmdir left the folder
                         write_or_remove(root, entry["file"], None)
@@ -332,7 +318,8 @@ class Store:
             self.ensure_folder()
             # Forked workers close their copy: sharing the flock, one that
             # outlived a killed run held the tree (patchkit.lifetimes).
-            fd = lifetimes.close_on_fork(open_owned(self.folder / "lock", os.O_RDWR))
+            # O_NOFOLLOW: never a file a link names (refuse_links said so; this is the race's answer).
+            fd = lifetimes.close_on_fork(open_owned(self.folder / "lock", os.O_RDWR | os.O_NOFOLLOW))
         except OSError as exc:
             raise PatchkitError(f"{self.folder}: cannot create patchkit state ({exc.strerror})") from None
         try:
@@ -354,46 +341,41 @@ class Store:
             lifetimes.close(fd)
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A transaction a killed run left behind."""
-
-    verb: str  # apply | revert
-    files: list[dict]  # {"file", "before", "after"}: sha256 or None
-    state: Record
-    old_state: Optional[Record]
-
-    def line(self) -> str:
-        other = "revert" if self.verb == "apply" else "apply"
-        return (
-            f"an interrupted {self.verb} of {len(self.files)} files is pending: `patchkit {self.verb}` "
-            f"finishes it, `patchkit {other}` rolls it back"
-        )
-
-
-@contextlib.contextmanager
-def _settling(journal: Path, verb: str) -> Iterator[None]:
-    """A write that fails while a pending transaction is settled: one line; the journal stays."""
-    try:
-        yield
-    except OSError as exc:
-        raise PatchkitError(
-            f"{_why(exc)}, while settling an interrupted {verb}; {journal} stays, and the next "
-            "`patchkit revert` (or the same command, once it can write) will finish it"
-        ) from None
-
-
-def _why(exc: OSError) -> str:
-    """``path: cannot write (No space left on device)``."""
-    return f"{exc.filename or '?'}: cannot write ({exc.strerror or exc})"
-
-
 def _dumps(obj: object) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
 
-def file_sha(path: Path) -> Optional[str]:
+def file_sha(path: Path, root: Path) -> Optional[str]:
+    """The sha256 of ``path``, a file inside ``root`` (None: no such file)."""
+    data = tree.read_regular(path, root)
+    return None if data is None else sha256(data)
+
+
+def refuse_links(folder: Path) -> None:
+    """``.patchkit`` and everything in it are patchkit's own: real folders
+    and regular files, inside the tree. A symbolic link there sent writes
+    outside the tree (a linked ``.patchkit`` or ``blobs`` got the state and
+    backups; a dangling ``lock`` link made even ``status`` create the file it
+    names), a FIFO hung every command: either is refused in one line, before
+    anything is read or written."""
     try:
-        return sha256(path.read_bytes())
+        found = os.lstat(folder).st_mode
     except FileNotFoundError:
-        return None
+        return
+    if stat.S_ISLNK(found) or not stat.S_ISDIR(found):
+        _foreign(folder, "a symbolic link" if stat.S_ISLNK(found) else "not a folder")
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_symlink():
+                _foreign(Path(entry.path), "a symbolic link")
+            if entry.is_dir(follow_symlinks=False):
+                refuse_links(Path(entry.path))
+            elif not entry.is_file(follow_symlinks=False):
+                _foreign(Path(entry.path), "neither a file nor a folder")
+
+
+def _foreign(path: Path, what: str) -> None:
+    raise PatchkitError(
+        f"{path}: {what}, in patchkit's state folder, which holds only its own folders and files inside "
+        "the tree; refused (nothing was changed; put what it stands for in its place, or remove it)"
+    )

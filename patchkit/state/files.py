@@ -43,9 +43,11 @@ def atomic_write(path: Path, data: bytes, sync_folder: bool = True) -> None:
             os.fsync(fh.fileno())
             ownership.give(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # a full disk's write or fsync names no file: the line must
         raise
     if sync_folder:
         fsync_dir(path.parent)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from patchkit.errors import PatchkitError
+from patchkit.layout import FOLDER
 from patchkit.tree import digest, relative
 
 STATE_FORMAT = 1
@@ -95,7 +96,7 @@ class Record:
                     pid: [relative(rel, where) for rel in entry["files"]] for pid, entry in doc["applied"].items()
                 },
                 files={
-                    relative(rel, where): FileRecord(digest(f["original"], where), digest(f["patched"], where))
+                    relative(rel, where): _file(rel, f["original"], f["patched"], where)
                     for rel, f in doc["files"].items()
                 },
                 runtime=doc.get("runtime"),
@@ -135,8 +136,7 @@ class Record:
             return cls(
                 applied={pid: [] for pid in doc["patches"]},
                 files={
-                    relative(rel, where): FileRecord(digest(f["before"], where), digest(f["after"], where))
-                    for rel, f in doc["files"].items()
+                    relative(rel, where): _file(rel, f["before"], f["after"], where) for rel, f in doc["files"].items()
                 },
                 runtime=doc["runtime"],
                 runtime_api=doc.get("runtime_api"),
@@ -146,3 +146,17 @@ class Record:
             )
         except (KeyError, TypeError, AttributeError):
             raise PatchkitError(f"{where}: corrupt patchkit manifest (not the expected JSON)") from None
+
+
+def _file(rel: object, original: object, patched: object, where: str) -> FileRecord:
+    """One file's entry as ``where`` gave it, checked: a path inside the
+    package, two sha256s; a file patchkit created (no original) lies in its
+    runtime folder, the only place it creates files. A manifest that called
+    a release file created made revert delete it."""
+    entry = FileRecord(digest(original, where), digest(patched, where))
+    if entry.original is None and not relative(rel, where).startswith(f"{FOLDER}/"):
+        raise PatchkitError(
+            f"{where}: says patchkit created {rel!r}, which is not in its runtime folder {FOLDER}/; "
+            "refused (nothing was changed)"
+        )
+    return entry

@@ -11,7 +11,9 @@ removed); a file whose bytes patchkit never wrote (the release's, or edited
 by hand since) is left as it is, and named. The damaged journal and state are
 copied to ``.patchkit/set-aside/`` first, never deleted.
 
-Pure planning here; the writes are one ``Store.commit`` transaction.
+Pure planning here; the writes are one ``Store.commit`` transaction, with
+what a killed run left around it removed (its temp files, before; the
+folders a file it was creating left empty, after).
 """
 
 from __future__ import annotations
@@ -26,9 +28,18 @@ from pathlib import Path
 from typing import Optional
 
 from patchkit.errors import PatchkitError, untrusted_json
-from patchkit.state import Store, file_sha, make_folders, vendoring
+from patchkit.state import (
+    Store,
+    file_sha,
+    make_folders,
+    originals,
+    remove_all_temp_files,
+    remove_temp_files,
+    vendoring,
+    write_or_remove,
+)
 from patchkit.state.record import Record
-from patchkit.tree import Tree, writable
+from patchkit.tree import Tree, read_regular, writable
 
 JOURNAL_START = b'{\n "files": ['  # how every journal's bytes begin (sorted keys, indent 1)
 
@@ -39,6 +50,8 @@ class Recovery:
 
     changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = field(default_factory=dict)
     unknown: list[str] = field(default_factory=list)  # bytes patchkit never wrote: left as they are
+    named: list[str] = field(default_factory=list)  # every file a record names
+    created: list[str] = field(default_factory=list)  # those patchkit created (the runtime folder, the manifest)
     set_aside: list[Path] = field(default_factory=list)
 
 
@@ -48,14 +61,14 @@ def records(store: Store, tree: Tree) -> list[Record]:
     found: list[Record] = []
     candidates = [store.journal, *(sorted(store.blobs.iterdir()) if store.blobs.is_dir() else [])]
     for path in candidates:
-        doc = _journal(path)
+        doc = _journal(path, store.root)
         if doc is None:
             continue
         with contextlib.suppress(KeyError, TypeError, AttributeError, PatchkitError):
             found.extend(Record.from_state(doc[key], str(path)) for key in ("state", "old_state") if doc.get(key))
     for read in (
         store.load,
-        lambda: vendoring.read_manifest(tree.path(vendoring.MANIFEST).read_bytes(), str(tree.path(vendoring.MANIFEST))),
+        lambda: vendoring.read_manifest(tree.read(vendoring.MANIFEST) or b"", str(tree.path(vendoring.MANIFEST))),
     ):
         with contextlib.suppress(OSError, PatchkitError):
             record = read()
@@ -64,13 +77,13 @@ def records(store: Store, tree: Tree) -> list[Record]:
     return found
 
 
-def _journal(path: Path) -> Optional[dict]:
+def _journal(path: Path, root: Path) -> Optional[dict]:
     """The journal a blob holds, if it is one."""
-    with contextlib.suppress(OSError, ValueError):
-        with open(path, "rb") as handle:
-            if handle.read(len(JOURNAL_START)) == JOURNAL_START:
-                doc = untrusted_json(JOURNAL_START + handle.read())
-                return doc if isinstance(doc, dict) else None
+    with contextlib.suppress(OSError, ValueError, PatchkitError):
+        data = read_regular(path, root)
+        if data is not None and data.startswith(JOURNAL_START):
+            doc = untrusted_json(data)
+            return doc if isinstance(doc, dict) else None
     return None
 
 
@@ -82,7 +95,7 @@ def lost_writes(store: Store, record: Record, current_sha: Callable[[str], Optio
         return []
     with contextlib.suppress(OSError):
         for entry in sorted(os.scandir(store.blobs), key=lambda e: e.stat().st_mtime, reverse=True):
-            doc = _journal(Path(entry.path))
+            doc = _journal(Path(entry.path), store.root)
             if doc is None:
                 continue
             with contextlib.suppress(KeyError, TypeError, AttributeError, PatchkitError):
@@ -105,10 +118,13 @@ def plan(store: Store, tree: Tree) -> Recovery:
         for rel, entry in record.files.items():
             if entry.patched is not None:
                 originals.setdefault((rel, entry.patched), entry.original)
-    recovery = Recovery()
-    for rel in sorted({rel for rel, _ in originals}):
+    recovery = Recovery(
+        named=sorted({rel for rel, _ in originals}),
+        created=sorted({rel for (rel, _), original in originals.items() if original is None}),
+    )
+    for rel in recovery.named:
         path = tree.path(rel)
-        now = file_sha(path)
+        now = file_sha(path, tree.package)
         if now is None:
             continue
         if (rel, now) not in originals:
@@ -116,17 +132,19 @@ def plan(store: Store, tree: Tree) -> Recovery:
                 recovery.unknown.append(rel)
             continue
         original = originals[(rel, now)]
-        recovery.changed[rel] = (path.read_bytes(), None if original is None else _blob(store, path, original))
+        recovery.changed[rel] = (tree.read(rel), None if original is None else _original(store, tree, rel, original))
     return recovery
 
 
-def _blob(store: Store, path: Path, digest: str) -> bytes:
-    if not store.has_blob(digest):
-        raise PatchkitError(
-            f"{path}: its original ({digest[:12]}) is not among the backups in {store.blobs}; "
-            "nothing was changed (fetch it from git: git checkout -- the file)"
-        )
-    return store.get_blob(digest)
+def _original(store: Store, tree: Tree, rel: str, digest: str) -> bytes:
+    """The original of ``rel``: its backup, or where a backup is missing or
+    corrupt, where a clone finds it (the release, git history: ``originals``,
+    whose refusal fits the tree's layout)."""
+    with contextlib.suppress(PatchkitError):
+        data = store.read_blob(digest, missing_ok=True)
+        if data is not None:
+            return data
+    return originals.find(tree.path(rel), rel, digest, tree.version)
 
 
 def set_aside(store: Store) -> list[Path]:
@@ -159,6 +177,7 @@ def recover(store: Store, tree: Tree, dry_run: bool) -> Recovery:
         raise PatchkitError(
             f"{store.folder / 'set-aside'}: cannot write ({exc.strerror}); nothing was changed"
         ) from None
+    leftovers(store, tree, recovery.named)
     try:
         store.commit("revert", tree.package, recovery.changed, Record(sglang=tree.version), Record(sglang=tree.version))
     except PatchkitError:
@@ -167,4 +186,17 @@ def recover(store: Store, tree: Tree, dry_run: bool) -> Recovery:
             with contextlib.suppress(OSError):
                 shutil.copy2(journal[0], store.journal)
         raise
+    for rel in recovery.created:  # the folders a kill left without the file it was creating (``srt/_patchkit/``)
+        if tree.read(rel) is None:
+            write_or_remove(tree.package, rel, None)
     return recovery
+
+
+def leftovers(store: Store, tree: Tree, named: list[str]) -> None:
+    """Remove what a killed transaction left that no record names: the temp
+    files of its writes, beside each file it wrote and in ``.patchkit/``
+    (they hold bytes patchkit was writing, never the user's)."""
+    for rel in named:
+        remove_temp_files(tree.path(rel))
+    for folder in (store.folder, store.blobs):
+        remove_all_temp_files(folder)

@@ -18,6 +18,7 @@ from typing import Optional
 
 from patchkit import registry
 from patchkit.errors import PatchkitError
+from patchkit.layout import IMPORT_ROOT
 from patchkit.state import Pending, Store, recovery, sha256, vendoring
 from patchkit.state.reconcile import Believed, reconcile
 from patchkit.state.record import CorruptState, Record
@@ -30,6 +31,7 @@ class Snapshot:
     files: Mapping[str, Optional[bytes]]  # rel -> bytes (None: no such file)
     believed: Believed
     pending: Optional[Pending]
+    unrecorded: Optional[str] = None  # patchkit's work is in the tree, its record is gone (``_unrecorded``)
 
     @property
     def record(self) -> Record:
@@ -49,6 +51,8 @@ class Snapshot:
         """Lines about the tree as a whole, for status and verify: a
         transaction a killed run left, leftovers of an earlier base."""
         lines = [] if self.pending is None else [self.pending.line()]
+        if self.unrecorded:
+            lines.append(self.unrecorded)
         if self.believed.source == "leftovers":
             lines.append(
                 f"patchkit's files from sglang {self.believed.leftovers_of} are still here "
@@ -63,13 +67,10 @@ def read_snapshot(tree: Tree, store: Store) -> Snapshot:
 
     def read(rel: str) -> Optional[bytes]:
         if rel not in files:
-            path = tree.path(rel)
             try:
-                files[rel] = path.read_bytes()
-            except FileNotFoundError:
-                files[rel] = None
+                files[rel] = tree.read(rel)
             except OSError as exc:
-                raise PatchkitError(f"{path}: cannot read ({exc.strerror})") from None
+                raise PatchkitError(f"{tree.path(rel)}: cannot read ({exc.strerror})") from None
         return files[rel]
 
     patches = registry.all_patches()
@@ -116,4 +117,26 @@ def read_snapshot(tree: Tree, store: Store) -> Snapshot:
             for pid, files in record.applied.items()
         }
         believed = dataclasses.replace(believed, record=record)
-    return Snapshot(tree, MappingProxyType(files), believed, store.pending())
+    targets = {t.file for p in patches for t in p.targets}
+    unrecorded = _unrecorded(believed, {rel: data for rel, data in files.items() if rel in targets or rel in on_disk})
+    return Snapshot(tree, MappingProxyType(files), believed, store.pending(), unrecorded)
+
+
+def _unrecorded(believed: Believed, files: Mapping[str, Optional[bytes]]) -> Optional[str]:
+    """Where no record is left (``.patchkit/`` and the manifest removed), the
+    tree may still hold patchkit's work: runtime files with its header, target
+    files that import them. What it patched is then no native code: the line
+    that says so (None: no such trace)."""
+    if believed.source != "none":
+        return None
+    runtime = [rel for rel, data in files.items() if rel.startswith(f"{vendoring.FOLDER}/") and data]
+    ours = [rel for rel in runtime if vendoring.split_header(files[rel] or b"") is not None]
+    importing = [rel for rel, data in files.items() if rel not in runtime and data and IMPORT_ROOT.encode() in data]
+    if not (ours or importing):
+        return None
+    return (
+        f"patchkit's work is in this tree ({len(ours)} runtime file(s) in {vendoring.FOLDER}/, {len(importing)} "
+        f"file(s) importing {IMPORT_ROOT}) but no record of it (.patchkit/state.json and {vendoring.MANIFEST} are "
+        "gone): nothing it patched counts as native; restore the files (git checkout, or reinstall the release), "
+        "or bring back the record"
+    )

@@ -40,6 +40,7 @@ from patchkit import __version__
 from patchkit.errors import PatchkitError, untrusted_json
 from patchkit.layout import FOLDER, IMPORT_ROOT
 from patchkit.state.record import Record
+from patchkit.tree import read_regular
 
 if TYPE_CHECKING:
     from patchkit.registry.definitions import RuntimeModule
@@ -289,7 +290,7 @@ def patchkit_imports(package, rels: Iterable[str]) -> list[str]:
     found = []
     for rel in rels:
         try:
-            module = ast.parse((package / rel).read_bytes())
+            module = ast.parse(read_regular(package / rel, package) or b"")
         except (OSError, SyntaxError, ValueError):
             continue
         for node in ast.walk(module):

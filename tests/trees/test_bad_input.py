@@ -165,3 +165,25 @@ def test_a_manifest_nested_too_deeply_is_one_line(linked_tree, cli):
     assert recovered.exit_code == 0 and "manifest.json: holds bytes patchkit never wrote" in recovered.output
     manifest.unlink()  # the one file it leaves, named
     assert snapshot(tree) == pristine_snapshot(PRIMARY)
+
+
+@pytest.mark.trees
+def test_a_read_only_tree_still_answers_what_writes_nothing(make_tree, cli):
+    """Issue 68, item 11: a read-only tree refused `apply --dry-run`, `apply
+    --check` and `show P --diff T`, which write nothing; they answer, and say
+    where the run itself would stop. (Mode bits: root writes through them,
+    patchkit does not, as on a read-only mount.)"""
+    tree = make_tree(PRIMARY)
+    for folder, _dirs, files in os.walk(tree):
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o444)
+    os.chmod(tree / "srt", 0o555)
+    before = snapshot(tree)
+    dry = cli("apply", "--dry-run", tree)
+    assert dry.exit_code == 0 and "would be applied" in dry.output and "read-only" in dry.output, dry.output
+    assert cli("apply", "--check", tree).exit_code == 1
+    shown = cli("show", "trtllm-mha-overlap-hook", "--diff", tree)
+    assert shown.exit_code == 0 and "+++ b/python/sglang/srt/layers/attention/trtllm_mha_backend.py" in shown.output
+    assert_one_line_error(cli("apply", tree), "read-only")
+    assert snapshot(tree) == before
+    os.chmod(tree / "srt", 0o755)

@@ -85,6 +85,22 @@ def test_a_manifest_naming_a_file_outside_is_refused(linked_tree, cli, tmp_path,
     assert everything(tmp_path) == before
 
 
+def test_a_manifest_calling_a_release_file_created_is_refused(linked_tree, cli):
+    """Issue 68, item 11: a manifest entry `{before: null, after: <sha of a
+    release file>}` made revert delete that release file. patchkit creates
+    files only in its runtime folder."""
+    tree = linked_tree(PRIMARY)
+    assert cli("apply", tree).exit_code == 0
+    shutil.rmtree(tree / ".patchkit")
+    sha = hashlib.sha256((tree / TORCH_NATIVE).read_bytes()).hexdigest()
+    entry = {"before": None, "after": sha}
+    rewrite_json(tree / vendoring.MANIFEST, lambda d: d["files"].__setitem__(TORCH_NATIVE, entry))
+    before = snapshot(tree)
+    for command in ("revert", "apply", "status"):
+        assert_refused(cli(command, tree), "manifest.json", repr(TORCH_NATIVE), "not in its runtime folder")
+    assert snapshot(tree) == before
+
+
 def test_a_state_or_journal_naming_a_file_outside_is_refused(linked_tree, cli, tmp_path, victim):
     tree = linked_tree(PRIMARY)
     assert cli("apply", tree).exit_code == 0

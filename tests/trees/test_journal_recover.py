@@ -7,11 +7,12 @@ falls back to the manifest (docs/reliability.md, "The journal and recovery",
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
-from support import PRIMARY, pristine_snapshot, snapshot
+from support import PRIMARY, patch_states, pristine_snapshot, snapshot
 
 pytestmark = pytest.mark.trees
 
@@ -124,4 +125,54 @@ def test_a_corrupt_state_falls_back_to_the_manifest(linked_tree, cli):
     (tree / "srt" / "_patchkit" / "manifest.json").unlink()
     assert_names_recover(cli("revert", tree))
     assert cli("revert", tree, "--recover").exit_code == 0
+    assert snapshot(tree) == pristine_snapshot(PRIMARY)
+
+
+def test_no_native_while_a_journal_is_pending(linked_tree, cli):
+    """Issue 68, item 6: after a crash mid-commit, `status` said 3 patches
+    `native` with `ok: true`; the journal is readable, so the tree is
+    half-written by patchkit, not the release's code."""
+    tree = linked_tree(PRIMARY)
+    crash(tree, "apply", "file:14")
+    states = {pid: p["state"] for pid, p in patch_states(cli, tree).items()}
+    assert "native" not in states.values() and "partial" in states.values(), states
+    assert cli("verify", tree).exit_code == 1
+
+
+def test_no_native_where_patchkits_work_is_without_its_record(linked_tree, cli):
+    """Issue 68, item 6: with `.patchkit/` and the manifest deleted from a
+    patched tree, every patch read `native`, `verify` was OK and `revert`
+    changed 0 files, while the vendored runtime and its imports were there."""
+    tree = linked_tree(PRIMARY)
+    assert cli("apply", tree).exit_code == 0
+    shutil.rmtree(tree / ".patchkit")
+    (tree / "srt" / "_patchkit" / "manifest.json").unlink()
+    assert "native" not in {p["state"] for p in patch_states(cli, tree).values()}
+    assert "no record of it" in cli("status", tree).output
+    assert cli("verify", tree).exit_code == 1
+    before = snapshot(tree)
+    for command in ("revert", "apply"):
+        result = cli(command, tree)
+        assert result.exit_code == 2 and "no record of it" in result.output, result.output
+    assert snapshot(tree) == before
+
+    shutil.rmtree(tree / "srt" / "_patchkit")  # the imports of it alone say so too
+    assert "native" not in {p["state"] for p in patch_states(cli, tree).values()}
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_recover_without_its_backups_finds_the_originals(linked_tree, cli, damage):
+    """Issue 68, item 11: with the blobs missing or corrupt, `revert --recover`
+    advised "fetch it from git" even in a package layout. The originals are
+    looked for where a clone finds them (the release, git history)."""
+    tree = linked_tree(PRIMARY)
+    assert cli("apply", tree).exit_code == 0
+    (tree / ".patchkit" / "journal.json").write_text("{")
+    for blob in (tree / ".patchkit" / "blobs").iterdir():
+        if damage == "missing":
+            blob.unlink()
+        else:
+            blob.write_bytes(b"not the backup")
+    result = cli("revert", "--recover", tree)
+    assert result.exit_code == 0 and "git" not in result.output, result.output
     assert snapshot(tree) == pristine_snapshot(PRIMARY)

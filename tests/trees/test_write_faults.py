@@ -167,3 +167,26 @@ def test_temp_files_a_kill_left_in_the_blobs_go(linked_tree, cli):
         path.write_text("half a backup")
     assert cli("apply", tree).exit_code == 0
     assert not temp_files(tree)
+
+
+def test_a_full_disk_names_the_file(linked_tree, cli, monkeypatch):
+    """Issue 68, item 11: a real ENOSPC (from write or fsync, which name no
+    file) made the line read `?: cannot write (...)`. Here fsync of the first
+    tree file's temp file fails as a full disk's does."""
+    tree = linked_tree(PRIMARY)
+    before = snapshot(tree)
+    fsync = os.fsync
+
+    def full(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith(TEMP_SUFFIX) and "/.patchkit/" not in path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    result = cli("apply", tree)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"patchkit: error: {tree}/srt/") and "No space left on device" in lines[0], lines[0]
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert snapshot(tree) == before
