@@ -75,7 +75,9 @@ def markdown(table: list[dict]) -> str:
         rounds = ", ".join(r["round"] for r in mine)
         ratios = ", ".join(f"{r['ratio']:.3f}" for r in mine)
         identical = "yes" if all(r["identical"] for r in mine) else "no"
-        lines.append(f"| {cell} | {bs} | {ran} | {rounds} | {ratios} | {median_ratio(table, cell, bs):.3f} | {identical} |")
+        lines.append(
+            f"| {cell} | {bs} | {ran} | {rounds} | {ratios} | {median_ratio(table, cell, bs):.3f} | {identical} |"
+        )
     return "\n".join(lines) + "\n"
 
 

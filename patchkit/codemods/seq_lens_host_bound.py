@@ -45,7 +45,9 @@ HANDS_MIRROR = m.Call(args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("seq_lens_cpu")
 #: ``...(..., seq_lens_host_bound=..., ...)``.
 HANDS_BOUND = m.Call(args=[m.ZeroOrMore(), m.Arg(keyword=m.Name(FIELD)), m.ZeroOrMore()])
 #: ``ret = cls(...)``: the ForwardBatch ``init_new`` builds.
-BUILDS_FORWARD_BATCH = m.Call(func=m.Name("cls"), args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("seq_lens")), m.ZeroOrMore()])
+BUILDS_FORWARD_BATCH = m.Call(
+    func=m.Name("cls"), args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("seq_lens")), m.ZeroOrMore()]
+)
 WORKER_BATCH = m.Call(func=m.Name("ModelWorkerBatch"))
 
 
@@ -80,7 +82,7 @@ class AddForwardBatchField(_AddField):
 class RequestsKeepHostAllocation(ClassCheck):
     DESCRIPTION = "Req keeps its KV allocation on the host (kv_allocated_len, 0.5.6.post2+; checked, not changed)"
     CLASS = "Req"
-    METHODS_READ = ("__init__",)
+    METHODS_READ, WORDS_READ = (), ("kv_allocated_len",)  # the methods that name it (__init__)
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         init = primitives.find_method(cls, "__init__")

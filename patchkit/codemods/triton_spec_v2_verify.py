@@ -190,7 +190,9 @@ class TritonVerifyKvIndicesFromHost(MethodCodemod):
                 if primitives.contains(b.body, primitives.is_node(site))
             )
             bs = "bs" if primitives.contains(branch.body, primitives.assigns_name("bs")) else "forward_batch.batch_size"
-            size = primitives.parse_expression(f"{SUM_HELPER}(forward_batch.seq_lens_sum, {bs}, self.max_context_len, forward_batch)")
+            size = primitives.parse_expression(
+                f"{SUM_HELPER}(forward_batch.seq_lens_sum, {bs}, self.max_context_len, forward_batch)"
+            )
             call = cst.ensure_type(site.value, cst.Call)  # as _sites kept
             fn = primitives.replace_node(fn, call.args[0], call.args[0].with_changes(value=size))
         self.require_import(import_path("runtime"), SUM_HELPER)

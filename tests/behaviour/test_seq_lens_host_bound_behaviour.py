@@ -41,7 +41,10 @@ def decode_batch(module, seq_lens_cpu=None):
     """A spec-v2 decode ScheduleBatch as get_model_worker_batch reads it (a stand-in answering
     None for the fields not set): three requests whose allocations prepare_for_decode raised to
     40, 1030 and 250."""
-    reqs = [WorkerBatch(rid=str(i), kv_allocated_len=n, sampling_params=WorkerBatch()) for i, n in enumerate((40, 1030, 250))]
+    reqs = [
+        WorkerBatch(rid=str(i), kv_allocated_len=n, sampling_params=WorkerBatch())
+        for i, n in enumerate((40, 1030, 250))
+    ]
     return WorkerBatch(
         forward_mode=module.ForwardMode.DECODE,
         reqs=reqs,

@@ -67,7 +67,10 @@ class FlashMLABackend(FlashInferMLAAttnBackend):
 def test_eager_block_table_widths_without_the_mirror():
     assert detect(fm.EagerMetadataWithoutMirror, EAGER).state is State.TODO
     out = apply(fm.EagerMetadataWithoutMirror, EAGER)
-    assert "triton.cdiv(host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch), PAGE_SIZE)" in out
+    assert (
+        "triton.cdiv(host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch), PAGE_SIZE)"
+        in out
+    )
     assert "seq_lens_cpu = plus_or_none(forward_batch.seq_lens_cpu, self.num_draft_tokens)" in out
     assert "host_max_seq_len(seq_lens_cpu, self.max_context_len + self.num_draft_tokens)" in out
     assert ".max().item()" not in out

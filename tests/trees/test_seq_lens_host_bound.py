@@ -54,7 +54,9 @@ def test_every_eager_consumer_of_the_patched_set_hands_its_batch(make_tree, cli)
     assert cli("apply", tree).exit_code == 0
     calls = []
     for path in (tree / "srt/layers/attention").glob("*.py"):
-        for match in re.finditer(r"(host_max_seq_len|seq_lens_sum_or_bound|prefix_lens_sum_or_bound)\(([^\n]*)", path.read_text()):
+        for match in re.finditer(
+            r"(host_max_seq_len|seq_lens_sum_or_bound|prefix_lens_sum_or_bound)\(([^\n]*)", path.read_text()
+        ):
             calls.append((path.name, match.group(1), match.group(2)))
     eager = [c for c in calls if "forward_batch" in c[2]]
     assert len(eager) >= 14, calls

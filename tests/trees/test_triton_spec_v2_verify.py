@@ -132,7 +132,8 @@ VERIFY = code("""
 
 def test_the_verify_kv_indices_are_sized_from_the_host():
     after = VERIFY.replace(
-        "kv_indptr[-1], dtype", "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, bs, self.max_context_len, forward_batch), dtype"
+        "kv_indptr[-1], dtype",
+        "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, bs, self.max_context_len, forward_batch), dtype",
     )
     assert_codemod(KV, VERIFY, "from sglang.srt._patchkit.runtime import seq_lens_sum_or_bound\n" + after)
 
@@ -154,8 +155,9 @@ def test_without_a_bs_the_batch_size_is_read_from_the_batch():
     src = VERIFY.replace("            bs = len(forward_batch.req_pool_indices)\n", "")
     from patchkit.testing import apply
 
-    assert "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len, forward_batch)" in apply(
-        KV, src
+    assert (
+        "seq_lens_sum_or_bound(forward_batch.seq_lens_sum, forward_batch.batch_size, self.max_context_len, forward_batch)"
+        in apply(KV, src)
     )
 
 

@@ -63,7 +63,10 @@ def test_eager_and_replay_reads():
     assert "seq_lens_cpu.max()" not in out
     assert "seq_lens_cpu = rows_or_none(seq_lens_cpu, bs)" in out
     assert "max_len = host_max_seq_len(seq_lens_cpu, self.max_context_len)" in out
-    assert "metadata.max_seq_len_k = host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch)" in out
+    assert (
+        "metadata.max_seq_len_k = host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch)"
+        in out
+    )
     assert "any_host_lens(forward_batch.extend_prefix_lens_cpu)" in out
     assert "max_q = max_host_lens(forward_batch.extend_seq_lens_cpu, self.speculative_num_draft_tokens)" in out
 

@@ -223,10 +223,14 @@ def test_public_names():
 
     def defined(module, name):
         value = getattr(module, name)
-        return not isinstance(value, types.ModuleType) and getattr(value, "__module__", module.__name__) == module.__name__
+        return (
+            not isinstance(value, types.ModuleType) and getattr(value, "__module__", module.__name__) == module.__name__
+        )
 
     modules = (impl, host_bound, host_copies, streams, grouped_copies)
-    public = {name: module for module in modules for name in dir(module) if not name.startswith("_") and defined(module, name)}
+    public = {
+        name: module for module in modules for name in dir(module) if not name.startswith("_") and defined(module, name)
+    }
     assert set(rt.__all__) - {"RUNTIME_API"} == set(public) - {"annotations", "TYPE_CHECKING"}
     assert isinstance(rt.RUNTIME_API, int)
     for name in set(rt.__all__) - {"RUNTIME_API"}:

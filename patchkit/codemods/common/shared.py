@@ -315,7 +315,9 @@ EAGER_GUARDS = (
         "rows_max(M, forward_batch.seq_lens, N)",
         "rows_max",
     ),
-    Guard(max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND}, forward_batch)", "host_max_seq_len"),
+    Guard(
+        max_item(save(m.Name("seq_lens_cpu"), "M")), f"host_max_seq_len(M, {BOUND}, forward_batch)", "host_max_seq_len"
+    ),
     # The GPU-only draft extend leaves the prefix host list unset (the
     # lengths stay a device tensor) and may leave the extend one unset.
     Guard(

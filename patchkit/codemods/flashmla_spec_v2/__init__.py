@@ -111,10 +111,16 @@ class EagerMetadataWithoutMirror(shared.MirrorReadGuards):
     METHOD = "init_forward_metadata"
     GUARDS = (
         # decode: `triton.cdiv(forward_batch.seq_lens_cpu.max().item(), PAGE_SIZE)`
-        Guard(shared.max_item(save(BATCH_MIRROR, "M")), f"host_max_seq_len(M, {BOUND}, forward_batch)", "host_max_seq_len"),
+        Guard(
+            shared.max_item(save(BATCH_MIRROR, "M")), f"host_max_seq_len(M, {BOUND}, forward_batch)", "host_max_seq_len"
+        ),
         # verify: `seq_lens_cpu = forward_batch.seq_lens_cpu + self.num_draft_tokens`, then its max
         Guard(primitives.added(BATCH_MIRROR), "plus_or_none(LEFT, RIGHT)", "plus_or_none"),
-        Guard(shared.max_item(save(LOCAL_MIRROR, "M")), f"host_max_seq_len(M, {VERIFY_BOUND}, forward_batch)", "host_max_seq_len"),
+        Guard(
+            shared.max_item(save(LOCAL_MIRROR, "M")),
+            f"host_max_seq_len(M, {VERIFY_BOUND}, forward_batch)",
+            "host_max_seq_len",
+        ),
     )
 
 
