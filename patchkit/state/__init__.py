@@ -364,7 +364,13 @@ def refuse_links(folder: Path) -> None:
         return
     if stat.S_ISLNK(found) or not stat.S_ISDIR(found):
         _foreign(folder, "a symbolic link" if stat.S_ISLNK(found) else "not a folder")
-    with os.scandir(folder) as entries:
+    try:
+        listing = os.scandir(folder)
+    except PermissionError:
+        # A folder closed to this user (the 0700 backups, read by another user's
+        # status): this process can follow nothing in it, so nothing to refuse.
+        return
+    with listing as entries:
         for entry in entries:
             if entry.is_symlink():
                 _foreign(Path(entry.path), "a symbolic link")

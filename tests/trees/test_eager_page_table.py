@@ -206,7 +206,7 @@ def _run_eager(source: str, page_size: int, swa: bool, decode: bool):
         "eager_page_table": pt.eager_page_table,
         "torch": torch,
         "TRTLLMMHAMetadata": _Metadata,
-        "host_max_seq_len": lambda cpu, bound: bound if cpu is None else int(cpu.max()),
+        "host_max_seq_len": lambda cpu, bound, batch=None: bound if cpu is None else int(cpu.max()),
     }
     exec(compile(body, "eager.py", "exec"), namespace)
     backend = _NS(

@@ -72,7 +72,7 @@ def test_eager_block_table_widths_without_the_mirror():
         in out
     )
     assert "seq_lens_cpu = plus_or_none(forward_batch.seq_lens_cpu, self.num_draft_tokens)" in out
-    assert "host_max_seq_len(seq_lens_cpu, self.max_context_len + self.num_draft_tokens)" in out
+    assert "host_max_seq_len(seq_lens_cpu, self.max_context_len + self.num_draft_tokens, forward_batch)" in out
     assert ".max().item()" not in out
     assert "from sglang.srt._patchkit.backends.mirror_reads import host_max_seq_len, plus_or_none" in out
     assert detect(fm.EagerMetadataWithoutMirror, out).state is State.DONE

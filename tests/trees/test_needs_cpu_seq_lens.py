@@ -660,7 +660,7 @@ def test_draft_tree_mask_size_without_the_mirror():
     out = apply(guards.GuardDraftTreeMask, DRAFT_WORKER)
     assert (
         "            tree_mask_seq_lens_sum(model_worker_batch.seq_lens_sum, tree_mask_buf, "
-        "model_worker_batch.seq_lens, self.target_worker.model_runner.attn_backend),\n"
+        "model_worker_batch.seq_lens, self.target_worker.model_runner.attn_backend, model_worker_batch),\n"
     ) in out
     # Only the kernel's argument: the verify input's keyword stays.
     assert "return EagleVerifyInput(seq_lens_sum=None, seq_lens_cpu=None)" in out

@@ -24,7 +24,7 @@ TRITON = "srt/layers/attention/triton_backend.py"
 MHA = "srt/layers/attention/trtllm_mha_backend.py"
 VENDOR_EDIT = "\n# vendor: tuned for our cluster\n"
 # What a full apply on the primary release changes and adds (the runtime folder and manifest).
-CHANGED, ADDED = 17, 15
+CHANGED, ADDED = 17, 16
 
 
 def state_names(cli, tree) -> dict[str, str]:

@@ -45,7 +45,7 @@ def test_the_device_max_becomes_the_static_bound_through_the_shared_helper():
         "        # Get maximum sequence length.\n"
         "        # Without the CPU mirror, the static bound (sglang 0.5.16): it only sizes\n"
         "        # the block table; seq_lens.max().item() waited for the GPU every eager step.\n"
-        '        max_seq = host_max_seq_len(getattr(forward_batch, "seq_lens_cpu", None), self.max_context_len)\n'
+        '        max_seq = host_max_seq_len(getattr(forward_batch, "seq_lens_cpu", None), self.max_context_len, forward_batch)\n'
         "        seq_lens = forward_batch.seq_lens\n"
     ) in out
     assert item_calls(out) == []
@@ -60,7 +60,7 @@ def test_the_device_max_becomes_the_static_bound_through_the_shared_helper():
 )
 def test_fork_spellings_of_the_test_and_the_device_max(test, fallback):
     out = apply(CODEMOD, backend(test, fallback))
-    assert f"max_seq = host_max_seq_len({test.removesuffix(' is not None')}, self.max_context_len)" in out
+    assert f"max_seq = host_max_seq_len({test.removesuffix(' is not None')}, self.max_context_len, forward_batch)" in out
 
 
 def test_upstreams_bound_is_done():
