@@ -24,7 +24,8 @@ from typing import Optional
 
 from patchkit import known_releases, lifetimes, settings
 from patchkit.errors import PatchkitError
-from patchkit.tree import base_release, check_fetchable
+from patchkit.tree import base_release
+from patchkit.versions import check_fetchable
 
 # Pure-Python parts are identical across platforms; pin one wheel flavour so the
 # download works from any host.

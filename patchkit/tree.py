@@ -230,22 +230,6 @@ def base_release(version: str) -> str | None:
     return found.group("public") if found else None
 
 
-def check_fetchable(version: str) -> None:
-    """A version to fetch names files in the cache (``trees/VERSION``, its
-    lock) and goes to ``pip download sglang==VERSION``: only a PEP 440
-    version string (``packaging``'s), never a path nor a pip option."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        Version(version)
-    except InvalidVersion:
-        pass
-    else:
-        if version == version.strip():
-            return
-    raise PatchkitError(f"{version!r}: not a version of sglang (PEP 440, e.g. 0.5.12.post1); nothing was fetched")
-
-
 # --- paths inside the package -------------------------------------------------
 # The one rule for paths inside a tree: they stay inside the sglang package.
 #

@@ -14,8 +14,6 @@ from .host_bound import (
     OFF_SWITCH,
     SeqLensBound,
     checked_host_bound,
-    host_bound_of,
-    rows_total_bound,
     seq_lens_host_bound,
 )
 from .host_copies import pin_memory_for, pinned_tensor
@@ -32,6 +30,7 @@ from .seq_lens import (
     max_of_extend_lens,
     needs_cpu_seq_lens,
     prefix_lens_sum_or_bound,
+    rows_total_bound,
     seq_lens_sum_or_bound,
     set_needs_cpu_seq_lens,
     spec_v2_attn_backends_of,
@@ -57,7 +56,6 @@ __all__ = [
     "decode_seq_lens",
     "decode_total_seq_lens",
     "draft_extend_prefix_lens",
-    "host_bound_of",
     "host_list_or_none",
     "index_or_none",
     "max_of_extend_lens",

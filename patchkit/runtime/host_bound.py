@@ -15,8 +15,10 @@ the truth.
 
 ``ScheduleBatch.get_model_worker_batch`` computes it (only when the batch has no
 mirror) and ``ForwardBatch.init_new`` hands it on as ``seq_lens_host_bound``;
-the consumers' helpers (``host_max_seq_len``, ``seq_lens_sum_or_bound`` ...)
-take the batch and use it in place of the static bound. A batch without it
+the consumers' helpers (``backends.mirror_reads.host_max_seq_len``,
+``seq_lens.seq_lens_sum_or_bound`` ...) take the batch and read its
+``seq_lens_host_bound`` in place of the static bound; each runtime module
+stands alone (tests load them by path), so they read the attribute themselves. A batch without it
 (CUDA-graph capture, a release whose requests keep no host allocation, the
 patch not applied) keeps the static bound.
 
@@ -65,20 +67,6 @@ def seq_lens_host_bound(reqs: Any, seq_lens_cpu: Any) -> Optional[SeqLensBound]:
         # padded row: it keeps the static bound, which costs nothing there.
         return None
     return SeqLensBound(max(lens), sum(lens))
-
-
-def host_bound_of(batch: Any) -> Optional[SeqLensBound]:
-    """The batch's ``seq_lens_host_bound``; None for a batch without one (or no batch)."""
-    return getattr(batch, "seq_lens_host_bound", None)
-
-
-def rows_total_bound(batch: Any, rows: int, static: int) -> int:
-    """A bound of the summed lengths of ``rows`` rows: ``rows * max_len`` with
-    the batch's host bound (a row is a request, or one of its top-k branches:
-    each no longer than the request's allocation), at most ``static`` (the
-    ``rows * max_context_len`` the caller used before)."""
-    bound = host_bound_of(batch)
-    return static if bound is None else min(static, rows * bound.max_len)
 
 
 def checked_host_bound(bound: Optional[SeqLensBound], seq_lens: Any) -> Optional[SeqLensBound]:

@@ -25,15 +25,13 @@ functions that need it.
 
 from __future__ import annotations
 
-# Patched sglang imports this at start-up: keep it to this package's own files.
+# Patched sglang imports this at start-up: keep it to nothing but this file.
 # `logging` is imported where it is used, and the typing names are only for
 # type checkers (annotations are strings here); type checkers honour a
 # module-level TYPE_CHECKING = False as they do typing.TYPE_CHECKING.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Iterable, Optional, Sequence
-
-from .host_bound import rows_total_bound
 
 # -- the decision ------------------------------------------------------------------
 
@@ -153,6 +151,16 @@ def host_list_or_none(lens: Any) -> Optional[list]:
 
 
 # -- upper bounds where a size came from the mirror ------------------------------------
+
+
+def rows_total_bound(batch: Any, rows: int, static: int) -> int:
+    """A bound of the summed lengths of ``rows`` rows: ``rows * max_len`` of the
+    batch's host bound (``seq_lens_host_bound``, runtime ``host_bound``: a row
+    is a request, or one of its top-k branches, each no longer than the
+    request's KV allocation), at most ``static`` (the ``rows * max_context_len``
+    the caller used before); ``static`` for a batch without one."""
+    bound = getattr(batch, "seq_lens_host_bound", None)
+    return static if bound is None else min(static, rows * bound.max_len)
 
 
 def seq_lens_sum_or_bound(seq_lens_sum: Optional[int], batch_size: int, max_context_len: int, batch: Any = None) -> int:

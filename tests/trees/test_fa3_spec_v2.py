@@ -131,7 +131,7 @@ def test_eager_015_local_d2h_fallback_becomes_the_mirror():
     out = apply(fa3.EagerMetadataWithoutMirror, EAGER_0515)
     assert ".cpu()" not in out
     assert "seq_lens_cpu = (\n            forward_batch.seq_lens_cpu\n        )" in out
-    assert "metadata.max_seq_len_k = host_max_seq_len(seq_lens_cpu, self.max_context_len)" in out
+    assert "metadata.max_seq_len_k = host_max_seq_len(seq_lens_cpu, self.max_context_len, forward_batch)" in out
     assert "max_pf = int(rows_max(seq_lens_cpu, forward_batch.seq_lens, batch_size))" in out
 
 

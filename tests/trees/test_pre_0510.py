@@ -54,7 +54,8 @@ def test_guarded_by_the_patch_0_5_4(cli, linked_tree):
         "fa3-draft-extend-graph",
         "trtllm-mha-draft-extend-v2",
         "spec-v2-decode-copies",
-    }  # the kv lengths stay on the device there
+        "seq-lens-host-bound",
+    }  # the kv lengths stay on the device there (and the KV allocations: no host bound)
     assert "never replays its draft-extend CUDA graph" in reasons["fa3-draft-extend-graph"]
     assert cli("verify", tree, "-q").exit_code == 0
     assert audit.audit_tree(tree).ok

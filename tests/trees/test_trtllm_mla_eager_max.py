@@ -60,7 +60,9 @@ def test_the_device_max_becomes_the_static_bound_through_the_shared_helper():
 )
 def test_fork_spellings_of_the_test_and_the_device_max(test, fallback):
     out = apply(CODEMOD, backend(test, fallback))
-    assert f"max_seq = host_max_seq_len({test.removesuffix(' is not None')}, self.max_context_len, forward_batch)" in out
+    assert (
+        f"max_seq = host_max_seq_len({test.removesuffix(' is not None')}, self.max_context_len, forward_batch)" in out
+    )
 
 
 def test_upstreams_bound_is_done():

@@ -23,6 +23,7 @@ RUNTIME_FILES = {
     "srt/_patchkit/manifest.json",
     "srt/_patchkit/runtime/__init__.py",
     "srt/_patchkit/runtime/grouped_copies.py",
+    "srt/_patchkit/runtime/host_bound.py",
     "srt/_patchkit/runtime/host_copies.py",
     "srt/_patchkit/runtime/seq_lens.py",
     "srt/_patchkit/runtime/streams.py",
