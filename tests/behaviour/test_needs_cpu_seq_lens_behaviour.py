@@ -482,15 +482,7 @@ def test_draft_extend_preparation(sglang, mirror, monkeypatch):
     eager = []
     attn_backend = SimpleNamespace(init_forward_metadata=lambda fb: eager.append(fb))
     runner = SimpleNamespace(
-        spec_algorithm=batch.spec_algorithm,
-        device="cpu",
-        req_to_token_pool=None,
-        token_to_kv_pool=None,
-        attn_backend=attn_backend,
-        server_args=SimpleNamespace(attention_backend="torch_native", enable_lora=False),
-        use_ngram_embedding=False,
-        model_is_mrope=False,
-        is_hybrid_swa=False,
+        **{**vars(cpu_runner()), "attn_backend": attn_backend}, spec_algorithm=batch.spec_algorithm
     )
     draft_input = EagleDraftInput()
     predict = torch.arange(2 * num_draft)
