@@ -51,10 +51,6 @@ BUILDS_FORWARD_BATCH = m.Call(
 WORKER_BATCH = m.Call(func=m.Name("ModelWorkerBatch"))
 
 
-def _keyword(call: cst.Call, name: str) -> cst.BaseExpression:
-    return next(a.value for a in call.args if a.keyword is not None and a.keyword.value == name)
-
-
 class _AddField(ClassCodemod):
     """Declares the field on ``CLASS`` (a dataclass), after its last field."""
 
@@ -130,7 +126,7 @@ class FillWorkerBatchBound(MethodCodemod):
 
         def fill(node: cst.CSTNode, _found: object) -> cst.CSTNode:
             call = cst.ensure_type(node, cst.Call)
-            mirror = code_of(_keyword(call, "seq_lens_cpu"))
+            mirror = code_of(cst.ensure_type(primitives.keyword_argument(call, "seq_lens_cpu"), cst.Arg).value)
             return primitives.set_keyword_argument(call, FIELD, f"{FILL}(self.reqs, {mirror})")
 
         return primitives.replace_expressions(fn, WORKER_BATCH, fill)

@@ -13,7 +13,7 @@ from patchkit.codemods import seq_lens_host_bound as hb
 from patchkit.codemods.common.base import State
 from patchkit.runtime import host_bound as rt
 from patchkit.runtime.seq_lens import prefix_lens_sum_or_bound, seq_lens_sum_or_bound, tree_mask_seq_lens_sum
-from patchkit.testing import assert_codemod, assert_state, code
+from patchkit.testing import apply, assert_codemod, assert_state, code
 
 IMPORT = "from sglang.srt._patchkit.runtime import "
 
@@ -71,10 +71,7 @@ def test_the_worker_batch_is_built_with_the_requests_bound():
 
 def test_a_fork_that_hands_its_mirror_under_another_name_gets_that_name():
     fork = GET_WORKER_BATCH.replace("seq_lens_cpu=seq_lens_cpu,", "seq_lens_cpu=self.host_lens,")
-    out = hb.FillWorkerBatchBound
-    from patchkit.testing import apply
-
-    assert "seq_lens_host_bound=seq_lens_host_bound(self.reqs, self.host_lens)" in apply(out, fork)
+    assert "seq_lens_host_bound=seq_lens_host_bound(self.reqs, self.host_lens)" in apply(hb.FillWorkerBatchBound, fork)
 
 
 def test_a_worker_batch_without_the_mirror_keyword_is_a_missing_anchor():

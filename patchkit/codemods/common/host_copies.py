@@ -34,10 +34,6 @@ TO = primitives.method_call("to")
 OWN_PIN = m.Call(func=m.Attribute(attr=m.Name("pin_memory")), args=[])
 
 
-def keyword(call: cst.Call, name: str) -> Optional[cst.Arg]:
-    return next((a for a in call.args if a.keyword is not None and a.keyword.value == name), None)
-
-
 def _is_true(arg: Optional[cst.Arg]) -> bool:
     return arg is not None and m.matches(arg.value, m.Name("True"))
 
@@ -50,7 +46,7 @@ def built_on_device(call: cst.CSTNode) -> Optional[cst.BaseExpression]:
     """The device ``D`` of ``torch.tensor(LIST, ..., device=D)`` (not the CPU), else None."""
     if not isinstance(call, cst.Call) or not m.matches(call, TENSOR):
         return None
-    device = keyword(call, "device")
+    device = primitives.keyword_argument(call, "device")
     return None if device is None or _on_cpu(device.value) else device.value
 
 
@@ -59,11 +55,11 @@ def is_pinned_copy(call: cst.CSTNode) -> bool:
     return (
         isinstance(call, cst.Call)
         and m.matches(call, TO)
-        and _is_true(keyword(call, "non_blocking"))
+        and _is_true(primitives.keyword_argument(call, "non_blocking"))
         and isinstance(call.func, cst.Attribute)
         and isinstance(tensor := call.func.value, cst.Call)
         and m.matches(tensor, TENSOR)
-        and keyword(tensor, "pin_memory") is not None
+        and primitives.keyword_argument(tensor, "pin_memory") is not None
     )
 
 
@@ -71,7 +67,7 @@ def pinned_copy(call: cst.Call) -> cst.Call:
     """``torch.tensor(LIST, ..., device=D)`` -> ``torch.tensor(LIST, ...,
     pin_memory=pin_memory_for(D)).to(D, non_blocking=True)`` (the keyword
     where ``device=`` was, the call's layout kept)."""
-    device = keyword(call, "device")
+    device = primitives.keyword_argument(call, "device")
     assert device is not None  # built_on_device found it
     pin = device.with_changes(
         keyword=cst.Name("pin_memory"), value=primitives.parse_expression(f"{PIN}({code_of(device.value)})")
@@ -84,7 +80,7 @@ def pinned_copy(call: cst.Call) -> cst.Call:
 
 def copy_device(call: cst.Call) -> Optional[cst.BaseExpression]:
     """The device a ``.to(...)`` copy goes to (``device=D`` or the first argument)."""
-    device = keyword(call, "device")
+    device = primitives.keyword_argument(call, "device")
     if device is not None:
         return device.value
     first = call.args[0] if call.args else None
@@ -93,7 +89,7 @@ def copy_device(call: cst.Call) -> Optional[cst.BaseExpression]:
 
 def blocks(call: cst.Call) -> bool:
     """A ``.to(...)`` copy without ``non_blocking=True``."""
-    return not _is_true(keyword(call, "non_blocking"))
+    return not _is_true(primitives.keyword_argument(call, "non_blocking"))
 
 
 def non_blocking(call: cst.Call) -> cst.Call:
@@ -106,7 +102,7 @@ def pinned(call: cst.Call, device: cst.BaseExpression) -> cst.Call:
 
 
 def is_pinned(call: cst.Call) -> bool:
-    return keyword(call, "pin_memory") is not None
+    return primitives.keyword_argument(call, "pin_memory") is not None
 
 
 def pinned_build(build: cst.Call, device: cst.BaseExpression) -> cst.Call:

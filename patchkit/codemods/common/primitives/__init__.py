@@ -62,6 +62,7 @@ from patchkit.codemods.common.primitives.expressions import (  # noqa: F401
     fill_template,
     isinstance_class_names,
     isinstance_tuple,
+    keyword_argument,
     replace_expressions,
     replace_node,
     rewrite_expressions,

@@ -134,6 +134,11 @@ def add_isinstance_classes(
     return replace_node(expr, found, new)
 
 
+def keyword_argument(call: cst.Call, name: str) -> Optional[cst.Arg]:
+    """The argument ``name=...`` of ``call``, or None."""
+    return next((a for a in call.args if a.keyword is not None and a.keyword.value == name), None)
+
+
 def set_keyword_argument(call: cst.Call, name: str, value_source: str) -> cst.Call:
     """``call`` with ``name=<value_source>``: the value replaced when the keyword
     is there, else appended in the call's own layout (one a line with a
