@@ -13,7 +13,7 @@ PLAN = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-grid-2026
 STUB = """import json, os, sys, time
 from pathlib import Path
 args = sys.argv[1:]
-time.sleep(0.3)
+time.sleep(float(os.environ.get("PK_STUB_SLEEP", "0.3")))
 with open(os.environ["PK_PLAN_LOG"], "a") as fh:
     fh.write(json.dumps({"bundle": Path.cwd().name, "args": args, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
                          "counters_off": os.environ.get("PK_E2E_COUNTERS_OFF", ""),
@@ -113,3 +113,28 @@ def test_steps_wait_for_their_inputs_and_the_fa3_steps_for_both_libraries(tmp_pa
     assert "triton-r1-b17" in names and "fa3_8b-r3-b12" in names and "fa3_check-r1-b12" in names
     assert not any(n.startswith("fa3-") or n.startswith("fa3_8b-r1") for n in names)
     assert "gave up waiting for inputs" in progress
+
+
+def test_the_second_run_arguments_count_profile_and_deadline(tmp_path):
+    # the 2026-11-28b run: longer generates, the counters on in *_count steps, one profiled
+    # eager pair, and no step started past the deadline
+    steps = "triton-r1 fa3_count-r1 fa3_8b_count-r1 fa3_prof-r1"
+    calls, progress = _run_plan(tmp_path, LANES="0 1", STEPS=steps, WITH17="triton-r1", NEW_TOKENS="256", RUNS="3")
+    by_out = {Path(_arg(c, "--out")).name: c for c in calls}
+    assert set(by_out) == {"triton-r1-b12", "triton-r1-b17", "fa3_count-r1-b12", "fa3_8b_count-r1-b12", "fa3_prof-r1-b12"}
+    for c in calls:
+        assert (_arg(c, "--max-new-tokens"), _arg(c, "--runs")) == ("256", "3")
+        assert c["counters_off"] == ("" if "_count" in _arg(c, "--out") else "1")
+    assert _arg(by_out["fa3_8b_count-r1-b12"], "--sizes") == "8b"
+    assert _arg(by_out["fa3_count-r1-b12"], "--variants") == "patched"
+    prof = by_out["fa3_prof-r1-b12"]
+    assert (_arg(prof, "--batch-sizes"), _arg(prof, "--profile-batch")) == ("128", "128")
+    assert _arg(prof, "--variants") == "pristine,patched"
+
+
+def test_a_lane_starts_no_step_after_the_deadline(tmp_path):
+    calls, progress = _run_plan(
+        tmp_path, LANES="0", STEPS="triton_check-r1 fa3_check-r1", DEADLINE_S="1", PK_STUB_SLEEP="1.5"
+    )
+    assert [Path(_arg(c, "--out")).name for c in calls] == ["triton_check-r1-b12"]
+    assert "deadline, fa3_check-r1 not started" in progress

@@ -45,6 +45,14 @@ FA3_12=${FA3_12:-/tmp/pk_fa3/flash_ops.abi3.so}
 FA3_17=${FA3_17:-/tmp/pk_fa3_17/flash_ops.abi3.so}
 LANES=${LANES:-"0 1 2 3"}
 GIVE_UP_S=${GIVE_UP_S:-1500}
+# Later runs set these (their folder's args.md says which): NEW_TOKENS and RUNS per timed
+# generate; PIN=1 pins each lane to its share of the host's cores (taskset), so lanes do not
+# take each other's cores in a host-bound step; DEADLINE_S: no step starts after it (seconds
+# since the plan began), so a lease ends with whole steps.
+NEW_TOKENS=${NEW_TOKENS:-128}
+RUNS=${RUNS:-2}
+PIN=${PIN:-0}
+DEADLINE_S=${DEADLINE_S:-0}
 # The run of 2026-11-28 (two H100s, 1150 s of device time left) set LANES="0 1", STEPS to the
 # small-shape steps and WITH17="triton-r1 fa3-r1", then skipped those two (calls.md).
 STEPS=${STEPS:-"triton_check-r1 triton_8b-r1 triton_8b-r2 fa3_8b-r1 fa3_8b-r2 triton_8b-r3 fa3_8b-r3 fa3_check-r1
@@ -60,10 +68,15 @@ ready() {  # bundle [fa3-lib]: its inputs are there (a joined bundle appears onl
 orchestrate() {  # lane name bundle timeout_s args...
   local lane=$1 name=$2 bundle=$3 tmo=$4; shift 4
   mkdir -p "$R/$name"; note "gpu $lane: start $name"
+  local pin=()
+  if [ "$PIN" = 1 ] && command -v taskset > /dev/null; then
+    local n_lanes; n_lanes=$(echo $LANES | wc -w); local share=$(( $(nproc) / n_lanes ))
+    pin=(taskset -c "$((lane * share))-$((lane * share + share - 1))")
+  fi
   (cd "$bundle" && CUDA_VISIBLE_DEVICES=$lane FLASHINFER_WORKSPACE_BASE=/tmp/fi$lane \
      TRITON_CACHE_DIR=/tmp/triton$lane TORCHINDUCTOR_CACHE_DIR=/tmp/inductor$lane \
      PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout "$tmo" \
-     python3 -m pk_gpu_e2e.orchestrate --bundle . --out "$R/$name" --work /tmp/pkw$lane "$@" \
+     "${pin[@]}" python3 -m pk_gpu_e2e.orchestrate --bundle . --out "$R/$name" --work /tmp/pkw$lane "$@" \
      > "$R/$name/console.log" 2>&1)
   local rc=$?
   echo "$lane" > "$R/$name/gpu"
@@ -78,7 +91,7 @@ with17() {  # step: does it time 0.5.17 too? (WITH17: the steps that do; default
 inputs_ready() {  # step
   local cell=${1%-r*}
   case $cell in
-    *_check|*_static) [[ $cell == fa3* ]] && { ready "$B12" "$FA3_12"; return; }; ready "$B12"; return ;;
+    *_check|*_static|*_count|*_prof) [[ $cell == fa3* ]] && { ready "$B12" "$FA3_12"; return; }; ready "$B12"; return ;;
   esac
   if [[ $cell == fa3* ]]; then ready "$B12" "$FA3_12" && { ! with17 "$1" || ready "$B17" "$FA3_17"; }
   else ready "$B12" && { ! with17 "$1" || ready "$B17"; }; fi
@@ -88,8 +101,8 @@ run_step() {  # lane step
   local lane=$1 step=$2 cell=${2%-r*} rnd=${2##*-}
   local extra="{\"cuda_graph_max_bs\": 32, \"max_running_requests\": 128, \"port\": $((31000 + 2000 * lane))}"
   local shape=small tmo=700 rto=330
-  [[ $cell == *_8b ]] && { shape=8b; tmo=900; rto=420; }
-  local a=(--sizes "$shape" --batch-sizes 1,8,32,64,128 --max-new-tokens 128 --runs 2 --run-timeout "$rto"
+  [[ $cell == *_8b* ]] && { shape=8b; tmo=900; rto=420; }
+  local a=(--sizes "$shape" --batch-sizes 1,8,32,64,128 --max-new-tokens "$NEW_TOKENS" --runs "$RUNS" --run-timeout "$rto"
            --engine-extra "$extra" --label "$rnd")
   local a12=("${a[@]}") a17=("${a[@]}")
   if [[ $cell == fa3* ]]; then
@@ -102,6 +115,15 @@ run_step() {  # lane step
                 --engine-env PATCHKIT_CHECK_SEQ_LEN_BOUND=1; return ;;
     *_static) orchestrate "$lane" "$step-b12" "$B12" 400 --releases 0.5.12.post1 --variants patched "${a12[@]}" \
                 --engine-env PATCHKIT_SEQ_LEN_BOUND=static; return ;;
+    # host waits by torch's count: the patched engine alone with the counters on (timing not compared)
+    *_count) PK_E2E_COUNTERS_OFF= orchestrate "$lane" "$step-b12" "$B12" "$tmo" --releases 0.5.12.post1 \
+                --variants patched "${a12[@]}"; return ;;
+    # one eager batch of each tree under sglang's profiler, then both traces side by side
+    *_prof) orchestrate "$lane" "$step-b12" "$B12" $((tmo * 2)) --releases 0.5.12.post1 --variants pristine,patched \
+                "${a12[@]/1,8,32,64,128/128}" --profile-batch 128
+            (cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.profile_compare "$R/$step-b12" \
+                --out "$R/$step-b12/compare.json" --md "$R/$step-b12/compare.md" > "$R/$step-b12/compare.log" 2>&1)
+            return ;;
   esac
   local v=pristine,patched; [ "$rnd" = r2 ] && v=patched,pristine
   local with17=1; with17 "$step" || with17=0
@@ -122,6 +144,7 @@ lane() {  # gpu: take the first unclaimed step whose inputs are there, until non
       [ -e "$R/claims/$s" ] && continue
       left=1
       inputs_ready "$s" || continue
+      [ "$DEADLINE_S" -gt 0 ] && [ $SECONDS -ge "$DEADLINE_S" ] && { note "gpu $gpu: deadline, $s not started"; return; }
       mkdir "$R/claims/$s" 2>/dev/null || continue  # another lane took it
       run_step "$gpu" "$s"; touch "$R/claims/$s/.done"; ran=$s; break
     done
