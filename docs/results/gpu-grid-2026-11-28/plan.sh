@@ -118,10 +118,12 @@ run_step() {  # lane step
     # host waits by torch's count: the patched engine alone with the counters on (timing not compared)
     *_count) PK_E2E_COUNTERS_OFF= orchestrate "$lane" "$step-b12" "$B12" "$tmo" --releases 0.5.12.post1 \
                 --variants patched "${a12[@]}"; return ;;
-    # one eager batch of each tree under sglang's profiler, then both traces side by side
+    # one eager batch of each tree under sglang's profiler, then both traces side by side (the
+    # runner writes the traces beside its results, under the lane's --work: 2026-11-28b read
+    # the step folder and found none)
     *_prof) orchestrate "$lane" "$step-b12" "$B12" $((tmo * 2)) --releases 0.5.12.post1 --variants pristine,patched \
                 "${a12[@]/1,8,32,64,128/128}" --profile-batch 128
-            (cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.profile_compare "$R/$step-b12" \
+            (cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.profile_compare "/tmp/pkw$lane/results" \
                 --out "$R/$step-b12/compare.json" --md "$R/$step-b12/compare.md" > "$R/$step-b12/compare.log" 2>&1)
             return ;;
   esac
