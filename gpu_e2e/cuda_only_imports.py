@@ -6,7 +6,7 @@ function at start-up never run there. 0.5.17's EAGLE v2 worker imports
 ``layers/attention/dsa_backend`` inside ``_capture_cuda_graphs`` under ``if _is_cuda``,
 and that module imports ``deep_gemm`` at module level under ``if is_cuda():``; the
 bundle lacked it and every 0.5.17 EAGLE engine died at start-up on the GPU (issue 57,
-docs/results/gpu-yardstick-2026-11-27/fa3-r1-b17-no-deep-gemm).
+``git show bbe1fd9:docs/results/gpu-yardstick-2026-11-27/fa3-r1-b17-no-deep-gemm/engine-tail.log``).
 
 This reads source, imports nothing: the modules a function imports under a CUDA guard,
 then, from each, every import at module level (and under a module-level CUDA guard),

@@ -1,7 +1,7 @@
 """Patched 0.5.12.post1 against upstream 0.5.17, read across the calls of one plan (issue 57).
 
 The orchestrator runs one bundle per call, so the two sides of a round sit in two calls'
-``results.json`` under one results folder (``docs/results/gpu-yardstick/plan.sh``):
+``results.json`` under one results folder (a run of ``gpu_e2e/yardstick_plan.sh``):
 ``<backend>-r<N>-b12`` (patched, and pristine in round 1, 0.5.12.post1) and
 ``<backend>-r<N>-b17`` (upstream 0.5.17). This module pairs them per backend, round and
 batch size:
