@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any, Optional
 
 from . import workloads
 from .models import SIZES, write_models
@@ -30,11 +31,13 @@ from .runner import engine_kwargs
 from .timed_calls import accept_of
 
 
-def summarise(alone: dict[str, tuple[float, list[int]]], batched: dict[str, tuple[float, list[int]]]) -> dict:
+def summarise(
+    alone: dict[str, tuple[Optional[float], list[int]]], batched: dict[str, tuple[Optional[float], list[int]]]
+) -> dict:
     """``{prompt: (accept, output)}`` alone and in a batch -> per prompt both accept
     lengths and whether the output is the same; ``request_bound`` when every prompt
     accepts the same (within 0.05) and writes the same tokens both ways."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in sorted(alone, key=_order):
         a_acc, a_out = alone[name]
         b_acc, b_out = batched[name]

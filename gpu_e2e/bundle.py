@@ -299,13 +299,17 @@ def build(
     for group, group_pins in pins.items():
         wheels = download_wheels(group_pins, wheel_cache())
         name = dest / "site" / f"{group}.tar.{site_compression}"
-        if earlier_site.get("pins", {}).get(group) == group_pins and (reuse_site / "site" / name.name).exists():
+        if (
+            reuse_site is not None
+            and earlier_site.get("pins", {}).get(group) == group_pins
+            and (reuse_site / "site" / name.name).exists()
+        ):
             shutil.copy2(reuse_site / "site" / name.name, name)
             manifest.setdefault("site_bytes", {})[group] = earlier_site["site_bytes"][group]
             log(f"site/{name.name}: copied from {reuse_site} (same pins)")
             continue
         options = {"preset": 9} if site_compression == "xz" else {"compresslevel": 9}
-        with tarfile.open(name, f"w:{site_compression}", **options) as tar:
+        with tarfile.open(name, f"w:{site_compression}", **options) as tar:  # type: ignore[call-overload]
             kept = add_wheels_to_tar(tar, wheels)
         manifest.setdefault("site_bytes", {})[group] = kept
         log(f"site/{name.name}: {len(wheels)} wheels")
@@ -342,14 +346,14 @@ def build(
                 _tar_dir(tdir / f"overlay-minus-{pid}.tar.gz", without, "sglang", part)
                 (tdir / f"overlay-minus-{pid}.json").write_text(json.dumps(part, indent=1, sort_keys=True) + "\n")
                 log(f"trees/{rel}: minus-{pid}: {len(part)} changed file(s)")
-            for name, commit in earlier.items():
-                older, out_older = earlier_patched_tree(rel, Path(tmp), name, commit)
+            for earlier_name, commit in earlier.items():
+                older, out_older = earlier_patched_tree(rel, Path(tmp), earlier_name, commit)
                 part, gone = overlay(pristine, older)
                 if gone:
                     raise SystemExit(f"patchkit at {commit} removed files from {rel}: {gone}")
-                _tar_dir(tdir / f"overlay-{name}.tar.gz", older, "sglang", part)
-                (tdir / f"overlay-{name}.json").write_text(json.dumps(part, indent=1, sort_keys=True) + "\n")
-                log(f"trees/{rel}: {name} (patchkit at {commit}): {len(part)} changed file(s)")
+                _tar_dir(tdir / f"overlay-{earlier_name}.tar.gz", older, "sglang", part)
+                (tdir / f"overlay-{earlier_name}.json").write_text(json.dumps(part, indent=1, sort_keys=True) + "\n")
+                log(f"trees/{rel}: {earlier_name} (patchkit at {commit}): {len(part)} changed file(s)")
             manifest["releases"][rel] = {
                 "earlier": earlier,
                 "env": RELEASE_ENV.get(rel, {}),

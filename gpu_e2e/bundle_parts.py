@@ -62,7 +62,7 @@ def split(folder: Path, part_bytes: int = PART_BYTES, log=print) -> list[Path]:
     pieces = []  # (name in the part, source file, offset, size)
     for rel, path in files.items():
         size = path.stat().st_size
-        entry = {"bytes": size, "sha256": _sha256(path), "chunks": []}
+        entry: dict = {"bytes": size, "sha256": _sha256(path), "chunks": []}
         if size <= room:
             pieces.append((rel, path, 0, size))
         else:

@@ -6,7 +6,7 @@ function at start-up never run there. 0.5.17's EAGLE v2 worker imports
 ``layers/attention/dsa_backend`` inside ``_capture_cuda_graphs`` under ``if _is_cuda``,
 and that module imports ``deep_gemm`` at module level under ``if is_cuda():``; the
 bundle lacked it and every 0.5.17 EAGLE engine died at start-up on the GPU (issue 57,
-docs/results/gpu-yardstick-2026-11-27/fa3-r1-b17-no-deep-gemm).
+``git show bbe1fd9:docs/results/gpu-yardstick-2026-11-27/fa3-r1-b17-no-deep-gemm/engine-tail.log``).
 
 This reads source, imports nothing: the modules a function imports under a CUDA guard,
 then, from each, every import at module level (and under a module-level CUDA guard),
@@ -38,10 +38,19 @@ def module_file(tree_parent: Path, module: str) -> Optional[Path]:
     return None
 
 
+def _existing(tree_parent: Path, module: str) -> Path:
+    """``module``'s file; a module the tree lacks is a one-line LookupError."""
+    path = module_file(tree_parent, module)
+    if path is None:
+        raise LookupError(f"{module}: no such module under {tree_parent}")
+    return path
+
+
 def _imported(module: str, path: Path, node: ast.stmt) -> list[str]:
     """Dotted names a statement imports (``from a import b``: ``a`` and ``a.b``)."""
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
+    assert isinstance(node, ast.ImportFrom)
     base = module.split(".")
     if node.level:
         base = base[: len(base) - node.level + (path.name == "__init__.py")]
@@ -54,7 +63,7 @@ def _imported(module: str, path: Path, node: ast.stmt) -> list[str]:
 def _cuda_imports(module: str, path: Path, body: Iterable[ast.stmt], guarded: bool) -> list[tuple[str, int]]:
     """Imports in ``body`` (not inside nested functions or classes); ``guarded``: only
     those under a CUDA ``if`` (a function's lazy imports), else every unguarded one too."""
-    out = []
+    out: list[tuple[str, int]] = []
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not guarded:
             out.extend((name, node.lineno) for name in _imported(module, path, node))
@@ -68,7 +77,7 @@ def _cuda_imports(module: str, path: Path, body: Iterable[ast.stmt], guarded: bo
 
 def lazy_cuda_imports(tree_parent: Path, module: str, function: str) -> list[str]:
     """The sglang modules ``module``'s ``function`` (a method too) imports under a CUDA guard."""
-    path = module_file(tree_parent, module)
+    path = _existing(tree_parent, module)
     tree = ast.parse(path.read_text())
     found = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function]
     if not found:
@@ -80,13 +89,13 @@ def lazy_cuda_imports(tree_parent: Path, module: str, function: str) -> list[str
 def module_level_imports(tree_parent: Path, modules: Iterable[str]) -> dict[str, str]:
     """``{top-level package outside sglang and the standard library: "module:line"}``
     that ``modules`` import on a CUDA machine as they load, sglang's own followed."""
-    todo, seen, tops = list(modules), set(), {}
+    todo, seen, tops = list(modules), set(), {}  # type: tuple[list[str], set[str], dict[str, str]]
     while todo:
         module = todo.pop()
         if module in seen:
             continue
         seen.add(module)
-        path = module_file(tree_parent, module)
+        path = _existing(tree_parent, module)
         for name, line in _cuda_imports(module, path, ast.parse(path.read_text()).body, False):
             top = name.split(".")[0]
             if top == "sglang":

@@ -98,9 +98,9 @@ def _hook_scheduler(module: Any) -> None:
             syncs.note(NOTE, {"error": repr(exc)})
 
     setattr(init, _MARK, True)
-    init.__pk_e2e_wrapped__ = getattr(original, "__pk_e2e_wrapped__", False)
+    init.__pk_e2e_wrapped__ = getattr(original, "__pk_e2e_wrapped__", False)  # type: ignore[attr-defined]
     init.__name__, init.__qualname__, init.__doc__ = original.__name__, original.__qualname__, original.__doc__
-    cls.__init__ = init
+    cls.__init__ = init  # type: ignore[misc]
 
 
 def _cls(obj: Any) -> Optional[str]:

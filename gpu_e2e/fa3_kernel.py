@@ -25,7 +25,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 MEMBER = "sgl_kernel/flash_ops.abi3.so"
 PACKED = "flash_ops.abi3.so.zst"
@@ -58,7 +58,12 @@ def pack(
     raw = out / "flash_ops.abi3.so"
     with zipfile.ZipFile(kernel_wheel) as wheel, wheel.open(MEMBER) as src, open(raw, "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 24)
-    info = {"file": MEMBER, "sha256": _sha256(raw), "bytes": raw.stat().st_size, "sglang_kernel": version}
+    info: dict[str, Any] = {
+        "file": MEMBER,
+        "sha256": _sha256(raw),
+        "bytes": raw.stat().st_size,
+        "sglang_kernel": version,
+    }
     log(f"packing {raw.stat().st_size / 2**20:.0f} MiB with zstd {' '.join(level)} (a few minutes)")
     subprocess.run(["zstd", *level, "-T0", "-q", "-f", str(raw), "-o", str(out / PACKED)], check=True)
     raw.unlink()

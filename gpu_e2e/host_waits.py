@@ -148,7 +148,7 @@ def _guarded(torch: Any, original: Callable, check: Callable) -> Callable:
             _local.inside = False
         return original(*args, **kwargs)
 
-    wrapped.__pk_e2e_wrapped__ = True
+    wrapped.__pk_e2e_wrapped__ = True  # type: ignore[attr-defined]
     wrapped.__name__ = getattr(original, "__name__", "wrapped")
     wrapped.__doc__ = getattr(original, "__doc__", None)
     return wrapped
@@ -212,7 +212,7 @@ def hook_warnings(count: Callable, warnings: Any = None) -> None:
             return
         shown(msg)
 
-    showwarnmsg.__pk_e2e_wrapped__ = True
+    showwarnmsg.__pk_e2e_wrapped__ = True  # type: ignore[attr-defined]
     warnings._showwarnmsg = showwarnmsg
     add = warnings.filterwarnings
 

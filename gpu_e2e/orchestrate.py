@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                             timeout=args.run_timeout,
                             start_new_session=False,
                         )
-                        rc = proc.returncode
+                        rc: int | str = proc.returncode
                     except subprocess.TimeoutExpired:
                         rc = "timeout"
                 log(f"end {key}: rc={rc} in {time.perf_counter() - t:.0f} s")
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"  engine failed: {run['engine_failure']}")
                 results_path.write_text(json.dumps(all_results, indent=1, sort_keys=True))
             # One variant (--alternate, an upstream reference) has no pair to compare.
-            first, second = pair if len(pair) == 2 else (None, None)
+            first, second = pair if len(pair) == 2 else ("", "")  # "": no variant of that name
             if first in got and second in got and pair != ("pristine", "patched"):
                 # Two trees or two backends side by side: the speed ratio per round;
                 # identical outputs where both run one backend.

@@ -25,6 +25,7 @@ import json
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 TOP = 10
 NAME_CHARS = 160
@@ -98,7 +99,7 @@ def summarize_events(events: list[dict], steps: int | None = None, top: int = TO
         lead_tail += (merged[0][0] - window[0]) + (window[1] - merged[-1][1])
     devices = max(len(per_device), 1)
     gap_sum = sum(gaps)
-    out = {
+    out: dict[str, Any] = {
         "wall_us": round(wall, 1),
         "kernels": len(kernels),
         "devices": len(per_device),

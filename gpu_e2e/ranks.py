@@ -134,9 +134,9 @@ def _label_scheduler(module: Any) -> None:
         original(self, *args, **kwargs)
         _note_rank({k: getattr(self, k, None) for k in RANK_FIELDS}, "Scheduler attributes")
 
-    init.__pk_e2e_wrapped__ = True
+    init.__pk_e2e_wrapped__ = True  # type: ignore[attr-defined]
     init.__name__, init.__qualname__, init.__doc__ = original.__name__, original.__qualname__, original.__doc__
-    cls.__init__ = init
+    cls.__init__ = init  # type: ignore[misc]
 
 
 def _record_decision(module: Any) -> None:
@@ -152,7 +152,7 @@ def _record_decision(module: Any) -> None:
             _note_rank({"tp_rank": _rank_from_torch_distributed()}, "torch.distributed")
         return flag
 
-    configure_needs_cpu_seq_lens.__pk_e2e_wrapped__ = True
+    configure_needs_cpu_seq_lens.__pk_e2e_wrapped__ = True  # type: ignore[attr-defined]
     configure_needs_cpu_seq_lens.__name__ = original.__name__
     configure_needs_cpu_seq_lens.__qualname__ = original.__qualname__
     configure_needs_cpu_seq_lens.__doc__ = original.__doc__
@@ -224,7 +224,7 @@ def run_per_rank(dumps: Iterable[Mapping]) -> list[dict]:
         out.append(
             {
                 "tp_rank": rank,
-                "pids": sorted(d.get("pid") for d in group),
+                "pids": sorted((d.get("pid") for d in group), key=lambda p: (p is None, p or 0)),
                 "rank_source": sorted(
                     {(d.get("notes") or {}).get(RANK_NOTE, {}).get("source") for d in group} - {None}
                 ),

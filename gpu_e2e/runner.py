@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                             requests,
                             args.alternate,
                             sync_dir,
-                            mirror_control.Switch(control, schedulers=args.tp),
+                            mirror_control.Switch(control or "", schedulers=args.tp),
                         ),
                     }
                     s = batch["summary"]

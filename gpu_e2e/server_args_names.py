@@ -37,7 +37,8 @@ def for_fields(kwargs: dict, fields: Optional[Iterable[str]]) -> tuple[dict, dic
     if fields is None:
         return dict(kwargs), {}
     fields = set(fields)
-    out, renamed = {}, {}
+    out: dict[str, Any] = {}
+    renamed: dict[str, str] = {}
 
     def put(key: str, value: Any, asked: str) -> None:
         if key in out and out[key] != value:

@@ -138,7 +138,7 @@ def _wrap_tensor_method(torch: Any, kind: str) -> None:
         finally:
             _local.inside = False
 
-    counted.__pk_e2e_wrapped__ = True
+    counted.__pk_e2e_wrapped__ = True  # type: ignore[attr-defined]
     counted.__name__ = original.__name__
     counted.__doc__ = original.__doc__
     setattr(torch.Tensor, kind, counted)
@@ -152,7 +152,7 @@ def _counted_wait(original: Any) -> Any:
         _bump(f"{WAIT}|{attribute(sys._getframe(1))}")
         return original(*args, **kwargs)
 
-    waited.__pk_e2e_wrapped__ = True
+    waited.__pk_e2e_wrapped__ = True  # type: ignore[attr-defined]
     waited.__name__ = getattr(original, "__name__", "synchronize")
     waited.__doc__ = getattr(original, "__doc__", None)
     return waited
@@ -183,7 +183,7 @@ def _wrap_call_probe(module: Any, owner: Optional[str], func: str) -> None:
         _bump(key)
         return original(*args, **kwargs)
 
-    probed.__pk_e2e_wrapped__ = True
+    probed.__pk_e2e_wrapped__ = True  # type: ignore[attr-defined]
     probed.__name__ = original.__name__
     probed.__qualname__ = getattr(original, "__qualname__", func)
     setattr(target, func, probed)
@@ -322,7 +322,7 @@ def install(directory: Optional[str] = None) -> bool:
 
 def read_dir(directory: str) -> list[dict]:
     """Every process's latest dump in ``directory``."""
-    out = []
+    out: list[dict] = []
     if not os.path.isdir(directory):
         return out
     for name in sorted(os.listdir(directory)):

@@ -127,7 +127,7 @@ def armed_in(sync_dir: str | None) -> bool:
 def alternated_runs(engine, requests, pairs: int, sync_dir: str | None, switch: mirror_control.Switch) -> dict:
     """ABBA alternations of mirror kept / dropped in this process (see mirror_control)."""
     order = mirror_control.abba(pairs)
-    calls = []
+    calls: list[dict] = []
     table = _sync_table(sync_dir)
     for arm in order:
         switch.set(arm)

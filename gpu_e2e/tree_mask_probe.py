@@ -40,7 +40,7 @@ def wrap(module: Any) -> None:
             syncs._bump(f"call|pk_probe.{PREALLOCATED if out is not None else PER_BATCH}")
         return out
 
-    probed.__pk_e2e_wrapped__ = True
+    probed.__pk_e2e_wrapped__ = True  # type: ignore[attr-defined]
     probed.__name__, probed.__qualname__ = original.__name__, original.__qualname__
     setattr(module, HELPER, probed)
 

@@ -16,7 +16,7 @@ with its count. Pure functions: tested on CPU from synthetic tables.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 
 from .host_waits import KINDS, blocking_count
 from .sites import split_by_rate
@@ -63,7 +63,7 @@ def compare_batch(pristine: Mapping, patched: Mapping) -> dict:
     """Per decode step, per site: pristine and patched host waits of one batch."""
     sa, sb = sites(pristine["syncs"]), sites(patched["syncs"])
     steps = (pristine["decode_steps"], patched["decode_steps"])
-    per_site = {}
+    per_site: dict[str, dict[str, Any]] = {}
     for name in sorted(set(sa) | set(sb)):
         a, b = sa.get(name), sb.get(name)
         per_site[name] = {

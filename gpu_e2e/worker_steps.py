@@ -57,7 +57,7 @@ def _probe_worker(module: Any) -> None:
             pass
         return original(self, *args, **kwargs)
 
-    forward_batch_generation.__pk_e2e_wrapped__ = True
+    forward_batch_generation.__pk_e2e_wrapped__ = True  # type: ignore[attr-defined]
     forward_batch_generation.__name__ = original.__name__
     forward_batch_generation.__qualname__ = original.__qualname__
     forward_batch_generation.__doc__ = original.__doc__

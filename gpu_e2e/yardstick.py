@@ -1,7 +1,7 @@
 """Patched 0.5.12.post1 against upstream 0.5.17, read across the calls of one plan (issue 57).
 
 The orchestrator runs one bundle per call, so the two sides of a round sit in two calls'
-``results.json`` under one results folder (``docs/results/gpu-yardstick/plan.sh``):
+``results.json`` under one results folder (a run of ``gpu_e2e/yardstick_plan.sh``):
 ``<backend>-r<N>-b12`` (patched, and pristine in round 1, 0.5.12.post1) and
 ``<backend>-r<N>-b17`` (upstream 0.5.17). This module pairs them per backend, round and
 batch size:
@@ -309,9 +309,15 @@ def minus_markdown(table: list[dict]) -> str:
     head = ", whole generate | decode only" if decode else ""
     lines += ["", f"| backend | bs | rounds | with / without `{patch}`, median{head} |", f"|---|---:|---:|---:|{rule}"]
     for (backend, bs), rs in by_cell(table):
-        cell = f" | {statistics.median(_minus_decode_ratio(r) for r in rs):.3f}" if decode else ""
+        cell = f" | {_median_or_na(_minus_decode_ratio(r) for r in rs)}" if decode else ""
         lines.append(f"| {label(backend)} | {bs} | {len(rs)} | {statistics.median(r['ratio'] for r in rs):.3f}{cell} |")
     return "\n".join(lines) + "\n"
+
+
+def _median_or_na(ratios: Iterable[Optional[float]]) -> str:
+    """The median of the ratios a row has (a call that timed no first token has none), "n/a" if none."""
+    have = [r for r in ratios if r is not None]
+    return f"{statistics.median(have):.3f}" if have else "n/a"
 
 
 def _minus_decode_ratio(row: Mapping) -> Optional[float]:
@@ -353,9 +359,9 @@ def decode_markdown(table: list[dict]) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for (backend, bs), rs in by_cell([r for r in timed if r["same_machine"]]):
-        decode = statistics.median(decode_ratio(r) for r in rs)
+        decode = _median_or_na(decode_ratio(r) for r in rs)
         whole = statistics.median(r["ratio"] for r in rs)
-        lines.append(f"| {label(backend)} | {bs} | {len(rs)} | {decode:.3f} | {whole:.3f} |")
+        lines.append(f"| {label(backend)} | {bs} | {len(rs)} | {decode} | {whole:.3f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -41,6 +41,16 @@ TREE_CALLS = (
 )
 
 
+def written_files(version: str) -> tuple[list[str], list[str]]:
+    """What an apply of every built-in patch writes on ``version``, from the recorded
+    digests (tests/patched_digests.json, scripts/patched_digests.py): (the release's files
+    it changes, the runtime files it adds under srt/_patchkit/). Tests derive their counts
+    from it, so a new patch needs no count edited by hand."""
+    digests = json.loads((Path(__file__).parent / "patched_digests.json").read_text(encoding="utf-8"))[version]
+    added = sorted(rel for rel in digests if rel.startswith("srt/_patchkit/"))
+    return sorted(set(digests) - set(added)), added
+
+
 def patch_states(cli, tree, *ids: str) -> dict[str, dict]:
     """``patchkit status --format json`` (of ``ids``, or every patch) by patch id."""
     result = cli("status", tree, *ids, "--format", "json")

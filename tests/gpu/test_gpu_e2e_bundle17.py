@@ -370,7 +370,7 @@ def test_the_renamed_settings_are_read_back_from_the_engine():
     assert {new for new, _ in server_args_names.RENAMED.values()} <= set(engine_facts.SERVER_FIELDS)
 
 
-PLAN = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-yardstick" / "plan.sh"
+PLAN = Path(__file__).resolve().parents[2] / "gpu_e2e" / "yardstick_plan.sh"
 STUB = """
 import json, os, sys
 from pathlib import Path

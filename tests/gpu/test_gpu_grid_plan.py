@@ -1,15 +1,18 @@
-"""docs/results/gpu-grid-2026-11-28/plan.sh (issue 67's speed grid), run on CPU over stub bundles:
-four lanes in parallel, one GPU each, every step's orchestrator calls as the plan says."""
+"""gpu_e2e/plan.sh (the GPU plan, from issue 67's speed grid), run on CPU over stub bundles:
+four lanes in parallel, one GPU each, every step's orchestrator calls as the plan says; and
+each results folder's record of the plan and arguments it ran with (plan-args.json)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-PLAN = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-grid-2026-11-28" / "plan.sh"
+ROOT = Path(__file__).resolve().parents[2]
+PLAN = ROOT / "gpu_e2e" / "plan.sh"
 STUB = """import json, os, sys, time
 from pathlib import Path
 args = sys.argv[1:]
@@ -138,3 +141,24 @@ def test_a_lane_starts_no_step_after_the_deadline(tmp_path):
     )
     assert [Path(_arg(c, "--out")).name for c in calls] == ["triton_check-r1-b12"]
     assert "deadline, fa3_check-r1 not started" in progress
+
+
+def test_each_plan_parses():
+    for plan in (PLAN, ROOT / "gpu_e2e" / "yardstick_plan.sh"):
+        assert subprocess.run(["bash", "-n", str(plan)]).returncode == 0, plan
+
+
+def test_each_run_records_its_plan_and_arguments():
+    """A run of gpu_e2e/plan.sh records the variables it set, each one the plan reads; a run
+    from before it names its own script as of the commit that still holds it."""
+    records = sorted((ROOT / "docs" / "results").glob("*/plan-args.json"))
+    assert records
+    read = set(re.findall(r"\$\{(\w+):-", PLAN.read_text()))
+    for path in records:
+        record = json.loads(path.read_text())
+        if record["plan"] is not None:
+            assert (ROOT / record["plan"]).is_file(), path
+            assert set(record["env"]) <= read, (path, set(record["env"]) - read)
+        else:
+            assert re.fullmatch(r"[0-9a-f]{7,40}", record["scripts_at"]) and record["scripts"], path
+            assert all(s.startswith(f"docs/results/{path.parent.name}/") for s in record["scripts"]), path

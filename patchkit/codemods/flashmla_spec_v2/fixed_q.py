@@ -7,6 +7,7 @@ the terms that hand DRAFT_EXTEND_V2 to the FlashInfer MLA parent.
 
 from __future__ import annotations
 
+from collections.abc import Set
 from typing import Optional
 
 import libcst as cst
@@ -109,7 +110,7 @@ class ByIdentity(cst.CSTTransformer):
     """Replace nodes found by a search (by identity) with new ones, and drop
     the ``drops`` terms from the tuples and ``or`` chains that hold them."""
 
-    def __init__(self, new: Optional[dict[int, cst.CSTNode]] = None, drops: frozenset = frozenset()) -> None:
+    def __init__(self, new: Optional[dict[int, cst.CSTNode]] = None, drops: frozenset[int] = frozenset()) -> None:
         self.new, self.drops = new or {}, drops
 
     def on_leave(self, original, updated):
@@ -120,7 +121,7 @@ class ByIdentity(cst.CSTTransformer):
         return updated
 
 
-def _holds_drop(node: cst.CSTNode, drops: set[int]) -> bool:
+def _holds_drop(node: cst.CSTNode, drops: Set[int]) -> bool:
     if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
         return any(id(e) in drops for e in node.elements)
     if isinstance(node, cst.BooleanOperation):
@@ -128,7 +129,7 @@ def _holds_drop(node: cst.CSTNode, drops: set[int]) -> bool:
     return False
 
 
-def _drop_terms(original: cst.CSTNode, updated: cst.CSTNode, drops: set[int]) -> cst.CSTNode:
+def _drop_terms(original: cst.CSTNode, updated: cst.CSTNode, drops: Set[int]) -> cst.CSTNode:
     if isinstance(original, cst.BooleanOperation) and isinstance(updated, cst.BooleanOperation):
         term = updated.right if id(original.left) in drops else updated.left
         return term.with_changes(lpar=updated.lpar, rpar=updated.rpar) if updated.lpar else term

@@ -227,7 +227,12 @@ class _TemplateRewriter(cst.CSTTransformer):
             captures = m.extract(updated, self.matcher)
             if captures is not None:
                 self.count += 1
-                result = fill_template(self.template, {**self.nodes, **captures})
+                nodes = dict(self.nodes)
+                for name, node in captures.items():
+                    if not isinstance(node, cst.CSTNode):  # a capture of a sequence (m.ZeroOrMore)
+                        raise ValueError(f"template name {name!r} captured a sequence of nodes, not one node")
+                    nodes[name] = node
+                result = fill_template(self.template, nodes)
                 if isinstance(updated, cst.BaseExpression) and isinstance(result, cst.BaseExpression):
                     # Parentheses around the rewritten expression stay.
                     result = result.with_changes(lpar=updated.lpar, rpar=updated.rpar)

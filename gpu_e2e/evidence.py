@@ -1,0 +1,124 @@
+"""What a GPU run leaves in docs/results/, kept small (docs/results/README.md):
+
+    python -m gpu_e2e.evidence compact RESULTS.json ...   # no indentation, output ids hashed
+    python -m gpu_e2e.evidence trim-log engine.log ...     # only the lines read back from it
+
+``compact`` keeps every field; each request's output ids become the first 16 hex digits of
+the sha256 of their JSON list, a one-element list, so two requests compare equal exactly when
+their ids did. ``trim-log`` keeps each engine's ``===== KEY =====`` header, the lines
+:func:`engine_facts.log_facts` counts, tracebacks and exception lines, and the lines the
+tests cite; it refuses (and leaves the file as it was) if :func:`engine_facts.log_facts` or
+:func:`engine_facts.failure_line` would read anything else from any section."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from . import engine_facts
+
+#: Lines kept by ``trim-log`` besides headers, tracebacks and exception lines (lower case).
+KEEP = [
+    s.lower()
+    for s in [
+        *engine_facts.LOG_LINES.values(),
+        "Capture target",
+        "Capture draft",
+        "Engine startup timings",
+        engine_facts.FAILURE_PREFIX,
+        "_draft_extend_for_decode",
+        "Piecewise CUDA Graph failed",
+        "Spec v1 is used",
+        "ERROR SUMMARY",
+        "awq_marlin_moe_repack",
+        "KV Cache is allocated",
+        "_OpNamespace",
+        "Traceback",
+    ]
+]
+_HEADER = re.compile(r"(?m)^(===== .* =====)$")
+
+
+def ids_digest(ids: list) -> list[str]:
+    """One request's output ids as a one-element list: the sha256 prefix of their JSON."""
+    return [hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]]
+
+
+def _hashed(ids: list) -> bool:
+    return len(ids) == 1 and isinstance(ids[0], str)
+
+
+def hash_output_ids(data: Any) -> Any:
+    """``data`` with every ``output_ids`` list of per-request lists hashed (in place)."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key == "output_ids" and isinstance(value, list) and all(isinstance(r, list) for r in value):
+                data[key] = [r if _hashed(r) else ids_digest(r) for r in value]
+            else:
+                hash_output_ids(value)
+    elif isinstance(data, list):
+        for item in data:
+            hash_output_ids(item)
+    return data
+
+
+def compact(path: Path) -> tuple[int, int]:
+    """Rewrite one results JSON compactly; (bytes before, bytes after)."""
+    raw = path.read_text(encoding="utf-8")
+    out = json.dumps(hash_output_ids(json.loads(raw)), separators=(",", ":"), ensure_ascii=False)
+    path.write_text(out, encoding="utf-8")
+    return len(raw.encode()), len(out.encode())
+
+
+def trim(text: str) -> str:
+    """The lines of an engine log that are read back from it."""
+    out, in_traceback = [], False
+    for line in text.splitlines():
+        low = line.lower()
+        if line.startswith("=====") or any(k in low for k in KEEP):
+            out.append(line)
+            in_traceback = "traceback" in low
+            continue
+        if in_traceback and not line.strip().startswith("["):
+            out.append(line)
+            continue
+        in_traceback = False
+        if engine_facts._EXCEPTION_LINE.match(line.strip()):
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def read_back(text: str) -> list:
+    """What the harness and the tests read from a log: per section, its facts and failure line."""
+    return [(engine_facts.log_facts(part), engine_facts.failure_line(part)) for part in _HEADER.split(text)] + [
+        text.lower().count(k) for k in KEEP
+    ]
+
+
+def trim_log(path: Path) -> tuple[int, int]:
+    """Trim one log in place; (bytes before, bytes after). Unchanged if anything read back differs."""
+    text = path.read_text(encoding="utf-8", errors="surrogateescape")
+    trimmed = trim(text)
+    if read_back(trimmed) != read_back(text):
+        raise SystemExit(f"{path}: trimming would change what is read back from it; left as it was")
+    path.write_text(trimmed, encoding="utf-8", errors="surrogateescape")
+    return len(text.encode(errors="surrogateescape")), len(trimmed.encode(errors="surrogateescape"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gpu_e2e.evidence", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["compact", "trim-log"])
+    parser.add_argument("files", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    do = compact if args.action == "compact" else trim_log
+    for path in args.files:
+        before, after = do(path)
+        print(f"{path}: {before} -> {after} bytes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+#!/bin/bash
+# The GPU plan (from issue 67's speed grid, first run 2026-11-28): steps of orchestrator calls
+# over one machine's GPUs, one lane per GPU (CUDA_VISIBLE_DEVICES=<lane>), the lanes in
+# parallel, each with its own --work, port, FlashInfer / Triton / inductor caches. A run is
+# this script plus its arguments (the variables below), recorded beside its results as
+# plan-args.json ({"plan": "gpu_e2e/plan.sh", "env": {...}}; docs/results/README.md):
+#   LANES="0 1" STEPS="triton-r1 fa3-r1" WITH17="fa3-r1" GIVE_UP_S=900 bash gpu_e2e/plan.sh
+#
+# Every engine: counters off (PK_E2E_COUNTERS_OFF=1), release defaults otherwise (piecewise
+# CUDA graph as the release leaves it; FA3 steps name no backend, so Hopper picks FA3, read back
+# in settings.md; Triton steps name triton), checkpoint-shaped EAGLE3 draft, the models' own
+# context (131072), uniform workload, greedy, ignore_eos, 128 new tokens, 2 timed generates per
+# batch size (plus the harness's one-token runs for the decode-only rate),
+#   engine-extra {"cuda_graph_max_bs": 32, "max_running_requests": 128, "port": <per lane>}:
+#   bs 1, 8, 32 replay captured graphs; bs 64 and 128 run EAGER (above cuda_graph_max_bs;
+#   0.5.17 takes it as cuda_graph_max_bs_decode, server_args_names.py).
+#
+# A step is one round of one cell on one GPU: 0.5.12.post1 pristine + patched (bundle B12, one
+# orchestrator call, order flipped every round) and upstream 0.5.17 (bundle B17), ABBA:
+#   r1: B12 (pristine, patched), B17     r2: B17, B12 (patched, pristine)     r3: as r1
+# Cells (backend_shape-round):
+#   triton_8b / fa3_8b  r1 r2: three variants; r3: pristine + patched only (0.5.17 has 2 rounds
+#                       at 8B: the cut that keeps the plan inside ~18 minutes)
+#   triton / fa3 (small) r1 r2 r3: three variants
+# Env steps (patched 0.5.12.post1 alone, small shape, the same batch sizes):
+#   triton_check-r1, fa3_check-r1  --engine-env PATCHKIT_CHECK_SEQ_LEN_BOUND=1 (the bound is
+#                                  checked against the device value every step and raises if
+#                                  too small: a raise fails the run; timing not comparable)
+#   fa3_static-r1                  --engine-env PATCHKIT_SEQ_LEN_BOUND=static (the old
+#                                  max_context_len bound, beside fa3's patched rounds)
+# Each scheduler's value of these variables is read back (engine_env.py): a wrong one is a PROBLEM.
+#
+# Scheduling: the lanes take steps from one list in its order (a step is claimed by mkdir), the
+# first whose inputs are there: longest first (8B), Triton before FA3 (FA3's libraries come in
+# later calls), the check steps early, the short env step last. Estimated engine time: small
+# engine ~85 s, 8B ~126 s (start 55-80 s); steps: small 255 s, 8B 378 s (r3 252 s), env 85 s:
+# 3800 s over 4 lanes, ~950-1010 s per lane + ~2 min of transfers before the FA3 steps can
+# start: ~17-18 minutes. If the machine runs late, cut in this order: fa3_static (say so),
+# triton r3's B17, fa3 r3's B17 (STEPS below).
+#
+# Inputs ($B12 $B17 bundles, FA3 libraries unpacked to $FA3_12 $FA3_17 with fa3.json beside):
+# docs/results/gpu-grid-2026-11-28/calls.md shows the calls that bring them. Each step leaves
+# .done; progress.log says which GPU ran what.
+R=${R:-/tmp/pkrun}
+B12=${B12:-/tmp/b12}
+B17=${B17:-/tmp/b17}
+FA3_12=${FA3_12:-/tmp/pk_fa3/flash_ops.abi3.so}
+FA3_17=${FA3_17:-/tmp/pk_fa3_17/flash_ops.abi3.so}
+LANES=${LANES:-"0 1 2 3"}
+GIVE_UP_S=${GIVE_UP_S:-1500}
+# Later runs set these (their folder's plan-args.json says which): NEW_TOKENS and RUNS per timed
+# generate; PIN=1 pins each lane to its share of the host's cores (taskset), so lanes do not
+# take each other's cores in a host-bound step; DEADLINE_S: no step starts after it (seconds
+# since the plan began), so a lease ends with whole steps.
+NEW_TOKENS=${NEW_TOKENS:-128}
+RUNS=${RUNS:-2}
+PIN=${PIN:-0}
+DEADLINE_S=${DEADLINE_S:-0}
+STEPS=${STEPS:-"triton_check-r1 triton_8b-r1 triton_8b-r2 fa3_8b-r1 fa3_8b-r2 triton_8b-r3 fa3_8b-r3 fa3_check-r1
+  triton-r1 fa3-r1 triton-r2 fa3-r2 triton-r3 fa3-r3 fa3_static-r1"}
+export PK_E2E_COUNTERS_OFF=1
+mkdir -p "$R/claims"
+note() { echo "[$(date +%T)] $*" >> "$R/progress.log"; }
+
+ready() {  # bundle [fa3-lib]: its inputs are there (a joined bundle appears only once whole)
+  [ -e "$1/manifest.json" ] && { [ -z "$2" ] || [ -e "$(dirname "$2")/fa3.json" ]; }
+}
+
+orchestrate() {  # lane name bundle timeout_s args...
+  local lane=$1 name=$2 bundle=$3 tmo=$4; shift 4
+  mkdir -p "$R/$name"; note "gpu $lane: start $name"
+  local pin=()
+  if [ "$PIN" = 1 ] && command -v taskset > /dev/null; then
+    local n_lanes; n_lanes=$(echo $LANES | wc -w); local share=$(( $(nproc) / n_lanes ))
+    pin=(taskset -c "$((lane * share))-$((lane * share + share - 1))")
+  fi
+  (cd "$bundle" && CUDA_VISIBLE_DEVICES=$lane FLASHINFER_WORKSPACE_BASE=/tmp/fi$lane \
+     TRITON_CACHE_DIR=/tmp/triton$lane TORCHINDUCTOR_CACHE_DIR=/tmp/inductor$lane \
+     PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout "$tmo" \
+     "${pin[@]}" python3 -m pk_gpu_e2e.orchestrate --bundle . --out "$R/$name" --work /tmp/pkw$lane "$@" \
+     > "$R/$name/console.log" 2>&1)
+  local rc=$?
+  echo "$lane" > "$R/$name/gpu"
+  note "gpu $lane: end $name rc=$rc ($(grep -h '^verdict' "$R/$name/console.log" | tail -1); $(grep -c '^PROBLEM' "$R/$name/console.log") problem lines)"
+}
+
+with17() {  # step: does it time 0.5.17 too? (WITH17: the steps that do; default all but 8B r3)
+  if [ -n "${WITH17:-}" ]; then [[ " $WITH17 " == *" $1 "* ]]; return; fi
+  [[ $1 != *_8b-r3 ]]
+}
+
+inputs_ready() {  # step
+  local cell=${1%-r*}
+  case $cell in
+    *_check|*_static|*_count|*_prof) [[ $cell == fa3* ]] && { ready "$B12" "$FA3_12"; return; }; ready "$B12"; return ;;
+  esac
+  if [[ $cell == fa3* ]]; then ready "$B12" "$FA3_12" && { ! with17 "$1" || ready "$B17" "$FA3_17"; }
+  else ready "$B12" && { ! with17 "$1" || ready "$B17"; }; fi
+}
+
+run_step() {  # lane step
+  local lane=$1 step=$2 cell=${2%-r*} rnd=${2##*-}
+  local extra="{\"cuda_graph_max_bs\": 32, \"max_running_requests\": 128, \"port\": $((31000 + 2000 * lane))}"
+  local shape=small tmo=700 rto=330
+  [[ $cell == *_8b* ]] && { shape=8b; tmo=900; rto=420; }
+  local a=(--sizes "$shape" --batch-sizes 1,8,32,64,128 --max-new-tokens "$NEW_TOKENS" --runs "$RUNS" --run-timeout "$rto"
+           --engine-extra "$extra" --label "$rnd")
+  local a12=("${a[@]}") a17=("${a[@]}")
+  if [[ $cell == fa3* ]]; then
+    a12+=(--attention-backend default --fa3-lib "$FA3_12"); a17+=(--attention-backend default --fa3-lib "$FA3_17")
+  else
+    a12+=(--attention-backend triton); a17+=(--attention-backend triton)
+  fi
+  case $cell in
+    *_check)  orchestrate "$lane" "$step-b12" "$B12" 400 --releases 0.5.12.post1 --variants patched "${a12[@]}" \
+                --engine-env PATCHKIT_CHECK_SEQ_LEN_BOUND=1; return ;;
+    *_static) orchestrate "$lane" "$step-b12" "$B12" 400 --releases 0.5.12.post1 --variants patched "${a12[@]}" \
+                --engine-env PATCHKIT_SEQ_LEN_BOUND=static; return ;;
+    # host waits by torch's count: the patched engine alone with the counters on (timing not compared)
+    *_count) PK_E2E_COUNTERS_OFF= orchestrate "$lane" "$step-b12" "$B12" "$tmo" --releases 0.5.12.post1 \
+                --variants patched "${a12[@]}"; return ;;
+    # one eager batch of each tree under sglang's profiler, then both traces side by side (the
+    # runner writes the traces beside its results, under the lane's --work: 2026-11-28b read
+    # the step folder and found none)
+    *_prof) orchestrate "$lane" "$step-b12" "$B12" $((tmo * 2)) --releases 0.5.12.post1 --variants pristine,patched \
+                "${a12[@]/1,8,32,64,128/128}" --profile-batch 128
+            (cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.profile_compare "/tmp/pkw$lane/results" \
+                --out "$R/$step-b12/compare.json" --md "$R/$step-b12/compare.md" > "$R/$step-b12/compare.log" 2>&1)
+            return ;;
+  esac
+  local v=pristine,patched; [ "$rnd" = r2 ] && v=patched,pristine
+  local with17=1; with17 "$step" || with17=0
+  if [ "$rnd" = r2 ]; then
+    [ $with17 = 1 ] && orchestrate "$lane" "$step-b17" "$B17" "$tmo" --releases 0.5.17 "${a17[@]}"
+    orchestrate "$lane" "$step-b12" "$B12" $((tmo * 2)) --releases 0.5.12.post1 --variants "$v" "${a12[@]}"
+  else
+    orchestrate "$lane" "$step-b12" "$B12" $((tmo * 2)) --releases 0.5.12.post1 --variants "$v" "${a12[@]}"
+    [ $with17 = 1 ] && orchestrate "$lane" "$step-b17" "$B17" "$tmo" --releases 0.5.17 "${a17[@]}"
+  fi
+}
+
+lane() {  # gpu: take the first unclaimed step whose inputs are there, until none is left
+  local gpu=$1
+  while :; do
+    local left=0 ran=""
+    for s in $STEPS; do
+      [ -e "$R/claims/$s" ] && continue
+      left=1
+      inputs_ready "$s" || continue
+      [ "$DEADLINE_S" -gt 0 ] && [ $SECONDS -ge "$DEADLINE_S" ] && { note "gpu $gpu: deadline, $s not started"; return; }
+      mkdir "$R/claims/$s" 2>/dev/null || continue  # another lane took it
+      run_step "$gpu" "$s"; touch "$R/claims/$s/.done"; ran=$s; break
+    done
+    [ $left = 0 ] && { note "gpu $gpu: no step left"; return; }
+    [ -z "$ran" ] && { [ $SECONDS -ge "$GIVE_UP_S" ] && { note "gpu $gpu: gave up waiting for inputs"; return; }; sleep 10; }
+  done
+}
+
+note "plan: $(echo $STEPS) on GPUs $LANES"
+for g in $LANES; do lane "$g" & done
+wait
+note "all done"

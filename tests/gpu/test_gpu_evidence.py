@@ -1,0 +1,77 @@
+"""docs/results/ kept small (issue 70): gpu_e2e.evidence's compact results and trimmed logs
+read back the same, and what is committed is kept that way."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpu_e2e import engine_facts, evidence
+from gpu_e2e.bundle import repo_root
+
+RESULTS = repo_root() / "docs" / "results"
+#: docs/results/ in bytes, at most (2.0 MB after issue 70; the repository's budget is 10 MB).
+BUDGET = 4_000_000
+
+LOG = """[2026-11-27 01:00:00] starting
+===== 0.5.17/small/default/r1/upstream =====
+[2026-11-27 01:00:01] Capture target prefill CUDA graph begin. backend=breakable, bs=[1]
+[2026-11-27 01:00:02] noise line 1
+[2026-11-27 01:00:03] Capture cuda graph bs [1, 8]
+[2026-11-27 01:00:04] Engine startup timings (s): total=9.1, cuda_graph={prefill=3.70, decode=0.00}, x=1
+===== 0.5.12.post1/small/default/r1/patched =====
+[2026-11-27 01:00:05] Scheduler hit an exception: Traceback (most recent call last):
+  File "scheduler.py", line 1, in <module>
+ImportError: DeepEP is not installed.
+[2026-11-27 01:00:06] noise line 2
+[runner] engine failed: RuntimeError: Rank 0 scheduler died during initialization
+"""
+
+
+def test_compact_hashes_each_request_and_keeps_which_are_equal(tmp_path):
+    data = {"runs": {"a": {"batches": [{"output_ids": [[1, 2], [1, 2], [3]], "tok_per_s": 1.5}]}}, "args": {"x": 1}}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(data, indent=1))
+    before, after = evidence.compact(path)
+    assert after < before
+    got = json.loads(path.read_text())
+    ids = got["runs"]["a"]["batches"][0]["output_ids"]
+    assert ids[0] == ids[1] != ids[2] and all(len(r) == 1 and len(r[0]) == 16 for r in ids)
+    assert got["runs"]["a"]["batches"][0]["tok_per_s"] == 1.5 and got["args"] == {"x": 1}
+    text = path.read_text()
+    evidence.compact(path)
+    assert path.read_text() == text  # a second pass changes nothing
+
+
+def test_trim_log_keeps_what_is_read_back(tmp_path):
+    path = tmp_path / "engine.log"
+    path.write_text(LOG)
+    evidence.trim_log(path)
+    text = path.read_text()
+    assert "noise" not in text and evidence.read_back(text) == evidence.read_back(LOG)
+    patched = text.split("===== 0.5.12.post1/small/default/r1/patched =====")[1]
+    assert engine_facts.failure_line(patched) == "ImportError: DeepEP is not installed."
+    upstream = engine_facts.log_facts(text.split("=====")[2])
+    assert upstream["graph_captures"] == {"target prefill": "breakable"} and upstream["cuda_graph_capture"] == 1
+
+
+def test_trim_log_refuses_to_drop_a_line_read_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(evidence, "KEEP", [])  # the capture lines would go
+    path = tmp_path / "engine.log"
+    path.write_text(LOG)
+    with pytest.raises(SystemExit, match="left as it was"):
+        evidence.trim_log(path)
+    assert path.read_text() == LOG
+
+
+def test_committed_results_are_compact_and_within_the_budget():
+    total = 0
+    for path in sorted(p for p in RESULTS.rglob("*") if p.is_file()):
+        total += path.stat().st_size
+        if path.suffix != ".json" or path.name == "plan-args.json":
+            continue
+        raw = path.read_text(encoding="utf-8")
+        assert "\n " not in raw, f"{path}: indented (python -m gpu_e2e.evidence compact)"
+        assert evidence.hash_output_ids(json.loads(raw)) == json.loads(raw), f"{path}: output ids not hashed"
+    assert total <= BUDGET, total
