@@ -76,7 +76,7 @@ class Session:
         stored = self.store.read_blob(digest, missing_ok=self.snapshot.believed.source != "state")
         if stored is not None:
             return stored
-        data = self.recovered[digest] = originals.find(self.tree.path(rel), rel, digest, self.tree.version)
+        data = self.recovered[digest] = originals.find(self.tree, rel, digest)
         return data
 
     def sources(self, patches: Iterable[Patch]) -> dict[str, bytes]:
