@@ -22,8 +22,10 @@ from them. A method that takes the value back to the host (``.cpu()``,
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 from patchkit import python_ast
 from patchkit.postconditions import Postcondition, Proposed, Violation
@@ -54,15 +56,53 @@ class DeviceLensStayOnDevice(Postcondition):
     def check(self, proposed: Proposed) -> Violation | None:
         if proposed.owner not in proposed.applying:
             return None  # applied before: nothing of it is written now
-        for rel in sorted(proposed.changed):
-            data = proposed.changed[rel]
-            if not any(name.encode() in data for name in LENS):
-                continue
-            use = next(host_only_uses(data, rel), None)
-            if use is not None:
-                line = proposed.line_on_disk(rel, use.line)
-                return Violation(proposed.owner, refusal(rel, line, use, proposed.owner))
+        found = first_host_only_use(proposed.changed)
+        if found is None:
+            return None
+        rel, use = found
+        return Violation(proposed.owner, refusal(rel, proposed.line_on_disk(rel, use.line), use, proposed.owner))
+
+
+def first_host_only_use(changed: Mapping[str, bytes]) -> tuple[str, HostOnlyUse] | None:
+    """The first host-only use (by file, then line) in the files of
+    ``changed`` (path -> bytes as written) that name the lengths. A function
+    of those bytes, kept in the transform cache like a transform: a fresh copy
+    of a release applies without parsing them again."""
+    from patchkit.transform.cache import TransformCache
+
+    files = {rel: data for rel, data in sorted(changed.items()) if any(name.encode() in data for name in LENS)}
+    if not files:
         return None
+    shared = TransformCache.default()
+    key = shared.fact_key(
+        FirstHostOnlyUse, *(f"{rel}:{hashlib.sha256(data).hexdigest()}" for rel, data in files.items())
+    )
+    cached = shared.get_fact(key, FirstHostOnlyUse)
+    if cached is not None:
+        return cached.found
+    uses = ((rel, next(host_only_uses(data, rel), None)) for rel, data in files.items())
+    found = next(((rel, use) for rel, use in uses if use is not None), None)
+    shared.put_fact(key, FirstHostOnlyUse(found))
+    return found
+
+
+@dataclass(frozen=True)
+class FirstHostOnlyUse:
+    """``first_host_only_use``'s answer on some files' bytes (None: no such use)."""
+
+    KIND: ClassVar[str] = "first-host-only-use"
+    found: tuple[str, HostOnlyUse] | None
+
+    def to_json(self) -> list[object] | None:
+        return None if self.found is None else [self.found[0], asdict(self.found[1])]
+
+    @classmethod
+    def from_json(cls, data: object) -> FirstHostOnlyUse:
+        if data is None:
+            return cls(None)
+        if not (isinstance(data, list) and len(data) == 2 and isinstance(data[0], str) and isinstance(data[1], dict)):
+            raise TypeError("not a use")
+        return cls((data[0], HostOnlyUse(**data[1])))  # TypeError: another shape of HostOnlyUse (a miss)
 
 
 def refusal(rel: str, line: int, use: HostOnlyUse, patch: str) -> str:
@@ -83,9 +123,18 @@ def host_only_uses(data: bytes, rel: str = "<unknown>") -> Iterator[HostOnlyUse]
         module = python_ast.parse(data, rel)
     except SyntaxError:
         return  # the transform's compile check names it
+    lines = data.splitlines()
     for qualname, fn in _functions(module):
-        if _takes_device_lens(fn):
+        if _names_lens(fn, lines) and _takes_device_lens(fn):
             yield from sorted(_uses(fn, qualname), key=lambda u: u.line)
+
+
+def _names_lens(fn: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[bytes]) -> bool:
+    """Whether the text of ``fn`` (its decorators too) names the lengths:
+    where not, no node of it is one (``_takes_device_lens`` without a walk)."""
+    start = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+    text = b"\n".join(lines[start - 1 : fn.end_lineno])
+    return any(name.encode() in text for name in LENS)
 
 
 def _functions(module: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
