@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from patchkit import python_ast
-from patchkit.postconditions import Postcondition, Proposed, Violation
+from patchkit.postconditions import HeadStart, Postcondition, Proposed, Violation
+
+if TYPE_CHECKING:
+    from patchkit.tree import Tree
 
 LENS = frozenset({"extend_seq_lens", "extend_prefix_lens"})
 #: Methods of a tensor that need it on the host (or copy it there, waiting).
@@ -53,56 +56,59 @@ class HostOnlyUse:
 class DeviceLensStayOnDevice(Postcondition):
     """No host-only use of extend lengths that needs-cpu-seq-lens lets be device tensors."""
 
+    def head_start(self, tree: Tree) -> HeadStart:
+        def after(rel: str, source: bytes, new: bytes) -> None:  # in the worker: the ast of ``new`` is at hand
+            host_only_use_in(rel, new)
+
+        return HeadStart(after=after)
+
     def check(self, proposed: Proposed) -> Violation | None:
         if proposed.owner not in proposed.applying:
             return None  # applied before: nothing of it is written now
-        found = first_host_only_use(proposed.changed)
-        if found is None:
-            return None
-        rel, use = found
-        return Violation(proposed.owner, refusal(rel, proposed.line_on_disk(rel, use.line), use, proposed.owner))
+        for rel in sorted(proposed.changed):
+            use = host_only_use_in(rel, proposed.changed[rel])
+            if use is not None:
+                line = proposed.line_on_disk(rel, use.line)
+                return Violation(proposed.owner, refusal(rel, line, use, proposed.owner))
+        return None
 
 
-def first_host_only_use(changed: Mapping[str, bytes]) -> tuple[str, HostOnlyUse] | None:
-    """The first host-only use (by file, then line) in the files of
-    ``changed`` (path -> bytes as written) that name the lengths. A function
-    of those bytes, kept in the transform cache like a transform: a fresh copy
-    of a release applies without parsing them again."""
+def host_only_use_in(rel: str, data: bytes) -> HostOnlyUse | None:
+    """The first host-only use in ``rel`` as written (``data``) where it
+    names the lengths; None: none. A function of the bytes, kept in the
+    transform cache like a transform: found by the worker that writes them,
+    read back by a warm apply (neither parses them again)."""
+    if not any(name.encode() in data for name in LENS):
+        return None
     from patchkit.transform.cache import TransformCache
 
-    files = {rel: data for rel, data in sorted(changed.items()) if any(name.encode() in data for name in LENS)}
-    if not files:
-        return None
     shared = TransformCache.default()
-    key = shared.fact_key(
-        FirstHostOnlyUse, *(f"{rel}:{hashlib.sha256(data).hexdigest()}" for rel, data in files.items())
-    )
-    cached = shared.get_fact(key, FirstHostOnlyUse)
+    key = shared.fact_key(HostOnlyUseIn, rel, hashlib.sha256(data).hexdigest())
+    cached = shared.get_fact(key, HostOnlyUseIn)
     if cached is not None:
-        return cached.found
-    uses = ((rel, next(host_only_uses(data, rel), None)) for rel, data in files.items())
-    found = next(((rel, use) for rel, use in uses if use is not None), None)
-    shared.put_fact(key, FirstHostOnlyUse(found))
-    return found
+        return cached.use
+    use = next(host_only_uses(data, rel), None)
+    shared.put_fact(key, HostOnlyUseIn(use))
+    return use
 
 
 @dataclass(frozen=True)
-class FirstHostOnlyUse:
-    """``first_host_only_use``'s answer on some files' bytes (None: no such use)."""
+class HostOnlyUseIn:
+    """``host_only_use_in``'s answer on a file's bytes (None: no such use)."""
 
-    KIND: ClassVar[str] = "first-host-only-use"
-    found: tuple[str, HostOnlyUse] | None
+    KIND: ClassVar[str] = "host-only-use"
+    use: HostOnlyUse | None
 
-    def to_json(self) -> list[object] | None:
-        return None if self.found is None else [self.found[0], asdict(self.found[1])]
+    def to_json(self) -> dict[str, object] | None:
+        return None if self.use is None else asdict(self.use)
 
     @classmethod
-    def from_json(cls, data: object) -> FirstHostOnlyUse:
+    def from_json(cls, data: object) -> HostOnlyUseIn:
         if data is None:
             return cls(None)
-        if not (isinstance(data, list) and len(data) == 2 and isinstance(data[0], str) and isinstance(data[1], dict)):
+        if not isinstance(data, dict):
             raise TypeError("not a use")
-        return cls((data[0], HostOnlyUse(**data[1])))  # TypeError: another shape of HostOnlyUse (a miss)
+        return cls(HostOnlyUse(**data))  # TypeError: written by another shape of HostOnlyUse (a miss)
 
 
 def refusal(rel: str, line: int, use: HostOnlyUse, patch: str) -> str:

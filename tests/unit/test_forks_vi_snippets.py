@@ -116,28 +116,27 @@ def test_the_postcondition_names_iteration_and_len_of_the_lengths_but_not_a_list
 
 
 def test_the_postconditions_answer_is_kept_by_the_files_bytes_in_the_transform_cache(tmp_path, monkeypatch):
-    """A warm apply does not parse the changed files again for this check: the
-    first use is a fact of their bytes (the same answer, read back), and
-    other bytes are asked afresh."""
+    """A warm apply does not parse a changed file again for this check (nor
+    the parent, where a worker wrote it: the head start): the first use is a
+    fact of the file's bytes, the same answer read back; other bytes are asked afresh."""
     from patchkit.checks import device_lens
 
     monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "cache"))
+    rel = "srt/model_executor/forward_batch_info.py"
     bad = code("""
         class ForwardBatch:
             def init_new(cls, batch, device):
                 ret.extend_seq_lens = torch.as_tensor(batch.extend_seq_lens).to(device)
                 count = len(batch.extend_seq_lens)
     """).encode()
-    changed = {"srt/a.py": b"x = 1\n", "srt/model_executor/forward_batch_info.py": bad}
-    first = device_lens.first_host_only_use(changed)
-    assert first is not None and first[0] == "srt/model_executor/forward_batch_info.py" and first[1].line == 4
+    device_lens.DeviceLensStayOnDevice().head_start(None).after(rel, b"", bad)  # as a worker does
     assert list((tmp_path / "cache").rglob("*")), "the answer was kept"
-    monkeypatch.setattr(device_lens, "host_only_uses", lambda *a: pytest.fail("parsed again"))
-    assert device_lens.first_host_only_use(changed) == first
-    monkeypatch.undo()
-    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "cache"))
-    fixed = {**changed, "srt/model_executor/forward_batch_info.py": bad.replace(b"count = len(", b"count = (")}
-    assert device_lens.first_host_only_use(fixed) is None
+    with monkeypatch.context() as m:
+        m.setattr(device_lens, "host_only_uses", lambda *a: pytest.fail("parsed again"))
+        use = device_lens.host_only_use_in(rel, bad)
+        assert use is not None and (use.line, use.use) == (4, "`len(...)`")
+        assert device_lens.host_only_use_in("srt/a.py", b"x = 1\n") is None  # names no lengths: not parsed
+    assert device_lens.host_only_use_in(rel, bad.replace(b"count = len(", b"count = (")) is None
 
 
 # --- item 4: --skip advice that works the first time ------------------------------------
