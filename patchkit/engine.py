@@ -41,7 +41,7 @@ from patchkit.state import Store, originals, sha256, vendoring
 from patchkit.state.record import Record
 from patchkit.state.snapshot import Snapshot, read_snapshot
 from patchkit.transform.detection import Detection
-from patchkit.tree import base_release, find_tree
+from patchkit.tree import find_tree
 
 if TYPE_CHECKING:
     from patchkit.transform.detection import CodemodRef
@@ -76,7 +76,7 @@ class Session:
         stored = self.store.read_blob(digest, missing_ok=self.snapshot.believed.source != "state")
         if stored is not None:
             return stored
-        data = self.recovered[digest] = originals.find(self.tree.path(rel), rel, digest, self.tree.version)
+        data = self.recovered[digest] = originals.find(self.tree, rel, digest)
         return data
 
     def sources(self, patches: Iterable[Patch]) -> dict[str, bytes]:
@@ -183,9 +183,7 @@ class Session:
         for target in patch.targets:
             if self.read(target.file) is None:
                 if target.optional:
-                    notes.append(
-                        f"{target.file}: not applicable here ({target.why_missing(base_release(self.tree.version))})"
-                    )
+                    notes.append(f"{target.file}: not applicable here ({target.why_missing(self.tree.release)})")
                     continue
                 results.append(CodemodResult(target.file, "-", Finding.missing(target.file, "file not in this tree")))
                 continue

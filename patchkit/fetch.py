@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ from typing import Optional
 
 from patchkit import known_releases, lifetimes, settings
 from patchkit.errors import PatchkitError
-from patchkit.tree import base_release
+from patchkit.tree import Tree, base_release
 from patchkit.versions import check_fetchable
 
 # Pure-Python parts are identical across platforms; pin one wheel flavour so the
@@ -221,25 +222,34 @@ def copy_tree(version: str, target: Path, layout: str = "package") -> Path:
 
 
 # -- a release's bytes, from the cache only (the vendor-code check) ---------------------
+# Checked against its shipped hashes (``known_releases.shipped``): file -> sha256, None: no such file.
+Shipped = Mapping[str, Optional[str]]
 
 
-def pristine_source(version: str, rel: str, say: Callable[[str], None] = lambda line: None) -> Optional[bytes]:
-    """``rel`` as the sglang ``version`` release ships it, from patchkit's cache
-    (an extracted tree, else a downloaded wheel); b"" when the cached release
-    has no such file (all of it is the vendor's); None when the release is not
-    in the cache (or the version names no release). A local version
-    (``0.5.11+acme``) reads its base release. Never downloads.
+def pristine_source(
+    release: Optional[str], rel: str, say: Callable[[str], None] = lambda line: None
+) -> Optional[bytes]:
+    """``rel`` as the sglang ``release`` (``Tree.release``) ships it, from
+    patchkit's cache (an extracted tree, else a downloaded wheel); b"" when
+    the cached release has no such file (all of it is the vendor's); None
+    when the release (None: none) is not in the cache. Never downloads.
 
     Checked before use: a cached copy that the sha256 patchkit ships for the
     release contradicts (edited, cut short) is not used, and is removed from
     the cache (so that the next fetch extracts or downloads it again), which
     ``say`` tells; a wheel that is not a whole zip is removed too."""
-    release = base_release(version)
-    if release is None:
-        return None
-    return next(
-        (data for data, marker in _cached_copies(release, rel, say) if _checked(release, rel, data, marker, say)), None
-    )
+    return None if release is None else _pristine(release, rel, known_releases.shipped(release), say)
+
+
+def _pristine(release: str, rel: str, shipped: Shipped, say: Callable[[str], None]) -> Optional[bytes]:
+    """``pristine_source`` with the release's ``shipped`` hashes in hand: a
+    cached copy they contradict is not used, and its ``marker`` (a wheel, or
+    the tree's completion mark) is removed."""
+    for data, marker in _cached_copies(release, rel, say):
+        if not _contradicts(shipped, rel, data):
+            return data
+        _remove(marker, f"patchkit's cached sglang {release} does not match the sha256 patchkit ships for {rel}", say)
+    return None
 
 
 def _cached_copies(release: str, rel: str, say: Callable[[str], None]) -> Iterator[tuple[bytes, Path]]:
@@ -273,13 +283,20 @@ def _cached_copies(release: str, rel: str, say: Callable[[str], None]) -> Iterat
         yield data, wheel
 
 
-def _checked(version: str, rel: str, data: bytes, marker: Path, say: Callable[[str], None]) -> bool:
-    """Whether the shipped hashes allow ``data`` as the release's ``rel``;
-    where not, ``marker`` (a wheel, or the tree's completion mark) is removed."""
-    if not known_releases.contradicts(version, rel, data):
-        return True
-    _remove(marker, f"patchkit's cached sglang {version} does not match the sha256 patchkit ships for {rel}", say)
-    return False
+def _as_shipped(shipped: Shipped, rel: str, data: bytes) -> Optional[bytes]:
+    """What the release ships as ``rel``, by its ``shipped`` hashes: ``data``
+    where its sha256 is the shipped one, b"" where the release has no such
+    file; None where they do not know the file, or ``data`` is other bytes."""
+    sha = shipped.get(rel, "")
+    if sha is None:
+        return b""
+    return data if sha and hashlib.sha256(data).hexdigest() == sha else None
+
+
+def _contradicts(shipped: Shipped, rel: str, data: bytes) -> bool:
+    """Whether the ``shipped`` hashes say ``data`` is *not* the release's
+    ``rel`` (b"": absent): a cached release edited, cut short or mixed up."""
+    return rel in shipped and _as_shipped(shipped, rel, data) != data
 
 
 def _remove(path: Path, why: str, say: Callable[[str], None]) -> None:
@@ -290,13 +307,10 @@ def _remove(path: Path, why: str, say: Callable[[str], None]) -> None:
         say(f"{why}: not used (the cache cannot be changed: {exc.strerror})")
 
 
-def release_file(version: str, rel: str) -> Optional[bytes]:
-    """``rel`` as the sglang ``version`` wheel ships it, the wheel fetched
-    from the package registry where patchkit's cache lacks it; None where the
-    release cannot be had or has no such file (a local version: its base release's)."""
-    release = base_release(version)
-    if release is None:
-        return None
+def release_file(release: str, rel: str) -> Optional[bytes]:
+    """``rel`` as the sglang ``release`` wheel ships it, the wheel fetched from
+    the package registry where patchkit's cache lacks it; None where the
+    release cannot be had or has no such file."""
     try:
         return (fetch_tree(release) / rel).read_bytes()
     except (PatchkitError, OSError):
@@ -304,7 +318,7 @@ def release_file(version: str, rel: str) -> Optional[bytes]:
 
 
 def release_sources(
-    version: str,
+    tree: Tree,
     files: Iterable[str],
     sources: Optional[Mapping[str, bytes]] = None,
     download: bool = False,
@@ -312,16 +326,15 @@ def release_sources(
     say: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Optional[bytes]]:
     """The fetch step of apply, revert and export, before any transform: each
-    of ``files`` as the release ``version`` ships it (the vendor-code check
+    of ``files`` as the ``tree``'s release ships it (the vendor-code check
     compares against these bytes). A file whose bytes (``sources``) match the
     shipped hashes is its own release bytes; else patchkit's cache gives them.
     ``download`` (apply): what neither has comes from the package registry,
     and a release that cannot be had refuses the run in one line, unless
     ``accept_risk`` (then nothing is downloaded and those files go unchecked:
     None, which the transform's notes say)."""
-    sources = sources or {}
-    files = list(files)
-    release = base_release(version)
+    sources, files = sources or {}, list(files)
+    version, release = tree.version, tree.release
     if release is None:
         if download and not accept_risk and files and version and version != "unknown":
             raise PatchkitError(
@@ -331,10 +344,11 @@ def release_sources(
         return dict.fromkeys(files)
     if release != version and files:
         say(f"the vendor-code check compares with sglang {release}: {version} is a local build of that release")
+    shipped = known_releases.shipped(release)  # read once, checked here
     out: dict[str, Optional[bytes]] = {}
     for rel in files:
-        known = known_releases.release_bytes(release, rel, sources[rel]) if rel in sources else None
-        out[rel] = known if known is not None else pristine_source(release, rel, say)
+        known = _as_shipped(shipped, rel, sources[rel]) if rel in sources else None
+        out[rel] = known if known is not None else _pristine(release, rel, shipped, say)
     missing = [rel for rel, data in out.items() if data is None]
     if not missing or not download or accept_risk:
         return out
@@ -355,7 +369,7 @@ def release_sources(
         except FileNotFoundError:
             data = b""  # the release has no such file: all of it is the vendor's
         out[rel] = data
-        if known_releases.contradicts(release, rel, data):  # a cache that could not be set right
+        if _contradicts(shipped, rel, data):  # a cache that could not be set right
             raise PatchkitError(
                 f"cannot run the vendor-code check: {package / rel} is not sglang {release}'s {rel} (not the "
                 f"sha256 patchkit ships); nothing was changed (remove {package.parent} and run again)"
@@ -382,7 +396,3 @@ def release_note(version: str, risk: bool = False) -> str:
         f"note: the vendor-code check was skipped: sglang {version} is not in patchkit's cache "
         f"(`patchkit fetch {version}` puts it there; code a fork added is then checked to survive)"
     )
-
-
-def is_release(version: str) -> bool:
-    return base_release(version) is not None

@@ -2,9 +2,10 @@
 module under srt/ that reads the CPU seq_lens mirror, shipped with patchkit
 (``known_releases.json``, written by ``scripts/release_hashes.py``).
 
-apply's fetch step asks ``release_bytes`` first: a file whose bytes are its
-release's own has no vendor code, so the vendor-code check needs no download
-for it; a file a known release does not ship is all the vendor's. The
+apply's fetch step reads a release's ``shipped`` hashes once and checks each
+file against them: a file whose bytes are its release's own has no vendor
+code, so the vendor-code check needs no download for it; a file a known
+release does not ship is all the vendor's. The
 audit asks it too (``patchkit.audit.origins.KnownRelease``): a module that is
 its release's own bytes holds only the release's reads.
 """
@@ -34,21 +35,29 @@ def knows(version: str) -> bool:
     return version in _table()[0]
 
 
+@functools.lru_cache(maxsize=4)
+def shipped(version: str) -> dict[str, Optional[str]]:
+    """The sha256 (hex) that the release ``version`` ships for each file the
+    table holds, None where the release has no such file; empty for a
+    release the table does not know. A file missing here is one the table
+    does not know (nothing can be said of it)."""
+    releases, files = _table()
+    if version not in releases:
+        return {}
+    return {rel: next((d for d, v in shas.items() if version in v), None) for rel, shas in files.items()}
+
+
 def release_bytes(version: str, rel: str, source: bytes) -> Optional[bytes]:
     """What the release ``version`` ships as ``rel``, where the shipped hashes
     know it without a download: ``source`` itself when its sha256 is that
     release's, b"" when the release has no such file; else None (unknown
     release or file, or a file the vendor changed)."""
-    releases, files = _table()
-    if version not in releases or rel not in files:
+    table = shipped(version)
+    if rel not in table:
         return None
-    shas = files[rel]
-    versions = shas.get(hashlib.sha256(source).hexdigest())
-    if versions is not None and version in versions:
-        return source
-    if not any(version in v for v in shas.values()):
+    if table[rel] is None:
         return b""
-    return None
+    return source if hashlib.sha256(source).hexdigest() == table[rel] else None
 
 
 def is_release_sha(version: str, rel: str, sha: str) -> bool:
@@ -66,13 +75,3 @@ def tracks(rel: str) -> bool:
 def ships(rel: str, source: bytes) -> bool:
     """Whether ``source`` is, byte for byte, ``rel`` as some known release ships it."""
     return hashlib.sha256(source).hexdigest() in _table()[1].get(rel, {})
-
-
-def contradicts(version: str, rel: str, data: bytes) -> bool:
-    """Whether the shipped hashes say ``data`` is *not* what the release
-    ``version`` ships as ``rel`` (b"": the file is absent): a cached release
-    that was edited, cut short or mixed up. False where they do not know."""
-    releases, files = _table()
-    if version not in releases or rel not in files:
-        return False
-    return release_bytes(version, rel, data) != data

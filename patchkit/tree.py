@@ -44,6 +44,11 @@ class Tree:
     def state_dir(self) -> Path:
         return self.package / ".patchkit"
 
+    @property
+    def release(self) -> Optional[str]:
+        """The sglang release whose bytes the tree is compared with (``base_release``)."""
+        return base_release(self.version)
+
     def path(self, relpath: str) -> Path:
         """A file of the package, which it never leaves (``inside``)."""
         return inside(self.package, relpath)

@@ -242,9 +242,7 @@ def apply(
                     (t.file for p in registry.all_patches() for t in p.targets), outcome.release_own
                 )
                 known = facts.cached_release(session.tree.package) is not None
-                from patchkit.tree import base_release
-
-                release = base_release(session.tree.version) or session.tree.version  # 0.5.11+acme: 0.5.11
+                release = session.tree.release or session.tree.version  # 0.5.11+acme: 0.5.11
                 result.vendor_line = vendor_line(count, release, known)
     except Interrupted as exc:
         raise _keep_committed(exc, result, "apply", where, dry_run) from exc

@@ -72,7 +72,7 @@ def apply_patches(
     applied = set(record.applied)
     checks = declared(registry.all_patches(), applied | {p.id for p in selected})
     pristine = fetch.release_sources(
-        tree.version, sources, sources, download=True, accept_risk=accept_vendor_code_risk, say=say
+        tree, sources, sources, download=True, accept_risk=accept_vendor_code_risk, say=say
     )
     base_commit = record.base_commit or git.head(tree.package)
     # Transform ahead: every file's detection and transform, in parallel or

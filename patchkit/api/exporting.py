@@ -94,7 +94,7 @@ def build_series(
         for k, patch in enumerate(applied)
         for rel in dict.fromkeys(t.file for t in patch.targets if t.file in files)
     ]
-    pristine = fetch.release_sources(tree.version, dict.fromkeys(rel for rel, _ in steps))
+    pristine = fetch.release_sources(tree, dict.fromkeys(rel for rel, _ in steps))
     transformer = Transformer(tree, session.findings, session.modules, pristine=pristine)
     transformed = transformer.transform_prefixes(originals, steps, applied, progress)
     for k, patch in enumerate(applied):

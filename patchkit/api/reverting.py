@@ -45,7 +45,7 @@ def revert_patches(
     # from git history or the release; the release's bytes for the files
     # the remaining patches re-patch.
     current, edited, original = session.read_for_revert(files)
-    pristine = fetch.release_sources(session.tree.version, [rel for rel in files if rel in again])
+    pristine = fetch.release_sources(session.tree, [rel for rel in files if rel in again])
     transformer = Transformer(session.tree, session.findings, session.modules, pristine=pristine)
     record = session.record.copy()
     changed: dict[str, tuple[Optional[bytes], Optional[bytes]]] = {}

@@ -22,11 +22,16 @@ from them. A method that takes the value back to the host (``.cpu()``,
 from __future__ import annotations
 
 import ast
+import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from patchkit import python_ast
-from patchkit.postconditions import Postcondition, Proposed, Violation
+from patchkit.postconditions import HeadStart, Postcondition, Proposed, Violation
+
+if TYPE_CHECKING:
+    from patchkit.tree import Tree
 
 LENS = frozenset({"extend_seq_lens", "extend_prefix_lens"})
 #: Methods of a tensor that need it on the host (or copy it there, waiting).
@@ -51,18 +56,59 @@ class HostOnlyUse:
 class DeviceLensStayOnDevice(Postcondition):
     """No host-only use of extend lengths that needs-cpu-seq-lens lets be device tensors."""
 
+    def head_start(self, tree: Tree) -> HeadStart:
+        def after(rel: str, source: bytes, new: bytes) -> None:  # in the worker: the ast of ``new`` is at hand
+            host_only_use_in(rel, new)
+
+        return HeadStart(after=after)
+
     def check(self, proposed: Proposed) -> Violation | None:
         if proposed.owner not in proposed.applying:
             return None  # applied before: nothing of it is written now
         for rel in sorted(proposed.changed):
-            data = proposed.changed[rel]
-            if not any(name.encode() in data for name in LENS):
-                continue
-            use = next(host_only_uses(data, rel), None)
+            use = host_only_use_in(rel, proposed.changed[rel])
             if use is not None:
                 line = proposed.line_on_disk(rel, use.line)
                 return Violation(proposed.owner, refusal(rel, line, use, proposed.owner))
         return None
+
+
+def host_only_use_in(rel: str, data: bytes) -> HostOnlyUse | None:
+    """The first host-only use in ``rel`` as written (``data``) where it
+    names the lengths; None: none. A function of the bytes, kept in the
+    transform cache like a transform: found by the worker that writes them,
+    read back by a warm apply (neither parses them again)."""
+    if not any(name.encode() in data for name in LENS):
+        return None
+    from patchkit.transform.cache import TransformCache
+
+    shared = TransformCache.default()
+    key = shared.fact_key(HostOnlyUseIn, rel, hashlib.sha256(data).hexdigest())
+    cached = shared.get_fact(key, HostOnlyUseIn)
+    if cached is not None:
+        return cached.use
+    use = next(host_only_uses(data, rel), None)
+    shared.put_fact(key, HostOnlyUseIn(use))
+    return use
+
+
+@dataclass(frozen=True)
+class HostOnlyUseIn:
+    """``host_only_use_in``'s answer on a file's bytes (None: no such use)."""
+
+    KIND: ClassVar[str] = "host-only-use"
+    use: HostOnlyUse | None
+
+    def to_json(self) -> dict[str, object] | None:
+        return None if self.use is None else asdict(self.use)
+
+    @classmethod
+    def from_json(cls, data: object) -> HostOnlyUseIn:
+        if data is None:
+            return cls(None)
+        if not isinstance(data, dict):
+            raise TypeError("not a use")
+        return cls(HostOnlyUse(**data))  # TypeError: written by another shape of HostOnlyUse (a miss)
 
 
 def refusal(rel: str, line: int, use: HostOnlyUse, patch: str) -> str:
@@ -83,9 +129,18 @@ def host_only_uses(data: bytes, rel: str = "<unknown>") -> Iterator[HostOnlyUse]
         module = python_ast.parse(data, rel)
     except SyntaxError:
         return  # the transform's compile check names it
+    lines = data.splitlines()
     for qualname, fn in _functions(module):
-        if _takes_device_lens(fn):
+        if _names_lens(fn, lines) and _takes_device_lens(fn):
             yield from sorted(_uses(fn, qualname), key=lambda u: u.line)
+
+
+def _names_lens(fn: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[bytes]) -> bool:
+    """Whether the text of ``fn`` (its decorators too) names the lengths:
+    where not, no node of it is one (``_takes_device_lens`` without a walk)."""
+    start = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+    text = b"\n".join(lines[start - 1 : fn.end_lineno])
+    return any(name.encode() in text for name in LENS)
 
 
 def _functions(module: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:

@@ -15,10 +15,10 @@ there, each original is looked up, and checked against the recorded sha256
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 from patchkit import fetch, git
 from patchkit.errors import EXIT_CHANGES, PatchkitError
+from patchkit.tree import Tree
 
 
 class OriginalNotFound(PatchkitError):
@@ -27,27 +27,29 @@ class OriginalNotFound(PatchkitError):
     exit_code = EXIT_CHANGES
 
 
-def find(path: Path, rel: str, digest: str, version: str) -> bytes:
-    """The bytes of ``path`` (``rel`` in the sglang ``version`` tree) with this
-    sha256, from where a clone can have them, cheapest first: the release in
-    patchkit's cache (one file read), the checkout's git history, the release
-    downloaded (the network, last)."""
-    data = fetch.pristine_source(version, rel)
+def find(tree: Tree, rel: str, digest: str) -> bytes:
+    """The bytes of ``rel`` in ``tree`` with this sha256, from where a clone
+    can have them, cheapest first: the tree's release in patchkit's cache
+    (one file read), the checkout's git history, the release downloaded
+    (the network, last)."""
+    release = tree.release
+    data = fetch.pristine_source(release, rel)
+    path = tree.path(rel)
     if data is None or hashlib.sha256(data).hexdigest() != digest:
         data = git.version_in_history(path, digest)
     shallow = data is None and git.is_shallow(path.parent)
-    if data is None and fetch.is_release(version):
-        data = fetch.release_file(version, rel)
+    if data is None and release is not None:
+        data = fetch.release_file(release, rel)
         data = data if data is not None and hashlib.sha256(data).hexdigest() == digest else None
     if data is None and shallow:
         raise PatchkitError(
             f"{path}: cannot restore it exactly: this clone is shallow and the version patchkit recorded "
-            f"(sha256 {digest[:12]}) is not in the history it has nor in the sglang {version} release; "
+            f"(sha256 {digest[:12]}) is not in the history it has nor in the sglang {tree.version} release; "
             "`git fetch --unshallow` fetches the rest of the history, then run this again (nothing was changed)"
         )
     if data is None:
         raise OriginalNotFound(
             f"{path}: cannot restore it exactly: the version patchkit recorded (sha256 {digest[:12]}) is "
-            f"neither in this checkout's git history nor in the sglang {version} release; nothing was changed"
+            f"neither in this checkout's git history nor in the sglang {tree.version} release; nothing was changed"
         )
     return data

@@ -144,7 +144,7 @@ def _original(store: Store, tree: Tree, rel: str, digest: str) -> bytes:
         data = store.read_blob(digest, missing_ok=True)
         if data is not None:
             return data
-    return originals.find(tree.path(rel), rel, digest, tree.version)
+    return originals.find(tree, rel, digest)
 
 
 def set_aside(store: Store) -> list[Path]:

@@ -84,9 +84,9 @@ class Transformer:
         ``files`` has no release bytes (said once); else none."""
         if all(self.release_bytes(rel) is not None for rel in files):
             return ()
-        from patchkit.fetch import is_release, release_note
+        from patchkit.fetch import release_note
 
-        known = is_release(self.tree.version) or self.risk_accepted
+        known = self.tree.release is not None or self.risk_accepted
         note = release_note(self.tree.version, self.risk_accepted) if known else None
         return (note,) if note else ()
 

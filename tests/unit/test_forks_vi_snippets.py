@@ -115,6 +115,30 @@ def test_the_postcondition_names_iteration_and_len_of_the_lengths_but_not_a_list
     )
 
 
+def test_the_postconditions_answer_is_kept_by_the_files_bytes_in_the_transform_cache(tmp_path, monkeypatch):
+    """A warm apply does not parse a changed file again for this check (nor
+    the parent, where a worker wrote it: the head start): the first use is a
+    fact of the file's bytes, the same answer read back; other bytes are asked afresh."""
+    from patchkit.checks import device_lens
+
+    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path / "cache"))
+    rel = "srt/model_executor/forward_batch_info.py"
+    bad = code("""
+        class ForwardBatch:
+            def init_new(cls, batch, device):
+                ret.extend_seq_lens = torch.as_tensor(batch.extend_seq_lens).to(device)
+                count = len(batch.extend_seq_lens)
+    """).encode()
+    device_lens.DeviceLensStayOnDevice().head_start(None).after(rel, b"", bad)  # as a worker does
+    assert list((tmp_path / "cache").rglob("*")), "the answer was kept"
+    with monkeypatch.context() as m:
+        m.setattr(device_lens, "host_only_uses", lambda *a: pytest.fail("parsed again"))
+        use = device_lens.host_only_use_in(rel, bad)
+        assert use is not None and (use.line, use.use) == (4, "`len(...)`")
+        assert device_lens.host_only_use_in("srt/a.py", b"x = 1\n") is None  # names no lengths: not parsed
+    assert device_lens.host_only_use_in(rel, bad.replace(b"count = len(", b"count = (")) is None
+
+
 # --- item 4: --skip advice that works the first time ------------------------------------
 
 
