@@ -124,7 +124,13 @@ def test_the_second_run_arguments_count_profile_and_deadline(tmp_path):
     steps = "triton-r1 fa3_count-r1 fa3_8b_count-r1 fa3_prof-r1"
     calls, progress = _run_plan(tmp_path, LANES="0 1", STEPS=steps, WITH17="triton-r1", NEW_TOKENS="256", RUNS="3")
     by_out = {Path(_arg(c, "--out")).name: c for c in calls}
-    assert set(by_out) == {"triton-r1-b12", "triton-r1-b17", "fa3_count-r1-b12", "fa3_8b_count-r1-b12", "fa3_prof-r1-b12"}
+    assert set(by_out) == {
+        "triton-r1-b12",
+        "triton-r1-b17",
+        "fa3_count-r1-b12",
+        "fa3_8b_count-r1-b12",
+        "fa3_prof-r1-b12",
+    }
     for c in calls:
         assert (_arg(c, "--max-new-tokens"), _arg(c, "--runs")) == ("256", "3")
         assert c["counters_off"] == ("" if "_count" in _arg(c, "--out") else "1")
