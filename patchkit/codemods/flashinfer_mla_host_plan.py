@@ -52,7 +52,9 @@ NOT_CARRIED = (
 )
 
 PREFILL_UPDATE = m.Call(
-    func=m.Attribute(value=m.Attribute(value=m.Name("self"), attr=m.Name("indices_updater_prefill")), attr=m.Name("update"))
+    func=m.Attribute(
+        value=m.Attribute(value=m.Name("self"), attr=m.Name("indices_updater_prefill")), attr=m.Name("update")
+    )
 )
 IS_TARGET_VERIFY = m.If(test=m.Call(func=m.Attribute(attr=m.Name("is_target_verify"))))
 #: ``W.plan = partial(fast_mla_prefill_plan, W)``: ours and upstream's (0.5.18+).
@@ -60,7 +62,9 @@ FAST_PLAN_INSTALLED = m.Assign(
     targets=[m.AssignTarget(target=m.Attribute(attr=m.Name("plan")))],
     value=m.Call(func=m.Name("partial"), args=[m.Arg(m.Name("fast_mla_prefill_plan")), m.ZeroOrMore()]),
 )
-MLA_WRAPPER = m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Call(func=m.Name("BatchMLAPagedAttentionWrapper")))
+MLA_WRAPPER = m.Assign(
+    targets=[m.AssignTarget(target=m.Name())], value=m.Call(func=m.Name("BatchMLAPagedAttentionWrapper"))
+)
 
 
 def _passes_host_arrays(call: cst.Call) -> bool:
@@ -169,7 +173,7 @@ class VerifyReplayHostPlan(MethodCodemod):
 def _extend_blocks(fn: cst.FunctionDef) -> list[tuple[cst.IndentedBlock, cst.Call]]:
     """The blocks of ``fn`` that decide ``use_ragged`` and hand it to the prefill updater (the extend branch)."""
     decides = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name("use_ragged"))])])
-    found = []
+    found: list[tuple[cst.IndentedBlock, cst.Call]] = []
     for block in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()):
         body = primitives.block_statements(block)
         if not any(m.matches(stmt, decides) for stmt in body):
@@ -280,6 +284,13 @@ PLAN_CALL = m.Call(
 KV_LEN_ARR = m.Assign(targets=[m.AssignTarget(target=m.Name("kv_len_arr"))])
 
 
+def _plan_site(fn: cst.FunctionDef) -> Optional[tuple[cst.Call, cst.Assign]]:
+    """The paged plan call and the ``kv_len_arr`` it is handed, each the only one of ``fn``."""
+    plans = primitives.find_all_of(cst.Call, fn, PLAN_CALL)
+    lens = primitives.find_all_of(cst.Assign, fn, KV_LEN_ARR)
+    return (plans[0], lens[0]) if len(plans) == 1 and len(lens) == 1 else None
+
+
 class PrefillPlanFromHost(_UpdaterMethod):
     DESCRIPTION = (
         f"{UPDATER}.call_begin_forward takes the plan's host arrays (default None) and hands them to the "
@@ -291,12 +302,12 @@ class PrefillPlanFromHost(_UpdaterMethod):
     WHY = "the paged MLA plan copies qo_indptr, kv_indptr and kv_len_arr to the host"
 
     def site(self, fn: cst.FunctionDef) -> Optional[object]:
-        plans = primitives.find_all_of(cst.Call, fn, PLAN_CALL)
-        lens = primitives.find_all_of(cst.Assign, fn, KV_LEN_ARR)
-        return (plans[0], lens[0]) if len(plans) == 1 and len(lens) == 1 else None
+        return _plan_site(fn)
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        plan, lens = self.site(fn)  # type: ignore[misc]
+        site = _plan_site(fn)
+        assert site is not None  # detect found it
+        plan, lens = site
         args = list(plan.args)
         for i, name in enumerate(("qo_indptr", "kv_indptr")):
             host = primitives.parse_expression(f"{name} if {name}_cpu is None else {name}_cpu")

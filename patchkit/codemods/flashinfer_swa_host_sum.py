@@ -81,13 +81,16 @@ def _window_sum(fn: cst.FunctionDef) -> Optional[tuple[cst.IndentedBlock, int, s
     """(the block, the index of its device sum, the window's spelling) of the
     paged window branch: a ``paged_kernel_lens = torch.minimum(...)`` followed
     by ``paged_kernel_lens_sum = paged_kernel_lens.sum().item()``."""
-    hits = []
+    hits: list[tuple[cst.IndentedBlock, int, Optional[str]]] = []
     for block in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()):
         body = primitives.block_statements(block)
         for i in range(len(body) - 1):
             if m.matches(body[i], WINDOW_LENS) and m.matches(body[i + 1], DEVICE_SUM):
                 hits.append((block, i + 1, _window(body[i])))
-    return hits[0] if len(hits) == 1 and hits[0][2] is not None else None
+    if len(hits) != 1:
+        return None
+    block, index, window = hits[0]
+    return (block, index, window) if window is not None else None
 
 
 def _window(stmt: cst.BaseStatement) -> Optional[str]:
@@ -131,7 +134,9 @@ class VerifyWindowSumFromMirror(MethodCodemod):
         return Finding.todo(self.anchor, "paged_kernel_lens.sum().item() waits for the stream every verify")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        block, index, window = cst.ensure_type(_window_sum(fn), tuple)
+        site = _window_sum(fn)
+        assert site is not None  # detect found it
+        block, index, window = site
         body = primitives.block_statements(block)
         new = primitives.parse_statement(SUM_SOURCE.replace("WINDOW", window))
         body[index] = new.with_changes(leading_lines=body[index].leading_lines)
