@@ -121,8 +121,7 @@ class VerifyWindowSumFromMirror(MethodCodemod):
         if not primitives.contains(fn, PREFIX_FILL):
             return Finding.superseded(
                 self.anchor,
-                "no prefix_lens=None case in update_sliding_window here (0.5.14 added it): a spec verify of a "
-                "sliding-window model fails before the sum (seq_lens - None), so there is no wait to take off",
+                "no prefix_lens=None case before 0.5.14: a sliding-window verify fails before the sum",
                 moots_patch=True,
             )
         if _window_sum(fn) is None:

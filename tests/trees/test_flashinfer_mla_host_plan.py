@@ -52,3 +52,16 @@ def test_later_releases(make_tree, cli, version, state):
     if state == "not-applicable":
         assert "not carried onto 0.5.13 .. 0.5.17" in report["reason"]
         assert "_apply_cuda_graph_metadata" in report["reason"]
+
+
+@pytest.mark.trees
+def test_flashinfer_keeps_the_mirror_in_a_tree_with_every_patch(make_tree, cli):
+    """Its plans need the exact lengths (docs/research/flashinfer-spec-v2.md, item 2):
+    no patch opts FlashInfer's backends out of the CPU seq_lens mirror."""
+    tree = make_tree("0.5.12.post1")
+    assert cli("apply", tree).exit_code == 0
+    for rel, cls in [(MLA, "FlashInferMLAAttnBackend"), (MLA, "FlashInferMLAMultiStepDraftBackend")] + [
+        ("srt/layers/attention/flashinfer_backend.py", c)
+        for c in ("FlashInferAttnBackend", "FlashInferMultiStepDraftBackend")
+    ]:
+        assert "needs_cpu_seq_lens" not in class_section((tree / rel).read_text(), cls), cls
