@@ -54,7 +54,15 @@ def run(fi, seq_lens, seq_lens_cpu, spec_info):
     up._swa_kv_pool = None
     up.call_begin_forward = mock.Mock()
     up.update_sliding_window(
-        torch.arange(len(seq_lens)), seq_lens, seq_lens_cpu, int(seq_lens.sum()), None, [None, None], False, None, spec_info
+        torch.arange(len(seq_lens)),
+        seq_lens,
+        seq_lens_cpu,
+        int(seq_lens.sum()),
+        None,
+        [None, None],
+        False,
+        None,
+        spec_info,
     )
     return [c.args[4] for c in up.call_begin_forward.call_args_list]  # paged_kernel_lens_sum per wrapper
 

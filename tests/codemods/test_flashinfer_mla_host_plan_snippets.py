@@ -254,7 +254,8 @@ def test_upstreams_keyword_only_parameters_are_done_and_a_star_signature_is_refu
     )
     assert_state(fmp.PrefillPlanFromHost, upstream, State.DONE)
     starred = UPDATER.replace(
-        "        spec_info: Optional[SpecInput] = None,\n    ):\n        self.call", "        **kwargs,\n    ):\n        self.call"
+        "        spec_info: Optional[SpecInput] = None,\n    ):\n        self.call",
+        "        **kwargs,\n    ):\n        self.call",
     )
     finding = detect(fmp.PrefillUpdaterTakesHostPlan, starred)
     assert finding.state is State.MISSING and "star parameters" in finding.detail

@@ -110,8 +110,7 @@ def test_upstream_is_done_and_a_tree_without_the_fill_is_moot():
 
 def test_a_window_branch_of_another_shape_is_refused():
     other = BEFORE.replace(
-        "                    paged_kernel_lens_sum = paged_kernel_lens.sum().item()\n"
-        "                    kv_start_idx",
+        "                    paged_kernel_lens_sum = paged_kernel_lens.sum().item()\n                    kv_start_idx",
         "                    paged_kernel_lens_sum = int(paged_kernel_lens.sum())\n                    kv_start_idx",
     )
     assert other != BEFORE
