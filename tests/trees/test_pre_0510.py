@@ -55,6 +55,7 @@ def test_guarded_by_the_patch_0_5_4(cli, linked_tree):
         "trtllm-mha-draft-extend-v2",
         "spec-v2-decode-copies",
         "seq-lens-host-bound",
+        "flashinfer-swa-host-sum",
     }  # the kv lengths stay on the device there (and the KV allocations: no host bound)
     assert "never replays its draft-extend CUDA graph" in reasons["fa3-draft-extend-graph"]
     assert cli("verify", tree, "-q").exit_code == 0
