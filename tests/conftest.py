@@ -2,8 +2,10 @@
 git) and a CLI runner. Plain helpers live in support.py.
 
 Test files live in folders by kind (tests/README.md; tests/unit/test_suite_layout.py
-checks it): ``unit/`` reads no release and is the quick loop (``pytest -q -n 2
-tests/unit``), ``trees/`` reads real releases, ``behaviour/`` imports patched
+checks it): ``unit/`` and ``codemods/`` (each patch's snippet tests) read no release and
+are the quick loop (``pytest -q -n 2 tests/unit tests/codemods``), ``trees/``
+reads real releases (a trees test may import its patch's snippet module:
+``codemods/`` is on ``sys.path`` too), ``behaviour/`` imports patched
 sglang on CPU, ``gpu/`` is everything about the GPU proofs (what needs a GPU
 skips without one), ``slow/`` runs heavy tools (mypy). The shared helpers
 (support.py, drift.py, profiling.py, sglang_cpu_env.py, dp_settings.py) stay
@@ -20,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent / "codemods"))
 
 import profiling  # noqa: E402
 from support import PRIMARY, TREE_CALLS, TREE_FIXTURES, linked_copy  # noqa: E402
@@ -53,7 +56,7 @@ def _mark_tree_tests(items) -> None:
     """Mark ``trees`` every test that reads a real release (every test of
     tests/trees/ too), so that ``-m "not trees and not behaviour and not slow"``
     runs only what needs no download and no whole-tree transform, as the quick
-    loop's folder (tests/unit) does."""
+    loop's folders (tests/unit, tests/codemods) do."""
     trees = Path(__file__).with_name("trees")
     reads: dict[Path, bool] = {}
     for item in items:

@@ -18,14 +18,13 @@ from pathlib import Path
 import pytest
 from drift import drift
 from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
+from test_transform_cache_snippets import entries
 
-from patchkit import cache_secret, registry, transform
+from patchkit import registry, transform
 from patchkit.api.applying import apply_patches
 from patchkit.api.reverting import revert_patches
-from patchkit.audit import facts
 from patchkit.engine import locked_session
 from patchkit.fetch import copy_tree
-from patchkit.findings import Finding
 from patchkit.transform import cache as transform_cache
 
 pytestmark = pytest.mark.trees
@@ -44,18 +43,6 @@ def cache_dir(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(folder))
     return folder
-
-
-def entries(folder: Path) -> list[Path]:
-    """The transform entries (not the audit's facts beside them: the test below)."""
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file()
-        and not p.name.startswith(".")
-        and p.name != "secret"
-        and "audit" not in p.relative_to(folder).parts
-    )
 
 
 @cache
@@ -171,18 +158,6 @@ def test_damaged_cache_entries_fall_back_to_a_cold_transform(tmp_path, cache_dir
         assert all(transform_cache.TransformCache(damaged).get(p.name) is not None for p in entries(damaged)), how
 
 
-def test_a_flipped_finding_in_an_entry_header_is_a_miss(tmp_path):
-    # The payload intact, one finding changed: the checksum covers the header too.
-    cache = transform_cache.TransformCache(tmp_path)
-    done = {"m.Codemod": Finding.done("f")}
-    cache.put("k" * 64, transform_cache.Entry({"m.Codemod": Finding.todo("f")}, [["m.Codemod"]], b"x = 1\n", done))
-    assert cache.get("k" * 64).after == done
-    (path,) = entries(tmp_path)
-    header, _, payload = path.read_bytes().partition(b"\n")
-    path.write_bytes(header.replace(b'"todo"', b'"done"') + b"\n" + payload)
-    assert cache.get("k" * 64) is None
-
-
 def forge(folder: Path) -> int:
     """Replace every entry's patched bytes with wrong ones that still pass the
     entry's own checks (length and sha256 recomputed): only the key tells."""
@@ -212,26 +187,6 @@ def test_another_patchkit_versions_cache_is_not_used(tmp_path, cache_dir, refere
     tree = copy_tree(PRIMARY, tmp_path / "ours")
     apply(tree)
     assert snapshot(tree) == reference(PRIMARY)
-
-
-def test_edited_codemods_change_the_key(tmp_path, monkeypatch):
-    """A fingerprint, not only the version: a development checkout with edited
-    codemods never reads the entries of the code before the edit."""
-    transform_cache.fingerprint.cache_clear()
-    before = transform_cache.TransformCache.key("0" * 64, [["a.B"]])
-    real = Path.read_bytes
-
-    def edited(path):
-        data = real(path)
-        return data + b"\n# edited\n" if path.name == "needs_cpu_seq_lens_guards.py" else data
-
-    monkeypatch.setattr(Path, "read_bytes", edited)
-    transform_cache.fingerprint.cache_clear()
-    try:
-        assert transform_cache.TransformCache.key("0" * 64, [["a.B"]]) != before
-    finally:
-        monkeypatch.undo()
-        transform_cache.fingerprint.cache_clear()
 
 
 def test_two_concurrent_applies_share_the_cache(tmp_path, cache_dir, reference):
@@ -289,18 +244,6 @@ def test_status_and_verify_on_a_patched_tree_import_neither_libcst_nor_codemods(
     assert json.loads(proc.stdout.decode().strip().splitlines()[-1]) == []
 
 
-def test_a_damaged_audit_facts_file_is_computed_again_and_rewritten(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path))
-    monkeypatch.setattr(facts, "_MEMO", {})
-    source = b"class B:\n    def f(self, batch):\n        return batch.seq_lens_cpu.max()\n"
-    good = facts.facts_of("srt/m.py", source)
-    (path,) = tmp_path.rglob("*.json")
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    monkeypatch.setattr(facts, "_MEMO", {})  # a new process
-    assert facts.facts_of("srt/m.py", source) == good
-    assert json.loads(path.read_text())["facts"]["reads"]  # written whole again
-
-
 def poison(folder: Path, line: bytes) -> int:
     """The issue's attack: the cached output of eagle_worker_v2.py gets ``line``, and the
     entry's check is fixed up as anyone who can write the cache can (the
@@ -334,19 +277,3 @@ def test_a_poisoned_entry_never_reaches_a_tree(tmp_path, cache_dir, reference, c
     assert snapshot(tree) == reference(PRIMARY)
     assert not any(line in p.read_bytes() for p in tree.rglob("*.py"))
     assert cli("verify", tree).exit_code == 0
-
-
-def test_a_secret_others_may_read_or_own_is_not_believed(tmp_path):
-    """The cache's secret is the user's own, 0600; one readable by others, or
-    another user's, makes the cache unused (a miss, nothing written)."""
-    done = {"m.Codemod": Finding.done("f")}
-    entry = transform_cache.Entry({"m.Codemod": Finding.todo("f")}, [["m.Codemod"]], b"x = 1\n", done)
-    for damage_secret in (lambda p: p.chmod(0o640), lambda p: os.chown(p, 65534, -1) if os.geteuid() == 0 else None):
-        folder = tmp_path / f"cache{len(list(tmp_path.iterdir()))}"
-        transform_cache.TransformCache(folder).put("k" * 64, entry)
-        assert (folder / "secret").stat().st_mode & 0o777 == 0o600
-        damage_secret(folder / "secret")
-        cache_secret._secret.cache_clear()
-        assert transform_cache.TransformCache(folder).get("k" * 64) is None
-        transform_cache.TransformCache(folder).put("j" * 64, entry)
-        assert not list(folder.glob("jj/*"))
