@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent / "codemods"))
 
 import profiling  # noqa: E402
-from support import PRIMARY, TREE_CALLS, TREE_FIXTURES, linked_copy  # noqa: E402
+from support import PRIMARY, TREE_CALLS, TREE_FIXTURES, linked_copy, linked_sources_written  # noqa: E402
 
 from patchkit import settings  # noqa: E402
 from patchkit.cli import main  # noqa: E402
@@ -125,7 +125,9 @@ def linked_tree(tmp_path):
             source = fetch_tree(version)
         return linked_copy(source, tmp_path / f"l{next(counter)}" / "sglang")
 
-    return make
+    yield make
+    written = linked_sources_written()
+    assert not written, f"a test wrote hard-linked release files in place (fetch them again): {written[:5]}"
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ UPSTREAM = ["0.5.17", "0.5.23"]
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", TARGETS)
-def test_every_targeted_release_applies_verifies_and_reverts_exactly(make_tree, cli, version):
-    package = make_tree(version)
+def test_every_targeted_release_applies_verifies_and_reverts_exactly(linked_tree, cli, version):
+    package = linked_tree(version)
     before = snapshot(package)
     assert "absent" in cli("status", package, PATCH).output
     result = cli("apply", package, PATCH)
@@ -40,8 +40,8 @@ def test_every_targeted_release_applies_verifies_and_reverts_exactly(make_tree, 
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", UPSTREAM)
-def test_upstream_has_it_natively(make_tree, cli, version):
-    package = make_tree(version)
+def test_upstream_has_it_natively(linked_tree, cli, version):
+    package = linked_tree(version)
     before = snapshot(package)
     assert "native" in cli("status", package, PATCH).output
     assert cli("apply", package, PATCH).exit_code == 0
@@ -51,9 +51,9 @@ def test_upstream_has_it_natively(make_tree, cli, version):
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.12.post1"])
 def test_with_trtllm_mha_draft_extend_v2_in_either_order_and_revert_of_one_keeps_the_replay_guard(
-    make_tree, cli, version
+    linked_tree, cli, version
 ):
-    package = make_tree(version)
+    package = linked_tree(version)
     before = snapshot(package)
     assert cli("apply", package, "trtllm-mha-draft-extend-v2").exit_code == 0
     replay_only = (package / RUNNER_FILE).read_text()
@@ -66,7 +66,7 @@ def test_with_trtllm_mha_draft_extend_v2_in_either_order_and_revert_of_one_keeps
     assert cli("revert", package).exit_code == 0  # and trtllm-mha-overlap-hook, pulled in by the other
     assert snapshot(package) == before
 
-    other = make_tree(version)
+    other = linked_tree(version)
     assert cli("apply", other, PATCH).exit_code == 0
     assert cli("apply", other, "trtllm-mha-draft-extend-v2").exit_code == 0
     assert (other / RUNNER_FILE).read_text() == both

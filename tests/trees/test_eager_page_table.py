@@ -50,12 +50,12 @@ def _states(cli, tree) -> dict[str, dict]:
 
 
 @pytest.mark.trees
-def test_a_tree_applied_by_the_previous_form_is_partial_then_upgrades(make_tree, cli, monkeypatch):
+def test_a_tree_applied_by_the_previous_form_is_partial_then_upgrades(linked_tree, cli, monkeypatch):
     """Through the command line: a tree applied by a patchkit whose
     trtllm-mha-spec-v2 lacked the eager build shows the patch partial, and
     apply brings the file to exactly what a fresh apply writes; revert is exact."""
     target = _mha_target()
-    pristine_tree, fresh_tree = make_tree("0.5.12.post1"), make_tree("0.5.12.post1")
+    pristine_tree, fresh_tree = linked_tree("0.5.12.post1"), linked_tree("0.5.12.post1")
     before = snapshot(pristine_tree)
     assert cli("apply", fresh_tree, PATCH).exit_code == 0
     with monkeypatch.context() as previous:

@@ -46,8 +46,8 @@ RUNNERS = {
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", sorted(RUNNERS))
-def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_release_apply_verify_idempotent_and_exact_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     # 0.5.15 already had part of it (the draft-decode page table on the
     # device, replay's None-guarded slice): partial there.
@@ -87,8 +87,8 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.16", "0.5.17", "0.5.19", "0.5.20", "0.5.23"])
-def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
-    tree = make_tree(version)
+def test_upstream_releases_are_native_and_untouched(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     st = patch_states(cli, tree, PATCH)
     assert st[PATCH]["state"] == "native", st[PATCH]
@@ -100,8 +100,8 @@ def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
 
 
 @pytest.mark.trees
-def test_every_patch_together_on_the_primary_release(make_tree, cli):
-    tree = make_tree(PRIMARY)
+def test_every_patch_together_on_the_primary_release(linked_tree, cli):
+    tree = linked_tree(PRIMARY)
     before = snapshot(tree)
     result = cli("apply", tree)
     assert result.exit_code == 0, result.output

@@ -14,8 +14,8 @@ FILE = "srt/sampling/penaltylib/min_new_tokens.py"
 @pytest.mark.parametrize(
     "version, state", [("0.5.10", "absent"), ("0.5.13", "absent"), ("0.5.14", "native"), ("0.5.23", "native")]
 )
-def test_real_trees(make_tree, cli, version, state):
-    tree = make_tree(version)
+def test_real_trees(linked_tree, cli, version, state):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == state
     if state == "native":
@@ -36,8 +36,8 @@ PINNED = "pin_memory=pin_memory_for("
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version, spec_v2", [("0.5.10", False), ("0.5.12.post1", True), ("0.5.13", True)])
-def test_real_trees_copy_the_output_ids_without_a_wait(make_tree, cli, version, spec_v2):
-    tree = make_tree(version)
+def test_real_trees_copy_the_output_ids_without_a_wait(linked_tree, cli, version, spec_v2):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert PINNED not in (tree / SCHEDULE).read_text()
     assert cli("apply", tree, PATCH).exit_code == 0

@@ -77,8 +77,8 @@ PRESENT = {
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", PRE_UPSTREAM)
-def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_real_tree_apply_verify_idempotent_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree)[PID]["state"] == "absent"
 
@@ -112,8 +112,8 @@ def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.13", "0.5.14", "0.5.15", "0.5.17", "0.5.19", "0.5.23"])
-def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
-    tree = make_tree(version)
+def test_upstream_releases_are_native_and_untouched(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree)[PID]["state"] == "native"
     result = cli("apply", tree, PID)
@@ -144,14 +144,14 @@ def test_every_upstream_release_detects_native(version):
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.11", "0.5.12.post1"])
-def test_helpers_do_not_collide_with_names_in_the_patched_modules(make_tree, cli, version):
+def test_helpers_do_not_collide_with_names_in_the_patched_modules(linked_tree, cli, version):
     """A helper imported into a module must not be shadowed there (a local
     ``max_extend_len = max_extend_len(...)`` would raise UnboundLocalError)."""
     import ast
 
     import patchkit.runtime as runtime
 
-    tree = make_tree(version)
+    tree = linked_tree(version)
     assert cli("apply", tree, PID).exit_code == 0
     for rel in FILES:
         source = (tree / rel).read_text()

@@ -35,8 +35,8 @@ def test_release_runners_only_hand_the_mirror_through(version):
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.12.post1", "0.5.13"])
-def test_release_apply_verify_and_exact_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_release_apply_verify_and_exact_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "absent"
     result = cli("apply", tree, PATCH)
@@ -58,16 +58,16 @@ def test_release_apply_verify_and_exact_revert(make_tree, cli, version):
 
 
 @pytest.mark.trees
-def test_0_5_14_is_native(make_tree, cli):
-    tree = make_tree("0.5.14")
+def test_0_5_14_is_native(linked_tree, cli):
+    tree = linked_tree("0.5.14")
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "native"
     assert cli("apply", tree, PATCH).exit_code == 0 and snapshot(tree) == before
 
 
 @pytest.mark.trees
-def test_a_tree_patched_without_it_upgrades_to_what_a_fresh_apply_writes(make_tree, cli):
-    earlier, fresh = make_tree(), make_tree()
+def test_a_tree_patched_without_it_upgrades_to_what_a_fresh_apply_writes(linked_tree, cli):
+    earlier, fresh = linked_tree(), linked_tree()
     assert cli("apply", earlier, "--skip", PATCH).exit_code == 0
     assert cli("apply", earlier).exit_code == 0
     assert cli("apply", fresh).exit_code == 0
@@ -75,13 +75,13 @@ def test_a_tree_patched_without_it_upgrades_to_what_a_fresh_apply_writes(make_tr
 
 
 @pytest.mark.trees
-def test_the_patched_decision_drops_the_mirror_with_piecewise_cuda_graph_on(make_tree, cli):
+def test_the_patched_decision_drops_the_mirror_with_piecewise_cuda_graph_on(linked_tree, cli):
     """The patched 0.5.12.post1 scheduler's own init_overlap, run on a stand-in
     scheduler with sglang's default settings (piecewise CUDA graph on)."""
     import importlib.util
     import sys
 
-    tree = make_tree()
+    tree = linked_tree()
     assert cli("apply", tree).exit_code == 0
     runtime_path = tree / "srt/_patchkit/runtime/seq_lens.py"
     spec = importlib.util.spec_from_file_location("patched_seq_lens", runtime_path)

@@ -87,8 +87,8 @@ def state(cli, tree) -> dict:
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", sorted(VERIFY_RUNNER))
-def test_release_apply_verify_and_exact_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_release_apply_verify_and_exact_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert state(cli, tree)["state"] == "absent"
     result = cli("apply", tree, PATCH)
@@ -106,8 +106,8 @@ def test_release_apply_verify_and_exact_revert(make_tree, cli, version):
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.16", "0.5.23"])
-def test_upstream_releases_are_native(make_tree, cli, version):
-    tree = make_tree(version)
+def test_upstream_releases_are_native(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert state(cli, tree)["state"] == "native"
     assert cli("apply", tree, PATCH).exit_code == 0

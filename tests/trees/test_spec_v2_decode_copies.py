@@ -45,8 +45,8 @@ def kv_copies(source: str) -> list[tuple[bool, bool]]:
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", [*PRE_UPSTREAM, "0.5.7"])
-def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_release_apply_verify_idempotent_and_exact_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert kv_copies((tree / FILE).read_text()) == [(False, False)] * 4
     assert PINNED not in (tree / FORWARD_BATCH).read_text()
@@ -62,8 +62,8 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
 
 
 @pytest.mark.trees
-def test_with_every_patch_on_the_primary_release(make_tree, cli):
-    tree = make_tree("0.5.12.post1")
+def test_with_every_patch_on_the_primary_release(linked_tree, cli):
+    tree = linked_tree("0.5.12.post1")
     assert cli("apply", tree).exit_code == 0
     assert kv_copies((tree / FILE).read_text()) == [(True, True)] * 4
     assert (tree / FORWARD_BATCH).read_text().count(PINNED) == 5
@@ -74,8 +74,8 @@ def test_with_every_patch_on_the_primary_release(make_tree, cli):
 @pytest.mark.parametrize(
     "version, state", [("0.5.19", "native"), ("0.5.23", "native"), ("0.5.4.post3", "not-applicable")]
 )
-def test_upstream_releases_are_left_alone(make_tree, cli, version, state):
-    tree = make_tree(version)
+def test_upstream_releases_are_left_alone(linked_tree, cli, version, state):
+    tree = linked_tree(version)
     before = snapshot(tree)
     report = patch_states(cli, tree, PATCH)[PATCH]
     assert report["state"] == state and report["ok"]
@@ -84,12 +84,12 @@ def test_upstream_releases_are_left_alone(make_tree, cli, version, state):
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version, pins", [(NATIVE, 5), ("0.5.16", 5), ("0.5.18", 3)])
-def test_between_upstreams_copies_and_its_pins_only_init_new_is_carried(make_tree, cli, version, pins):
+def test_between_upstreams_copies_and_its_pins_only_init_new_is_carried(linked_tree, cli, version, pins):
     """0.5.13 .. 0.5.18: prepare_for_decode's copies are upstream's (native),
     init_new's lists still pageable (pinned in 0.5.19): partial, and the
     apply writes forward_batch_info.py alone (0.5.18: the DP counts moved to
     init_mlp_sync_metadata, not carried)."""
-    tree = make_tree(version)
+    tree = linked_tree(version)
     before = snapshot(tree)
     report = patch_states(cli, tree, PATCH)[PATCH]
     assert report["state"] == "partial" and "ForwardBatch.init_new" in report["reason"]

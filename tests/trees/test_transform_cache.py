@@ -12,12 +12,11 @@ import os
 import shutil
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 
 import pytest
 from drift import drift
-from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
+from support import PRE_UPSTREAM, PRIMARY, linked_copy, pristine, recorded_patched, snapshot
 from test_transform_cache_snippets import entries
 
 from patchkit import registry, transform
@@ -45,20 +44,16 @@ def cache_dir(tmp_path, monkeypatch):
     return folder
 
 
-@cache
-def _reference(version: str, base: str) -> tuple:
-    """The plain engine's result: no cache, one process."""
-    env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": "off", "PATCHKIT_JOBS": "1"}
-    tree = copy_tree(version, Path(base) / f"ref-{version}")
-    proc = subprocess.run([sys.executable, "-m", "patchkit", "-q", "apply", str(tree)], env=env, capture_output=True)
-    assert proc.returncode == 0, proc.stderr.decode()
-    return tuple(snapshot(tree).items())
-
-
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    base = tmp_path_factory.mktemp("reference")
-    return lambda version: dict(_reference(version, str(base)))
+def reference():
+    """The plain engine's result (no cache, one process, every file parsed
+    whole), as tests/patched_digests.json records it."""
+    return recorded_patched
+
+
+def linked(version: str, folder: Path) -> Path:
+    """A release's package in ``folder``, hard-linked to the cache: only patchkit writes these trees."""
+    return linked_copy(pristine(version), folder / "sglang")
 
 
 def no_parsing(monkeypatch) -> None:
@@ -72,10 +67,10 @@ def no_parsing(monkeypatch) -> None:
 # release's cold apply is checked by each patch's own release tests.
 @pytest.mark.parametrize("version", [PRE_UPSTREAM[0], PRIMARY])
 def test_cold_and_warm_apply_are_byte_identical(version, tmp_path, cache_dir, reference, monkeypatch):
-    cold = copy_tree(version, tmp_path / "cold")
+    cold = linked(version, tmp_path / "cold")
     apply(cold)
     assert entries(cache_dir)
-    warm = copy_tree(version, tmp_path / "warm")
+    warm = linked(version, tmp_path / "warm")
     with monkeypatch.context() as patch:
         no_parsing(patch)
         apply(warm)
@@ -91,7 +86,7 @@ def test_apply_after_revert_parses_nothing(tmp_path, cache_dir, monkeypatch):
     """The tree's own detection cache knows every file by then: a target file
     that a patch to apply leaves as it is (its findings all done) is neither
     prepared nor parsed."""
-    tree = copy_tree(PRIMARY, tmp_path / "t")
+    tree = linked(PRIMARY, tmp_path / "t")
     apply(tree)
     patched = snapshot(tree)
     with locked_session(tree, lambda _: None, "revert") as session:
@@ -145,13 +140,13 @@ def damage(folder: Path, how: str) -> int:
 
 
 def test_damaged_cache_entries_fall_back_to_a_cold_transform(tmp_path, cache_dir, reference, monkeypatch):
-    apply(copy_tree(PRIMARY, tmp_path / "first"))  # one cold apply fills the cache each damage starts from
+    apply(linked(PRIMARY, tmp_path / "first"))  # one cold apply fills the cache each damage starts from
     for how in ("truncate", "flip", "garbage", "empty"):
         damaged = tmp_path / f"cache-{how}"
         shutil.copytree(cache_dir, damaged)
         monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(damaged))
         assert damage(damaged, how), how
-        tree = copy_tree(PRIMARY, tmp_path / how)
+        tree = linked(PRIMARY, tmp_path / how)
         apply(tree)
         assert snapshot(tree) == reference(PRIMARY), how
         # ... and the damaged entries were rewritten: the next apply is warm again.
@@ -175,22 +170,22 @@ def forge(folder: Path) -> int:
 def test_another_patchkit_versions_cache_is_not_used(tmp_path, cache_dir, reference, monkeypatch):
     monkeypatch.setattr("patchkit.__version__", "0.0.1-other")
     transform_cache.fingerprint.cache_clear()
-    apply(copy_tree(PRIMARY, tmp_path / "other"))
+    apply(linked(PRIMARY, tmp_path / "other"))
     assert forge(cache_dir)
     # That version would trust its (forged) entries: the key is what protects.
-    fooled = copy_tree(PRIMARY, tmp_path / "fooled")
+    fooled = linked(PRIMARY, tmp_path / "fooled")
     apply(fooled)
     assert snapshot(fooled) != reference(PRIMARY)
 
     monkeypatch.undo()
     transform_cache.fingerprint.cache_clear()
-    tree = copy_tree(PRIMARY, tmp_path / "ours")
+    tree = linked(PRIMARY, tmp_path / "ours")
     apply(tree)
     assert snapshot(tree) == reference(PRIMARY)
 
 
 def test_two_concurrent_applies_share_the_cache(tmp_path, cache_dir, reference):
-    trees = [copy_tree(PRIMARY, tmp_path / f"t{i}") for i in range(2)]
+    trees = [linked(PRIMARY, tmp_path / f"t{i}") for i in range(2)]
     env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": str(cache_dir)}
     procs = [
         subprocess.Popen(
@@ -207,14 +202,14 @@ def test_two_concurrent_applies_share_the_cache(tmp_path, cache_dir, reference):
     for tree in trees:
         assert snapshot(tree) == reference(PRIMARY)
     assert not [p for p in cache_dir.rglob(".*") if p.is_file()], "temporary files left behind"
-    warm = copy_tree(PRIMARY, tmp_path / "warm")
+    warm = linked(PRIMARY, tmp_path / "warm")
     apply(warm)
     assert snapshot(warm) == reference(PRIMARY)
 
 
 def test_cache_off_and_read_only_cache(tmp_path, monkeypatch, reference):
     monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", "off")
-    tree = copy_tree(PRIMARY, tmp_path / "off")
+    tree = linked(PRIMARY, tmp_path / "off")
     apply(tree)
     assert snapshot(tree) == reference(PRIMARY)
     folder = tmp_path / "ro"
@@ -222,7 +217,7 @@ def test_cache_off_and_read_only_cache(tmp_path, monkeypatch, reference):
     folder.chmod(0o500)
     monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(folder))
     try:
-        tree = copy_tree(PRIMARY, tmp_path / "ro-tree")
+        tree = linked(PRIMARY, tmp_path / "ro-tree")
         apply(tree)  # a cache it cannot write only costs speed
         assert snapshot(tree) == reference(PRIMARY)
     finally:
@@ -230,7 +225,7 @@ def test_cache_off_and_read_only_cache(tmp_path, monkeypatch, reference):
 
 
 def test_status_and_verify_on_a_patched_tree_import_neither_libcst_nor_codemods(tmp_path, cache_dir):
-    tree = copy_tree(PRIMARY, tmp_path / "t")
+    tree = linked(PRIMARY, tmp_path / "t")
     apply(tree)
     code = (
         "import sys; from patchkit.cli import main\n"
@@ -269,10 +264,10 @@ def test_a_poisoned_entry_never_reaches_a_tree(tmp_path, cache_dir, reference, c
     line) and whose length and sha256 were recomputed was written into the
     next tree, and ``verify`` said OK. Entries are sealed with the cache's
     secret: the poisoned one is a miss, the tree gets the real transform."""
-    apply(copy_tree(PRIMARY, tmp_path / "first"))
+    apply(linked(PRIMARY, tmp_path / "first"))
     line = b"import os; os.system('touch /tmp/pwned')\n"
     assert poison(cache_dir, line) == 1
-    tree = copy_tree(PRIMARY, tmp_path / "fresh")
+    tree = linked(PRIMARY, tmp_path / "fresh")
     assert cli("apply", tree).exit_code == 0
     assert snapshot(tree) == reference(PRIMARY)
     assert not any(line in p.read_bytes() for p in tree.rglob("*.py"))

@@ -1,18 +1,18 @@
 """patchkit/transform/partial.py: a file parsed only where its codemods read,
 the rest kept verbatim, generates the file's own bytes, and transforms to the
-very bytes and findings a whole parse gives (on real trees)."""
+very bytes and findings a whole parse gives (on real trees: the primary
+release here; every known release's bytes in tests/trees/test_patched_digests.py,
+recorded from whole parses)."""
 
 from __future__ import annotations
 
 import ast
-import hashlib
 from pathlib import Path
 
 import libcst as cst
-import pytest
 from support import PRIMARY, pristine
 
-from patchkit import known_releases, registry, transform
+from patchkit import registry, transform
 from patchkit.codemods.common.reads import Methods
 from patchkit.findings import State
 from patchkit.transform import partial
@@ -25,12 +25,14 @@ def _transformed(rel: str, source: bytes, module: cst.Module, codemods: list) ->
     return result.new, {k: f.as_list() for k, f in result.after.items()}, [f.as_list() for f in found]
 
 
-@pytest.mark.parametrize("version", sorted(known_releases._table()[0]))
-def test_real_files_transform_alike_parsed_whole_or_in_part(version):
+def test_primary_files_transform_alike_parsed_whole_or_in_part():
     """The proof of every codemod's declaration of what it reads
-    (``reads.Methods``): on each release patchkit knows, the only bytes a
-    partial parse is used on, it transforms alike parsed whole or in part."""
-    root = pristine(version)
+    (``reads.Methods``) on the primary release: the files a partial parse is
+    used on transform to the same bytes and findings parsed whole or in part.
+    On every other known release, the bytes are proven by
+    tests/trees/test_patched_digests.py (recorded from whole parses; it also
+    checks each release's partial parses give their bytes back)."""
+    root = pristine(PRIMARY)
     files: dict[str, list] = {}
     for patch in registry.all_patches():
         for target in patch.targets:
@@ -39,23 +41,14 @@ def test_real_files_transform_alike_parsed_whole_or_in_part(version):
     in_part = 0
     for rel, codemods in files.items():
         source = (root / rel).read_bytes()
-        # Releases share many files byte for byte: the same bytes under the
-        # same codemods were proven for an earlier release of this run.
-        key = (rel, hashlib.sha256(source).hexdigest(), tuple(registry.codemod_name(c) for c in codemods))
-        if key not in _PROVEN:
-            module = transform.parse_for(rel, source, root / rel, codemods)
-            assert module.bytes == source
-            _PROVEN[key] = any(type(s) is partial.Verbatim for s in module.body) or _has_verbatim_method(module)
-            if _PROVEN[key]:
-                assert _transformed(rel, source, module, codemods) == _transformed(
-                    rel, source, transform.parse(source, root / rel), codemods
-                ), rel
-        in_part += _PROVEN[key]
+        module = transform.parse_for(rel, source, root / rel, codemods)
+        assert module.bytes == source
+        if any(type(s) is partial.Verbatim for s in module.body) or _has_verbatim_method(module):
+            in_part += 1
+            assert _transformed(rel, source, module, codemods) == _transformed(
+                rel, source, transform.parse(source, root / rel), codemods
+            ), rel
     assert in_part >= 5  # scheduler.py, schedule_batch.py, the metrics mixin, ...
-
-
-#: (file, sha256 of its bytes, codemods) -> parsed in part (and then transformed alike parsed whole).
-_PROVEN: dict[tuple, bool] = {}
 
 
 def _has_verbatim_method(module: cst.Module) -> bool:

@@ -15,8 +15,8 @@ WORKER = "srt/speculative/eagle_worker_v2.py"
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", [*PRE_UPSTREAM, "0.5.9"])
-def test_release_apply_verify_and_exact_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_release_apply_verify_and_exact_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "absent"
     assert cli("apply", tree, PATCH).exit_code == 0
@@ -32,8 +32,8 @@ def test_release_apply_verify_and_exact_revert(make_tree, cli, version):
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
-def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
-    tree = make_tree(version)
+def test_upstream_releases_are_native_and_untouched(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "native"
     assert cli("apply", tree, PATCH).exit_code == 0 and snapshot(tree) == before
@@ -43,9 +43,9 @@ def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
 
 
 @pytest.mark.trees
-def test_0_5_13_gets_the_mask_bound_only(make_tree, cli):
+def test_0_5_13_gets_the_mask_bound_only(linked_tree, cli):
     """0.5.13 sizes the verify kv_indices from the host itself; its mask is pristine's."""
-    tree = make_tree("0.5.13")
+    tree = linked_tree("0.5.13")
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "absent"
     before = (tree / TRITON).read_text()
     assert cli("apply", tree, PATCH).exit_code == 0

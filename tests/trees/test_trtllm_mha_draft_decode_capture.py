@@ -14,8 +14,8 @@ MHA = "srt/layers/attention/trtllm_mha_backend.py"
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.11", "0.5.12.post1"])
-def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_release_apply_verify_idempotent_and_exact_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "absent"
     result = cli("apply", tree, PATCH)
@@ -37,8 +37,8 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
     "version, state",
     [("0.5.13", "native"), ("0.5.14", "native"), ("0.5.15", "native"), ("0.5.16", "native"), ("0.5.23", "native")],
 )
-def test_later_releases_are_untouched(make_tree, cli, version, state):
-    tree = make_tree(version)
+def test_later_releases_are_untouched(linked_tree, cli, version, state):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == state
     cli("apply", tree, PATCH)

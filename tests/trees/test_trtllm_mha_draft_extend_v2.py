@@ -29,8 +29,8 @@ def state_of(cli, tree):
 
 @pytestmark_trees
 @pytest.mark.parametrize("version", PRE_UPSTREAM)
-def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_real_tree_apply_verify_idempotent_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     status = state_of(cli, tree)
     assert status["state"] == "absent"
@@ -82,8 +82,8 @@ def test_real_tree_apply_verify_idempotent_revert(make_tree, cli, version):
 
 @pytestmark_trees
 @pytest.mark.parametrize("version", [NATIVE, LATER])
-def test_upstream_release_is_native_and_untouched(make_tree, cli, version):
-    tree = make_tree(version)
+def test_upstream_release_is_native_and_untouched(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     status = state_of(cli, tree)
     assert status["state"] == "native", status
@@ -96,8 +96,8 @@ def test_upstream_release_is_native_and_untouched(make_tree, cli, version):
 
 
 @pytestmark_trees
-def test_real_tree_revert_only_this_patch_keeps_the_overlap_hook(make_tree, cli):
-    tree = make_tree("0.5.12.post1")
+def test_real_tree_revert_only_this_patch_keeps_the_overlap_hook(linked_tree, cli):
+    tree = linked_tree("0.5.12.post1")
     before = snapshot(tree)
     assert cli("apply", tree, PATCH).exit_code == 0
     refused = cli("revert", tree, "trtllm-mha-overlap-hook")

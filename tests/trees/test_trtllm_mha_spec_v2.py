@@ -23,8 +23,8 @@ def states(cli, tree) -> dict[str, dict]:
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.12.post1", "0.5.13"])
-def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_release_apply_verify_idempotent_and_exact_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert states(cli, tree)[PATCH]["state"] == "absent"
     result = cli("apply", tree, PATCH)
@@ -46,10 +46,10 @@ def test_release_apply_verify_idempotent_and_exact_revert(make_tree, cli, versio
 
 
 @pytest.mark.trees
-def test_with_draft_extend_v2_on_the_same_methods(make_tree, cli):
+def test_with_draft_extend_v2_on_the_same_methods(linked_tree, cli):
     """trtllm-mha-draft-extend-v2 edits the same replay method: either order of
     revert leaves the other patch applied and exact."""
-    tree = make_tree("0.5.12.post1")
+    tree = linked_tree("0.5.12.post1")
     before = snapshot(tree)
     assert cli("apply", tree, PATCH, "trtllm-mha-draft-extend-v2").exit_code == 0
     both = (tree / MHA).read_text()
@@ -65,8 +65,8 @@ def test_with_draft_extend_v2_on_the_same_methods(make_tree, cli):
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.14", "0.5.15", "0.5.16", "0.5.23"])
-def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
-    tree = make_tree(version)
+def test_upstream_releases_are_native_and_untouched(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert states(cli, tree)[PATCH]["state"] == "native"
     assert cli("apply", tree, PATCH).exit_code == 0

@@ -50,8 +50,8 @@ def check_items(text: str, spec_on: bool, skip_on: bool) -> None:
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", PRE_UPSTREAM)
-def test_release_apply_verify_idempotent_partial_and_exact_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_release_apply_verify_idempotent_partial_and_exact_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert {p: s["state"] for p, s in patch_states(cli, tree, SPEC, SKIP).items() if p in (SPEC, SKIP)} == {
         SPEC: "absent",
@@ -93,8 +93,8 @@ def test_release_apply_verify_idempotent_partial_and_exact_revert(make_tree, cli
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", [NATIVE, "0.5.17", "0.5.23"])
-def test_upstream_releases_are_native_and_untouched(make_tree, cli, version):
-    tree = make_tree(version)
+def test_upstream_releases_are_native_and_untouched(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     st = patch_states(cli, tree, SPEC, SKIP)
     assert st[SPEC]["state"] == "native", st[SPEC]

@@ -19,8 +19,8 @@ SPEC = "trtllm-mla-spec-v2"
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", PRE_UPSTREAM)
-def test_patched_module_has_no_item_left_in_init_forward_metadata(make_tree, cli, version):
-    tree = make_tree(version)
+def test_patched_module_has_no_item_left_in_init_forward_metadata(linked_tree, cli, version):
+    tree = linked_tree(version)
     assert item_calls((tree / MLA).read_text()), "pristine reads the max with .item()"
     assert cli("apply", tree, SPEC).exit_code == 0
     assert item_calls((tree / MLA).read_text()) == []
@@ -29,8 +29,8 @@ def test_patched_module_has_no_item_left_in_init_forward_metadata(make_tree, cli
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version, state", [(NATIVE, "superseded"), ("0.5.17", "done"), ("0.5.23", "done")])
-def test_upstream_releases(make_tree, cli, version, state):
-    st = patch_states(cli, make_tree(version), SPEC)[SPEC]
+def test_upstream_releases(linked_tree, cli, version, state):
+    st = patch_states(cli, linked_tree(version), SPEC)[SPEC]
     assert st["state"] == "native"
     checks = {c["codemod"].split(".")[1]: c["state"] for c in st["checks"]}
     assert checks["EagerMaxWithoutMirror"] == state

@@ -12,8 +12,8 @@ FILE = "srt/layers/attention/trtllm_mla_backend.py"
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version, state", [("0.5.12.post1", "absent"), ("0.5.18", "absent"), ("0.5.19", "native")])
-def test_real_trees(make_tree, cli, version, state):
-    tree = make_tree(version)
+def test_real_trees(linked_tree, cli, version, state):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == state
     if state == "native":
@@ -27,8 +27,8 @@ def test_real_trees(make_tree, cli, version, state):
 
 
 @pytest.mark.trees
-def test_with_trtllm_mla_spec_v2_it_follows_the_buffers_hook(make_tree, cli):
-    tree = make_tree("0.5.12.post1")
+def test_with_trtllm_mla_spec_v2_it_follows_the_buffers_hook(linked_tree, cli):
+    tree = linked_tree("0.5.12.post1")
     assert cli("apply", tree, "trtllm-mla-spec-v2", PATCH).exit_code == 0
     text = (tree / FILE).read_text()
     assert (

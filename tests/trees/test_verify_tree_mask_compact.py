@@ -27,7 +27,6 @@ from patchkit.codemods import verify_tree_mask_fits as fits
 from patchkit.codemods.common.base import State
 from patchkit.testing import run_all
 
-
 # -- real files: a fresh apply, and the upgrade of an earlier patchkit's output -----------------
 
 FA3_FILE = "srt/layers/attention/flashattention_backend.py"

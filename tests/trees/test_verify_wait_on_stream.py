@@ -21,8 +21,8 @@ FILE = "srt/managers/schedule_batch.py"
         ("0.5.23", "native"),
     ],
 )
-def test_real_trees(make_tree, cli, version, state):
-    tree = make_tree(version)
+def test_real_trees(linked_tree, cli, version, state):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == state
     if state == "native":
