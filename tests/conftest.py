@@ -119,14 +119,16 @@ def linked_tree(tmp_path):
     links to patchkit's cached copy: for tests in which only patchkit writes
     the tree (see support.linked_copy)."""
     counter = iter(range(1000))
+    sources: set[Path] = set()
 
     def make(version: str = PRIMARY) -> Path:
         with profiling.timed("fetch release"):
             source = fetch_tree(version)
+        sources.add(source)
         return linked_copy(source, tmp_path / f"l{next(counter)}" / "sglang")
 
     yield make
-    written = linked_sources_written()
+    written = linked_sources_written(sources)
     assert not written, f"a test wrote hard-linked release files in place (fetch them again): {written[:5]}"
 
 

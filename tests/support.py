@@ -168,16 +168,13 @@ def _stamps(src: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-def linked_sources_written() -> list[str]:
+def linked_sources_written(sources: set[Path]) -> list[str]:
     """Files of a folder ``linked_copy`` linked from (the release cache) that
     were written in place since: a test that edited a linked file instead of
     taking a real copy (``make_tree``) or breaking the link first. The
     linked_tree fixture fails such a test (and the cache must be fetched again)."""
     return sorted(
-        path
-        for src, known in _STAMPS.items()
-        for path, stamp in _stamps(src).items()
-        if known.get(path, stamp) != stamp
+        path for src in sources for path, stamp in _stamps(src).items() if _STAMPS[src].get(path, stamp) != stamp
     )
 
 
