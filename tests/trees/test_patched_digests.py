@@ -37,6 +37,11 @@ def test_every_known_release_is_recorded():
 def test_apply_writes_the_recorded_bytes(version):
     """The engine of this run (each known release's files parsed in part,
     the transform cache, the workers) writes the bytes recorded from the plain
+    engine's whole parses (``scripts/patched_digests.py``): on every release,
+    the proof of the bytes of each codemod's declaration of what it reads
+    (tests/trees/test_transform_partial.py)."""
+    """The engine of this run (each known release's files parsed in part,
+    the transform cache, the workers) writes the bytes recorded from the plain
     engine's whole parses (``scripts/patched_digests.py``): the proof, on every
     release, of each codemod's declaration of what it reads. And each target
     file's partial parse gives its bytes back (merged from
