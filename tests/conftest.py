@@ -2,8 +2,10 @@
 git) and a CLI runner. Plain helpers live in support.py.
 
 Test files live in folders by kind (tests/README.md; tests/unit/test_suite_layout.py
-checks it): ``unit/`` reads no release and is the quick loop (``pytest -q -n 2
-tests/unit``), ``trees/`` reads real releases, ``behaviour/`` imports patched
+checks it): ``unit/`` and ``codemods/`` (each patch's snippet tests) read no release and
+are the quick loop (``pytest -q -n 2 tests/unit tests/codemods``), ``trees/``
+reads real releases (a trees test may import its patch's snippet module:
+``codemods/`` is on ``sys.path`` too), ``behaviour/`` imports patched
 sglang on CPU, ``gpu/`` is everything about the GPU proofs (what needs a GPU
 skips without one), ``slow/`` runs heavy tools (mypy). The shared helpers
 (support.py, drift.py, profiling.py, sglang_cpu_env.py, dp_settings.py) stay
@@ -20,9 +22,10 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent / "codemods"))
 
 import profiling  # noqa: E402
-from support import PRIMARY, TREE_CALLS, TREE_FIXTURES, linked_copy  # noqa: E402
+from support import PRIMARY, TREE_CALLS, TREE_FIXTURES, linked_copy, linked_sources_written  # noqa: E402
 
 from patchkit import settings  # noqa: E402
 from patchkit.cli import main  # noqa: E402
@@ -53,7 +56,7 @@ def _mark_tree_tests(items) -> None:
     """Mark ``trees`` every test that reads a real release (every test of
     tests/trees/ too), so that ``-m "not trees and not behaviour and not slow"``
     runs only what needs no download and no whole-tree transform, as the quick
-    loop's folder (tests/unit) does."""
+    loop's folders (tests/unit, tests/codemods) do."""
     trees = Path(__file__).with_name("trees")
     reads: dict[Path, bool] = {}
     for item in items:
@@ -116,13 +119,17 @@ def linked_tree(tmp_path):
     links to patchkit's cached copy: for tests in which only patchkit writes
     the tree (see support.linked_copy)."""
     counter = iter(range(1000))
+    sources: set[Path] = set()
 
     def make(version: str = PRIMARY) -> Path:
         with profiling.timed("fetch release"):
             source = fetch_tree(version)
+        sources.add(source)
         return linked_copy(source, tmp_path / f"l{next(counter)}" / "sglang")
 
-    return make
+    yield make
+    written = linked_sources_written(sources)
+    assert not written, f"a test wrote hard-linked release files in place (fetch them again): {written[:5]}"
 
 
 @pytest.fixture

@@ -191,6 +191,8 @@ def drift(package: Path, relpaths: list[str], name: str) -> None:
     files is computed once (the folder outlives the run: its key holds this
     module's code and black's version, which decide the drifted bytes)."""
     paths = [package / rel for rel in relpaths if (package / rel).exists()]
+    for path in paths:  # a hard-linked tree (support.linked_copy): edit copies, never the release cache
+        own(path)
     todo = []
     for path in paths:
         cached = _drift_cache(name, path.read_bytes())
@@ -212,6 +214,15 @@ def drift(package: Path, relpaths: list[str], name: str) -> None:
             tmp = cached.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(path.read_bytes())
             os.replace(tmp, cached)
+
+
+def own(path: Path) -> None:
+    """Break ``path``'s hard link (a linked tree's file shares the release
+    cache's bytes): a file of its own with the same bytes, to edit in place."""
+    if path.stat().st_nlink > 1:
+        data = path.read_bytes()
+        path.unlink()
+        path.write_bytes(data)
 
 
 @functools.cache

@@ -146,6 +146,16 @@ def pristine_snapshot(version: str) -> dict[str, str]:
     return dict(_pristine_snapshot(version))
 
 
+def recorded_patched(version: str) -> dict[str, str]:
+    """snapshot() of the release with every built-in patch applied, as
+    tests/patched_digests.json records it (the plain engine's whole parses,
+    no cache, one process: ``scripts/patched_digests.py``): the reference a
+    test compares an applied tree with, instead of applying one of its own."""
+    written = json.loads((Path(__file__).with_name("patched_digests.json")).read_text())[version]
+    patched = {**pristine_snapshot(version), **{rel: d for rel, d in written.items() if d is not None}}
+    return {rel: patched[rel] for rel in sorted(patched) if written.get(rel, "") is not None}
+
+
 def linked_copy(src: Path, dest: Path) -> Path:
     """A copy of the folder ``src`` whose files are hard links to ``src``'s (a
     tenth of a copy's time). Only for trees that nothing but patchkit writes:
@@ -153,12 +163,37 @@ def linked_copy(src: Path, dest: Path) -> Path:
     the linked originals keep their bytes; a test that edits a file itself
     must take a real copy (``make_tree``)."""
     with profiling.timed("copy tree"):
+        if src not in _STAMPS:
+            _STAMPS[src] = _stamps(src)
         for folder, _dirs, files in os.walk(src):
             here = dest / Path(folder).relative_to(src)
             here.mkdir(parents=True, exist_ok=True)
             for name in files:
                 os.link(os.path.join(folder, name), here / name)
     return dest
+
+
+#: A linked source folder -> (size, mtime) of each of its files when this process first linked it.
+_STAMPS: dict[Path, dict[str, tuple[int, int]]] = {}
+
+
+def _stamps(src: Path) -> dict[str, tuple[int, int]]:
+    found = {}
+    for folder, _dirs, files in os.walk(src):
+        for name in files:
+            st = os.stat(os.path.join(folder, name))
+            found[os.path.join(folder, name)] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def linked_sources_written(sources: set[Path]) -> list[str]:
+    """Files of a folder ``linked_copy`` linked from (the release cache) that
+    were written in place since: a test that edited a linked file instead of
+    taking a real copy (``make_tree``) or breaking the link first. The
+    linked_tree fixture fails such a test (and the cache must be fetched again)."""
+    return sorted(
+        path for src in sources for path, stamp in _stamps(src).items() if _STAMPS[src].get(path, stamp) != stamp
+    )
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -227,6 +262,7 @@ def edit_file(tree: Path, rel: str, old: str, new: str) -> None:
     """The fork's edit: ``old`` (once in the file) becomes ``new``."""
     text = (tree / rel).read_text()
     assert text.count(old) == 1, (rel, old)
+    (tree / rel).unlink()  # a file of its own: in a linked tree, never the release cache's
     (tree / rel).write_text(text.replace(old, new))
 
 

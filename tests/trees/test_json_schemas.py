@@ -78,11 +78,11 @@ def run(*args) -> dict:
     return json.loads(result.stdout)
 
 
-def test_documented_keys_are_the_emitted_keys(make_tree, monkeypatch):
+def test_documented_keys_are_the_emitted_keys(linked_tree, monkeypatch):
     text = (importlib.resources.files("patchkit.patches") / f"{HOOK}.toml").read_text(encoding="utf-8")
     patches = (registry._parse(text, f"{HOOK}.toml"),)
     monkeypatch.setattr(registry, "all_patches", lambda: patches)
-    tree = make_tree()
+    tree = linked_tree()
     docs = {
         "patchkit.status/1": [run("status", tree, "--format", "json")],
         "patchkit.apply/1": [

@@ -13,7 +13,7 @@ from support import patch_states, snapshot
 from patchkit.codemods import piecewise_no_forced_mirror as pw
 from patchkit.codemods.common.base import State
 from patchkit.fetch import fetch_tree
-from patchkit.testing import apply, detect
+from patchkit.testing import detect
 
 PATCH = "piecewise-no-forced-mirror"
 OVERLAP = "srt/managers/overlap_utils.py"
@@ -22,93 +22,6 @@ RUNNERS = {
     "srt/model_executor/piecewise_cuda_graph_runner.py": pw.PiecewiseRunnerHandsMirrorThrough,
     "srt/model_executor/breakable_cuda_graph_runner.py": pw.BreakableRunnerHandsMirrorThrough,
 }
-
-DECIDE = """
-def decide_needs_cpu_seq_lens(server_args, attn_backends):
-    if server_args.enable_two_batch_overlap:
-        return True
-    if not server_args.disable_piecewise_cuda_graph:
-        # FIXME: support PCG without seq lens cpu value
-        return True
-    return any(getattr(b, "needs_cpu_seq_lens", True) for b in attn_backends if b is not None)
-"""
-
-
-def test_sglangs_own_rule_is_replaced_by_the_ngram_rule():
-    out = apply(pw.DropPiecewiseRule, DECIDE)
-    assert "disable_piecewise_cuda_graph" not in out and "FIXME: support PCG" not in out
-    assert "    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm\n" in out
-    assert (
-        "    if SpeculativeAlgorithm.from_string(server_args.speculative_algorithm).is_ngram():\n        return True\n"
-        in out
-    )
-    assert detect(pw.DropPiecewiseRule, out).state is State.DONE
-
-
-def test_a_decision_without_the_rule_is_done_and_none_is_superseded():
-    without = DECIDE.replace(
-        "    if not server_args.disable_piecewise_cuda_graph:\n        # FIXME: support PCG without seq lens cpu value\n        return True\n",
-        "",
-    )
-    assert detect(pw.DropPiecewiseRule, without).state is State.DONE
-    assert detect(pw.DropPiecewiseRule, "class FutureMap:\n    pass\n").state is State.SUPERSEDED
-
-
-INIT_OVERLAP = """
-class Scheduler:
-    def init_overlap(self):
-        configure_needs_cpu_seq_lens(self.server_args, self.draft_worker, self.tp_worker)
-        self.future_map = FutureMap()
-"""
-
-
-def test_patchkits_decision_stops_forcing_the_mirror():
-    out = apply(pw.ConfigureWithoutPiecewiseRule, INIT_OVERLAP)
-    assert (
-        "configure_needs_cpu_seq_lens(self.server_args, self.draft_worker, self.tp_worker, piecewise_reads_mirror=False)"
-        in out
-    )
-    assert detect(pw.ConfigureWithoutPiecewiseRule, out).state is State.DONE
-
-
-def test_the_scheduler_part_waits_for_needs_cpu_seq_lens_and_leaves_sglangs_own_decision():
-    bare = INIT_OVERLAP.replace(
-        "        configure_needs_cpu_seq_lens(self.server_args, self.draft_worker, self.tp_worker)\n", ""
-    )
-    assert detect(pw.ConfigureWithoutPiecewiseRule, bare).state is State.TODO
-    native = INIT_OVERLAP.replace(
-        "configure_needs_cpu_seq_lens(self.server_args, self.draft_worker, self.tp_worker)",
-        "needs = decide_needs_cpu_seq_lens(self.server_args, backends)",
-    )
-    assert detect(pw.ConfigureWithoutPiecewiseRule, native).state is State.SUPERSEDED
-
-
-RUNNER = """
-class PiecewiseCudaGraphRunner:
-    def capture_one(self, num_tokens):
-        return ForwardBatch(seq_lens_cpu=torch.tensor([num_tokens]), seq_lens_sum=num_tokens)
-
-    def replay_prepare(self, forward_batch):
-        self.seq_lens_cpu = None
-        return ForwardBatch(seq_lens_cpu=forward_batch.seq_lens_cpu, seq_lens_sum=forward_batch.seq_lens_sum)
-"""
-
-
-def test_a_runner_that_hands_the_mirror_through_is_fine():
-    finding = detect(pw.PiecewiseRunnerHandsMirrorThrough, RUNNER)
-    assert finding.state is State.SUPERSEDED
-
-
-def test_a_runner_that_reads_the_mirror_refuses_the_patch_saying_where():
-    fork = RUNNER.replace(
-        "        self.seq_lens_cpu = None\n", "        bound = int(forward_batch.seq_lens_cpu.max())\n"
-    )
-    finding = detect(pw.PiecewiseRunnerHandsMirrorThrough, fork)
-    assert finding.state is State.MISSING and finding.line == 6  # the read (the snippet starts at "class")
-    assert (
-        "reads `forward_batch.seq_lens_cpu`" in finding.detail
-        and "stays on under piecewise CUDA graph" in finding.detail
-    )
 
 
 @pytest.mark.trees
@@ -122,8 +35,8 @@ def test_release_runners_only_hand_the_mirror_through(version):
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.12.post1", "0.5.13"])
-def test_release_apply_verify_and_exact_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_release_apply_verify_and_exact_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "absent"
     result = cli("apply", tree, PATCH)
@@ -145,16 +58,16 @@ def test_release_apply_verify_and_exact_revert(make_tree, cli, version):
 
 
 @pytest.mark.trees
-def test_0_5_14_is_native(make_tree, cli):
-    tree = make_tree("0.5.14")
+def test_0_5_14_is_native(linked_tree, cli):
+    tree = linked_tree("0.5.14")
     before = snapshot(tree)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "native"
     assert cli("apply", tree, PATCH).exit_code == 0 and snapshot(tree) == before
 
 
 @pytest.mark.trees
-def test_a_tree_patched_without_it_upgrades_to_what_a_fresh_apply_writes(make_tree, cli):
-    earlier, fresh = make_tree(), make_tree()
+def test_a_tree_patched_without_it_upgrades_to_what_a_fresh_apply_writes(linked_tree, cli):
+    earlier, fresh = linked_tree(), linked_tree()
     assert cli("apply", earlier, "--skip", PATCH).exit_code == 0
     assert cli("apply", earlier).exit_code == 0
     assert cli("apply", fresh).exit_code == 0
@@ -162,13 +75,13 @@ def test_a_tree_patched_without_it_upgrades_to_what_a_fresh_apply_writes(make_tr
 
 
 @pytest.mark.trees
-def test_the_patched_decision_drops_the_mirror_with_piecewise_cuda_graph_on(make_tree, cli):
+def test_the_patched_decision_drops_the_mirror_with_piecewise_cuda_graph_on(linked_tree, cli):
     """The patched 0.5.12.post1 scheduler's own init_overlap, run on a stand-in
     scheduler with sglang's default settings (piecewise CUDA graph on)."""
     import importlib.util
     import sys
 
-    tree = make_tree()
+    tree = linked_tree()
     assert cli("apply", tree).exit_code == 0
     runtime_path = tree / "srt/_patchkit/runtime/seq_lens.py"
     spec = importlib.util.spec_from_file_location("patched_seq_lens", runtime_path)

@@ -130,13 +130,3 @@ def test_inline_gate_admits_fa3_and_trtllm_mha_0_5_9(cli, linked_tree):
     assert "and isinstance(self.draft_extend_attn_backend, TRTLLMHAAttnBackend)" in worker
     assert cli("verify", tree, *patches, "-q").exit_code == 0
     _revert_exact(cli, tree, "0.5.9")
-
-
-def test_reads_are_vendor_only_when_the_release_is_known():
-    """Without the release in the cache, apply's line says unknown origin,
-    never the vendor's own code (a pristine release read as a fork)."""
-    unknown = audit.vendor_line(3, "0.5.9", known=False)
-    assert "unknown origin" in unknown and "vendor's own code" not in unknown
-    assert "`patchkit fetch 0.5.9`" in unknown
-    assert "vendor's own code" in audit.vendor_line(3, "0.5.9")
-    assert audit.vendor_line(0, "0.5.9", known=False) is None

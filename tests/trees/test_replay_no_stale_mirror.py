@@ -9,10 +9,6 @@ import json
 import pytest
 from support import pristine, snapshot
 
-from patchkit.codemods import replay_no_stale_mirror as replay
-from patchkit.codemods.common.base import State
-from patchkit.testing import apply, detect
-
 PATCH = "replay-no-stale-mirror"
 FA3 = "srt/layers/attention/flashattention_backend.py"
 DRAFT_EXTEND_RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
@@ -22,47 +18,6 @@ VERIFY_RUNNER = {
     "0.5.13": "srt/model_executor/cuda_graph_runner.py",
     "0.5.14": "srt/model_executor/runner/decode_cuda_graph_runner.py",
 }
-
-
-# -- replay hands over no stale mirror ----------------------------------------------------
-
-RUNNER = """
-class CudaGraphRunner:
-    def capture_one_batch_size(self, bs, forward):
-        seq_lens_cpu = buffers.seq_lens_cpu[:bs]
-        return ForwardBatch(seq_lens_cpu=seq_lens_cpu)
-
-    def replay_prepare(self, forward_batch, pp_proxy_tensors=None):
-        attn_backend.init_forward_metadata_replay_cuda_graph(
-            bs,
-            buffers.req_pool_indices[:bs],
-            seq_lens_cpu=buffers.seq_lens_cpu[:bs],
-        )
-
-
-def build_replay_fb_view(forward_batch, buffers, bs):
-    return SimpleNamespace(seq_lens_cpu=buffers.seq_lens_cpu)
-"""
-
-
-def test_runner_replay_passes_none_without_a_mirror():
-    out = apply(replay.ReplayPassesNoStaleMirror, RUNNER)
-    assert "seq_lens_cpu=mirror_or_none(forward_batch.seq_lens_cpu, buffers.seq_lens_cpu[:bs])," in out
-    assert "SimpleNamespace(seq_lens_cpu=mirror_or_none(forward_batch.seq_lens_cpu, buffers.seq_lens_cpu))" in out
-    # Capture builds its batch from a local: untouched.
-    assert "return ForwardBatch(seq_lens_cpu=seq_lens_cpu)" in out
-
-
-def test_runner_upstream_016_shape_is_done():
-    src = RUNNER.replace(
-        "seq_lens_cpu=buffers.seq_lens_cpu[:bs],",
-        "seq_lens_cpu=(\n                None if forward_batch.seq_lens_cpu is None else buffers.seq_lens_cpu[:bs]\n            ),",
-    ).replace(
-        "SimpleNamespace(seq_lens_cpu=buffers.seq_lens_cpu)",
-        "SimpleNamespace(seq_lens_cpu=None if forward_batch.seq_lens_cpu is None else buffers.seq_lens_cpu)",
-    )
-    assert detect(replay.ReplayPassesNoStaleMirror, src).state is State.DONE
-    assert detect(replay.ReplayPassesNoStaleMirror, "def f(forward_batch):\n    return 1\n").state is State.MISSING
 
 
 # -- the stale pinned buffer without fa3-spec-v2 ---------------------------------------------
@@ -132,8 +87,8 @@ def state(cli, tree) -> dict:
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", sorted(VERIFY_RUNNER))
-def test_release_apply_verify_and_exact_revert(make_tree, cli, version):
-    tree = make_tree(version)
+def test_release_apply_verify_and_exact_revert(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert state(cli, tree)["state"] == "absent"
     result = cli("apply", tree, PATCH)
@@ -151,8 +106,8 @@ def test_release_apply_verify_and_exact_revert(make_tree, cli, version):
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.16", "0.5.23"])
-def test_upstream_releases_are_native(make_tree, cli, version):
-    tree = make_tree(version)
+def test_upstream_releases_are_native(linked_tree, cli, version):
+    tree = linked_tree(version)
     before = snapshot(tree)
     assert state(cli, tree)["state"] == "native"
     assert cli("apply", tree, PATCH).exit_code == 0

@@ -25,8 +25,8 @@ FORWARD = "srt/model_executor/forward_batch_info.py"
         ("0.5.23", "not-applicable"),
     ],
 )
-def test_real_trees(make_tree, cli, version, state):
-    tree = make_tree(version)
+def test_real_trees(linked_tree, cli, version, state):
+    tree = linked_tree(version)
     assert patch_states(cli, tree, PATCH)[PATCH]["state"] == state
     assert cli("apply", tree, "needs-cpu-seq-lens").exit_code in (0, 1)  # what it requires, first
     before = snapshot(tree)
@@ -44,13 +44,13 @@ def test_real_trees(make_tree, cli, version, state):
 
 
 @pytest.mark.trees
-def test_every_eager_consumer_of_the_patched_set_hands_its_batch(make_tree, cli):
+def test_every_eager_consumer_of_the_patched_set_hands_its_batch(linked_tree, cli):
     """With the whole set applied, each eager helper call that used to take the static bound
     alone passes the batch that carries the host bound (CUDA-graph replays keep the static one:
     they get no batch)."""
     import re
 
-    tree = make_tree("0.5.12.post1")
+    tree = linked_tree("0.5.12.post1")
     assert cli("apply", tree).exit_code == 0
     calls = []
     for path in (tree / "srt/layers/attention").glob("*.py"):

@@ -12,20 +12,17 @@ import os
 import shutil
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 
 import pytest
 from drift import drift
-from support import PRE_UPSTREAM, PRIMARY, pristine, snapshot
+from support import PRE_UPSTREAM, PRIMARY, linked_copy, pristine, recorded_patched, snapshot
+from test_transform_cache_snippets import entries
 
-from patchkit import cache_secret, registry, transform
+from patchkit import registry, transform
 from patchkit.api.applying import apply_patches
 from patchkit.api.reverting import revert_patches
-from patchkit.audit import facts
 from patchkit.engine import locked_session
-from patchkit.fetch import copy_tree
-from patchkit.findings import Finding
 from patchkit.transform import cache as transform_cache
 
 pytestmark = pytest.mark.trees
@@ -46,32 +43,16 @@ def cache_dir(tmp_path, monkeypatch):
     return folder
 
 
-def entries(folder: Path) -> list[Path]:
-    """The transform entries (not the audit's facts beside them: the test below)."""
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file()
-        and not p.name.startswith(".")
-        and p.name != "secret"
-        and "audit" not in p.relative_to(folder).parts
-    )
-
-
-@cache
-def _reference(version: str, base: str) -> tuple:
-    """The plain engine's result: no cache, one process."""
-    env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": "off", "PATCHKIT_JOBS": "1"}
-    tree = copy_tree(version, Path(base) / f"ref-{version}")
-    proc = subprocess.run([sys.executable, "-m", "patchkit", "-q", "apply", str(tree)], env=env, capture_output=True)
-    assert proc.returncode == 0, proc.stderr.decode()
-    return tuple(snapshot(tree).items())
-
-
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    base = tmp_path_factory.mktemp("reference")
-    return lambda version: dict(_reference(version, str(base)))
+def reference():
+    """The plain engine's result (no cache, one process, every file parsed
+    whole), as tests/patched_digests.json records it."""
+    return recorded_patched
+
+
+def linked(version: str, folder: Path) -> Path:
+    """A release's package in ``folder``, hard-linked to the cache: only patchkit writes these trees."""
+    return linked_copy(pristine(version), folder / "sglang")
 
 
 def no_parsing(monkeypatch) -> None:
@@ -85,10 +66,10 @@ def no_parsing(monkeypatch) -> None:
 # release's cold apply is checked by each patch's own release tests.
 @pytest.mark.parametrize("version", [PRE_UPSTREAM[0], PRIMARY])
 def test_cold_and_warm_apply_are_byte_identical(version, tmp_path, cache_dir, reference, monkeypatch):
-    cold = copy_tree(version, tmp_path / "cold")
+    cold = linked(version, tmp_path / "cold")
     apply(cold)
     assert entries(cache_dir)
-    warm = copy_tree(version, tmp_path / "warm")
+    warm = linked(version, tmp_path / "warm")
     with monkeypatch.context() as patch:
         no_parsing(patch)
         apply(warm)
@@ -104,7 +85,7 @@ def test_apply_after_revert_parses_nothing(tmp_path, cache_dir, monkeypatch):
     """The tree's own detection cache knows every file by then: a target file
     that a patch to apply leaves as it is (its findings all done) is neither
     prepared nor parsed."""
-    tree = copy_tree(PRIMARY, tmp_path / "t")
+    tree = linked(PRIMARY, tmp_path / "t")
     apply(tree)
     patched = snapshot(tree)
     with locked_session(tree, lambda _: None, "revert") as session:
@@ -123,7 +104,7 @@ def test_cold_and_warm_apply_under_drift(tmp_path, cache_dir, monkeypatch):
     files = sorted({f for p in registry.all_patches() for f in p.files})
     trees = []
     for label in ("serial", "cold", "warm"):
-        tree = copy_tree(PRIMARY, tmp_path / label)
+        tree = linked(PRIMARY, tmp_path / label)  # drift() breaks the links of the files it edits
         drift(tree, files, "everything")
         trees.append(tree)
     serial, cold, warm = trees
@@ -158,29 +139,17 @@ def damage(folder: Path, how: str) -> int:
 
 
 def test_damaged_cache_entries_fall_back_to_a_cold_transform(tmp_path, cache_dir, reference, monkeypatch):
-    apply(copy_tree(PRIMARY, tmp_path / "first"))  # one cold apply fills the cache each damage starts from
+    apply(linked(PRIMARY, tmp_path / "first"))  # one cold apply fills the cache each damage starts from
     for how in ("truncate", "flip", "garbage", "empty"):
         damaged = tmp_path / f"cache-{how}"
         shutil.copytree(cache_dir, damaged)
         monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(damaged))
         assert damage(damaged, how), how
-        tree = copy_tree(PRIMARY, tmp_path / how)
+        tree = linked(PRIMARY, tmp_path / how)
         apply(tree)
         assert snapshot(tree) == reference(PRIMARY), how
         # ... and the damaged entries were rewritten: the next apply is warm again.
         assert all(transform_cache.TransformCache(damaged).get(p.name) is not None for p in entries(damaged)), how
-
-
-def test_a_flipped_finding_in_an_entry_header_is_a_miss(tmp_path):
-    # The payload intact, one finding changed: the checksum covers the header too.
-    cache = transform_cache.TransformCache(tmp_path)
-    done = {"m.Codemod": Finding.done("f")}
-    cache.put("k" * 64, transform_cache.Entry({"m.Codemod": Finding.todo("f")}, [["m.Codemod"]], b"x = 1\n", done))
-    assert cache.get("k" * 64).after == done
-    (path,) = entries(tmp_path)
-    header, _, payload = path.read_bytes().partition(b"\n")
-    path.write_bytes(header.replace(b'"todo"', b'"done"') + b"\n" + payload)
-    assert cache.get("k" * 64) is None
 
 
 def forge(folder: Path) -> int:
@@ -200,42 +169,22 @@ def forge(folder: Path) -> int:
 def test_another_patchkit_versions_cache_is_not_used(tmp_path, cache_dir, reference, monkeypatch):
     monkeypatch.setattr("patchkit.__version__", "0.0.1-other")
     transform_cache.fingerprint.cache_clear()
-    apply(copy_tree(PRIMARY, tmp_path / "other"))
+    apply(linked(PRIMARY, tmp_path / "other"))
     assert forge(cache_dir)
     # That version would trust its (forged) entries: the key is what protects.
-    fooled = copy_tree(PRIMARY, tmp_path / "fooled")
+    fooled = linked(PRIMARY, tmp_path / "fooled")
     apply(fooled)
     assert snapshot(fooled) != reference(PRIMARY)
 
     monkeypatch.undo()
     transform_cache.fingerprint.cache_clear()
-    tree = copy_tree(PRIMARY, tmp_path / "ours")
+    tree = linked(PRIMARY, tmp_path / "ours")
     apply(tree)
     assert snapshot(tree) == reference(PRIMARY)
 
 
-def test_edited_codemods_change_the_key(tmp_path, monkeypatch):
-    """A fingerprint, not only the version: a development checkout with edited
-    codemods never reads the entries of the code before the edit."""
-    transform_cache.fingerprint.cache_clear()
-    before = transform_cache.TransformCache.key("0" * 64, [["a.B"]])
-    real = Path.read_bytes
-
-    def edited(path):
-        data = real(path)
-        return data + b"\n# edited\n" if path.name == "needs_cpu_seq_lens_guards.py" else data
-
-    monkeypatch.setattr(Path, "read_bytes", edited)
-    transform_cache.fingerprint.cache_clear()
-    try:
-        assert transform_cache.TransformCache.key("0" * 64, [["a.B"]]) != before
-    finally:
-        monkeypatch.undo()
-        transform_cache.fingerprint.cache_clear()
-
-
 def test_two_concurrent_applies_share_the_cache(tmp_path, cache_dir, reference):
-    trees = [copy_tree(PRIMARY, tmp_path / f"t{i}") for i in range(2)]
+    trees = [linked(PRIMARY, tmp_path / f"t{i}") for i in range(2)]
     env = {**os.environ, "PATCHKIT_TRANSFORM_CACHE": str(cache_dir)}
     procs = [
         subprocess.Popen(
@@ -252,14 +201,14 @@ def test_two_concurrent_applies_share_the_cache(tmp_path, cache_dir, reference):
     for tree in trees:
         assert snapshot(tree) == reference(PRIMARY)
     assert not [p for p in cache_dir.rglob(".*") if p.is_file()], "temporary files left behind"
-    warm = copy_tree(PRIMARY, tmp_path / "warm")
+    warm = linked(PRIMARY, tmp_path / "warm")
     apply(warm)
     assert snapshot(warm) == reference(PRIMARY)
 
 
 def test_cache_off_and_read_only_cache(tmp_path, monkeypatch, reference):
     monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", "off")
-    tree = copy_tree(PRIMARY, tmp_path / "off")
+    tree = linked(PRIMARY, tmp_path / "off")
     apply(tree)
     assert snapshot(tree) == reference(PRIMARY)
     folder = tmp_path / "ro"
@@ -267,7 +216,7 @@ def test_cache_off_and_read_only_cache(tmp_path, monkeypatch, reference):
     folder.chmod(0o500)
     monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(folder))
     try:
-        tree = copy_tree(PRIMARY, tmp_path / "ro-tree")
+        tree = linked(PRIMARY, tmp_path / "ro-tree")
         apply(tree)  # a cache it cannot write only costs speed
         assert snapshot(tree) == reference(PRIMARY)
     finally:
@@ -275,7 +224,7 @@ def test_cache_off_and_read_only_cache(tmp_path, monkeypatch, reference):
 
 
 def test_status_and_verify_on_a_patched_tree_import_neither_libcst_nor_codemods(tmp_path, cache_dir):
-    tree = copy_tree(PRIMARY, tmp_path / "t")
+    tree = linked(PRIMARY, tmp_path / "t")
     apply(tree)
     code = (
         "import sys; from patchkit.cli import main\n"
@@ -287,18 +236,6 @@ def test_status_and_verify_on_a_patched_tree_import_neither_libcst_nor_codemods(
     proc = subprocess.run([sys.executable, "-c", "import json\n" + code, str(tree)], capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode()
     assert json.loads(proc.stdout.decode().strip().splitlines()[-1]) == []
-
-
-def test_a_damaged_audit_facts_file_is_computed_again_and_rewritten(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATCHKIT_TRANSFORM_CACHE", str(tmp_path))
-    monkeypatch.setattr(facts, "_MEMO", {})
-    source = b"class B:\n    def f(self, batch):\n        return batch.seq_lens_cpu.max()\n"
-    good = facts.facts_of("srt/m.py", source)
-    (path,) = tmp_path.rglob("*.json")
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    monkeypatch.setattr(facts, "_MEMO", {})  # a new process
-    assert facts.facts_of("srt/m.py", source) == good
-    assert json.loads(path.read_text())["facts"]["reads"]  # written whole again
 
 
 def poison(folder: Path, line: bytes) -> int:
@@ -326,27 +263,11 @@ def test_a_poisoned_entry_never_reaches_a_tree(tmp_path, cache_dir, reference, c
     line) and whose length and sha256 were recomputed was written into the
     next tree, and ``verify`` said OK. Entries are sealed with the cache's
     secret: the poisoned one is a miss, the tree gets the real transform."""
-    apply(copy_tree(PRIMARY, tmp_path / "first"))
+    apply(linked(PRIMARY, tmp_path / "first"))
     line = b"import os; os.system('touch /tmp/pwned')\n"
     assert poison(cache_dir, line) == 1
-    tree = copy_tree(PRIMARY, tmp_path / "fresh")
+    tree = linked(PRIMARY, tmp_path / "fresh")
     assert cli("apply", tree).exit_code == 0
     assert snapshot(tree) == reference(PRIMARY)
     assert not any(line in p.read_bytes() for p in tree.rglob("*.py"))
     assert cli("verify", tree).exit_code == 0
-
-
-def test_a_secret_others_may_read_or_own_is_not_believed(tmp_path):
-    """The cache's secret is the user's own, 0600; one readable by others, or
-    another user's, makes the cache unused (a miss, nothing written)."""
-    done = {"m.Codemod": Finding.done("f")}
-    entry = transform_cache.Entry({"m.Codemod": Finding.todo("f")}, [["m.Codemod"]], b"x = 1\n", done)
-    for damage_secret in (lambda p: p.chmod(0o640), lambda p: os.chown(p, 65534, -1) if os.geteuid() == 0 else None):
-        folder = tmp_path / f"cache{len(list(tmp_path.iterdir()))}"
-        transform_cache.TransformCache(folder).put("k" * 64, entry)
-        assert (folder / "secret").stat().st_mode & 0o777 == 0o600
-        damage_secret(folder / "secret")
-        cache_secret._secret.cache_clear()
-        assert transform_cache.TransformCache(folder).get("k" * 64) is None
-        transform_cache.TransformCache(folder).put("j" * 64, entry)
-        assert not list(folder.glob("jj/*"))

@@ -6,104 +6,21 @@ in the method)."""
 
 from __future__ import annotations
 
-import ast
-
 import pytest
 from support import NATIVE, PRE_UPSTREAM, patch_states
-
-from patchkit.codemods import trtllm_mla_spec_v2 as spec
-from patchkit.codemods.common.base import State
-from patchkit.testing import apply, assert_state, code, detect
+from test_trtllm_mla_eager_max_snippets import item_calls
 
 MLA = "srt/layers/attention/trtllm_mla_backend.py"
 SPEC = "trtllm-mla-spec-v2"
-CODEMOD = spec.EagerMaxWithoutMirror
-
-
-def backend(test: str, fallback: str, flag: str = "") -> str:
-    return code(f"""
-        class TRTLLMMLABackend(FlashInferMLAAttnBackend):
-        {flag}
-            def init_forward_metadata(self, forward_batch):
-                bs = forward_batch.batch_size
-                # Get maximum sequence length.
-                if {test}:
-                    max_seq = forward_batch.seq_lens_cpu.max().item()
-                else:
-                    max_seq = {fallback}
-                seq_lens = forward_batch.seq_lens
-        """)
-
-
-PRISTINE = backend('getattr(forward_batch, "seq_lens_cpu", None) is not None', "forward_batch.seq_lens.max().item()")
-
-
-def test_the_device_max_becomes_the_static_bound_through_the_shared_helper():
-    out = apply(CODEMOD, PRISTINE)
-    assert "from sglang.srt._patchkit.backends.mirror_reads import host_max_seq_len\n" in out
-    assert (
-        "        # Get maximum sequence length.\n"
-        "        # Without the CPU mirror, the static bound (sglang 0.5.16): it only sizes\n"
-        "        # the block table; seq_lens.max().item() waited for the GPU every eager step.\n"
-        '        max_seq = host_max_seq_len(getattr(forward_batch, "seq_lens_cpu", None), self.max_context_len, forward_batch)\n'
-        "        seq_lens = forward_batch.seq_lens\n"
-    ) in out
-    assert item_calls(out) == []
-
-
-@pytest.mark.parametrize(
-    "test, fallback",
-    [
-        ("forward_batch.seq_lens_cpu is not None", "int(forward_batch.seq_lens.max())"),
-        ('getattr(forward_batch, "seq_lens_cpu", None) is not None', "torch.max(forward_batch.seq_lens).item()"),
-    ],
-)
-def test_fork_spellings_of_the_test_and_the_device_max(test, fallback):
-    out = apply(CODEMOD, backend(test, fallback))
-    assert (
-        f"max_seq = host_max_seq_len({test.removesuffix(' is not None')}, self.max_context_len, forward_batch)" in out
-    )
-
-
-def test_upstreams_bound_is_done():
-    assert_state(
-        CODEMOD, backend("forward_batch.seq_lens_cpu is not None", "self.max_context_len"), State.DONE, "0.5.16"
-    )
-
-
-def test_upstreams_own_opt_out_keeping_the_device_max_is_left_alone():
-    """0.5.13 .. 0.5.15: the flag is upstream's (no patchkit helper in the class)."""
-    src = backend(
-        'getattr(forward_batch, "seq_lens_cpu", None) is not None',
-        "forward_batch.seq_lens.max().item()",
-        flag="    needs_cpu_seq_lens: bool = False\n",
-    )
-    assert_state(CODEMOD, src, State.SUPERSEDED, "0.5.13 .. 0.5.15")
-
-
-def test_an_unknown_fallback_is_a_missing_anchor():
-    finding = detect(CODEMOD, backend("forward_batch.seq_lens_cpu is not None", "compute_max(forward_batch)"))
-    assert finding.state is State.MISSING and "max_context_len" in finding.detail
 
 
 # --- the real module -------------------------------------------------------------------
 
 
-def item_calls(source: str, cls: str = "TRTLLMMLABackend", method: str = "init_forward_metadata") -> list[int]:
-    """Lines of every ``.item()`` call in ``cls.method``."""
-    klass = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls)
-    fn = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == method)
-    return [
-        n.lineno
-        for n in ast.walk(fn)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "item"
-    ]
-
-
 @pytest.mark.trees
 @pytest.mark.parametrize("version", PRE_UPSTREAM)
-def test_patched_module_has_no_item_left_in_init_forward_metadata(make_tree, cli, version):
-    tree = make_tree(version)
+def test_patched_module_has_no_item_left_in_init_forward_metadata(linked_tree, cli, version):
+    tree = linked_tree(version)
     assert item_calls((tree / MLA).read_text()), "pristine reads the max with .item()"
     assert cli("apply", tree, SPEC).exit_code == 0
     assert item_calls((tree / MLA).read_text()) == []
@@ -112,8 +29,8 @@ def test_patched_module_has_no_item_left_in_init_forward_metadata(make_tree, cli
 
 @pytest.mark.trees
 @pytest.mark.parametrize("version, state", [(NATIVE, "superseded"), ("0.5.17", "done"), ("0.5.23", "done")])
-def test_upstream_releases(make_tree, cli, version, state):
-    st = patch_states(cli, make_tree(version), SPEC)[SPEC]
+def test_upstream_releases(linked_tree, cli, version, state):
+    st = patch_states(cli, linked_tree(version), SPEC)[SPEC]
     assert st["state"] == "native"
     checks = {c["codemod"].split(".")[1]: c["state"] for c in st["checks"]}
     assert checks["EagerMaxWithoutMirror"] == state
