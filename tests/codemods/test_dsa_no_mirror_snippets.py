@@ -264,3 +264,28 @@ def test_graph_max_len():
     mirror = SimpleNamespace(max=lambda: SimpleNamespace(item=lambda: 37))
     assert dsa.graph_max_len(mirror, 4, table, req_to_token) == 41  # as before with the mirror
     assert dsa.graph_max_len(None, 4, table, req_to_token) == 1028  # the width both share
+
+
+# -- the decision with DSA (docs/research/dp-attention.md §7) -----------------------------------
+
+
+def test_decision_with_dsa_backends():
+    from patchkit.runtime import seq_lens as rt
+
+    class Dsa:  # the patched class (or 0.5.15+): opted out
+        needs_cpu_seq_lens = False
+
+    pooled = Dsa()
+    pooled.needs_cpu_seq_lens = True  # 0.5.20 .. 0.5.21: `self.needs_cpu_seq_lens = self.dsa_index_kpool > 1`
+
+    def args(**kw):
+        return SimpleNamespace(**{"enable_two_batch_overlap": False, "disable_piecewise_cuda_graph": True, **kw})
+
+    backends = [Dsa(), Dsa(), None]  # target, draft (multi-step), no draft-extend backend
+    assert rt.decide_needs_cpu_seq_lens(args(), backends) is False  # TP, DP attention alike
+    assert rt.decide_needs_cpu_seq_lens(args(), [pooled, Dsa()]) is True  # pooled index keys
+    assert rt.decide_needs_cpu_seq_lens(args(enable_two_batch_overlap=True), backends) is True  # TBO reads it
+    piecewise_on = SimpleNamespace(enable_two_batch_overlap=False, disable_piecewise_cuda_graph=False)
+    assert rt.decide_needs_cpu_seq_lens(piecewise_on, backends) is True  # unless piecewise-no-forced-mirror
+    assert rt.decide_needs_cpu_seq_lens(piecewise_on, backends, piecewise_reads_mirror=False) is False
+    assert rt.decide_needs_cpu_seq_lens(args(), [SimpleNamespace(), Dsa()]) is True  # pristine NSA: no flag
