@@ -28,6 +28,7 @@ RUNTIME_FILES = {
     "srt/_patchkit/runtime/seq_lens.py",
     "srt/_patchkit/runtime/streams.py",
     "srt/_patchkit/backends/__init__.py",
+    "srt/_patchkit/backends/dsa.py",
     "srt/_patchkit/backends/fa3.py",
     "srt/_patchkit/backends/flashmla.py",
     "srt/_patchkit/backends/mirror_reads.py",
@@ -184,7 +185,7 @@ def test_clone_of_a_patched_fork_knows_what_was_applied(make_tree, cli, tmp_path
     scheduler.write_text(scheduler.read_text() + "# vendor note\n")
     result = cli("revert", clone)
     assert result.exit_code == 0, result.output
-    assert "17 file(s) changed, 16 removed" in result.output
+    assert "20 file(s) changed, 17 removed" in result.output
     assert git(clone, "diff", "HEAD~1", "--stat").strip().endswith("1 file changed, 1 insertion(+)")
     assert not (clone / "python/sglang/srt/_patchkit").exists()
 
