@@ -80,3 +80,32 @@ def decision_test(test: ast.AST) -> Optional[bool]:
     if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "needs_cpu_seq_lens":
         return True
     return None
+
+
+def _mode(test: ast.AST) -> Optional[str]:
+    """``is_extend`` for ``<...>.forward_mode.is_extend()`` and the like."""
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute):
+        return test.func.attr
+    return None
+
+
+def prefill_branch(ancestors: list[tuple[ast.AST, ast.AST]]) -> Optional[str]:
+    """Why a read (whose ``(parent, child)`` ancestors are given, innermost
+    first) runs on prefill batches only, which always carry the mirror: in the
+    body of ``if ...is_extend_without_speculative():``, or of an
+    ``elif ...is_extend():`` that the chain reaches only once it has tested
+    ``is_target_verify()`` and ``is_draft_extend(...)`` (the attention
+    backends' mode dispatch: NSA / DSA's ``init_forward_metadata``)."""
+    for index, (parent, child) in enumerate(ancestors):
+        if not (isinstance(parent, ast.If) and child in parent.body):
+            continue
+        mode = _mode(parent.test)
+        if mode == "is_extend_without_speculative":
+            return "prefill branch (is_extend_without_speculative()): prefill batches carry the mirror"
+        if mode == "is_extend":
+            earlier = {_mode(p.test) for p, c in ancestors[index + 1 :] if isinstance(p, ast.If) and c in p.orelse}
+            if "is_target_verify" in earlier and earlier & {"is_draft_extend", "is_draft_extend_v2"}:
+                return (
+                    "prefill branch (elif is_extend() after the verify and draft-extend branches): the mirror is there"
+                )
+    return None

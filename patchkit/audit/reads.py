@@ -36,7 +36,22 @@ MIRROR_ALWAYS = {
     # 0.5.4 .. 0.5.9 (forward_batch_deepseek_mha_mixin.py from 0.5.10, outside MODULES)
     "ForwardBatch.fetch_mha_one_shot_kv_indices": "DeepSeek MHA_ONE_SHOT prefill: dispatched only under "
     "forward_mode.is_extend_without_speculative()",
+    # DeepSeek sparse attention (patch dsa-no-mirror), both class names:
+    **{
+        f"{cls}.{fn}": why
+        for cls in ("NativeSparseAttnBackend", "DeepseekSparseAttnBackend")
+        for fn, why in (
+            ("set_nsa_prefill_impl", "reads under is_extend_without_speculative() / == EXTEND: prefill batches only"),
+            ("set_dsa_prefill_impl", "reads under is_extend_without_speculative() / == EXTEND: prefill batches only"),
+            ("_cal_indexer_k_start_end", "returns early unless forward_mode.is_extend_without_speculative()"),
+        )
+    },
 }
+
+# Keyword arguments that hand a mirror value on, read where they are used:
+# NSA / DSA metadata's indexer_seq_lens_cpu (read by the indexer's ragged,
+# prefill-only top-k).
+HANDED_ON = ("indexer_seq_lens_cpu",)
 
 
 @dataclass

@@ -21,8 +21,8 @@ from functools import cache
 from pathlib import Path
 from typing import Optional
 
-from patchkit.audit.guards import assigns, decision_test, is_none, none_test
-from patchkit.audit.reads import MIRROR_ALWAYS, OPTS_OUT_WITH, PATCH, Read
+from patchkit.audit.guards import assigns, decision_test, is_none, none_test, prefill_branch
+from patchkit.audit.reads import HANDED_ON, MIRROR_ALWAYS, OPTS_OUT_WITH, PATCH, Read
 from patchkit.audit.scan import FUNCTIONS, MIRROR, scan
 
 _EXITS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
@@ -100,7 +100,7 @@ class FileAudit:
     def _classify(self, node: ast.Attribute, function: Optional[ast.AST], kind: str) -> tuple[str, str]:
         scope = function or self.tree
         asserted = next((p for p, c in self._ancestors(node, scope) if isinstance(p, ast.Assert) and c is p.test), None)
-        if asserted is not None and kind == "mirror":
+        if asserted is not None and kind == "mirror" and self._qualname(node) not in MIRROR_ALWAYS:
             return "unguarded", f"`assert {ast.unparse(asserted.test)}` fails once the mirror is dropped"
         found = self._handled(node, scope) or self._guard(node, scope)
         if found:
@@ -130,6 +130,9 @@ class FileAudit:
         return None
 
     def _guard(self, node: ast.AST, scope: ast.AST) -> Optional[tuple[str, str]]:
+        prefill = prefill_branch(list(self._ancestors(node, scope)))
+        if prefill:
+            return "safe", prefill
         for parent, child in self._ancestors(node, scope):
             if isinstance(parent, ast.Compare) and child is parent.left and none_test(parent) is not None:
                 return "guarded", "the None test itself"
@@ -217,7 +220,7 @@ class FileAudit:
         value, parent = node, self.parents.get(node)
         while isinstance(parent, ast.IfExp) and value is not parent.test:
             value, parent = parent, self.parents.get(parent)
-        if isinstance(parent, ast.keyword) and parent.arg in MIRROR and value is parent.value:
+        if isinstance(parent, ast.keyword) and parent.arg in (*MIRROR, *HANDED_ON) and value is parent.value:
             return "safe", f"handed on as {parent.arg}= (read where it is used)"
         if (
             isinstance(parent, ast.Call)

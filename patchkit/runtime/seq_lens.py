@@ -72,7 +72,10 @@ def decide_needs_cpu_seq_lens(server_args: Any, attn_backends: Sequence[Any], pi
     Otherwise the OR of the backends' ``needs_cpu_seq_lens``: ``None`` entries
     (unset slots, e.g. no draft-extend backend) are skipped, and a backend
     without the attribute counts as True (undeclared backends stay on the
-    legacy path).
+    legacy path). The flag is read on the instance: a backend that decides
+    per model wins over its class (DeepSeek sparse attention 0.5.20 .. 0.5.21:
+    ``needs_cpu_seq_lens = dsa_index_kpool > 1``, a pooled indexer keeps the
+    mirror; docs/research/dp-attention.md §7 has DSA per release and setting).
     """
     if getattr(server_args, "enable_two_batch_overlap", False):
         return True

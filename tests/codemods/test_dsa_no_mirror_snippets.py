@@ -1,0 +1,291 @@
+"""Snippet tests of patch dsa-no-mirror (tests/trees/test_dsa_no_mirror.py has the releases):
+each codemod on a snippet of the NSA / DSA shapes, upstream's shapes left alone, the shims,
+forks refused with one line; and the eager width, run without the mirror, reading no device
+length (sglang #33973)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from dsa_shapes import eager_width
+
+from patchkit.backends import dsa
+from patchkit.codemods import dsa_no_mirror as d
+from patchkit.codemods.common.base import State
+from patchkit.runtime.host_bound import SeqLensBound
+from patchkit.testing import assert_state, code, detect, run, run_all
+
+BACKEND = code("""
+    import torch
+
+
+    class NativeSparseAttnBackend(NativeSparseAttnBackendMTPPrecomputeMixin, AttentionBackend):
+        def __init__(self, model_runner):
+            self.max_context_len = model_runner.model_config.context_len
+
+        def init_forward_metadata(self, forward_batch: ForwardBatch):
+            if forward_batch.forward_mode.is_target_verify():
+                draft_token_num = self.speculative_num_draft_tokens
+            else:
+                draft_token_num = 0
+            assert forward_batch.seq_lens_cpu is not None
+            max_seqlen_k = int(forward_batch.seq_lens_cpu.max().item() + draft_token_num)
+            page_table = forward_batch.req_to_token_pool.req_to_token[
+                forward_batch.req_pool_indices, :max_seqlen_k
+            ]
+            if forward_batch.forward_mode.is_decode_or_idle():
+                extend_seq_lens_cpu = [1] * batch_size
+            elif forward_batch.forward_mode.is_target_verify():
+                seqlens_expanded = seqlens_expand_triton(lens, cache_seqlens_int32, n, d)
+            elif forward_batch.forward_mode.is_draft_extend(include_v2=True):
+                assert (
+                    forward_batch.extend_seq_lens_cpu is not None
+                    and forward_batch.extend_seq_lens is not None
+                    and forward_batch.extend_prefix_lens_cpu is not None
+                ), "All of them must not be None"
+                extend_seq_lens_cpu = forward_batch.extend_seq_lens_cpu
+            elif forward_batch.forward_mode.is_extend():
+                assert (
+                    forward_batch.extend_seq_lens_cpu is not None
+                    and forward_batch.extend_prefix_lens_cpu is not None
+                ), "All of them must not be None"
+
+        def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum,
+                                                    encoder_lens, forward_mode, spec_info, seq_lens_cpu):
+            assert seq_lens_cpu is not None
+            seq_lens = seq_lens[:bs]
+            seq_lens_cpu = seq_lens_cpu[:bs]
+            metadata: NSAMetadata = self.decode_cuda_graph_metadata[bs]
+            if forward_mode.is_decode_or_idle():
+                max_len = int(seq_lens_cpu.max().item())
+                metadata.page_table_1[:, :max_len].copy_(self.req_to_token[req_pool_indices, :max_len])
+            elif forward_mode.is_target_verify():
+                max_seqlen_k = int(
+                    seq_lens_cpu.max().item() + self.speculative_num_draft_tokens
+                )
+
+
+    class NativeSparseAttnMultiStepBackend:
+
+        def __init__(self, model_runner, topk, speculative_num_steps):
+            self.topk = topk
+""")
+
+#: sglang 0.5.15 .. 0.5.23's eager width: the device max without the mirror (sglang #33973).
+UPSTREAM_EAGER = code("""
+    class DeepseekSparseAttnBackend(AttentionBackend):
+        needs_cpu_seq_lens: bool = False
+
+        def init_forward_metadata(self, forward_batch: ForwardBatch):
+            draft_token_num = 0
+            if forward_batch.seq_lens_cpu is not None:
+                max_seqlen_k = int(
+                    forward_batch.seq_lens_cpu.max().item() + draft_token_num
+                )
+            else:
+                max_seqlen_k = int(forward_batch.seq_lens.max().item()) + draft_token_num
+            if forward_batch.forward_mode.is_draft_extend_v2():
+                assert (
+                    forward_batch.extend_seq_lens_cpu is not None
+                    and forward_batch.extend_prefix_lens_cpu is not None
+                ), "All of them must not be None"
+""")
+
+SHIM = code("""
+    import warnings
+
+    warnings.warn("deprecated", DeprecationWarning, stacklevel=2)
+    from sglang.srt.layers.attention.dsa_backend import *  # noqa: F401, F403
+    from sglang.srt.layers.attention.dsa_backend import NativeSparseAttnBackend  # noqa: F401
+""")
+
+NSA_CODEMODS = [
+    d.NsaHasSpecV2Path,
+    d.NsaOptsOut,
+    d.NsaMultiStepOptsOut,
+    d.NsaEagerMaxFromHostBound,
+    d.NsaDraftExtendNeedsNoPrefixList,
+    d.NsaReplayWithoutMirror,
+]
+
+
+def test_backend_snippet_all_codemods_then_idempotent():
+    out, states = run_all(NSA_CODEMODS, BACKEND)
+    assert states == [State.SUPERSEDED] + [State.DONE] * 5
+    assert "from sglang.srt._patchkit.backends.mirror_reads import host_max_seq_len" in out
+    assert "from sglang.srt._patchkit.backends.dsa import graph_max_len" in out
+    assert out.count("needs_cpu_seq_lens: bool = False") == 2
+    eager = out.split("def init_forward_metadata(")[1].split("def init_forward_metadata_replay")[0]
+    assert "assert forward_batch.seq_lens_cpu is not None" not in eager
+    assert (
+        "max_seqlen_k = int(host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch)"
+        " + draft_token_num)" in eager
+    )
+    assert "# DP-attention ranks, sglang #33973" in eager
+    draft, extend = eager.split("is_draft_extend(include_v2=True):")[1].split(
+        "elif forward_batch.forward_mode.is_extend():"
+    )
+    assert "extend_prefix_lens_cpu" not in draft and "extend_seq_lens_cpu is not None" in draft
+    assert "extend_prefix_lens_cpu is not None" in extend  # the prefill branch keeps its assert
+    replay = out.split("def init_forward_metadata_replay_cuda_graph")[1]
+    assert "assert seq_lens_cpu is None or len(seq_lens_cpu) >= bs" in replay
+    assert "seq_lens_cpu = seq_lens_cpu[:bs] if seq_lens_cpu is not None else None" in replay
+    assert "int(graph_max_len(seq_lens_cpu, 0, metadata.page_table_1, self.req_to_token))" in replay
+    assert (
+        "max_seqlen_k = graph_max_len(seq_lens_cpu, self.speculative_num_draft_tokens, metadata.page_table_1, "
+        "self.req_to_token)" in replay
+    )
+    again, states = run_all(NSA_CODEMODS, out)
+    assert again == out
+
+
+def test_renamed_backend_is_carried_by_the_dsa_codemods():
+    """A fork of 0.5.12.post1 that took upstream's names (DeepseekSparseAttnBackend, dsa_backend.py)."""
+    renamed = BACKEND.replace("NativeSparseAttn", "DeepseekSparseAttn")
+    dsa_codemods = [getattr(d, c.__name__.replace("Nsa", "Dsa", 1)) for c in NSA_CODEMODS]
+    out, states = run_all(dsa_codemods, renamed)
+    assert states == [State.SUPERSEDED] + [State.DONE] * 5
+    assert "host_max_seq_len(forward_batch.seq_lens_cpu" in out and "graph_max_len(" in out
+    # The NSA names find no class there: missing, never a silent pass.
+    assert detect(d.NsaEagerMaxFromHostBound, renamed).state is State.MISSING
+
+
+def test_upstream_eager_fallback_is_rewritten_past_upstream():
+    state, out, after = run(d.DsaEagerMaxFromHostBound, UPSTREAM_EAGER)
+    assert (state, after) == (State.TODO, State.DONE)
+    assert "seq_lens.max().item()" not in out
+    assert "if forward_batch.seq_lens_cpu is not None:" not in out
+    # upstream's flag and its DRAFT_EXTEND_V2 branch are left as upstream wrote them
+    assert_state(d.DsaOptsOut, UPSTREAM_EAGER, State.DONE)
+    assert_state(d.DsaDraftExtendNeedsNoPrefixList, UPSTREAM_EAGER, State.SUPERSEDED)
+
+
+def test_0_5_20_kpool_condition_is_kept():
+    kpool = UPSTREAM_EAGER.replace(
+        "        def init_forward_metadata(",
+        "        def __init__(self, model_runner):\n"
+        "            self.dsa_index_kpool = get_dsa_index_kpool(hf_config)\n"
+        "            self.needs_cpu_seq_lens = self.dsa_index_kpool > 1\n\n"
+        "        def init_forward_metadata(",
+    )
+    state, out, _ = run(d.DsaOptsOut, kpool)
+    assert state is State.DONE and out == kpool
+
+
+def test_shims_are_superseded_not_missing():
+    for codemod in (*NSA_CODEMODS[1:], d.NsaPrecomputeDecodeWithoutMirror, d.IndexerEmptyBatchFromShape):
+        finding = detect(codemod, SHIM)
+        assert finding.state is State.SUPERSEDED, codemod
+        assert "re-exports the renamed dsa module" in finding.detail
+
+
+def test_releases_without_spec_v2_or_with_host_expansion_are_not_applicable():
+    old = BACKEND.replace("is_draft_extend(include_v2=True)", "is_draft_extend()")
+    finding = detect(d.NsaHasSpecV2Path, old)
+    assert finding.state is State.SUPERSEDED and finding.moots_patch and "0.5.7" in finding.detail
+    host = BACKEND.replace(
+        "seqlens_expanded = seqlens_expand_triton(lens, cache_seqlens_int32, n, d)",
+        "seqlens_int32_cpu = [d + kv for kv in forward_batch.seq_lens_cpu.tolist()]",
+    )
+    finding = detect(d.NsaHasSpecV2Path, host)
+    assert finding.moots_patch and "0.5.10 expands them on the device" in finding.detail
+
+
+def test_a_vendor_eager_width_is_refused_with_one_line():
+    vendor = BACKEND.replace(
+        "max_seqlen_k = int(forward_batch.seq_lens_cpu.max().item() + draft_token_num)",
+        "max_seqlen_k = self.vendor_width(forward_batch) + draft_token_num",
+    )
+    finding = detect(d.NsaEagerMaxFromHostBound, vendor)
+    assert finding.state is State.MISSING
+    assert "the patch needs" in finding.detail and "\n" not in finding.detail
+
+
+INDEXER = code("""
+    class Indexer(MultiPlatformOp):
+        def forward_cuda(self, x, forward_batch, layer_id):
+            if _is_cuda or _is_hip:
+                assert forward_batch.seq_lens_cpu is not None
+                if len(forward_batch.seq_lens_cpu) == 0:
+                    return None
+""")
+
+
+def test_indexer_empty_batch_reads_a_shape():
+    state, out, after = run(d.IndexerEmptyBatchFromShape, INDEXER)
+    assert (state, after) == (State.TODO, State.DONE)
+    assert "if forward_batch.seq_lens.numel() == 0:" in out and "seq_lens_cpu" not in out
+
+
+def test_indexer_vendor_edit_is_refused_with_one_line():
+    """A vendor's indexer that tests emptiness its own way (a fork shape)."""
+    vendor = INDEXER.replace("len(forward_batch.seq_lens_cpu) == 0", "forward_batch.batch_size == 0")
+    finding = detect(d.IndexerEmptyBatchFromShape, vendor)
+    assert finding.state is State.MISSING and "len(forward_batch.seq_lens_cpu) == 0" in finding.detail
+
+
+PRECOMPUTE = code("""
+    class NativeSparseAttnBackendMTPPrecomputeMixin:
+        def _precompute_replay_metadata(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, forward_mode, spec_info):
+            seq_lens = seq_lens[:bs]
+            seq_lens_cpu = seq_lens_cpu[:bs]
+            return self._precompute_decode_mode(bs, req_pool_indices, seq_lens, seq_lens_cpu)
+
+        def _precompute_decode_mode(self, bs, req_pool_indices, seq_lens, seq_lens_cpu):
+            max_len = int(seq_lens_cpu.max().item())
+            return self.req_to_token[req_pool_indices, :max_len]
+""")
+
+
+def test_precompute_mixin():
+    out, states = run_all([d.NsaPrecomputeSliceWithoutMirror, d.NsaPrecomputeDecodeWithoutMirror], PRECOMPUTE)
+    assert states == [State.DONE, State.DONE]
+    assert "seq_lens_cpu = seq_lens_cpu[:bs] if seq_lens_cpu is not None else None" in out
+    assert "graph_max_len(seq_lens_cpu, 0, self.decode_cuda_graph_metadata[bs].page_table_1, self.req_to_token)" in out
+
+
+# -- no device read in the eager width without the mirror (sglang #33973) ------------------------
+
+
+def test_upstream_eager_width_reads_the_device_and_the_patched_one_does_not():
+    assert eager_width(UPSTREAM_EAGER, "DeepseekSparseAttnBackend", None) == (100, 1)  # upstream: a device read
+    _, patched, _ = run(d.DsaEagerMaxFromHostBound, UPSTREAM_EAGER)
+    assert eager_width(patched, "DeepseekSparseAttnBackend", SeqLensBound(120, 900)) == (120, 0)
+    assert eager_width(patched, "DeepseekSparseAttnBackend", None) == (163840, 0)  # no host bound: the static one
+    with pytest.raises(AssertionError):  # 0.5.12.post1 as released: the mirror is required
+        eager_width(BACKEND, "NativeSparseAttnBackend", None)
+    _, patched, _ = run(d.NsaEagerMaxFromHostBound, BACKEND)
+    assert eager_width(patched, "NativeSparseAttnBackend", SeqLensBound(120, 900)) == (120, 0)
+
+
+def test_graph_max_len():
+    table, req_to_token = SimpleNamespace(shape=(64, 1028)), SimpleNamespace(shape=(128, 1032))
+    mirror = SimpleNamespace(max=lambda: SimpleNamespace(item=lambda: 37))
+    assert dsa.graph_max_len(mirror, 4, table, req_to_token) == 41  # as before with the mirror
+    assert dsa.graph_max_len(None, 4, table, req_to_token) == 1028  # the width both share
+
+
+# -- the decision with DSA (docs/research/dp-attention.md §7) -----------------------------------
+
+
+def test_decision_with_dsa_backends():
+    from patchkit.runtime import seq_lens as rt
+
+    class Dsa:  # the patched class (or 0.5.15+): opted out
+        needs_cpu_seq_lens = False
+
+    pooled = Dsa()
+    pooled.needs_cpu_seq_lens = True  # 0.5.20 .. 0.5.21: `self.needs_cpu_seq_lens = self.dsa_index_kpool > 1`
+
+    def args(**kw):
+        return SimpleNamespace(**{"enable_two_batch_overlap": False, "disable_piecewise_cuda_graph": True, **kw})
+
+    backends = [Dsa(), Dsa(), None]  # target, draft (multi-step), no draft-extend backend
+    assert rt.decide_needs_cpu_seq_lens(args(), backends) is False  # TP, DP attention alike
+    assert rt.decide_needs_cpu_seq_lens(args(), [pooled, Dsa()]) is True  # pooled index keys
+    assert rt.decide_needs_cpu_seq_lens(args(enable_two_batch_overlap=True), backends) is True  # TBO reads it
+    piecewise_on = SimpleNamespace(enable_two_batch_overlap=False, disable_piecewise_cuda_graph=False)
+    assert rt.decide_needs_cpu_seq_lens(piecewise_on, backends) is True  # unless piecewise-no-forced-mirror
+    assert rt.decide_needs_cpu_seq_lens(piecewise_on, backends, piecewise_reads_mirror=False) is False
+    assert rt.decide_needs_cpu_seq_lens(args(), [SimpleNamespace(), Dsa()]) is True  # pristine NSA: no flag

@@ -1,0 +1,153 @@
+"""dsa-no-mirror (sglang #29414, past upstream on #33973) on the real releases: applied on
+0.5.10 .. 0.5.12.post1, partial then applied on 0.5.15+ (only the eager fallback), not
+applicable elsewhere with its reason; exact revert; the audit clean; two fork shapes (a
+renamed backend, a vendor edit inside the indexer); and the eager width, run from the
+release's own code without the mirror, reading the device on upstream and not once patched."""
+
+from __future__ import annotations
+
+import pytest
+from dsa_shapes import DEVICE_MAX, MAX_CONTEXT_LEN, eager_width
+from support import PRE_UPSTREAM, patch_states, snapshot
+
+from patchkit.runtime.host_bound import SeqLensBound
+
+ID = "dsa-no-mirror"
+REQUIRES = ("needs-cpu-seq-lens", "replay-no-stale-mirror")
+NSA = "srt/layers/attention/nsa_backend.py"
+DSA = "srt/layers/attention/dsa_backend.py"
+INDEXER = "srt/layers/attention/nsa/nsa_indexer.py"
+PRECOMPUTE = "srt/layers/attention/nsa/nsa_backend_mtp_precompute.py"
+RUNTIME = "srt/_patchkit/backends/dsa.py"
+UPSTREAM_OPT_OUT = ["0.5.15", "0.5.20", "0.5.23"]
+
+
+def state(cli, tree) -> dict:
+    return patch_states(cli, tree, ID)[ID]
+
+
+def changed(before: dict, after: dict) -> set[str]:
+    return {rel for rel in before.keys() | after.keys() if before.get(rel) != after.get(rel)}
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("version", PRE_UPSTREAM)
+def test_carried_onto_0_5_10_to_0_5_12_post1(make_tree, cli, version):
+    tree = make_tree(version)
+    package = tree / "sglang" if (tree / "sglang").is_dir() else tree
+    before = snapshot(tree)
+    assert state(cli, tree)["state"] == "absent"
+    result = cli("apply", tree, ID)
+    assert result.exit_code == 0, result.output
+    assert state(cli, tree)["state"] == "applied"
+    nsa = (package / NSA).read_text()
+    assert nsa.count("needs_cpu_seq_lens: bool = False") == 2
+    assert "host_max_seq_len(forward_batch.seq_lens_cpu, self.max_context_len, forward_batch)" in nsa
+    assert "assert seq_lens_cpu is not None\n" not in nsa and "graph_max_len(seq_lens_cpu" in nsa
+    assert "forward_batch.seq_lens.numel() == 0" in (package / INDEXER).read_text()
+    assert "graph_max_len(" in (package / PRECOMPUTE).read_text()
+    assert (package / RUNTIME).is_file()
+    # run from the tree's own code: no device read, the batch's host bound
+    assert eager_width(nsa, "NativeSparseAttnBackend", SeqLensBound(300, 2000)) == (300, 0)
+    assert cli("verify", tree, ID).exit_code == 0
+    audit = cli("audit", tree, "--strict")
+    assert audit.exit_code == 0, audit.output
+    patched = snapshot(tree)
+    assert cli("apply", tree, ID).exit_code == 0 and snapshot(tree) == patched  # idempotent
+    # reverting the patch alone gives back the release's bytes of its files; the rest stays
+    assert cli("revert", tree, ID).exit_code == 0
+    now = snapshot(tree)
+    assert all(now.get(rel) == before.get(rel) for rel in (NSA, INDEXER, PRECOMPUTE))
+    assert {s["state"] for p, s in patch_states(cli, tree, *REQUIRES).items() if p in REQUIRES} == {"applied"}
+    assert cli("revert", tree).exit_code == 0
+    assert snapshot(tree) == before
+
+
+@pytest.mark.trees
+def test_the_release_as_shipped_needs_the_mirror(make_tree):
+    tree = make_tree("0.5.12.post1")
+    package = tree / "sglang" if (tree / "sglang").is_dir() else tree
+    with pytest.raises(AssertionError):  # `assert forward_batch.seq_lens_cpu is not None`
+        eager_width((package / NSA).read_text(), "NativeSparseAttnBackend", None)
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize("version", UPSTREAM_OPT_OUT)
+def test_past_upstream_no_device_read_in_the_eager_fallback(make_tree, cli, version):
+    """Upstream's opt-out (0.5.15+) reads seq_lens.max().item() without the mirror
+    (sglang #33973); the patch rewrites that line and nothing else of the backend."""
+    tree = make_tree(version)
+    package = tree / "sglang" if (tree / "sglang").is_dir() else tree
+    before = snapshot(tree)
+    pristine = (package / DSA).read_text()
+    assert eager_width(pristine, "DeepseekSparseAttnBackend", None) == (DEVICE_MAX, 1)  # fails: a device read
+    st = state(cli, tree)
+    assert st["state"] == "partial", st
+    assert cli("apply", tree, *REQUIRES).exit_code == 0  # replay-no-stale-mirror is applied on 0.5.15
+    required = snapshot(tree)
+    result = cli("apply", tree, ID)
+    assert result.exit_code == 0, result.output
+    assert state(cli, tree)["state"] == "applied"
+    patched = (package / DSA).read_text()
+    assert eager_width(patched, "DeepseekSparseAttnBackend", None) == (MAX_CONTEXT_LEN, 0)
+    assert eager_width(patched, "DeepseekSparseAttnBackend", SeqLensBound(300, 2000)) == (300, 0)
+    assert {rel for rel in changed(required, snapshot(tree)) if not rel.startswith("srt/_patchkit/")} == {DSA}
+    assert cli("revert", tree).exit_code == 0
+    assert snapshot(tree) == before
+
+
+@pytest.mark.trees
+@pytest.mark.parametrize(
+    ("version", "reason"),
+    [
+        ("0.5.4.post3", "no spec-v2 draft extend here"),
+        ("0.5.6.post2", "no spec-v2 draft extend here"),
+        ("0.5.7", "expanded on the host from the mirror"),
+        ("0.5.9", "expanded on the host from the mirror"),
+        ("0.5.13", "0.5.13 / 0.5.14's DSA backend"),
+        ("0.5.14", "0.5.13 / 0.5.14's DSA backend"),
+    ],
+)
+def test_not_applicable_with_its_reason(make_tree, cli, version, reason):
+    tree = make_tree(version)
+    st = state(cli, tree)
+    assert st["state"] == "not-applicable", st
+    assert reason in st["reason"], st["reason"]
+
+
+@pytest.mark.trees
+def test_fork_with_upstreams_names_is_carried(make_tree, cli):
+    """A 0.5.12.post1 fork that renamed the backend as upstream did in 0.5.13
+    (DeepseekSparseAttnBackend in dsa_backend.py) and left its indexer in nsa/."""
+    tree = make_tree("0.5.12.post1")
+    package = tree / "sglang" if (tree / "sglang").is_dir() else tree
+    source = (package / NSA).read_text().replace("class NativeSparseAttnBackend(", "class DeepseekSparseAttnBackend(")
+    source = source.replace("class NativeSparseAttnMultiStepBackend:", "class DeepseekSparseAttnMultiStepBackend:")
+    (package / DSA).write_text(source)
+    (package / NSA).unlink()
+    result = cli("apply", tree, ID)
+    assert result.exit_code == 0, result.output
+    st = state(cli, tree)
+    assert st["state"] == "applied", st
+    dsa = (package / DSA).read_text()
+    assert "class DeepseekSparseAttnBackend(" in dsa and "host_max_seq_len(forward_batch.seq_lens_cpu" in dsa
+    assert eager_width(dsa, "DeepseekSparseAttnBackend", SeqLensBound(300, 2000)) == (300, 0)
+
+
+@pytest.mark.trees
+def test_fork_with_its_own_indexer_test_is_refused_in_one_line(make_tree, cli):
+    """A vendor edit inside the indexer: its own empty-batch test, the mirror still asserted."""
+    tree = make_tree("0.5.12.post1")
+    package = tree / "sglang" if (tree / "sglang").is_dir() else tree
+    before = snapshot(tree)
+    indexer = package / INDEXER
+    text = indexer.read_text()
+    assert text.count("if len(forward_batch.seq_lens_cpu) == 0:") == 1
+    indexer.write_text(text.replace("if len(forward_batch.seq_lens_cpu) == 0:", "if forward_batch.batch_size == 0:"))
+    edited = snapshot(tree)
+    result = cli("apply", tree, ID)
+    assert result.exit_code == 1, result.output
+    line = next(ln for ln in result.output.splitlines() if ln.startswith(f"not applied: {ID}"))
+    assert "nsa_indexer.py" in line and "len(forward_batch.seq_lens_cpu) == 0" in line, line
+    assert all(snapshot(tree).get(rel) == edited.get(rel) for rel in (NSA, INDEXER, PRECOMPUTE))
+    assert before != edited
