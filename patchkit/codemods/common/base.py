@@ -10,6 +10,7 @@ result: that is the idempotence and the postcondition in one place.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import ClassVar, Optional
 
@@ -19,6 +20,8 @@ from libcst.codemod import Codemod, CodemodContext
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.reads import MODULE_HOOKS, Methods, Reads, declared_methods, reads_only
 from patchkit.findings import Finding, State  # noqa: F401 - re-exported: codemods import them from here
+
+_OURS = "patchkit.codemods."  # built-in codemods; a patch set's own are named by their module
 
 
 class PatchCodemod(Codemod):
@@ -39,7 +42,15 @@ class PatchCodemod(Codemod):
 
     @classmethod
     def name(cls) -> str:
-        return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+        # A package's codemod may live in one of its modules and be re-exported by the package
+        # (dsa_no_mirror/tables.py): patches name it by the package (``dsa_no_mirror:Class``),
+        # so the name must be the package's too, or the findings cached under one name are
+        # looked up under the other (codemod_name).
+        module = cls.__module__
+        package = sys.modules.get(module.rpartition(".")[0])
+        if package is not None and module.startswith(_OURS) and getattr(package, cls.__name__, None) is cls:
+            module = package.__name__
+        return f"{module.rsplit('.', 1)[-1]}.{cls.__name__}"
 
     def detect(self, module: cst.Module) -> Finding:
         raise NotImplementedError
