@@ -11,7 +11,6 @@ Writes (all under ``--out``, so they come back even when the call is cut short):
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from . import (
     engine_facts,
     fa3_kernel,
     issue23_report,
+    launch,
     mirror_control,
     rank_report,
     ranks,
@@ -116,21 +116,16 @@ def main(argv: list[str] | None = None) -> int:
                 res_file.parent.mkdir(parents=True, exist_ok=True)
                 if res_file.exists():
                     res_file.unlink()
-                path = [str(trees[tree_name]), str(site_rel), str(site_common), str(bundle / "e2e")]
-                if tree_name != "pristine" and info["runtime_mode"] == "package":
-                    path.insert(1, str(bundle / "runtime"))
-                env = dict(
-                    os.environ,
-                    PYTHONPATH=os.pathsep.join(path),
-                    PYTHONUNBUFFERED="1",
-                    PK_E2E_SYNC_DIR=str(sync_dir),
-                    SGLANG_ENABLE_SPEC_V2="1",
-                    HF_HUB_OFFLINE="1",
-                    TRANSFORMERS_OFFLINE="1",
-                    **ranks.MULTICAST_OFF,
+                env = launch.runner_env(
+                    tree=trees[tree_name],
+                    tree_name=tree_name,
+                    site_rel=site_rel,
+                    site_common=site_common,
+                    bundle=bundle,
+                    info=info,
+                    sync_dir=sync_dir,
+                    asked_env=asked_env,
                 )
-                env.update(info.get("env", {}))  # what the release needs on this image (wheels.RELEASE_ENV)
-                env.update(engine_env.for_runner(asked_env))  # --engine-env (issue 67)
                 if args.alternate:
                     env[mirror_control.ENV_CONTROL] = str(sync_dir / "mirror")
                     env["PK_E2E_SYNC_FLUSH_S"] = "0.05"

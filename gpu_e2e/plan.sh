@@ -28,6 +28,12 @@
 #                                  too small: a raise fails the run; timing not comparable)
 #   fa3_static-r1                  --engine-env PATCHKIT_SEQ_LEN_BOUND=static (the old
 #                                  max_context_len bound, beside fa3's patched rounds)
+# Duel steps (2026-11-28c on; duel.py): fa3_duel, triton_duel, fa3_8b_duel, triton_8b_duel,
+#   flashinfer_duel: every tree's engine alive at once on the lane's GPU (pristine, patched, at the
+#   small shape a second patched engine as the noise control, 0.5.17 where WITH17 allows and it
+#   fits), then ROUNDS rounds of one generate per engine per batch size, the order reversed every
+#   round, the engines not being timed frozen. Engine-extra adds max_total_tokens (the engines
+#   share the GPU's memory: 200000 small, 60000 8B). DS_DUEL=1 adds DeepSeek at TP 4 + DP 4 last.
 # Each scheduler's value of these variables is read back (engine_env.py): a wrong one is a PROBLEM.
 #
 # Scheduling: the lanes take steps from one list in its order (a step is claimed by mkdir), the
@@ -53,6 +59,7 @@ GIVE_UP_S=${GIVE_UP_S:-1500}
 # take each other's cores in a host-bound step; DEADLINE_S: no step starts after it (seconds
 # since the plan began), so a lease ends with whole steps.
 NEW_TOKENS=${NEW_TOKENS:-128}
+ROUNDS=${ROUNDS:-8}  # a duel step's rounds (duel.py: every engine at every batch size, the order reversed each round)
 RUNS=${RUNS:-2}
 PIN=${PIN:-0}
 DEADLINE_S=${DEADLINE_S:-0}
@@ -84,6 +91,36 @@ orchestrate() {  # lane name bundle timeout_s args...
   note "gpu $lane: end $name rc=$rc ($(grep -h '^verdict' "$R/$name/console.log" | tail -1); $(grep -c '^PROBLEM' "$R/$name/console.log") problem lines)"
 }
 
+duel_step() {  # lane step shape: the trees' engines alive side by side on this GPU (duel.py)
+  local lane=$1 step=$2 shape=$3 cell=${2%-r*}
+  local eng=(--engine "pristine=$B12:0.5.12.post1:pristine" --engine "patched=$B12:0.5.12.post1:patched")
+  local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "$lane" 2>/dev/null || echo 0)
+  local tokens=200000 be=triton fa=()
+  [ "$shape" = 8b ] && tokens=60000
+  # the control (a second patched engine) at the small shape; 0.5.17 beside where asked and it fits
+  # (8B: three engines need more than an 80 GB card)
+  [ "$shape" = small ] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
+  if with17 "$step" && { [ "$shape" = small ] || [ "${mib:-0}" -gt 100000 ]; }; then
+    eng+=(--engine "upstream=$B17:0.5.17:upstream")
+  fi
+  [[ $cell == fa3* ]] && { be=default; fa=(--fa3-lib "$B12:$FA3_12" --fa3-lib "$B17:$FA3_17"); }
+  [[ $cell == flashinfer* ]] && be=flashinfer
+  local extra="{\"cuda_graph_max_bs\": 32, \"max_running_requests\": 128, \"max_total_tokens\": $tokens}"
+  duel "$lane" "$step" "${eng[@]}" "${fa[@]}" --size "$shape" --attention-backend "$be" \
+    --batch-sizes 1,8,32,64,128 --rounds "$ROUNDS" --max-new-tokens "$NEW_TOKENS" --engine-extra "$extra" \
+    --base-port $((31000 + 2000 * lane))
+}
+
+duel() {  # gpus name args...: one duel.py call (the driver and every engine on GPUs "gpus")
+  local gpus=$1 name=$2; shift 2
+  mkdir -p "$R/$name"; note "gpu $gpus: start $name"
+  (cd "$B12" && CUDA_VISIBLE_DEVICES=$gpus FLASHINFER_WORKSPACE_BASE=/tmp/fi${gpus//,/} \
+     TRITON_CACHE_DIR=/tmp/triton${gpus//,/} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor${gpus//,/} \
+     PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout 1500 python3 -m pk_gpu_e2e.duel --out "$R/$name" \
+     --work "/tmp/pkd${gpus//,/}" "$@" > "$R/$name/console.log" 2>&1)
+  note "gpu $gpus: end $name rc=$? ($(grep -c ' round .* done' "$R/$name/console.log") rounds)"
+}
+
 with17() {  # step: does it time 0.5.17 too? (WITH17: the steps that do; default all but 8B r3)
   if [ -n "${WITH17:-}" ]; then [[ " $WITH17 " == *" $1 "* ]]; return; fi
   [[ $1 != *_8b-r3 ]]
@@ -112,6 +149,7 @@ run_step() {  # lane step
     a12+=(--attention-backend triton); a17+=(--attention-backend triton)
   fi
   case $cell in
+    *_duel) duel_step "$lane" "$step" "$shape"; return ;;
     *_check)  orchestrate "$lane" "$step-b12" "$B12" 400 --releases 0.5.12.post1 --variants patched "${a12[@]}" \
                 --engine-env PATCHKIT_CHECK_SEQ_LEN_BOUND=1; return ;;
     *_static) orchestrate "$lane" "$step-b12" "$B12" 400 --releases 0.5.12.post1 --variants patched "${a12[@]}" \
@@ -159,4 +197,13 @@ lane() {  # gpu: take the first unclaimed step whose inputs are there, until non
 note "plan: $(echo $STEPS) on GPUs $LANES"
 for g in $LANES; do lane "$g" & done
 wait
+# DS_DUEL=1: then DeepSeek MTP at TP 4 + DP attention 4 on GPUs 0-3, pristine against patched in one
+# duel (FA3; cuda_graph_max_bs 8: bs 1 and 8 captured, 48 and 128 eager), engines started one after another
+if [ "${DS_DUEL:-0}" = 1 ] && { [ "$DEADLINE_S" = 0 ] || [ $SECONDS -lt "$DEADLINE_S" ]; }; then
+  duel 0,1,2,3 ds_dp_duel-r1 --engine "pristine=$B12:0.5.12.post1:pristine" \
+    --engine "patched=$B12:0.5.12.post1:patched" --fa3-lib "$B12:$FA3_12" --size ds --scenario mtp \
+    --tp 4 --dp 4 --dp-attention --attention-backend default --batch-sizes 1,8,48,128 --rounds "$ROUNDS" \
+    --max-new-tokens "$NEW_TOKENS" --mem-fraction-static 0.4 \
+    --engine-extra '{"cuda_graph_max_bs": 8, "max_running_requests": 128, "max_total_tokens": 200000}'
+fi
 note "all done"

@@ -43,6 +43,7 @@ from . import (
     deepseek,
     dp,
     draft_checkpoint,
+    duel_serve,
     engine_env,
     engine_facts,
     kernel_gaps,
@@ -163,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         help="BS[,BS...] > 0: after its timed generates, one more under sglang's profiler (profile_run.py)",
     )
     ap.add_argument("--profile-steps", type=int, default=20, help="decode steps --profile-batch profiles")
+    ap.add_argument(
+        "--serve", action="store_true", help="after start-up, answer duel.py's generate calls (duel_serve.py)"
+    )
     ap.add_argument("--models-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -253,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[runner] in force: {json.dumps(facts, sort_keys=True)}", flush=True)
     try:
         vocab = deepseek.VOCAB if args.scenario == "mtp" else SIZES[args.size]["vocab_size"]
+        if args.serve:  # issue 67: the duel's driver times this engine beside the others
+            Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
+            duel_serve.serve(engine, result, vocab=vocab, input_len=args.input_len, max_new_tokens=args.max_new_tokens)
+            names = []
         for name in names:
             for bs in batch_sizes:
                 requests = workloads.build(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_e2e import call_options, engine_env, ranks, syncs
+from gpu_e2e import call_options, engine_env, launch, ranks, syncs
 
 ROOT = Path(__file__).resolve().parents[2]
 ASKED = {"PATCHKIT_CHECK_SEQ_LEN_BOUND": "1", "PATCHKIT_SEQ_LEN_BOUND": "static"}
@@ -39,8 +39,21 @@ def test_the_runner_env_gets_the_variables_and_their_keys():
 def test_the_orchestrator_puts_them_in_every_runners_environment_and_checks_them():
     src = (ROOT / "gpu_e2e" / "orchestrate.py").read_text()
     assert "asked_env = engine_env.parse(args.engine_env)" in src
-    assert "env.update(engine_env.for_runner(asked_env))" in src
     assert "engine_env.problems(key, asked_env, res)" in src
+    # launch.runner_env builds every runner's environment (orchestrate's and duel's)
+    env = launch.runner_env(
+        tree=Path("/t/patched"),
+        tree_name="patched",
+        site_rel=Path("/s/rel"),
+        site_common=Path("/s/common"),
+        bundle=Path("/b"),
+        info={"runtime_mode": "package", "env": {"X_RELEASE": "1"}},
+        sync_dir=Path("/w/syncs"),
+        asked_env=ASKED,
+    )
+    assert {k: env[k] for k in ASKED} == ASKED
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/t/patched", "/b/runtime", "/s/rel", "/s/common", "/b/e2e"]
+    assert env["X_RELEASE"] == "1" and env["SGLANG_ENABLE_SPEC_V2"] == "1"
     assert "engine_env.seen(ranks.read(sync_dir), ranks.rank_of)" in (ROOT / "gpu_e2e" / "runner.py").read_text()
 
 

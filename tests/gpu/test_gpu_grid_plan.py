@@ -30,7 +30,8 @@ def _run_plan(tmp_path, missing: tuple[str, ...] = (), **extra: str) -> tuple[li
     for name in ("b12", "b17"):
         (tmp_path / name / "e2e" / "pk_gpu_e2e").mkdir(parents=True)
         (tmp_path / name / "e2e" / "pk_gpu_e2e" / "__init__.py").write_text("")
-        (tmp_path / name / "e2e" / "pk_gpu_e2e" / "orchestrate.py").write_text(STUB)
+        for module in ("orchestrate.py", "duel.py"):
+            (tmp_path / name / "e2e" / "pk_gpu_e2e" / module).write_text(STUB)
         (tmp_path / name / "manifest.json").write_text("{}")
     for name in ("fa3", "fa3_17"):
         (tmp_path / name).mkdir()
@@ -168,3 +169,34 @@ def test_each_run_records_its_plan_and_arguments():
         else:
             assert re.fullmatch(r"[0-9a-f]{7,40}", record["scripts_at"]) and record["scripts"], path
             assert all(s.startswith(f"docs/results/{path.parent.name}/") for s in record["scripts"]), path
+
+
+def test_duel_steps_put_every_tree_on_one_gpu_and_deepseek_on_four(tmp_path):
+    """A duel step is one duel.py call per lane: pristine, patched, the control and 0.5.17
+    at the small shape; at 8B no control, and 0.5.17 only on a card over 100 GB (none here:
+    no nvidia-smi); DS_DUEL adds DeepSeek at TP 4 + DP 4 on all four GPUs once the lanes end."""
+    calls, progress = _run_plan(
+        tmp_path, LANES="0 1", STEPS="fa3_duel-r1 triton_8b_duel-r1", DS_DUEL="1", ROUNDS="5"
+    )
+    by_out = {Path(_arg(c, "--out")).name: c for c in calls}
+    assert set(by_out) == {"fa3_duel-r1", "triton_8b_duel-r1", "ds_dp_duel-r1"}
+
+    def engines(call):
+        return [a for i, a in enumerate(call["args"]) if call["args"][i - 1] == "--engine"]
+
+    b12, b17 = tmp_path / "b12", tmp_path / "b17"
+    fa3 = by_out["fa3_duel-r1"]
+    assert engines(fa3) == [
+        f"pristine={b12}:0.5.12.post1:pristine",
+        f"patched={b12}:0.5.12.post1:patched",
+        f"patched-again={b12}:0.5.12.post1:patched",
+        f"upstream={b17}:0.5.17:upstream",
+    ]
+    assert _arg(fa3, "--attention-backend") == "default" and _arg(fa3, "--rounds") == "5"
+    assert json.loads(_arg(fa3, "--engine-extra"))["max_total_tokens"] == 200000
+    big = by_out["triton_8b_duel-r1"]
+    assert engines(big) == [f"pristine={b12}:0.5.12.post1:pristine", f"patched={b12}:0.5.12.post1:patched"]
+    assert _arg(big, "--attention-backend") == "triton" and _arg(big, "--size") == "8b"
+    ds = by_out["ds_dp_duel-r1"]
+    assert ds["gpu"] == "0,1,2,3" and _arg(ds, "--tp") == "4" and "--dp-attention" in ds["args"]
+    assert progress.index("end triton_8b_duel-r1") < progress.index("start ds_dp_duel-r1")
