@@ -175,9 +175,7 @@ def test_duel_steps_put_every_tree_on_one_gpu_and_deepseek_on_four(tmp_path):
     """A duel step is one duel.py call per lane: pristine, patched, the control and 0.5.17
     at the small shape; at 8B no control, and 0.5.17 only on a card over 100 GB (none here:
     no nvidia-smi); DS_DUEL adds DeepSeek at TP 4 + DP 4 on all four GPUs once the lanes end."""
-    calls, progress = _run_plan(
-        tmp_path, LANES="0 1", STEPS="fa3_duel-r1 triton_8b_duel-r1", DS_DUEL="1", ROUNDS="5"
-    )
+    calls, progress = _run_plan(tmp_path, LANES="0 1", STEPS="fa3_duel-r1 triton_8b_duel-r1", DS_DUEL="1", ROUNDS="5")
     by_out = {Path(_arg(c, "--out")).name: c for c in calls}
     assert set(by_out) == {"fa3_duel-r1", "triton_8b_duel-r1", "ds_dp_duel-r1"}
 
