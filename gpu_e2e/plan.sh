@@ -199,7 +199,11 @@ for g in $LANES; do lane "$g" & done
 wait
 # DS_DUEL=1: then DeepSeek MTP at TP 4 + DP attention 4 on GPUs 0-3, pristine against patched in one
 # duel (FA3; cuda_graph_max_bs 8: bs 1 and 8 captured, 48 and 128 eager), engines started one after another
-if [ "${DS_DUEL:-0}" = 1 ] && { [ "$DEADLINE_S" = 0 ] || [ $SECONDS -lt "$DEADLINE_S" ]; }; then
+# DS_DEADLINE_S: not started after that many seconds since the plan began (0: no limit)
+DS_DEADLINE_S=${DS_DEADLINE_S:-0}
+if [ "${DS_DUEL:-0}" = 1 ] && [ "$DS_DEADLINE_S" -gt 0 ] && [ $SECONDS -ge "$DS_DEADLINE_S" ]; then
+  note "ds_dp_duel-r1 not started: past DS_DEADLINE_S ($DS_DEADLINE_S s)"
+elif [ "${DS_DUEL:-0}" = 1 ]; then
   duel 0,1,2,3 ds_dp_duel-r1 --engine "pristine=$B12:0.5.12.post1:pristine" \
     --engine "patched=$B12:0.5.12.post1:patched" --fa3-lib "$B12:$FA3_12" --size ds --scenario mtp \
     --tp 4 --dp 4 --dp-attention --attention-backend default --batch-sizes 1,8,48,128 --rounds "$ROUNDS" \
