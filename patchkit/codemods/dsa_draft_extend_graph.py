@@ -88,7 +88,7 @@ class NsaCapturesDraftExtendAtFixedWidth(ShimAware, MethodCodemod):
         rows = m.BinaryOperation(operator=m.Multiply(), left=_WIDTH) | m.BinaryOperation(
             operator=m.Multiply(), right=_WIDTH
         )
-        for branch in _branches(fn, _V2 | _SHARED) or primitives.find_all_of(cst.If, fn, m.If(test=_V2 | _SHARED)):
+        for branch in primitives.find_all_of(cst.If, fn, m.If()):
             if primitives.contains(branch.test, _V2 | _SHARED) and primitives.contains(branch.body, rows):
                 return Finding.superseded(self.anchor_of(fn), "captured at bs * speculative_num_draft_tokens rows")
         return self.missing_in(
