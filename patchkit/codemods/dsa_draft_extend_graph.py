@@ -39,6 +39,7 @@ from patchkit.codemods.common.base import Finding, MethodCodemod
 from patchkit.codemods.common.draft_extend_gate import GRAPH_CHECK, NO_TOKEN_MAP, DraftExtendGraphCheck, graph_check
 from patchkit.codemods.common.dsa import DSA, NSA, ShimAware, SpecV2Gate
 from patchkit.codemods.common.primitives import attr
+from patchkit.codemods.common.primitives.search import NodeMatcher
 from patchkit.codemods.common.shared import code_of
 from patchkit.layout import import_path
 
@@ -139,13 +140,14 @@ def _unclamped(body: cst.BaseSuite) -> Optional[cst.Call]:
     for call in primitives.find_all_of(cst.Call, body, _EXPAND):
         if any(r is call or primitives.contains(r, primitives.is_node(call)) for r in receivers):
             continue
-        if _assigned_from(body, primitives.is_node(call)) in clamped_names:
+        owner = _assigned_from(body, primitives.is_node(call))
+        if owner is not None and owner in clamped_names:
             continue  # `x = expand(...)` then `x.clamp_(min=0)` (or `x = x.clamp(min=0)`)
         return call
     return None
 
 
-def _assigned_from(body: cst.BaseSuite, value: m.BaseMatcherNode) -> Optional[str]:
+def _assigned_from(body: cst.BaseSuite, value: NodeMatcher) -> Optional[str]:
     """The name ``body`` assigns a value holding ``value`` to (first one)."""
     for a in primitives.find_all_of(cst.Assign, body, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
         if primitives.contains(a.value, value):
