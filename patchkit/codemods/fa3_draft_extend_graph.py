@@ -45,6 +45,7 @@ from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCheck, Finding
 from patchkit.codemods.common.draft_extend_gate import (
     GRAPH_CHECK,
+    NO_TOKEN_MAP,
     DraftExtendGraphCheck,
     graph_check,
     the_gate,
@@ -66,7 +67,7 @@ FA3_LISTED = (
 )
 
 #: Who is let in: no FR-Spec token map (EAGLE3 ignores one; its d2t draft vocab is sized).
-ADMITS = "(self.speculative_algorithm.is_eagle3() or self.hot_token_id is None)"
+ADMITS = NO_TOKEN_MAP
 #: What an earlier patchkit wrote: eager whenever hot_token_id is set, EAGLE3's d2t too.
 EARLIER_TEST = f"_is_cuda and not {GRAPH_CHECK} and self.hot_token_id is None"
 

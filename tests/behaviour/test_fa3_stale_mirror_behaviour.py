@@ -51,6 +51,8 @@ def tree(request, tmp_path_factory, load_sglang):
         "flashmla-spec-v2",
         "--skip",
         "dsa-no-mirror",  # it requires replay-no-stale-mirror
+        "--skip",
+        "dsa-draft-extend-graph",  # it requires dsa-no-mirror
     ]
     args = ["apply", str(package)] + (skipped if request.param == "five" else [])
     result = CliRunner().invoke(main, args, catch_exceptions=False)

@@ -51,6 +51,7 @@ def test_guarded_by_the_patch_0_5_4(cli, linked_tree):
     reasons = {p["id"]: p.get("reason", "") for p in doc["patches"] if p["state"] == "not-applicable"}
     assert set(reasons) == {
         "dsa-no-mirror",  # no spec-v2 draft extend on NSA before 0.5.7
+        "dsa-draft-extend-graph",  # builds on dsa-no-mirror
         "draft-extend-graph-no-topk",
         "fa3-draft-extend-graph",
         "trtllm-mha-draft-extend-v2",

@@ -280,4 +280,6 @@ def test_the_life_of_a_fork(make_tree, cli, tmp_path):
     result = cli("revert", fork)
     assert result.exit_code == 0 and f"0 file(s) changed, {ADDED} removed" in result.output, result.output
     assert snapshot(package(fork)) == release_with_edit(ALL_NATIVE)
-    assert cli("verify", fork, *(p for p in states if p != "dsa-no-mirror")).exit_code == 0
+    # (verify PATCH checks what PATCH requires too: dsa-draft-extend-graph requires dsa-no-mirror)
+    past_upstream = ("dsa-no-mirror", "dsa-draft-extend-graph")
+    assert cli("verify", fork, *(p for p in states if p not in past_upstream)).exit_code == 0

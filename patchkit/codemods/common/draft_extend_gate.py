@@ -17,6 +17,9 @@ from patchkit.codemods.common.shared import code_of
 # -- the spec-v2 worker's draft-extend CUDA-graph check (TRT-LLM MHA, FA3) ---------------------
 
 GRAPH_CHECK = "supports_cuda_draft_extend_graph"
+#: Who a patch lets in: no FR-Spec token map (EAGLE3 ignores one; its d2t draft vocab is sized):
+#: the draft-extend graph runner of these releases sizes its logits buffer for the full vocab.
+NO_TOKEN_MAP = "(self.speculative_algorithm.is_eagle3() or self.hot_token_id is None)"
 _DRAFT_EXTEND_RUNNER = m.Attribute(value=m.Name("self"), attr=m.Name("cuda_graph_runner_for_draft_extend"))
 _SETS_DRAFT_EXTEND_RUNNER = m.Assign(targets=[m.AssignTarget(target=_DRAFT_EXTEND_RUNNER)])
 _ISINSTANCE = m.Call(func=m.Name("isinstance"))

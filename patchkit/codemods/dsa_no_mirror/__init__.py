@@ -33,7 +33,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
-from patchkit.codemods.common.base import ClassCheck, Finding, MethodCodemod
+from patchkit.codemods.common.base import Finding, MethodCodemod
+from patchkit.codemods.common.dsa import SpecV2Gate
 from patchkit.codemods.common.primitives import ANY, attr, save
 from patchkit.codemods.common.shared import FLAG, MIRROR_READS, ClassFlag, code_of, max_item, none_comparison
 from patchkit.codemods.dsa_no_mirror.common import ASSERTS_MIRROR, DSA, DSA_MULTI, MIRROR, NSA, NSA_MULTI, ShimAware
@@ -270,62 +271,14 @@ class DsaDraftExtendNeedsNoPrefixList(NsaDraftExtendNeedsNoPrefixList):
 
 # -- the spec-v2 path this patch is for ---------------------------------------------------------------
 
-_V2_DRAFT_EXTEND = m.Call(func=attr("is_draft_extend"), args=[m.Arg(keyword=m.Name("include_v2"))]) | m.Call(
-    func=attr("is_draft_extend_v2")
-)
 
-
-_HOST_LIST = m.Call(func=attr("tolist", MIRROR))
-
-
-class NsaHasSpecV2Path(ShimAware, ClassCheck):
+class NsaHasSpecV2Path(SpecV2Gate):
     """0.5.4.post3 .. 0.5.6.post2 call ``is_draft_extend()`` without
     ``include_v2``: spec v2 never runs on NSA there (sglang #15307, 0.5.7), so
-    the patch is not applicable."""
+    the patch is not applicable (``common.dsa.SpecV2Gate`` says where else)."""
 
     DESCRIPTION = f"{NSA}.init_forward_metadata handles the spec-v2 draft extend (sglang #15307, 0.5.7+)"
     CLASS = NSA
-    # the methods that name these: init_forward_metadata's branches, 0.5.13's replay, an __init__ opt-out
-    METHODS_READ, WORDS_READ = (), ("is_draft_extend", "_apply_cuda_graph_metadata", FLAG)
-
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        anchor = f"{self.CLASS}.init_forward_metadata"
-        fn = primitives.find_method(cls, "init_forward_metadata")
-        if fn is None:
-            return Finding.missing(anchor, f"{self.where(cls)}: class {self.CLASS} defines no init_forward_metadata")
-        if not primitives.contains(fn, _V2_DRAFT_EXTEND):
-            return Finding.superseded(
-                anchor,
-                "no spec-v2 draft extend here (is_draft_extend() without include_v2): spec v2 runs on NSA from 0.5.7",
-                moots_patch=True,
-            )
-        verify = primitives.find_all_of(cst.If, fn, m.If(test=m.Call(func=attr("is_target_verify"))))
-        if any(primitives.contains(branch.body, _HOST_LIST) for branch in verify):
-            return Finding.superseded(
-                anchor,
-                "the verify and draft-extend lengths are expanded on the host from the mirror here "
-                "(`forward_batch.seq_lens_cpu.tolist()`, 0.5.7 .. 0.5.9); not carried: 0.5.10 expands them on the "
-                "device (seqlens_expand_triton)",
-                moots_patch=True,
-            )
-        if primitives.find_method(cls, "_apply_cuda_graph_metadata") is not None and not _declares_flag(cls):
-            return Finding.superseded(
-                anchor,
-                "0.5.13 / 0.5.14's DSA backend (graph metadata in _apply_cuda_graph_metadata): its GPU-only draft "
-                "extend hands over no host lengths, which the eager draft extend asserts; not carried, 0.5.15 opts "
-                "out upstream (sglang #29414)",
-                moots_patch=True,
-            )
-        return Finding.superseded(anchor, "the backend runs spec v2's draft extend")
-
-
-def _declares_flag(cls: cst.ClassDef) -> bool:
-    """The class declares needs_cpu_seq_lens itself (a class attribute, or in __init__)."""
-    init = primitives.find_method(cls, "__init__")
-    sets = m.Assign(targets=[m.AssignTarget(target=attr(FLAG, m.Name("self")))])
-    return primitives.find_class_attribute(cls, FLAG) is not None or (
-        init is not None and primitives.contains(init, sets)
-    )
 
 
 class DsaHasSpecV2Path(NsaHasSpecV2Path):

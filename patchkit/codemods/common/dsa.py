@@ -1,0 +1,111 @@
+"""What the DeepSeek sparse attention patches (dsa-no-mirror, dsa-draft-extend-graph)
+share: the class names (NSA's up to 0.5.12.post1, DSA's from 0.5.13), the
+shim-aware base (0.5.13+ keeps ``nsa_backend.py`` and ``nsa/*.py`` as re-exports
+of the renamed modules) and the release gate both patches open with (where spec
+v2's draft extend runs on the backend as dsa-no-mirror carries it)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import libcst as cst
+import libcst.matchers as m
+
+from patchkit.codemods.common import primitives
+from patchkit.codemods.common.base import ClassCheck, Finding, PatchCodemod, State
+from patchkit.codemods.common.primitives import attr
+from patchkit.codemods.common.shared import FLAG, code_of
+
+NSA, DSA = "NativeSparseAttnBackend", "DeepseekSparseAttnBackend"
+NSA_MULTI, DSA_MULTI = "NativeSparseAttnMultiStepBackend", "DeepseekSparseAttnMultiStepBackend"
+NSA_PRECOMPUTE, DSA_PRECOMPUTE = (
+    "NativeSparseAttnBackendMTPPrecomputeMixin",
+    "DeepseekSparseAttnBackendMTPPrecomputeMixin",
+)
+
+_STAR_FROM_DSA = m.ImportFrom(
+    module=m.MatchIfTrue(lambda mod: mod is not None and ".dsa" in code_of(mod)), names=m.ImportStar()
+)
+
+
+class ShimAware(PatchCodemod):
+    """A class missing from a module that re-exports the renamed ``dsa``
+    module (0.5.13+'s ``nsa_backend.py`` and ``nsa/*.py``) is not fork drift:
+    the code lives in the ``dsa`` file, which the patch's other target edits."""
+
+    TOP_LEVEL_ONLY = True  # the override reads the module's imports only
+    CLASS: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.REQUIRED_TEXT = ()  # a shim lacks the class name: detect says why
+
+    def detect(self, module: cst.Module) -> Finding:
+        finding = super().detect(module)
+        if finding.state is State.MISSING and primitives.find_class(module, self.CLASS) is None:
+            if any(m.matches(s, m.SimpleStatementLine(body=[_STAR_FROM_DSA])) for s in module.body):
+                return Finding.superseded(
+                    self.CLASS, "this module re-exports the renamed dsa module (0.5.13+), whose target has the change"
+                )
+        return finding
+
+
+# -- the release gate ----------------------------------------------------------------------------
+
+_V2_DRAFT_EXTEND = m.Call(func=attr("is_draft_extend"), args=[m.Arg(keyword=m.Name("include_v2"))]) | m.Call(
+    func=attr("is_draft_extend_v2")
+)
+_HOST_LIST = m.Call(func=attr("tolist", attr("seq_lens_cpu", m.Name("forward_batch"))))
+
+
+class SpecV2Gate(ShimAware, ClassCheck):
+    """Where spec v2's draft extend runs on the sparse-attention backend in the
+    shape dsa-no-mirror carries: 0.5.10 .. 0.5.12.post1 (and forks of them),
+    0.5.15+. Elsewhere the patch is moot (not applicable, with why):
+    0.5.4.post3 .. 0.5.6.post2 call ``is_draft_extend()`` without ``include_v2``
+    (sglang #15307 came with 0.5.7); 0.5.7 .. 0.5.9 expand the verify and
+    draft-extend lengths on the host from the mirror; 0.5.13 / 0.5.14's
+    renamed backend hands no host lengths to the eager draft extend it asserts.
+    ``PREFIX`` opens each moot reason (a patch built on dsa-no-mirror says so)."""
+
+    CLASS: ClassVar[str]
+    PREFIX: ClassVar[str] = ""
+    # the methods that name these: init_forward_metadata's branches, 0.5.13's replay, an __init__ opt-out
+    METHODS_READ, WORDS_READ = (), ("is_draft_extend", "_apply_cuda_graph_metadata", FLAG)
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        anchor = f"{self.CLASS}.init_forward_metadata"
+        fn = primitives.find_method(cls, "init_forward_metadata")
+        if fn is None:
+            return Finding.missing(anchor, f"{self.where(cls)}: class {self.CLASS} defines no init_forward_metadata")
+        why = self._moot(cls, fn)
+        if why:
+            return Finding.superseded(anchor, self.PREFIX + why, moots_patch=True)
+        return Finding.superseded(anchor, "the backend runs spec v2's draft extend")
+
+    def _moot(self, cls: cst.ClassDef, fn: cst.FunctionDef) -> str:
+        if not primitives.contains(fn, _V2_DRAFT_EXTEND):
+            return "no spec-v2 draft extend here (is_draft_extend() without include_v2): spec v2 runs on NSA from 0.5.7"
+        verify = primitives.find_all_of(cst.If, fn, m.If(test=m.Call(func=attr("is_target_verify"))))
+        if any(primitives.contains(branch.body, _HOST_LIST) for branch in verify):
+            return (
+                "the verify and draft-extend lengths are expanded on the host from the mirror here "
+                "(`forward_batch.seq_lens_cpu.tolist()`, 0.5.7 .. 0.5.9); not carried: 0.5.10 expands them on the "
+                "device (seqlens_expand_triton)"
+            )
+        if primitives.find_method(cls, "_apply_cuda_graph_metadata") is not None and not declares_flag(cls):
+            return (
+                "0.5.13 / 0.5.14's DSA backend (graph metadata in _apply_cuda_graph_metadata): its GPU-only draft "
+                "extend hands over no host lengths, which the eager draft extend asserts; not carried, 0.5.15 opts "
+                "out upstream (sglang #29414)"
+            )
+        return ""
+
+
+def declares_flag(cls: cst.ClassDef) -> bool:
+    """The class declares needs_cpu_seq_lens itself (a class attribute, or in __init__)."""
+    init = primitives.find_method(cls, "__init__")
+    sets = m.Assign(targets=[m.AssignTarget(target=attr(FLAG, m.Name("self")))])
+    return primitives.find_class_attribute(cls, FLAG) is not None or (
+        init is not None and primitives.contains(init, sets)
+    )
