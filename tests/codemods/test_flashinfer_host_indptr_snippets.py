@@ -106,8 +106,15 @@ PREFILL = code("""
 def test_every_update_takes_host_plan_and_the_single_wrapper_hands_it_on():
     out = apply(fhi.PrefillUpdaterTakesHostPlan, PREFILL)
     assert out.count("use_ragged, spec_info, host_plan=None):") == 3
-    assert out.count("self.call_begin_forward(self.prefill_wrapper_ragged, req_pool_indices, spec_info, host_plan=host_plan)") == 1
-    starred = PREFILL.replace("def update_sliding_window(self, req_pool_indices,", "def update_sliding_window(self, *args,")
+    assert (
+        out.count(
+            "self.call_begin_forward(self.prefill_wrapper_ragged, req_pool_indices, spec_info, host_plan=host_plan)"
+        )
+        == 1
+    )
+    starred = PREFILL.replace(
+        "def update_sliding_window(self, req_pool_indices,", "def update_sliding_window(self, *args,"
+    )
     assert detect(fhi.PrefillUpdaterTakesHostPlan, starred).state is State.MISSING
 
 
@@ -124,7 +131,9 @@ def test_both_wrappers_plan_from_the_host_plan():
     assert "def call_begin_forward(self, wrapper_ragged, wrapper_paged, qo_indptr, kv_indptr, host_plan=None):" in out
     assert "ragged_plan_from_host(wrapper_ragged, host_plan)(qo_indptr, qo_indptr, self.num_qo_heads)" in out
     assert "paged_plan_from_host(wrapper_paged, host_plan)(qo_indptr, kv_indptr, kv_indices," in out
-    two = PREFILL.replace("    wrapper_paged.begin_forward(", "    wrapper_paged.begin_forward(x)\n        wrapper_paged.begin_forward(")
+    two = PREFILL.replace(
+        "    wrapper_paged.begin_forward(", "    wrapper_paged.begin_forward(x)\n        wrapper_paged.begin_forward("
+    )
     assert detect(fhi.PrefillPlanFromHost, two).state is State.MISSING
 
 
