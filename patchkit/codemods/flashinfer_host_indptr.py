@@ -50,7 +50,7 @@ NOT_CARRIED = (
 PREFILL_UPDATE = m.Call(func=m.Attribute(value=primitives.attr("indices_updater_prefill"), attr=m.Name("update")))
 
 
-def _comment(stmt: cst.BaseStatement, text: str) -> cst.BaseStatement:
+def _comment(stmt: cst.SimpleStatementLine, text: str) -> cst.SimpleStatementLine:
     """``stmt`` with ``# text`` lines above it (after its own leading lines)."""
     lines = [cst.EmptyLine(comment=cst.Comment(f"# {line}")) for line in text.splitlines()]
     return stmt.with_changes(leading_lines=[*stmt.leading_lines, *lines])
