@@ -79,3 +79,24 @@ def markdown(result: dict) -> str:
     ]
     failed = [f"- {n}: {e['failure']}" for n, e in (result.get("engines") or {}).items() if e.get("failure")]
     return "\n".join(head + lines + ([""] + failed if failed else [])) + "\n"
+
+
+def pooled(results: list[dict], pair: str) -> list[dict]:
+    """One pair's per-round ratios pooled over several duels of the same trees and settings
+    (one per GPU): per batch size, every round's ratio, their median and how many reach 1."""
+    by_bs: dict[int, list[float]] = {}
+    for result in results:
+        for row in result.get("summary") or []:
+            if row["pair"] == pair:
+                by_bs.setdefault(row["batch_size"], []).extend(row["ratios"])
+    return [
+        {
+            "batch_size": bs,
+            "rounds": len(ratios),
+            "median": round(statistics.median(ratios), 3),
+            "at_least_1": sum(r >= 1 for r in ratios),
+            "min": round(min(ratios), 3),
+            "max": round(max(ratios), 3),
+        }
+        for bs, ratios in sorted(by_bs.items())
+    ]

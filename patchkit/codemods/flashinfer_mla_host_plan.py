@@ -86,16 +86,6 @@ def _updates_in(block: cst.CSTNode) -> list[cst.Call]:
     return primitives.find_all_of(cst.Call, block, PREFILL_UPDATE)
 
 
-def _insert_before_update(block: cst.IndentedBlock, call: cst.Call, source: str, edited: cst.Call) -> cst.IndentedBlock:
-    """``block`` with ``source`` above its statement holding ``call``, and ``call`` replaced by ``edited``."""
-    body = primitives.block_statements(block)
-    index = next(i for i, stmt in enumerate(body) if primitives.contains(stmt, primitives.is_node(call)))
-    new = primitives.parse_statements_with_comments(source)
-    body[index] = primitives.replace_node(body[index], call, edited)
-    body[index:index] = new
-    return block.with_changes(body=body)
-
-
 class VerifyCaptureInstallsFastPlan(MethodCodemod):
     DESCRIPTION = (
         f"{BACKEND}.init_forward_metadata_capture_cuda_graph: the target-verify wrapper's plan becomes "
@@ -167,7 +157,9 @@ class VerifyReplayHostPlan(MethodCodemod):
                 seq_lens_cpu, bs, getattr(spec_info, "draft_token_num", None)
             )
         """
-        return primitives.replace_node(fn, block, _insert_before_update(block, call, source, _with_host_arrays(call)))
+        return primitives.replace_node(
+            fn, block, primitives.insert_above_holder(block, call, source, _with_host_arrays(call))
+        )
 
 
 def _extend_blocks(fn: cst.FunctionDef) -> list[tuple[cst.IndentedBlock, cst.Call]]:
@@ -209,33 +201,22 @@ class EagerDraftExtendHostPlan(MethodCodemod):
             # host arrays (the mirror, the host extend lengths); None otherwise.
             {", ".join(HOST_ARRAYS)} = draft_extend_host_plan(forward_batch, use_ragged)
         """
-        return primitives.replace_node(fn, block, _insert_before_update(block, call, source, _with_host_arrays(call)))
+        return primitives.replace_node(
+            fn, block, primitives.insert_above_holder(block, call, source, _with_host_arrays(call))
+        )
 
 
-PARAMS_SOURCE = "def f(" + ", ".join(f"{n}: Optional[torch.Tensor] = None" for n in HOST_ARRAYS) + "): pass"
+HOST_PARAMS = ", ".join(f"{n}: Optional[torch.Tensor] = None" for n in HOST_ARRAYS)
 
 
 def _with_host_params(fn: cst.FunctionDef) -> cst.FunctionDef:
     """``fn`` with the three host arrays as its last parameters (default None), in its own layout."""
-    params = list(fn.params.params)
-    new = list(cst.ensure_type(cst.parse_statement(PARAMS_SOURCE), cst.FunctionDef).params.params)
-    last = params[-1]
-    between = params[-2].comma if len(params) >= 2 and isinstance(params[-2].comma, cst.Comma) else None
-    between = between or cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    params[-1] = last.with_changes(comma=between, whitespace_after_param=cst.SimpleWhitespace(""))
-    params += [p.with_changes(comma=between) for p in new[:-1]]
-    params.append(new[-1].with_changes(comma=last.comma, whitespace_after_param=last.whitespace_after_param))
-    return fn.with_changes(params=fn.params.with_changes(params=params))
+    return primitives.append_parameters(fn, HOST_PARAMS)
 
 
 def _takes_host_arrays(fn: cst.FunctionDef) -> bool:
     names = {p.name.value for p in (*fn.params.params, *fn.params.kwonly_params)}
     return set(HOST_ARRAYS) <= names
-
-
-def _plain_params(fn: cst.FunctionDef) -> bool:
-    p = fn.params
-    return bool(p.params) and not p.kwonly_params and p.star_kwarg is None and not isinstance(p.star_arg, cst.Param)
 
 
 class _UpdaterMethod(MethodCodemod):
@@ -244,7 +225,7 @@ class _UpdaterMethod(MethodCodemod):
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if _takes_host_arrays(fn):
             return Finding.done(self.anchor)
-        if not _plain_params(fn):
+        if not primitives.has_plain_parameters(fn):
             return self.missing_in(fn, "keyword-only or star parameters", "plain parameters to add three after")
         site = self.site(fn)
         if site is None:

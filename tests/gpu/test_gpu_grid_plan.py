@@ -160,15 +160,19 @@ def test_each_run_records_its_plan_and_arguments():
     from before it names its own script as of the commit that still holds it."""
     records = sorted((ROOT / "docs" / "results").glob("*/plan-args.json"))
     assert records
-    read = set(re.findall(r"\$\{(\w+):-", PLAN.read_text()))
     for path in records:
         record = json.loads(path.read_text())
+        # a run may hold two plans' records (2026-11-28c: the grid, then the minus duels)
+        for run in (record, *([record["grid_printed"]] if "grid_printed" in record else [])):
+            if run["plan"] is None:
+                continue
+            assert (ROOT / run["plan"]).is_file(), path
+            read = set(re.findall(r"\$\{(\w+):-", (ROOT / run["plan"]).read_text()))
+            assert set(run["env"]) <= read, (path, set(run["env"]) - read)
         if record["plan"] is not None:
-            assert (ROOT / record["plan"]).is_file(), path
-            assert set(record["env"]) <= read, (path, set(record["env"]) - read)
-        else:
-            assert re.fullmatch(r"[0-9a-f]{7,40}", record["scripts_at"]) and record["scripts"], path
-            assert all(s.startswith(f"docs/results/{path.parent.name}/") for s in record["scripts"]), path
+            continue
+        assert re.fullmatch(r"[0-9a-f]{7,40}", record["scripts_at"]) and record["scripts"], path
+        assert all(s.startswith(f"docs/results/{path.parent.name}/") for s in record["scripts"]), path
 
 
 def test_duel_steps_put_every_tree_on_one_gpu_and_deepseek_on_four(tmp_path):

@@ -218,3 +218,16 @@ def test_replace_block_statements_in_a_nested_block():
     assert cst.Module(body=[out]).code == (
         "def f(x):\n    a()\n    if x:\n        if ready:\n            b()\n            c()\n        d()\n"
     )
+
+
+def test_insert_above_holder_and_append_parameters():
+    fn = cst.ensure_type(cst.parse_module("def f(self, a):\n    x = 1\n    g(a)\n").body[0], cst.FunctionDef)
+    call = p.find_all_of(cst.Call, fn, m.Call())[0]
+    block = cst.ensure_type(fn.body, cst.IndentedBlock)
+    edited = p.insert_above_holder(block, call, "# why\ny = 2\n", p.parse_expression("h(a)"))
+    fn = p.append_parameters(p.replace_node(fn, block, edited), "b=None, c: int = 0")
+    assert cst.Module([fn]).code == "def f(self, a, b=None, c: int = 0):\n    x = 1\n    # why\n    y = 2\n    h(a)\n"
+    starred = cst.ensure_type(cst.parse_module("def f(self, *a):\n    pass\n").body[0], cst.FunctionDef)
+    assert not p.has_plain_parameters(starred)
+    with pytest.raises(p.AnchorError):
+        p.append_parameters(starred, "b=None")

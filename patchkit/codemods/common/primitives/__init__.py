@@ -71,10 +71,13 @@ from patchkit.codemods.common.primitives.expressions import (  # noqa: F401
 from patchkit.codemods.common.primitives.function_body import (  # noqa: F401
     StatementEdit,
     _StatementReplacer,
+    append_parameters,
     branch_statements,
     find_statement_index,
     guard_statement,
     guard_statements,
+    has_plain_parameters,
+    insert_above_holder,
     insert_at_end,
     insert_at_start,
     insert_before,

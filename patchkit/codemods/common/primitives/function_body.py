@@ -172,3 +172,43 @@ def replace_block_statements(
     body[start:end] = [edit(body[start:end])]
     edited = block.with_changes(body=body)
     return replace_node(node, block, edited)
+
+
+def insert_above_holder(
+    block: cst.IndentedBlock, node: cst.CSTNode, source: str, replacement: Optional[cst.CSTNode] = None
+) -> cst.IndentedBlock:
+    """``block`` with the statements of ``source`` (leading comments kept) just above
+    its statement that holds ``node`` (that very node), and ``node`` replaced by
+    ``replacement`` when given: new code computing what an edited call is handed."""
+    body = block_statements(block)
+    index = next((i for i, stmt in enumerate(body) if find_all(stmt, m.MatchIfTrue(lambda n: n is node))), None)
+    if index is None:
+        raise AnchorError("the block holds no statement with that node")
+    if replacement is not None:
+        body[index] = replace_node(body[index], node, replacement)
+    body[index:index] = parse_statements_with_comments(source)
+    return block.with_changes(body=body)
+
+
+def append_parameters(fn: cst.FunctionDef, source: str) -> cst.FunctionDef:
+    """``fn`` with the parameters of ``source`` (``"a: int = 0, b=None"``) after its
+    last plain parameter, in its own layout (one a line with a trailing comma
+    stays so). ``fn`` must have plain parameters and no ``*`` / ``**`` ones."""
+    params = list(fn.params.params)
+    new = list(cst.ensure_type(parse_statement(f"def f({source}): pass"), cst.FunctionDef).params.params)
+    if not has_plain_parameters(fn):
+        raise AnchorError(f"{fn.name.value}: parameters other than plain ones")
+    last = params[-1]
+    between = params[-2].comma if len(params) >= 2 and isinstance(params[-2].comma, cst.Comma) else None
+    between = between or cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    params[-1] = last.with_changes(comma=between, whitespace_after_param=cst.SimpleWhitespace(""))
+    params += [p.with_changes(comma=between) for p in new[:-1]]
+    params.append(new[-1].with_changes(comma=last.comma, whitespace_after_param=last.whitespace_after_param))
+    return fn.with_changes(params=fn.params.with_changes(params=params))
+
+
+def has_plain_parameters(fn: cst.FunctionDef) -> bool:
+    """Whether ``fn`` takes plain parameters only (at least one; no ``*``, ``**`` or
+    keyword-only ones): what :func:`append_parameters` can extend."""
+    p = fn.params
+    return bool(p.params) and not p.kwonly_params and p.star_kwarg is None and not isinstance(p.star_arg, cst.Param)

@@ -1,0 +1,306 @@
+"""Run-time helpers for the FlashInfer (MHA) host indptrs (issue 71).
+
+FlashInfer's ``plan()`` schedules on the host: the paged prefill plan copies
+``qo_indptr``, ``paged_kv_indptr`` and ``paged_kv_last_page_len`` to the CPU
+(``.to("cpu")``), packs a custom mask with ``segment_packbits`` (one
+``.item()``), the ragged plan copies its two indptrs, the decode plan its
+indptr and last-page lengths. Given device tensors, each copy makes the host
+wait for everything queued on the stream. In the spec-v2 step the arrays are
+known on the host, from the CPU seq_lens mirror FlashInfer keeps:
+
+* the target verify (EAGLE): ``draft_token_num`` query rows a request, K
+  lengths ``seq_lens + draft_token_num`` (``verify_host_plan``);
+* the eager draft extend (``DRAFT_EXTEND_V2``): the host prefix lengths and
+  the mirror (``draft_extend_host_plan``);
+* the multi-step draft decode: the indptr ``generate_draft_decode_kv_indices``
+  writes, from the mirror and the draft's positions (``draft_host_indptr``).
+
+Each host array holds exactly the numbers the device one holds, CUDA-graph
+padding included, so every value ``plan()`` computes is unchanged. Where a
+host array cannot be made exactly so, the helper returns None and the stock
+plan runs from the device tensors.
+
+**Off by default** (``SWITCH``): upstream ships its own two host plans off
+(0.5.23's ``SGLANG_OPT_FLASHINFER_*`` opt-ins), and no GPU run has compared
+this tree's outputs with pristine's yet (issue 71). Until one has, every
+helper returns None (the stock plans) unless ``PATCHKIT_FLASHINFER_HOST_INDPTR=1``
+is in the serving process's environment; the GPU run compares both on one tree.
+
+Imported by patched sglang code: standard library only at import time; torch
+is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import namedtuple
+from functools import partial
+
+# Imported by patched sglang at start-up: typing names are for type checkers only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+__all__ = [
+    "PrefillHostPlan",
+    "decode_plan_from_host",
+    "draft_extend_host_plan",
+    "draft_host_indptr",
+    "pack_mask_segments",
+    "paged_plan_from_host",
+    "ragged_plan_from_host",
+    "verify_host_plan",
+]
+
+#: "1" turns the host plans on (read at every plan: the GPU run flips it per engine).
+SWITCH = "PATCHKIT_FLASHINFER_HOST_INDPTR"
+
+
+def switched_on() -> bool:
+    return os.environ.get(SWITCH, "") == "1"
+
+
+#: A prefill plan's host arrays (int32 CPU tensors) and the K lengths' sum.
+PrefillHostPlan = namedtuple("PrefillHostPlan", ["qo_indptr", "kv_indptr", "last_page_len", "kv_len_sum"])
+
+
+def _host_tensor(values: Any) -> Any:
+    """An int32 CPU tensor of ``values``, pinned where CUDA is there: the plan
+    copies it to the device without waiting, and torch's caching host
+    allocator hands a pinned block out again only once the copies reading it
+    ran, so no later step overwrites bytes a queued copy has yet to read."""
+    import torch
+
+    values = torch.as_tensor(values, dtype=torch.int32)
+    return values.pin_memory() if torch.cuda.is_available() else values.clone()
+
+
+def _indptr(lengths: Any) -> Any:
+    """``[0, cumsum(lengths)]``, int64 on the host (the sums as the device's int32 ones)."""
+    import torch
+
+    lengths = torch.as_tensor(lengths, dtype=torch.int64)
+    return torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, dim=0)])
+
+
+def _on_host(*tensors: Any) -> bool:
+    import torch
+
+    return all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors)
+
+
+def _plan(qo_lens: Any, kv_lens: Any) -> PrefillHostPlan:
+    import torch
+
+    kv = _indptr(kv_lens)
+    ones = torch.ones(len(kv) - 1, dtype=torch.int32)
+    return PrefillHostPlan(_host_tensor(_indptr(qo_lens)), _host_tensor(kv), _host_tensor(ones), int(kv[-1]))
+
+
+def _single_wrapper(backend: Any) -> bool:
+    # Sliding-window and cross-attention backends plan other K lengths (the
+    # window's, the encoder's): their plans keep the device arrays.
+    return getattr(backend, "dispatch_reason", "unknown") is None
+
+
+def verify_host_plan(backend: Any, spec_info: Any, seq_lens_cpu: Any, bs: int, seq_lens_sum: Any) -> Any:
+    """The EAGLE target verify's plan arrays on the host: what
+    ``EagleVerifyInput.generate_attn_arg_prefill`` builds on the device,
+    ``qo_indptr = [0, n, 2n, ...]`` and ``kv_indptr = cumsum(seq_lens + n)``
+    (``n = draft_token_num``). ``seq_lens_cpu`` is the replay's buffer, its
+    padded rows filled with the value the device rows are filled with. None
+    for another spec input, without the mirror, or when the mirror's sum is
+    not the batch's ``seq_lens_sum`` (a stale buffer: the device arrays then)."""
+    if not switched_on():
+        return None
+    kind = getattr(getattr(spec_info, "spec_input_type", None), "name", None)
+    n = getattr(spec_info, "draft_token_num", None)
+    if kind != "EAGLE_VERIFY" or not isinstance(n, int) or n <= 0 or not _single_wrapper(backend):
+        return None
+    if not _on_host(seq_lens_cpu) or seq_lens_cpu.shape[0] < bs or seq_lens_sum is None:
+        return None
+    lengths = seq_lens_cpu[:bs].long()
+    if int(lengths.sum()) != int(seq_lens_sum):
+        return None
+    return _plan([n] * bs, lengths + n)
+
+
+def draft_extend_host_plan(backend: Any, forward_batch: Any, use_ragged: bool) -> Any:
+    """The eager ``DRAFT_EXTEND_V2``'s plan arrays on the host. The device
+    builds ``qo_indptr = cumsum(seq_lens - prefix_lens)`` and ``kv_indptr =
+    cumsum(prefix_lens)`` (ragged: the cached part is the prefix) or
+    ``cumsum(seq_lens)``; the host has both lengths: the mirror and
+    ``extend_prefix_lens_cpu`` (the list the device prefix lengths were made
+    from). None for any other batch or without either host list."""
+    if not switched_on():
+        return None
+    if not forward_batch.forward_mode.is_draft_extend_v2() or not _single_wrapper(backend):
+        return None
+    seq_lens_cpu = forward_batch.seq_lens_cpu
+    prefix = getattr(forward_batch, "extend_prefix_lens_cpu", None)
+    if not _on_host(seq_lens_cpu) or prefix is None or len(prefix) != seq_lens_cpu.shape[0]:
+        return None
+    import torch
+
+    if isinstance(prefix, torch.Tensor) and prefix.device.type != "cpu":
+        return None
+    seq_lens = seq_lens_cpu.long()
+    if forward_batch.seq_lens_sum is None or int(seq_lens.sum()) != int(forward_batch.seq_lens_sum):
+        return None
+    prefix = torch.as_tensor(prefix, dtype=torch.int64)
+    return _plan(seq_lens - prefix, prefix if use_ragged else seq_lens)
+
+
+def draft_host_indptr(forward_batch: Any, topk: int, num_steps: int) -> Any:
+    """The multi-step draft's ``kv_indptr`` for every step, on the host:
+    ``generate_draft_decode_kv_indices`` writes ``indptr[s][r] = sum(positions[:r])
+    + r * (s + 1)`` for the ``num_seqs * topk`` rows (``indptr[s][0]`` stays 0).
+    A live row's position is its request's length (``seq_lens`` repeated
+    ``topk`` times, the draft input's ``positions``); a CUDA graph's padded
+    rows read the runner's positions buffer, zeroed when it pads, while their
+    mirror rows hold the fill value: they count 0 here, as on the device.
+    None without the mirror or the draft's positions (capture builds none:
+    it keeps the device copy)."""
+    if not switched_on():
+        return None
+    seq_lens_cpu = forward_batch.seq_lens_cpu
+    positions = getattr(forward_batch.spec_info, "positions", None)
+    num_seqs = forward_batch.batch_size
+    if not _on_host(seq_lens_cpu) or positions is None or seq_lens_cpu.shape[0] != num_seqs or topk <= 0:
+        return None
+    live = int(positions.shape[0])  # shape only: a host number
+    if live % topk or live > num_seqs * topk:
+        return None
+    seq_lens = seq_lens_cpu.long()
+    live_sum = forward_batch.seq_lens_sum
+    if live_sum is None or int(seq_lens[: live // topk].sum()) != int(live_sum):
+        return None
+    import torch
+
+    rows = seq_lens.repeat_interleave(topk)
+    rows[live:] = 0  # padded rows: the runner zeroed their positions
+    base = _indptr(rows)
+    steps = torch.arange(1, num_steps + 1, dtype=torch.int64)
+    return _host_tensor(base[None, :] + steps[:, None] * torch.arange(len(base), dtype=torch.int64)[None, :])
+
+
+def decode_plan_from_host(wrapper: Any, host_indptr: Any) -> Callable:
+    """``wrapper.begin_forward``, fed ``host_indptr`` (the multi-step draft's
+    host copy of the indptr it plans, the override sglang gives
+    ``fast_decode_plan``) and host last-page lengths instead of the device
+    tensors: the stock plan's two ``.to("cpu")`` then copy nothing."""
+    if host_indptr is None:
+        return wrapper.begin_forward
+    return partial(_decode_from_host, wrapper, host_indptr)
+
+
+def _decode_from_host(
+    wrapper: Any, host_indptr: Any, indptr: Any, indices: Any, last_page_len: Any, *args: Any, **kwargs: Any
+) -> None:
+    if len(args) < 4 or args[3] != 1 or len(host_indptr) != len(indptr):  # page size 1: every last page holds 1
+        return wrapper.begin_forward(indptr, indices, last_page_len, *args, **kwargs)
+    return wrapper.begin_forward(host_indptr, indices, _host_ones(len(last_page_len)), *args, **kwargs)
+
+
+def _host_ones(n: int) -> Any:
+    """``n`` ones on the host: sglang's FlashInfer ``kv_last_page_len`` (page size 1, never written)."""
+    import torch
+
+    return _host_tensor(torch.ones(n, dtype=torch.int32))
+
+
+def ragged_plan_from_host(wrapper: Any, host_plan: Any) -> Callable:
+    """``wrapper.begin_forward`` of the ragged (extend part) wrapper, fed the
+    host ``qo_indptr`` for both its indptrs, as sglang hands it the device one."""
+    if host_plan is None:
+        return wrapper.begin_forward
+    return partial(_ragged_from_host, wrapper, host_plan)
+
+
+def _ragged_from_host(wrapper: Any, host_plan: Any, qo_indptr: Any, kv_indptr: Any, *args: Any, **kwargs: Any) -> None:
+    if kv_indptr is not qo_indptr or kwargs.get("custom_mask") is not None:
+        return wrapper.begin_forward(qo_indptr, kv_indptr, *args, **kwargs)
+    return wrapper.begin_forward(host_plan.qo_indptr, host_plan.qo_indptr, *args, **kwargs)
+
+
+def paged_plan_from_host(wrapper: Any, host_plan: Any) -> Callable:
+    """``wrapper.begin_forward`` of a paged prefill wrapper, fed the host
+    ``qo_indptr``, ``kv_indptr`` and last-page lengths. A custom mask (the
+    verify's tree mask) is packed on the device here instead of in
+    ``plan()``: FlashInfer's ``segment_packbits`` reads its total with
+    ``.item()`` and needs device indptrs; the packed bytes and their indptr
+    are the same, and go where ``plan()`` puts them."""
+    if host_plan is None:
+        return wrapper.begin_forward
+    return partial(_paged_from_host, wrapper, host_plan)
+
+
+def _paged_from_host(
+    wrapper: Any,
+    host: Any,
+    qo_indptr: Any,
+    kv_indptr: Any,
+    kv_indices: Any,
+    last_page_len: Any,
+    *args: Any,
+    custom_mask: Any = None,
+    **kwargs: Any,
+) -> None:
+    stock = len(args) < 4 or args[3] != 1 or len(host.qo_indptr) != len(qo_indptr)
+    if custom_mask is not None:
+        # Installed after plan(): only a wrapper whose backend is fixed (not
+        # "auto", chosen by whether a mask is set) and, under a CUDA graph,
+        # that owns the mask buffers (else plan() raises, as it should).
+        graph = wrapper.is_cuda_graph_enabled
+        buffers = all(hasattr(wrapper, name) for name in ("_custom_mask_buf", "_mask_indptr_buf"))
+        stock = stock or getattr(wrapper, "_backend", "auto") == "auto" or not buffers
+        stock = stock or (graph and (wrapper._custom_mask_buf is None or wrapper._mask_indptr_buf is None))
+        stock = stock or kwargs.get("packed_custom_mask") is not None
+    if stock:
+        return wrapper.begin_forward(
+            qo_indptr, kv_indptr, kv_indices, last_page_len, *args, custom_mask=custom_mask, **kwargs
+        )
+    wrapper.begin_forward(host.qo_indptr, host.kv_indptr, kv_indices, host.last_page_len, *args, **kwargs)
+    if custom_mask is None:
+        return None
+    # plan()'s _compute_page_mask_indptr at page size 1: qo_len * kv_len bits a request.
+    qo_lens = (host.qo_indptr[1:] - host.qo_indptr[:-1]).long()
+    kv_lens = (host.kv_indptr[1:] - host.kv_indptr[:-1]).long()
+    packed, byte_indptr = pack_mask_segments(custom_mask, qo_lens * kv_lens)
+    if wrapper.is_cuda_graph_enabled:
+        wrapper._custom_mask_buf[: len(packed)].copy_(packed, non_blocking=True)
+        wrapper._mask_indptr_buf.copy_(byte_indptr, non_blocking=True)
+    else:
+        wrapper._custom_mask_buf = packed
+        wrapper._mask_indptr_buf = byte_indptr.to(packed.device, non_blocking=True)
+    return None
+
+
+def pack_mask_segments(mask: Any, bits_per_row: Sequence[int]) -> tuple:
+    """FlashInfer's ``segment_packbits(mask, indptr, bitorder="little")`` with
+    the segment lengths known on the host: row ``r``'s bits ``mask[b_r : b_r
+    + n_r]`` packed eight to a byte, least significant first, the last byte
+    zero-padded. Returns the packed bytes (on the mask's device) and their
+    int32 indptr (host); the sizes come from the host lengths, so nothing is
+    read back from the device."""
+    import torch
+
+    device = mask.device
+    bits = torch.as_tensor(bits_per_row, dtype=torch.int64)
+    byte_lens = (bits + 7) // 8
+    byte_indptr, bit_indptr = _indptr(byte_lens), _indptr(bits)
+    total = int(byte_indptr[-1])
+    flat = mask.contiguous().view(-1).to(torch.bool)
+    if total == 0:
+        return torch.empty(0, dtype=torch.uint8, device=device), _host_tensor(byte_indptr)
+    to_device = partial(torch.Tensor.to, device=device, non_blocking=True)
+    rows = torch.repeat_interleave(torch.arange(len(bits), device=device), to_device(byte_lens), output_size=total)
+    byte_in_row = torch.arange(total, device=device) - to_device(byte_indptr[:-1])[rows]
+    bit_in_row = byte_in_row[:, None] * 8 + torch.arange(8, device=device)[None, :]
+    valid = bit_in_row < to_device(bits)[rows][:, None]
+    source = torch.where(valid, to_device(bit_indptr[:-1])[rows][:, None] + bit_in_row, 0)
+    taken = flat[source] & valid
+    weights = torch.tensor([1 << k for k in range(8)], dtype=torch.int32, device=device)
+    packed = (taken.to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
+    return packed, _host_tensor(byte_indptr)
