@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_gpu_e2e_tp import PFD, _fake_bundle, _write
+from fake_engine_bundle import fake_bundle
+from test_gpu_e2e_tp import PFD, _write
 
 from gpu_e2e import dp, engine_facts, rank_report, ranks, runner, wheels, worker_steps
 from gpu_e2e.bundle import repo_root
@@ -330,7 +331,7 @@ def _orchestrate(tmp_path, monkeypatch, *extra: str) -> tuple[int, dict, Path]:
     rc = orchestrate.main(
         [
             "--bundle",
-            str(_fake_bundle(tmp_path)),
+            str(fake_bundle(tmp_path)),
             "--out",
             str(out),
             "--work",

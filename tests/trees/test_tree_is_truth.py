@@ -272,9 +272,10 @@ def test_the_life_of_a_fork(make_tree, cli, tmp_path):
     result = cli("status", fork)
     states = state_names(cli, fork)
     # seq-lens-host-bound is patchkit's own, not upstream's: not applicable there (issue 67);
+    # so is flashinfer-host-indptr (upstream's host plans there are opt-ins of another shape, issue 71);
     # dsa-no-mirror goes past upstream there (sglang #33973, issue 72): its one line is to do.
     assert set(states.values()) == {"native", "not-applicable", "partial"}, result.output
-    assert [p for p, s in states.items() if s == "not-applicable"] == ["seq-lens-host-bound"]
+    assert [p for p, s in states.items() if s == "not-applicable"] == ["flashinfer-host-indptr", "seq-lens-host-bound"]
     assert [p for p, s in states.items() if s == "partial"] == ["dsa-no-mirror"]
     assert "files from sglang 0.5.12.post1 are still here" in result.output
     result = cli("revert", fork)
