@@ -47,6 +47,8 @@
 # Inputs ($B12 $B17 bundles, FA3 libraries unpacked to $FA3_12 $FA3_17 with fa3.json beside):
 # docs/results/gpu-grid-2026-11-28/calls.md shows the calls that bring them. Each step leaves
 # .done; progress.log says which GPU ran what.
+# Poll with gpu_e2e/poll.sh (SLEEP=240 bash gpu_e2e/poll.sh): each call then brings every step's JSON back
+# in $OUT, so a machine lost between calls loses no result (2026-11-28c lost a grid that way).
 R=${R:-/tmp/pkrun}
 B12=${B12:-/tmp/b12}
 B17=${B17:-/tmp/b17}

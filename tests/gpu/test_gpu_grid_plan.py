@@ -202,3 +202,30 @@ def test_duel_steps_put_every_tree_on_one_gpu_and_deepseek_on_four(tmp_path):
     ds = by_out["ds_dp_duel-r1"]
     assert ds["gpu"] == "0,1,2,3" and _arg(ds, "--tp") == "4" and "--dp-attention" in ds["args"]
     assert progress.index("end triton_8b_duel-r1") < progress.index("start ds_dp_duel-r1")
+
+
+def test_a_poll_prints_the_tables_and_brings_the_json_back(tmp_path):
+    """gpu_e2e/poll.sh: progress and each duel's rows on stdout, every step's JSON and tables
+    (not the engine logs) in $OUT/results.tgz."""
+    import tarfile
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    (run / "fa3_duel-r1").mkdir(parents=True)
+    out.mkdir()
+    (run / "progress.log").write_text("[05:36:45] plan: fa3_duel-r1\n")
+    (run / "fa3_duel-r1" / "duel.md").write_text("| bs | x |\n|---:|---|\n| 64 | eager |\n")
+    (run / "fa3_duel-r1" / "duel.json").write_text("{}")
+    (run / "fa3_duel-r1" / "engine-patched.log").write_text("x" * 1000)
+    done = subprocess.run(
+        ["bash", str(ROOT / "gpu_e2e" / "poll.sh")],
+        env=dict(os.environ, R=str(run), OUT=str(out)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "plan: fa3_duel-r1" in done.stdout and "== fa3_duel-r1" in done.stdout and "| 64 | eager |" in done.stdout
+    with tarfile.open(out / "results.tgz") as tar:
+        names = {n.lstrip("./") for n in tar.getnames()}
+    assert {"progress.log", "fa3_duel-r1/duel.json", "fa3_duel-r1/duel.md"} <= names
+    assert "fa3_duel-r1/engine-patched.log" not in names

@@ -1,0 +1,21 @@
+#!/bin/bash
+# One polling call of a plan running on the device machine (issue 67, 2026-11-28c): wait SLEEP
+# seconds, print the plan's progress and each duel's table, and bring every step's JSON and
+# tables back in $OUT/results.tgz. Every poll brings them back because a machine that goes back
+# between calls (30 s without one) takes /tmp with it: the first lease of 2026-11-28c lost its
+# grid's JSON that way. Engine logs stay behind (their size; the tables cite none).
+#   SLEEP=240 R=/tmp/pkrun bash gpu_e2e/poll.sh
+R=${R:-/tmp/pkrun}
+SLEEP=${SLEEP:-0}
+TAIL=${TAIL:-8}
+sleep "$SLEEP"
+tail -n "$TAIL" "$R/progress.log" 2>/dev/null
+for md in "$R"/*/duel.md; do
+  [ -f "$md" ] || continue
+  echo "== $(basename "$(dirname "$md")")"
+  grep '^|' "$md" | grep -v '^|---'
+done
+if [ -n "${OUT:-}" ] && [ -d "$R" ]; then
+  tar czf "$OUT/results.tgz" -C "$R" --exclude='engine*.log' --exclude='*.profile-*' .
+  echo "results.tgz: $(du -k "$OUT/results.tgz" | cut -f1) KiB"
+fi
