@@ -68,6 +68,16 @@ def patch_states(cli, tree, *ids: str) -> dict[str, dict]:
     return {p["id"]: p for p in json.loads(result.stdout)["patches"]}
 
 
+def verified_idempotent_reverted(cli, tree: Path, patch: str, before: dict[str, str]) -> None:
+    """The end of one patch's round trip on a tree it was just applied to: reported
+    applied, verify passes, a second apply changes nothing, revert gives ``before`` back."""
+    assert patch_states(cli, tree, patch)[patch]["state"] == "applied"
+    assert cli("verify", tree, patch).exit_code == 0
+    again = snapshot(tree)
+    assert cli("apply", tree, patch).exit_code == 0 and snapshot(tree) == again
+    assert cli("revert", tree, patch).exit_code == 0 and snapshot(tree) == before
+
+
 def class_section(text: str, cls: str) -> str:
     """The source of class ``cls`` in ``text``, up to the next top-level class."""
     start = text.index(f"\nclass {cls}")

@@ -7,6 +7,7 @@ stands in for the GPU-only ``torchvision`` and ``sgl_kernel`` (see its docstring
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -82,6 +83,28 @@ def load_sglang(cpu_env):
 
     yield load
     sys.path[:] = saved
+
+
+@pytest.fixture(scope="session")
+def load_patched(tmp_path_factory, load_sglang):
+    """load_patched(version, patch, module) -> ``module`` of a fresh copy of the release
+    ``version`` with ``patch`` applied (and what it requires), imported from that tree."""
+
+    def load(version: str, patch: str, module: str):
+        from click.testing import CliRunner
+
+        from patchkit.cli import main
+        from patchkit.fetch import copy_tree
+
+        package = copy_tree(version, tmp_path_factory.mktemp(patch), "package")
+        result = CliRunner().invoke(main, ["apply", str(package), patch], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        load_sglang(package)
+        loaded = importlib.import_module(module)
+        assert loaded.__file__.startswith(str(package))
+        return loaded
+
+    return load
 
 
 @pytest.fixture(scope="module", autouse=True)

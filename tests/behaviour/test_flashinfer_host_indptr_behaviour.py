@@ -10,12 +10,10 @@ what the device copy gives, padded rows included."""
 
 from __future__ import annotations
 
-import importlib
 from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from click.testing import CliRunner
 
 pytestmark = pytest.mark.behaviour
 
@@ -24,8 +22,6 @@ np = pytest.importorskip("numpy")
 pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
-from patchkit.cli import main  # noqa: E402
-from patchkit.fetch import copy_tree  # noqa: E402
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 PATCH = "flashinfer-host-indptr"
@@ -52,14 +48,8 @@ def on_device(values, dtype=torch.int32):
 
 
 @pytest.fixture(scope="module")
-def fi(tmp_path_factory, load_sglang):
-    package = copy_tree("0.5.12.post1", tmp_path_factory.mktemp("fihi"), "package")
-    result = CliRunner().invoke(main, ["apply", str(package), PATCH], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    load_sglang(package)
-    module = importlib.import_module(MODULE)
-    assert module.__file__.startswith(str(package))
-    return module
+def fi(load_patched):
+    return load_patched("0.5.12.post1", PATCH, MODULE)
 
 
 class FakeWrapper:

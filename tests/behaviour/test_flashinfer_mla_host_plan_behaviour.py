@@ -6,12 +6,10 @@ arrays equal to the device ones it received before."""
 
 from __future__ import annotations
 
-import importlib
 from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from click.testing import CliRunner
 
 pytestmark = pytest.mark.behaviour
 
@@ -19,22 +17,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
-from patchkit.cli import main  # noqa: E402
-from patchkit.fetch import copy_tree  # noqa: E402
 
 MODULE = "sglang.srt.layers.attention.flashinfer_mla_backend"
 PATCH = "flashinfer-mla-host-plan"
 
 
 @pytest.fixture(scope="module")
-def mla(tmp_path_factory, load_sglang):
-    package = copy_tree("0.5.12.post1", tmp_path_factory.mktemp("fimla"), "package")
-    result = CliRunner().invoke(main, ["apply", str(package), PATCH], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    load_sglang(package)
-    module = importlib.import_module(MODULE)
-    assert module.__file__.startswith(str(package))
-    return module
+def mla(load_patched):
+    return load_patched("0.5.12.post1", PATCH, MODULE)
 
 
 class FakeWrapper:

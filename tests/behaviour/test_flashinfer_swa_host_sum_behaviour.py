@@ -6,12 +6,10 @@ extend (accepted-token counts) still sums on the device."""
 
 from __future__ import annotations
 
-import importlib
 from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from click.testing import CliRunner
 
 pytestmark = pytest.mark.behaviour
 
@@ -20,8 +18,6 @@ pytest.importorskip("triton")
 pytest.importorskip("transformers")
 pytest.importorskip("fastapi")
 
-from patchkit.cli import main  # noqa: E402
-from patchkit.fetch import copy_tree  # noqa: E402
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 PATCH = "flashinfer-swa-host-sum"
@@ -29,14 +25,8 @@ WINDOW = 4
 
 
 @pytest.fixture(scope="module")
-def fi(tmp_path_factory, load_sglang):
-    package = copy_tree("0.5.14", tmp_path_factory.mktemp("fiswa"), "package")
-    result = CliRunner().invoke(main, ["apply", str(package), PATCH], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    load_sglang(package)
-    module = importlib.import_module(MODULE)
-    assert module.__file__.startswith(str(package))
-    return module
+def fi(load_patched):
+    return load_patched("0.5.14", PATCH, MODULE)
 
 
 class NoItem(torch.Tensor):

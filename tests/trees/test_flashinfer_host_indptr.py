@@ -5,7 +5,7 @@ byte-exact), not applicable on 0.5.13+ with its one-line reason."""
 from __future__ import annotations
 
 import pytest
-from support import class_section, patch_states, snapshot
+from support import class_section, patch_states, snapshot, verified_idempotent_reverted
 
 PATCH = "flashinfer-host-indptr"
 MHA = "srt/layers/attention/flashinfer_backend.py"
@@ -37,11 +37,7 @@ def test_applied_verified_and_reverted_exactly(make_tree, cli, version):
     assert "indptr_cpu_whole = draft_host_indptr(forward_batch, self.topk, self.speculative_num_steps)" in draft
     assert "    indptr_cpu_whole = self.kv_indptr[:, : bs + 1].cpu()" in draft  # the fallback
     assert (tree / RUNTIME).exists()
-    assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "applied"
-    assert cli("verify", tree, PATCH).exit_code == 0
-    again = snapshot(tree)
-    assert cli("apply", tree, PATCH).exit_code == 0 and snapshot(tree) == again
-    assert cli("revert", tree, PATCH).exit_code == 0 and snapshot(tree) == before
+    verified_idempotent_reverted(cli, tree, PATCH, before)
 
 
 @pytest.mark.trees

@@ -6,7 +6,7 @@ reason, native on 0.5.18+."""
 from __future__ import annotations
 
 import pytest
-from support import class_section, patch_states, snapshot
+from support import class_section, patch_states, snapshot, verified_idempotent_reverted
 
 PATCH = "flashinfer-mla-host-plan"
 MLA = "srt/layers/attention/flashinfer_mla_backend.py"
@@ -33,11 +33,7 @@ def test_applied_verified_and_reverted_exactly(make_tree, cli, version):
     assert updater.count("kv_indptr_cpu: Optional[torch.Tensor] = None,") == 2
     assert "kv_indptr if kv_indptr_cpu is None else kv_indptr_cpu," in updater
     assert (tree / RUNTIME).exists()
-    assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "applied"
-    assert cli("verify", tree, PATCH).exit_code == 0
-    again = snapshot(tree)
-    assert cli("apply", tree, PATCH).exit_code == 0 and snapshot(tree) == again
-    assert cli("revert", tree, PATCH).exit_code == 0 and snapshot(tree) == before
+    verified_idempotent_reverted(cli, tree, PATCH, before)
 
 
 @pytest.mark.trees

@@ -6,7 +6,7 @@ said in one line), native on 0.5.20+."""
 from __future__ import annotations
 
 import pytest
-from support import class_section, patch_states, snapshot
+from support import class_section, patch_states, snapshot, verified_idempotent_reverted
 
 PATCH = "flashinfer-swa-host-sum"
 FLASHINFER = "srt/layers/attention/flashinfer_backend.py"
@@ -28,11 +28,7 @@ def test_applied_verified_and_reverted_exactly(make_tree, cli, version):
     method = updater[updater.index("def update_sliding_window") :]
     flag = method.index("prefix_is_full_seq = prefix_lens is None and getattr(")
     assert flag < method.index("if prefix_lens is None:") < method.index("if prefix_is_full_seq and seq_lens_cpu")
-    assert patch_states(cli, tree, PATCH)[PATCH]["state"] == "applied"
-    assert cli("verify", tree, PATCH).exit_code == 0
-    again = snapshot(tree)
-    assert cli("apply", tree, PATCH).exit_code == 0 and snapshot(tree) == again
-    assert cli("revert", tree, PATCH).exit_code == 0 and snapshot(tree) == before
+    verified_idempotent_reverted(cli, tree, PATCH, before)
 
 
 @pytest.mark.trees
