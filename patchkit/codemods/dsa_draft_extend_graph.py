@@ -36,7 +36,12 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod
-from patchkit.codemods.common.draft_extend_gate import GRAPH_CHECK, NO_TOKEN_MAP, DraftExtendGraphCheck, graph_check
+from patchkit.codemods.common.draft_extend_gate import (
+    GRAPH_CHECK,
+    NO_TOKEN_MAP,
+    AdmitsOnCudaWithoutTokenMap,
+    graph_check,
+)
 from patchkit.codemods.common.dsa import DSA, NSA, ShimAware, SpecV2Gate
 from patchkit.codemods.common.primitives import attr
 from patchkit.codemods.common.primitives.search import NodeMatcher
@@ -339,24 +344,12 @@ if (
 """
 
 
-class GraphCheckAdmitsDsa(DraftExtendGraphCheck):
+class GraphCheckAdmitsDsa(AdmitsOnCudaWithoutTokenMap):
     DESCRIPTION = (
         f"EagleDraftWorker: the draft-extend CUDA-graph check ({GRAPH_CHECK}) admits {NSA} / {DSA} on CUDA "
         "(without a speculative token map)"
     )
-    TOP_LEVEL_ONLY = True  # detect reads a module flag (a top-level assignment)
-    METHODS_READ, WORDS_READ = (), ("hot_token_id", "speculative_algorithm")  # detect_in_class
-
-    def detect(self, module: cst.Module) -> Finding:
-        self._has_is_cuda = primitives.contains(module, primitives.assigns_name("_is_cuda"))
-        return super().detect(module)
-
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        self._sets = {
-            name: primitives.contains(cls, primitives.assigns_attr(name))
-            for name in ("hot_token_id", "speculative_algorithm")
-        }
-        return super().detect_in_class(cls)
+    ADMITTED = "DeepSeek sparse attention"
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         anchor = self.anchor_of(fn)
@@ -366,11 +359,9 @@ class GraphCheckAdmitsDsa(DraftExtendGraphCheck):
             return self.missing_in(
                 fn, "the draft-extend graph check is inline in the capture gate (before 0.5.10)", f"{GRAPH_CHECK}"
             )
-        if not self._has_is_cuda:
-            return self.missing_in(fn, "this module defines no `_is_cuda`", "it to admit the backend on CUDA only")
-        lacking = [name for name, sets in self._sets.items() if not sets]
-        if lacking:
-            return self.missing_in(fn, f"{self.CLASS} never sets self.{lacking[0]}", "it to keep token maps eager")
+        gap = self.admission_missing(fn)
+        if gap is not None:
+            return gap
         return Finding.todo(anchor, "DeepSeek sparse attention is not in the draft-extend graph check")
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:

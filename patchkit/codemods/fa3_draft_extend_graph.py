@@ -46,7 +46,7 @@ from patchkit.codemods.common.base import ClassCheck, Finding
 from patchkit.codemods.common.draft_extend_gate import (
     GRAPH_CHECK,
     NO_TOKEN_MAP,
-    DraftExtendGraphCheck,
+    AdmitsOnCudaWithoutTokenMap,
     graph_check,
     the_gate,
     with_gate_term,
@@ -114,18 +114,12 @@ if (
 """
 
 
-class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
+class GraphCheckAdmitsFA3(AdmitsOnCudaWithoutTokenMap):
     DESCRIPTION = (
         f"EagleDraftWorker: the draft-extend CUDA-graph check ({GRAPH_CHECK}) admits {FA3} on CUDA "
         "(without a speculative token map), imported where it is used"
     )
-    TOP_LEVEL_ONLY = True  # detect reads a module flag (a top-level assignment)
-    METHODS_READ, WORDS_READ = (), ("hot_token_id", "speculative_algorithm")  # detect_in_class
-
-    def detect(self, module: cst.Module) -> Finding:
-        # The inserted check reads the module's _is_cuda flag (every release has it).
-        self._has_is_cuda = primitives.contains(module, primitives.assigns_name("_is_cuda"))
-        return super().detect(module)
+    ADMITTED = FA3
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         anchor = self.anchor_of(fn)
@@ -136,26 +130,12 @@ class GraphCheckAdmitsFA3(DraftExtendGraphCheck):
             )
         if primitives.contains(fn, FA3_LISTED):
             return Finding.done(anchor)
-        if not self._has_is_cuda:
-            return self.missing_in(
-                fn, "this module defines no `_is_cuda`", "the module's CUDA flag to admit FA3 on CUDA only"
-            )
-        if not self._sets_hot_token_id:
-            return self.missing_in(
-                fn, f"{self.CLASS} never sets self.hot_token_id", "it to keep speculative token maps eager"
-            )
-        if not self._sets_algorithm:
-            return self.missing_in(
-                fn, f"{self.CLASS} never sets self.speculative_algorithm", "it to tell EAGLE3 drafts from token maps"
-            )
+        gap = self.admission_missing(fn)
+        if gap is not None:
+            return gap
         if graph_check(fn) is None:
             return self.inline_todo(fn, f"{FA3} is not in the draft-extend capture gate")
         return Finding.todo(anchor, f"{FA3} is not in the draft-extend graph check")
-
-    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
-        self._sets_hot_token_id = primitives.contains(cls, primitives.assigns_attr("hot_token_id"))
-        self._sets_algorithm = primitives.contains(cls, primitives.assigns_attr("speculative_algorithm"))
-        return super().detect_in_class(cls)
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         if _earlier_form(fn) is not None:

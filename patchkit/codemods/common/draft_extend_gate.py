@@ -1,5 +1,5 @@
 """The spec-v2 worker's draft-extend CUDA-graph check, which TRT-LLM MHA
-(trtllm-mha-draft-extend-v2) and FA3 (fa3-draft-extend-graph) each add their
+(trtllm-mha-draft-extend-v2), FA3 (fa3-draft-extend-graph) and DSA (dsa-draft-extend-graph) each add their
 backend to: ``supports_cuda_draft_extend_graph`` from 0.5.10, inline in the
 ``if`` that captures the graph before (0.5.4 .. 0.5.9)."""
 
@@ -149,3 +149,39 @@ class DraftExtendGraphCheck(MethodCodemod):
             self.anchor,
             f"{self.where(cls)}: no method of {self.CLASS} assigns {GRAPH_CHECK} or captures the draft-extend graph",
         )
+
+
+class AdmitsOnCudaWithoutTokenMap(DraftExtendGraphCheck):
+    """A graph check that admits its backend (``ADMITTED``) on CUDA only and without an
+    FR-Spec token map (``NO_TOKEN_MAP``): what it writes reads the module's ``_is_cuda``
+    and the class's ``hot_token_id`` and ``speculative_algorithm`` (FA3, DSA)."""
+
+    ADMITTED = ""  # the backend, as the refusal lines name it
+    TOP_LEVEL_ONLY = True  # detect reads a module flag (a top-level assignment)
+    METHODS_READ, WORDS_READ = (), ("hot_token_id", "speculative_algorithm")  # detect_in_class
+
+    def detect(self, module: cst.Module) -> Finding:
+        self._has_is_cuda = primitives.contains(module, primitives.assigns_name("_is_cuda"))
+        return super().detect(module)
+
+    def detect_in_class(self, cls: cst.ClassDef) -> Finding:
+        self._sets_hot_token_id = primitives.contains(cls, primitives.assigns_attr("hot_token_id"))
+        self._sets_algorithm = primitives.contains(cls, primitives.assigns_attr("speculative_algorithm"))
+        return super().detect_in_class(cls)
+
+    def admission_missing(self, fn: cst.FunctionDef) -> Optional[Finding]:
+        """Missing (with what to add) where the module or class lacks what the
+        admission reads; None where it has all of it."""
+        if not self._has_is_cuda:
+            return self.missing_in(
+                fn, "this module defines no `_is_cuda`", f"the module's CUDA flag to admit {self.ADMITTED} on CUDA only"
+            )
+        if not self._sets_hot_token_id:
+            return self.missing_in(
+                fn, f"{self.CLASS} never sets self.hot_token_id", "it to keep speculative token maps eager"
+            )
+        if not self._sets_algorithm:
+            return self.missing_in(
+                fn, f"{self.CLASS} never sets self.speculative_algorithm", "it to tell EAGLE3 drafts from token maps"
+            )
+        return None
