@@ -35,18 +35,21 @@ import time
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
-from . import bundle_kernels, dp, duel_report, duel_serve, fa3_kernel, launch
+from . import bundle_kernels, dp, duel_report, duel_serve, engine_env, fa3_kernel, launch
 from .orchestrate import _device
 from .unpack import log, prepare_trees, unpacked_site
 
 
 def parse_engine(spec: str) -> dict:
-    """``NAME=BUNDLE:RELEASE:TREE`` (TREE: pristine, patched or upstream)."""
+    """``NAME=BUNDLE:RELEASE:TREE[:KEY=VALUE,...]`` (TREE: pristine, patched or upstream; the
+    variables go to this engine's processes alone, as ``--engine-env`` does in the
+    orchestrator: e.g. one tree timed with a runtime switch off and on)."""
     name, sep, rest = spec.partition("=")
-    parts = rest.split(":")
-    if not sep or not name or len(parts) != 3 or not all(parts):
-        raise SystemExit(f"--engine {spec!r}: expected NAME=BUNDLE:RELEASE:TREE")
-    return {"name": name, "bundle": parts[0], "release": parts[1], "tree": parts[2]}
+    parts = rest.split(":", 3)
+    if not sep or not name or len(parts) not in (3, 4) or not all(parts):
+        raise SystemExit(f"--engine {spec!r}: expected NAME=BUNDLE:RELEASE:TREE[:KEY=VALUE,...]")
+    env = engine_env.parse(parts[3].split(",")) if len(parts) == 4 else {}
+    return {"name": name, "bundle": parts[0], "release": parts[1], "tree": parts[2], "env": env}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -82,6 +85,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--call-timeout", type=int, default=300)
     ap.add_argument("--compare", default=",".join(duel_report.DEFAULT_PAIRS), help="BASE:OTHER pairs, comma list")
     ap.add_argument("--deadline-s", type=int, default=0, help="> 0: no round starts after this many seconds")
+    ap.add_argument(
+        "--once",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an engine timed in the first round only (e.g. one with the counters on, whose times are "
+        "not compared: its host waits per step are what it is there for)",
+    )
     return ap
 
 
@@ -183,7 +194,7 @@ def start(spec: dict, where: dict, args, index: int, work: Path, out: Path) -> E
         bundle=where["bundle"],
         info=where["info"],
         sync_dir=work / "syncs" / spec["name"],
-        asked_env={},
+        asked_env=spec.get("env") or {},
     )
     env[duel_serve.ENV_ADDR], env[duel_serve.ENV_KEY] = str(addr), key.hex()
     extra = {**json.loads(args.engine_extra), "port": args.base_port + 100 * index}
@@ -200,7 +211,7 @@ def start(spec: dict, where: dict, args, index: int, work: Path, out: Path) -> E
     log_path = out / f"engine-{spec['name']}.log"
     fh = open(log_path, "w")  # noqa: SIM115  the child keeps it open
     proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    log(f"start {spec['name']}: {spec['release']} {spec['tree']} (pid {proc.pid})")
+    log(f"start {spec['name']}: {spec['release']} {spec['tree']} {spec.get('env') or ''} (pid {proc.pid})")
     return Engine(spec["name"], proc, addr, key, log_path)
 
 
@@ -236,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [s["name"] for s in args.engine]
     if len(set(names)) != len(names):
         raise SystemExit(f"--engine names repeat: {', '.join(names)}")
+    if set(args.once) - set(names):
+        raise SystemExit(f"--once {', '.join(sorted(set(args.once) - set(names)))}: no such --engine")
     fa3_libs = dict(x.split(":", 1) for x in args.fa3_lib)
     places = prepared(args.engine, fa3_libs, work)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -276,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.deadline_s and time.monotonic() - t_plan > args.deadline_s:
                 log(f"deadline: round {r + 1} not started")
                 break
-            by_name = {e.name: e for e in engines if e.failure is None}
+            by_name = {e.name: e for e in engines if e.failure is None and (r == 0 or e.name not in args.once)}
             for bs in batch_sizes:
                 for name in order_of([n for n in names if n in by_name], r):
                     e = by_name[name]
@@ -287,12 +300,26 @@ def main(argv: list[str] | None = None) -> int:
             log(f"round {r + 1} done")
             _write(out, result, args)
     finally:
+        specs = {s["name"]: s for s in args.engine}
         for e in engines:
             e.stop()
-            result["engines"].setdefault(e.name, {})["failure"] = e.failure
+            entry = result["engines"].setdefault(e.name, {})
+            entry["failure"] = e.failure
+            if specs[e.name].get("env"):
+                entry.update(_env_arrived(out / f"runner-{e.name}.json", specs[e.name]["env"]))
         _write(out, result, args)
     print((out / "duel.md").read_text())
     return 0 if all(e.failure is None for e in engines) else 1
+
+
+def _env_arrived(runner_json: Path, asked: dict) -> dict:
+    """What the engine's processes saw of its variables (the runner's ``engine_env_seen``:
+    the runner and each of sglang's processes that noted them; their number is kept) and
+    whether every one saw them as asked."""
+    seen = json.loads(runner_json.read_text()).get("engine_env_seen") if runner_json.exists() else None
+    seen = seen or {}
+    ok = bool(seen) and all(v == asked for v in seen.values())
+    return {"env": asked, "env_seen": seen, "env_processes": len(seen), "env_ok": ok}
 
 
 def _overlay(bundle: Path, release: str) -> dict:

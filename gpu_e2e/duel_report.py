@@ -5,12 +5,19 @@ ratio of two engines' times within a round shares the host's state of that minut
 Each row gives every round's ratio and their median; ``BASE:OTHER`` reads "OTHER's
 speed as a multiple of BASE's" (BASE's time over OTHER's: the same tokens were made).
 Outputs are compared by digest: every call of both engines at that batch size.
+
+Where the runners read sglang's own decode log (:mod:`.decode_log`, 2026-11-28d on), a row
+also carries ``decode``: the same ratios from the rate the scheduler logged over the calls'
+steady batch, which leaves out the prompts' admission, the prefill and the return. With the
+counters on, :func:`waits` gives each engine's host waits per decode step, site by site.
 Read again from ``duel.json`` by the tests that check docs/gpu.md.
 """
 
 from __future__ import annotations
 
 import statistics
+
+from . import wait_report
 
 #: patched against pristine (the issue's bar, 0.98), against upstream 0.5.17 (1.0 in eager
 #: cells), and against a second engine of its own tree: the measure's noise floor.
@@ -40,6 +47,7 @@ def summary(calls: list[dict], pairs: list[tuple[str, str]], eager_above: int) -
             shas = {timed[(r, bs, e)]["outputs_sha256"] for r in rounds for e in (base, other)}
             rows.append(
                 {
+                    **_decode(timed, rounds, bs, base, other),
                     "batch_size": bs,
                     "eager": bs > eager_above,
                     "pair": f"{base}:{other}",
@@ -52,6 +60,55 @@ def summary(calls: list[dict], pairs: list[tuple[str, str]], eager_above: int) -
                     "identical": len(shas) == 1,
                 }
             )
+    return rows
+
+
+def _decode(timed: dict, rounds: list[int], bs: int, base: str, other: str) -> dict:
+    """``{"decode": {...}}`` over the rounds where both engines' logs gave a steady rate, else {}."""
+    rate = {(r, e): timed[(r, bs, e)].get("decode_tok_per_s") for r in rounds for e in (base, other)}
+    both = [r for r in rounds if rate[(r, base)] and rate[(r, other)]]
+    if not both:
+        return {}
+    ratios = [rate[(r, other)] / rate[(r, base)] for r in both]
+    return {
+        "decode": {
+            "rounds": len(both),
+            "ratios": [round(x, 4) for x in ratios],
+            "median": round(statistics.median(ratios), 4),
+            "min": round(min(ratios), 4),
+            "max": round(max(ratios), 4),
+            "tok_per_s": {e: round(statistics.median(rate[(r, e)] for r in both), 1) for e in (base, other)},
+        }
+    }
+
+
+def waits(calls: list[dict]) -> list[dict]:
+    """Host waits per decode step by torch's count (:func:`wait_report.blocking_sites`: sync
+    and non-blocking-from-pageable copies, by function), per engine and batch size, over
+    every counted call (the counters on): the total, and the sites in falling order."""
+    by: dict[tuple[str, int], list[dict]] = {}
+    for c in calls:
+        if "error" not in c and c.get("decode_steps") is not None:
+            by.setdefault((c["engine"], c["batch_size"]), []).append(c)
+    rows = []
+    for (engine, bs), got in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        steps = sum(c["decode_steps"] for c in got)
+        table: dict[str, int] = {}
+        for c in got:
+            for key, n in (c.get("syncs") or {}).items():
+                table[key] = table.get(key, 0) + n
+        sites = {site.removeprefix(wait_report.PREFIX): n for site, n in wait_report.blocking_sites(table).items()}
+        rows.append(
+            {
+                "engine": engine,
+                "batch_size": bs,
+                "calls": len(got),
+                "decode_steps": steps,
+                "waits": sum(sites.values()),
+                "per_step": round(sum(sites.values()) / steps, 3) if steps else None,
+                "sites": dict(sorted(sites.items(), key=lambda kv: (-kv[1], kv[0]))),
+            }
+        )
     return rows
 
 
@@ -77,8 +134,39 @@ def markdown(result: dict) -> str:
         f"| {'identical' if r['identical'] else 'differ'} |"
         for r in rows
     ]
+    decode = [
+        f"| {r['batch_size']} | {'eager' if r['eager'] else 'captured'} | {r['pair']} | {d['rounds']} "
+        f"| {d['median']:.3f} | {d['min']:.3f} | {d['max']:.3f} "
+        f"| {' → '.join(f'{v:.0f}' for v in d['tok_per_s'].values())} |"
+        for r in rows
+        if (d := r.get("decode"))
+    ]
+    if decode:
+        decode = [
+            "",
+            "decode only (sglang's logged rate over the steady batch):",
+            "",
+            "| bs | graph | pair (OTHER over BASE) | rounds | median | min | max | tok/s BASE → OTHER |",
+            "|---:|---|---|---:|---:|---:|---:|---|",
+            *decode,
+        ]
+    counted = waits(result.get("calls") or [])
+    if counted:
+        counted = [
+            "",
+            "host waits per decode step (counters on):",
+            "",
+            "| engine | bs | steps | waits | per step | sites |",
+            "|---|---:|---:|---:|---:|---|",
+            *(
+                f"| {w['engine']} | {w['batch_size']} | {w['decode_steps']} | {w['waits']} "
+                f"| {w['per_step'] if w['per_step'] is not None else 'n/a'} "
+                f"| {'; '.join(f'{k} {v}' for k, v in list(w['sites'].items())[:4]) or '-'} |"
+                for w in counted
+            ),
+        ]
     failed = [f"- {n}: {e['failure']}" for n, e in (result.get("engines") or {}).items() if e.get("failure")]
-    return "\n".join(head + lines + ([""] + failed if failed else [])) + "\n"
+    return "\n".join(head + lines + decode + counted + ([""] + failed if failed else [])) + "\n"
 
 
 def pooled(results: list[dict], pair: str) -> list[dict]:

@@ -8,7 +8,9 @@ sends one message at a time:
 * ``{"op": "generate", "workload": W, "batch_size": B}``: one generate of that batch
   (the same prompts every time: the workload's seed is the batch size, as in the
   plain runs), answered with its time, tokens, accept length and a digest of the
-  outputs (``outputs_sha256``: compared across trees by the driver);
+  outputs (``outputs_sha256``: compared across trees by the driver), the decode rate
+  sglang's scheduler logged meanwhile (:mod:`.decode_log`) and, with the counters on,
+  the call's host waits by site and its decode steps (as the plain runs count them);
 * ``{"op": "stop"}``: the runner shuts its engine down and exits.
 
 The driver freezes the engines it is not timing (SIGSTOP on the runner's process
@@ -23,8 +25,8 @@ import os
 import traceback
 from multiprocessing.connection import Listener
 
-from . import workloads
-from .timed_calls import _call
+from . import decode_log, syncs, workloads
+from .timed_calls import _call, _settled_table, decode_steps_of
 
 ENV_ADDR = "PK_E2E_DUEL_ADDR"
 ENV_KEY = "PK_E2E_DUEL_KEY"
@@ -40,8 +42,18 @@ def answer(engine, message: dict, *, vocab: int, input_len: int, max_new_tokens:
     requests = workloads.build(
         message.get("workload", "uniform"), bs, input_len=input_len, max_new_tokens=max_new_tokens, vocab=vocab, seed=bs
     )
+    log = decode_log.log_path()
+    offset = decode_log.size_of(log)
+    sync_dir = os.environ.get(syncs.ENV_DIR) if not os.environ.get(syncs.ENV_COUNTERS_OFF) else None
+    before = _settled_table(sync_dir)
     call = _call(engine, requests)
+    counted = {}
+    if sync_dir:
+        timed = syncs.delta(_settled_table(sync_dir), before)
+        counted = {"syncs": syncs.syncs_only(timed), "decode_steps": decode_steps_of(timed)[0]}
     return {
+        **decode_log.summary(decode_log.read_from(log, offset)),
+        **counted,
         "elapsed_s": round(call["elapsed_s"], 5),
         "completion_tokens": call["completion_tokens"],
         "verify_ct": call["verify_ct"],

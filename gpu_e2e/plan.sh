@@ -34,6 +34,10 @@
 #   fits), then ROUNDS rounds of one generate per engine per batch size, the order reversed every
 #   round, the engines not being timed frozen. Engine-extra adds max_total_tokens (the engines
 #   share the GPU's memory: 200000 small, 60000 8B). DS_DUEL=1 adds DeepSeek at TP 4 + DP 4 last.
+#   2026-11-28d on: B12M (a bundle without fa3-spec-v2) beside the FA3 cells; the FlashInfer
+#   cells add the patched tree with PATCHKIT_FLASHINFER_HOST_INDPTR=1 (issue 71), and
+#   flashinfer_ds_duel is DeepSeek MTP on one GPU with FlashInfer MLA; COUNT="STEP ..." adds
+#   counted engines (round 1 only); DUEL_DEADLINE_S: no round of a duel starts after it.
 # Each scheduler's value of these variables is read back (engine_env.py): a wrong one is a PROBLEM.
 #
 # Scheduling: the lanes take steps from one list in its order (a step is claimed by mkdir), the
@@ -96,21 +100,42 @@ orchestrate() {  # lane name bundle timeout_s args...
 duel_step() {  # lane step shape: the trees' engines alive side by side on this GPU (duel.py)
   local lane=$1 step=$2 shape=$3 cell=${2%-r*}
   local eng=(--engine "pristine=$B12:0.5.12.post1:pristine" --engine "patched=$B12:0.5.12.post1:patched")
+  local pairs="pristine:patched,upstream:patched,patched:patched-again" once=()
   local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "$lane" 2>/dev/null || echo 0)
-  local tokens=200000 be=triton fa=()
+  local tokens=200000 be=triton fa=() scen=(--size "$shape") bss=1,8,32,64,128 cap=32
   [ "$shape" = 8b ] && tokens=60000
   # the control (a second patched engine) at the small shape; 0.5.17 beside where asked and it fits
   # (8B: three engines need more than an 80 GB card)
   [ "$shape" = small ] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
-  if with17 "$step" && { [ "$shape" = small ] || [ "${mib:-0}" -gt 100000 ]; }; then
+  if with17 "$step" && { [ "$shape" != 8b ] || [ "${mib:-0}" -gt 100000 ]; }; then
     eng+=(--engine "upstream=$B17:0.5.17:upstream")
   fi
   [[ $cell == fa3* ]] && { be=default; fa=(--fa3-lib "$B12:$FA3_12" --fa3-lib "$B17:$FA3_17"); }
-  [[ $cell == flashinfer* ]] && be=flashinfer
-  local extra="{\"cuda_graph_max_bs\": 32, \"max_running_requests\": 128, \"max_total_tokens\": $tokens}"
-  duel "$lane" "$step" "${eng[@]}" "${fa[@]}" --size "$shape" --attention-backend "$be" \
-    --batch-sizes 1,8,32,64,128 --rounds "$ROUNDS" --max-new-tokens "$NEW_TOKENS" --engine-extra "$extra" \
-    --base-port $((31000 + 2000 * lane))
+  # B12M (2026-11-28d): a bundle whose patched tree leaves fa3-spec-v2 out, beside the FA3 cells
+  if [[ $cell == fa3* ]] && [ -n "${B12M:-}" ]; then
+    eng+=(--engine "minus-fa3-spec-v2=$B12M:0.5.12.post1:patched"); fa+=(--fa3-lib "$B12M:$FA3_12")
+    pairs+=",pristine:minus-fa3-spec-v2,patched:minus-fa3-spec-v2"
+  fi
+  if [[ $cell == flashinfer* ]]; then  # issue 71: the host plans' switch off (patched) and on
+    be=flashinfer
+    eng+=(--engine "patched-hostplan=$B12:0.5.12.post1:patched:PATCHKIT_FLASHINFER_HOST_INDPTR=1")
+    pairs+=",pristine:patched-hostplan,upstream:patched-hostplan,patched:patched-hostplan"
+  fi
+  if [[ $cell == *_ds_* ]]; then  # DeepSeek MTP on one GPU (FlashInfer MLA at flashinfer_ds)
+    scen=(--size ds --scenario mtp); bss=1,8,32,64; cap=8; tokens=100000
+  fi
+  # COUNT (the steps named): one more engine per tree with the counters on, timed in round 1
+  # only and compared with nothing: their host waits per decode step, site by site
+  if [[ " ${COUNT:-} " == *" $step "* ]]; then
+    for e in pristine patched; do
+      eng+=(--engine "$e-count=$B12:0.5.12.post1:$e:PK_E2E_COUNTERS_OFF="); once+=(--once "$e-count")
+    done
+    [[ $cell == flashinfer* ]] && { eng+=(--engine "patched-hostplan-count=$B12:0.5.12.post1:patched:PK_E2E_COUNTERS_OFF=,PATCHKIT_FLASHINFER_HOST_INDPTR=1"); once+=(--once patched-hostplan-count); }
+  fi
+  local extra="{\"cuda_graph_max_bs\": $cap, \"max_running_requests\": 128, \"max_total_tokens\": $tokens}"
+  duel "$lane" "$step" "${eng[@]}" "${once[@]}" "${fa[@]}" "${scen[@]}" --attention-backend "$be" \
+    --batch-sizes "$bss" --rounds "$ROUNDS" --max-new-tokens "$NEW_TOKENS" --engine-extra "$extra" \
+    --compare "$pairs" --deadline-s "${DUEL_DEADLINE_S:-0}" --base-port $((31000 + 2000 * lane))
 }
 
 duel() {  # gpus name args...: one duel.py call (the driver and every engine on GPUs "gpus")
@@ -133,6 +158,7 @@ inputs_ready() {  # step
   case $cell in
     *_check|*_static|*_count|*_prof) [[ $cell == fa3* ]] && { ready "$B12" "$FA3_12"; return; }; ready "$B12"; return ;;
   esac
+  if [[ $cell == fa3*_duel ]] && [ -n "${B12M:-}" ] && ! ready "$B12M"; then return 1; fi
   if [[ $cell == fa3* ]]; then ready "$B12" "$FA3_12" && { ! with17 "$1" || ready "$B17" "$FA3_17"; }
   else ready "$B12" && { ! with17 "$1" || ready "$B17"; }; fi
 }

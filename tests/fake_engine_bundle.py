@@ -21,9 +21,10 @@ def _write(path: Path, text: str) -> Path:
 # environment, and writes per-rank sync dumps as TP scheduler processes would
 # (pristine: one prepare_for_decode copy per decode step on each rank; patched:
 # none, and each rank's decision). PK_FAKE_RANK1 makes rank 1 misbehave; PK_FAKE_CALL_S
-# makes each generate take that long (twice that in the pristine tree).
+# makes each generate take that long (twice that in the pristine tree). Each generate logs
+# sglang's decode lines (the first, then the steady batch at 100 tok/s pristine, 200 patched).
 FAKE_ENGINE = """
-    import json, os, time
+    import json, os, sys, time
     from pathlib import Path
     from sglang._fake_variant import VARIANT
 
@@ -71,6 +72,11 @@ FAKE_ENGINE = """
             # DP attention: the controller deals requests round robin; a rank with none runs idle
             busy = {(self.sent + i) % self.tp for i in range(len(input_ids))} if self.dp_attention else range(self.tp)
             self.sent += len(input_ids)
+            rate = 100.0 if VARIANT == "pristine" else 200.0
+            for running, got in ((1, 5.0), (len(input_ids), rate), (len(input_ids), rate)):
+                print(f"[2026-11-28 00:00:00 TP0] Decode batch, #running-req: {running}, #token: 9, token usage: 0.00, "
+                      f"accept len: 1.00, cuda graph: False, gen throughput (token/s): {got:.2f}, #queue-req: 0",
+                      file=sys.stderr, flush=True)
             for rank in range(self.tp):
                 if rank in busy:
                     self.steps[rank] += n

@@ -8,7 +8,7 @@ import json
 import pytest
 from fake_engine_bundle import fake_bundle
 
-from gpu_e2e import duel, duel_report
+from gpu_e2e import decode_log, duel, duel_report
 
 
 def test_the_order_reverses_every_round():
@@ -22,10 +22,33 @@ def test_an_engine_spec_names_its_bundle_release_and_tree():
         "bundle": "/tmp/b17",
         "release": "0.5.17",
         "tree": "upstream",
+        "env": {},
     }
-    for bad in ("patched", "x=.:0.5.12.post1", "=.:r:patched", "x=.::patched"):
+    assert duel.parse_engine("on=.:0.5.12.post1:patched:PATCHKIT_X=1,B=a:b")["env"] == {"PATCHKIT_X": "1", "B": "a:b"}
+    for bad in ("patched", "x=.:0.5.12.post1", "=.:r:patched", "x=.::patched", "x=.:r:patched:1X=2", "x=.:r:p:"):
         with pytest.raises(SystemExit):
             duel.parse_engine(bad)
+
+
+def test_the_decode_rate_is_the_steady_batch_of_each_scheduler():
+    """Per scheduler (the log prefix): its first line dropped (it spans the frozen time
+    before the call), then only the lines at its largest batch (prompts still coming in
+    before); milliseconds in the stamp and an iteration count are read too."""
+    line = "[2026-11-28 05:50:01{ms} {who}] Decode batch{it}, #running-req: {n}, #token: 5, gen throughput (token/s): {r}, #queue-req: 0"
+    text = "\n".join(
+        [
+            line.format(ms="", who="TP0", it="", n=128, r="9999.00"),
+            line.format(ms="", who="TP0", it="", n=100, r="1.00"),
+            line.format(ms=".120", who="TP0", it=" [40]", n=128, r="300.00"),
+            line.format(ms="", who="TP0", it="", n=128, r="320.00"),
+            "[2026-11-28 05:50:01 TP0] Prefill batch, #new-seq: 28, gen throughput (token/s): 5.00",
+            line.format(ms="", who="DP1 TP1", it="", n=32, r="50.00"),
+            line.format(ms="", who="DP1 TP1", it="", n=32, r="80.00"),
+        ]
+    )
+    assert sorted(decode_log.steady_rates(text)) == [80.0, 300.0, 320.0]
+    assert decode_log.summary(text) == {"decode_tok_per_s": 300.0, "decode_lines": 3}
+    assert decode_log.summary("no decode here") == {"decode_tok_per_s": None, "decode_lines": 0}
 
 
 def _call(r, bs, engine, elapsed, sha="s", tokens=100):
@@ -75,8 +98,9 @@ def test_the_summary_pairs_engines_within_each_round():
 @pytest.mark.slow
 def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatch):
     """Three engines (pristine, patched, patched again) up at once; two rounds over two
-    batch sizes; every call answered, the pristine stand-in twice as slow, outputs
-    identical, and each runner shut down."""
+    batch sizes (the third engine, with a variable of its own, in the first only); every
+    call answered, the pristine stand-in twice as slow, outputs identical, and each runner
+    shut down."""
     pytest.importorskip("torch")  # the bundle's sitecustomize counts syncs in the runner
     monkeypatch.setenv("PK_FAKE_CALL_S", "0.05")
     b = fake_bundle(tmp_path)
@@ -85,7 +109,7 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
         [
             *("--out", str(out), "--work", str(tmp_path / "work")),
             *("--engine", f"pristine={b}:9.9:pristine", "--engine", f"patched={b}:9.9:patched"),
-            *("--engine", f"patched-again={b}:9.9:patched"),
+            *("--engine", f"patched-again={b}:9.9:patched:PK_FAKE_MARK=again", "--once", "patched-again"),
             *("--batch-sizes", "1,4", "--rounds", "2", "--max-new-tokens", "8", "--start-timeout", "240"),
             *("--engine-extra", '{"cuda_graph_max_bs": 2}', "--attention-backend", "triton"),
         ]
@@ -99,10 +123,8 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
         (1, 4, "pristine"),
         (1, 4, "patched"),
         (1, 4, "patched-again"),
-        (2, 1, "patched-again"),
         (2, 1, "patched"),
         (2, 1, "pristine"),
-        (2, 4, "patched-again"),
         (2, 4, "patched"),
         (2, 4, "pristine"),
     ]
@@ -111,8 +133,24 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
     assert all(r["identical"] for r in rows.values())
     assert rows[(4, "pristine:patched")]["eager"] and not rows[(1, "pristine:patched")]["eager"]
     assert all(1.5 < x < 2.5 for bs in (1, 4) for x in rows[(bs, "pristine:patched")]["ratios"])
+    again = result["engines"]["patched-again"]
+    assert again["env"] == {"PK_FAKE_MARK": "again"} and again["env_ok"], again
+    assert "env" not in result["engines"]["patched"]
     for name, engine in result["engines"].items():
         assert engine["failure"] is None and engine["ready"]["variant"] == name
     ports = {json.loads((out / f"runner-{n}.json").read_text())["engine_kwargs"]["port"] for n in result["engines"]}
     assert len(ports) == 3
     assert "| 4 | eager | pristine:patched | 2 |" in (out / "duel.md").read_text()
+    # sglang's logged decode rate: the first line of each call (its interval reaches back over
+    # the frozen time) left out; the steady 100 and 200 tok/s give exactly 2
+    assert all(c["decode_tok_per_s"] in (100.0, 200.0) and c["decode_lines"] == 2 for c in result["calls"])
+    assert rows[(4, "pristine:patched")]["decode"]["ratios"] == [2.0, 2.0]
+    assert rows[(4, "patched:patched-again")]["rounds"] == 1
+    # the counters on: every call's decode steps (8 new tokens) and host waits by torch's count (none here)
+    waits = duel_report.waits(result["calls"])
+    assert {(w["engine"], w["batch_size"], w["decode_steps"], w["per_step"]) for w in waits} >= {
+        ("pristine", 4, 16, 0.0),
+        ("patched", 1, 16, 0.0),
+        ("patched-again", 1, 8, 0.0),
+    }
+    assert "decode only" in (out / "duel.md").read_text()

@@ -204,6 +204,41 @@ def test_duel_steps_put_every_tree_on_one_gpu_and_deepseek_on_four(tmp_path):
     assert progress.index("end triton_8b_duel-r1") < progress.index("start ds_dp_duel-r1")
 
 
+def test_duel_steps_add_the_minus_tree_the_flashinfer_switch_and_counted_engines(tmp_path):
+    """2026-11-28d: B12M's tree without fa3-spec-v2 beside FA3; FlashInfer's patched tree with
+    its host plans switched on; COUNT's steps add counted engines timed once; DeepSeek MTP on
+    one GPU with FlashInfer MLA; every pair compared, and DUEL_DEADLINE_S passed on."""
+    b12m = tmp_path / "b12m"
+    (b12m).mkdir()
+    (b12m / "manifest.json").write_text("{}")
+    steps = "fa3_duel-r1 flashinfer_duel-r1 flashinfer_ds_duel-r1"
+    calls, _ = _run_plan(
+        tmp_path, LANES="0 1", STEPS=steps, B12M=str(b12m), COUNT="flashinfer_duel-r1", DUEL_DEADLINE_S="600"
+    )
+    by_out = {Path(_arg(c, "--out")).name: c for c in calls}
+    b12 = tmp_path / "b12"
+
+    def engines(call):
+        return [a.split("=", 1)[0] for i, a in enumerate(call["args"]) if call["args"][i - 1] == "--engine"]
+
+    fa3 = by_out["fa3_duel-r1"]
+    assert f"minus-fa3-spec-v2={b12m}:0.5.12.post1:patched" in fa3["args"]
+    assert "patched:minus-fa3-spec-v2" in _arg(fa3, "--compare").split(",")
+    assert f"{b12m}:{tmp_path / 'fa3' / 'lib.so'}" in fa3["args"] and "--once" not in fa3["args"]
+    fi = by_out["flashinfer_duel-r1"]
+    assert engines(fi) == [
+        "pristine", "patched", "patched-again", "upstream", "patched-hostplan",
+        "pristine-count", "patched-count", "patched-hostplan-count",
+    ]
+    assert f"patched-hostplan={b12}:0.5.12.post1:patched:PATCHKIT_FLASHINFER_HOST_INDPTR=1" in fi["args"]
+    once = [fi["args"][i + 1] for i, a in enumerate(fi["args"]) if a == "--once"]
+    assert once == ["pristine-count", "patched-count", "patched-hostplan-count"]
+    assert "pristine:patched-hostplan" in _arg(fi, "--compare") and _arg(fi, "--deadline-s") == "600"
+    ds = by_out["flashinfer_ds_duel-r1"]
+    assert _arg(ds, "--size") == "ds" and _arg(ds, "--scenario") == "mtp" and _arg(ds, "--attention-backend") == "flashinfer"
+    assert json.loads(_arg(ds, "--engine-extra"))["cuda_graph_max_bs"] == 8 and _arg(ds, "--batch-sizes") == "1,8,32,64"
+
+
 def test_a_poll_prints_the_tables_and_brings_the_json_back(tmp_path):
     """gpu_e2e/poll.sh: progress and each duel's rows on stdout, every step's JSON and tables
     (not the engine logs) in $OUT/results.tgz."""
