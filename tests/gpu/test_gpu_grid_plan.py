@@ -227,15 +227,25 @@ def test_duel_steps_add_the_minus_tree_the_flashinfer_switch_and_counted_engines
     assert f"{b12m}:{tmp_path / 'fa3' / 'lib.so'}" in fa3["args"] and "--once" not in fa3["args"]
     fi = by_out["flashinfer_duel-r1"]
     assert engines(fi) == [
-        "pristine", "patched", "patched-again", "upstream", "patched-hostplan",
-        "pristine-count", "patched-count", "patched-hostplan-count",
+        "pristine",
+        "patched",
+        "patched-again",
+        "upstream",
+        "patched-hostplan",
+        "pristine-count",
+        "patched-count",
+        "patched-hostplan-count",
     ]
     assert f"patched-hostplan={b12}:0.5.12.post1:patched:PATCHKIT_FLASHINFER_HOST_INDPTR=1" in fi["args"]
     once = [fi["args"][i + 1] for i, a in enumerate(fi["args"]) if a == "--once"]
     assert once == ["pristine-count", "patched-count", "patched-hostplan-count"]
     assert "pristine:patched-hostplan" in _arg(fi, "--compare") and _arg(fi, "--deadline-s") == "600"
     ds = by_out["flashinfer_ds_duel-r1"]
-    assert _arg(ds, "--size") == "ds" and _arg(ds, "--scenario") == "mtp" and _arg(ds, "--attention-backend") == "flashinfer"
+    assert (
+        _arg(ds, "--size") == "ds"
+        and _arg(ds, "--scenario") == "mtp"
+        and _arg(ds, "--attention-backend") == "flashinfer"
+    )
     assert json.loads(_arg(ds, "--engine-extra"))["cuda_graph_max_bs"] == 8 and _arg(ds, "--batch-sizes") == "1,8,32,64"
 
 
