@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         "args": {k: v for k, v in vars(args).items()},
         "patchkit_commit": {s["name"]: places[(s["bundle"], s["release"])]["patchkit_commit"] for s in args.engine},
         "patched_files_sha256": {
-            s["name"]: _overlay(places[(s["bundle"], s["release"])]["bundle"], s["release"]) for s in args.engine
+            s["name"]: _overlay(places[(s["bundle"], s["release"])]["bundle"], s["release"], s["tree"])
+            for s in args.engine
         },
         "engines": {},
         "calls": [],
@@ -322,8 +323,13 @@ def _env_arrived(runner_json: Path, asked: dict) -> dict:
     return {"env": asked, "env_seen": seen, "env_processes": len(seen), "env_ok": ok}
 
 
-def _overlay(bundle: Path, release: str) -> dict:
-    path = bundle / "trees" / release / "overlay.json"
+def _overlay(bundle: Path, release: str, tree: str) -> dict:
+    """The sha256 of each file the engine's tree changes: none for pristine (and the published
+    upstream tree), ``overlay.json`` for patched, ``overlay-minus-ID.json`` for a minus tree.
+    (2026-11-28c recorded the patched tree's files for every engine of a bundle.)"""
+    if tree in ("pristine", "upstream"):
+        return {}
+    path = bundle / "trees" / release / ("overlay.json" if tree == "patched" else f"overlay-{tree}.json")
     return json.loads(path.read_text()) if path.exists() else {}
 
 

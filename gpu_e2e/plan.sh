@@ -35,7 +35,7 @@
 #   round, the engines not being timed frozen. Engine-extra adds max_total_tokens (the engines
 #   share the GPU's memory: 200000 small, 60000 8B). DS_DUEL=1 adds DeepSeek at TP 4 + DP 4 last.
 #   2026-11-28d on: B12M (a bundle without fa3-spec-v2) beside the FA3 cells; the FlashInfer
-#   cells add the patched tree with PATCHKIT_FLASHINFER_HOST_INDPTR=1 (issue 71), and
+#   cells add the patched tree with PATCHKIT_FLASHINFER_HOST_INDPTR=1 (issue 71; no control there), and
 #   flashinfer_ds_duel is DeepSeek MTP on one GPU with FlashInfer MLA; COUNT="STEP ..." adds
 #   counted engines (round 1 only); DUEL_DEADLINE_S: no round of a duel starts after it.
 # Each scheduler's value of these variables is read back (engine_env.py): a wrong one is a PROBLEM.
@@ -106,14 +106,14 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
   [ "$shape" = 8b ] && tokens=60000
   # the control (a second patched engine) at the small shape; 0.5.17 beside where asked and it fits
   # (8B: three engines need more than an 80 GB card)
-  [ "$shape" = small ] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
+  [ "$shape" = small ] && [[ $cell != flashinfer* ]] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
   if with17 "$step" && { [ "$shape" != 8b ] || [ "${mib:-0}" -gt 100000 ]; }; then
     eng+=(--engine "upstream=$B17:0.5.17:upstream")
   fi
   [[ $cell == fa3* ]] && { be=default; fa=(--fa3-lib "$B12:$FA3_12" --fa3-lib "$B17:$FA3_17"); }
   # B12M (2026-11-28d): a bundle whose patched tree leaves fa3-spec-v2 out, beside the FA3 cells
   if [[ $cell == fa3* ]] && [ -n "${B12M:-}" ]; then
-    eng+=(--engine "minus-fa3-spec-v2=$B12M:0.5.12.post1:patched"); fa+=(--fa3-lib "$B12M:$FA3_12")
+    eng+=(--engine "minus-fa3-spec-v2=$B12M:0.5.12.post1:minus-fa3-spec-v2"); fa+=(--fa3-lib "$B12M:$FA3_12")
     pairs+=",pristine:minus-fa3-spec-v2,patched:minus-fa3-spec-v2"
   fi
   if [[ $cell == flashinfer* ]]; then  # issue 71: the host plans' switch off (patched) and on

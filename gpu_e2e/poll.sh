@@ -16,6 +16,8 @@ for md in "$R"/*/duel.md; do
   grep '^|' "$md" | grep -v '^|---'
 done
 if [ -n "${OUT:-}" ] && [ -d "$R" ]; then
+  # each engine log's end (a failure's traceback) travels; the whole logs stay behind
+  for log in "$R"/*/engine-*.log; do [ -f "$log" ] && tail -c 16000 "$log" > "${log%.log}.tail"; done
   tar czf "$OUT/results.tgz" -C "$R" --exclude='engine*.log' --exclude='*.profile-*' .
   echo "results.tgz: $(du -k "$OUT/results.tgz" | cut -f1) KiB"
 fi

@@ -222,14 +222,13 @@ def test_duel_steps_add_the_minus_tree_the_flashinfer_switch_and_counted_engines
         return [a.split("=", 1)[0] for i, a in enumerate(call["args"]) if call["args"][i - 1] == "--engine"]
 
     fa3 = by_out["fa3_duel-r1"]
-    assert f"minus-fa3-spec-v2={b12m}:0.5.12.post1:patched" in fa3["args"]
+    assert f"minus-fa3-spec-v2={b12m}:0.5.12.post1:minus-fa3-spec-v2" in fa3["args"]
     assert "patched:minus-fa3-spec-v2" in _arg(fa3, "--compare").split(",")
     assert f"{b12m}:{tmp_path / 'fa3' / 'lib.so'}" in fa3["args"] and "--once" not in fa3["args"]
     fi = by_out["flashinfer_duel-r1"]
     assert engines(fi) == [
         "pristine",
         "patched",
-        "patched-again",
         "upstream",
         "patched-hostplan",
         "pristine-count",
