@@ -38,6 +38,12 @@ from patchkit.codemods.common.dsa import SpecV2Gate
 from patchkit.codemods.common.primitives import ANY, attr, save
 from patchkit.codemods.common.shared import FLAG, MIRROR_READS, ClassFlag, code_of, max_item, none_comparison
 from patchkit.codemods.dsa_no_mirror.common import ASSERTS_MIRROR, DSA, DSA_MULTI, MIRROR, NSA, NSA_MULTI, ShimAware
+from patchkit.codemods.dsa_no_mirror.expand import (
+    DsaEagerExpandsOnDevice,
+    DsaReplayExpandsOnDevice,
+    NsaEagerExpandsOnDevice,
+    NsaReplayExpandsOnDevice,
+)
 from patchkit.codemods.dsa_no_mirror.tables import (
     DsaPrecomputeDecodeWithoutMirror,
     DsaPrecomputeSliceWithoutMirror,
@@ -48,23 +54,27 @@ from patchkit.codemods.dsa_no_mirror.tables import (
     NsaReplayWithoutMirror,
 )
 
-__all__ = [  # the codemods patches/dsa-no-mirror.toml names (tables.py's re-exported)
+__all__ = [  # the codemods patches/dsa-no-mirror.toml names (tables.py's and expand.py's re-exported)
     "DsaDraftExtendNeedsNoPrefixList",
+    "DsaEagerExpandsOnDevice",
     "DsaEagerMaxFromHostBound",
     "DsaHasSpecV2Path",
     "DsaMultiStepOptsOut",
     "DsaOptsOut",
     "DsaPrecomputeDecodeWithoutMirror",
     "DsaPrecomputeSliceWithoutMirror",
+    "DsaReplayExpandsOnDevice",
     "DsaReplayWithoutMirror",
     "IndexerEmptyBatchFromShape",
     "NsaDraftExtendNeedsNoPrefixList",
+    "NsaEagerExpandsOnDevice",
     "NsaEagerMaxFromHostBound",
     "NsaHasSpecV2Path",
     "NsaMultiStepOptsOut",
     "NsaOptsOut",
     "NsaPrecomputeDecodeWithoutMirror",
     "NsaPrecomputeSliceWithoutMirror",
+    "NsaReplayExpandsOnDevice",
     "NsaReplayWithoutMirror",
 ]
 
