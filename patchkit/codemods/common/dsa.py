@@ -72,8 +72,9 @@ class SpecV2Gate(ShimAware, ClassCheck):
 
     CLASS: ClassVar[str]
     PREFIX: ClassVar[str] = ""
-    # the eager and replay metadata (their expansions), the methods naming 0.5.13's replay or an opt-out
-    METHODS_READ, WORDS_READ = _EXPANDING_METHODS, ("is_draft_extend", "_apply_cuda_graph_metadata", FLAG)
+    # the methods that name these: init_forward_metadata's branches and the replay's (their host
+    # expansions, 0.5.7 .. 0.5.9), 0.5.13's replay, an __init__ opt-out
+    METHODS_READ, WORDS_READ = (), ("is_draft_extend", "torch.cat", "_apply_cuda_graph_metadata", FLAG)
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.init_forward_metadata"
@@ -90,7 +91,9 @@ class SpecV2Gate(ShimAware, ClassCheck):
             return "no spec-v2 draft extend here (is_draft_extend() without include_v2): spec v2 runs on NSA from 0.5.7"
         for method in _EXPANDING_METHODS:
             found = primitives.find_method(cls, method)
-            for branch, call in host_expansions(found) if found is not None else ():
+            if found is None:
+                continue
+            for branch, call in host_expansions(found):
                 if device_form(found, branch, call) is None:
                     return (
                         f"{method} expands the verify / draft-extend lengths on the host (`torch.cat` of "

@@ -176,7 +176,7 @@ def device_form(fn: cst.CSTNode, branch: cst.If, call: cst.Call) -> Optional[Dev
     if kv_side is None or q_side is None:
         return None
     (kv_dev, kv_local), (q_dev, total) = kv_side, q_side
-    dead = ()
+    dead: tuple[str, ...] = ()
     if kv_local is not None and len(primitives.find_all(fn, m.Name(kv_local))) == 2:  # assigned, then zipped
         dead = (kv_local,)
     return DeviceForm(f"{EXPAND}({q_dev}, {kv_dev}, {total})", dead)
