@@ -22,9 +22,10 @@ the worker:
   lengths clamped at 0 (#30378: padded rows carry the fill length 1, below the
   width, and ``seq_len - width + j + 1`` went negative). The v1 branch is left
   as it is. Its local names and metadata fields are the old branch's.
-* ``GraphCheckAdmitsDsa``: after the worker's graph check, the backend is let
-  in on CUDA (``backends.dsa_graph.is_dsa_backend``: either class name, either
-  module, nothing imported), without an FR-Spec token map.
+* ``GraphCheckAdmitsDsa`` (``worker.py``): after the worker's graph check, or
+  as one more term of the inline capture gate (0.5.8 .. 0.5.9), the backend is
+  let in on CUDA (``backends.dsa_graph.is_dsa_backend``: either class name,
+  either module, nothing imported), without an FR-Spec token map.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ paths, it now takes without it:
   ``graph_max_len``; upstream 0.5.15's ``_graph_page_table_width``).
 * the indexer's empty-batch test read ``len(forward_batch.seq_lens_cpu)``
   after asserting it; 0.5.15 tests ``forward_batch.seq_lens.numel()``.
+* 0.5.7 .. 0.5.9 only: the verify / draft-extend lengths were expanded on the
+  host from ``seq_lens_cpu.tolist()``; ``expand.py`` writes 0.5.10's device
+  expansion (backends.dsa ``seqlens_expand``) in their place.
 """
 
 from __future__ import annotations
