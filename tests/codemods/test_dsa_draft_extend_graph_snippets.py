@@ -297,3 +297,107 @@ def test_is_dsa_backend_knows_both_names_and_imports_nothing(monkeypatch):
     for module_name, _ in dsa_graph.SPARSE_ATTN_BACKENDS:
         monkeypatch.delitem(sys.modules, module_name)
     assert not dsa_graph.is_dsa_backend(classes["NativeSparseAttnBackend"]())  # not imported: not this tree's
+
+
+# -- 0.5.8 .. 0.5.9: the capture gate inline, the replay expanding on the host ---------------------
+
+INLINE_WORKER = code("""
+    _is_npu = is_npu()
+    _is_cuda = is_cuda()
+
+
+    class EagleDraftWorker(BaseDraftWorker):
+        def __init__(self):
+            self.hot_token_id = None
+            self.speculative_algorithm = SpeculativeAlgorithm.EAGLE
+
+        def init_cuda_graphs(self):
+            if self.server_args.disable_cuda_graph:
+                return
+            if self.draft_extend_attn_backend and (
+                _is_npu
+                or (
+                    _is_cuda
+                    and isinstance(self.draft_attn_backend, TritonMultiStepDraftBackend)
+                )
+            ):
+                self.cuda_graph_runner_for_draft_extend = Device2ExtendCudaGraphRunner(self)
+
+        def _draft_extend_for_decode(self, forward_batch):
+            return self.cuda_graph_runner_for_draft_extend and self.cuda_graph_runner_for_draft_extend.can_run(forward_batch)
+""")
+
+
+def test_the_inline_capture_gate_of_0_5_8_gets_a_flag_and_a_term():
+    state, out, after = run(g.GraphCheckAdmitsDsa, INLINE_WORKER)
+    assert (state, after) == (State.TODO, State.DONE)
+    assert out.startswith("from sglang.srt._patchkit.backends.dsa_graph import is_dsa_backend\n")
+    flag, gate = out.split("        if self.draft_extend_attn_backend and (")
+    assert "# patchkit dsa-draft-extend-graph (sglang #29413)" in flag
+    assert (
+        "dsa_draft_extend_graph = (\n            _is_cuda\n"
+        "            and (self.speculative_algorithm.is_eagle3() or self.hot_token_id is None)\n"
+        "            and is_dsa_backend(self.draft_extend_attn_backend)\n        )\n" in flag
+    )
+    assert "            )\n            or dsa_draft_extend_graph\n        ):" in gate
+    start = INLINE_WORKER.index("_is_npu\n            or (")
+    end = INLINE_WORKER.index("        ):\n            self.cuda_graph_runner_for_draft_extend")
+    npu_only = INLINE_WORKER[:start] + "_is_npu\n" + INLINE_WORKER[end:]
+    finding = detect(g.GraphCheckAdmitsDsa, npu_only)  # 0.5.7: no CUDA graph to join
+    assert finding.moots_patch and "captured on NPU only" in finding.detail
+
+
+# 0.5.9's replay branch as released: the accepted counts, and the lengths expanded on the host
+HOST_REPLAY = REPLAY.replace("spec_info.num_accept_tokens[:bs]", "spec_info.accept_length[:bs]").replace(
+    """            seqlens_expanded = seqlens_expand_triton(
+                extend_seq_lens, cache_seqlens, sum(extend_seq_lens_cpu), self.speculative_num_draft_tokens
+            )
+""",
+    """            seqlens_expanded = torch.cat(
+                [
+                    torch.arange(kv_len - qo_len + 1, kv_len + 1, dtype=torch.int32, device=self.device)
+                    for qo_len, kv_len in zip(extend_seq_lens_cpu, seq_lens_cpu.tolist(), strict=True)
+                ]
+            )
+""",
+)
+
+
+def test_a_host_expanding_replay_gets_the_fixed_width_branch_on_the_device_expansion():
+    """0.5.9 as released (status reads it before dsa-no-mirror): the new branch calls
+    backends.dsa seqlens_expand, imported with graph_max_len; the v1 branch is left."""
+    state, out, after = run(g.NsaDraftExtendReplayAtFixedWidth, HOST_REPLAY)
+    assert (state, after) == (State.TODO, State.DONE)
+    assert out.startswith("from sglang.srt._patchkit.backends.dsa import graph_max_len, seqlens_expand\n")
+    fixed, shared = out.split("elif forward_mode.is_draft_extend_v2():")[1].split(
+        "elif forward_mode.is_draft_extend(include_v2=True):"
+    )
+    assert "seqlens_expanded = seqlens_expand(\n" in fixed and ").clamp_(min=0)" in fixed
+    assert "accept_length" not in fixed and "torch.cat(" in shared
+    # after dsa-no-mirror (the order apply takes), the branch names backends.dsa's expansion
+    device = HOST_REPLAY.replace(
+        HOST_REPLAY[HOST_REPLAY.index("            seqlens_expanded = torch.cat(") : HOST_REPLAY.index(
+            "            metadata.nsa_seqlens_expanded"
+        )],
+        "            seqlens_expanded = seqlens_expand(extend_seq_lens, seq_lens, sum(extend_seq_lens_cpu))\n",
+    )
+    state, out2, after = run(g.NsaDraftExtendReplayAtFixedWidth, device)
+    assert (state, after) == (State.TODO, State.DONE) and "seqlens_expand(\n" in out2.split("is_draft_extend_v2")[1]
+
+
+def test_the_gate_lets_0_5_9s_host_expansion_through_and_moots_an_unfollowable_one():
+    host = code("""
+        class NativeSparseAttnBackend(AttentionBackend):
+            def init_forward_metadata(self, forward_batch):
+                if forward_batch.forward_mode.is_target_verify():
+                    seqlens_expanded = torch.cat(
+                        [torch.arange(kv - qo + 1, kv + 1) for qo, kv in zip(LENS, forward_batch.seq_lens_cpu.tolist())]
+                    )
+                elif forward_batch.forward_mode.is_draft_extend(include_v2=True):
+                    pass
+    """)
+    finding = detect(g.NsaDraftExtendGraphGate, host)  # LENS: a global list, not followed
+    assert finding.moots_patch and "cannot follow to device tensors" in finding.detail
+    followed = host.replace("zip(LENS,", "zip(forward_batch.extend_seq_lens_cpu,")
+    finding = detect(g.NsaDraftExtendGraphGate, followed)
+    assert finding.state is State.SUPERSEDED and not finding.moots_patch

@@ -184,12 +184,15 @@ def test_releases_without_spec_v2_or_with_host_expansion_are_not_applicable():
     old = BACKEND.replace("is_draft_extend(include_v2=True)", "is_draft_extend()")
     finding = detect(d.NsaHasSpecV2Path, old)
     assert finding.state is State.SUPERSEDED and finding.moots_patch and "0.5.7" in finding.detail
-    host = BACKEND.replace(
+    host = BACKEND.replace(  # a fork's host expansion over a list patchkit cannot follow to the device
         "seqlens_expanded = seqlens_expand_triton(lens, cache_seqlens_int32, n, d)",
-        "seqlens_int32_cpu = [d + kv for kv in forward_batch.seq_lens_cpu.tolist()]",
+        "seqlens_expanded = torch.cat([torch.arange(kv - qo + 1, kv + 1) for qo, kv in zip(self.lens(), "
+        "forward_batch.seq_lens_cpu.tolist())])",
     )
     finding = detect(d.NsaHasSpecV2Path, host)
     assert finding.moots_patch and "0.5.10 expands them on the device" in finding.detail
+    followed = host.replace("self.lens()", "forward_batch.extend_seq_lens_cpu")  # 0.5.7 .. 0.5.9's shape: carried
+    assert detect(d.NsaHasSpecV2Path, followed).moots_patch is False
 
 
 def test_a_vendor_eager_width_is_refused_with_one_line():
@@ -289,3 +292,195 @@ def test_decision_with_dsa_backends():
     assert rt.decide_needs_cpu_seq_lens(piecewise_on, backends) is True  # unless piecewise-no-forced-mirror
     assert rt.decide_needs_cpu_seq_lens(piecewise_on, backends, piecewise_reads_mirror=False) is False
     assert rt.decide_needs_cpu_seq_lens(args(), [SimpleNamespace(), Dsa()]) is True  # pristine NSA: no flag
+
+
+# -- 0.5.7 .. 0.5.9: the verify / draft-extend lengths expanded on the device ------------------------
+
+HOST = code("""
+    import torch
+
+
+    class NativeSparseAttnBackend(AttentionBackend):
+        def init_forward_metadata(self, forward_batch: ForwardBatch):
+            batch_size = forward_batch.batch_size
+            device = forward_batch.seq_lens.device
+            if forward_batch.forward_mode.is_decode_or_idle():
+                extend_seq_lens_cpu = [1] * batch_size
+            elif forward_batch.forward_mode.is_target_verify():
+                extend_seq_lens_cpu = [self.speculative_num_draft_tokens] * batch_size
+                forward_batch.extend_seq_lens_cpu = extend_seq_lens_cpu
+
+                seqlens_int32_cpu = [
+                    self.speculative_num_draft_tokens + kv_len
+                    for kv_len in forward_batch.seq_lens_cpu.tolist()
+                ]
+                seqlens_expanded = torch.cat(
+                    [
+                        torch.arange(kv_len - qo_len + 1, kv_len + 1, dtype=torch.int32, device=device)
+                        for qo_len, kv_len in zip(extend_seq_lens_cpu, seqlens_int32_cpu, strict=True)
+                    ]
+                )
+            elif forward_batch.forward_mode.is_draft_extend(include_v2=True):
+                extend_seq_lens_cpu = forward_batch.extend_seq_lens_cpu
+                seqlens_expanded = torch.cat(
+                    [
+                        torch.arange(kv_len - qo_len + 1, kv_len + 1, dtype=torch.int32, device=device)
+                        for qo_len, kv_len in zip(
+                            forward_batch.extend_seq_lens_cpu, forward_batch.seq_lens_cpu.tolist(), strict=True
+                        )
+                    ]
+                )
+            elif forward_batch.forward_mode.is_extend():
+                seqlens_expanded = torch.cat(
+                    [
+                        torch.arange(kv_len - qo_len + 1, kv_len + 1, dtype=torch.int32, device=device)
+                        for qo_len, kv_len in zip(
+                            forward_batch.extend_seq_lens_cpu, forward_batch.seq_lens_cpu.tolist(), strict=True
+                        )
+                    ]
+                )
+            return seqlens_expanded
+""")
+VERIFY_ON_DEVICE = (
+    "seqlens_expanded = seqlens_expand(self.speculative_num_draft_tokens, (forward_batch.seq_lens + "
+    "self.speculative_num_draft_tokens), self.speculative_num_draft_tokens * batch_size)"
+)
+DRAFT_ON_DEVICE = (
+    "seqlens_expanded = seqlens_expand(forward_batch.extend_seq_lens, forward_batch.seq_lens, "
+    "sum(forward_batch.extend_seq_lens_cpu))"
+)
+
+
+def _spec_part(out: str) -> tuple[str, str]:
+    return tuple(out.split("elif forward_batch.forward_mode.is_extend():"))  # type: ignore[return-value]
+
+
+def test_host_expansion_runs_on_the_device_prefill_left():
+    state, out, after = run(d.NsaEagerExpandsOnDevice, HOST)
+    assert (state, after) == (State.TODO, State.DONE)
+    assert "\nfrom sglang.srt._patchkit.backends.dsa import seqlens_expand\n" in out
+    spec, prefill = _spec_part(out)
+    assert VERIFY_ON_DEVICE in spec and DRAFT_ON_DEVICE in spec
+    assert "seq_lens_cpu.tolist()" not in spec and "seqlens_int32_cpu" not in spec and "torch.cat(" not in spec
+    assert "forward_batch.extend_seq_lens_cpu = extend_seq_lens_cpu" in spec  # still read downstream
+    assert "torch.cat(" in prefill and "forward_batch.seq_lens_cpu.tolist()" in prefill
+    assert run(d.NsaEagerExpandsOnDevice, out)[1] == out  # idempotent
+
+
+def test_host_expansion_the_lengths_through_locals_and_swapped_loop_names():
+    """A fork that reads the mirror into a local first and names its loop the other way round."""
+    fork = HOST.replace(
+        "            extend_seq_lens_cpu = forward_batch.extend_seq_lens_cpu\n",
+        "            extend_seq_lens_cpu = forward_batch.extend_seq_lens_cpu\n"
+        "            kv_lens = forward_batch.seq_lens_cpu.tolist()\n",
+    ).replace(
+        """                    torch.arange(kv_len - qo_len + 1, kv_len + 1, dtype=torch.int32, device=device)
+                    for qo_len, kv_len in zip(
+                        forward_batch.extend_seq_lens_cpu, forward_batch.seq_lens_cpu.tolist(), strict=True
+                    )
+                ]
+            )
+        elif forward_batch.forward_mode.is_extend():""",
+        """                    torch.arange(kv - q + 1, kv + 1, dtype=torch.int32, device=device)
+                    for kv, q in zip(kv_lens, extend_seq_lens_cpu)
+                ]
+            )
+        elif forward_batch.forward_mode.is_extend():""",
+    )
+    assert "for kv, q in zip(kv_lens, extend_seq_lens_cpu)" in fork
+    state, out, after = run(d.NsaEagerExpandsOnDevice, fork)
+    assert (state, after) == (State.TODO, State.DONE)
+    spec, _ = _spec_part(out)
+    assert "seqlens_expand(forward_batch.extend_seq_lens, forward_batch.seq_lens, sum(extend_seq_lens_cpu))" in spec
+    assert "kv_lens" not in spec  # the local only the expansion read goes with it
+
+
+def test_host_expansion_under_a_renamed_class_and_beside_a_branch_already_on_the_device():
+    renamed = HOST.replace("NativeSparseAttnBackend", "DeepseekSparseAttnBackend")
+    state, out, after = run(d.DsaEagerExpandsOnDevice, renamed)
+    assert (state, after) == (State.TODO, State.DONE) and VERIFY_ON_DEVICE in out
+    assert detect(d.NsaEagerExpandsOnDevice, renamed).state is State.MISSING  # no NSA class there
+    verify_done = HOST.replace(
+        HOST[HOST.index("            seqlens_int32_cpu = [") : HOST.index("        elif forward_batch.forward_mode.is_draft_extend")],
+        "            seqlens_expanded = seqlens_expand_triton(lens, cache_seqlens_int32, n, d)\n",
+    )
+    state, out, _ = run(d.NsaEagerExpandsOnDevice, verify_done)
+    assert state is State.TODO and "seqlens_expand_triton(lens, cache_seqlens_int32, n, d)" in out
+    assert DRAFT_ON_DEVICE in out
+    upstream = out.replace("seqlens_expand(", "seqlens_expand_triton(")  # 0.5.10+: upstream's kernel
+    assert detect(d.NsaEagerExpandsOnDevice, upstream).state is State.SUPERSEDED
+
+
+def test_host_expansion_with_early_returns():
+    early = HOST.replace(
+        "        batch_size = forward_batch.batch_size\n",
+        "        if forward_batch.forward_mode.is_idle():\n            return None\n"
+        "        batch_size = forward_batch.batch_size\n",
+    ).replace(
+        "            forward_batch.extend_seq_lens_cpu = extend_seq_lens_cpu\n",
+        "            forward_batch.extend_seq_lens_cpu = extend_seq_lens_cpu\n"
+        "            if batch_size == 0:\n                return None\n",
+    )
+    state, out, after = run(d.NsaEagerExpandsOnDevice, early)
+    assert (state, after) == (State.TODO, State.DONE)
+    assert VERIFY_ON_DEVICE in out and DRAFT_ON_DEVICE in out and out.count("return None") == 2
+
+
+def test_host_expansion_a_list_not_followed_is_refused_in_one_line():
+    vendor = HOST.replace("zip(extend_seq_lens_cpu, seqlens_int32_cpu, strict=True)", "zip(self.q(), seqlens_int32_cpu)")
+    finding = detect(d.NsaEagerExpandsOnDevice, vendor)
+    assert finding.state is State.MISSING and "\n" not in finding.detail and "the patch needs" in finding.detail
+    assert detect(d.NsaHasSpecV2Path, vendor).moots_patch  # the release gate says not applicable first
+
+
+def test_replay_host_expansion_runs_on_the_device():
+    replay = code("""
+        class NativeSparseAttnBackend(AttentionBackend):
+            def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum,
+                                                        encoder_lens, forward_mode, spec_info, seq_lens_cpu):
+                seq_lens = seq_lens[:bs]
+                seq_lens_cpu = seq_lens_cpu[:bs]
+                if forward_mode.is_target_verify():
+                    extend_seq_lens_cpu = [self.speculative_num_draft_tokens] * bs
+                    seqlens_int32_cpu = [
+                        self.speculative_num_draft_tokens + kv_len for kv_len in seq_lens_cpu.tolist()
+                    ]
+                    seqlens_expanded = torch.cat(
+                        [
+                            torch.arange(kv_len - qo_len + 1, kv_len + 1, dtype=torch.int32, device=self.device)
+                            for qo_len, kv_len in zip(extend_seq_lens_cpu, seqlens_int32_cpu, strict=True)
+                        ]
+                    )
+                elif forward_mode.is_draft_extend(include_v2=True):
+                    extend_seq_lens = spec_info.accept_length[:bs]
+                    extend_seq_lens_cpu = extend_seq_lens.tolist()
+                    seqlens_expanded = torch.cat(
+                        [
+                            torch.arange(kv_len - qo_len + 1, kv_len + 1, dtype=torch.int32, device=self.device)
+                            for qo_len, kv_len in zip(extend_seq_lens_cpu, seq_lens_cpu.tolist(), strict=True)
+                        ]
+                    )
+    """)
+    state, out, after = run(d.NsaReplayExpandsOnDevice, replay)
+    assert (state, after) == (State.TODO, State.DONE)
+    assert (
+        "seqlens_expanded = seqlens_expand(self.speculative_num_draft_tokens, (seq_lens + "
+        "self.speculative_num_draft_tokens), self.speculative_num_draft_tokens * bs)" in out
+    )
+    assert "seqlens_expanded = seqlens_expand(extend_seq_lens, seq_lens, sum(extend_seq_lens_cpu))" in out
+    assert "seq_lens_cpu.tolist()" not in out and "seqlens_int32_cpu" not in out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_seqlens_expand_equals_the_host_expansion(seed):
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(seed)
+    bs = int(torch.randint(1, 9, (1,), generator=gen))
+    kv = torch.randint(4, 200, (bs,), generator=gen)
+    qo = torch.randint(1, 5, (bs,), generator=gen)
+    host = torch.cat(
+        [torch.arange(k - q + 1, k + 1, dtype=torch.int32) for q, k in zip(qo.tolist(), kv.tolist(), strict=True)]
+    )
+    assert torch.equal(dsa.seqlens_expand(qo, kv, int(qo.sum())), host)
+    fixed = torch.cat([torch.arange(k + 4 - 4 + 1, k + 4 + 1, dtype=torch.int32) for k in kv.tolist()])
+    assert torch.equal(dsa.seqlens_expand(4, kv + 4, 4 * bs), fixed)

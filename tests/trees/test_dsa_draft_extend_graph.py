@@ -1,13 +1,15 @@
 """dsa-draft-extend-graph (sglang #29413 + #30378) on the real releases: applied on 0.5.10
-and 0.5.12.post1 (apply, verify, idempotent, exact revert), native on 0.5.15 and 0.5.23,
-not applicable with dsa-no-mirror's reasons elsewhere; and two fork shapes on
+and 0.5.12.post1 (apply, verify, idempotent, exact revert), and on 0.5.8 / 0.5.9 (the
+worker's capture gate inline, the replay on dsa-no-mirror's device expansion), native on
+0.5.15 and 0.5.23, not applicable on 0.5.7 (its draft-extend graph is NPU only) and with
+dsa-no-mirror's reasons elsewhere; and two fork shapes on
 0.5.12.post1 (upstream's names taken early; a draft-extend replay that returns early,
 refused in one line while the rest applies)."""
 
 from __future__ import annotations
 
 import pytest
-from support import patch_states, snapshot
+from support import patch_states, snapshot, verified_idempotent_reverted
 
 ID = "dsa-draft-extend-graph"
 NSA = "srt/layers/attention/nsa_backend.py"
@@ -61,6 +63,43 @@ def test_carried_onto_0_5_10_and_0_5_12_post1(make_tree, cli, version):
 
 
 @pytest.mark.trees
+@pytest.mark.parametrize("version", ["0.5.8", "0.5.9"])
+def test_carried_onto_0_5_8_and_0_5_9(make_tree, cli, version):
+    """No named graph check before 0.5.10: a flag of the patch's own joins the capture
+    gate's `or`; the replay's new branch calls dsa-no-mirror's device expansion."""
+    tree = make_tree(version)
+    package = package_of(tree)
+    before = snapshot(tree)
+    assert state(cli, tree)["state"] == "absent"
+    assert cli("apply", tree, "dsa-no-mirror").exit_code == 0
+    required = snapshot(tree)
+    result = cli("apply", tree, ID)
+    assert result.exit_code == 0, result.output
+    replay = replay_of((package / NSA).read_text())
+    fixed, shared = replay.split("elif forward_mode.is_draft_extend_v2():", 1)[1].split(
+        "elif forward_mode.is_draft_extend(include_v2=True):"
+    )
+    assert MARK in fixed and ".tolist()" not in fixed and "spec_info" not in fixed
+    assert "seqlens_expand(\n" in fixed and ".clamp_(min=0)" in fixed
+    assert "spec_info.accept_length[:bs]" in shared  # the v1 draft extend keeps its branch
+    worker = (package / WORKER).read_text()
+    assert "dsa_draft_extend_graph = (" in worker and "or dsa_draft_extend_graph\n" in worker
+    assert "is_dsa_backend(self.draft_extend_attn_backend)" in worker and MARK in worker
+    verified_idempotent_reverted(cli, tree, ID, required)  # applied, verify, idempotent, exact revert
+    assert cli("revert", tree).exit_code == 0
+    assert snapshot(tree) == before
+
+
+@pytest.mark.trees
+def test_not_applicable_on_0_5_7_where_the_draft_extend_graph_is_npu_only(linked_tree, cli):
+    tree = linked_tree("0.5.7")
+    st = state(cli, tree)
+    assert st["state"] == "not-applicable", st
+    assert "captured on NPU only" in st["reason"], st["reason"]
+    assert patch_states(cli, tree, "dsa-no-mirror")["dsa-no-mirror"]["state"] == "absent"
+
+
+@pytest.mark.trees
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
 def test_native_from_0_5_15(linked_tree, cli, version):
     tree = linked_tree(version)
@@ -73,7 +112,6 @@ def test_native_from_0_5_15(linked_tree, cli, version):
     ("version", "reason"),
     [
         ("0.5.4.post3", "no spec-v2 draft extend here"),
-        ("0.5.9", "expanded on the host from the mirror"),
         ("0.5.13", "0.5.13 / 0.5.14's DSA backend"),
         ("0.5.14", "0.5.13 / 0.5.14's DSA backend"),
     ],

@@ -1,5 +1,6 @@
 """dsa-no-mirror (sglang #29414, past upstream on #33973) on the real releases: applied on
-0.5.10 .. 0.5.12.post1, partial then applied on 0.5.15+ (only the eager fallback), not
+0.5.10 .. 0.5.12.post1, and on 0.5.7 .. 0.5.9 with the verify / draft-extend lengths
+expanded on the device, partial then applied on 0.5.15+ (only the eager fallback), not
 applicable elsewhere with its reason; exact revert; the audit clean; two fork shapes (a
 renamed backend, a vendor edit inside the indexer); and the eager width, run from the
 release's own code without the mirror, reading the device on upstream and not once patched."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from dsa_shapes import DEVICE_MAX, MAX_CONTEXT_LEN, eager_width
-from support import PRE_UPSTREAM, patch_states, snapshot
+from support import PRE_UPSTREAM, patch_states, snapshot, verified_idempotent_reverted
 
 from patchkit.runtime.host_bound import SeqLensBound
 
@@ -20,6 +21,7 @@ INDEXER = "srt/layers/attention/nsa/nsa_indexer.py"
 PRECOMPUTE = "srt/layers/attention/nsa/nsa_backend_mtp_precompute.py"
 RUNTIME = "srt/_patchkit/backends/dsa.py"
 UPSTREAM_OPT_OUT = ["0.5.15", "0.5.20", "0.5.23"]
+HOST_EXPANSION = ["0.5.7", "0.5.8", "0.5.9"]  # 0.5.8.post1's nsa files are 0.5.8's
 
 
 def state(cli, tree) -> dict:
@@ -64,6 +66,48 @@ def test_carried_onto_0_5_10_to_0_5_12_post1(make_tree, cli, version):
 
 
 @pytest.mark.trees
+@pytest.mark.parametrize("version", HOST_EXPANSION)
+def test_carried_onto_0_5_7_to_0_5_9_with_the_lengths_expanded_on_the_device(make_tree, cli, version):
+    """0.5.7 .. 0.5.9 expand the verify and draft-extend lengths on the host from the
+    mirror (`seq_lens_cpu.tolist()`); patched, they call backends.dsa seqlens_expand on
+    the device lengths (0.5.10's shape), and the rest is 0.5.10's patch."""
+    tree = make_tree(version)
+    package = tree / "sglang" if (tree / "sglang").is_dir() else tree
+    before = snapshot(tree)
+    assert state(cli, tree)["state"] == "absent"
+    assert cli("apply", tree, *REQUIRES).exit_code == 0
+    required = snapshot(tree)
+    result = cli("apply", tree, ID)
+    assert result.exit_code == 0, result.output
+    nsa = (package / NSA).read_text()
+    eager = nsa.split("    def init_forward_metadata(", 1)[1].split("\n    def ", 1)[0]
+    replay = nsa.split("    def init_forward_metadata_replay_cuda_graph(", 1)[1].split("\n    def ", 1)[0]
+    spec_eager = eager.split("elif forward_batch.forward_mode.is_extend():")[0]  # decode, verify, draft extend
+    for part in (spec_eager, replay):
+        assert "seq_lens_cpu.tolist()" not in part and "seqlens_int32_cpu" not in part
+        assert "torch.cat(" not in part and ".item()" not in part.replace("graph_max_len", "")
+    assert (
+        "seqlens_expand(self.speculative_num_draft_tokens, (forward_batch.seq_lens + "
+        "self.speculative_num_draft_tokens), self.speculative_num_draft_tokens * batch_size)" in eager
+    )
+    assert (
+        "seqlens_expand(forward_batch.extend_seq_lens, forward_batch.seq_lens, "
+        "sum(forward_batch.extend_seq_lens_cpu))" in eager
+    )
+    assert "seqlens_expand(extend_seq_lens, seq_lens, sum(extend_seq_lens_cpu))" in replay
+    assert "from sglang.srt._patchkit.backends.dsa import graph_max_len, seqlens_expand" in nsa
+    assert "forward_batch.seq_lens_cpu.tolist()" in eager.split("elif forward_batch.forward_mode.is_extend():")[1]
+    assert nsa.count("needs_cpu_seq_lens: bool = False") == 2
+    assert "forward_batch.seq_lens.numel() == 0" in (package / INDEXER).read_text()
+    assert eager_width(nsa, "NativeSparseAttnBackend", SeqLensBound(300, 2000)) == (300, 0)
+    audit = cli("audit", tree, "--strict")
+    assert audit.exit_code == 0, audit.output
+    verified_idempotent_reverted(cli, tree, ID, required)  # applied, verify, idempotent, exact revert
+    assert cli("revert", tree).exit_code == 0
+    assert snapshot(tree) == before
+
+
+@pytest.mark.trees
 def test_the_release_as_shipped_needs_the_mirror(make_tree):
     tree = make_tree("0.5.12.post1")
     package = tree / "sglang" if (tree / "sglang").is_dir() else tree
@@ -102,8 +146,6 @@ def test_past_upstream_no_device_read_in_the_eager_fallback(make_tree, cli, vers
     [
         ("0.5.4.post3", "no spec-v2 draft extend here"),
         ("0.5.6.post2", "no spec-v2 draft extend here"),
-        ("0.5.7", "expanded on the host from the mirror"),
-        ("0.5.9", "expanded on the host from the mirror"),
         ("0.5.13", "0.5.13 / 0.5.14's DSA backend"),
         ("0.5.14", "0.5.13 / 0.5.14's DSA backend"),
     ],

@@ -64,8 +64,8 @@ def _paths_named_once_and_relative(output: str, tree: Path, rel: str) -> None:
 def test_an_early_metrics_mixincarries_every_patch(make_tree, cli):
     tree = make_tree("0.5.9")
     _move(tree, "srt/managers/scheduler_metrics_mixin.py", METRICS)
-    # 0.5.9 expands NSA's verify lengths on the host from the mirror: dsa-no-mirror starts at 0.5.10
-    output = carries_every_patch(cli, tree, not_applicable=("dsa-no-mirror", "dsa-draft-extend-graph"))
+    # 0.5.9 expands NSA's verify lengths on the host: dsa-no-mirror moves that expansion to the device
+    output = carries_every_patch(cli, tree)
     # The read the fork has is guarded; a replacement in a module the release lacks there, said once, relative.
     assert f"{METRICS}:" in output and "GuardLogDecodeStats" in output
     _paths_named_once_and_relative(output, tree, METRICS)

@@ -13,6 +13,7 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCheck, Finding, PatchCodemod, State
+from patchkit.codemods.common.host_expansion import device_form, host_expansions
 from patchkit.codemods.common.primitives import attr
 from patchkit.codemods.common.shared import FLAG, code_of
 
@@ -55,23 +56,25 @@ class ShimAware(PatchCodemod):
 _V2_DRAFT_EXTEND = m.Call(func=attr("is_draft_extend"), args=[m.Arg(keyword=m.Name("include_v2"))]) | m.Call(
     func=attr("is_draft_extend_v2")
 )
-_HOST_LIST = m.Call(func=attr("tolist", attr("seq_lens_cpu", m.Name("forward_batch"))))
+_EXPANDING_METHODS = ("init_forward_metadata", "init_forward_metadata_replay_cuda_graph", "_apply_cuda_graph_metadata")
 
 
 class SpecV2Gate(ShimAware, ClassCheck):
     """Where spec v2's draft extend runs on the sparse-attention backend in the
-    shape dsa-no-mirror carries: 0.5.10 .. 0.5.12.post1 (and forks of them),
+    shape dsa-no-mirror carries: 0.5.7 .. 0.5.12.post1 (and forks of them),
     0.5.15+. Elsewhere the patch is moot (not applicable, with why):
     0.5.4.post3 .. 0.5.6.post2 call ``is_draft_extend()`` without ``include_v2``
-    (sglang #15307 came with 0.5.7); 0.5.7 .. 0.5.9 expand the verify and
-    draft-extend lengths on the host from the mirror; 0.5.13 / 0.5.14's
+    (sglang #15307 came with 0.5.7); a fork of 0.5.7 .. 0.5.9 whose host
+    expansion of the verify / draft-extend lengths (``common.host_expansion``)
+    has lists patchkit cannot follow to the device; 0.5.13 / 0.5.14's
     renamed backend hands no host lengths to the eager draft extend it asserts.
     ``PREFIX`` opens each moot reason (a patch built on dsa-no-mirror says so)."""
 
     CLASS: ClassVar[str]
     PREFIX: ClassVar[str] = ""
-    # the methods that name these: init_forward_metadata's branches, 0.5.13's replay, an __init__ opt-out
-    METHODS_READ, WORDS_READ = (), ("is_draft_extend", "_apply_cuda_graph_metadata", FLAG)
+    # the methods that name these: init_forward_metadata's branches and the replay's (their host
+    # expansions, 0.5.7 .. 0.5.9), 0.5.13's replay, an __init__ opt-out
+    METHODS_READ, WORDS_READ = (), ("is_draft_extend", "torch.cat", "_apply_cuda_graph_metadata", FLAG)
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.init_forward_metadata"
@@ -86,13 +89,17 @@ class SpecV2Gate(ShimAware, ClassCheck):
     def _moot(self, cls: cst.ClassDef, fn: cst.FunctionDef) -> str:
         if not primitives.contains(fn, _V2_DRAFT_EXTEND):
             return "no spec-v2 draft extend here (is_draft_extend() without include_v2): spec v2 runs on NSA from 0.5.7"
-        verify = primitives.find_all_of(cst.If, fn, m.If(test=m.Call(func=attr("is_target_verify"))))
-        if any(primitives.contains(branch.body, _HOST_LIST) for branch in verify):
-            return (
-                "the verify and draft-extend lengths are expanded on the host from the mirror here "
-                "(`forward_batch.seq_lens_cpu.tolist()`, 0.5.7 .. 0.5.9); not carried: 0.5.10 expands them on the "
-                "device (seqlens_expand_triton)"
-            )
+        for method in _EXPANDING_METHODS:
+            found = primitives.find_method(cls, method)
+            if found is None:
+                continue
+            for branch, call in host_expansions(found):
+                if device_form(found, branch, call) is None:
+                    return (
+                        f"{method} expands the verify / draft-extend lengths on the host (`torch.cat` of "
+                        "`torch.arange` over `zip(...)`) from lists patchkit cannot follow to device tensors; not "
+                        "carried: 0.5.10 expands them on the device (seqlens_expand_triton)"
+                    )
         if primitives.find_method(cls, "_apply_cuda_graph_metadata") is not None and not declares_flag(cls):
             return (
                 "0.5.13 / 0.5.14's DSA backend (graph metadata in _apply_cuda_graph_metadata): its GPU-only draft "

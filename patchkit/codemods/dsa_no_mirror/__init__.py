@@ -25,6 +25,9 @@ paths, it now takes without it:
   ``graph_max_len``; upstream 0.5.15's ``_graph_page_table_width``).
 * the indexer's empty-batch test read ``len(forward_batch.seq_lens_cpu)``
   after asserting it; 0.5.15 tests ``forward_batch.seq_lens.numel()``.
+* 0.5.7 .. 0.5.9 only: the verify / draft-extend lengths were expanded on the
+  host from ``seq_lens_cpu.tolist()``; ``expand.py`` writes 0.5.10's device
+  expansion (backends.dsa ``seqlens_expand``) in their place.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ from patchkit.codemods.common.dsa import SpecV2Gate
 from patchkit.codemods.common.primitives import ANY, attr, save
 from patchkit.codemods.common.shared import FLAG, MIRROR_READS, ClassFlag, code_of, max_item, none_comparison
 from patchkit.codemods.dsa_no_mirror.common import ASSERTS_MIRROR, DSA, DSA_MULTI, MIRROR, NSA, NSA_MULTI, ShimAware
+from patchkit.codemods.dsa_no_mirror.expand import (
+    DsaEagerExpandsOnDevice,
+    DsaReplayExpandsOnDevice,
+    NsaEagerExpandsOnDevice,
+    NsaReplayExpandsOnDevice,
+)
 from patchkit.codemods.dsa_no_mirror.tables import (
     DsaPrecomputeDecodeWithoutMirror,
     DsaPrecomputeSliceWithoutMirror,
@@ -48,23 +57,27 @@ from patchkit.codemods.dsa_no_mirror.tables import (
     NsaReplayWithoutMirror,
 )
 
-__all__ = [  # the codemods patches/dsa-no-mirror.toml names (tables.py's re-exported)
+__all__ = [  # the codemods patches/dsa-no-mirror.toml names (tables.py's and expand.py's re-exported)
     "DsaDraftExtendNeedsNoPrefixList",
+    "DsaEagerExpandsOnDevice",
     "DsaEagerMaxFromHostBound",
     "DsaHasSpecV2Path",
     "DsaMultiStepOptsOut",
     "DsaOptsOut",
     "DsaPrecomputeDecodeWithoutMirror",
     "DsaPrecomputeSliceWithoutMirror",
+    "DsaReplayExpandsOnDevice",
     "DsaReplayWithoutMirror",
     "IndexerEmptyBatchFromShape",
     "NsaDraftExtendNeedsNoPrefixList",
+    "NsaEagerExpandsOnDevice",
     "NsaEagerMaxFromHostBound",
     "NsaHasSpecV2Path",
     "NsaMultiStepOptsOut",
     "NsaOptsOut",
     "NsaPrecomputeDecodeWithoutMirror",
     "NsaPrecomputeSliceWithoutMirror",
+    "NsaReplayExpandsOnDevice",
     "NsaReplayWithoutMirror",
 ]
 

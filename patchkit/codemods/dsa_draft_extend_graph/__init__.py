@@ -22,9 +22,10 @@ the worker:
   lengths clamped at 0 (#30378: padded rows carry the fill length 1, below the
   width, and ``seq_len - width + j + 1`` went negative). The v1 branch is left
   as it is. Its local names and metadata fields are the old branch's.
-* ``GraphCheckAdmitsDsa``: after the worker's graph check, the backend is let
-  in on CUDA (``backends.dsa_graph.is_dsa_backend``: either class name, either
-  module, nothing imported), without an FR-Spec token map.
+* ``GraphCheckAdmitsDsa`` (``worker.py``): after the worker's graph check, or
+  as one more term of the inline capture gate (0.5.8 .. 0.5.9), the backend is
+  let in on CUDA (``backends.dsa_graph.is_dsa_backend``: either class name,
+  either module, nothing imported), without an FR-Spec token map.
 """
 
 from __future__ import annotations
@@ -36,19 +37,25 @@ import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import Finding, MethodCodemod
-from patchkit.codemods.common.draft_extend_gate import (
-    GRAPH_CHECK,
-    NO_TOKEN_MAP,
-    AdmitsOnCudaWithoutTokenMap,
-    graph_check,
-)
 from patchkit.codemods.common.dsa import DSA, NSA, ShimAware, SpecV2Gate
+from patchkit.codemods.common.host_expansion import EXPAND, HOST_EXPANSION
 from patchkit.codemods.common.primitives import attr
 from patchkit.codemods.common.primitives.search import NodeMatcher
 from patchkit.codemods.common.shared import code_of
+from patchkit.codemods.dsa_draft_extend_graph.worker import ID, LET_DSA_IN, LET_DSA_IN_GATE, GraphCheckAdmitsDsa
 from patchkit.layout import import_path
 
-ID = "dsa-draft-extend-graph"
+__all__ = [
+    "DsaCapturesDraftExtendAtFixedWidth",
+    "DsaDraftExtendGraphGate",
+    "DsaDraftExtendReplayAtFixedWidth",
+    "GraphCheckAdmitsDsa",
+    "LET_DSA_IN",
+    "LET_DSA_IN_GATE",
+    "NsaCapturesDraftExtendAtFixedWidth",
+    "NsaDraftExtendGraphGate",
+    "NsaDraftExtendReplayAtFixedWidth",
+]
 _V2 = m.Call(func=attr("is_draft_extend_v2"))
 _SHARED = m.Call(func=attr("is_draft_extend"), args=[m.Arg(keyword=m.Name("include_v2"), value=m.Name("True"))])
 _WIDTH = attr("speculative_num_draft_tokens", m.Name("self"))
@@ -283,15 +290,18 @@ class NsaDraftExtendReplayAtFixedWidth(ShimAware, MethodCodemod):
         """What the fixed-width branch takes from the old one: locals, fields and calls."""
         body = branch.body
         expand = next(iter(primitives.find_all_of(cst.Call, body, _EXPAND)), None)
+        # 0.5.7 .. 0.5.9, as pristine: the host expansion dsa-no-mirror makes backends.dsa's (applied first)
+        host = next(iter(primitives.find_all_of(cst.Call, body, HOST_EXPANSION)), None)
         compute = next(iter(primitives.find_all_of(cst.Call, body, _COMPUTE)), None)
-        expanded = _assigned_from(body, primitives.is_node(expand)) if expand is not None else None
+        made = expand if expand is not None else host
+        expanded = _assigned_from(body, primitives.is_node(made)) if made is not None else None
         topk = _assigned_from(body, primitives.is_node(compute)) if compute is not None else None
         pages = _assigned_from(body, m.Subscript(value=attr("req_to_token", m.Name("self"))))
         table = _field_copied(body, pages) if pages else None
         test = primitives.find_all_of(cst.Call, branch.test, _V2 | _SHARED)[0]
         return {
             "mode": code_of(cst.ensure_type(test.func, cst.Attribute).value),
-            "expand": code_of(expand.func) if expand is not None else None,
+            "expand": code_of(expand.func) if expand is not None else EXPAND if host is not None else None,
             "compute": code_of(compute.func) if compute is not None else None,
             "topk_arg": code_of(compute.args[1].value) if compute is not None and len(compute.args) > 1 else None,
             "expanded": expanded,
@@ -309,10 +319,11 @@ class NsaDraftExtendReplayAtFixedWidth(ShimAware, MethodCodemod):
         if _host_read(branch.body) is None:  # only the clamp is missing
             call = cst.ensure_type(_unclamped(branch.body), cst.Call)
             return primitives.replace_node(fn, call, primitives.parse_expression(f"({code_of(call)}).clamp_(min=0)"))
-        new = cst.ensure_type(
-            primitives.parse_statements_with_comments(_BRANCH.format(id=ID, **self._names(branch)))[0], cst.If
-        )
+        names = self._names(branch)
+        new = cst.ensure_type(primitives.parse_statements_with_comments(_BRANCH.format(id=ID, **names))[0], cst.If)
         self.require_import(import_path("backends.dsa"), "graph_max_len")
+        if names["expand"] == EXPAND:
+            self.require_import(import_path("backends.dsa"), EXPAND)
         if own:  # its body at the counts becomes the fixed width
             return primitives.replace_node(fn, branch.body, new.body)
         orelse = branch.with_changes(leading_lines=())
@@ -322,53 +333,3 @@ class NsaDraftExtendReplayAtFixedWidth(ShimAware, MethodCodemod):
 class DsaDraftExtendReplayAtFixedWidth(NsaDraftExtendReplayAtFixedWidth):
     DESCRIPTION = NsaDraftExtendReplayAtFixedWidth.DESCRIPTION.replace(NSA, DSA)
     CLASS = DSA
-
-
-# -- the worker's graph check ---------------------------------------------------------------------
-
-_NAMED = m.Name(NSA) | m.Name(DSA) | m.Call(func=m.Name("is_dsa_backend"))
-
-LET_DSA_IN = f"""
-if (
-    _is_cuda
-    and not {GRAPH_CHECK}
-    and {NO_TOKEN_MAP}
-):
-    # patchkit {ID} (sglang #29413): DeepSeek sparse
-    # attention replays its spec-v2 draft extend at a fixed query width, so it
-    # is captured too. CUDA only (its kernels are); eager with an FR-Spec token
-    # map, whose reduced head the graph's logits buffer is not sized for.
-    {GRAPH_CHECK} = is_dsa_backend(
-        self.draft_extend_attn_backend
-    )
-"""
-
-
-class GraphCheckAdmitsDsa(AdmitsOnCudaWithoutTokenMap):
-    DESCRIPTION = (
-        f"EagleDraftWorker: the draft-extend CUDA-graph check ({GRAPH_CHECK}) admits {NSA} / {DSA} on CUDA "
-        "(without a speculative token map)"
-    )
-    ADMITTED = "DeepSeek sparse attention"
-
-    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
-        anchor = self.anchor_of(fn)
-        if primitives.contains(fn, _NAMED):
-            return Finding.done(anchor)
-        if graph_check(fn) is None:
-            return self.missing_in(
-                fn, "the draft-extend graph check is inline in the capture gate (before 0.5.10)", f"{GRAPH_CHECK}"
-            )
-        gap = self.admission_missing(fn)
-        if gap is not None:
-            return gap
-        return Finding.todo(anchor, "DeepSeek sparse attention is not in the draft-extend graph check")
-
-    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        check = cst.ensure_type(graph_check(fn), cst.Assign)
-        self.require_import(import_path("backends.dsa_graph"), "is_dsa_backend")
-        return primitives.replace_statements(
-            fn,
-            primitives.line(primitives.is_node(check)),
-            lambda stmt: cst.FlattenSentinel([stmt, *primitives.parse_statements_with_comments(LET_DSA_IN)]),
-        )
