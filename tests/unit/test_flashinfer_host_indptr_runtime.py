@@ -28,6 +28,31 @@ def test_packing_equals_segment_packbits(seed):
     assert packed.tolist() == expected and indptr.tolist() == offsets and indptr.dtype == torch.int32
 
 
+def test_the_packing_sends_its_row_vectors_in_one_copy(monkeypatch):
+    """The GPU run of 2026-11-28 (docs/gpu.md) counted five host waits a verify step in
+    the packing: four row vectors copied from pageable memory one by one, and the bit
+    weights made from a host list. Now: one copy of one host tensor (pinned on CUDA), no
+    tensor made from a host list on the device."""
+    copies, made = [], []
+    to, tensor = torch.Tensor.to, torch.tensor
+
+    def counting_to(self, *args, **kwargs):
+        if self.device.type == "cpu" and (args[:1] == (torch.device("cpu"),) or kwargs.get("device") is not None):
+            copies.append(tuple(self.shape))
+        return to(self, *args, **kwargs)
+
+    def counting_tensor(data, *args, **kwargs):
+        if kwargs.get("device") is not None:
+            made.append(data)
+        return tensor(data, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    monkeypatch.setattr(torch, "tensor", counting_tensor)
+    packed, _ = fhi.pack_mask_segments(torch.ones(40, dtype=torch.bool), [9, 0, 16, 3])
+    assert copies == [(4, 4)] and made == []
+    assert packed.tolist() == [255, 1, 255, 255, 7]
+
+
 @pytest.fixture(autouse=True)
 def _host_plans_on(monkeypatch):
     monkeypatch.setenv(fhi.SWITCH, "1")
