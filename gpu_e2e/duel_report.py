@@ -188,3 +188,25 @@ def pooled(results: list[dict], pair: str) -> list[dict]:
         }
         for bs, ratios in sorted(by_bs.items())
     ]
+
+
+def grid_lines(
+    results: dict[str, dict], pairs: tuple[str, ...] = ("pristine:patched", "upstream:patched")
+) -> list[str]:
+    """One markdown row per duel (by its name) and batch size: each pair's median over the
+    rounds by wall time and by sglang's logged decode rate (``wall / decode``), the rounds,
+    and whether every output was identical. docs/gpu.md's grid, read again by its test."""
+    out = []
+    for name, result in results.items():
+        rows = {(r["batch_size"], r["pair"]): r for r in result.get("summary") or []}
+        for bs in sorted({b for b, _ in rows}):
+            got = [rows.get((bs, p)) for p in pairs]
+            cells = [f"{r['median']:.3f} / {r['decode']['median']:.3f}" if r and r.get("decode") else "—" for r in got]
+            live = [r for r in got if r]
+            same = all(r["identical"] for r in live)
+            eager = "eager" if live and live[0]["eager"] else "captured"
+            out.append(
+                f"| {name} | {bs} | {eager} | {' | '.join(cells)} | {min(r['rounds'] for r in live)} "
+                f"| {'identical' if same else 'differ'} |"
+            )
+    return out

@@ -162,8 +162,9 @@ def test_each_run_records_its_plan_and_arguments():
     assert records
     for path in records:
         record = json.loads(path.read_text())
-        # a run may hold two plans' records (2026-11-28c: the grid, then the minus duels)
-        for run in (record, *([record["grid_printed"]] if "grid_printed" in record else [])):
+        # a run may hold several plans' records (2026-11-28c: the grid, then the minus duels;
+        # 2026-11-28d: two lane groups at once, then FlashInfer again)
+        for run in (record, *([record["grid_printed"]] if "grid_printed" in record else []), *record.get("also", [])):
             if run["plan"] is None:
                 continue
             assert (ROOT / run["plan"]).is_file(), path
