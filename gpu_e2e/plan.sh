@@ -69,6 +69,10 @@ ROUNDS=${ROUNDS:-8}  # a duel step's rounds (duel.py: every engine at every batc
 RUNS=${RUNS:-2}
 PIN=${PIN:-0}
 DEADLINE_S=${DEADLINE_S:-0}
+# PROF_BS: the eager batch a *_prof step profiles (2026-11-28d found FA3 8B eager bs 64 slower a
+# token than bs 128 in every tree); PIN_LANES: the lanes PIN divides the cores by, where
+# several plan.sh run side by side each with some of the lanes
+PROF_BS=${PROF_BS:-128}
 STEPS=${STEPS:-"triton_check-r1 triton_8b-r1 triton_8b-r2 fa3_8b-r1 fa3_8b-r2 triton_8b-r3 fa3_8b-r3 fa3_check-r1
   triton-r1 fa3-r1 triton-r2 fa3-r2 triton-r3 fa3-r3 fa3_static-r1"}
 export PK_E2E_COUNTERS_OFF=1
@@ -79,14 +83,17 @@ ready() {  # bundle [fa3-lib]: its inputs are there (a joined bundle appears onl
   [ -e "$1/manifest.json" ] && { [ -z "$2" ] || [ -e "$(dirname "$2")/fa3.json" ]; }
 }
 
+pin_of() {  # lane: the taskset prefix of that lane's share of the host's cores (PIN=1), else nothing
+  if [ "$PIN" = 1 ] && command -v taskset > /dev/null; then
+    local n_lanes; n_lanes=$(echo ${PIN_LANES:-$LANES} | wc -w); local share=$(( $(nproc) / n_lanes ))
+    echo taskset -c "$((${1%%,*} * share))-$((${1%%,*} * share + share - 1))"
+  fi
+}
+
 orchestrate() {  # lane name bundle timeout_s args...
   local lane=$1 name=$2 bundle=$3 tmo=$4; shift 4
   mkdir -p "$R/$name"; note "gpu $lane: start $name"
-  local pin=()
-  if [ "$PIN" = 1 ] && command -v taskset > /dev/null; then
-    local n_lanes; n_lanes=$(echo $LANES | wc -w); local share=$(( $(nproc) / n_lanes ))
-    pin=(taskset -c "$((lane * share))-$((lane * share + share - 1))")
-  fi
+  local pin; read -ra pin <<< "$(pin_of "$lane")"
   (cd "$bundle" && CUDA_VISIBLE_DEVICES=$lane FLASHINFER_WORKSPACE_BASE=/tmp/fi$lane \
      TRITON_CACHE_DIR=/tmp/triton$lane TORCHINDUCTOR_CACHE_DIR=/tmp/inductor$lane \
      PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout "$tmo" \
@@ -141,9 +148,11 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
 duel() {  # gpus name args...: one duel.py call (the driver and every engine on GPUs "gpus")
   local gpus=$1 name=$2; shift 2
   mkdir -p "$R/$name"; note "gpu $gpus: start $name"
+  # PIN=1: a one-lane duel's driver and engines (they inherit it) stay on the lane's cores
+  local pin=(); [[ $gpus != *,* ]] && read -ra pin <<< "$(pin_of "$gpus")"
   (cd "$B12" && CUDA_VISIBLE_DEVICES=$gpus FLASHINFER_WORKSPACE_BASE=/tmp/fi${gpus//,/} \
      TRITON_CACHE_DIR=/tmp/triton${gpus//,/} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor${gpus//,/} \
-     PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout 1500 python3 -m pk_gpu_e2e.duel --out "$R/$name" \
+     PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout 1500 "${pin[@]}" python3 -m pk_gpu_e2e.duel --out "$R/$name" \
      --work "/tmp/pkd${gpus//,/}" "$@" > "$R/$name/console.log" 2>&1)
   note "gpu $gpus: end $name rc=$? ($(grep -c ' round .* done' "$R/$name/console.log") rounds)"
 }
@@ -189,7 +198,7 @@ run_step() {  # lane step
     # runner writes the traces beside its results, under the lane's --work: 2026-11-28b read
     # the step folder and found none)
     *_prof) orchestrate "$lane" "$step-b12" "$B12" $((tmo * 2)) --releases 0.5.12.post1 --variants pristine,patched \
-                "${a12[@]/1,8,32,64,128/128}" --profile-batch 128
+                "${a12[@]/1,8,32,64,128/$PROF_BS}" --profile-batch "$PROF_BS"
             (cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.profile_compare "/tmp/pkw$lane/results" \
                 --out "$R/$step-b12/compare.json" --md "$R/$step-b12/compare.md" > "$R/$step-b12/compare.log" 2>&1)
             return ;;

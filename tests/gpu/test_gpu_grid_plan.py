@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "gpu_e2e" / "plan.sh"
@@ -20,6 +23,7 @@ time.sleep(float(os.environ.get("PK_STUB_SLEEP", "0.3")))
 with open(os.environ["PK_PLAN_LOG"], "a") as fh:
     fh.write(json.dumps({"bundle": Path.cwd().name, "args": args, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
                          "counters_off": os.environ.get("PK_E2E_COUNTERS_OFF", ""),
+                         "cpus": sorted(os.sched_getaffinity(0)),
                          "fi": os.environ.get("FLASHINFER_WORKSPACE_BASE")}) + "\\n")
 print("verdict: stub")
 """
@@ -247,6 +251,21 @@ def test_duel_steps_add_the_minus_tree_the_flashinfer_switch_and_counted_engines
         and _arg(ds, "--attention-backend") == "flashinfer"
     )
     assert json.loads(_arg(ds, "--engine-extra"))["cuda_graph_max_bs"] == 8 and _arg(ds, "--batch-sizes") == "1,8,32,64"
+
+
+def test_pin_keeps_a_duel_on_its_lanes_cores_and_prof_bs_picks_the_profiled_batch(tmp_path):
+    """PIN=1: a one-GPU duel (driver and engines) runs on its lane's share of the cores, out of
+    PIN_LANES where given; PROF_BS: the eager batch a *_prof step times and profiles (8B here)."""
+    if not shutil.which("taskset") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs taskset and two cores")
+    calls, _ = _run_plan(
+        tmp_path, LANES="1", PIN_LANES="0 1", PIN="1", STEPS="triton_duel-r1 fa3_8b_prof-r1", PROF_BS="64"
+    )
+    by_out = {Path(_arg(c, "--out")).name: c for c in calls}
+    share = len(os.sched_getaffinity(0)) // 2  # nproc, as the plan counts
+    assert by_out["triton_duel-r1"]["cpus"] == list(range(share, 2 * share))
+    prof = by_out["fa3_8b_prof-r1-b12"]
+    assert (_arg(prof, "--batch-sizes"), _arg(prof, "--profile-batch"), _arg(prof, "--sizes")) == ("64", "64", "8b")
 
 
 def test_a_poll_prints_the_tables_and_brings_the_json_back(tmp_path):
