@@ -263,6 +263,7 @@ def build(
     log=print,
     minus: Iterable[str] = (),
     kernels: Iterable[str] = (),
+    extra_wheels: Iterable[str] = (),
     reference: Iterable[str] = (),
     earlier: Optional[dict[str, str]] = None,
     site_compression: str = "xz",
@@ -320,6 +321,13 @@ def build(
         kernel_wheel = download_wheels({"sglang-kernel": COMMON_PINS["sglang-kernel"]}, wheel_cache())
         manifest["kernels"] = add_kernels(dest, kernel_wheel["sglang-kernel"], kernels)
         log(f"kernels/: {', '.join(manifest['kernels'])}")
+    extra_wheels = list(extra_wheels)
+    if extra_wheels:  # issue 72: deep_gemm for DeepSeek sparse attention's indexer
+        from .bundle_kernels import WHEELS, add_wheels
+
+        got = download_wheels({n: WHEELS[n] for n in extra_wheels if n in WHEELS}, wheel_cache())
+        manifest["wheels"] = add_wheels(dest, {n: got.get(n, Path(n)) for n in extra_wheels})
+        log(f"kernels/: wheels {', '.join(manifest['wheels'])}")
 
     runtime_modes = set()
     with tempfile.TemporaryDirectory(prefix="pk-gpu-bundle-") as tmp:

@@ -11,6 +11,10 @@ matters to the code paths a spec-v2 MTP run takes, and cut down where it does no
   MoE (64 routed experts in 8 groups, 8 per token, one shared expert, sigmoid
   scoring with the ``noaux_tc`` bias, as V3 routes); ``ds-dense`` has no MoE layer
   (``first_k_dense_replace`` = layers), for an image where the fused-MoE path fails;
+* ``dsv32``: DeepSeek-V3.2 (issue 72): ``DeepseekV32ForCausalLM``, ``model_type``
+  ``deepseek_v32``, with the published checkpoint's sparse-attention indexer
+  (``index_n_heads`` 64, ``index_head_dim`` 128, ``index_topk`` 2048), which sends sglang
+  down DeepSeek sparse attention (``is_deepseek_nsa``); the rest as ``ds``;
 * ``num_nextn_predict_layers`` 1: the MTP draft. As users serve it, no draft path is
   named: sglang takes the target's folder and builds ``DeepseekV3ForCausalLMNextN``
   from the same config (its one decoder layer is MoE like V3's MTP layer).
@@ -38,6 +42,9 @@ ROPE_SCALING = {
 #: MLA head geometry of DeepSeek-V3 (what the attention kernels see).
 MLA = dict(kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
 
+#: DeepSeek-V3.2's sparse-attention indexer, as its published config.json has it.
+DSA_INDEXER = dict(index_n_heads=64, index_head_dim=128, index_topk=2048)
+
 SIZES = {
     "ds": dict(
         hidden_size=1024,
@@ -47,6 +54,16 @@ SIZES = {
         num_attention_heads=16,
         first_k_dense_replace=1,
         n_routed_experts=64,
+    ),
+    "dsv32": dict(
+        hidden_size=1024,
+        intermediate_size=2816,
+        moe_intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        first_k_dense_replace=1,
+        n_routed_experts=64,
+        sparse_attention=True,
     ),
     "ds-dense": dict(
         hidden_size=1024,
@@ -74,9 +91,11 @@ def target_config(size: str) -> dict:
     if size not in SIZES:
         raise ValueError(f"unknown DeepSeek size {size!r} (known: {', '.join(SIZES)})")
     s = SIZES[size]
+    sparse = s.get("sparse_attention", False)
     return {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "deepseek_v3",
+        "architectures": ["DeepseekV32ForCausalLM" if sparse else "DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v32" if sparse else "deepseek_v3",
+        **(DSA_INDEXER if sparse else {}),
         "hidden_size": s["hidden_size"],
         "intermediate_size": s["intermediate_size"],
         "moe_intermediate_size": s["moe_intermediate_size"],

@@ -38,6 +38,9 @@
 #   cells add the patched tree with PATCHKIT_FLASHINFER_HOST_INDPTR=1 (issue 71; no control there), and
 #   flashinfer_ds_duel is DeepSeek MTP on one GPU with FlashInfer MLA; COUNT="STEP ..." adds
 #   counted engines (round 1 only); DUEL_DEADLINE_S: no round of a duel starts after it.
+#   dsa_duel (issue 72): DeepSeek-V3.2 MTP on one GPU from BDSA (a bundle built with
+#   --kernel flashmla --wheel sgl-deep-gemm), pristine against patched; DS_SIZE=dsv32 makes
+#   the DS_DUEL step DeepSeek-V3.2 at TP 4 + DP 4 from the same bundle.
 # Each scheduler's value of these variables is read back (engine_env.py): a wrong one is a PROBLEM.
 #
 # Scheduling: the lanes take steps from one list in its order (a step is claimed by mkdir), the
@@ -105,19 +108,22 @@ orchestrate() {  # lane name bundle timeout_s args...
 }
 
 duel_step() {  # lane step shape: the trees' engines alive side by side on this GPU (duel.py)
-  local lane=$1 step=$2 shape=$3 cell=${2%-r*}
-  local eng=(--engine "pristine=$B12:0.5.12.post1:pristine" --engine "patched=$B12:0.5.12.post1:patched")
+  local lane=$1 step=$2 shape=$3 cell=${2%-r*} b=$B12
+  [[ $cell == dsa* ]] && b=${BDSA:-$B12}  # DeepSeek-V3.2: the bundle with deep_gemm and FlashMLA
+  local eng=(--engine "pristine=$b:0.5.12.post1:pristine" --engine "patched=$b:0.5.12.post1:patched")
   local pairs="pristine:patched,upstream:patched,patched:patched-again" once=()
   local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "$lane" 2>/dev/null || echo 0)
   local tokens=200000 be=triton fa=() scen=(--size "$shape") bss=1,8,32,64,128 cap=32
   [ "$shape" = 8b ] && tokens=60000
   # the control (a second patched engine) at the small shape; 0.5.17 beside where asked and it fits
   # (8B: three engines need more than an 80 GB card)
-  [ "$shape" = small ] && [[ $cell != flashinfer* ]] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
-  if with17 "$step" && { [ "$shape" != 8b ] || [ "${mib:-0}" -gt 100000 ]; }; then
+  [ "$shape" = small ] && [[ $cell != flashinfer* && $cell != dsa* ]] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
+  if with17 "$step" && [[ $cell != dsa* ]] && { [ "$shape" != 8b ] || [ "${mib:-0}" -gt 100000 ]; }; then
     eng+=(--engine "upstream=$B17:0.5.17:upstream")
   fi
   [[ $cell == fa3* ]] && { be=default; fa=(--fa3-lib "$B12:$FA3_12" --fa3-lib "$B17:$FA3_17"); }
+  # issue 72: DeepSeek-V3.2 (sparse attention: sglang picks its NSA backend, FA3 decode on Hopper)
+  [[ $cell == dsa* ]] && { be=default; fa=(--fa3-lib "$b:$FA3_12"); scen=(--size dsv32 --scenario mtp); bss=1,8,32,64; cap=8; tokens=100000; }
   # B12M (2026-11-28d): a bundle whose patched tree leaves fa3-spec-v2 out, beside the FA3 cells
   if [[ $cell == fa3* ]] && [ -n "${B12M:-}" ]; then
     eng+=(--engine "minus-fa3-spec-v2=$B12M:0.5.12.post1:minus-fa3-spec-v2"); fa+=(--fa3-lib "$B12M:$FA3_12")
@@ -135,7 +141,7 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
   # only and compared with nothing: their host waits per decode step, site by site
   if [[ " ${COUNT:-} " == *" $step "* ]]; then
     for e in pristine patched; do
-      eng+=(--engine "$e-count=$B12:0.5.12.post1:$e:PK_E2E_COUNTERS_OFF="); once+=(--once "$e-count")
+      eng+=(--engine "$e-count=$b:0.5.12.post1:$e:PK_E2E_COUNTERS_OFF="); once+=(--once "$e-count")
     done
     [[ $cell == flashinfer* ]] && { eng+=(--engine "patched-hostplan-count=$B12:0.5.12.post1:patched:PK_E2E_COUNTERS_OFF=,PATCHKIT_FLASHINFER_HOST_INDPTR=1"); once+=(--once patched-hostplan-count); }
   fi
@@ -168,6 +174,7 @@ inputs_ready() {  # step
     *_check|*_static|*_count|*_prof) [[ $cell == fa3* ]] && { ready "$B12" "$FA3_12"; return; }; ready "$B12"; return ;;
   esac
   if [[ $cell == fa3*_duel ]] && [ -n "${B12M:-}" ] && ! ready "$B12M"; then return 1; fi
+  if [[ $cell == dsa* ]]; then ready "${BDSA:-$B12}" "$FA3_12"; return; fi
   if [[ $cell == fa3* ]]; then ready "$B12" "$FA3_12" && { ! with17 "$1" || ready "$B17" "$FA3_17"; }
   else ready "$B12" && { ! with17 "$1" || ready "$B17"; }; fi
 }
@@ -241,8 +248,10 @@ DS_DEADLINE_S=${DS_DEADLINE_S:-0}
 if [ "${DS_DUEL:-0}" = 1 ] && [ "$DS_DEADLINE_S" -gt 0 ] && [ $SECONDS -ge "$DS_DEADLINE_S" ]; then
   note "ds_dp_duel-r1 not started: past DS_DEADLINE_S ($DS_DEADLINE_S s)"
 elif [ "${DS_DUEL:-0}" = 1 ]; then
-  duel 0,1,2,3 ds_dp_duel-r1 --engine "pristine=$B12:0.5.12.post1:pristine" \
-    --engine "patched=$B12:0.5.12.post1:patched" --fa3-lib "$B12:$FA3_12" --size ds --scenario mtp \
+  # DS_SIZE=dsv32: DeepSeek-V3.2 (issue 72) from BDSA, the bundle with deep_gemm and FlashMLA
+  DS_SIZE=${DS_SIZE:-ds}; DSB=$B12; [ "$DS_SIZE" = dsv32 ] && DSB=${BDSA:-$B12}
+  duel 0,1,2,3 "${DS_SIZE}_dp_duel-r1" --engine "pristine=$DSB:0.5.12.post1:pristine" \
+    --engine "patched=$DSB:0.5.12.post1:patched" --fa3-lib "$DSB:$FA3_12" --size "$DS_SIZE" --scenario mtp \
     --tp 4 --dp 4 --dp-attention --attention-backend default --batch-sizes 1,8,48,128 --rounds "$ROUNDS" \
     --max-new-tokens "$NEW_TOKENS" --mem-fraction-static 0.4 \
     --engine-extra '{"cuda_graph_max_bs": 8, "max_running_requests": 128, "max_total_tokens": 200000}'

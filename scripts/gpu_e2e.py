@@ -84,6 +84,14 @@ def main() -> int:
         choices=["flashmla"],
         help="also carry this sglang-kernel library in the bundle (FlashMLA: about 4 MiB)",
     )
+    b.add_argument(
+        "--wheel",
+        action="append",
+        default=[],
+        choices=["sgl-deep-gemm"],
+        help="also carry this whole wheel, unpacked into the common site before the engines start "
+        "(sgl-deep-gemm 0.1.0: DeepSeek sparse attention's indexer, issue 72; about 4.5 MiB)",
+    )
     f = sub.add_parser("fa3-pack", help="pack FA3's kernel library for a device call of its own")
     f.add_argument("--out", required=True, type=Path)
     f.add_argument(
@@ -116,6 +124,7 @@ def main() -> int:
             limit=int(args.limit_mib * bundle.MIB),
             minus=args.minus,
             kernels=args.kernel,
+            extra_wheels=args.wheel,
             reference=reference,
             earlier=earlier,
             site_compression=args.site_compression,

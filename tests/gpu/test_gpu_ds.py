@@ -145,6 +145,44 @@ def test_flashmla_kernel_travels_and_is_checked(tmp_path):
         bundle_kernels.member_of("fa4")
 
 
+def test_a_whole_wheel_travels_checked_and_unpacks_once(tmp_path):
+    """bundle --wheel sgl-deep-gemm (issue 72): the wheel rides in kernels/, the engines'
+    common site gets its files before any start, once, and a wheel changed on the way stops it."""
+    import zipfile
+
+    wheel = tmp_path / "sgl_deep_gemm-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("deep_gemm/__init__.py", "VERSION = '0.1.0'\n")
+    index = bundle_kernels.add_wheels(tmp_path / "b", {"sgl-deep-gemm": wheel})
+    assert index["sgl-deep-gemm"]["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    site = tmp_path / "site"
+    site.mkdir()
+    assert bundle_kernels.install(tmp_path / "b", site) == [wheel.name]
+    assert (site / "deep_gemm" / "__init__.py").read_text() == "VERSION = '0.1.0'\n"
+    (site / "deep_gemm" / "__init__.py").write_text("edited")
+    bundle_kernels.install(tmp_path / "b", site)  # already there (its marker): left as it is
+    assert (site / "deep_gemm" / "__init__.py").read_text() == "edited"
+    (tmp_path / "b" / "kernels" / wheel.name).write_bytes(b"not the wheel")
+    (site / ".pk-wheel-sgl-deep-gemm").unlink()
+    with pytest.raises(SystemExit, match="sha256"):
+        bundle_kernels.install(tmp_path / "b", site)
+    with pytest.raises(SystemExit, match="unknown wheel"):
+        bundle_kernels.add_wheels(tmp_path / "c", {"deep-ep": wheel})
+
+
+def test_the_v32_target_is_v3_with_the_published_indexer(tmp_path):
+    cfg = json.loads((deepseek.write_model(tmp_path, "dsv32") / "config.json").read_text())
+    v3 = deepseek.target_config("ds")
+    assert cfg["architectures"] == ["DeepseekV32ForCausalLM"] and cfg["model_type"] == "deepseek_v32"
+    assert (cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_topk"]) == (64, 128, 2048)
+    assert {k: v for k, v in cfg.items() if not k.startswith("index_")} == {
+        **v3,
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "model_type": "deepseek_v32",
+    }
+    assert "index_topk" not in v3 and deepseek.is_deepseek("dsv32")
+
+
 # ---------------------------------------------------------------- tree-mask probe
 
 

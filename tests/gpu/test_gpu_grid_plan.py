@@ -253,6 +253,29 @@ def test_duel_steps_add_the_minus_tree_the_flashinfer_switch_and_counted_engines
     assert json.loads(_arg(ds, "--engine-extra"))["cuda_graph_max_bs"] == 8 and _arg(ds, "--batch-sizes") == "1,8,32,64"
 
 
+def test_the_dsa_duel_serves_deepseek_v32_from_its_own_bundle(tmp_path):
+    """Issue 72: dsa_duel runs DeepSeek-V3.2 MTP (pristine, patched, counted engines where asked)
+    from BDSA, FA3 beside, no 0.5.17; DS_SIZE=dsv32 makes the four-GPU step V3.2 from BDSA too."""
+    bdsa = tmp_path / "bdsa"
+    bdsa.mkdir()
+    (bdsa / "manifest.json").write_text("{}")
+    calls, _ = _run_plan(
+        tmp_path, LANES="0", STEPS="dsa_duel-r1", BDSA=str(bdsa), COUNT="dsa_duel-r1", DS_DUEL="1", DS_SIZE="dsv32"
+    )
+    by_out = {Path(_arg(c, "--out")).name: c for c in calls}
+    dsa, dp = by_out["dsa_duel-r1"], by_out["dsv32_dp_duel-r1"]
+    engines = [a for i, a in enumerate(dsa["args"]) if dsa["args"][i - 1] == "--engine"]
+    assert engines == [
+        f"pristine={bdsa}:0.5.12.post1:pristine",
+        f"patched={bdsa}:0.5.12.post1:patched",
+        f"pristine-count={bdsa}:0.5.12.post1:pristine:PK_E2E_COUNTERS_OFF=",
+        f"patched-count={bdsa}:0.5.12.post1:patched:PK_E2E_COUNTERS_OFF=",
+    ]
+    assert (_arg(dsa, "--size"), _arg(dsa, "--scenario"), _arg(dsa, "--batch-sizes")) == ("dsv32", "mtp", "1,8,32,64")
+    assert _arg(dsa, "--fa3-lib") == f"{bdsa}:{tmp_path / 'fa3' / 'lib.so'}"
+    assert _arg(dp, "--size") == "dsv32" and f"patched={bdsa}:0.5.12.post1:patched" in dp["args"]
+
+
 def test_pin_keeps_a_duel_on_its_lanes_cores_and_prof_bs_picks_the_profiled_batch(tmp_path):
     """PIN=1: a one-GPU duel (driver and engines) runs on its lane's share of the cores, out of
     PIN_LANES where given; PROF_BS: the eager batch a *_prof step times and profiles (8B here)."""
