@@ -15,6 +15,12 @@ log prefix, ``TP0``, ``DP1 TP1`` ...) after its first one (that one's interval r
 over the time the engine stood frozen before the call), at that scheduler's largest
 ``#running-req`` in the call (the steady batch; fewer while prompts are still coming in).
 Nothing here is timed by the harness: the figures are sglang's.
+
+An engine started with ``SGLANG_LOG_GC=1`` (sglang's own switch: its scheduler logs every
+garbage collection, ``GC end: ... | Generation G | Duration: S s``) also gets the call's
+collections: how many, and the seconds they took, by generation. A diagnosis for the
+spread of host-bound steps (2026-11-28d: a call's logged rate rises as it goes), for an
+engine beside the compared ones, never one of them: the logging costs host time itself.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ LINE = re.compile(
     r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)(?P<who>[^\]]*)\] Decode batch[^,]*, "
     r"#running-req: (?P<running>\d+),.*gen throughput \(token/s\): (?P<rate>[0-9.]+)"
 )
+
+
+GC_END = re.compile(r"GC end: .*\| Generation (?P<gen>\d+) \| Duration: (?P<s>[0-9.]+)s")
 
 
 def log_path() -> str | None:
@@ -68,7 +77,22 @@ def steady_rates(text: str) -> list[float]:
     return rates
 
 
+def collections(text: str) -> dict:
+    """``{"gc": {generation: [count, seconds]}}`` of the GC lines in ``text``, or {} without any."""
+    by_gen: dict[str, list] = {}
+    for m in GC_END.finditer(text):
+        entry = by_gen.setdefault(m["gen"], [0, 0.0])
+        entry[0] += 1
+        entry[1] = round(entry[1] + float(m["s"]), 4)
+    return {"gc": by_gen} if by_gen else {}
+
+
 def summary(text: str) -> dict:
-    """``decode_tok_per_s`` (the median steady rate, None without one) and how many lines."""
+    """``decode_tok_per_s`` (the median steady rate, None without one), how many lines, and
+    the call's garbage collections where the engine logs them."""
     rates = steady_rates(text)
-    return {"decode_tok_per_s": round(statistics.median(rates), 2) if rates else None, "decode_lines": len(rates)}
+    return {
+        "decode_tok_per_s": round(statistics.median(rates), 2) if rates else None,
+        "decode_lines": len(rates),
+        **collections(text),
+    }

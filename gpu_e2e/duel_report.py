@@ -112,6 +112,25 @@ def waits(calls: list[dict]) -> list[dict]:
     return rows
 
 
+def collections(calls: list[dict]) -> list[dict]:
+    """Per engine logging its garbage collections (SGLANG_LOG_GC) and batch size: each call's
+    seconds in GC and its generation-2 collections, beside the call's logged decode rate."""
+    by: dict[tuple[str, int], list[dict]] = {}
+    for c in calls:
+        if "gc" in c:
+            by.setdefault((c["engine"], c["batch_size"]), []).append(c)
+    return [
+        {
+            "engine": engine,
+            "batch_size": bs,
+            "gc_s": [round(sum(s for _, s in c["gc"].values()), 4) for c in got],
+            "gen2": [c["gc"].get("2", [0, 0.0])[0] for c in got],
+            "decode_tok_per_s": [c.get("decode_tok_per_s") for c in got],
+        }
+        for (engine, bs), got in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    ]
+
+
 def _tok_per_s(timed: dict, rounds: list[int], bs: int, engine: str) -> float:
     """The median call's tokens per second."""
     return statistics.median(
@@ -165,8 +184,22 @@ def markdown(result: dict) -> str:
                 for w in counted
             ),
         ]
+    gc = collections(result.get("calls") or [])
+    if gc:
+        gc = [
+            "",
+            "garbage collection a call (SGLANG_LOG_GC engines), round by round:",
+            "",
+            "| engine | bs | seconds in GC | gen-2 collections | decode tok/s |",
+            "|---|---:|---|---|---|",
+            *(
+                f"| {g['engine']} | {g['batch_size']} | {', '.join(f'{x:.3f}' for x in g['gc_s'])} "
+                f"| {', '.join(map(str, g['gen2']))} | {', '.join(f'{x:.0f}' if x else '-' for x in g['decode_tok_per_s'])} |"
+                for g in gc
+            ),
+        ]
     failed = [f"- {n}: {e['failure']}" for n, e in (result.get("engines") or {}).items() if e.get("failure")]
-    return "\n".join(head + lines + decode + counted + ([""] + failed if failed else [])) + "\n"
+    return "\n".join(head + lines + decode + counted + gc + ([""] + failed if failed else [])) + "\n"
 
 
 def pooled(results: list[dict], pair: str) -> list[dict]:

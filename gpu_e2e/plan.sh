@@ -145,6 +145,11 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
     done
     [[ $cell == flashinfer* ]] && { eng+=(--engine "patched-hostplan-count=$B12:0.5.12.post1:patched:PK_E2E_COUNTERS_OFF=,PATCHKIT_FLASHINFER_HOST_INDPTR=1"); once+=(--once patched-hostplan-count); }
   fi
+  # GC_LOG (the steps named): one more engine per tree with sglang's SGLANG_LOG_GC=1, timed every
+  # round and compared with nothing: each call's garbage collections (decode_log.py)
+  if [[ " ${GC_LOG:-} " == *" $step "* ]]; then
+    for e in pristine patched; do eng+=(--engine "$e-gc=$b:0.5.12.post1:$e:SGLANG_LOG_GC=1"); done
+  fi
   local extra="{\"cuda_graph_max_bs\": $cap, \"max_running_requests\": 128, \"max_total_tokens\": $tokens}"
   duel "$lane" "$step" "${eng[@]}" "${once[@]}" "${fa[@]}" "${scen[@]}" --attention-backend "$be" \
     --batch-sizes "$bss" --rounds "$ROUNDS" --max-new-tokens "$NEW_TOKENS" --engine-extra "$extra" \

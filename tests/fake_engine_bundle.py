@@ -72,6 +72,9 @@ FAKE_ENGINE = """
             # DP attention: the controller deals requests round robin; a rank with none runs idle
             busy = {(self.sent + i) % self.tp for i in range(len(input_ids))} if self.dp_attention else range(self.tp)
             self.sent += len(input_ids)
+            if os.environ.get("SGLANG_LOG_GC") == "1":  # sglang's own GC log, as its scheduler writes it
+                print("[2026-11-28 00:00:00 TP0] GC end: Time 1.0 | Generation 2 | Duration: 0.0500s | "
+                      "Collected: 1 | Uncollectable: 0 ", file=sys.stderr, flush=True)
             rate = 100.0 if VARIANT == "pristine" else 200.0
             for running, got in ((1, 5.0), (len(input_ids), rate), (len(input_ids), rate)):
                 print(f"[2026-11-28 00:00:00 TP0] Decode batch, #running-req: {running}, #token: 9, token usage: 0.00, "

@@ -376,9 +376,11 @@ def test_a_host_expanding_replay_gets_the_fixed_width_branch_on_the_device_expan
     assert "accept_length" not in fixed and "torch.cat(" in shared
     # after dsa-no-mirror (the order apply takes), the branch names backends.dsa's expansion
     device = HOST_REPLAY.replace(
-        HOST_REPLAY[HOST_REPLAY.index("            seqlens_expanded = torch.cat(") : HOST_REPLAY.index(
-            "            metadata.nsa_seqlens_expanded"
-        )],
+        HOST_REPLAY[
+            HOST_REPLAY.index("            seqlens_expanded = torch.cat(") : HOST_REPLAY.index(
+                "            metadata.nsa_seqlens_expanded"
+            )
+        ],
         "            seqlens_expanded = seqlens_expand(extend_seq_lens, seq_lens, sum(extend_seq_lens_cpu))\n",
     )
     state, out2, after = run(g.NsaDraftExtendReplayAtFixedWidth, device)

@@ -401,7 +401,11 @@ def test_host_expansion_under_a_renamed_class_and_beside_a_branch_already_on_the
     assert (state, after) == (State.TODO, State.DONE) and VERIFY_ON_DEVICE in out
     assert detect(d.NsaEagerExpandsOnDevice, renamed).state is State.MISSING  # no NSA class there
     verify_done = HOST.replace(
-        HOST[HOST.index("            seqlens_int32_cpu = [") : HOST.index("        elif forward_batch.forward_mode.is_draft_extend")],
+        HOST[
+            HOST.index("            seqlens_int32_cpu = [") : HOST.index(
+                "        elif forward_batch.forward_mode.is_draft_extend"
+            )
+        ],
         "            seqlens_expanded = seqlens_expand_triton(lens, cache_seqlens_int32, n, d)\n",
     )
     state, out, _ = run(d.NsaEagerExpandsOnDevice, verify_done)
@@ -427,7 +431,9 @@ def test_host_expansion_with_early_returns():
 
 
 def test_host_expansion_a_list_not_followed_is_refused_in_one_line():
-    vendor = HOST.replace("zip(extend_seq_lens_cpu, seqlens_int32_cpu, strict=True)", "zip(self.q(), seqlens_int32_cpu)")
+    vendor = HOST.replace(
+        "zip(extend_seq_lens_cpu, seqlens_int32_cpu, strict=True)", "zip(self.q(), seqlens_int32_cpu)"
+    )
     finding = detect(d.NsaEagerExpandsOnDevice, vendor)
     assert finding.state is State.MISSING and "\n" not in finding.detail and "the patch needs" in finding.detail
     assert detect(d.NsaHasSpecV2Path, vendor).moots_patch  # the release gate says not applicable first

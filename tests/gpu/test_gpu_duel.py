@@ -49,6 +49,12 @@ def test_the_decode_rate_is_the_steady_batch_of_each_scheduler():
     assert sorted(decode_log.steady_rates(text)) == [80.0, 300.0, 320.0]
     assert decode_log.summary(text) == {"decode_tok_per_s": 300.0, "decode_lines": 3}
     assert decode_log.summary("no decode here") == {"decode_tok_per_s": None, "decode_lines": 0}
+    gc = "\n".join(
+        f"[2026-11-28 05:50:01 TP0] GC end: Time 1764300000.0 | Generation {g} | Duration: {d}s | Collected: 3 "
+        f"| Uncollectable: 0 {tag}"
+        for g, d, tag in ((0, "0.0010", ""), (2, "0.1500", "(LONG GC)"), (0, "0.0020", ""))
+    )
+    assert decode_log.summary(text + "\n" + gc)["gc"] == {"0": [2, 0.003], "2": [1, 0.15]}
 
 
 def _call(r, bs, engine, elapsed, sha="s", tokens=100):
@@ -109,7 +115,12 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
         [
             *("--out", str(out), "--work", str(tmp_path / "work")),
             *("--engine", f"pristine={b}:9.9:pristine", "--engine", f"patched={b}:9.9:patched"),
-            *("--engine", f"patched-again={b}:9.9:patched:PK_FAKE_MARK=again", "--once", "patched-again"),
+            *(
+                "--engine",
+                f"patched-again={b}:9.9:patched:PK_FAKE_MARK=again,SGLANG_LOG_GC=1",
+                "--once",
+                "patched-again",
+            ),
             *("--batch-sizes", "1,4", "--rounds", "2", "--max-new-tokens", "8", "--start-timeout", "240"),
             *("--engine-extra", '{"cuda_graph_max_bs": 2}', "--attention-backend", "triton"),
         ]
@@ -134,7 +145,12 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
     assert rows[(4, "pristine:patched")]["eager"] and not rows[(1, "pristine:patched")]["eager"]
     assert all(1.5 < x < 2.5 for bs in (1, 4) for x in rows[(bs, "pristine:patched")]["ratios"])
     again = result["engines"]["patched-again"]
-    assert again["env"] == {"PK_FAKE_MARK": "again"} and again["env_ok"], again
+    assert again["env"] == {"PK_FAKE_MARK": "again", "SGLANG_LOG_GC": "1"} and again["env_ok"], again
+    # its garbage collections as sglang logs them, per call; the other engines log none
+    assert duel_report.collections(result["calls"]) == [
+        {"engine": "patched-again", "batch_size": bs, "gc_s": [0.05], "gen2": [1], "decode_tok_per_s": [200.0]}
+        for bs in (1, 4)
+    ]
     assert "env" not in result["engines"]["patched"]
     for name, engine in result["engines"].items():
         assert engine["failure"] is None and engine["ready"]["variant"] == name

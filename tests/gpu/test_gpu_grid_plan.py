@@ -260,7 +260,14 @@ def test_the_dsa_duel_serves_deepseek_v32_from_its_own_bundle(tmp_path):
     bdsa.mkdir()
     (bdsa / "manifest.json").write_text("{}")
     calls, _ = _run_plan(
-        tmp_path, LANES="0", STEPS="dsa_duel-r1", BDSA=str(bdsa), COUNT="dsa_duel-r1", DS_DUEL="1", DS_SIZE="dsv32"
+        tmp_path,
+        LANES="0",
+        STEPS="dsa_duel-r1",
+        BDSA=str(bdsa),
+        COUNT="dsa_duel-r1",
+        DS_DUEL="1",
+        DS_SIZE="dsv32",
+        GC_LOG="dsa_duel-r1",
     )
     by_out = {Path(_arg(c, "--out")).name: c for c in calls}
     dsa, dp = by_out["dsa_duel-r1"], by_out["dsv32_dp_duel-r1"]
@@ -270,6 +277,8 @@ def test_the_dsa_duel_serves_deepseek_v32_from_its_own_bundle(tmp_path):
         f"patched={bdsa}:0.5.12.post1:patched",
         f"pristine-count={bdsa}:0.5.12.post1:pristine:PK_E2E_COUNTERS_OFF=",
         f"patched-count={bdsa}:0.5.12.post1:patched:PK_E2E_COUNTERS_OFF=",
+        f"pristine-gc={bdsa}:0.5.12.post1:pristine:SGLANG_LOG_GC=1",
+        f"patched-gc={bdsa}:0.5.12.post1:patched:SGLANG_LOG_GC=1",
     ]
     assert (_arg(dsa, "--size"), _arg(dsa, "--scenario"), _arg(dsa, "--batch-sizes")) == ("dsv32", "mtp", "1,8,32,64")
     assert _arg(dsa, "--fa3-lib") == f"{bdsa}:{tmp_path / 'fa3' / 'lib.so'}"
