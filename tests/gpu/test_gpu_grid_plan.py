@@ -325,3 +325,34 @@ def test_a_poll_prints_the_tables_and_brings_the_json_back(tmp_path):
         names = {n.lstrip("./") for n in tar.getnames()}
     assert {"progress.log", "fa3_duel-r1/duel.json", "fa3_duel-r1/duel.md"} <= names
     assert "fa3_duel-r1/engine-patched.log" not in names
+
+
+def test_the_minus_plan_times_trees_without_one_patch_at_either_shape(tmp_path):
+    """gpu_e2e/minus_plan.sh: one duel per lane, pristine, patched and a tree per left-out patch;
+    SHAPE=8b (2026-11-28d's FA3 8B eager cells) with its KV share, BATCHES the sizes."""
+    bm = tmp_path / "bm"
+    (bm / "e2e" / "pk_gpu_e2e").mkdir(parents=True)
+    (bm / "e2e" / "pk_gpu_e2e" / "__init__.py").write_text("")
+    (bm / "e2e" / "pk_gpu_e2e" / "duel.py").write_text(STUB)
+    log = tmp_path / "calls.jsonl"
+    env = dict(
+        os.environ,
+        R=str(tmp_path / "run"),
+        BM=str(bm),
+        AFTER="/nonexistent",
+        LANES_MINUS="seq-lens-host-bound,verify-wait-on-stream",
+        SHAPE="8b",
+        BATCHES="64",
+        PK_PLAN_LOG=str(log),
+    )
+    (tmp_path / "run").mkdir()
+    done = subprocess.run(["bash", str(ROOT / "gpu_e2e" / "minus_plan.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (call,) = [json.loads(line) for line in log.read_text().splitlines()]
+    engines = [a for i, a in enumerate(call["args"]) if call["args"][i - 1] == "--engine"]
+    assert engines[2:] == [
+        f"minus-seq-lens-host-bound={bm}:0.5.12.post1:minus-seq-lens-host-bound",
+        f"minus-verify-wait-on-stream={bm}:0.5.12.post1:minus-verify-wait-on-stream",
+    ]
+    assert (_arg(call, "--size"), _arg(call, "--batch-sizes")) == ("8b", "64")
+    assert json.loads(_arg(call, "--engine-extra"))["max_total_tokens"] == 60000
