@@ -153,24 +153,25 @@ def markdown(result: dict) -> str:
         f"| {'identical' if r['identical'] else 'differ'} |"
         for r in rows
     ]
-    decode = [
+    decode_rows = [
         f"| {r['batch_size']} | {'eager' if r['eager'] else 'captured'} | {r['pair']} | {d['rounds']} "
         f"| {d['median']:.3f} | {d['min']:.3f} | {d['max']:.3f} "
         f"| {' → '.join(f'{v:.0f}' for v in d['tok_per_s'].values())} |"
         for r in rows
         if (d := r.get("decode"))
     ]
-    if decode:
+    decode: list[str] = []
+    if decode_rows:
         decode = [
             "",
             "decode only (sglang's logged rate over the steady batch):",
             "",
             "| bs | graph | pair (OTHER over BASE) | rounds | median | min | max | tok/s BASE → OTHER |",
             "|---:|---|---|---:|---:|---:|---:|---|",
-            *decode,
+            *decode_rows,
         ]
-    counted = waits(result.get("calls") or [])
-    if counted:
+    counted: list[str] = []
+    if counted_rows := waits(result.get("calls") or []):
         counted = [
             "",
             "host waits per decode step (counters on):",
@@ -181,11 +182,11 @@ def markdown(result: dict) -> str:
                 f"| {w['engine']} | {w['batch_size']} | {w['decode_steps']} | {w['waits']} "
                 f"| {w['per_step'] if w['per_step'] is not None else 'n/a'} "
                 f"| {'; '.join(f'{k} {v}' for k, v in list(w['sites'].items())[:4]) or '-'} |"
-                for w in counted
+                for w in counted_rows
             ),
         ]
-    gc = collections(result.get("calls") or [])
-    if gc:
+    gc: list[str] = []
+    if gc_rows := collections(result.get("calls") or []):
         gc = [
             "",
             "garbage collection a call (SGLANG_LOG_GC engines), round by round:",
@@ -194,8 +195,9 @@ def markdown(result: dict) -> str:
             "|---|---:|---|---|---|",
             *(
                 f"| {g['engine']} | {g['batch_size']} | {', '.join(f'{x:.3f}' for x in g['gc_s'])} "
-                f"| {', '.join(map(str, g['gen2']))} | {', '.join(f'{x:.0f}' if x else '-' for x in g['decode_tok_per_s'])} |"
-                for g in gc
+                f"| {', '.join(map(str, g['gen2']))} "
+                f"| {', '.join(f'{x:.0f}' if x else '-' for x in g['decode_tok_per_s'])} |"
+                for g in gc_rows
             ),
         ]
     failed = [f"- {n}: {e['failure']}" for n, e in (result.get("engines") or {}).items() if e.get("failure")]

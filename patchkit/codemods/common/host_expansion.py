@@ -62,7 +62,9 @@ VERIFY_OR_DRAFT_EXTEND = m.Call(func=attr("is_target_verify|is_draft_extend|is_d
 
 def spec_branches(fn: cst.CSTNode) -> list[cst.If]:
     """The ``if``/``elif`` branches of ``fn`` for target verify or the draft extend."""
-    return [b for b in primitives.find_all_of(cst.If, fn, m.If()) if primitives.contains(b.test, VERIFY_OR_DRAFT_EXTEND)]
+    return [
+        b for b in primitives.find_all_of(cst.If, fn, m.If()) if primitives.contains(b.test, VERIFY_OR_DRAFT_EXTEND)
+    ]
 
 
 def host_expansions(fn: cst.CSTNode) -> list[tuple[cst.If, cst.Call]]:
