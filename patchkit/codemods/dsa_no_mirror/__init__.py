@@ -232,7 +232,9 @@ def _prefix_set(fn: cst.FunctionDef) -> m.Comparison:
         for target in node.targets
         if isinstance(target.target, cst.Name)
     ]
-    subject = m.OneOf(_PREFIX, *(m.Name(name) for name in names)) if names else _PREFIX
+    subject: m.MatchIfTrue[cst.BaseExpression] = m.MatchIfTrue(
+        lambda node: m.matches(node, _PREFIX) or (isinstance(node, cst.Name) and node.value in names)
+    )
     return none_comparison(subject, m.IsNot())
 
 
@@ -266,7 +268,9 @@ def _without_prefix_test(test: cst.BaseExpression, prefix_set: m.Comparison) -> 
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
         left, right = _without_prefix_test(test.left, prefix_set), _without_prefix_test(test.right, prefix_set)
         if left is None or right is None:
-            keep = cst.ensure_type(right if left is None else left, cst.BaseExpression)
+            keep = right if left is None else left
+            if keep is None:  # `<list> is not None and <list> is not None`
+                return None
             return keep.with_changes(lpar=test.lpar, rpar=test.rpar) if test.lpar else keep
         return test.with_changes(left=left, right=right)
     return test
