@@ -11,7 +11,9 @@ draft extend's assert of ``extend_prefix_lens_cpu``); patched, it runs with no h
 of a device value (no ``.item()`` / ``.tolist()`` / ``.cpu()``), and the expanded lengths,
 top-k lengths, cumulative lengths and page-table rows equal what pristine computes when
 the host lengths are there. With them, the patched tree computes exactly pristine's
-metadata, the page table's width included.
+metadata, the page table's width included. The target-verify graph replay
+(``_apply_cuda_graph_metadata``) likewise: pristine asserts the mirror, patched replays
+with and without it, reading nothing.
 
 ``seqlens_expand_triton`` is a Triton kernel (CUDA only): the module gets the pure-torch
 reference of test_dsa_draft_extend_graph_behaviour (``expand``); the device tensors and
@@ -185,3 +187,50 @@ def test_patched_runs_without_the_host_lengths_and_reads_nothing(tree, backend, 
         # with the mirror pristine's width; without it the static bound (0.5.13+ keep no host bound)
         assert width == (max(LENS) + extra if host_lengths else CTX + extra)
         assert metadata.max_seq_len_k == width
+
+
+BS = 4  # the captured batch size (target verify)
+
+
+def replay_verify(tree, b, mirror: bool):
+    """Capture a target-verify graph at BS, then replay it for LENS padded with the fill length 1."""
+    b.init_cuda_graph_state(BS, BS * D)
+    b._apply_cuda_graph_metadata(  # the first call for a size builds its tables (the capture)
+        bs=BS,
+        req_pool_indices=torch.zeros(BS, dtype=torch.int64),
+        seq_lens=torch.ones(BS, dtype=torch.int64),
+        seq_lens_cpu=torch.ones(BS, dtype=torch.int64),
+        forward_mode=tree.modes.TARGET_VERIFY,
+        spec_info=None,
+    )
+    lens = LENS + [1] * (BS - len(LENS))
+    Device.reads = []
+    b._apply_cuda_graph_metadata(
+        bs=BS,
+        req_pool_indices=device(POOL + [0] * (BS - len(POOL))),
+        seq_lens=device(lens),
+        seq_lens_cpu=torch.tensor(lens) if mirror else None,
+        forward_mode=tree.modes.TARGET_VERIFY,
+        spec_info=None,
+    )
+    reads, Device.reads = list(Device.reads), []
+    return b.decode_cuda_graph_metadata[BS], reads
+
+
+def test_verify_replay_pristine_reads_the_mirror_patched_reads_nothing(tree, backend):
+    lens = LENS + [1] * (BS - len(LENS))
+    expanded = [n + j + 1 for n in lens for j in range(D)]
+    if tree.name == "pristine":
+        with pytest.raises(AssertionError):  # `assert seq_lens_cpu is not None`
+            replay_verify(tree, backend, mirror=False)
+        metadata, _ = replay_verify(tree, backend, mirror=True)
+        assert plain(metadata.dsa_seqlens_expanded) == expanded
+        return
+    for mirror in (True, False):
+        metadata, reads = replay_verify(tree, backend, mirror)
+        assert reads == []
+        assert plain(metadata.dsa_seqlens_expanded) == expanded
+        assert plain(metadata.dsa_cache_seqlens_int32) == [min(e, TOPK) for e in expanded]
+        table = plain(metadata.page_table_1)
+        for row, length in enumerate(expanded[: len(LENS) * D]):  # the live rows' entries up to their lengths
+            assert table[row][:length] == backend.req_to_token[POOL[row // D], :length].tolist()
