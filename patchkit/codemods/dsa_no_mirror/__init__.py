@@ -18,8 +18,10 @@ paths, it now takes without it:
   whose wait differs between DP-attention ranks (sglang #33973). Both become
   ``host_max_seq_len(<mirror>, self.max_context_len, forward_batch)`` (the
   mirror's max, else the batch's host bound, else the static bound).
-* the draft-extend branch asserted ``extend_prefix_lens_cpu`` it never reads
-  (the GPU-only draft extend of needs-cpu-seq-lens leaves it unset).
+* the draft-extend branch (0.5.14's own ``DRAFT_EXTEND_V2`` branch too) asserted
+  ``extend_prefix_lens_cpu`` it never reads (the GPU-only draft extend, of
+  needs-cpu-seq-lens or upstream's on 0.5.13 / 0.5.14, leaves it unset; 0.5.15+
+  refills it from the device first: left as upstream wrote it).
 * CUDA-graph replay and the multi-step precompute: the mirror's max sized
   the gather; without it, the preallocated table's width (backends.dsa
   ``graph_max_len``; upstream 0.5.15's ``_graph_page_table_width``).
