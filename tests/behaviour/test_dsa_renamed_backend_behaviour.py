@@ -13,7 +13,10 @@ top-k lengths, cumulative lengths and page-table rows equal what pristine comput
 the host lengths are there. With them, the patched tree computes exactly pristine's
 metadata, the page table's width included. The target-verify graph replay
 (``_apply_cuda_graph_metadata``) likewise: pristine asserts the mirror, patched replays
-with and without it, reading nothing.
+with and without it, reading nothing. With dsa-draft-extend-graph (the patched tree
+has both), the spec-v2 draft-extend replay of 0.5.14's own branch: pristine reads the
+accepted counts (``.tolist()``), patched writes the captured width with no host read,
+the padded rows clamped at 0, the live rows as the eager draft extend builds them.
 
 ``seqlens_expand_triton`` is a Triton kernel (CUDA only): the module gets the pure-torch
 reference of test_dsa_draft_extend_graph_behaviour (``expand``); the device tensors and
@@ -51,7 +54,8 @@ POOL = [3, 5, 1]  # their req_to_token rows
 def tree(request, tmp_path_factory, load_sglang):
     package = copy_tree(VERSION, tmp_path_factory.mktemp(f"dsa-renamed-{request.param}"), "package")
     if request.param == "patched":
-        result = CliRunner().invoke(main, ["apply", str(package), "dsa-no-mirror"], catch_exceptions=False)
+        # dsa-draft-extend-graph pulls in dsa-no-mirror; it changes only the replay's draft-extend branch
+        result = CliRunner().invoke(main, ["apply", str(package), "dsa-draft-extend-graph"], catch_exceptions=False)
         assert result.exit_code == 0, result.output
     load_sglang(package)
     dsa = importlib.import_module("sglang.srt.layers.attention.dsa_backend")
@@ -234,3 +238,78 @@ def test_verify_replay_pristine_reads_the_mirror_patched_reads_nothing(tree, bac
         table = plain(metadata.page_table_1)
         for row, length in enumerate(expanded[: len(LENS) * D]):  # the live rows' entries up to their lengths
             assert table[row][:length] == backend.req_to_token[POOL[row // D], :length].tolist()
+
+
+LIVE, ACCEPTED = LENS[:2], [2, 1]  # the draft-extend replay: 2 live requests padded to BS; what verify accepted
+
+
+def replay_draft_extend(tree, b, mirror: bool):
+    """Capture a DRAFT_EXTEND_V2 graph at BS, then replay 2 live requests padded with the fill length 1."""
+    b.init_cuda_graph_state(BS, BS * D)
+    b._apply_cuda_graph_metadata(
+        bs=BS,
+        req_pool_indices=torch.zeros(BS, dtype=torch.int64),
+        seq_lens=torch.ones(BS, dtype=torch.int64),
+        seq_lens_cpu=torch.ones(BS, dtype=torch.int64),
+        forward_mode=tree.modes.DRAFT_EXTEND_V2,
+        spec_info=NS(num_accept_tokens=torch.full((BS,), D, dtype=torch.int32)),
+    )
+    lens = LIVE + [1] * (BS - len(LIVE))
+    Device.reads = []
+    b._apply_cuda_graph_metadata(
+        bs=BS,
+        req_pool_indices=device(POOL[: len(LIVE)] + [0] * (BS - len(LIVE))),
+        seq_lens=device(lens),
+        seq_lens_cpu=torch.tensor(lens) if mirror else None,
+        forward_mode=tree.modes.DRAFT_EXTEND_V2,
+        spec_info=NS(num_accept_tokens=device(ACCEPTED + [D] * (BS - len(ACCEPTED)), torch.int32)),
+    )
+    reads, Device.reads = list(Device.reads), []
+    return b.decode_cuda_graph_metadata[BS], reads
+
+
+def test_draft_extend_replay_pristine_at_the_counts_patched_at_the_width(tree, backend):
+    lens = LIVE + [1] * (BS - len(LIVE))
+    fixed = [max(n - D + j + 1, 0) for n in lens for j in range(D)]
+    if tree.name == "pristine":
+        metadata, reads = replay_draft_extend(tree, backend, mirror=True)
+        assert "tolist" in reads  # spec_info.num_accept_tokens[:bs].tolist(): a host wait per draft extend
+        written = plain(metadata.dsa_seqlens_expanded)[: sum(ACCEPTED) + D * (BS - len(ACCEPTED))]
+        assert written != fixed[: len(written)]  # rows at the accepted counts, not the width
+        return
+    eager, _ = eager_draft_extend(tree, backend)
+    rows = len(LIVE) * D
+    for mirror in (True, False):
+        metadata, reads = replay_draft_extend(tree, backend, mirror)
+        assert reads == []
+        expanded = plain(metadata.dsa_seqlens_expanded)
+        assert expanded == fixed and expanded[rows:] == [0, 0, 1] * (BS - len(LIVE))  # clamped, not [-1, 0, 1]
+        assert plain(metadata.dsa_cache_seqlens_int32) == [min(n, TOPK) for n in expanded]
+        assert expanded[:rows] == eager["expanded"]
+        table = plain(metadata.page_table_1)
+        assert [row[:length] for row, length in zip(table, expanded[:rows])] == eager["rows"]
+
+
+def eager_draft_extend(tree, b):
+    """The eager draft extend of the live requests, GPU-only (the patched tree's values)."""
+    n = len(LIVE)
+    Device.reads = []
+    b.init_forward_metadata(
+        NS(
+            batch_size=n,
+            seq_lens=device(LIVE),
+            seq_lens_cpu=None,
+            seq_lens_sum=None,
+            req_pool_indices=device(POOL[:n]),
+            forward_mode=tree.modes.DRAFT_EXTEND_V2,
+            extend_seq_lens=device([D] * n, torch.int32),
+            extend_seq_lens_cpu=[D] * n,
+            extend_prefix_lens=device([x - D for x in LIVE], torch.int32),
+            extend_prefix_lens_cpu=None,
+            extend_num_tokens=n * D,
+            global_num_tokens_cpu=None,
+            attn_cp_metadata=None,
+        )
+    )
+    reads, Device.reads = list(Device.reads), []
+    return values(b.forward_metadata), reads
