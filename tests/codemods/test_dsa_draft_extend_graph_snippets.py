@@ -270,7 +270,7 @@ def test_shims_are_superseded_not_missing(codemod):
     assert finding.state is State.SUPERSEDED and "re-exports the renamed dsa module" in finding.detail
 
 
-def test_the_gate_says_where_dsa_no_mirror_is_not_applicable():
+def test_the_gate_lets_0_5_13_through_and_says_where_dsa_no_mirror_is_not_applicable():
     renamed_0_5_13 = code("""
         class DeepseekSparseAttnBackend(AttentionBackend):
             def init_forward_metadata(self, forward_batch):
@@ -280,8 +280,11 @@ def test_the_gate_says_where_dsa_no_mirror_is_not_applicable():
             def _apply_cuda_graph_metadata(self, bs):
                 pass
     """)
-    finding = detect(g.DsaDraftExtendGraphGate, renamed_0_5_13)
-    assert finding.moots_patch and finding.detail.startswith("builds on dsa-no-mirror, not applicable here: 0.5.13")
+    finding = detect(g.DsaDraftExtendGraphGate, renamed_0_5_13)  # 0.5.13 / 0.5.14: carried now
+    assert finding.state is State.SUPERSEDED and not finding.moots_patch
+    before_0_5_7 = renamed_0_5_13.replace("is_draft_extend(include_v2=True)", "is_draft_extend()")
+    finding = detect(g.DsaDraftExtendGraphGate, before_0_5_7)
+    assert finding.moots_patch and finding.detail.startswith("builds on dsa-no-mirror, not applicable here: no spec-v2")
 
 
 def test_is_dsa_backend_knows_both_names_and_imports_nothing(monkeypatch):

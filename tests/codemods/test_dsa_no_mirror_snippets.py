@@ -86,6 +86,11 @@ UPSTREAM_EAGER = code("""
             else:
                 max_seqlen_k = int(forward_batch.seq_lens.max().item()) + draft_token_num
             if forward_batch.forward_mode.is_draft_extend_v2():
+                if forward_batch.extend_prefix_lens_cpu is None:
+                    assert forward_batch.extend_prefix_lens is not None
+                    forward_batch.extend_prefix_lens_cpu = (
+                        forward_batch.extend_prefix_lens.cpu().tolist()
+                    )
                 assert (
                     forward_batch.extend_seq_lens_cpu is not None
                     and forward_batch.extend_prefix_lens_cpu is not None

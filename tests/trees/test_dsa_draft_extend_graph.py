@@ -1,6 +1,7 @@
 """dsa-draft-extend-graph (sglang #29413 + #30378) on the real releases: applied on 0.5.10
-and 0.5.12.post1 (apply, verify, idempotent, exact revert), and on 0.5.8 / 0.5.9 (the
-worker's capture gate inline, the replay on dsa-no-mirror's device expansion), native on
+and 0.5.12.post1 (apply, verify, idempotent, exact revert), on 0.5.8 / 0.5.9 (the
+worker's capture gate inline, the replay on dsa-no-mirror's device expansion) and on
+0.5.13 / 0.5.14 (the renamed backend's _apply_cuda_graph_metadata), native on
 0.5.15 and 0.5.23, not applicable on 0.5.7 (its draft-extend graph is NPU only) and with
 dsa-no-mirror's reasons elsewhere; and two fork shapes on
 0.5.12.post1 (upstream's names taken early; a draft-extend replay that returns early,
@@ -91,6 +92,43 @@ def test_carried_onto_0_5_8_and_0_5_9(make_tree, cli, version):
 
 
 @pytest.mark.trees
+@pytest.mark.parametrize(
+    ("version", "shared"),
+    [
+        ("0.5.13", "elif forward_mode.is_draft_extend(include_v2=True):"),  # v1 and v2 share the replay's branch
+        ("0.5.14", None),  # its own DRAFT_EXTEND_V2 branch at the accepted counts
+    ],
+)
+def test_carried_onto_0_5_13_and_0_5_14(make_tree, cli, version, shared):
+    """The renamed backend before upstream's #29413 (0.5.15): the replay is
+    _apply_cuda_graph_metadata; 0.5.13 gets a fixed-width branch before the shared one,
+    0.5.14's own branch at the counts gets the fixed-width body; the worker admits it
+    after its graph check (an isinstance tuple, 0.5.13's init_cuda_graphs, 0.5.14's
+    _capture_cuda_graphs)."""
+    tree = make_tree(version)
+    package = package_of(tree)
+    before = snapshot(tree)
+    assert state(cli, tree)["state"] == "absent"
+    assert cli("apply", tree, "dsa-no-mirror").exit_code == 0
+    required = snapshot(tree)
+    result = cli("apply", tree, ID)
+    assert result.exit_code == 0, result.output
+    replay = (package / DSA).read_text().split("    def _apply_cuda_graph_metadata(", 1)[1].split("\n    def ", 1)[0]
+    fixed = replay.split("elif forward_mode.is_draft_extend_v2():", 1)[1]
+    if shared:
+        fixed, rest = fixed.split(shared)
+        assert "spec_info.num_accept_tokens[:bs]" in rest  # the v1 draft extend keeps its branch
+    assert MARK in fixed and ".tolist()" not in fixed and "spec_info" not in fixed
+    assert "repeats=self.speculative_num_draft_tokens" in fixed and ".clamp_(min=0)" in fixed
+    worker = (package / WORKER).read_text()
+    assert "supports_cuda_draft_extend_graph = is_dsa_backend(" in worker and MARK in worker
+    assert (package / RUNTIME).is_file()
+    verified_idempotent_reverted(cli, tree, ID, required)  # applied, verify, idempotent, exact revert
+    assert cli("revert", tree).exit_code == 0
+    assert snapshot(tree) == before
+
+
+@pytest.mark.trees
 def test_not_applicable_on_0_5_7_where_the_draft_extend_graph_is_npu_only(linked_tree, cli):
     tree = linked_tree("0.5.7")
     st = state(cli, tree)
@@ -112,8 +150,7 @@ def test_native_from_0_5_15(linked_tree, cli, version):
     ("version", "reason"),
     [
         ("0.5.4.post3", "no spec-v2 draft extend here"),
-        ("0.5.13", "0.5.13 / 0.5.14's DSA backend"),
-        ("0.5.14", "0.5.13 / 0.5.14's DSA backend"),
+        ("0.5.6.post2", "no spec-v2 draft extend here"),
     ],
 )
 def test_not_applicable_where_dsa_no_mirror_is_not(linked_tree, cli, version, reason):

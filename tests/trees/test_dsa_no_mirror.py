@@ -1,11 +1,14 @@
 """dsa-no-mirror (sglang #29414, past upstream on #33973) on the real releases: applied on
-0.5.10 .. 0.5.12.post1, and on 0.5.7 .. 0.5.9 with the verify / draft-extend lengths
-expanded on the device, partial then applied on 0.5.15+ (only the eager fallback), not
-applicable elsewhere with its reason; exact revert; the audit clean; two fork shapes (a
+0.5.10 .. 0.5.12.post1, on 0.5.7 .. 0.5.9 with the verify / draft-extend lengths
+expanded on the device, and on 0.5.13 .. 0.5.14 (the renamed backend before upstream's
+opt-out), partial then applied on 0.5.15+ (only the eager fallback), not applicable
+elsewhere with its reason; exact revert; the audit clean; two fork shapes (a
 renamed backend, a vendor edit inside the indexer); and the eager width, run from the
 release's own code without the mirror, reading the device on upstream and not once patched."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from dsa_shapes import DEVICE_MAX, MAX_CONTEXT_LEN, eager_width
@@ -20,12 +23,22 @@ DSA = "srt/layers/attention/dsa_backend.py"
 INDEXER = "srt/layers/attention/nsa/nsa_indexer.py"
 PRECOMPUTE = "srt/layers/attention/nsa/nsa_backend_mtp_precompute.py"
 RUNTIME = "srt/_patchkit/backends/dsa.py"
+DSA_INDEXER = "srt/layers/attention/dsa/dsa_indexer.py"
+DSA_PRECOMPUTE = "srt/layers/attention/dsa/dsa_backend_mtp_precompute.py"
 UPSTREAM_OPT_OUT = ["0.5.15", "0.5.20", "0.5.23"]
 HOST_EXPANSION = ["0.5.7", "0.5.8", "0.5.9"]  # 0.5.8.post1's nsa files are 0.5.8's
+RENAMED_BEFORE_OPT_OUT = ["0.5.13", "0.5.13.post1", "0.5.14"]  # 0.5.13.post1's dsa files are 0.5.13's
 
 
 def state(cli, tree) -> dict:
     return patch_states(cli, tree, ID)[ID]
+
+
+def audit_findings(cli, tree) -> set[str]:
+    """The audit's unguarded / stale reads, by file and method (line numbers move when a file is patched)."""
+    result = cli("audit", tree)
+    found = (ln for ln in result.output.splitlines() if ": unguarded: " in ln or ": stale: " in ln)
+    return {re.sub(r"^.*?/(srt/[^:]+):\d+:", r"\1:", ln) for ln in found}
 
 
 def changed(before: dict, after: dict) -> set[str]:
@@ -108,6 +121,48 @@ def test_carried_onto_0_5_7_to_0_5_9_with_the_lengths_expanded_on_the_device(mak
 
 
 @pytest.mark.trees
+@pytest.mark.parametrize("version", RENAMED_BEFORE_OPT_OUT)
+def test_carried_onto_0_5_13_and_0_5_14_the_renamed_backend_before_upstreams_opt_out(make_tree, cli, version):
+    """DeepseekSparseAttnBackend before 0.5.15's opt-out: its GPU-only draft extend (upstream's,
+    needs-cpu-seq-lens native there) hands over extend_seq_lens_cpu but no mirror and no prefix
+    list; patched, the backend opts out and needs neither (the eager width from the host bound,
+    the draft extend's assert of the prefix list gone, the replay and precompute at the table's
+    width, the indexer's empty-batch test a shape), and the audit finds no read it did not before."""
+    tree = make_tree(version)
+    package = tree / "sglang" if (tree / "sglang").is_dir() else tree
+    before = snapshot(tree)
+    audited = audit_findings(cli, tree)  # upstream's own findings elsewhere (mamba, metrics): unchanged
+    assert state(cli, tree)["state"] == "absent"
+    assert cli("apply", tree, *REQUIRES).exit_code == 0  # replay-no-stale-mirror; needs-cpu-seq-lens is native
+    required = snapshot(tree)
+    result = cli("apply", tree, ID)
+    assert result.exit_code == 0, result.output
+    assert {rel for rel in changed(required, snapshot(tree)) if not rel.startswith("srt/_patchkit/")} == {
+        DSA,
+        DSA_INDEXER,
+        DSA_PRECOMPUTE,
+    }
+    dsa = (package / DSA).read_text()
+    assert dsa.count("needs_cpu_seq_lens: bool = False") == 2
+    eager = dsa.split("    def init_forward_metadata(self, forward_batch", 1)[1].split("\n    def ", 1)[0]
+    spec, prefill = eager.split("elif forward_batch.forward_mode.is_extend():")
+    assert "assert forward_batch.seq_lens_cpu is not None" not in eager and "extend_prefix_lens_cpu" not in spec
+    assert "extend_prefix_lens_cpu is not None" in prefill  # the prefill branch keeps its assert
+    assert "sum(extend_seq_lens_cpu)" in spec  # the list the GPU-only draft extend hands over
+    replay = dsa.split("    def _apply_cuda_graph_metadata(", 1)[1].split("\n    def ", 1)[0]
+    assert "assert seq_lens_cpu is not None\n" not in replay and "seq_lens_cpu.max().item()" not in replay
+    assert "graph_max_len(seq_lens_cpu" in replay
+    assert "forward_batch.seq_lens.numel() == 0" in (package / DSA_INDEXER).read_text()
+    assert "graph_max_len(" in (package / DSA_PRECOMPUTE).read_text()
+    # run from the tree's own code: no device read, the static bound (0.5.13+ keep no host bound)
+    assert eager_width(dsa, "DeepseekSparseAttnBackend", None) == (MAX_CONTEXT_LEN, 0)
+    assert audit_findings(cli, tree) == audited
+    verified_idempotent_reverted(cli, tree, ID, required)  # applied, verify, idempotent, exact revert
+    assert cli("revert", tree).exit_code == 0
+    assert snapshot(tree) == before
+
+
+@pytest.mark.trees
 def test_the_release_as_shipped_needs_the_mirror(make_tree):
     tree = make_tree("0.5.12.post1")
     package = tree / "sglang" if (tree / "sglang").is_dir() else tree
@@ -146,8 +201,6 @@ def test_past_upstream_no_device_read_in_the_eager_fallback(make_tree, cli, vers
     [
         ("0.5.4.post3", "no spec-v2 draft extend here"),
         ("0.5.6.post2", "no spec-v2 draft extend here"),
-        ("0.5.13", "0.5.13 / 0.5.14's DSA backend"),
-        ("0.5.14", "0.5.13 / 0.5.14's DSA backend"),
     ],
 )
 def test_not_applicable_with_its_reason(make_tree, cli, version, reason):

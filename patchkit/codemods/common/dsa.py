@@ -15,7 +15,7 @@ from patchkit.codemods.common import primitives
 from patchkit.codemods.common.base import ClassCheck, Finding, PatchCodemod, State
 from patchkit.codemods.common.host_expansion import device_form, host_expansions
 from patchkit.codemods.common.primitives import attr
-from patchkit.codemods.common.shared import FLAG, code_of
+from patchkit.codemods.common.shared import code_of
 
 NSA, DSA = "NativeSparseAttnBackend", "DeepseekSparseAttnBackend"
 NSA_MULTI, DSA_MULTI = "NativeSparseAttnMultiStepBackend", "DeepseekSparseAttnMultiStepBackend"
@@ -61,20 +61,21 @@ _EXPANDING_METHODS = ("init_forward_metadata", "init_forward_metadata_replay_cud
 
 class SpecV2Gate(ShimAware, ClassCheck):
     """Where spec v2's draft extend runs on the sparse-attention backend in the
-    shape dsa-no-mirror carries: 0.5.7 .. 0.5.12.post1 (and forks of them),
-    0.5.15+. Elsewhere the patch is moot (not applicable, with why):
+    shape dsa-no-mirror carries: 0.5.7 .. 0.5.23 (and forks of them; 0.5.13 /
+    0.5.14's renamed backend too: their GPU-only draft extend hands over
+    ``extend_seq_lens_cpu``, the rest the patch takes from the device lengths
+    and host bounds). Elsewhere the patch is moot (not applicable, with why):
     0.5.4.post3 .. 0.5.6.post2 call ``is_draft_extend()`` without ``include_v2``
     (sglang #15307 came with 0.5.7); a fork of 0.5.7 .. 0.5.9 whose host
     expansion of the verify / draft-extend lengths (``common.host_expansion``)
-    has lists patchkit cannot follow to the device; 0.5.13 / 0.5.14's
-    renamed backend hands no host lengths to the eager draft extend it asserts.
+    has lists patchkit cannot follow to the device.
     ``PREFIX`` opens each moot reason (a patch built on dsa-no-mirror says so)."""
 
     CLASS: ClassVar[str]
     PREFIX: ClassVar[str] = ""
     # the methods that name these: init_forward_metadata's branches and the replay's (their host
-    # expansions, 0.5.7 .. 0.5.9), 0.5.13's replay, an __init__ opt-out
-    METHODS_READ, WORDS_READ = (), ("is_draft_extend", "torch.cat", "_apply_cuda_graph_metadata", FLAG)
+    # expansions, 0.5.7 .. 0.5.9), 0.5.13's replay
+    METHODS_READ, WORDS_READ = (), ("is_draft_extend", "torch.cat", "_apply_cuda_graph_metadata")
 
     def detect_in_class(self, cls: cst.ClassDef) -> Finding:
         anchor = f"{self.CLASS}.init_forward_metadata"
@@ -100,19 +101,4 @@ class SpecV2Gate(ShimAware, ClassCheck):
                         "`torch.arange` over `zip(...)`) from lists patchkit cannot follow to device tensors; not "
                         "carried: 0.5.10 expands them on the device (seqlens_expand_triton)"
                     )
-        if primitives.find_method(cls, "_apply_cuda_graph_metadata") is not None and not declares_flag(cls):
-            return (
-                "0.5.13 / 0.5.14's DSA backend (graph metadata in _apply_cuda_graph_metadata): its GPU-only draft "
-                "extend hands over no host lengths, which the eager draft extend asserts; not carried, 0.5.15 opts "
-                "out upstream (sglang #29414)"
-            )
         return ""
-
-
-def declares_flag(cls: cst.ClassDef) -> bool:
-    """The class declares needs_cpu_seq_lens itself (a class attribute, or in __init__)."""
-    init = primitives.find_method(cls, "__init__")
-    sets = m.Assign(targets=[m.AssignTarget(target=attr(FLAG, m.Name("self")))])
-    return primitives.find_class_attribute(cls, FLAG) is not None or (
-        init is not None and primitives.contains(init, sets)
-    )

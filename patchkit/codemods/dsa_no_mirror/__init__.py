@@ -18,8 +18,10 @@ paths, it now takes without it:
   whose wait differs between DP-attention ranks (sglang #33973). Both become
   ``host_max_seq_len(<mirror>, self.max_context_len, forward_batch)`` (the
   mirror's max, else the batch's host bound, else the static bound).
-* the draft-extend branch asserted ``extend_prefix_lens_cpu`` it never reads
-  (the GPU-only draft extend of needs-cpu-seq-lens leaves it unset).
+* the draft-extend branch (0.5.14's own ``DRAFT_EXTEND_V2`` branch too) asserted
+  ``extend_prefix_lens_cpu`` it never reads (the GPU-only draft extend, of
+  needs-cpu-seq-lens or upstream's on 0.5.13 / 0.5.14, leaves it unset; 0.5.15+
+  refills it from the device first: left as upstream wrote it).
 * CUDA-graph replay and the multi-step precompute: the mirror's max sized
   the gather; without it, the preallocated table's width (backends.dsa
   ``graph_max_len``; upstream 0.5.15's ``_graph_page_table_width``).
@@ -31,6 +33,8 @@ paths, it now takes without it:
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -218,28 +222,59 @@ class DsaEagerMaxFromHostBound(NsaEagerMaxFromHostBound):
 # -- the draft extend's assert of a host list it never reads ---------------------------------------
 
 _IS_DRAFT_EXTEND = m.Call(func=attr("is_draft_extend"))
-_IS_DRAFT_EXTEND_V2 = m.Call(func=attr("is_draft_extend_v2"))
-_PREFIX_SET = none_comparison(attr("extend_prefix_lens_cpu", m.Name("forward_batch")), m.IsNot())
+_IS_DRAFT_EXTEND_V2 = m.Call(func=attr("is_draft_extend_v2"))  # 0.5.14+: a branch of its own
+_PREFIX = attr("extend_prefix_lens_cpu", m.Name("forward_batch"))
 
 
-def _draft_extend_asserts(fn: cst.FunctionDef) -> tuple[list[cst.If], list[cst.Assert]]:
-    branches = primitives.find_all_of(cst.If, fn, m.If(test=_IS_DRAFT_EXTEND))
+def _prefix_set(fn: cst.FunctionDef) -> m.Comparison:
+    """``<prefix list> is not None``: the batch's, or a local read from it."""
+    names = [
+        cst.ensure_type(target.target, cst.Name).value
+        for node in primitives.find_all_of(cst.Assign, fn, m.Assign(value=_PREFIX))
+        for target in node.targets
+        if isinstance(target.target, cst.Name)
+    ]
+    subject: m.MatchIfTrue[cst.BaseExpression] = m.MatchIfTrue(
+        lambda node: m.matches(node, _PREFIX) or (isinstance(node, cst.Name) and node.value in names)
+    )
+    return none_comparison(subject, m.IsNot())
+
+
+def _refills(branch: cst.If) -> bool:
+    """0.5.15+: the branch first fills the prefix list when it is unset (from the device:
+    upstream's own read), so its assert holds."""
+    return any(m.matches(s, m.If(test=none_comparison(_PREFIX, m.Is()))) for s in branch.body.body)
+
+
+def _draft_extend_asserts(fn: cst.FunctionDef) -> tuple[list[cst.If], list[cst.SimpleStatementLine]]:
+    """The draft-extend branches (0.5.7 .. 0.5.13's shared one, 0.5.14+'s DRAFT_EXTEND_V2 one)
+    and the assert lines of the prefix list in those that do not refill it."""
+    branches = primitives.find_all_of(cst.If, fn, m.If(test=_IS_DRAFT_EXTEND | _IS_DRAFT_EXTEND_V2))
+    prefix_set = _prefix_set(fn)
     lines = [
         stmt
         for branch in branches
+        if not _refills(branch)
         for stmt in branch.body.body
-        if isinstance(stmt, cst.SimpleStatementLine) and m.matches(stmt, m.SimpleStatementLine(body=[m.Assert()]))
+        if isinstance(stmt, cst.SimpleStatementLine)
+        and m.matches(stmt, m.SimpleStatementLine(body=[m.Assert()]))
+        and primitives.contains(stmt, prefix_set)
     ]
-    asserts = [cst.ensure_type(line.body[0], cst.Assert) for line in lines]
-    return branches, [a for a in asserts if primitives.contains(a, _PREFIX_SET)]
+    return branches, lines
 
 
-def _without_prefix_test(test: cst.BaseExpression) -> cst.BaseExpression:
+def _without_prefix_test(test: cst.BaseExpression, prefix_set: m.Comparison) -> Optional[cst.BaseExpression]:
+    """``test`` without its ``<prefix list> is not None`` term; None when that is all of it."""
+    if m.matches(test, prefix_set):
+        return None
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        for keep, drop in ((test.left, test.right), (test.right, test.left)):
-            if m.matches(drop, _PREFIX_SET):
-                return keep.with_changes(lpar=test.lpar, rpar=test.rpar)
-        return test.with_changes(left=_without_prefix_test(test.left), right=_without_prefix_test(test.right))
+        left, right = _without_prefix_test(test.left, prefix_set), _without_prefix_test(test.right, prefix_set)
+        if left is None or right is None:
+            keep = right if left is None else left
+            if keep is None:  # `<list> is not None and <list> is not None`
+                return None
+            return keep.with_changes(lpar=test.lpar, rpar=test.rpar) if test.lpar else keep
+        return test.with_changes(left=left, right=right)
     return test
 
 
@@ -258,22 +293,35 @@ class NsaDraftExtendNeedsNoPrefixList(ShimAware, MethodCodemod):
     )
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
-        branches, asserts = _draft_extend_asserts(fn)
+        branches, lines = _draft_extend_asserts(fn)
+        if lines:
+            return Finding.todo(self.anchor, "the draft extend asserts extend_prefix_lens_cpu")
         if not branches:
-            if primitives.contains(fn, m.If(test=_IS_DRAFT_EXTEND_V2)):
-                return Finding.superseded(
-                    self.anchor, "upstream's own DRAFT_EXTEND_V2 branch (0.5.14+): left as upstream wrote it"
-                )
             return self.missing_in(
                 fn, "no `elif forward_batch.forward_mode.is_draft_extend(...)` branch", "the draft-extend branch"
             )
-        if asserts:
-            return Finding.todo(self.anchor, "the draft extend asserts extend_prefix_lens_cpu")
+        if any(_refills(branch) for branch in branches):
+            return Finding.superseded(
+                self.anchor,
+                "upstream's own DRAFT_EXTEND_V2 branch fills the prefix list it asserts (0.5.15+): left as upstream "
+                "wrote it",
+            )
         return Finding.done(self.anchor)
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
-        for node in _draft_extend_asserts(fn)[1]:
-            fn = primitives.replace_node(fn, node, node.with_changes(test=_without_prefix_test(node.test)))
+        prefix_set = _prefix_set(fn)
+        lines = _draft_extend_asserts(fn)[1]
+        for line in lines:
+            test = _without_prefix_test(cst.ensure_type(line.body[0], cst.Assert).test, prefix_set)
+            if test is not None:
+                fn = primitives.replace_node(fn, line.body[0], line.body[0].with_changes(test=test))
+        gone = [line for line in lines if m.matches(line.body[0], m.Assert(test=prefix_set))]
+        if gone:
+            fn = primitives.replace_statements(
+                fn,
+                m.SimpleStatementLine() & m.MatchIfTrue(lambda node: any(node is line for line in gone)),
+                lambda _line: cst.RemovalSentinel.REMOVE,
+            )
         return fn
 
 
