@@ -62,6 +62,8 @@ SWITCH = "PATCHKIT_FLASHINFER_DRAFT_EXTEND_GRAPH"
 BACKEND = "FlashInferAttnBackend"
 #: The backend's attribute holding each captured batch size's query stride.
 STRIDES = "patchkit_draft_extend_strides"
+#: A graph wrapper's attribute holding the replay's host plan while the updater plans it.
+HOST = "patchkit_host_plan"
 
 #: The replay's plan arrays on the host (int32 CPU tensors; flashinfer-host-indptr's
 #: ``host_plan`` fields) and the K lengths' sum.
@@ -194,12 +196,17 @@ def _install_sync_free_plan(wrapper: Any, host: HostPlan, args: tuple, kwargs: d
 
 
 def sync_free_plan(wrapper: Any, stock: Any, *args: Any, **kwargs: Any) -> None:
-    """A CUDA-graph paged prefill wrapper's plan: with host ``qo_indptr``,
-    ``kv_indptr`` and last-page lengths (flashinfer-host-indptr's host plan),
-    FlashInfer's ``_cached_module.plan`` is called with them directly (what
-    ``plan()`` computes from them, without its ``.to("cpu")`` and its copies of
-    pageable tensors); with device arrays, the stock ``plan()``."""
-    if not _plan_from_host(wrapper, args, kwargs):
+    """A CUDA-graph paged prefill wrapper's plan: handed the replay's host plan
+    (``replay_draft_extend_v2`` put it on the wrapper; flashinfer-host-indptr's
+    ``paged_plan_from_host`` passes its ``qo_indptr``, ``kv_indptr`` and
+    last-page lengths), FlashInfer's ``_cached_module.plan`` is called with
+    them directly (what ``plan()`` computes from them, without its
+    ``.to("cpu")`` and its copies of pageable tensors); anything else (the
+    device arrays), the stock ``plan()``."""
+    host = getattr(wrapper, HOST, None)
+    ours = host is not None and len(args) >= 4
+    ours = ours and args[0] is host.qo_indptr and args[1] is host.kv_indptr and args[3] is host.last_page_len
+    if not (ours and _plan_from_host(wrapper, args, kwargs)):
         stock(*args, **kwargs)
 
 
@@ -209,7 +216,7 @@ def _plan_from_host(wrapper: Any, args: tuple, kwargs: dict) -> bool:
     (nothing done) for anything else: the stock plan then runs."""
     import torch
 
-    if len(args) < 8 or not _on_host(args[0], args[1], args[3]):
+    if len(args) < 8:
         return False
     qo_indptr, kv_indptr, kv_indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size = args[:8]
     batch_size = len(qo_indptr) - 1
@@ -308,15 +315,40 @@ def replay_draft_extend_v2(
     buffers), from the mirror where it matches (``replay_host_plan``), else
     from the device arrays as the stock plan does."""
     stride = getattr(backend, STRIDES)[bs]
+    wrappers = backend.draft_extend_cuda_graph_metadata[bs]
+    host = replay_host_plan(backend, bs, seq_lens_cpu, seq_lens_sum)
+    for wrapper in wrappers:
+        setattr(wrapper, HOST, host)
+    try:
+        _replan(
+            backend, bs, stride, wrappers, host, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, seq_lens_cpu
+        )
+    finally:
+        for wrapper in wrappers:
+            setattr(wrapper, HOST, None)
+
+
+def _replan(
+    backend: Any,
+    bs: int,
+    stride: int,
+    wrappers: list,
+    host: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    seq_lens_sum: Any,
+    encoder_lens: Any,
+    seq_lens_cpu: Any,
+) -> None:
     backend.indices_updater_prefill.update(
         req_pool_indices[:bs],
         seq_lens[:bs],
         seq_lens_cpu[:bs] if seq_lens_cpu is not None else None,
         seq_lens_sum,
         prefix_lens=seq_lens[:bs] - stride,
-        prefill_wrappers=backend.draft_extend_cuda_graph_metadata[bs],
+        prefill_wrappers=wrappers,
         use_ragged=False,
         encoder_lens=encoder_lens[:bs] if encoder_lens is not None else None,
         spec_info=None,
-        host_plan=replay_host_plan(backend, bs, seq_lens_cpu, seq_lens_sum),
+        host_plan=host,
     )
