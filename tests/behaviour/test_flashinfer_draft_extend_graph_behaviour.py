@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import itertools
 from types import SimpleNamespace
-from unittest import mock
 
 import pytest
 
@@ -274,7 +273,7 @@ def test_without_the_mirror_the_stock_plan_runs(fi):
     replay(fi, be, 4, fill, [0, 1, 2, 3], [5, 6, 7, 8], mirror=False)
     assert wrapper.stock_plans == stock_before + 1
     assert plain(wrapper._paged_kv_indptr_buf).tolist() == [0, 5, 11, 18, 26]
-    assert getattr(wrapper, "patchkit_host_plan") is None  # the host plan is not left behind
+    assert wrapper.patchkit_host_plan is None  # the host plan is not left behind
 
 
 def test_a_module_that_disagrees_keeps_the_stock_plan(fi, monkeypatch):
