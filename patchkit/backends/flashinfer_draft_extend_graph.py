@@ -151,7 +151,11 @@ def capture_draft_extend_v2(
         host = _plan_arrays(bs, stride, seq_lens_cpu)
         for wrapper, args, kwargs in calls:
             _install_sync_free_plan(wrapper, host, args, kwargs)
-    backend.draft_extend_cuda_graph_metadata[bs] = wrappers
+    metadata = getattr(backend, "draft_extend_cuda_graph_metadata", None)
+    if metadata is None:  # declared (unused) in __init__ from 0.5.4; a fork may lack it
+        metadata = {}
+        backend.draft_extend_cuda_graph_metadata = metadata
+    metadata[bs] = wrappers
     strides = getattr(backend, STRIDES, None)
     if strides is None:
         strides = {}
