@@ -208,8 +208,13 @@ def sync_free_plan(wrapper: Any, stock: Any, *args: Any, **kwargs: Any) -> None:
     ``.to("cpu")`` and its copies of pageable tensors); anything else (the
     device arrays), the stock ``plan()``."""
     host = getattr(wrapper, HOST, None)
-    ours = host is not None and len(args) >= 4
-    ours = ours and args[0] is host.qo_indptr and args[1] is host.kv_indptr and args[3] is host.last_page_len
+    ours = (
+        host is not None
+        and len(args) >= 4
+        and args[0] is host.qo_indptr
+        and args[1] is host.kv_indptr
+        and args[3] is host.last_page_len
+    )
     if not (ours and _plan_from_host(wrapper, args, kwargs)):
         stock(*args, **kwargs)
 
