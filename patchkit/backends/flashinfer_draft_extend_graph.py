@@ -74,14 +74,22 @@ def switched_on() -> bool:
     return os.environ.get(SWITCH, "") == "1"
 
 
+#: The backend's methods the patch gives a DRAFT_EXTEND_V2 branch.
+GRAPH_METHODS = ("init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph")
+
+
 def admits_flashinfer_draft_extend(backend: object) -> bool:
     """Whether the worker captures ``backend``'s draft extend: the switch is on,
-    it is a FlashInfer (MHA) backend (a subclass counts), with one wrapper
-    (no sliding window, no cross attention) and prefill buffers."""
+    its CUDA-graph metadata methods are ``FlashInferAttnBackend``'s own (a
+    subclass that keeps them counts; TRT-LLM MHA, a subclass with its own, is
+    not this patch's), with one wrapper (no sliding window, no cross
+    attention) and prefill buffers."""
     if not switched_on() or backend is None:
         return False
-    if not any(cls.__name__ == BACKEND for cls in type(backend).__mro__):
-        return False
+    for name in GRAPH_METHODS:
+        owner = next((cls for cls in type(backend).__mro__ if name in vars(cls)), None)
+        if owner is None or owner.__name__ != BACKEND:
+            return False
     return getattr(backend, "dispatch_reason", "unknown") is None and not getattr(backend, "skip_prefill", True)
 
 

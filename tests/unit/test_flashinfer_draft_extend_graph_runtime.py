@@ -13,13 +13,24 @@ torch = pytest.importorskip("torch")
 from patchkit.backends import flashinfer_draft_extend_graph as deg  # noqa: E402
 
 
-class FlashInferAttnBackend:  # the name the admission knows (a subclass counts)
+class FlashInferAttnBackend:  # the name the admission knows (a subclass that keeps its methods counts)
     dispatch_reason = None
     skip_prefill = False
+
+    def init_forward_metadata_capture_cuda_graph(self):
+        pass
+
+    def init_forward_metadata_replay_cuda_graph(self):
+        pass
 
 
 class VendorBackend(FlashInferAttnBackend):
     pass
+
+
+class TRTLLMHAAttnBackend(FlashInferAttnBackend):  # upstream's subclass with graph metadata of its own
+    def init_forward_metadata_capture_cuda_graph(self):
+        pass
 
 
 def test_the_switch_is_off_by_default(monkeypatch):
@@ -33,6 +44,7 @@ def test_the_switch_is_off_by_default(monkeypatch):
     monkeypatch.setenv(deg.SWITCH, "1")
     assert deg.admits_flashinfer_draft_extend(FlashInferAttnBackend()) is True
     assert deg.admits_flashinfer_draft_extend(VendorBackend()) is True
+    assert deg.admits_flashinfer_draft_extend(TRTLLMHAAttnBackend()) is False  # trtllm-mha-draft-extend-v2's
 
 
 @pytest.mark.parametrize(
@@ -40,8 +52,8 @@ def test_the_switch_is_off_by_default(monkeypatch):
     [
         None,
         SimpleNamespace(dispatch_reason=None, skip_prefill=False),  # not FlashInfer
-        type("FlashInferAttnBackend", (), {"dispatch_reason": "SLIDING_WINDOW", "skip_prefill": False})(),
-        type("FlashInferAttnBackend", (), {"dispatch_reason": None, "skip_prefill": True})(),
+        type("FlashInferAttnBackend", (FlashInferAttnBackend,), {"dispatch_reason": "SLIDING_WINDOW"})(),
+        type("FlashInferAttnBackend", (FlashInferAttnBackend,), {"skip_prefill": True})(),
     ],
 )
 def test_switched_on_only_a_one_wrapper_flashinfer_with_prefill_buffers_is_admitted(monkeypatch, backend):
