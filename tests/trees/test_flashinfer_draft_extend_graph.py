@@ -1,5 +1,5 @@
 """flashinfer-draft-extend-graph on the real releases: applied on 0.5.10, 0.5.11 and
-0.5.12.post1 (and the inline gate of 0.5.9): apply, verify, a second apply changes
+0.5.12.post1 (and the inline gate of 0.5.8, 0.5.9): apply, verify, a second apply changes
 nothing, revert byte-exact; native on 0.5.14+; not applicable, with its one-line
 reason, on 0.5.13.x and on 0.5.4 .. 0.5.7."""
 
@@ -16,7 +16,7 @@ RUNTIME = "srt/_patchkit/backends/flashinfer_draft_extend_graph.py"
 
 
 @pytest.mark.trees
-@pytest.mark.parametrize("version", ["0.5.10", "0.5.11", "0.5.12.post1", "0.5.9"])
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.11", "0.5.12.post1", "0.5.9", "0.5.8"])
 def test_applied_verified_idempotent_and_reverted_exactly(make_tree, cli, version):
     tree = make_tree(version)
     pristine = snapshot(tree)
