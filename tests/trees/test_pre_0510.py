@@ -54,6 +54,7 @@ def test_guarded_by_the_patch_0_5_4(cli, linked_tree):
         "dsa-draft-extend-graph",  # builds on dsa-no-mirror
         "draft-extend-graph-no-topk",
         "fa3-draft-extend-graph",
+        "flashinfer-draft-extend-graph",
         "trtllm-mha-draft-extend-v2",
         "spec-v2-decode-copies",
         "seq-lens-host-bound",
