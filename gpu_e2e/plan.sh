@@ -133,6 +133,11 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
     be=flashinfer
     eng+=(--engine "patched-hostplan=$B12:0.5.12.post1:patched:PATCHKIT_FLASHINFER_HOST_INDPTR=1")
     pairs+=",pristine:patched-hostplan,upstream:patched-hostplan,patched:patched-hostplan"
+    # FI_GRAPH=1: the draft extend in a CUDA graph too (flashinfer-draft-extend-graph, after 2026-11-28d)
+    if [ "${FI_GRAPH:-0}" = 1 ]; then
+      eng+=(--engine "patched-graph=$B12:0.5.12.post1:patched:PATCHKIT_FLASHINFER_HOST_INDPTR=1,PATCHKIT_FLASHINFER_DRAFT_EXTEND_GRAPH=1")
+      pairs+=",pristine:patched-graph,upstream:patched-graph,patched-hostplan:patched-graph"
+    fi
   fi
   if [[ $cell == *_ds_* ]]; then  # DeepSeek MTP on one GPU (FlashInfer MLA at flashinfer_ds)
     scen=(--size ds --scenario mtp); bss=1,8,32,64; cap=8; tokens=100000

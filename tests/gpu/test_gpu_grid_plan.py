@@ -244,6 +244,10 @@ def test_duel_steps_add_the_minus_tree_the_flashinfer_switch_and_counted_engines
     once = [fi["args"][i + 1] for i, a in enumerate(fi["args"]) if a == "--once"]
     assert once == ["pristine-count", "patched-count", "patched-hostplan-count"]
     assert "pristine:patched-hostplan" in _arg(fi, "--compare") and _arg(fi, "--deadline-s") == "600"
+    graph, _ = _run_plan(tmp_path / "graph", LANES="0", STEPS="flashinfer_duel-r1", FI_GRAPH="1")
+    both = "PATCHKIT_FLASHINFER_HOST_INDPTR=1,PATCHKIT_FLASHINFER_DRAFT_EXTEND_GRAPH=1"
+    assert f"patched-graph={tmp_path / 'graph' / 'b12'}:0.5.12.post1:patched:{both}" in graph[0]["args"]
+    assert "patched-hostplan:patched-graph" in _arg(graph[0], "--compare")
     ds = by_out["flashinfer_ds_duel-r1"]
     assert (
         _arg(ds, "--size") == "ds"
