@@ -45,35 +45,20 @@ MLA = dict(kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head
 #: DeepSeek-V3.2's sparse-attention indexer, as its published config.json has it.
 DSA_INDEXER = dict(index_n_heads=64, index_head_dim=128, index_topk=2048)
 
+#: ``ds``: V3's geometry, cut down (the module doc).
+_DS = dict(
+    hidden_size=1024,
+    intermediate_size=2816,
+    moe_intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=16,
+    first_k_dense_replace=1,
+    n_routed_experts=64,
+)
 SIZES = {
-    "ds": dict(
-        hidden_size=1024,
-        intermediate_size=2816,
-        moe_intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=16,
-        first_k_dense_replace=1,
-        n_routed_experts=64,
-    ),
-    "dsv32": dict(
-        hidden_size=1024,
-        intermediate_size=2816,
-        moe_intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=16,
-        first_k_dense_replace=1,
-        n_routed_experts=64,
-        sparse_attention=True,
-    ),
-    "ds-dense": dict(
-        hidden_size=1024,
-        intermediate_size=2816,
-        moe_intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=16,
-        first_k_dense_replace=4,
-        n_routed_experts=64,
-    ),
+    "ds": _DS,
+    "dsv32": {**_DS, "sparse_attention": True},
+    "ds-dense": {**_DS, "first_k_dense_replace": 4},
 }
 
 

@@ -47,9 +47,8 @@ from patchkit.codemods.common.draft_extend_gate import (
     GRAPH_CHECK,
     NO_TOKEN_MAP,
     AdmitsOnCudaWithoutTokenMap,
+    admit,
     graph_check,
-    the_gate,
-    with_gate_term,
 )
 from patchkit.codemods.common.shared import code_of
 
@@ -140,20 +139,7 @@ class GraphCheckAdmitsFA3(AdmitsOnCudaWithoutTokenMap):
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         if _earlier_form(fn) is not None:
             return primitives.replace_statements(fn, _EARLIER, _this_form)
-        check = graph_check(fn)
-        if check is None:  # 0.5.8.post1 / 0.5.9: the flag first, then one more term of the gate
-            return primitives.replace_statements(
-                fn,
-                the_gate(fn),
-                lambda gate: cst.FlattenSentinel(
-                    [*primitives.parse_statements_with_comments(LET_FA3_IN_GATE), with_gate_term(gate, INLINE_FLAG)]
-                ),
-            )
-        return primitives.replace_statements(
-            fn,
-            primitives.line(primitives.is_node(check)),
-            lambda stmt: cst.FlattenSentinel([stmt, *primitives.parse_statements_with_comments(LET_FA3_IN)]),
-        )
+        return admit(fn, LET_FA3_IN, LET_FA3_IN_GATE, INLINE_FLAG)
 
 
 _EARLIER = m.If(test=m.MatchIfTrue(lambda test: code_of(test) == EARLIER_TEST))

@@ -43,9 +43,8 @@ from patchkit.codemods.common.draft_extend_gate import (
     GRAPH_CHECK,
     NO_TOKEN_MAP,
     AdmitsOnCudaWithoutTokenMap,
+    admit,
     graph_check,
-    the_gate,
-    with_gate_term,
 )
 from patchkit.codemods.common.shared import code_of
 from patchkit.layout import import_path
@@ -125,20 +124,7 @@ class GraphCheckAdmitsFlashInfer(AdmitsOnCudaWithoutTokenMap):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         self.require_import(HELPERS, ADMIT)
-        check = graph_check(fn)
-        if check is None:  # 0.5.8.post1 / 0.5.9: the flag first, then one more term of the gate
-            return primitives.replace_statements(
-                fn,
-                the_gate(fn),
-                lambda gate: cst.FlattenSentinel(
-                    [*primitives.parse_statements_with_comments(LET_FI_IN_GATE), with_gate_term(gate, INLINE_FLAG)]
-                ),
-            )
-        return primitives.replace_statements(
-            fn,
-            primitives.line(primitives.is_node(check)),
-            lambda stmt: cst.FlattenSentinel([stmt, *primitives.parse_statements_with_comments(LET_FI_IN)]),
-        )
+        return admit(fn, LET_FI_IN, LET_FI_IN_GATE, INLINE_FLAG)
 
 
 # -- layers/attention/flashinfer_backend.py ---------------------------------------------------

@@ -76,6 +76,26 @@ def with_gate_term(gate: cst.If, term: str) -> cst.If:
     return gate.with_changes(test=gate.test.deep_replace(ors, grown))
 
 
+def admit(fn: cst.FunctionDef, after_check: str, before_gate: str, flag: str) -> cst.FunctionDef:
+    """``fn`` letting one more backend into the draft-extend graph: ``after_check`` (source)
+    right after the graph check, or, where the release writes the check inline in the capture
+    ``if`` (0.5.8.post1 / 0.5.9), ``before_gate`` before it and ``or <flag>`` in its gate."""
+    check = graph_check(fn)
+    if check is None:
+        return primitives.replace_statements(
+            fn,
+            the_gate(fn),
+            lambda gate: cst.FlattenSentinel(
+                [*primitives.parse_statements_with_comments(before_gate), with_gate_term(gate, flag)]
+            ),
+        )
+    return primitives.replace_statements(
+        fn,
+        primitives.line(primitives.is_node(check)),
+        lambda stmt: cst.FlattenSentinel([stmt, *primitives.parse_statements_with_comments(after_check)]),
+    )
+
+
 class DraftExtendGraphCheck(MethodCodemod):
     """A change to ``EagleDraftWorker``'s draft-extend CUDA-graph check, in
     whichever method assigns it (0.5.17 renamed ``init_cuda_graphs`` to

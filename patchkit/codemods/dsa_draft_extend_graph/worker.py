@@ -21,9 +21,8 @@ from patchkit.codemods.common.draft_extend_gate import (
     GRAPH_CHECK,
     NO_TOKEN_MAP,
     AdmitsOnCudaWithoutTokenMap,
+    admit,
     graph_check,
-    the_gate,
-    with_gate_term,
 )
 from patchkit.codemods.common.dsa import DSA, NSA
 from patchkit.layout import import_path
@@ -81,17 +80,4 @@ class GraphCheckAdmitsDsa(AdmitsOnCudaWithoutTokenMap):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         self.require_import(import_path("backends.dsa_graph"), "is_dsa_backend")
-        check = graph_check(fn)
-        if check is None:  # 0.5.8 .. 0.5.9: the flag first, then one more term of the gate
-            return primitives.replace_statements(
-                fn,
-                the_gate(fn),
-                lambda gate: cst.FlattenSentinel(
-                    [*primitives.parse_statements_with_comments(LET_DSA_IN_GATE), with_gate_term(gate, INLINE_FLAG)]
-                ),
-            )
-        return primitives.replace_statements(
-            fn,
-            primitives.line(primitives.is_node(check)),
-            lambda stmt: cst.FlattenSentinel([stmt, *primitives.parse_statements_with_comments(LET_DSA_IN)]),
-        )
+        return admit(fn, LET_DSA_IN, LET_DSA_IN_GATE, INLINE_FLAG)
