@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -185,6 +186,10 @@ def start(spec: dict, where: dict, args, index: int, work: Path, out: Path) -> E
         )
     addr = work / f"duel-{spec['name']}.sock"
     addr.unlink(missing_ok=True)
+    # a lane's --work outlives its duels: an earlier duel's dumps under the same engine name
+    # were read as this engine's facts (2026-11-28d's FlashInfer counted engines showed FA3's)
+    sync_dir = work / "syncs" / spec["name"]
+    shutil.rmtree(sync_dir, ignore_errors=True)
     key = secrets.token_bytes(16)
     env = launch.runner_env(
         tree=tree,
@@ -193,7 +198,7 @@ def start(spec: dict, where: dict, args, index: int, work: Path, out: Path) -> E
         site_common=where["site_common"],
         bundle=where["bundle"],
         info=where["info"],
-        sync_dir=work / "syncs" / spec["name"],
+        sync_dir=sync_dir,
         asked_env=spec.get("env") or {},
     )
     env[duel_serve.ENV_ADDR], env[duel_serve.ENV_KEY] = str(addr), key.hex()

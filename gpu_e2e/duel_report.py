@@ -131,6 +131,29 @@ def collections(calls: list[dict]) -> list[dict]:
     ]
 
 
+def ran_with(result: dict) -> list[dict]:
+    """What each engine that noted its facts (the counted ones) ran with, read back from its
+    own schedulers: the attention backend, whether the draft extend has a CUDA-graph runner
+    (issue 72: only the patched DSA tree should), and each rank's mirror decision."""
+    rows = []
+    for name, engine in sorted((result.get("engines") or {}).items()):
+        ready = engine.get("ready") or {}
+        facts = ready.get("engine_facts") or []
+        if not facts:
+            continue
+        decisions = [d for r in ready.get("ranks_startup") or [] for d in r.get("decisions") or []]
+        rows.append(
+            {
+                "engine": name,
+                "schedulers": len(facts),
+                "attn_backend": sorted({str(f.get("attn_backend")) for f in facts}),
+                "draft_extend_graph_runner": sorted({str(f.get("draft_extend_graph_runner")) for f in facts}),
+                "needs_cpu_seq_lens": decisions,
+            }
+        )
+    return rows
+
+
 def _tok_per_s(timed: dict, rounds: list[int], bs: int, engine: str) -> float:
     """The median call's tokens per second."""
     return statistics.median(
@@ -200,8 +223,22 @@ def markdown(result: dict) -> str:
                 for g in gc_rows
             ),
         ]
+    facts: list[str] = []
+    if fact_rows := ran_with(result):
+        facts = [
+            "",
+            "what the counted engines ran with (their schedulers' own facts):",
+            "",
+            "| engine | schedulers | attention backend | draft-extend graph runner | needs_cpu_seq_lens by rank |",
+            "|---|---:|---|---|---|",
+            *(
+                f"| {f['engine']} | {f['schedulers']} | {', '.join(f['attn_backend'])} "
+                f"| {', '.join(f['draft_extend_graph_runner'])} | {f['needs_cpu_seq_lens'] or '-'} |"
+                for f in fact_rows
+            ),
+        ]
     failed = [f"- {n}: {e['failure']}" for n, e in (result.get("engines") or {}).items() if e.get("failure")]
-    return "\n".join(head + lines + decode + counted + gc + ([""] + failed if failed else [])) + "\n"
+    return "\n".join(head + lines + decode + counted + gc + facts + ([""] + failed if failed else [])) + "\n"
 
 
 def pooled(results: list[dict], pair: str) -> list[dict]:

@@ -129,13 +129,22 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
     eng+=(--engine "minus-fa3-spec-v2=$B12M:0.5.12.post1:minus-fa3-spec-v2"); fa+=(--fa3-lib "$B12M:$FA3_12")
     pairs+=",pristine:minus-fa3-spec-v2,patched:minus-fa3-spec-v2"
   fi
+  local counted="pristine patched"
   if [[ $cell == flashinfer* ]]; then  # issue 71: the host plans' switch off (patched) and on
     be=flashinfer
-    eng+=(--engine "patched-hostplan=$B12:0.5.12.post1:patched:PATCHKIT_FLASHINFER_HOST_INDPTR=1")
-    pairs+=",pristine:patched-hostplan,upstream:patched-hostplan,patched:patched-hostplan"
+    local graph="patched-graph=$B12:0.5.12.post1:patched:PATCHKIT_FLASHINFER_HOST_INDPTR=1,PATCHKIT_FLASHINFER_DRAFT_EXTEND_GRAPH=1"
+    if [ "${FI_GRAPH:-0}" = only ]; then
+      # FI_GRAPH=only (2026-11-28e): both switches on against pristine and 0.5.17 alone (the
+      # switches off and the host plans alone were timed in 2026-11-28d); counted: that tree
+      eng=("${eng[@]/#patched=*/$graph}"); counted=patched-graph  # in the patched engine's place
+      pairs="pristine:patched-graph,upstream:patched-graph"
+    else
+      eng+=(--engine "patched-hostplan=$B12:0.5.12.post1:patched:PATCHKIT_FLASHINFER_HOST_INDPTR=1")
+      pairs+=",pristine:patched-hostplan,upstream:patched-hostplan,patched:patched-hostplan"
+    fi
     # FI_GRAPH=1: the draft extend in a CUDA graph too (flashinfer-draft-extend-graph, after 2026-11-28d)
     if [ "${FI_GRAPH:-0}" = 1 ]; then
-      eng+=(--engine "patched-graph=$B12:0.5.12.post1:patched:PATCHKIT_FLASHINFER_HOST_INDPTR=1,PATCHKIT_FLASHINFER_DRAFT_EXTEND_GRAPH=1")
+      eng+=(--engine "$graph")
       pairs+=",pristine:patched-graph,upstream:patched-graph,patched-hostplan:patched-graph"
     fi
   fi
@@ -145,10 +154,15 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
   # COUNT (the steps named): one more engine per tree with the counters on, timed in round 1
   # only and compared with nothing: their host waits per decode step, site by site
   if [[ " ${COUNT:-} " == *" $step "* ]]; then
-    for e in pristine patched; do
-      eng+=(--engine "$e-count=$b:0.5.12.post1:$e:PK_E2E_COUNTERS_OFF="); once+=(--once "$e-count")
+    for e in $counted; do
+      if [ "$e" = patched-graph ]; then
+        eng+=(--engine "$e-count=${graph#*=},PK_E2E_COUNTERS_OFF=")
+      else
+        eng+=(--engine "$e-count=$b:0.5.12.post1:$e:PK_E2E_COUNTERS_OFF=")
+      fi
+      once+=(--once "$e-count")
     done
-    [[ $cell == flashinfer* ]] && { eng+=(--engine "patched-hostplan-count=$B12:0.5.12.post1:patched:PK_E2E_COUNTERS_OFF=,PATCHKIT_FLASHINFER_HOST_INDPTR=1"); once+=(--once patched-hostplan-count); }
+    [[ $cell == flashinfer* && ${FI_GRAPH:-0} != only ]] && { eng+=(--engine "patched-hostplan-count=$B12:0.5.12.post1:patched:PK_E2E_COUNTERS_OFF=,PATCHKIT_FLASHINFER_HOST_INDPTR=1"); once+=(--once patched-hostplan-count); }
   fi
   # GC_LOG (the steps named): one more engine per tree with sglang's SGLANG_LOG_GC=1, timed every
   # round and compared with nothing: each call's garbage collections (decode_log.py)

@@ -101,6 +101,61 @@ def test_the_summary_pairs_engines_within_each_round():
         duel_report.pairs_of("pristine")
 
 
+def test_an_engine_starts_with_no_earlier_duels_dumps(tmp_path, monkeypatch):
+    """A lane's --work outlives its duels: 2026-11-28d's FlashInfer counted engines read the
+    FA3 duel's dumps under the same engine name as their own facts."""
+    stale = tmp_path / "work" / "syncs" / "patched-count"
+    stale.mkdir(parents=True)
+    (stale / "rank0.json").write_text("{}")
+    seen = {}
+    monkeypatch.setattr(duel.launch, "runner_env", lambda **kw: seen.update(kw) or {})
+    monkeypatch.setattr(duel.subprocess, "Popen", lambda *a, **kw: type("P", (), {"pid": 1})())
+    args = duel.parser().parse_args(["--out", str(tmp_path), "--work", str(tmp_path / "work"), "--engine", "x=.:r:p"])
+    where = {
+        "trees": {"patched": tmp_path},
+        "site_rel": tmp_path,
+        "site_common": tmp_path,
+        "bundle": tmp_path,
+        "info": {},
+    }
+    spec = duel.parse_engine("patched-count=.:0.5.12.post1:patched:PK_E2E_COUNTERS_OFF=")
+    duel.start(spec, where, args, 0, tmp_path / "work", tmp_path)
+    assert seen["sync_dir"] == stale and not stale.exists()
+
+
+def test_the_counted_engines_say_what_they_ran_with():
+    facts = {"attn_backend": "NativeSparseAttnBackend", "draft_extend_graph_runner": "EAGLEDraftExtendCudaGraphRunner"}
+    result = {
+        "engines": {
+            "patched": {"ready": {"engine_facts": []}},
+            "patched-count": {
+                "ready": {"engine_facts": [facts], "ranks_startup": [{"decisions": [False], "tp_rank": 0}]}
+            },
+            "pristine-count": {
+                "ready": {"engine_facts": [{**facts, "draft_extend_graph_runner": None}], "ranks_startup": []}
+            },
+        }
+    }
+    assert duel_report.ran_with(result) == [
+        {
+            "engine": "patched-count",
+            "schedulers": 1,
+            "attn_backend": ["NativeSparseAttnBackend"],
+            "draft_extend_graph_runner": ["EAGLEDraftExtendCudaGraphRunner"],
+            "needs_cpu_seq_lens": [False],
+        },
+        {
+            "engine": "pristine-count",
+            "schedulers": 1,
+            "attn_backend": ["NativeSparseAttnBackend"],
+            "draft_extend_graph_runner": ["None"],
+            "needs_cpu_seq_lens": [],
+        },
+    ]
+    md = duel_report.markdown(result)
+    assert "| patched-count | 1 | NativeSparseAttnBackend | EAGLEDraftExtendCudaGraphRunner | [False] |" in md
+
+
 @pytest.mark.slow
 def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatch):
     """Three engines (pristine, patched, patched again) up at once; two rounds over two

@@ -257,6 +257,20 @@ def test_duel_steps_add_the_minus_tree_the_flashinfer_switch_and_counted_engines
     assert json.loads(_arg(ds, "--engine-extra"))["cuda_graph_max_bs"] == 8 and _arg(ds, "--batch-sizes") == "1,8,32,64"
 
 
+def test_fi_graph_only_times_both_switches_on_against_pristine_and_0517_alone(tmp_path):
+    """2026-11-28e: FI_GRAPH=only keeps the FlashInfer duels to pristine, the tree with both
+    switches on and 0.5.17, and counts that tree alone (the switches off were timed in 28d)."""
+    calls, _ = _run_plan(tmp_path, LANES="0", STEPS="flashinfer_duel-r1", FI_GRAPH="only", COUNT="flashinfer_duel-r1")
+    (fi,) = calls
+    names = [a.split("=", 1)[0] for i, a in enumerate(fi["args"]) if fi["args"][i - 1] == "--engine"]
+    assert names == ["pristine", "patched-graph", "upstream", "patched-graph-count"]
+    both = "PATCHKIT_FLASHINFER_HOST_INDPTR=1,PATCHKIT_FLASHINFER_DRAFT_EXTEND_GRAPH=1"
+    b12 = tmp_path / "b12"
+    assert f"patched-graph-count={b12}:0.5.12.post1:patched:{both},PK_E2E_COUNTERS_OFF=" in fi["args"]
+    assert _arg(fi, "--compare") == "pristine:patched-graph,upstream:patched-graph"
+    assert [fi["args"][i + 1] for i, a in enumerate(fi["args"]) if a == "--once"] == ["patched-graph-count"]
+
+
 def test_the_dsa_duel_serves_deepseek_v32_from_its_own_bundle(tmp_path):
     """Issue 72: dsa_duel runs DeepSeek-V3.2 MTP (pristine, patched, counted engines where asked)
     from BDSA, FA3 beside, no 0.5.17; DS_SIZE=dsv32 makes the four-GPU step V3.2 from BDSA too."""
