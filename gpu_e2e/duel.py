@@ -132,6 +132,9 @@ class Engine:
             if not self.conn.poll(timeout):
                 return {"error": f"no answer in {timeout:.0f} s"}
             return self.conn.recv()
+        except (EOFError, OSError) as exc:  # the runner died mid-call (2026-11-28e: DSA pristine's
+            # illegal address): its failure is recorded and the other engines go on
+            return {"error": f"engine gone ({type(exc).__name__}); see {self.log_path.name}"}
         finally:
             self.signal(signal.SIGSTOP)
 

@@ -164,6 +164,11 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
     done
     [[ $cell == flashinfer* && ${FI_GRAPH:-0} != only ]] && { eng+=(--engine "patched-hostplan-count=$B12:0.5.12.post1:patched:PK_E2E_COUNTERS_OFF=,PATCHKIT_FLASHINFER_HOST_INDPTR=1"); once+=(--once patched-hostplan-count); }
   fi
+  # BLOCKING (the steps named, 2026-11-28e): one more pristine engine with CUDA_LAUNCH_BLOCKING=1,
+  # in round 1 only: where a kernel fault happens (28e's DSA pristine faulted at its first generate)
+  if [[ " ${BLOCKING:-} " == *" $step "* ]]; then
+    eng+=(--engine "pristine-blocking=$b:0.5.12.post1:pristine:CUDA_LAUNCH_BLOCKING=1"); once+=(--once pristine-blocking)
+  fi
   # GC_LOG (the steps named): one more engine per tree with sglang's SGLANG_LOG_GC=1, timed every
   # round and compared with nothing: each call's garbage collections (decode_log.py)
   if [[ " ${GC_LOG:-} " == *" $step "* ]]; then

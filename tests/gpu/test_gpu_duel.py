@@ -123,6 +123,28 @@ def test_an_engine_starts_with_no_earlier_duels_dumps(tmp_path, monkeypatch):
     assert seen["sync_dir"] == stale and not stale.exists()
 
 
+def test_an_engine_that_dies_mid_call_is_recorded_and_the_duel_goes_on(tmp_path):
+    """2026-11-28e: DSA pristine died in its first generate; the driver raised EOFError and
+    the duel ended with no engine timed."""
+
+    class Gone:
+        def send(self, message):
+            pass
+
+        def poll(self, timeout):
+            return True
+
+        def recv(self):
+            raise EOFError
+
+    e = duel.Engine("pristine", type("P", (), {"pid": -1})(), tmp_path / "s", b"", tmp_path / "engine-pristine.log")
+    e.conn = Gone()  # type: ignore[assignment]
+    e.signal = lambda sig: None  # type: ignore[method-assign]
+    assert e.call({"op": "generate", "batch_size": 1}, 1.0) == {
+        "error": "engine gone (EOFError); see engine-pristine.log"
+    }
+
+
 def test_the_counted_engines_say_what_they_ran_with():
     facts = {"attn_backend": "NativeSparseAttnBackend", "draft_extend_graph_runner": "EAGLEDraftExtendCudaGraphRunner"}
     result = {

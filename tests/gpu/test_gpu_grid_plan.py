@@ -269,6 +269,9 @@ def test_fi_graph_only_times_both_switches_on_against_pristine_and_0517_alone(tm
     assert f"patched-graph-count={b12}:0.5.12.post1:patched:{both},PK_E2E_COUNTERS_OFF=" in fi["args"]
     assert _arg(fi, "--compare") == "pristine:patched-graph,upstream:patched-graph"
     assert [fi["args"][i + 1] for i, a in enumerate(fi["args"]) if a == "--once"] == ["patched-graph-count"]
+    (dsa,) = _run_plan(tmp_path / "dsa", LANES="0", STEPS="dsa_duel-r1", BLOCKING="dsa_duel-r1")[0]
+    assert f"pristine-blocking={tmp_path / 'dsa' / 'b12'}:0.5.12.post1:pristine:CUDA_LAUNCH_BLOCKING=1" in dsa["args"]
+    assert [dsa["args"][i + 1] for i, a in enumerate(dsa["args"]) if a == "--once"] == ["pristine-blocking"]
 
 
 def test_the_dsa_duel_serves_deepseek_v32_from_its_own_bundle(tmp_path):
