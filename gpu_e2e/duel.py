@@ -206,6 +206,10 @@ def start(spec: dict, where: dict, args, index: int, work: Path, out: Path) -> E
     )
     env[duel_serve.ENV_ADDR], env[duel_serve.ENV_KEY] = str(addr), key.hex()
     extra = {**json.loads(args.engine_extra), "port": args.base_port + 100 * index}
+    if args.tp == 1 and args.dp == 1:
+        # torch.distributed's port too: sglang picks a free one at start, and engines starting
+        # together raced for it (2026-11-28e: FlashInfer 8B's patched engine, EADDRINUSE)
+        extra["nccl_port"] = extra["port"] + 50
     cmd = [
         *(sys.executable, "-m", "pk_gpu_e2e.runner", "--serve"),
         *("--tree-parent", str(tree), "--variant", spec["name"], "--size", args.size, "--scenario", args.scenario),

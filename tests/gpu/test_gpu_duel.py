@@ -231,8 +231,8 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
     assert "env" not in result["engines"]["patched"]
     for name, engine in result["engines"].items():
         assert engine["failure"] is None and engine["ready"]["variant"] == name
-    ports = {json.loads((out / f"runner-{n}.json").read_text())["engine_kwargs"]["port"] for n in result["engines"]}
-    assert len(ports) == 3
+    kwargs = [json.loads((out / f"runner-{n}.json").read_text())["engine_kwargs"] for n in result["engines"]]
+    assert len({k["port"] for k in kwargs}) == 3 and all(k["nccl_port"] == k["port"] + 50 for k in kwargs)
     assert "| 4 | eager | pristine:patched | 2 |" in (out / "duel.md").read_text()
     # sglang's logged decode rate: the first line of each call (its interval reaches back over
     # the frozen time) left out; the steady 100 and 200 tok/s give exactly 2
