@@ -233,7 +233,10 @@ run_step() {  # lane step
     # one eager batch of each tree under sglang's profiler, then both traces side by side (the
     # runner writes the traces beside its results, under the lane's --work: 2026-11-28b read
     # the step folder and found none)
-    *_prof) orchestrate "$lane" "$step-b12" "$B12" $((tmo * 2)) --releases 0.5.12.post1 --variants pristine,patched \
+    # r2 profiles the pair in the other order (2026-11-28e: in both profiled pairs so far the
+    # patched engine ran second and its host ran slower in every op alike)
+    *_prof) local pv=pristine,patched; [ "$rnd" = r2 ] && pv=patched,pristine
+            orchestrate "$lane" "$step-b12" "$B12" $((tmo * 2)) --releases 0.5.12.post1 --variants "$pv" \
                 "${a12[@]/1,8,32,64,128/$PROF_BS}" --profile-batch "$PROF_BS"
             (cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.profile_compare "/tmp/pkw$lane/results" \
                 --out "$R/$step-b12/compare.json" --md "$R/$step-b12/compare.md" > "$R/$step-b12/compare.log" 2>&1)

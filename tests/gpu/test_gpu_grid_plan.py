@@ -312,13 +312,21 @@ def test_pin_keeps_a_duel_on_its_lanes_cores_and_prof_bs_picks_the_profiled_batc
     if not shutil.which("taskset") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs taskset and two cores")
     calls, _ = _run_plan(
-        tmp_path, LANES="1", PIN_LANES="0 1", PIN="1", STEPS="triton_duel-r1 fa3_8b_prof-r1", PROF_BS="64"
+        tmp_path,
+        LANES="1",
+        PIN_LANES="0 1",
+        PIN="1",
+        STEPS="triton_duel-r1 fa3_8b_prof-r1 fa3_8b_prof-r2",
+        PROF_BS="64",
     )
     by_out = {Path(_arg(c, "--out")).name: c for c in calls}
     share = len(os.sched_getaffinity(0)) // 2  # nproc, as the plan counts
     assert by_out["triton_duel-r1"]["cpus"] == list(range(share, 2 * share))
     prof = by_out["fa3_8b_prof-r1-b12"]
     assert (_arg(prof, "--batch-sizes"), _arg(prof, "--profile-batch"), _arg(prof, "--sizes")) == ("64", "64", "8b")
+    # r2: the same pair in the other order (2026-11-28e's lead)
+    assert _arg(prof, "--variants") == "pristine,patched"
+    assert _arg(by_out["fa3_8b_prof-r2-b12"], "--variants") == "patched,pristine"
 
 
 def test_a_poll_prints_the_tables_and_brings_the_json_back(tmp_path):
