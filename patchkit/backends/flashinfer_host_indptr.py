@@ -16,7 +16,10 @@ known on the host, from the CPU seq_lens mirror FlashInfer keeps:
   writes, from the mirror and the draft's positions (``draft_host_indptr``).
 
 Each host array holds exactly the numbers the device one holds, CUDA-graph
-padding included, so every value ``plan()`` computes is unchanged. Where a
+padding included, so every value ``plan()`` computes is unchanged. Host
+arrays sent to the device are pinned, those ``plan()`` makes itself too (the
+paged plans' K lengths handed over as ``seq_lens``, the decode plan's cached
+``qo_indptr`` range): a non-blocking copy from pageable memory waits. Where a
 host array cannot be made exactly so, the helper returns None and the stock
 plan runs from the device tensors.
 
@@ -32,6 +35,7 @@ is imported inside the functions that need it.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections import namedtuple
 from functools import partial
@@ -61,8 +65,8 @@ def switched_on() -> bool:
     return os.environ.get(SWITCH, "") == "1"
 
 
-#: A prefill plan's host arrays (int32 CPU tensors) and the K lengths' sum.
-PrefillHostPlan = namedtuple("PrefillHostPlan", ["qo_indptr", "kv_indptr", "last_page_len", "kv_len_sum"])
+#: A prefill plan's host arrays (int32 CPU tensors: the K lengths too) and the K lengths' sum.
+PrefillHostPlan = namedtuple("PrefillHostPlan", ["qo_indptr", "kv_indptr", "last_page_len", "kv_len_sum", "kv_lens"])
 
 
 def _host_tensor(values: Any) -> Any:
@@ -95,7 +99,8 @@ def _plan(qo_lens: Any, kv_lens: Any) -> PrefillHostPlan:
 
     kv = _indptr(kv_lens)
     ones = torch.ones(len(kv) - 1, dtype=torch.int32)
-    return PrefillHostPlan(_host_tensor(_indptr(qo_lens)), _host_tensor(kv), _host_tensor(ones), int(kv[-1]))
+    lens = _host_tensor(kv[1:] - kv[:-1])
+    return PrefillHostPlan(_host_tensor(_indptr(qo_lens)), _host_tensor(kv), _host_tensor(ones), int(kv[-1]), lens)
 
 
 def _single_wrapper(backend: Any) -> bool:
@@ -200,7 +205,55 @@ def _decode_from_host(
 ) -> None:
     if len(args) < 4 or args[3] != 1 or len(host_indptr) != len(indptr):  # page size 1: every last page holds 1
         return wrapper.begin_forward(indptr, indices, last_page_len, *args, **kwargs)
+    if not wrapper.is_cuda_graph_enabled:
+        _pin_range(len(indptr))
     return wrapper.begin_forward(host_indptr, indices, _host_ones(len(last_page_len)), *args, **kwargs)
+
+
+def _pin_range(n: int) -> None:
+    """The eager decode plan sends ``qo_indptr = arange(n)`` from FlashInfer's own cached CPU
+    range (``flashinfer.utils._get_range_buf(n, "cpu")``), made in pageable memory: a
+    non-blocking copy from it waits (2026-11-28e counted one a draft decode step). The range is
+    constant, so the cached buffer is replaced once by the same numbers in pinned memory; the
+    plan then sends it without waiting. A FlashInfer without that cache is left alone."""
+    import torch
+
+    try:
+        from flashinfer import utils
+    except ImportError:
+        return
+    get, cache = getattr(utils, "_get_range_buf", None), getattr(utils, "_cache_buf", None)
+    if get is None or not isinstance(cache, dict) or not torch.cuda.is_available():
+        return
+    size = 1 << (n - 1).bit_length()  # the power of two the cache is keyed by
+    key = (f"range_{size}", "cpu")
+    if key not in cache or not cache[key].is_pinned():
+        cache[key] = torch.arange(size, dtype=torch.int32).pin_memory()
+
+
+def _with_kv_lens(wrapper: Any, host: Any, kwargs: dict) -> dict:
+    """``kwargs`` plus ``seq_lens=`` the host K lengths (pinned), where the wrapper's plan takes
+    them (FlashInfer's documented argument) and plans with FA2 / FA3: else ``plan()`` makes the
+    K lengths on the host in pageable memory and sends them with a copy that waits (2026-11-28e:
+    one a paged plan). The same numbers ``plan()`` would make (page size 1)."""
+    if "seq_lens" in kwargs or getattr(wrapper, "_backend", "auto") not in ("auto", "fa2", "fa3"):
+        return kwargs
+    if not _takes_seq_lens(type(wrapper)):
+        return kwargs
+    return {**kwargs, "seq_lens": host.kv_lens}
+
+
+_TAKES_SEQ_LENS: dict = {}  # plan() signatures, by wrapper class
+
+
+def _takes_seq_lens(cls: Any) -> bool:
+    if cls not in _TAKES_SEQ_LENS:
+        plan = getattr(cls, "plan", None)
+        try:
+            _TAKES_SEQ_LENS[cls] = plan is not None and "seq_lens" in inspect.signature(plan).parameters
+        except (TypeError, ValueError):
+            _TAKES_SEQ_LENS[cls] = False
+    return _TAKES_SEQ_LENS[cls]
 
 
 def _host_ones(n: int) -> Any:
@@ -261,7 +314,9 @@ def _paged_from_host(
         return wrapper.begin_forward(
             qo_indptr, kv_indptr, kv_indices, last_page_len, *args, custom_mask=custom_mask, **kwargs
         )
-    wrapper.begin_forward(host.qo_indptr, host.kv_indptr, kv_indices, host.last_page_len, *args, **kwargs)
+    wrapper.begin_forward(
+        host.qo_indptr, host.kv_indptr, kv_indices, host.last_page_len, *args, **_with_kv_lens(wrapper, host, kwargs)
+    )
     if custom_mask is None:
         return None
     # plan()'s _compute_page_mask_indptr at page size 1: qo_len * kv_len bits a request.

@@ -98,3 +98,74 @@ def test_the_draft_indptr_counts_padded_rows_as_zero_positions():
     assert fhi.draft_host_indptr(batch, 2, 2) is None
     batch.spec_info = SimpleNamespace(positions=None)  # capture: no draft positions
     assert fhi.draft_host_indptr(batch, 2, 2) is None
+
+
+class Paged:
+    """A paged prefill wrapper as FlashInfer's: ``plan`` takes ``seq_lens`` (0.6.x)."""
+
+    is_cuda_graph_enabled = False
+    _backend = "fa2"
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, *args, seq_lens=None, custom_mask=None, **kw):
+        self.got = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "seq_lens": seq_lens, "args": args}
+
+    begin_forward = plan
+
+
+class OldPaged(Paged):
+    def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, *args, custom_mask=None, **kw):
+        self.got = {"kv_indptr": kv_indptr, "kwargs": kw}
+
+    begin_forward = plan
+
+
+def test_the_paged_plan_gets_the_k_lengths_from_the_host():
+    """2026-11-28e counted one wait a paged plan inside FlashInfer's plan(): the K lengths it
+    makes on the host (pageable) and sends to the device. Handed over as seq_lens (pinned on
+    CUDA), they are the numbers plan() would make: the K indptr's differences, int32."""
+    plan = fhi.verify_host_plan(SimpleNamespace(dispatch_reason=None), verify_spec(2), torch.tensor([5, 2, 1]), 3, 8)
+    device = torch.zeros(4, dtype=torch.int32)
+    wrapper = Paged()
+    fhi.paged_plan_from_host(wrapper, plan)(device, device, device, device[:3], 8, 8, 64, 1)
+    lens = wrapper.got["seq_lens"]
+    assert lens.tolist() == [7, 4, 3] and lens.dtype == torch.int32
+    assert lens.tolist() == (wrapper.got["kv_indptr"][1:] - wrapper.got["kv_indptr"][:-1]).tolist()
+    old = OldPaged()  # a plan() without the argument: not given it
+    fhi.paged_plan_from_host(old, plan)(device, device, device, device[:3], 8, 8, 64, 1)
+    assert "seq_lens" not in old.got["kwargs"] and old.got["kv_indptr"] is plan.kv_indptr
+    cudnn = Paged()
+    cudnn._backend = "cudnn"  # reads seq_lens at run time as well: left as it was
+    fhi.paged_plan_from_host(cudnn, plan)(device, device, device, device[:3], 8, 8, 64, 1)
+    assert cudnn.got["seq_lens"] is None
+
+
+def test_the_eager_decode_plan_sends_a_pinned_range(monkeypatch):
+    """The eager decode plan's qo_indptr is FlashInfer's cached CPU range: replaced once by the
+    same numbers pinned (2026-11-28e: one wait a draft decode step); a graph's plan sends none."""
+    import sys
+
+    cache: dict = {}
+
+    def get_range(n, device):
+        size = 1 << (n - 1).bit_length()
+        buf = cache.setdefault((f"range_{size}", device), torch.arange(size, dtype=torch.int32))
+        return buf[:n]
+
+    pinned = []
+    monkeypatch.setitem(sys.modules, "flashinfer", SimpleNamespace(utils=None))
+    monkeypatch.setitem(sys.modules, "flashinfer.utils", SimpleNamespace(_get_range_buf=get_range, _cache_buf=cache))
+    sys.modules["flashinfer"].utils = sys.modules["flashinfer.utils"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self) or self)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: any(self is p for p in pinned))
+    planned = []
+    wrapper = SimpleNamespace(is_cuda_graph_enabled=False, begin_forward=lambda *a, **k: planned.append(a))
+    host = torch.arange(6, dtype=torch.int32)
+    fhi.decode_plan_from_host(wrapper, host)(host, host, host[:5], 8, 8, 64, 1)
+    (buf,) = cache.values()
+    assert list(cache) == [("range_8", "cpu")] and buf.is_pinned() and buf.tolist() == list(range(8))
+    assert get_range(6, "cpu").tolist() == list(range(6)) and planned[0][0] is host
+    cache.clear()
+    wrapper.is_cuda_graph_enabled = True
+    fhi.decode_plan_from_host(wrapper, host)(host, host, host[:5], 8, 8, 64, 1)
+    assert cache == {}
