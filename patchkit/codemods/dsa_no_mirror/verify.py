@@ -39,8 +39,8 @@ VERIFY = m.If(test=m.Call(func=attr("is_target_verify"), args=[]))
 MARK = "# The verify query lengths, one value per request, filled on the device:"
 _COMMENT = (
     MARK,
-    "# torch.tensor(<host list>, device=cuda) is a blocking copy from pageable",
-    "# memory each decode step (as sglang 0.5.15's replay; patchkit dsa-no-mirror).",
+    "# a host list made a GPU tensor is a copy from pageable memory that the host",
+    "# waits for, each decode step (as sglang 0.5.15's replay; patchkit dsa-no-mirror).",
 )
 
 
