@@ -495,3 +495,210 @@ def test_seqlens_expand_equals_the_host_expansion(seed):
     assert torch.equal(dsa.seqlens_expand(qo, kv, int(qo.sum())), host)
     fixed = torch.cat([torch.arange(k + 4 - 4 + 1, k + 4 + 1, dtype=torch.int32) for k in kv.tolist()])
     assert torch.equal(dsa.seqlens_expand(4, kv + 4, 4 * bs), fixed)
+
+
+# -- target verify: the query lengths filled on the device, not copied from a host list ------------
+
+VERIFY = code("""
+    import torch
+
+
+    class NativeSparseAttnBackend(AttentionBackend):
+        def init_forward_metadata(self, forward_batch: ForwardBatch):
+            batch_size = forward_batch.batch_size
+            device = forward_batch.seq_lens.device
+            if forward_batch.forward_mode.is_decode_or_idle():
+                extend_seq_lens_cpu = [1] * batch_size
+            elif forward_batch.forward_mode.is_target_verify():
+                extend_seq_lens_cpu = [self.speculative_num_draft_tokens] * batch_size
+                forward_batch.extend_seq_lens_cpu = extend_seq_lens_cpu
+
+                seqlens_expanded = seqlens_expand_triton(
+                    torch.tensor(extend_seq_lens_cpu, dtype=torch.int32, device=device),
+                    cache_seqlens_int32,
+                    self.speculative_num_draft_tokens * batch_size,
+                    self.speculative_num_draft_tokens,
+                )
+            elif forward_batch.forward_mode.is_draft_extend(include_v2=True):
+                extend_seq_lens_cpu = forward_batch.extend_seq_lens_cpu
+                lens = torch.tensor(extend_seq_lens_cpu, dtype=torch.int32, device=device)
+            return seqlens_expanded, extend_seq_lens_cpu
+
+        def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum,
+                                                    encoder_lens, forward_mode, spec_info, seq_lens_cpu):
+            if forward_mode.is_target_verify():
+                extend_seq_lens_cpu = [self.speculative_num_draft_tokens] * bs
+
+                seqlens_expanded = seqlens_expand_triton(
+                    torch.tensor(
+                        extend_seq_lens_cpu, dtype=torch.int32, device=self.device
+                    ),
+                    cache_seqlens,
+                    self.speculative_num_draft_tokens * bs,
+                    self.speculative_num_draft_tokens,
+                )
+            elif forward_mode.is_draft_extend(include_v2=True):
+                extend_seq_lens_cpu = spec_info.num_accept_tokens[:bs].tolist()
+""")
+VERIFY_CODEMODS = [d.NsaVerifyLengthsOnDevice, d.NsaReplayVerifyLengthsOnDevice]
+EAGER_FULL = "torch.full((batch_size,), self.speculative_num_draft_tokens, dtype=torch.int32, device=device)"
+REPLAY_FULL = "torch.full((bs,), self.speculative_num_draft_tokens, dtype=torch.int32, device=self.device)"
+
+
+def _methods(out: str) -> tuple[str, str]:
+    eager, replay = out.split("def init_forward_metadata_replay_cuda_graph(")
+    return eager, replay
+
+
+def test_verify_lengths_filled_on_the_device_eager_and_replay():
+    out, states = run_all(VERIFY_CODEMODS, VERIFY)
+    assert states == [State.DONE, State.DONE]
+    eager, replay = _methods(out)
+    verify, draft = eager.split("is_draft_extend(include_v2=True):")
+    assert EAGER_FULL in verify and "torch.tensor(" not in verify
+    # the host list stays: forward_batch carries it, the method returns it
+    assert "extend_seq_lens_cpu = [self.speculative_num_draft_tokens] * batch_size" in verify
+    assert "forward_batch.extend_seq_lens_cpu = extend_seq_lens_cpu" in verify
+    assert "torch.tensor(extend_seq_lens_cpu, dtype=torch.int32, device=device)" in draft  # not verify: left
+    assert REPLAY_FULL in replay and "torch.tensor(" not in replay
+    assert "extend_seq_lens_cpu = [self.speculative_num_draft_tokens] * bs" in replay  # the draft branch names it too
+    assert out.count("# The verify query lengths, one value per request, filled on the device:") == 2
+    again, _ = run_all(VERIFY_CODEMODS, out)
+    assert again == out  # idempotent
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_the_fill_has_the_copys_values_and_dtype(n):
+    torch = pytest.importorskip("torch")
+    copied = torch.tensor([4] * n, dtype=torch.int32, device="cpu")
+    filled = torch.full((n,), 4, dtype=torch.int32, device="cpu")
+    assert filled.dtype == copied.dtype and torch.equal(filled, copied)
+
+
+def _replay_verify(body: str) -> str:
+    """A replay whose verify branch is ``body`` (lines at the branch's indent)."""
+    lines = "".join(f"                    {ln}\n" if ln else "\n" for ln in body.strip("\n").splitlines())
+    return code(f"""
+        class DeepseekSparseAttnBackend(AttentionBackend):
+            def _apply_cuda_graph_metadata(self, bs, req_pool_indices, seq_lens, forward_mode, metadata):
+                if forward_mode.is_decode_or_idle():
+                    pass
+                elif forward_mode.is_target_verify():
+{lines}
+    """)
+
+
+FILL = "torch.full((bs,), self.speculative_num_draft_tokens, dtype=torch.int32, device=self.device)"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # the list inline, either operand order
+        "x = f(torch.tensor([self.speculative_num_draft_tokens] * bs, dtype=torch.int32, device=self.device))",
+        "x = f(torch.tensor(bs * [self.speculative_num_draft_tokens], dtype=torch.int32, device=self.device))",
+        # through a local only the copy reads: the local goes
+        "lens = [self.speculative_num_draft_tokens] * bs\nx = f(torch.tensor(lens, dtype=torch.int32, device=self.device))",
+        # a longer chain of locals, each read once: all go
+        "lens = [self.speculative_num_draft_tokens] * bs\nq = lens\n\nqo = q\n"
+        "x = f(torch.tensor(qo, dtype=torch.int32, device=self.device))",
+    ],
+)
+def test_fork_shapes_the_list_inline_or_through_locals(body):
+    state, out, after = run(d.DsaReplayVerifyLengthsOnDevice, _replay_verify(body))
+    assert (state, after) == (State.TODO, State.DONE)
+    assert f"x = f({FILL})" in out and "torch.tensor" not in out and "[self.speculative" not in out
+    assert "lens =" not in out and "q =" not in out and "qo =" not in out
+
+
+def test_a_local_read_elsewhere_stays_and_a_chain_is_followed_through_it():
+    body = (
+        "lens = [self.speculative_num_draft_tokens] * bs\nq = lens\n"
+        "x = f(torch.tensor(q, dtype=torch.int32, device=self.device))\nmetadata.lens = lens"
+    )
+    state, out, after = run(d.DsaReplayVerifyLengthsOnDevice, _replay_verify(body))
+    assert (state, after) == (State.TODO, State.DONE)
+    assert f"x = f({FILL})" in out and "q = lens" not in out
+    assert "lens = [self.speculative_num_draft_tokens] * bs" in out and "metadata.lens = lens" in out
+
+
+#: sglang 0.5.15+'s replay: the lengths filled on the device by upstream.
+UPSTREAM_FULL = """
+# Fill the constant per-req qo lengths on-device; torch.tensor(list,
+# device=cuda) does a pageable H2D copy that blocks the host.
+extend_seq_lens = torch.full(
+    (bs,),
+    self.speculative_num_draft_tokens,
+    dtype=torch.int32,
+    device=self.device,
+)
+x = f(extend_seq_lens)
+"""
+
+
+def test_a_branch_already_filling_on_the_device_is_left_as_upstream_wrote_it():
+    upstream = _replay_verify(UPSTREAM_FULL)
+    assert_state(d.DsaReplayVerifyLengthsOnDevice, upstream, State.SUPERSEDED, "torch.full, 0.5.15+")
+    fill = UPSTREAM_FULL[UPSTREAM_FULL.index("extend_seq_lens = torch.full(") : UPSTREAM_FULL.index("x = f(")]
+    copy = "extend_seq_lens = torch.tensor([self.speculative_num_draft_tokens] * bs, dtype=torch.int32, device=self.device)\n"
+    ours = run(d.DsaReplayVerifyLengthsOnDevice, _replay_verify(UPSTREAM_FULL.replace(fill, copy)))[1]
+    assert "extend_seq_lens = torch.full((bs,), self.speculative_num_draft_tokens" in ours
+    assert_state(d.DsaReplayVerifyLengthsOnDevice, ours, State.DONE)  # patchkit's own, by its comment
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        # a list patchkit cannot follow to [W] * n
+        ("x = f(torch.tensor(self.q_lens(bs), dtype=torch.int32, device=self.device))", "left as it is"),
+        ("lens = self.q_lens(bs)\nx = f(torch.tensor(lens, dtype=torch.int32, device=self.device))", "left as it is"),
+        # the list changed in place before the copy
+        (
+            "lens = [self.speculative_num_draft_tokens] * bs\nlens[0] = 1\n"
+            "x = f(torch.tensor(lens, dtype=torch.int32, device=self.device))",
+            "left as it is",
+        ),
+        # the count rebound between the list and the copy: the fill would read another bs
+        (
+            "lens = [self.speculative_num_draft_tokens] * bs\nbs = bs * 2\n"
+            "x = f(torch.tensor(lens, dtype=torch.int32, device=self.device))",
+            "left as it is",
+        ),
+        # assigned in a nested block only, read after it
+        (
+            "if flag:\n    lens = [self.speculative_num_draft_tokens] * bs\n"
+            "x = f(torch.tensor(lens, dtype=torch.int32, device=self.device))",
+            "left as it is",
+        ),
+        # no dtype: torch.tensor([]) is float32, torch.full((0,), 4) int64
+        ("x = f(torch.tensor([self.speculative_num_draft_tokens] * bs, device=self.device))", "left as it is"),
+        # built on the host: no copy here
+        ("x = f(torch.tensor([self.speculative_num_draft_tokens] * bs, dtype=torch.int32, device='cpu'))", "no tensor"),
+    ],
+)
+def test_shapes_it_cannot_follow_are_left_alone_with_the_reason(body, why):
+    fork = _replay_verify(body)
+    finding = assert_state(d.DsaReplayVerifyLengthsOnDevice, fork, State.SUPERSEDED, why)  # never refused
+    assert "\n" not in finding.detail
+
+
+def test_verify_lengths_outside_verify_or_without_a_branch_or_in_a_shim():
+    no_verify = _replay_verify("pass").replace("elif forward_mode.is_target_verify():", "else:")
+    assert_state(d.DsaReplayVerifyLengthsOnDevice, no_verify, State.SUPERSEDED, "no `elif")
+    combined = VERIFY.replace(
+        "elif forward_batch.forward_mode.is_target_verify():",
+        "elif forward_batch.forward_mode.is_target_verify() or forward_batch.forward_mode.is_draft_extend():",
+    )
+    assert detect(d.NsaVerifyLengthsOnDevice, combined).state is State.SUPERSEDED  # not its own branch: left
+    for codemod in (*VERIFY_CODEMODS, d.DsaVerifyLengthsOnDevice):
+        assert detect(codemod, SHIM).state is State.SUPERSEDED
+    renamed = VERIFY.replace("NativeSparseAttnBackend", "DeepseekSparseAttnBackend")
+    out, states = run_all([d.DsaVerifyLengthsOnDevice, d.DsaReplayVerifyLengthsOnDevice], renamed)
+    assert states == [State.DONE, State.DONE] and EAGER_FULL in out and REPLAY_FULL in out
+    assert detect(d.NsaVerifyLengthsOnDevice, renamed).state is State.MISSING  # no NSA class there
+
+
+def test_0_5_7_to_0_5_9_verify_after_the_device_expansion_has_nothing_to_fill():
+    assert_state(d.NsaVerifyLengthsOnDevice, HOST, State.SUPERSEDED, "builds no tensor from a host list")
+    _, expanded, _ = run(d.NsaEagerExpandsOnDevice, HOST)
+    assert_state(d.NsaVerifyLengthsOnDevice, expanded, State.SUPERSEDED, "builds no tensor from a host list")

@@ -14,6 +14,7 @@ import pytest
 from dsa_shapes import DEVICE_MAX, MAX_CONTEXT_LEN, eager_width
 from support import PRE_UPSTREAM, patch_states, snapshot, verified_idempotent_reverted
 
+from patchkit.codemods.dsa_no_mirror.verify import MARK
 from patchkit.runtime.host_bound import SeqLensBound
 
 ID = "dsa-no-mirror"
@@ -41,6 +42,25 @@ def audit_findings(cli, tree) -> set[str]:
     return {re.sub(r"^.*?/(srt/[^:]+):\d+:", r"\1:", ln) for ln in found}
 
 
+#: target verify's query lengths copied from the host list [D] * bs (0.5.10 .. 0.5.14 eager and
+#: replay; the eager only from 0.5.15): a blocking copy from pageable memory each decode step.
+HOST_LENGTHS = re.compile(r"torch\.tensor\(\s*extend_seq_lens_cpu")
+FILL = "torch.full(({}), self.speculative_num_draft_tokens, dtype=torch.int32, device={})"
+
+
+def assert_verify_lengths_filled(pristine: str, patched: str, replay_native: bool = False) -> None:
+    """The release copies the verify lengths from the host in both branches (the eager one
+    only, from 0.5.15); patched, neither does: the fill on the device instead, patchkit's
+    (its comment) in each branch that copied, upstream's left in a replay that has it."""
+    copies = 1 if replay_native else 2
+    assert len(HOST_LENGTHS.findall(pristine)) == copies
+    assert not HOST_LENGTHS.search(patched)
+    assert patched.count(MARK) == copies
+    assert FILL.format("batch_size,", "device") in patched
+    assert (FILL.format("bs,", "self.device") in patched) is not replay_native
+    assert "forward_batch.extend_seq_lens_cpu = extend_seq_lens_cpu" in patched  # the batch's host list stays
+
+
 def changed(before: dict, after: dict) -> set[str]:
     return {rel for rel in before.keys() | after.keys() if before.get(rel) != after.get(rel)}
 
@@ -51,6 +71,7 @@ def test_carried_onto_0_5_10_to_0_5_12_post1(make_tree, cli, version):
     tree = make_tree(version)
     package = tree / "sglang" if (tree / "sglang").is_dir() else tree
     before = snapshot(tree)
+    before_nsa = (package / NSA).read_text()
     assert state(cli, tree)["state"] == "absent"
     result = cli("apply", tree, ID)
     assert result.exit_code == 0, result.output
@@ -62,6 +83,7 @@ def test_carried_onto_0_5_10_to_0_5_12_post1(make_tree, cli, version):
     assert "forward_batch.seq_lens.numel() == 0" in (package / INDEXER).read_text()
     assert "graph_max_len(" in (package / PRECOMPUTE).read_text()
     assert (package / RUNTIME).is_file()
+    assert_verify_lengths_filled(before_nsa, nsa)
     # run from the tree's own code: no device read, the batch's host bound
     assert eager_width(nsa, "NativeSparseAttnBackend", SeqLensBound(300, 2000)) == (300, 0)
     assert cli("verify", tree, ID).exit_code == 0
@@ -99,6 +121,7 @@ def test_carried_onto_0_5_7_to_0_5_9_with_the_lengths_expanded_on_the_device(mak
     for part in (spec_eager, replay):
         assert "seq_lens_cpu.tolist()" not in part and "seqlens_int32_cpu" not in part
         assert "torch.cat(" not in part and ".item()" not in part.replace("graph_max_len", "")
+        assert not HOST_LENGTHS.search(part) and MARK not in part  # nothing to fill: the width is a host int
     assert (
         "seqlens_expand(self.speculative_num_draft_tokens, (forward_batch.seq_lens + "
         "self.speculative_num_draft_tokens), self.speculative_num_draft_tokens * batch_size)" in eager
@@ -131,6 +154,7 @@ def test_carried_onto_0_5_13_and_0_5_14_the_renamed_backend_before_upstreams_opt
     tree = make_tree(version)
     package = tree / "sglang" if (tree / "sglang").is_dir() else tree
     before = snapshot(tree)
+    before_dsa = (package / DSA).read_text()
     audited = audit_findings(cli, tree)  # upstream's own findings elsewhere (mamba, metrics): unchanged
     assert state(cli, tree)["state"] == "absent"
     assert cli("apply", tree, *REQUIRES).exit_code == 0  # replay-no-stale-mirror; needs-cpu-seq-lens is native
@@ -152,6 +176,8 @@ def test_carried_onto_0_5_13_and_0_5_14_the_renamed_backend_before_upstreams_opt
     replay = dsa.split("    def _apply_cuda_graph_metadata(", 1)[1].split("\n    def ", 1)[0]
     assert "assert seq_lens_cpu is not None\n" not in replay and "seq_lens_cpu.max().item()" not in replay
     assert "graph_max_len(seq_lens_cpu" in replay
+    assert_verify_lengths_filled(before_dsa, dsa)
+    assert FILL.format("bs,", "self.device") in replay  # the replay's verify, renamed _apply_cuda_graph_metadata
     assert "forward_batch.seq_lens.numel() == 0" in (package / DSA_INDEXER).read_text()
     assert "graph_max_len(" in (package / DSA_PRECOMPUTE).read_text()
     # run from the tree's own code: no device read, the static bound (0.5.13+ keep no host bound)
@@ -188,6 +214,7 @@ def test_past_upstream_no_device_read_in_the_eager_fallback(make_tree, cli, vers
     assert result.exit_code == 0, result.output
     assert state(cli, tree)["state"] == "applied"
     patched = (package / DSA).read_text()
+    assert_verify_lengths_filled(pristine, patched, replay_native=True)  # the eager verify, past upstream
     assert eager_width(patched, "DeepseekSparseAttnBackend", None) == (MAX_CONTEXT_LEN, 0)
     assert eager_width(patched, "DeepseekSparseAttnBackend", SeqLensBound(300, 2000)) == (300, 0)
     assert {rel for rel in changed(required, snapshot(tree)) if not rel.startswith("srt/_patchkit/")} == {DSA}
@@ -226,6 +253,7 @@ def test_fork_with_upstreams_names_is_carried(make_tree, cli):
     assert st["state"] == "applied", st
     dsa = (package / DSA).read_text()
     assert "class DeepseekSparseAttnBackend(" in dsa and "host_max_seq_len(forward_batch.seq_lens_cpu" in dsa
+    assert_verify_lengths_filled(source, dsa)  # the fork's own copy of the verify branches, as the release's
     assert eager_width(dsa, "DeepseekSparseAttnBackend", SeqLensBound(300, 2000)) == (300, 0)
 
 

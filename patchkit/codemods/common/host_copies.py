@@ -12,16 +12,24 @@ on CUDA, as before elsewhere):
 * a copy of a host tensor, ``T.to(device=D)``, becomes ``non_blocking``, and
   ``T``'s ``torch.tensor(...)`` is pinned: without pinning the driver still
   stages pageable bytes synchronously.
+
+And one that needs no copy at all: a list of one repeated value,
+``torch.tensor([W] * n, dtype=T, device=D)`` (the list inline or through
+locals), is ``torch.full((n,), W, dtype=T, device=D)``, made on the device
+(``filled_on_device``; sglang 0.5.15's replay writes it so).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
 
 from patchkit.codemods.common import primitives
+from patchkit.codemods.common.primitives.values import Locals
 from patchkit.codemods.common.shared import code_of
 from patchkit.layout import import_path
 
@@ -111,3 +119,148 @@ def pinned_build(build: cst.Call, device: cst.BaseExpression) -> cst.Call:
     tensor (needs-cpu-seq-lens's device lengths) kept as it is, never pinned. One call for
     both (a keyword would not do: torch.as_tensor has no ``pin_memory``)."""
     return primitives.set_keyword_argument(build.with_changes(func=cst.Name(PINNED_TENSOR)), "pin_for", code_of(device))
+
+
+# -- a repeated host list: no copy, a fill on the device -----------------------------------------
+
+FULL = primitives.call("torch.full")
+
+
+@dataclass(frozen=True)
+class Filled:
+    call: cst.Call  # ``torch.full((n,), W, dtype=T, device=D)``
+    locals: tuple[str, ...]  # the locals the list was followed through, the one the call reads first
+
+
+def filled_on_device(fn: cst.CSTNode, call: cst.Call, scopes: Sequence[cst.CSTNode] = ()) -> Optional[Filled]:
+    """``call``, ``torch.tensor(L, dtype=T, device=D)`` with ``D`` not the CPU and
+    ``L`` a list of one repeated value, ``[W] * n`` (or ``n * [W]``), as
+    ``torch.full((n,), W, dtype=T, device=D)``: the same values, with no host
+    list copied (from pageable memory, a copy the host waits for). ``L`` may be
+    inline or a local, through a chain of locals, each assigned once in the
+    innermost of ``scopes`` (nodes of ``fn``, then ``fn``) that assigns it, in a
+    block that holds the use after it, never changed in place, and neither it
+    nor a name ``W`` and ``n`` read rebound in between. None: not that shape
+    (no ``dtype``: ``torch.tensor([])`` is a float tensor, ``torch.full`` not;
+    another keyword; a list not followed)."""
+    device = built_on_device(call)
+    positional = [a for a in call.args if a.keyword is None]
+    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
+    if device is None or len(positional) != 1 or keywords != {"dtype", "device"} or positional[0].star:
+        return None
+    found = _repeated(fn, positional[0].value, [Locals(s) for s in (*scopes, fn)])  # type: ignore[arg-type]
+    if found is None:
+        return None
+    (value, count), chain = found
+    dtype = primitives.keyword_argument(call, "dtype")
+    assert dtype is not None  # in keywords
+    full = primitives.parse_expression(
+        f"torch.full(({code_of(count)},), {code_of(value)}, dtype={code_of(dtype.value)}, device={code_of(device)})"
+    )
+    return Filled(cst.ensure_type(full, cst.Call), chain)
+
+
+def _repeat(node: cst.BaseExpression) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """``[W] * n`` / ``n * [W]`` -> (W, n)."""
+    if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)):
+        return None
+    for one, count in ((node.left, node.right), (node.right, node.left)):
+        if isinstance(one, cst.List) and len(one.elements) == 1 and isinstance(one.elements[0], cst.Element):
+            if not isinstance(count, cst.List):
+                return one.elements[0].value, count
+    return None
+
+
+def _repeated(
+    fn: cst.CSTNode, node: cst.BaseExpression, scopes: Sequence[Locals]
+) -> Optional[tuple[tuple[cst.BaseExpression, cst.BaseExpression], tuple[str, ...]]]:
+    """((W, n), the locals followed) of ``node``, a repeated list, or None."""
+    links: list[tuple[cst.Name, cst.Assign]] = []  # (a use of the local, its one assignment)
+    for _ in range(4):
+        found = _repeat(node)
+        if found is not None:
+            watched = _watched(node)
+            chain = tuple(use.value for use, _ in links)
+            if all(_holds(fn, assign, use, watched | {use.value}) for use, assign in links):
+                return found, chain
+            return None
+        assign = _one_assignment(node, scopes)
+        if assign is None or _changed_in_place(fn, cst.ensure_type(node, cst.Name).value):
+            return None
+        links.append((cst.ensure_type(node, cst.Name), assign))
+        node = assign.value
+    return None
+
+
+def _one_assignment(node: cst.BaseExpression, scopes: Sequence[Locals]) -> Optional[cst.Assign]:
+    """The one plain assignment of the local ``node`` in the innermost scope that assigns it."""
+    if not isinstance(node, cst.Name):
+        return None
+    for scope in scopes:
+        defs = scope.defs.get(node.value)
+        if defs:
+            return defs[0] if len(defs) == 1 and isinstance(defs[0], cst.Assign) else None
+    return None
+
+
+def _changed_in_place(fn: cst.CSTNode, name: str) -> bool:
+    """``name.append(...)`` (any method), ``name[i] = ...``, ``name += ...``, ``del name[i]``."""
+    own = m.Name(name)
+    return primitives.contains(
+        fn,
+        m.Call(func=m.Attribute(value=own))
+        | m.AugAssign(target=own | m.Subscript(value=own))
+        | m.AssignTarget(target=m.Subscript(value=own))
+        | m.Del(target=m.Subscript(value=own)),
+    )
+
+
+def _holds(fn: cst.CSTNode, assign: cst.Assign, use: cst.Name, watched: set[str]) -> bool:
+    """``assign``'s line is in a block whose later statement holds ``use``, and no
+    statement from there to that one rebinds or sets a ``watched`` name or attribute."""
+    for block in primitives.find_all_of(cst.IndentedBlock, fn, m.IndentedBlock()):
+        body = list(block.body)
+        start = next(
+            (
+                i
+                for i, s in enumerate(body)
+                if isinstance(s, cst.SimpleStatementLine) and any(x is assign for x in s.body)
+            ),
+            None,
+        )
+        if start is None:
+            continue
+        end = next((i for i, s in enumerate(body) if primitives.contains(s, primitives.is_node(use))), None)
+        if end is None or end <= start:
+            return False
+        return not any(_sets(s) & watched for s in body[start + 1 : end + 1])
+    return False
+
+
+def _watched(node: cst.CSTNode) -> set[str]:
+    """The names and attributes ``node`` reads, as written."""
+    return {code_of(n) for n in primitives.find_all(node, m.Name() | m.Attribute())}
+
+
+def _sets(stmt: cst.CSTNode) -> set[str]:
+    """What the statements in ``stmt`` bind or set: names (assignments, loops, ``with ...
+    as``, ``:=``), attributes and subscripted objects, as written."""
+    targets: list[cst.CSTNode] = [
+        node.name if isinstance(node, cst.AsName) else node.target
+        for node in primitives.find_all(
+            stmt, m.AssignTarget() | m.AugAssign() | m.AnnAssign() | m.For() | m.AsName() | m.NamedExpr()
+        )
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.AsName, cst.NamedExpr))
+    ]
+    found: set[str] = set()
+    while targets:
+        target = targets.pop()
+        if isinstance(target, (cst.Tuple, cst.List)):
+            targets.extend(e.value for e in target.elements)
+        elif isinstance(target, cst.StarredElement):
+            targets.append(target.value)
+        elif isinstance(target, cst.Subscript):
+            found |= {code_of(target), code_of(target.value)}
+        else:
+            found.add(code_of(target))
+    return found

@@ -30,6 +30,9 @@ paths, it now takes without it:
 * 0.5.7 .. 0.5.9 only: the verify / draft-extend lengths were expanded on the
   host from ``seq_lens_cpu.tolist()``; ``expand.py`` writes 0.5.10's device
   expansion (backends.dsa ``seqlens_expand``) in their place.
+* 0.5.10+: target verify copied its query lengths ``[D] * bs`` from the host
+  (``torch.tensor(<list>, device=...)``, a blocking copy each step); ``verify.py``
+  fills them on the device (``torch.full``: 0.5.15's replay, past upstream eager).
 """
 
 from __future__ import annotations
@@ -60,8 +63,14 @@ from patchkit.codemods.dsa_no_mirror.tables import (
     NsaPrecomputeSliceWithoutMirror,
     NsaReplayWithoutMirror,
 )
+from patchkit.codemods.dsa_no_mirror.verify import (
+    DsaReplayVerifyLengthsOnDevice,
+    DsaVerifyLengthsOnDevice,
+    NsaReplayVerifyLengthsOnDevice,
+    NsaVerifyLengthsOnDevice,
+)
 
-__all__ = [  # the codemods patches/dsa-no-mirror.toml names (tables.py's and expand.py's re-exported)
+__all__ = [  # the codemods patches/dsa-no-mirror.toml names (tables.py's, expand.py's and verify.py's re-exported)
     "DsaDraftExtendNeedsNoPrefixList",
     "DsaEagerExpandsOnDevice",
     "DsaEagerMaxFromHostBound",
@@ -71,7 +80,9 @@ __all__ = [  # the codemods patches/dsa-no-mirror.toml names (tables.py's and ex
     "DsaPrecomputeDecodeWithoutMirror",
     "DsaPrecomputeSliceWithoutMirror",
     "DsaReplayExpandsOnDevice",
+    "DsaReplayVerifyLengthsOnDevice",
     "DsaReplayWithoutMirror",
+    "DsaVerifyLengthsOnDevice",
     "IndexerEmptyBatchFromShape",
     "NsaDraftExtendNeedsNoPrefixList",
     "NsaEagerExpandsOnDevice",
@@ -82,7 +93,9 @@ __all__ = [  # the codemods patches/dsa-no-mirror.toml names (tables.py's and ex
     "NsaPrecomputeDecodeWithoutMirror",
     "NsaPrecomputeSliceWithoutMirror",
     "NsaReplayExpandsOnDevice",
+    "NsaReplayVerifyLengthsOnDevice",
     "NsaReplayWithoutMirror",
+    "NsaVerifyLengthsOnDevice",
 ]
 
 
