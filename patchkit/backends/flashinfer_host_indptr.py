@@ -205,7 +205,7 @@ def _decode_from_host(
 ) -> None:
     if len(args) < 4 or args[3] != 1 or len(host_indptr) != len(indptr):  # page size 1: every last page holds 1
         return wrapper.begin_forward(indptr, indices, last_page_len, *args, **kwargs)
-    if not wrapper.is_cuda_graph_enabled:
+    if not getattr(wrapper, "is_cuda_graph_enabled", True):  # a graph's plan sends no range
         _pin_range(len(indptr))
     return wrapper.begin_forward(host_indptr, indices, _host_ones(len(last_page_len)), *args, **kwargs)
 
