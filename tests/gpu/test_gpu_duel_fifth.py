@@ -107,3 +107,23 @@ def test_the_fa3_8b_eager_profile_is_as_cited():
     )
     for figure in ("8731.2 against 8743.9 us", "35.0 and 36.3 ms", "23.7 and 24.8 ms"):
         assert figure in DOC
+
+
+def test_every_patched_engine_ran_the_same_43_files_as_cited():
+    trees = [
+        files
+        for name in ("dsa_duel-r1", "flashinfer_duel-r1", "flashinfer_8b_duel-r1")
+        for engine, files in _run(name)["patched_files_sha256"].items()
+        if engine.startswith("patched")
+    ]
+    assert len(trees) == 6 and all(t == trees[0] for t in trees) and len(trees[0]) == 43
+    for path, digest in (("nsa_backend.py", "69796a47afbd5291"), ("flashinfer_backend.py", "fd3fd1f7e8de4eb3")):
+        assert trees[0][f"srt/layers/attention/{path}"].startswith(digest)
+        assert f"`{path}` {digest}…" in DOC
+    others = [
+        files
+        for name in ("dsa_duel-r1", "flashinfer_duel-r1", "flashinfer_8b_duel-r1")
+        for engine, files in _run(name)["patched_files_sha256"].items()
+        if not engine.startswith("patched")
+    ]
+    assert others and all(files == {} for files in others)
