@@ -65,9 +65,10 @@ STRIDES = "patchkit_draft_extend_strides"
 #: A graph wrapper's attribute holding the replay's host plan while the updater plans it.
 HOST = "patchkit_host_plan"
 
-#: The replay's plan arrays on the host (int32 CPU tensors; flashinfer-host-indptr's
-#: ``host_plan`` fields) and the K lengths' sum.
-HostPlan = namedtuple("HostPlan", ["qo_indptr", "kv_indptr", "last_page_len", "kv_len_sum"])
+#: The replay's plan arrays on the host (int32 CPU tensors): the fields of flashinfer-host-indptr's
+#: ``host_plan``, which its paged plan reads when both switches are on (2026-11-28f: a plan
+#: without ``kv_lens`` raised at the first replay), the K lengths' sum and the K lengths.
+HostPlan = namedtuple("HostPlan", ["qo_indptr", "kv_indptr", "last_page_len", "kv_len_sum", "kv_lens"])
 
 
 def switched_on() -> bool:
@@ -183,7 +184,8 @@ def _plan_arrays(bs: int, stride: int, lengths: Any) -> HostPlan:
     lengths = lengths[:bs].to(torch.int64)
     kv = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, dim=0)])
     qo = torch.arange(0, (bs + 1) * stride, stride, dtype=torch.int64)
-    return HostPlan(_host_tensor(qo), _host_tensor(kv), _host_tensor(torch.ones(bs)), int(kv[-1]))
+    ones = torch.ones(bs)
+    return HostPlan(_host_tensor(qo), _host_tensor(kv), _host_tensor(ones), int(kv[-1]), _host_tensor(lengths))
 
 
 def _install_sync_free_plan(wrapper: Any, host: HostPlan, args: tuple, kwargs: dict) -> None:
@@ -237,8 +239,11 @@ def _plan_from_host(wrapper: Any, args: tuple, kwargs: dict) -> bool:
         return False
     qo_indptr, kv_indptr, kv_indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size = args[:8]
     batch_size = len(qo_indptr) - 1
-    unsupported = {"custom_mask", "packed_custom_mask", "max_token_per_sequence", "max_sequence_kv", "seq_lens"}
+    unsupported = {"custom_mask", "packed_custom_mask", "max_token_per_sequence", "max_sequence_kv"}
     if any(kwargs.get(name) is not None for name in unsupported) or len(args) > 8:
+        return False
+    given = kwargs.get("seq_lens")  # flashinfer-host-indptr hands the K lengths over (pinned)
+    if given is not None and (not _on_host(given) or given.numel() != len(kv_indptr) - 1):
         return False
     if (
         page_size != 1
@@ -255,8 +260,10 @@ def _plan_from_host(wrapper: Any, args: tuple, kwargs: dict) -> bool:
     max_rows = wrapper._max_total_num_rows
     if max_rows is not None and total_rows > max_rows:
         return False
-    kv_lens = torch.clamp(kv_indptr[1:] - kv_indptr[:-1] - 1, min=0) * page_size + last_page_len
-    kv_lens = _host_tensor(kv_lens)
+    if given is None:
+        kv_lens = _host_tensor(torch.clamp(kv_indptr[1:] - kv_indptr[:-1] - 1, min=0) * page_size + last_page_len)
+    else:  # what plan() does with them: its K lengths, as they are
+        kv_lens = given.flatten()
     if len(kv_lens) > wrapper._kv_lens_buffer.shape[0]:
         return False
     non_blocking = kwargs.get("non_blocking", True)

@@ -236,11 +236,12 @@ def _with_kv_lens(wrapper: Any, host: Any, kwargs: dict) -> dict:
     them (FlashInfer's documented argument) and plans with FA2 / FA3: else ``plan()`` makes the
     K lengths on the host in pageable memory and sends them with a copy that waits (2026-11-28e:
     one a paged plan). The same numbers ``plan()`` would make (page size 1)."""
-    if "seq_lens" in kwargs or getattr(wrapper, "_backend", "auto") not in ("auto", "fa2", "fa3"):
+    lens = getattr(host, "kv_lens", None)  # a host plan another module built may not carry them
+    if lens is None or "seq_lens" in kwargs or getattr(wrapper, "_backend", "auto") not in ("auto", "fa2", "fa3"):
         return kwargs
     if not _takes_seq_lens(type(wrapper)):
         return kwargs
-    return {**kwargs, "seq_lens": host.kv_lens}
+    return {**kwargs, "seq_lens": lens}
 
 
 _TAKES_SEQ_LENS: dict = {}  # plan() signatures, by wrapper class

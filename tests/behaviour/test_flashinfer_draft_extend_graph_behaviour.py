@@ -82,11 +82,13 @@ class FakeGraphWrapper:
         self._float_workspace_buffer, self._int_workspace_buffer, self._pin_memory_int_workspace_buffer = "f", "i", "p"
         self.stock_plans = 0
 
-    def begin_forward(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-                      num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, causal=False,
-                      window_left=-1, q_data_type="float16", kv_data_type=None, non_blocking=True,
-                      fixed_split_size=None, prefix_len_ptr=None, token_pos_in_items_ptr=None,
-                      token_pos_in_items_len=0, max_item_len_ptr=None):  # fmt: skip
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+             num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, causal=False,
+             window_left=-1, q_data_type="float16", kv_data_type=None, non_blocking=True,
+             fixed_split_size=None, prefix_len_ptr=None, token_pos_in_items_ptr=None,
+             token_pos_in_items_len=0, max_item_len_ptr=None, seq_lens=None):  # fmt: skip
+        # seq_lens: FlashInfer's documented argument (2026-11-28f: a fake without it hid a
+        # host plan that raised on the GPU when flashinfer-host-indptr handed the K lengths over)
         assert custom_mask is None and page_size == 1
         self.stock_plans += 1
         head_dim_vo = head_dim_vo or head_dim_qk
@@ -100,6 +102,8 @@ class FakeGraphWrapper:
         self._max_q_len = max(qo_host[1:] - qo_host[:-1]).item()
         kv_host, last_host = plain(paged_kv_indptr.to("cpu")), plain(paged_kv_last_page_len.to("cpu"))
         kv_lens = torch.clamp(kv_host[1:] - kv_host[:-1] - 1, min=0) * page_size + last_host
+        if seq_lens is not None:
+            kv_lens = plain(seq_lens.cpu()).flatten()
         self._kv_lens_buffer[: len(kv_lens)].copy_(kv_lens)
         self._max_kv_len = max(kv_lens).item()
         if self._max_total_num_rows is None:
@@ -117,6 +121,8 @@ class FakeGraphWrapper:
             num_kv_heads, page_size, self.is_cuda_graph_enabled, head_dim_qk, head_dim_vo, causal, window_left,
             fixed_split_size or -1, False, 0,
         )  # fmt: skip
+
+    begin_forward = plan
 
 
 class EagerWrapper:

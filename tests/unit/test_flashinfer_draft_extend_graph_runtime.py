@@ -71,6 +71,8 @@ def test_the_replay_plan_is_the_device_one_padded_rows_included():
     assert plan.qo_indptr.tolist() == [0, 3, 6, 9, 12]  # cumsum(seq_lens - (seq_lens - 3))
     assert plan.kv_indptr.tolist() == [0, 9, 13, 14, 15] and plan.last_page_len.tolist() == [1] * 4
     assert plan.kv_len_sum == 15 and all(t.dtype == torch.int32 for t in plan[:3])
+    # the K lengths too, as flashinfer-host-indptr's paged plan hands them to plan() (2026-11-28f)
+    assert plan.kv_lens.tolist() == lens.tolist() and plan.kv_lens.dtype == torch.int32
 
 
 @pytest.mark.parametrize(
@@ -98,6 +100,6 @@ def test_the_sync_free_plan_runs_only_for_the_replays_own_host_plan():
     args = (torch.zeros(3), torch.zeros(3), torch.zeros(4), torch.ones(2), 8, 2, 64, 1)
     deg.sync_free_plan(wrapper, lambda *a, **k: stock.append(a), *args)
     assert len(stock) == 1  # no host plan on the wrapper: plan() itself
-    wrapper.patchkit_host_plan = deg.HostPlan(torch.zeros(3), torch.zeros(3), torch.ones(2), 0)
+    wrapper.patchkit_host_plan = deg.HostPlan(torch.zeros(3), torch.zeros(3), torch.ones(2), 0, torch.zeros(2))
     deg.sync_free_plan(wrapper, lambda *a, **k: stock.append(a), *args)
     assert len(stock) == 2  # equal numbers, other tensors: still plan()
