@@ -87,9 +87,13 @@ ready() {  # bundle [fa3-lib]: its inputs are there (a joined bundle appears onl
 }
 
 pin_of() {  # lane: the taskset prefix of that lane's share of the host's cores (PIN=1), else nothing
+  # whole physical cores a lane (cpu_lanes.py, 2026-11-28f: lanes of logical CPUs 0-15 and 16-31
+  # shared every core's two hyperthreads, and a busy lane slowed the other's engines 1.55x)
   if [ "$PIN" = 1 ] && command -v taskset > /dev/null; then
-    local n_lanes; n_lanes=$(echo ${PIN_LANES:-$LANES} | wc -w); local share=$(( $(nproc) / n_lanes ))
-    echo taskset -c "$((${1%%,*} * share))-$((${1%%,*} * share + share - 1))"
+    local n_lanes cpus; n_lanes=$(echo ${PIN_LANES:-$LANES} | wc -w)
+    cpus=$(cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.cpu_lanes "${1%%,*}" "$n_lanes" 2>/dev/null) \
+      || { local share=$(( $(nproc) / n_lanes )); cpus="$((${1%%,*} * share))-$((${1%%,*} * share + share - 1))"; }
+    echo taskset -c "$cpus"
   fi
 }
 
@@ -271,6 +275,7 @@ lane() {  # gpu: take the first unclaimed step whose inputs are there, until non
 }
 
 note "plan: $(echo $STEPS) on GPUs $LANES"
+[ "$PIN" = 1 ] && note "host: $(cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.cpu_lanes --describe 2>/dev/null || nproc); lanes pinned: $(for g in $LANES; do echo -n "$g:$(pin_of "$g" | cut -d' ' -f3) "; done)"
 for g in $LANES; do lane "$g" & done
 wait
 # DS_DUEL=1: then DeepSeek MTP at TP 4 + DP attention 4 on GPUs 0-3, pristine against patched in one

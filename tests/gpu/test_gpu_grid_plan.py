@@ -36,6 +36,7 @@ def _run_plan(tmp_path, missing: tuple[str, ...] = (), **extra: str) -> tuple[li
         (tmp_path / name / "e2e" / "pk_gpu_e2e" / "__init__.py").write_text("")
         for module in ("orchestrate.py", "duel.py"):
             (tmp_path / name / "e2e" / "pk_gpu_e2e" / module).write_text(STUB)
+        shutil.copy2(ROOT / "gpu_e2e" / "cpu_lanes.py", tmp_path / name / "e2e" / "pk_gpu_e2e")  # PIN=1's lanes
         (tmp_path / name / "manifest.json").write_text("{}")
     for name in ("fa3", "fa3_17"):
         (tmp_path / name).mkdir()
@@ -311,7 +312,7 @@ def test_pin_keeps_a_duel_on_its_lanes_cores_and_prof_bs_picks_the_profiled_batc
     PIN_LANES where given; PROF_BS: the eager batch a *_prof step times and profiles (8B here)."""
     if not shutil.which("taskset") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs taskset and two cores")
-    calls, _ = _run_plan(
+    calls, progress = _run_plan(
         tmp_path,
         LANES="1",
         PIN_LANES="0 1",
@@ -320,8 +321,12 @@ def test_pin_keeps_a_duel_on_its_lanes_cores_and_prof_bs_picks_the_profiled_batc
         PROF_BS="64",
     )
     by_out = {Path(_arg(c, "--out")).name: c for c in calls}
-    share = len(os.sched_getaffinity(0)) // 2  # nproc, as the plan counts
-    assert by_out["triton_duel-r1"]["cpus"] == list(range(share, 2 * share))
+    # lane 1 of 2: the second half of the host's physical cores, every hyperthread of each
+    from gpu_e2e import cpu_lanes
+
+    lane = cpu_lanes.lane_cpus(1, 2, cpu_lanes.physical_cores())
+    assert by_out["triton_duel-r1"]["cpus"] == lane
+    assert f"lanes pinned: 1:{cpu_lanes.taskset_list(lane)}" in progress
     prof = by_out["fa3_8b_prof-r1-b12"]
     assert (_arg(prof, "--batch-sizes"), _arg(prof, "--profile-batch"), _arg(prof, "--sizes")) == ("64", "64", "8b")
     # r2: the same pair in the other order (2026-11-28e's lead)

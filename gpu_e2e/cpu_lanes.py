@@ -1,0 +1,98 @@
+"""Each plan lane's share of the host's CPUs, as whole physical cores (issue 67, 2026-11-28f).
+
+plan.sh's ``PIN=1`` used to give lane ``i`` of ``n`` the logical CPUs ``[i*k, (i+1)*k)``. On a
+host whose hyperthreads are numbered ``c`` and ``c + cores`` (as on the H200 hosts: 32
+logical CPUs), lane 0 and lane 1 then share every physical core, and the 2026-11-28f
+profiles showed the cost: an eager, launch-bound engine ran 1.55x slower a step while the
+other lane started engines, with the same GPU work. This module groups the logical CPUs by
+(package, core) from sysfs and hands each lane whole cores, both hyperthreads included:
+
+    python3 -m pk_gpu_e2e.cpu_lanes LANE LANES        # prints a taskset list: "0-7,16-23"
+    python3 -m pk_gpu_e2e.cpu_lanes --describe        # the host's cores, for the plan's log
+
+Standard library only (it runs on the device machine before any engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+SYSFS = Path("/sys/devices/system/cpu")
+
+
+def _ids(text: str) -> list[int]:
+    """A sysfs CPU list ("0-3,8,10-11") as numbers."""
+    out: list[int] = []
+    for part in filter(None, text.strip().split(",")):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def physical_cores(sysfs: Path = SYSFS) -> list[list[int]]:
+    """The online logical CPUs grouped by physical core, ordered by (package, core id)."""
+    online = _ids((sysfs / "online").read_text()) if (sysfs / "online").exists() else None
+    cores: dict[tuple[int, int], list[int]] = {}
+    for cpu_dir in sysfs.iterdir():
+        match = re.fullmatch(r"cpu(\d+)", cpu_dir.name)
+        if not match or (online is not None and int(match[1]) not in online):
+            continue
+        topology = cpu_dir / "topology"
+        try:
+            key = (int((topology / "physical_package_id").read_text()), int((topology / "core_id").read_text()))
+        except (OSError, ValueError):  # no topology: the CPU is its own core
+            key = (-1, int(match[1]))
+        cores.setdefault(key, []).append(int(match[1]))
+    return [sorted(cpus) for _, cpus in sorted(cores.items())]
+
+
+def lane_cpus(lane: int, lanes: int, cores: list[list[int]]) -> list[int]:
+    """Lane ``lane`` of ``lanes``: an equal run of whole cores (the first lanes take one more
+    core where they do not divide evenly). Raises on a lane out of range or fewer cores than lanes."""
+    if not 0 <= lane < lanes:
+        raise ValueError(f"lane {lane} is not one of {lanes}")
+    if len(cores) < lanes:
+        raise ValueError(f"{len(cores)} physical core(s) for {lanes} lanes")
+    share, extra = divmod(len(cores), lanes)
+    start = lane * share + min(lane, extra)
+    mine = cores[start : start + share + (1 if lane < extra else 0)]
+    return sorted(cpu for core in mine for cpu in core)
+
+
+def taskset_list(cpus: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in runs)
+
+
+def describe(cores: list[list[int]]) -> str:
+    threads = sorted({len(c) for c in cores})
+    return f"{len(cores)} physical cores, {sum(map(len, cores))} logical CPUs, threads a core {threads}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("lane", nargs="?", type=int)
+    ap.add_argument("lanes", nargs="?", type=int)
+    ap.add_argument("--describe", action="store_true", help="print the host's cores and exit")
+    ap.add_argument("--sysfs", type=Path, default=SYSFS, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    cores = physical_cores(args.sysfs)
+    if args.describe:
+        print(describe(cores))
+        return 0
+    if args.lane is None or args.lanes is None:
+        ap.error("LANE and LANES are needed (or --describe)")
+    print(taskset_list(lane_cpus(args.lane, args.lanes, cores)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

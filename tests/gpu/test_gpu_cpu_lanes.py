@@ -1,0 +1,49 @@
+"""gpu_e2e/cpu_lanes.py: PIN=1's lanes are whole physical cores (2026-11-28f: lanes of logical
+CPUs 0-15 and 16-31 shared every core of a 16-core, 32-thread host)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_e2e import cpu_lanes
+
+
+def _sysfs(tmp_path, cores: int, threads: int, packages: int = 1, online: str | None = None):
+    """A host numbered as the H200 hosts are: thread t of core c is CPU c + t * cores."""
+    root = tmp_path / "cpu"
+    for t in range(threads):
+        for c in range(cores):
+            topology = root / f"cpu{c + t * cores}" / "topology"
+            topology.mkdir(parents=True)
+            (topology / "physical_package_id").write_text(f"{c * packages // cores}\n")
+            (topology / "core_id").write_text(f"{c}\n")
+    (root / "cpufreq").mkdir()  # not a CPU
+    (root / "online").write_text(online or f"0-{cores * threads - 1}\n")
+    return root
+
+
+def test_two_lanes_of_a_hyperthreaded_host_share_no_core(tmp_path):
+    cores = cpu_lanes.physical_cores(_sysfs(tmp_path, 16, 2))
+    assert len(cores) == 16 and cores[0] == [0, 16]
+    lanes = [cpu_lanes.lane_cpus(i, 2, cores) for i in (0, 1)]
+    assert cpu_lanes.taskset_list(lanes[0]) == "0-7,16-23" and cpu_lanes.taskset_list(lanes[1]) == "8-15,24-31"
+    assert not set(lanes[0]) & set(lanes[1])
+    assert cpu_lanes.describe(cores) == "16 physical cores, 32 logical CPUs, threads a core [2]"
+
+
+def test_uneven_lanes_offline_cpus_and_too_many_lanes(tmp_path):
+    cores = cpu_lanes.physical_cores(_sysfs(tmp_path, 5, 1, online="0-3\n"))  # cpu4 offline
+    assert cores == [[0], [1], [2], [3]]
+    assert [cpu_lanes.lane_cpus(i, 3, cores) for i in range(3)] == [[0, 1], [2], [3]]
+    with pytest.raises(ValueError, match="2 physical core"):
+        cpu_lanes.lane_cpus(0, 3, cores[:2])
+    with pytest.raises(ValueError, match="not one of"):
+        cpu_lanes.lane_cpus(3, 3, cores)
+
+
+def test_the_command_line_prints_a_taskset_list(tmp_path, capsys):
+    root = _sysfs(tmp_path, 4, 2, packages=2)
+    assert cpu_lanes.main(["1", "2", "--sysfs", str(root)]) == 0
+    assert capsys.readouterr().out.strip() == "2-3,6-7"
+    assert cpu_lanes.main(["--describe", "--sysfs", str(root)]) == 0
+    assert "4 physical cores" in capsys.readouterr().out
