@@ -1,10 +1,11 @@
 """Each plan lane's share of the host's CPUs, as whole physical cores (issue 67, 2026-11-28f).
 
 plan.sh's ``PIN=1`` used to give lane ``i`` of ``n`` the logical CPUs ``[i*k, (i+1)*k)``. On a
-host whose hyperthreads are numbered ``c`` and ``c + cores`` (as on the H200 hosts: 32
-logical CPUs), lane 0 and lane 1 then share every physical core, and the 2026-11-28f
-profiles showed the cost: an eager, launch-bound engine ran 1.55x slower a step while the
-other lane started engines, with the same GPU work. This module groups the logical CPUs by
+host whose hyperthreads are numbered ``c`` and ``c + cores`` (a common Linux numbering; the
+runs did not record the H200 hosts' own), lane 0 and lane 1 then share every physical core.
+The 2026-11-28f profiles showed what a busy neighbour lane costs: an eager, launch-bound
+engine ran 1.55x slower a step while the other lane started engines, with the same GPU work.
+The plan's log now records the host's cores (``--describe``) and each lane's CPUs. This module groups the logical CPUs by
 (package, core) from sysfs and hands each lane whole cores, both hyperthreads included:
 
     python3 -m pk_gpu_e2e.cpu_lanes LANE LANES        # prints a taskset list: "0-7,16-23"

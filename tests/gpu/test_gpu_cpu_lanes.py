@@ -1,5 +1,5 @@
 """gpu_e2e/cpu_lanes.py: PIN=1's lanes are whole physical cores (2026-11-28f: lanes of logical
-CPUs 0-15 and 16-31 shared every core of a 16-core, 32-thread host)."""
+CPUs 0-15 and 16-31 share every core of a 16-core host numbered as below)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gpu_e2e import cpu_lanes
 
 
 def _sysfs(tmp_path, cores: int, threads: int, packages: int = 1, online: str | None = None):
-    """A host numbered as the H200 hosts are: thread t of core c is CPU c + t * cores."""
+    """Thread t of core c is CPU c + t * cores (a common Linux numbering)."""
     root = tmp_path / "cpu"
     for t in range(threads):
         for c in range(cores):
