@@ -63,6 +63,7 @@ FA3_12=${FA3_12:-/tmp/pk_fa3/flash_ops.abi3.so}
 FA3_17=${FA3_17:-/tmp/pk_fa3_17/flash_ops.abi3.so}
 LANES=${LANES:-"0 1 2 3"}
 GIVE_UP_S=${GIVE_UP_S:-1500}
+# QUIET (2026-11-28f on): the steps that run with every other lane idle (run_alone_or_shared).
 # Later runs set these (their folder's plan-args.json says which): NEW_TOKENS and RUNS per timed
 # generate; PIN=1 pins each lane to its share of the host's cores (taskset), so lanes do not
 # take each other's cores in a host-bound step; DEADLINE_S: no step starts after it (seconds
@@ -257,6 +258,24 @@ run_step() {  # lane step
   fi
 }
 
+run_alone_or_shared() {  # lane step: a QUIET step runs with no other step running, on any lane
+  # (2026-11-28f: a busy neighbour lane slowed a launch-bound engine 1.55x a step). Every step
+  # holds $R/quiet.lock shared, a QUIET one exclusive; while one waits ($R/quiet.wait.STEP) no
+  # lane starts another step, so it cannot starve. Without flock: run as before, and say so.
+  local lane=$1 step=$2
+  if ! command -v flock > /dev/null; then
+    [[ " ${QUIET:-} " == *" $step "* ]] && note "gpu $lane: no flock, $step runs beside the other lanes"
+    run_step "$lane" "$step"; return
+  fi
+  if [[ " ${QUIET:-} " == *" $step "* ]]; then
+    touch "$R/quiet.wait.$step"; note "gpu $lane: $step waits for the other lanes (QUIET)"
+    ( flock -x 9; rm -f "$R/quiet.wait.$step"; note "gpu $lane: $step runs alone"; run_step "$lane" "$step" ) 9> "$R/quiet.lock"
+  else
+    while compgen -G "$R/quiet.wait.*" > /dev/null; do sleep 2; done
+    ( flock -s 9; run_step "$lane" "$step" ) 9> "$R/quiet.lock"
+  fi
+}
+
 lane() {  # gpu: take the first unclaimed step whose inputs are there, until none is left
   local gpu=$1
   while :; do
@@ -267,7 +286,7 @@ lane() {  # gpu: take the first unclaimed step whose inputs are there, until non
       inputs_ready "$s" || continue
       [ "$DEADLINE_S" -gt 0 ] && [ $SECONDS -ge "$DEADLINE_S" ] && { note "gpu $gpu: deadline, $s not started"; return; }
       mkdir "$R/claims/$s" 2>/dev/null || continue  # another lane took it
-      run_step "$gpu" "$s"; touch "$R/claims/$s/.done"; ran=$s; break
+      run_alone_or_shared "$gpu" "$s"; touch "$R/claims/$s/.done"; ran=$s; break
     done
     [ $left = 0 ] && { note "gpu $gpu: no step left"; return; }
     [ -z "$ran" ] && { [ $SECONDS -ge "$GIVE_UP_S" ] && { note "gpu $gpu: gave up waiting for inputs"; return; }; sleep 10; }

@@ -19,9 +19,11 @@ PLAN = ROOT / "gpu_e2e" / "plan.sh"
 STUB = """import json, os, sys, time
 from pathlib import Path
 args = sys.argv[1:]
+t0 = time.time()
 time.sleep(float(os.environ.get("PK_STUB_SLEEP", "0.3")))
 with open(os.environ["PK_PLAN_LOG"], "a") as fh:
     fh.write(json.dumps({"bundle": Path.cwd().name, "args": args, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                         "t0": t0, "t1": time.time(),
                          "counters_off": os.environ.get("PK_E2E_COUNTERS_OFF", ""),
                          "cpus": sorted(os.sched_getaffinity(0)),
                          "fi": os.environ.get("FLASHINFER_WORKSPACE_BASE")}) + "\\n")
@@ -332,6 +334,23 @@ def test_pin_keeps_a_duel_on_its_lanes_cores_and_prof_bs_picks_the_profiled_batc
     # r2: the same pair in the other order (2026-11-28e's lead)
     assert _arg(prof, "--variants") == "pristine,patched"
     assert _arg(by_out["fa3_8b_prof-r2-b12"], "--variants") == "patched,pristine"
+
+
+def test_a_quiet_step_runs_with_every_other_lane_idle(tmp_path):
+    """QUIET (2026-11-28f: a busy neighbour lane slowed a launch-bound engine 1.55x a step): the
+    steps named run with no other step running on any lane; the others still run side by side."""
+    if not shutil.which("flock"):
+        pytest.skip("needs flock")
+    steps = "triton_duel-r1 triton_8b_duel-r1 fa3_duel-r1 fa3_8b_duel-r1 triton_duel-r2"
+    calls, progress = _run_plan(tmp_path, LANES="0 1", STEPS=steps, QUIET="fa3_duel-r1", PK_STUB_SLEEP="1.5")
+    by_out = {Path(_arg(c, "--out")).name: c for c in calls}
+    quiet = by_out["fa3_duel-r1"]
+    others = [c for name, c in by_out.items() if name != "fa3_duel-r1"]
+    assert len(others) == 4 and all(c["t1"] <= quiet["t0"] or c["t0"] >= quiet["t1"] for c in others)
+    assert any(
+        a["t0"] < b["t1"] and b["t0"] < a["t1"] for a in others for b in others if a is not b
+    )  # lanes still overlap
+    assert "fa3_duel-r1 waits for the other lanes (QUIET)" in progress and "fa3_duel-r1 runs alone" in progress
 
 
 def test_a_poll_prints_the_tables_and_brings_the_json_back(tmp_path):
