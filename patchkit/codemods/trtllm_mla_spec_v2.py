@@ -173,7 +173,7 @@ class DraftExtendReadsNoMirrorTwice(MethodCodemod):
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         values = {id(cst.ensure_type(line.body[0], cst.Assign).value) for line in _re_reads(fn)}  # _SETS_MAX lines
         those = m.SimpleStatementLine(body=[m.Assign(value=m.MatchIfTrue(lambda value: id(value) in values))])
-        return primitives.replace_statements(fn, those, lambda line: cst.RemovalSentinel.REMOVE)
+        return primitives.remove_statements(fn, those)
 
 
 # -- the eager max without the mirror (sglang 0.5.16) --------------------------------------------

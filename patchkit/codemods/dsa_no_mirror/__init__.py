@@ -223,7 +223,7 @@ class NsaEagerMaxFromHostBound(ShimAware, MethodCodemod):
             fn, old, line.with_changes(leading_lines=[*old.leading_lines, *line.leading_lines])
         )
         if isinstance(old, cst.SimpleStatementLine) and primitives.find_all(fn.body, ASSERTS_MIRROR):
-            fn = primitives.replace_statements(fn, ASSERTS_MIRROR, lambda _line: cst.RemovalSentinel.REMOVE)
+            fn = primitives.remove_statements(fn, ASSERTS_MIRROR)
         return fn
 
 
@@ -330,10 +330,8 @@ class NsaDraftExtendNeedsNoPrefixList(ShimAware, MethodCodemod):
                 fn = primitives.replace_node(fn, line.body[0], line.body[0].with_changes(test=test))
         gone = [line for line in lines if m.matches(line.body[0], m.Assert(test=prefix_set))]
         if gone:
-            fn = primitives.replace_statements(
-                fn,
-                m.SimpleStatementLine() & m.MatchIfTrue(lambda node: any(node is line for line in gone)),
-                lambda _line: cst.RemovalSentinel.REMOVE,
+            fn = primitives.remove_statements(
+                fn, m.SimpleStatementLine() & m.MatchIfTrue(lambda node: any(node is line for line in gone))
             )
         return fn
 

@@ -83,9 +83,7 @@ class NsaEagerExpandsOnDevice(ShimAware, MethodCodemod):
             dead.update(form.dead)
             fn = primitives.replace_node(fn, call, primitives.parse_expression(form.call))
         for name in sorted(dead):
-            fn = primitives.replace_statements(
-                fn, primitives.line(primitives.assigns_name(name)), lambda _line: cst.RemovalSentinel.REMOVE
-            )
+            fn = primitives.remove_statements(fn, primitives.line(primitives.assigns_name(name)))
         self.require_import(DSA_HELPERS, EXPAND)
         return fn
 

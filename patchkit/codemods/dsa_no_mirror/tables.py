@@ -140,5 +140,5 @@ class IndexerEmptyBatchFromShape(ShimAware, MethodCodemod):
         test = primitives.parse_expression("forward_batch.seq_lens.numel() == 0")
         fn = primitives.replace_expressions(fn, _EMPTY_BY_MIRROR, lambda _node, _captures: test)
         if primitives.find_all(fn.body, ASSERTS_MIRROR):
-            fn = primitives.replace_statements(fn, ASSERTS_MIRROR, lambda _line: cst.RemovalSentinel.REMOVE)
+            fn = primitives.remove_statements(fn, ASSERTS_MIRROR)
         return fn

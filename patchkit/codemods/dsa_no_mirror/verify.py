@@ -127,9 +127,7 @@ class NsaVerifyLengthsOnDevice(ShimAware, MethodCodemod):
             dead.extend(filled.locals)
         for name in dead:  # a local only the copy read goes (the rest, e.g. forward_batch's, stays)
             if len(primitives.find_all(fn, m.Name(name))) == 1:
-                fn = primitives.replace_statements(
-                    fn, primitives.line(primitives.assigns_name(name)), lambda _line: cst.RemovalSentinel.REMOVE
-                )
+                fn = primitives.remove_statements(fn, primitives.line(primitives.assigns_name(name)))
         return fn
 
 

@@ -81,6 +81,7 @@ from patchkit.codemods.common.primitives.function_body import (  # noqa: F401
     insert_at_end,
     insert_at_start,
     insert_before,
+    remove_statements,
     replace_block_statements,
     replace_statements,
 )

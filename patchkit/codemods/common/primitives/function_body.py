@@ -78,6 +78,11 @@ def replace_statements(node: _N, matcher: m.BaseMatcherNode, edit: Callable[...,
     return result
 
 
+def remove_statements(node: _N, matcher: m.BaseMatcherNode) -> _N:
+    """Remove every simple statement line (or ``if``) under ``node`` that matches."""
+    return replace_statements(node, matcher, lambda _statement: cst.RemovalSentinel.REMOVE)
+
+
 def guard_statement(stmt: Statement, condition: str) -> cst.If:
     """Wrap a statement in ``if <condition>:``, keeping its leading comments
     above the ``if``."""
