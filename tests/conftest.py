@@ -8,7 +8,7 @@ reads real releases (a trees test may import its patch's snippet module:
 ``codemods/`` is on ``sys.path`` too), ``behaviour/`` imports patched
 sglang on CPU, ``gpu/`` is everything about the GPU proofs (what needs a GPU
 skips without one), ``slow/`` runs heavy tools (mypy). The shared helpers
-(support.py, drift.py, profiling.py, sglang_cpu_env.py, dp_settings.py) stay
+(support.py, drift.py, profiling.py, sglang_cpu_env.py, dp_settings.py, duel_runs.py) stay
 here, on ``sys.path`` for every folder."""
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duel_runs
+
 from gpu_e2e import duel_report, profile_compare
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,19 +17,7 @@ COMMIT = "b6571a60dca36be32c8f43e062bd66ef293ff78d"
 
 
 def _run(name: str) -> dict:
-    return json.loads((RUN / f"{name}.json").read_text())
-
-
-def _per_step(result: dict) -> dict[tuple[str, int], dict]:
-    return {(w["engine"], w["batch_size"]): w for w in duel_report.waits(result["calls"])}
-
-
-def _outputs(result: dict, bs: int) -> dict[str, set[str]]:
-    got: dict[str, set[str]] = {}
-    for c in result["calls"]:
-        if c["batch_size"] == bs and "error" not in c:
-            got.setdefault(c["engine"], set()).add(c["outputs_sha256"])
-    return got
+    return duel_runs.load(RUN, name)
 
 
 def test_every_duel_is_of_its_commit_and_its_summary_is_its_calls():
@@ -58,7 +48,7 @@ def test_dsa_pristine_dies_at_an_eager_batch_and_patched_serves_every_one():
     patched = [(c["round"], c["batch_size"]) for c in result["calls"] if c["engine"] == "patched" and "error" not in c]
     assert sorted(patched) == [(r, bs) for r in (1, 2, 3) for bs in (1, 8, 32, 64)]
     for bs in (1, 8):  # where both trees ran: one output
-        outs = _outputs(result, bs)
+        outs = duel_runs.outputs(result, bs)
         assert set(outs) == {"patched", "patched-count", "pristine-count"} and len(set.union(*outs.values())) == 1
     facts = {f["engine"]: f["draft_extend_graph_runner"] for f in duel_report.ran_with(result)}
     assert facts == {"patched-count": ["EAGLEDraftExtendCudaGraphRunner"], "pristine-count": ["None"]}
@@ -66,7 +56,7 @@ def test_dsa_pristine_dies_at_an_eager_batch_and_patched_serves_every_one():
 
 def test_dsa_waits_and_rates_are_as_cited():
     result = _run("dsa_duel-r1")
-    waits = _per_step(result)
+    waits = duel_runs.per_step(result)
     assert [round(waits[("pristine-count", bs)]["per_step"], 2) for bs in (1, 8)] == [8.07, 8.11]
     assert [round(waits[("patched-count", bs)]["per_step"], 2) for bs in (1, 8, 32, 64)] == [1.05, 1.09, 1.21, 1.36]
     for bs, method in ((1, "init_forward_metadata_replay_cuda_graph"), (32, "init_forward_metadata")):
@@ -86,13 +76,13 @@ def test_flashinfer_table_waits_and_8b_outputs_are_as_cited():
     big = _run("flashinfer_8b_duel-r1")
     assert "before it was up" in big["engines"]["patched-graph"]["failure"] and not big["summary"]
     for result in (small, big):
-        waits = _per_step(result)
+        waits = duel_runs.per_step(result)
         assert all(2.1 <= waits[("patched-graph-count", bs)]["per_step"] <= 2.12 for bs in (1, 8, 32))
         assert all(5.0 <= waits[("patched-graph-count", bs)]["per_step"] <= 5.12 for bs in (64, 128))
         facts = duel_report.ran_with(result)
         assert [f["draft_extend_graph_runner"] for f in facts] == [["EAGLEDraftExtendCudaGraphRunner"]]
     for bs in (1, 8, 32, 64, 128):
-        outs = _outputs(big, bs)
+        outs = duel_runs.outputs(big, bs)
         assert set(outs) == {"pristine", "upstream", "patched-graph-count"} and len(set.union(*outs.values())) == 1
 
 

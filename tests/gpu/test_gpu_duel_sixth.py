@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duel_runs
+
 from gpu_e2e import duel_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,19 +19,7 @@ DUELS["flashinfer_duel-r1"] = LEASE_B
 
 
 def _run(name: str) -> dict:
-    return json.loads((RUN / f"{name}.json").read_text())
-
-
-def _per_step(result: dict) -> dict[tuple[str, int], dict]:
-    return {(w["engine"], w["batch_size"]): w for w in duel_report.waits(result["calls"])}
-
-
-def _outputs(result: dict, bs: int) -> dict[str, set[str]]:
-    got: dict[str, set[str]] = {}
-    for c in result["calls"]:
-        if c["batch_size"] == bs and "error" not in c:
-            got.setdefault(c["engine"], set()).add(c["outputs_sha256"])
-    return got
+    return duel_runs.load(RUN, name)
 
 
 def test_every_duel_is_of_its_commit_and_its_summary_is_its_calls():
@@ -44,7 +34,7 @@ def test_every_duel_is_of_its_commit_and_its_summary_is_its_calls():
 
 def test_dsa_decode_steps_wait_on_nothing_and_pristine_dies_eager():
     result = _run("dsa_duel-r1")
-    waits = _per_step(result)
+    waits = duel_runs.per_step(result)
     assert [round(waits[("patched-count", bs)]["per_step"], 3) for bs in (1, 8, 32, 64)] == [0.048, 0.085, 0.205, 0.365]
     assert [round(waits[("pristine-count", bs)]["per_step"], 2) for bs in (1, 8)] == [8.07, 8.1]
     for bs, requests in ((1, 4), (8, 11), (32, 35), (64, 67)):
@@ -58,7 +48,7 @@ def test_dsa_decode_steps_wait_on_nothing_and_pristine_dies_eager():
     assert patched == [(r, bs) for r in (1, 2, 3) for bs in (1, 8, 32, 64)]
     assert all("error" not in c for c in result["calls"] if c["engine"].startswith("patched"))
     for bs in (1, 8):
-        outs = _outputs(result, bs)
+        outs = duel_runs.outputs(result, bs)
         assert set(outs) == {"patched", "patched-count", "pristine-count"} and len(set.union(*outs.values())) == 1
     facts = {f["engine"]: f["draft_extend_graph_runner"] for f in duel_report.ran_with(result)}
     assert facts == {"patched-count": ["EAGLEDraftExtendCudaGraphRunner"], "pristine-count": ["None"]}
@@ -71,7 +61,7 @@ def test_flashinfer_waits_are_the_mirror_and_its_table_is_as_cited():
     for line in duel_report.grid_lines({"flashinfer_duel-r1": result}, ("pristine:patched-graph",)):
         assert line in DOC, line
     assert all(r["identical"] for r in result["summary"]) and len(result["summary"]) == 5
-    waits = _per_step(result)
+    waits = duel_runs.per_step(result)
     for bs in (1, 8, 32, 64, 128):
         w = waits[("patched-graph-count", bs)]
         assert w["sites"]["speculative/eagle_info_v2.py:prepare_for_decode"] == w["decode_steps"]  # the mirror
@@ -90,7 +80,7 @@ def test_lease_a_flashinfer_lost_its_patched_engines_to_the_missing_k_lengths():
         for engine in ("patched-graph", "patched-graph-count"):
             assert result["engines"][engine]["failure"].startswith("warm-up bs 1: engine gone")
         for bs in (1, 8, 32, 64, 128):  # pristine and 0.5.17 agree
-            outs = _outputs(result, bs)
+            outs = duel_runs.outputs(result, bs)
             assert set(outs) == {"pristine", "upstream"} and len(set.union(*outs.values())) == 1
 
 
