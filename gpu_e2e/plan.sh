@@ -298,7 +298,8 @@ note "plan: $(echo $STEPS) on GPUs $LANES"
 for g in $LANES; do lane "$g" & done
 wait
 # DS_DUEL=1: then DeepSeek MTP at TP 4 + DP attention 4 on GPUs 0-3, pristine against patched in one
-# duel (FA3; cuda_graph_max_bs 8: bs 1 and 8 captured, 48 and 128 eager), engines started one after another
+# duel (FA3; cuda_graph_max_bs 8: bs 1 and 8 captured, 48 and 128 eager), engines started one after another;
+# DS_TP=2: TP 2 + DP attention 2 on GPUs 0-1 (issue 67's cell where no four-GPU kind is lent)
 # DS_DEADLINE_S: not started after that many seconds since the plan began (0: no limit)
 DS_DEADLINE_S=${DS_DEADLINE_S:-0}
 if [ "${DS_DUEL:-0}" = 1 ] && [ "$DS_DEADLINE_S" -gt 0 ] && [ $SECONDS -ge "$DS_DEADLINE_S" ]; then
@@ -306,9 +307,10 @@ if [ "${DS_DUEL:-0}" = 1 ] && [ "$DS_DEADLINE_S" -gt 0 ] && [ $SECONDS -ge "$DS_
 elif [ "${DS_DUEL:-0}" = 1 ]; then
   # DS_SIZE=dsv32: DeepSeek-V3.2 (issue 72) from BDSA, the bundle with deep_gemm and FlashMLA
   DS_SIZE=${DS_SIZE:-ds}; DSB=$B12; [ "$DS_SIZE" = dsv32 ] && DSB=${BDSA:-$B12}
-  duel 0,1,2,3 "${DS_SIZE}_dp_duel-r1" --engine "pristine=$DSB:0.5.12.post1:pristine" \
+  DS_TP=${DS_TP:-4}; DS_GPUS=$(seq -s, 0 $((DS_TP - 1))); DS_NAME=${DS_SIZE}_dp; [ "$DS_TP" = 4 ] || DS_NAME+=$DS_TP
+  duel "$DS_GPUS" "${DS_NAME}_duel-r1" --engine "pristine=$DSB:0.5.12.post1:pristine" \
     --engine "patched=$DSB:0.5.12.post1:patched" --fa3-lib "$DSB:$FA3_12" --size "$DS_SIZE" --scenario mtp \
-    --tp 4 --dp 4 --dp-attention --attention-backend default --batch-sizes 1,8,48,128 --rounds "$ROUNDS" \
+    --tp "$DS_TP" --dp "$DS_TP" --dp-attention --attention-backend default --batch-sizes 1,8,48,128 --rounds "$ROUNDS" \
     --max-new-tokens "$NEW_TOKENS" --mem-fraction-static 0.4 \
     --engine-extra '{"cuda_graph_max_bs": 8, "max_running_requests": 128, "max_total_tokens": 200000}'
 fi
