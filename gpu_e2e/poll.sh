@@ -8,7 +8,8 @@
 R=${R:-/tmp/pkrun}
 SLEEP=${SLEEP:-0}
 TAIL=${TAIL:-8}
-sleep "$SLEEP"
+# the wait ends early once the plan says "all done" (the last poll then holds the machine no longer)
+for _ in $(seq "$SLEEP"); do grep -q 'all done' "$R/progress.log" 2>/dev/null && break; sleep 1; done
 tail -n "$TAIL" "$R/progress.log" 2>/dev/null
 for md in "$R"/*/duel.md; do
   [ -f "$md" ] || continue
