@@ -4,13 +4,16 @@
 copies ``qo_indptr``, ``kv_indptr`` and ``kv_len_arr`` to the CPU
 (``.to("cpu")`` three times) and hands the host arrays to the planner. Given
 device tensors, each copy makes the host wait for everything queued on the
-stream. The spec-v2 target verify (its CUDA-graph replay) and the eager
-draft extend (``DRAFT_EXTEND_V2``) handed it device tensors every step,
-although each of those arrays is known on the host: the verify's from the
-CPU seq_lens mirror and the draft-token count, the draft extend's from the
-mirror and the batch's host extend lengths. These helpers build them in
-pinned host tensors, and ``fast_mla_prefill_plan`` is the verify wrapper's
-plan without the copies.
+stream. The spec-v2 target verify (its CUDA-graph replay and, past the
+captured sizes, its eager run), the eager draft decode and the eager draft
+extend (``DRAFT_EXTEND_V2``) handed it device tensors every step, although
+each of those arrays is known on the host: the verify's from the CPU seq_lens
+mirror and the draft-token count, the draft decode's from the mirror, the
+draft extend's from the mirror and the batch's host extend lengths. These
+helpers build them in pinned host tensors, and ``fast_mla_prefill_plan`` is
+the verify wrapper's plan without the copies. Upstream (0.5.18 .. 0.5.23)
+still plans the eager verify and draft decode from the device: 2026-11-28g
+counted 9 waits a decode step there on an H200 (docs/gpu.md).
 
 Each helper returns ``(None, None, None)`` when a host array it needs is not
 there: the caller then plans from the device tensors, as before.
@@ -26,7 +29,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-__all__ = ["draft_extend_host_plan", "fast_mla_prefill_plan", "verify_host_plan"]
+__all__ = [
+    "draft_decode_planned",
+    "draft_extend_host_plan",
+    "eager_verify_host_plan",
+    "fast_mla_prefill_plan",
+    "verify_host_plan",
+]
 
 _NONE = (None, None, None)
 
@@ -65,6 +74,61 @@ def verify_host_plan(seq_lens_cpu: Any, bs: int, draft_token_num: Optional[int])
 
     n = int(draft_token_num)
     return _host_plan([n] * bs, seq_lens_cpu[:bs].to(torch.int32) + n)
+
+
+def _mirror_of(forward_batch: Any) -> Any:
+    """The batch's CPU seq_lens mirror, one length a request; None when it is
+    missing, on the device, or of another length than the batch."""
+    import torch
+
+    seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+    if not isinstance(seq_lens_cpu, torch.Tensor) or seq_lens_cpu.device.type != "cpu":
+        return None
+    return seq_lens_cpu if seq_lens_cpu.shape[0] == forward_batch.batch_size else None
+
+
+def eager_verify_host_plan(forward_batch: Any) -> tuple:
+    """The eager target verify's plan arrays on the host (a batch past the
+    captured sizes): ``verify_host_plan`` from the batch's own mirror.
+    ``(None, None, None)`` without it."""
+    mirror = _mirror_of(forward_batch)
+    if mirror is None:
+        return _NONE
+    return verify_host_plan(mirror, mirror.shape[0], getattr(forward_batch.spec_info, "draft_token_num", None))
+
+
+class _HostPlannedDecode:
+    """A decode wrapper whose ``plan()`` gets the host arrays in place of the
+    device ``qo_indptr``, ``kv_indptr`` and ``kv_len_arr`` it is handed (the
+    same numbers: ``draft_decode_planned``); everything else is passed on to
+    the wrapper, whose state the plan sets."""
+
+    def __init__(self, wrapper: Any, host: tuple) -> None:
+        self.wrapper, self.host = wrapper, host
+
+    def plan(self, qo_indptr: Any, kv_indptr: Any, kv_indices: Any, kv_len_arr: Any, *rest: Any, **kw: Any) -> Any:
+        qo_host, kv_host, len_host = self.host
+        if len(qo_indptr) != len(qo_host) or len(kv_len_arr) != len(len_host):  # not the batch it was built for
+            return self.wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, *rest, **kw)
+        return self.wrapper.plan(qo_host, kv_host, kv_indices, len_host, *rest, **kw)
+
+
+def draft_decode_planned(wrapper: Any, forward_batch: Any) -> Any:
+    """The decode wrapper to hand the decode updater: for an eager spec-v2
+    draft decode step (a draft input, past the captured sizes) one that plans
+    from host arrays built from the mirror: one query row a request, K lengths
+    ``seq_lens``, what the updater builds on the device for that branch
+    (``q_indptr`` is ``arange``, ``kv_indptr`` the cumsum of ``seq_lens``;
+    sglang's own draft-decode replay plans from the same mirror arrays).
+    ``wrapper`` itself for any other batch or without the mirror."""
+    spec = getattr(forward_batch, "spec_info", None)
+    is_draft = getattr(spec, "is_draft_input", None)
+    mirror = _mirror_of(forward_batch) if callable(is_draft) and is_draft() else None
+    if mirror is None:
+        return wrapper
+    import torch
+
+    return _HostPlannedDecode(wrapper, _host_plan([1] * mirror.shape[0], mirror.to(torch.int32)))
 
 
 def draft_extend_host_plan(forward_batch: Any, use_ragged: bool) -> tuple:

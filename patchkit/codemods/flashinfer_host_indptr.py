@@ -105,11 +105,7 @@ class _HostPlanAtUpdate(MethodCodemod):
 
 
 def _update_in_branch(fn: cst.FunctionDef, mode: str) -> Optional[tuple[cst.IndentedBlock, cst.Call]]:
-    branch = _mode_branch(fn, mode)
-    if branch is None or not isinstance(branch.body, cst.IndentedBlock):
-        return None
-    calls = [c for stmt in branch.body.body for c in primitives.find_all_of(cst.Call, stmt, PREFILL_UPDATE)]
-    return (branch.body, calls[0]) if len(calls) == 1 else None
+    return primitives.sole_call_in(_mode_branch(fn, mode), PREFILL_UPDATE)
 
 
 class EagerVerifyHostPlan(_HostPlanAtUpdate):

@@ -22,6 +22,14 @@ The prefill indices updater's ``update`` and ``call_begin_forward`` take the
 three host arrays (keyword, default None) and plan from them when given.
 Without the mirror every helper returns None and the plan is the stock one.
 
+Past upstream (2026-11-28g: 9 waits a step on an H200 past the captured
+sizes), in ``init_forward_metadata``: the eager target verify hands the same
+updater host arrays (``eager_verify_host_plan``), the eager spec-v2 draft
+decode hands the decode updater a wrapper whose ``plan()`` takes host arrays
+(``draft_decode_planned``). 0.5.18+ (its ``self.fast_plan_*_cpu`` buffers
+there) plans both from the device still: not carried, the patch stays
+native. A fork without one of these sites keeps that plan as it is.
+
 Releases: 0.5.10 .. 0.5.12.post1 (one file, identical). 0.5.18+: native
 (upstream's shape: pinned ``fast_plan_*_cpu`` buffers, its own
 ``fast_mla_prefill_plan``). 0.5.13 .. 0.5.17: not carried (one capture and
@@ -30,6 +38,7 @@ replay body, ``_apply_cuda_graph_metadata``), said in one line.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Optional
 
 import libcst as cst
@@ -77,8 +86,8 @@ def _with_host_arrays(call: cst.Call, value: str = "{}") -> cst.Call:
     return call
 
 
-def _verify_branch(fn: cst.FunctionDef) -> Optional[cst.If]:
-    branches = primitives.find_all_of(cst.If, fn, IS_TARGET_VERIFY)
+def _verify_branch(fn: cst.FunctionDef, test: m.If = IS_TARGET_VERIFY) -> Optional[cst.If]:
+    branches = primitives.find_all_of(cst.If, fn, test)
     return branches[0] if branches else None
 
 
@@ -297,3 +306,87 @@ class PrefillPlanFromHost(_UpdaterMethod):
         fn = primitives.replace_node(fn, plan, plan.with_changes(args=args))
         fn = primitives.replace_node(fn, lens, lens.with_changes(value=value))
         return _with_host_params(fn)
+
+
+#: 0.5.18+'s own host-plan buffers: upstream's init_forward_metadata, which these two do not rewrite.
+UPSTREAM_HOST_BUFFERS = m.Attribute(value=m.Name("self"), attr=m.Name("fast_plan_qo_indptr_cpu"))
+NOT_CARRIED_EAGER = (
+    "0.5.18+ plans its eager {} from the device still; patchkit carries that onto 0.5.10 .. 0.5.12.post1"
+)
+IS_DECODE = m.If(test=m.Call(func=m.Attribute(attr=m.Name("is_decode_or_idle"))))
+DECODE_UPDATE = m.Call(
+    func=m.Attribute(
+        value=m.Attribute(value=m.Name("self"), attr=m.Name("indices_updater_decode")), attr=m.Name("update")
+    )
+)
+
+
+class _EagerSite(MethodCodemod):
+    """One site of ``init_forward_metadata`` past upstream: superseded on 0.5.18+ (left as
+    upstream has it) and where a fork has no such site (that plan stays as it is)."""
+
+    CLASS = BACKEND
+    METHOD = "init_forward_metadata"
+    WHAT = ""
+
+    site: Callable[[cst.FunctionDef], Optional[tuple[cst.IndentedBlock, cst.Call]]]
+    is_done: Callable[[cst.Call], bool]
+
+    def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
+        if primitives.contains(fn, UPSTREAM_HOST_BUFFERS):
+            return Finding.superseded(self.anchor_of(fn), NOT_CARRIED_EAGER.format(self.WHAT))
+        found = self.site(fn)
+        if found is None:
+            return Finding.superseded(self.anchor_of(fn), f"no eager {self.WHAT} site of the release's shape here")
+        if self.is_done(found[1]):
+            return Finding.done(self.anchor)
+        return Finding.todo(self.anchor, f"the eager {self.WHAT}'s plan is fed device arrays (three D2H waits)")
+
+
+class EagerVerifyHostPlan(_EagerSite):
+    DESCRIPTION = (
+        f"{BACKEND}.init_forward_metadata: an eager target verify (past the captured sizes) hands the prefill "
+        "updater its plan arrays built on the host from the mirror (eager_verify_host_plan)"
+    )
+    WHAT = "target verify"
+
+    def site(self, fn: cst.FunctionDef) -> Optional[tuple[cst.IndentedBlock, cst.Call]]:
+        return primitives.sole_call_in(_verify_branch(fn), PREFILL_UPDATE)
+
+    def is_done(self, call: cst.Call) -> bool:
+        return _passes_host_arrays(call)
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        self.require_import(HELPERS, "eager_verify_host_plan")
+        block, call = self.site(fn)  # type: ignore[misc]  # detect found it
+        source = f"""
+            # patchkit {PATCH}: an eager verify plans from the mirror's host arrays
+            # too (None without it: the stock plan); upstream copies them to the host.
+            {", ".join(HOST_ARRAYS)} = eager_verify_host_plan(forward_batch)
+        """
+        return primitives.replace_node(
+            fn, block, primitives.insert_above_holder(block, call, source, _with_host_arrays(call))
+        )
+
+
+class EagerDraftDecodeHostPlan(_EagerSite):
+    DESCRIPTION = (
+        f"{BACKEND}.init_forward_metadata: an eager spec-v2 draft decode hands the decode updater a wrapper "
+        "whose plan() takes host arrays built from the mirror (draft_decode_planned)"
+    )
+    WHAT = "draft decode"
+
+    def site(self, fn: cst.FunctionDef) -> Optional[tuple[cst.IndentedBlock, cst.Call]]:
+        found = primitives.sole_call_in(_verify_branch(fn, IS_DECODE), DECODE_UPDATE)
+        return found if found is not None and primitives.keyword_argument(found[1], "decode_wrapper") else None
+
+    def is_done(self, call: cst.Call) -> bool:
+        arg = primitives.keyword_argument(call, "decode_wrapper")
+        return arg is not None and m.matches(arg.value, m.Call(func=m.Name("draft_decode_planned")))
+
+    def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
+        self.require_import(HELPERS, "draft_decode_planned")
+        call = self.site(fn)[1]  # type: ignore[index]  # detect found it
+        arg = cst.ensure_type(primitives.keyword_argument(call, "decode_wrapper"), cst.Arg)
+        value = f"draft_decode_planned({code_of(arg.value)}, forward_batch)"
+        return primitives.replace_node(fn, call, primitives.set_keyword_argument(call, "decode_wrapper", value))

@@ -158,3 +158,68 @@ def test_the_eager_draft_extend_plans_from_the_host_lengths(mla):
         batch.forward_mode = mla.ForwardMode.EXTEND  # a prefill keeps the stock plan
         be.init_forward_metadata(batch)
         assert be.indices_updater_prefill.update.call_args.kwargs["kv_indptr_cpu"] is None
+
+
+def eager_batch(mla, mode, seq_lens, spec):
+    return SimpleNamespace(
+        forward_mode=mode,
+        req_pool_indices=torch.arange(len(seq_lens)),
+        seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.clone(),
+        seq_lens_sum=int(seq_lens.sum()),
+        spec_info=spec,
+        batch_size=len(seq_lens),
+    )
+
+
+def test_an_eager_verify_hands_over_the_mirrors_arrays(mla):
+    """Past the captured sizes the verify runs eagerly: its plan arrays come from the mirror too."""
+    seq_lens, ndt = torch.tensor([7, 3, 1], dtype=torch.int32), 4
+    be = backend(mla, 3)
+    be.prefill_wrapper_verify = FakeWrapper()
+    be.init_forward_metadata(eager_batch(mla, mla.ForwardMode.TARGET_VERIFY, seq_lens, verify_spec(seq_lens, ndt)))
+    kwargs = be.indices_updater_prefill.update.call_args.kwargs
+    qo, kv = device_plan(seq_lens, ndt)
+    assert torch.equal(kwargs["qo_indptr_cpu"], qo) and torch.equal(kwargs["kv_indptr_cpu"], kv)
+    assert torch.equal(kwargs["kv_len_arr_cpu"], seq_lens + ndt)
+
+
+class NoKernel:
+    """create_flashinfer_kv_indices_triton on CPU: the indices are not what is checked here."""
+
+    def __getitem__(self, grid):
+        return lambda *args: None
+
+
+def decode_updater(mla):
+    up = object.__new__(mla.FlashInferMLAIndicesUpdaterDecode)
+    up.scaling, up.num_local_heads, up.kv_lora_rank, up.qk_rope_head_dim = 0.1, 16, 512, 64
+    up.data_type = torch.bfloat16
+    up.req_to_token = torch.zeros((4, 64), dtype=torch.int32)
+    up.kv_indptr = torch.zeros(8, dtype=torch.int32)
+    up.q_indptr = torch.arange(8, dtype=torch.int32)
+    return up
+
+
+@pytest.mark.parametrize("draft", [True, False])
+def test_an_eager_draft_decode_plans_from_host_arrays_equal_to_the_device_ones(mla, draft):
+    """The real decode updater, driven by init_forward_metadata's decode branch: a spec-v2 draft
+    decode's plan gets fresh host arrays, the very numbers it built on the device before; any
+    other decode (no draft input) keeps the updater's own arrays."""
+    seq_lens = torch.tensor([9, 4, 12], dtype=torch.int32)
+    spec = SimpleNamespace(is_draft_input=lambda: draft)
+    be = backend(mla, 3)
+    be.indices_updater_decode, be.decode_wrapper = decode_updater(mla), FakeWrapper()
+    cpu_empty = torch.empty
+    with (
+        mock.patch.object(mla, "create_flashinfer_kv_indices_triton", NoKernel()),
+        mock.patch("torch.empty", lambda *a, device=None, **k: cpu_empty(*a, **k)),
+    ):
+        be.init_forward_metadata(eager_batch(mla, mla.ForwardMode.DECODE, seq_lens, spec))
+        stock = FakeWrapper()
+        be.indices_updater_decode.update(torch.arange(3), seq_lens, 25, decode_wrapper=stock)
+    (_, got), (_, want) = be.decode_wrapper.plans[0], stock.plans[0]
+    assert all(torch.equal(a, b) for a, b in zip((got[0], got[1], got[3]), (want[0], want[1], want[3])))
+    assert got[4:] == want[4:]
+    buffers = be.indices_updater_decode.kv_indptr.data_ptr(), be.indices_updater_decode.q_indptr.data_ptr()
+    assert (got[0].data_ptr() not in buffers and got[1].data_ptr() not in buffers) is draft

@@ -259,3 +259,71 @@ def test_upstreams_keyword_only_parameters_are_done_and_a_star_signature_is_refu
     )
     finding = detect(fmp.PrefillUpdaterTakesHostPlan, starred)
     assert finding.state is State.MISSING and "star parameters" in finding.detail
+
+
+# Past upstream: the eager verify and the eager draft decode (2026-11-28g: 9 waits a step).
+EAGER_SITES = code("""
+    class FlashInferMLAAttnBackend(AttentionBackend):
+        def init_forward_metadata(self, forward_batch):
+            if forward_batch.forward_mode.is_decode_or_idle():
+                self.indices_updater_decode.update(
+                    forward_batch.req_pool_indices,
+                    decode_wrapper=self.decode_wrapper,
+                    init_metadata_replay=False,
+                )
+            elif forward_batch.forward_mode.is_target_verify():
+                wrapper = self.prefill_wrapper_verify
+                self.indices_updater_prefill.update(
+                    forward_batch.req_pool_indices,
+                    prefill_wrapper_paged=wrapper,
+                    spec_info=forward_batch.spec_info,
+                )
+""")
+
+
+def test_the_eager_verify_hands_over_host_arrays():
+    out = apply(fmp.EagerVerifyHostPlan, EAGER_SITES)
+    assert IMPORT.format("eager_verify_host_plan") in out
+    assert (
+        "            wrapper = self.prefill_wrapper_verify\n"
+        "            # patchkit flashinfer-mla-host-plan: an eager verify plans from the mirror's host arrays\n"
+        "            # too (None without it: the stock plan); upstream copies them to the host.\n"
+        "            qo_indptr_cpu, kv_indptr_cpu, kv_len_arr_cpu = eager_verify_host_plan(forward_batch)\n"
+        "            self.indices_updater_prefill.update(\n"
+    ) in out
+    assert "                spec_info=forward_batch.spec_info,\n                qo_indptr_cpu=qo_indptr_cpu,\n" in out
+    assert "decode_wrapper=self.decode_wrapper," in out  # the decode branch is the other codemod's
+    assert_state(fmp.EagerVerifyHostPlan, out, State.DONE)
+
+
+def test_the_eager_draft_decode_plans_through_a_host_planned_wrapper():
+    out = apply(fmp.EagerDraftDecodeHostPlan, EAGER_SITES)
+    assert IMPORT.format("draft_decode_planned") in out
+    assert "                decode_wrapper=draft_decode_planned(self.decode_wrapper, forward_batch),\n" in out
+    assert "eager_verify_host_plan" not in out
+    assert_state(fmp.EagerDraftDecodeHostPlan, out, State.DONE)
+
+
+def test_upstreams_eager_sites_and_a_fork_without_them_are_left_as_they_are():
+    upstream = EAGER_SITES + "            self.fast_plan_qo_indptr_cpu[: bs + 1] = qo\n"
+    for codemod in (fmp.EagerVerifyHostPlan, fmp.EagerDraftDecodeHostPlan):
+        finding = detect(codemod, upstream)
+        assert finding.state is State.SUPERSEDED and not finding.moots_patch
+        assert "0.5.18+ plans its eager" in finding.detail
+    # a fork whose decode branch names no wrapper, whose verify branch updates twice
+    fork = EAGER_SITES.replace("                decode_wrapper=self.decode_wrapper,\n", "").replace(
+        "            wrapper = self.prefill_wrapper_verify\n",
+        "            self.indices_updater_prefill.update(forward_batch.req_pool_indices)\n",
+    )
+    for codemod, what in ((fmp.EagerVerifyHostPlan, "verify"), (fmp.EagerDraftDecodeHostPlan, "draft decode")):
+        finding = detect(codemod, fork)
+        assert (
+            finding.state is State.SUPERSEDED
+            and f"no eager {'target ' * (what == 'verify')}{what} site" in finding.detail
+        )
+    # a fork that already hands the verify host arrays of its own
+    own = EAGER_SITES.replace(
+        "                spec_info=forward_batch.spec_info,\n",
+        "                spec_info=forward_batch.spec_info,\n                kv_indptr_cpu=self.my_host_indptr,\n",
+    )
+    assert_state(fmp.EagerVerifyHostPlan, own, State.DONE)

@@ -1,7 +1,8 @@
 """flashinfer-mla-host-plan (sglang #27689) on the real releases: applied on
 0.5.10 .. 0.5.12.post1 (apply, verify, a second apply changes nothing,
 revert byte-exact), not applicable on 0.5.13 .. 0.5.17 with its one-line
-reason, native on 0.5.18+."""
+reason, native on 0.5.18+ (whose eager verify and draft decode still plan from
+the device: those two sites say so and are left)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ def test_applied_verified_and_reverted_exactly(make_tree, cli, version):
     backend = class_section(text, "FlashInferMLAAttnBackend")
     assert backend.count("verify_wrapper.plan = partial(fast_mla_prefill_plan, verify_wrapper)") == 1
     assert backend.count("= verify_host_plan(") == 1 and backend.count("= draft_extend_host_plan(") == 1
-    assert backend.count("kv_len_arr_cpu=kv_len_arr_cpu,") == 2  # the verify replay and the eager extend
+    # the verify replay, the eager verify and the eager extend; the eager draft decode's wrapper
+    assert backend.count("kv_len_arr_cpu=kv_len_arr_cpu,") == 3
+    assert backend.count("= eager_verify_host_plan(forward_batch)") == 1
+    assert backend.count("decode_wrapper=draft_decode_planned(self.decode_wrapper, forward_batch),") == 1
     updater = class_section(text, "FlashInferMLAIndicesUpdaterPrefill")
     assert updater.count("kv_indptr_cpu: Optional[torch.Tensor] = None,") == 2
     assert "kv_indptr if kv_indptr_cpu is None else kv_indptr_cpu," in updater
@@ -48,6 +52,8 @@ def test_later_releases(make_tree, cli, version, state):
     if state == "not-applicable":
         assert "not carried onto 0.5.13 .. 0.5.17" in report["reason"]
         assert "_apply_cuda_graph_metadata" in report["reason"]
+    else:
+        assert "draft_decode_planned" not in (tree / MLA).read_text()
 
 
 @pytest.mark.trees

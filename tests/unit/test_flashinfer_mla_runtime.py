@@ -59,3 +59,57 @@ def test_draft_extend_arrays_and_their_absence(fm):
     assert fm.draft_extend_host_plan(batch(seq_lens=None), False) == none
     assert fm.draft_extend_host_plan(batch(extend=None), False) == none
     assert fm.draft_extend_host_plan(batch(extend=(4,)), False) == none  # lengths disagree
+
+
+class Recording:
+    def __init__(self):
+        self.plans = []
+
+    def plan(self, *args, **kwargs):
+        self.plans.append((args, kwargs))
+
+
+def draft_batch(seq_lens_cpu, bs, draft=True):
+    return SimpleNamespace(
+        seq_lens_cpu=seq_lens_cpu, batch_size=bs, spec_info=SimpleNamespace(is_draft_input=lambda: draft)
+    )
+
+
+def test_a_draft_decode_wrapper_plans_one_row_a_request_from_the_mirror(fm):
+    lens = torch.tensor([5, 2, 8])
+    inner = Recording()
+    wrapper = fm.draft_decode_planned(inner, draft_batch(lens, 3))
+    device = torch.arange(4, dtype=torch.int32), torch.tensor([0, 5, 7, 15], dtype=torch.int32)
+    wrapper.plan(device[0], device[1], "indices", lens.to(torch.int32), 16, causal=False)
+    (qo, kv, indices, kv_len, heads), kw = inner.plans[0]
+    assert qo is not device[0] and torch.equal(qo, device[0]) and torch.equal(kv, device[1])
+    assert torch.equal(kv_len, lens.to(torch.int32)) and (indices, heads, kw) == ("indices", 16, {"causal": False})
+    # another batch handed to it (a length that is not this batch's): the arrays as given
+    wrapper.plan(device[0][:3], device[1][:3], "indices", lens[:2], 16)
+    assert inner.plans[1][0][0] is not qo and len(inner.plans[1][0][0]) == 3
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        draft_batch(torch.tensor([5, 2]), 2, draft=False),  # a plain decode
+        draft_batch(None, 2),  # no mirror
+        draft_batch(torch.tensor([5, 2, 1]), 2),  # a mirror of another batch
+        SimpleNamespace(seq_lens_cpu=torch.tensor([5, 2]), batch_size=2, spec_info=None),
+    ],
+)
+def test_any_other_decode_keeps_its_wrapper(fm, batch):
+    inner = Recording()
+    assert fm.draft_decode_planned(inner, batch) is inner
+
+
+def test_the_eager_verify_plan_is_the_replays_from_the_batchs_mirror(fm):
+    lens = torch.tensor([6, 1])
+    batch = SimpleNamespace(seq_lens_cpu=lens, batch_size=2, spec_info=SimpleNamespace(draft_token_num=3))
+    qo, kv, kv_len = fm.eager_verify_host_plan(batch)
+    assert qo.tolist() == [0, 3, 6] and kv.tolist() == [0, 9, 13] and kv_len.tolist() == [9, 4]
+    assert fm.eager_verify_host_plan(SimpleNamespace(seq_lens_cpu=None, batch_size=2, spec_info=batch.spec_info)) == (
+        None,
+        None,
+        None,
+    )

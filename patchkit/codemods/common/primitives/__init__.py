@@ -154,6 +154,7 @@ from patchkit.codemods.common.primitives.search import (  # noqa: F401
     find_all,
     find_all_of,
     paths_to,
+    sole_call_in,
     visit_below,
 )
 from patchkit.codemods.common.primitives.snippets import (  # noqa: F401

@@ -66,6 +66,15 @@ def find_all_of(
     return [hit for hit in find_all(node, matcher, within) if isinstance(hit, kind)]
 
 
+def sole_call_in(branch: Optional[cst.If], matcher: NodeMatcher) -> Optional[tuple[cst.IndentedBlock, cst.Call]]:
+    """``branch``'s indented body and the one call in it matching ``matcher``; None without
+    the branch, for a one-line body, or when the body holds no such call or several."""
+    if branch is None or not isinstance(branch.body, cst.IndentedBlock):
+        return None
+    calls = find_all_of(cst.Call, branch.body, matcher)
+    return (branch.body, calls[0]) if len(calls) == 1 else None
+
+
 def _remembered(cache: dict[int, tuple], matcher, work):
     hit = cache.get(id(matcher))
     if hit is not None and hit[0] is matcher:
