@@ -34,9 +34,32 @@ def pairs_of(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _timed(calls: list[dict]) -> dict[tuple[int, int, str], dict]:
+    """Each (round, batch size, engine)'s generate; a burst of repeats (``--repeats``) as one
+    with the median time and logged rate of its generates, so one slow generate does not
+    decide the round."""
+    by: dict[tuple[int, int, str], list[dict]] = {}
+    for c in calls:
+        if "error" not in c:
+            by.setdefault((c["round"], c["batch_size"], c["engine"]), []).append(c)
+    timed = {}
+    for key, got in by.items():
+        rates = [c["decode_tok_per_s"] for c in got if c.get("decode_tok_per_s")]
+        timed[key] = (
+            got[0]
+            if len(got) == 1
+            else {
+                **got[0],
+                "elapsed_s": statistics.median(c["elapsed_s"] for c in got),
+                "decode_tok_per_s": statistics.median(rates) if rates else None,
+            }
+        )
+    return timed
+
+
 def summary(calls: list[dict], pairs: list[tuple[str, str]], eager_above: int) -> list[dict]:
     """One row per (batch size, pair) with both engines timed in at least one round."""
-    timed = {(c["round"], c["batch_size"], c["engine"]): c for c in calls if "error" not in c}
+    timed = _timed(calls)
     rows = []
     for bs in sorted({c["batch_size"] for c in calls}):
         for base, other in pairs:
@@ -44,7 +67,11 @@ def summary(calls: list[dict], pairs: list[tuple[str, str]], eager_above: int) -
             if not rounds:
                 continue
             ratios = [timed[(r, bs, base)]["elapsed_s"] / timed[(r, bs, other)]["elapsed_s"] for r in rounds]
-            shas = {timed[(r, bs, e)]["outputs_sha256"] for r in rounds for e in (base, other)}
+            shas = {  # every generate's, repeats included
+                c["outputs_sha256"]
+                for c in calls
+                if "error" not in c and c["batch_size"] == bs and c["engine"] in (base, other) and c["round"] in rounds
+            }
             rows.append(
                 {
                     **_decode(timed, rounds, bs, base, other),

@@ -71,6 +71,7 @@ GIVE_UP_S=${GIVE_UP_S:-1500}
 NEW_TOKENS=${NEW_TOKENS:-128}
 ROUNDS=${ROUNDS:-8}  # a duel step's rounds (duel.py: every engine at every batch size, the order reversed each round)
 RUNS=${RUNS:-2}
+REPEATS=${REPEATS:-1}  # a duel's generates per engine, batch size and round, back to back (their median; duel.py --repeats)
 PIN=${PIN:-0}
 DEADLINE_S=${DEADLINE_S:-0}
 # PROF_BS: the eager batch a *_prof step profiles (2026-11-28d found FA3 8B eager bs 64 slower a
@@ -181,7 +182,7 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
   fi
   local extra="{\"cuda_graph_max_bs\": $cap, \"max_running_requests\": 128, \"max_total_tokens\": $tokens}"
   duel "$lane" "$step" "${eng[@]}" "${once[@]}" "${fa[@]}" "${scen[@]}" --attention-backend "$be" \
-    --batch-sizes "$bss" --rounds "$ROUNDS" --max-new-tokens "$NEW_TOKENS" --engine-extra "$extra" \
+    --batch-sizes "$bss" --rounds "$ROUNDS" --repeats "$REPEATS" --max-new-tokens "$NEW_TOKENS" --engine-extra "$extra" \
     --compare "$pairs" --deadline-s "${DUEL_DEADLINE_S:-0}" --base-port $((31000 + 2000 * lane))
 }
 
@@ -310,7 +311,7 @@ elif [ "${DS_DUEL:-0}" = 1 ]; then
   DS_TP=${DS_TP:-4}; DS_GPUS=$(seq -s, 0 $((DS_TP - 1))); DS_NAME=${DS_SIZE}_dp; [ "$DS_TP" = 4 ] || DS_NAME+=$DS_TP
   duel "$DS_GPUS" "${DS_NAME}_duel-r1" --engine "pristine=$DSB:0.5.12.post1:pristine" \
     --engine "patched=$DSB:0.5.12.post1:patched" --fa3-lib "$DSB:$FA3_12" --size "$DS_SIZE" --scenario mtp \
-    --tp "$DS_TP" --dp "$DS_TP" --dp-attention --attention-backend default --batch-sizes 1,8,48,128 --rounds "$ROUNDS" \
+    --tp "$DS_TP" --dp "$DS_TP" --dp-attention --attention-backend default --batch-sizes 1,8,48,128 --rounds "$ROUNDS" --repeats "$REPEATS" \
     --max-new-tokens "$NEW_TOKENS" --mem-fraction-static 0.4 \
     --engine-extra '{"cuda_graph_max_bs": 8, "max_running_requests": 128, "max_total_tokens": 200000}'
 fi

@@ -101,6 +101,21 @@ def test_the_summary_pairs_engines_within_each_round():
         duel_report.pairs_of("pristine")
 
 
+def test_a_burst_of_repeats_counts_as_its_median():
+    """--repeats (after 2026-11-28g): a round's time of an engine is the median of its burst;
+    every repeat's outputs are compared; a run without repeats reads as before."""
+    calls = [
+        *(_call(1, 64, "pristine", t) | {"repeat": k} for k, t in enumerate((4.0, 2.0, 2.2), 1)),
+        *(_call(1, 64, "patched", t) | {"repeat": k} for k, t in enumerate((1.0, 1.1, 5.0), 1)),
+        _call(2, 64, "pristine", 2.0),
+        _call(2, 64, "patched", 1.0),
+    ]
+    (row,) = duel_report.summary(calls, [("pristine", "patched")], eager_above=32)
+    assert row["ratios"] == [2.2 / 1.1, 2.0] and row["rounds"] == 2 and row["identical"]
+    calls[4] = _call(1, 64, "patched", 5.0, sha="other") | {"repeat": 3}
+    assert not duel_report.summary(calls, [("pristine", "patched")], eager_above=32)[0]["identical"]
+
+
 def test_an_engine_starts_with_no_earlier_duels_dumps(tmp_path, monkeypatch):
     """A lane's --work outlives its duels: 2026-11-28d's FlashInfer counted engines read the
     FA3 duel's dumps under the same engine name as their own facts."""
@@ -247,3 +262,36 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
         ("patched-again", 1, 8, 0.0),
     }
     assert "decode only" in (out / "duel.md").read_text()
+
+
+def test_repeats_run_back_to_back_while_the_engine_is_thawed(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.setenv("PK_FAKE_CALL_S", "0.02")
+    b = fake_bundle(tmp_path)
+    out = tmp_path / "out"
+    sent = []
+    real = duel.Engine.signal
+    monkeypatch.setattr(duel.Engine, "signal", lambda self, sig: (sent.append((self.name, sig)), real(self, sig)))
+    rc = duel.main(
+        [
+            *("--out", str(out), "--work", str(tmp_path / "work")),
+            *("--engine", f"pristine={b}:9.9:pristine", "--engine", f"patched={b}:9.9:patched"),
+            *("--batch-sizes", "4", "--rounds", "1", "--repeats", "3", "--max-new-tokens", "8"),
+            *("--engine-extra", '{"cuda_graph_max_bs": 2}', "--attention-backend", "triton", "--start-timeout", "240"),
+        ]
+    )
+    result = json.loads((out / "duel.json").read_text())
+    assert rc == 0
+    assert [(c["engine"], c["repeat"]) for c in result["calls"]] == [
+        ("pristine", 1),
+        ("pristine", 2),
+        ("pristine", 3),
+        ("patched", 1),
+        ("patched", 2),
+        ("patched", 3),
+    ]
+    (row,) = [r for r in result["summary"] if r["pair"] == "pristine:patched"]
+    assert row["rounds"] == 1 and row["identical"]
+    # in the round, each engine thawed three times and frozen once, after its last repeat
+    signals = "".join("c" if s == duel.signal.SIGCONT else "s" for n, s in sent if n == "pristine")
+    assert "scccs" in signals and "cc" not in signals.replace("scccs", "s|s")

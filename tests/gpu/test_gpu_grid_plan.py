@@ -215,9 +215,12 @@ def test_duel_steps_put_every_tree_on_one_gpu_and_deepseek_on_four(tmp_path):
 def test_ds_tp_2_puts_deepseek_on_two_gpus_at_dp_attention_2(tmp_path):
     """DS_TP=2 (issue 67 where no four-GPU kind is lent): DeepSeek MTP at TP 2 + DP attention 2
     on GPUs 0-1, under its own name."""
-    calls, _ = _run_plan(tmp_path, LANES="0 1", STEPS="triton_duel-r1", WITH17="none", DS_DUEL="1", DS_TP="2")
+    calls, _ = _run_plan(
+        tmp_path, LANES="0 1", STEPS="triton_duel-r1", WITH17="none", DS_DUEL="1", DS_TP="2", REPEATS="3"
+    )
     (ds,) = [c for c in calls if Path(_arg(c, "--out")).name == "ds_dp2_duel-r1"]
     assert ds["gpu"] == "0,1" and (_arg(ds, "--tp"), _arg(ds, "--dp")) == ("2", "2") and "--dp-attention" in ds["args"]
+    assert all(_arg(c, "--repeats") == "3" for c in calls)  # REPEATS: every duel's bursts
 
 
 def test_duel_steps_add_the_minus_tree_the_flashinfer_switch_and_counted_engines(tmp_path):
