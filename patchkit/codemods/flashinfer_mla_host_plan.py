@@ -377,8 +377,11 @@ class EagerDraftDecodeHostPlan(_EagerSite):
     WHAT = "draft decode"
 
     def site(self, fn: cst.FunctionDef) -> Optional[tuple[cst.IndentedBlock, cst.Call]]:
+        # A call handing over spec_info (a fork's) plans the draft's own arrays, not the mirror's.
         found = primitives.sole_call_in(_verify_branch(fn, IS_DECODE), DECODE_UPDATE)
-        return found if found is not None and primitives.keyword_argument(found[1], "decode_wrapper") else None
+        if found is None or primitives.keyword_argument(found[1], "spec_info") or len(found[1].args) > 5:
+            return None
+        return found if primitives.keyword_argument(found[1], "decode_wrapper") else None
 
     def is_done(self, call: cst.Call) -> bool:
         arg = primitives.keyword_argument(call, "decode_wrapper")

@@ -321,6 +321,12 @@ def test_upstreams_eager_sites_and_a_fork_without_them_are_left_as_they_are():
             finding.state is State.SUPERSEDED
             and f"no eager {'target ' * (what == 'verify')}{what} site" in finding.detail
         )
+    # a fork whose decode update hands over spec_info: the draft's arrays, not the mirror's
+    spec = EAGER_SITES.replace(
+        "                init_metadata_replay=False,\n",
+        "                init_metadata_replay=False,\n                spec_info=forward_batch.spec_info,\n",
+    )
+    assert detect(fmp.EagerDraftDecodeHostPlan, spec).state is State.SUPERSEDED
     # a fork that already hands the verify host arrays of its own
     own = EAGER_SITES.replace(
         "                spec_info=forward_batch.spec_info,\n",
