@@ -24,10 +24,11 @@ host array cannot be made exactly so, the helper returns None and the stock
 plan runs from the device tensors.
 
 **Off by default** (``SWITCH``): upstream ships its own two host plans off
-(0.5.23's ``SGLANG_OPT_FLASHINFER_*`` opt-ins), and no GPU run has compared
-this tree's outputs with pristine's yet (issue 71). Until one has, every
-helper returns None (the stock plans) unless ``PATCHKIT_FLASHINFER_HOST_INDPTR=1``
-is in the serving process's environment; the GPU run compares both on one tree.
+(0.5.23's ``SGLANG_OPT_FLASHINFER_*`` opt-ins); on an H200 (2026-11-28d .. g)
+this tree's outputs equal pristine's at every batch size, but its eager
+batches are not yet shown at 0.98x pristine's speed (issue 71, docs/gpu.md).
+Until they are, every helper returns None (the stock plans) unless
+``PATCHKIT_FLASHINFER_HOST_INDPTR=1`` is in the serving process's environment.
 
 Imported by patched sglang code: standard library only at import time; torch
 is imported inside the functions that need it.
