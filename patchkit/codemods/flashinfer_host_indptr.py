@@ -60,13 +60,6 @@ def _params(fn: cst.FunctionDef) -> list[str]:
     return [p.name.value for p in (*fn.params.params, *fn.params.kwonly_params)]
 
 
-def _mode_branch(fn: cst.FunctionDef, mode: str) -> Optional[cst.If]:
-    """The ``if``/``elif`` of ``fn`` testing ``<...>forward_mode.<mode>()``."""
-    test = m.Call(func=m.Attribute(value=primitives.attr("forward_mode") | m.Name("forward_mode"), attr=m.Name(mode)))
-    found = primitives.find_all_of(cst.If, fn, m.If(test=test))
-    return found[0] if found else None
-
-
 def _hands_host_plan(call: cst.Call) -> bool:
     return primitives.keyword_argument(call, "host_plan") is not None
 
@@ -105,7 +98,7 @@ class _HostPlanAtUpdate(MethodCodemod):
 
 
 def _update_in_branch(fn: cst.FunctionDef, mode: str) -> Optional[tuple[cst.IndentedBlock, cst.Call]]:
-    return primitives.sole_call_in(_mode_branch(fn, mode), PREFILL_UPDATE)
+    return primitives.sole_call_in(primitives.mode_branch(fn, mode), PREFILL_UPDATE)
 
 
 class EagerVerifyHostPlan(_HostPlanAtUpdate):

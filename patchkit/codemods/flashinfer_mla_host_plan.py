@@ -38,7 +38,6 @@ replay body, ``_apply_cuda_graph_metadata``), said in one line.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Optional
 
 import libcst as cst
@@ -65,7 +64,6 @@ PREFILL_UPDATE = m.Call(
         value=m.Attribute(value=m.Name("self"), attr=m.Name("indices_updater_prefill")), attr=m.Name("update")
     )
 )
-IS_TARGET_VERIFY = m.If(test=m.Call(func=m.Attribute(attr=m.Name("is_target_verify"))))
 #: ``W.plan = partial(fast_mla_prefill_plan, W)``: ours and upstream's (0.5.18+).
 FAST_PLAN_INSTALLED = m.Assign(
     targets=[m.AssignTarget(target=m.Attribute(attr=m.Name("plan")))],
@@ -86,9 +84,8 @@ def _with_host_arrays(call: cst.Call, value: str = "{}") -> cst.Call:
     return call
 
 
-def _verify_branch(fn: cst.FunctionDef, test: m.If = IS_TARGET_VERIFY) -> Optional[cst.If]:
-    branches = primitives.find_all_of(cst.If, fn, test)
-    return branches[0] if branches else None
+def _verify_branch(fn: cst.FunctionDef) -> Optional[cst.If]:
+    return primitives.mode_branch(fn, "is_target_verify")
 
 
 def _updates_in(block: cst.CSTNode) -> list[cst.Call]:
@@ -313,7 +310,6 @@ UPSTREAM_HOST_BUFFERS = m.Attribute(value=m.Name("self"), attr=m.Name("fast_plan
 NOT_CARRIED_EAGER = (
     "0.5.18+ plans its eager {} from the device still; patchkit carries that onto 0.5.10 .. 0.5.12.post1"
 )
-IS_DECODE = m.If(test=m.Call(func=m.Attribute(attr=m.Name("is_decode_or_idle"))))
 DECODE_UPDATE = m.Call(
     func=m.Attribute(
         value=m.Attribute(value=m.Name("self"), attr=m.Name("indices_updater_decode")), attr=m.Name("update")
@@ -329,8 +325,15 @@ class _EagerSite(MethodCodemod):
     METHOD = "init_forward_metadata"
     WHAT = ""
 
-    site: Callable[[cst.FunctionDef], Optional[tuple[cst.IndentedBlock, cst.Call]]]
-    is_done: Callable[[cst.Call], bool]
+    def site(self, fn: cst.FunctionDef) -> Optional[tuple[cst.IndentedBlock, cst.Call]]:
+        raise NotImplementedError
+
+    def is_done(self, call: cst.Call) -> bool:
+        raise NotImplementedError
+
+    def found(self, fn: cst.FunctionDef) -> tuple[cst.IndentedBlock, cst.Call]:
+        """The site, in a method detect found it in."""
+        return cst.ensure_type(self.site(fn), tuple)
 
     def detect_in_method(self, fn: cst.FunctionDef) -> Finding:
         if primitives.contains(fn, UPSTREAM_HOST_BUFFERS):
@@ -358,7 +361,7 @@ class EagerVerifyHostPlan(_EagerSite):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         self.require_import(HELPERS, "eager_verify_host_plan")
-        block, call = self.site(fn)  # type: ignore[misc]  # detect found it
+        block, call = self.found(fn)
         source = f"""
             # patchkit {PATCH}: an eager verify plans from the mirror's host arrays
             # too (None without it: the stock plan); upstream copies them to the host.
@@ -378,8 +381,9 @@ class EagerDraftDecodeHostPlan(_EagerSite):
 
     def site(self, fn: cst.FunctionDef) -> Optional[tuple[cst.IndentedBlock, cst.Call]]:
         # A call handing over spec_info (a fork's) plans the draft's own arrays, not the mirror's.
-        found = primitives.sole_call_in(_verify_branch(fn, IS_DECODE), DECODE_UPDATE)
-        if found is None or primitives.keyword_argument(found[1], "spec_info") or len(found[1].args) > 5:
+        found = primitives.sole_call_in(primitives.mode_branch(fn, "is_decode_or_idle"), DECODE_UPDATE)
+        positional = [a for a in found[1].args if a.keyword is None and not a.star] if found else []
+        if found is None or primitives.keyword_argument(found[1], "spec_info") or len(positional) > 5:
             return None
         return found if primitives.keyword_argument(found[1], "decode_wrapper") else None
 
@@ -389,7 +393,7 @@ class EagerDraftDecodeHostPlan(_EagerSite):
 
     def transform_method(self, fn: cst.FunctionDef) -> cst.FunctionDef:
         self.require_import(HELPERS, "draft_decode_planned")
-        call = self.site(fn)[1]  # type: ignore[index]  # detect found it
+        call = self.found(fn)[1]
         arg = cst.ensure_type(primitives.keyword_argument(call, "decode_wrapper"), cst.Arg)
         value = f"draft_decode_planned({code_of(arg.value)}, forward_batch)"
         return primitives.replace_node(fn, call, primitives.set_keyword_argument(call, "decode_wrapper", value))

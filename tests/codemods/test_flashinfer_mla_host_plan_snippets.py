@@ -327,6 +327,11 @@ def test_upstreams_eager_sites_and_a_fork_without_them_are_left_as_they_are():
         "                init_metadata_replay=False,\n                spec_info=forward_batch.spec_info,\n",
     )
     assert detect(fmp.EagerDraftDecodeHostPlan, spec).state is State.SUPERSEDED
+    # one keyword more of a fork's own is no spec_info: still carried
+    extra = EAGER_SITES.replace(
+        "init_metadata_replay=False,\n", "init_metadata_replay=False,\n                trace=True,\n"
+    )
+    assert detect(fmp.EagerDraftDecodeHostPlan, extra).state is State.TODO
     # a fork that already hands the verify host arrays of its own
     own = EAGER_SITES.replace(
         "                spec_info=forward_batch.spec_info,\n",

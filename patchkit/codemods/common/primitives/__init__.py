@@ -119,6 +119,7 @@ from patchkit.codemods.common.primitives.matchers import (  # noqa: F401
     isinstance_subject,
     line,
     method_call,
+    mode_branch,
     names,
     none_comparison,
     none_test,

@@ -47,6 +47,13 @@ def attr(name: str, receiver: Expr = ANY) -> m.Attribute:
     return m.Attribute(value=receiver, attr=names(name))
 
 
+def mode_branch(fn: cst.CSTNode, mode: str) -> Optional[cst.If]:
+    """The first ``if``/``elif`` under ``fn`` testing ``<...>forward_mode.<mode>()``."""
+    test = m.Call(func=m.Attribute(value=attr("forward_mode") | m.Name("forward_mode"), attr=m.Name(mode)))
+    found = [hit for hit in find_all(fn, m.If(test=test)) if isinstance(hit, cst.If)]
+    return found[0] if found else None
+
+
 def dotted(path: str) -> Union[m.Name, m.Attribute]:
     """``a.b.c`` as a Name / Attribute matcher."""
     parts = path.split(".")
