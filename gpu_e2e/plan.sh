@@ -193,7 +193,7 @@ duel() {  # gpus name args...: one duel.py call (the driver and every engine on 
   local pin=(); [[ $gpus != *,* ]] && read -ra pin <<< "$(pin_of "$gpus")"
   (cd "$B12" && CUDA_VISIBLE_DEVICES=$gpus FLASHINFER_WORKSPACE_BASE=/tmp/fi${gpus//,/} \
      TRITON_CACHE_DIR=/tmp/triton${gpus//,/} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor${gpus//,/} \
-     PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout 1500 "${pin[@]}" python3 -m pk_gpu_e2e.duel --out "$R/$name" \
+     PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout "${DUEL_TIMEOUT_S:-1500}" "${pin[@]}" python3 -m pk_gpu_e2e.duel --out "$R/$name" \
      --work "/tmp/pkd${gpus//,/}" "$@" > "$R/$name/console.log" 2>&1)
   note "gpu $gpus: end $name rc=$? ($(grep -c ' round .* done' "$R/$name/console.log") rounds)"
 }
@@ -296,23 +296,32 @@ lane() {  # gpu: take the first unclaimed step whose inputs are there, until non
 
 note "plan: $(echo $STEPS) on GPUs $LANES"
 [ "$PIN" = 1 ] && note "host: $(cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.cpu_lanes --describe 2>/dev/null || nproc); lanes pinned: $(for g in $LANES; do echo -n "$g:$(pin_of "$g" | cut -d' ' -f3) "; done)"
-for g in $LANES; do lane "$g" & done
-wait
-# DS_DUEL=1: then DeepSeek MTP at TP 4 + DP attention 4 on GPUs 0-3, pristine against patched in one
-# duel (FA3; cuda_graph_max_bs 8: bs 1 and 8 captured, 48 and 128 eager), engines started one after another;
-# DS_TP=2: TP 2 + DP attention 2 on GPUs 0-1 (issue 67's cell where no four-GPU kind is lent)
-# DS_DEADLINE_S: not started after that many seconds since the plan began (0: no limit)
-DS_DEADLINE_S=${DS_DEADLINE_S:-0}
-if [ "${DS_DUEL:-0}" = 1 ] && [ "$DS_DEADLINE_S" -gt 0 ] && [ $SECONDS -ge "$DS_DEADLINE_S" ]; then
-  note "ds_dp_duel-r1 not started: past DS_DEADLINE_S ($DS_DEADLINE_S s)"
-elif [ "${DS_DUEL:-0}" = 1 ]; then
+# DS_DUEL=1: DeepSeek MTP at TP 4 + DP attention 4 on GPUs 0-3, pristine against patched in one
+# duel (FA3; cuda_graph_max_bs 8: bs 1 and 8 captured, 48 and 128 eager), engines started one after
+# another, after the lanes' steps; DS_FIRST=1 (2026-11-28h): before them, once B12 and FA3's library
+# are there (the later calls' transfers then overlap it). DS_TP=2: TP 2 + DP attention 2 on GPUs 0-1
+# (issue 67's cell where no four-GPU kind is lent). DS_DEADLINE_S: not started after that many
+# seconds since the plan began (0: no limit); DS_ROUNDS_DEADLINE_S: no round after that many
+# seconds since the duel began; DS_TIMEOUT_S: the whole duel's limit.
+ds_duel() {
+  DS_DEADLINE_S=${DS_DEADLINE_S:-0}
+  if [ "$DS_DEADLINE_S" -gt 0 ] && [ $SECONDS -ge "$DS_DEADLINE_S" ]; then
+    note "ds_dp_duel-r1 not started: past DS_DEADLINE_S ($DS_DEADLINE_S s)"; return
+  fi
   # DS_SIZE=dsv32: DeepSeek-V3.2 (issue 72) from BDSA, the bundle with deep_gemm and FlashMLA
   DS_SIZE=${DS_SIZE:-ds}; DSB=$B12; [ "$DS_SIZE" = dsv32 ] && DSB=${BDSA:-$B12}
+  until ready "$DSB" "$FA3_12"; do
+    [ $SECONDS -ge "$GIVE_UP_S" ] && { note "ds_dp_duel-r1: gave up waiting for inputs"; return; }; sleep 5
+  done
   DS_TP=${DS_TP:-4}; DS_GPUS=$(seq -s, 0 $((DS_TP - 1))); DS_NAME=${DS_SIZE}_dp; [ "$DS_TP" = 4 ] || DS_NAME+=$DS_TP
-  duel "$DS_GPUS" "${DS_NAME}_duel-r1" --engine "pristine=$DSB:0.5.12.post1:pristine" \
+  DUEL_TIMEOUT_S=${DS_TIMEOUT_S:-1500} duel "$DS_GPUS" "${DS_NAME}_duel-r1" --engine "pristine=$DSB:0.5.12.post1:pristine" \
     --engine "patched=$DSB:0.5.12.post1:patched" --fa3-lib "$DSB:$FA3_12" --size "$DS_SIZE" --scenario mtp \
     --tp "$DS_TP" --dp "$DS_TP" --dp-attention --attention-backend default --batch-sizes 1,8,48,128 --rounds "$ROUNDS" --repeats "$REPEATS" \
-    --max-new-tokens "$NEW_TOKENS" --mem-fraction-static 0.4 \
+    --max-new-tokens "$NEW_TOKENS" --mem-fraction-static 0.4 --deadline-s "${DS_ROUNDS_DEADLINE_S:-0}" \
     --engine-extra '{"cuda_graph_max_bs": 8, "max_running_requests": 128, "max_total_tokens": 200000}'
-fi
+}
+[ "${DS_DUEL:-0}" = 1 ] && [ "${DS_FIRST:-0}" = 1 ] && ds_duel
+for g in $LANES; do lane "$g" & done
+wait
+[ "${DS_DUEL:-0}" = 1 ] && [ "${DS_FIRST:-0}" != 1 ] && ds_duel
 note "all done"
