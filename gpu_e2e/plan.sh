@@ -302,7 +302,8 @@ note "plan: $(echo $STEPS) on GPUs $LANES"
 # are there (the later calls' transfers then overlap it). DS_TP=2: TP 2 + DP attention 2 on GPUs 0-1
 # (issue 67's cell where no four-GPU kind is lent). DS_DEADLINE_S: not started after that many
 # seconds since the plan began (0: no limit); DS_ROUNDS_DEADLINE_S: no round after that many
-# seconds since the duel began; DS_TIMEOUT_S: the whole duel's limit.
+# seconds since the duel began (its engines start inside it); DS_TIMEOUT_S: the whole duel's limit;
+# DS_BATCH_SIZES: default 1,8,48,128.
 ds_duel() {
   DS_DEADLINE_S=${DS_DEADLINE_S:-0}
   if [ "$DS_DEADLINE_S" -gt 0 ] && [ $SECONDS -ge "$DS_DEADLINE_S" ]; then
@@ -316,12 +317,16 @@ ds_duel() {
   DS_TP=${DS_TP:-4}; DS_GPUS=$(seq -s, 0 $((DS_TP - 1))); DS_NAME=${DS_SIZE}_dp; [ "$DS_TP" = 4 ] || DS_NAME+=$DS_TP
   DUEL_TIMEOUT_S=${DS_TIMEOUT_S:-1500} duel "$DS_GPUS" "${DS_NAME}_duel-r1" --engine "pristine=$DSB:0.5.12.post1:pristine" \
     --engine "patched=$DSB:0.5.12.post1:patched" --fa3-lib "$DSB:$FA3_12" --size "$DS_SIZE" --scenario mtp \
-    --tp "$DS_TP" --dp "$DS_TP" --dp-attention --attention-backend default --batch-sizes 1,8,48,128 --rounds "$ROUNDS" --repeats "$REPEATS" \
+    --tp "$DS_TP" --dp "$DS_TP" --dp-attention --attention-backend default --batch-sizes "${DS_BATCH_SIZES:-1,8,48,128}" --rounds "$ROUNDS" --repeats "$REPEATS" \
     --max-new-tokens "$NEW_TOKENS" --mem-fraction-static 0.4 --deadline-s "${DS_ROUNDS_DEADLINE_S:-0}" \
     --engine-extra '{"cuda_graph_max_bs": 8, "max_running_requests": 128, "max_total_tokens": 200000}'
 }
 [ "${DS_DUEL:-0}" = 1 ] && [ "${DS_FIRST:-0}" = 1 ] && ds_duel
-for g in $LANES; do lane "$g" & done
-wait
+# DS_ONLY=1: the DeepSeek duel alone (an empty LANES or STEPS means their defaults: 2026-11-28h's
+# second plan set both empty and would have run the default grid after its duel)
+if [ "${DS_ONLY:-0}" != 1 ]; then
+  for g in $LANES; do lane "$g" & done
+  wait
+fi
 [ "${DS_DUEL:-0}" = 1 ] && [ "${DS_FIRST:-0}" != 1 ] && ds_duel
 note "all done"
