@@ -183,7 +183,7 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
   local extra="{\"cuda_graph_max_bs\": $cap, \"max_running_requests\": 128, \"max_total_tokens\": $tokens}"
   duel "$lane" "$step" "${eng[@]}" "${once[@]}" "${fa[@]}" "${scen[@]}" --attention-backend "$be" \
     --batch-sizes "$bss" --rounds "$ROUNDS" --repeats "$REPEATS" --max-new-tokens "$NEW_TOKENS" --engine-extra "$extra" \
-    --compare "$pairs" --deadline-s "${DUEL_DEADLINE_S:-0}" --base-port $((31000 + 2000 * lane))
+    --compare "$pairs" --deadline-s "${DUEL_DEADLINE_S:-0}" --min-rounds "${MIN_ROUNDS:-0}" --base-port $((31000 + 2000 * lane))
 }
 
 duel() {  # gpus name args...: one duel.py call (the driver and every engine on GPUs "gpus")
@@ -302,7 +302,8 @@ note "plan: $(echo $STEPS) on GPUs $LANES"
 # are there (the later calls' transfers then overlap it). DS_TP=2: TP 2 + DP attention 2 on GPUs 0-1
 # (issue 67's cell where no four-GPU kind is lent). DS_DEADLINE_S: not started after that many
 # seconds since the plan began (0: no limit); DS_ROUNDS_DEADLINE_S: no round after that many
-# seconds since the duel began (its engines start inside it); DS_TIMEOUT_S: the whole duel's limit;
+# seconds since the duel began (its engines start inside it), except its first DS_MIN_ROUNDS
+# (MIN_ROUNDS: the same for the lanes' duels, past DUEL_DEADLINE_S); DS_TIMEOUT_S: the whole duel's limit;
 # DS_BATCH_SIZES: default 1,8,48,128.
 ds_duel() {
   DS_DEADLINE_S=${DS_DEADLINE_S:-0}
@@ -319,6 +320,7 @@ ds_duel() {
     --engine "patched=$DSB:0.5.12.post1:patched" --fa3-lib "$DSB:$FA3_12" --size "$DS_SIZE" --scenario mtp \
     --tp "$DS_TP" --dp "$DS_TP" --dp-attention --attention-backend default --batch-sizes "${DS_BATCH_SIZES:-1,8,48,128}" --rounds "$ROUNDS" --repeats "$REPEATS" \
     --max-new-tokens "$NEW_TOKENS" --mem-fraction-static 0.4 --deadline-s "${DS_ROUNDS_DEADLINE_S:-0}" \
+    --min-rounds "${DS_MIN_ROUNDS:-0}" \
     --engine-extra '{"cuda_graph_max_bs": 8, "max_running_requests": 128, "max_total_tokens": 200000}'
 }
 [ "${DS_DUEL:-0}" = 1 ] && [ "${DS_FIRST:-0}" = 1 ] && ds_duel

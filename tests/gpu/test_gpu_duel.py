@@ -295,3 +295,22 @@ def test_repeats_run_back_to_back_while_the_engine_is_thawed(tmp_path, monkeypat
     # in the round, each engine thawed three times and frozen once, after its last repeat
     signals = "".join("c" if s == duel.signal.SIGCONT else "s" for n, s in sent if n == "pristine")
     assert "scccs" in signals and "cc" not in signals.replace("scccs", "s|s")
+
+
+def test_min_rounds_start_past_the_deadline(tmp_path, monkeypatch):
+    """--min-rounds (2026-11-28h): a deadline that falls inside the start-up still lets the
+    first rounds run; the rounds after them keep to it."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("PK_FAKE_CALL_S", "0.02")
+    b = fake_bundle(tmp_path)
+    out = tmp_path / "out"
+    rc = duel.main(
+        [
+            *("--out", str(out), "--work", str(tmp_path / "work")),
+            *("--engine", f"pristine={b}:9.9:pristine", "--engine", f"patched={b}:9.9:patched"),
+            *("--batch-sizes", "4", "--rounds", "3", "--max-new-tokens", "8", "--deadline-s", "1"),
+            *("--min-rounds", "2", "--engine-extra", '{"cuda_graph_max_bs": 2}', "--attention-backend", "triton"),
+        ]
+    )
+    result = json.loads((out / "duel.json").read_text())
+    assert rc == 0 and sorted({c["round"] for c in result["calls"]}) == [1, 2]

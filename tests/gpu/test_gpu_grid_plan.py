@@ -226,11 +226,12 @@ def test_ds_tp_2_puts_deepseek_on_two_gpus_at_dp_attention_2(tmp_path):
 def test_ds_first_runs_deepseek_before_the_lanes_with_its_own_limits(tmp_path):
     """DS_FIRST=1 (2026-11-28h): the DeepSeek duel before the lanes' steps (the later calls'
     transfers overlap it), at DS_BATCH_SIZES, its rounds cut at DS_ROUNDS_DEADLINE_S."""
-    ds = dict(DS_DUEL="1", DS_FIRST="1", DS_BATCH_SIZES="8,48", DS_ROUNDS_DEADLINE_S="460")
-    calls, progress = _run_plan(tmp_path, LANES="0", STEPS="triton_duel-r1", WITH17="none", **ds)
+    ds = dict(DS_DUEL="1", DS_FIRST="1", DS_BATCH_SIZES="8,48", DS_ROUNDS_DEADLINE_S="460", DS_MIN_ROUNDS="3")
+    calls, progress = _run_plan(tmp_path, LANES="0", STEPS="triton_duel-r1", WITH17="none", MIN_ROUNDS="1", **ds)
     assert [Path(_arg(c, "--out")).name for c in calls] == ["ds_dp_duel-r1", "triton_duel-r1"]
     first = calls[0]
     assert (_arg(first, "--batch-sizes"), _arg(first, "--deadline-s")) == ("8,48", "460")
+    assert (_arg(first, "--min-rounds"), _arg(calls[1], "--min-rounds")) == ("3", "1")
     assert progress.index("end ds_dp_duel-r1") < progress.index("start triton_duel-r1")
     calls, _ = _run_plan(tmp_path / "alone", DS_DUEL="1", DS_FIRST="1", DS_ONLY="1")
     assert [Path(_arg(c, "--out")).name for c in calls] == ["ds_dp_duel-r1"]  # DS_ONLY: no lane
