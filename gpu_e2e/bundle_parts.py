@@ -143,12 +143,21 @@ def join(part: Path, dest: Path) -> list[str]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["join"])
-    ap.add_argument(
-        "--part", required=True, type=Path, action="append", help="a part folder carried by this call (repeatable)"
-    )
-    ap.add_argument("--dest", required=True, type=Path, help="where the whole folder is put together")
+    ap.add_argument("command", choices=["join", "split"])
+    ap.add_argument("--part", type=Path, action="append", help="join: a part folder carried by this call (repeatable)")
+    ap.add_argument("--dest", type=Path, help="join: where the whole folder is put together")
+    # split on the GPU machine: what a call brings back is files of 16 MiB at most
+    # (compile_caches.py's tar, after a run)
+    ap.add_argument("--folder", type=Path, help="split: the folder to cut into <folder>-a, -b, ...")
+    ap.add_argument("--part-mib", type=float, default=PART_BYTES / MIB, help="split: a part's size")
     args = ap.parse_args(argv)
+    if args.command == "split":
+        if args.folder is None:
+            ap.error("split needs --folder")
+        split(args.folder, int(args.part_mib * MIB))
+        return 0
+    if not args.part or args.dest is None:
+        ap.error("join needs --part and --dest")
     for part in args.part:  # every part named is joined, in the order given
         missing = join(part, args.dest)
         if missing:

@@ -30,6 +30,9 @@ def runner_env(
     path = [str(tree), str(site_rel), str(site_common), str(bundle / "e2e")]
     if tree_name != "pristine" and info["runtime_mode"] == "package":
         path.insert(1, str(bundle / "runtime"))
+    # PK_E2E_EXTRA_SITE: a folder after all of them (compile_caches.py's FlashInfer modules
+    # from an earlier machine: a package no site has, so it shadows nothing)
+    path += [p for p in os.environ.get("PK_E2E_EXTRA_SITE", "").split(os.pathsep) if p]
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(path),

@@ -295,6 +295,22 @@ lane() {  # gpu: take the first unclaimed step whose inputs are there, until non
 }
 
 note "plan: $(echo $STEPS) on GPUs $LANES"
+# CACHES (after 2026-11-28h): a tar.xz of an earlier machine's compiled kernels
+# (gpu_e2e/compile_caches.py), put into every lane's cache folders (and the DeepSeek duel's)
+# before the first engine, its FlashInfer modules on the runners' path; HARVEST=1: the caches
+# this machine built packed at the end and cut into parts of 15 MiB (/tmp/caches-a, -b, ...), which
+# calls bring back four at a time (cp -r /tmp/caches-[a-d] "$OUT"/: 8 files, 64 MiB a call).
+CACHE_ROOT=${CACHE_ROOT:-/tmp}  # where the lanes' cache folders are (a test's own folder in tests)
+cache_dirs() {  # kind: each lane's folder of that kind (/tmp/<kind><lane>), the DeepSeek duel's too
+  for g in $LANES $(seq -s "" 0 $((${DS_TP:-4} - 1))); do echo "--$1 $CACHE_ROOT/$1$g"; done
+}
+if [ -n "${CACHES:-}" ] && [ -f "$CACHES" ]; then
+  # shellcheck disable=SC2046
+  (cd "$B12" && python3 e2e/pk_gpu_e2e/compile_caches.py install --src "$CACHES" $(cache_dirs triton) \
+     $(cache_dirs inductor) --flashinfer-site "$CACHE_ROOT/pk_fi_aot") >> "$R/progress.log" 2>&1 \
+    && export PK_E2E_EXTRA_SITE=$CACHE_ROOT/pk_fi_aot
+  note "caches: $CACHES installed (rc $?)"
+fi
 [ "$PIN" = 1 ] && note "host: $(cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.cpu_lanes --describe 2>/dev/null || nproc); lanes pinned: $(for g in $LANES; do echo -n "$g:$(pin_of "$g" | cut -d' ' -f3) "; done)"
 # DS_DUEL=1: DeepSeek MTP at TP 4 + DP attention 4 on GPUs 0-3, pristine against patched in one
 # duel (FA3; cuda_graph_max_bs 8: bs 1 and 8 captured, 48 and 128 eager), engines started one after
@@ -331,4 +347,12 @@ if [ "${DS_ONLY:-0}" != 1 ]; then
   wait
 fi
 [ "${DS_DUEL:-0}" = 1 ] && [ "${DS_FIRST:-0}" != 1 ] && ds_duel
+if [ "${HARVEST:-0}" = 1 ]; then
+  fis=(); for d in "$CACHE_ROOT"/fi*; do [ -d "$d" ] && fis+=(--fi "$d"); done
+  # shellcheck disable=SC2046
+  (cd "$B12" && mkdir -p "$CACHE_ROOT/caches" && python3 e2e/pk_gpu_e2e/compile_caches.py pack "${fis[@]}" \
+     $(cache_dirs triton) $(cache_dirs inductor) --out "$CACHE_ROOT/caches/caches.tar.xz" \
+     && python3 e2e/pk_gpu_e2e/bundle_parts.py split --folder "$CACHE_ROOT/caches" --part-mib 15) >> "$R/progress.log" 2>&1
+  note "caches packed (rc $?): $(ls -d "$CACHE_ROOT"/caches-* 2>/dev/null | wc -l) part(s) in $CACHE_ROOT/caches-*"
+fi
 note "all done"

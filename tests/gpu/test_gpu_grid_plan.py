@@ -26,7 +26,8 @@ with open(os.environ["PK_PLAN_LOG"], "a") as fh:
                          "t0": t0, "t1": time.time(),
                          "counters_off": os.environ.get("PK_E2E_COUNTERS_OFF", ""),
                          "cpus": sorted(os.sched_getaffinity(0)),
-                         "fi": os.environ.get("FLASHINFER_WORKSPACE_BASE")}) + "\\n")
+                         "fi": os.environ.get("FLASHINFER_WORKSPACE_BASE"),
+                         "extra_site": os.environ.get("PK_E2E_EXTRA_SITE")}) + "\\n")
 print("verdict: stub")
 """
 
@@ -38,7 +39,8 @@ def _run_plan(tmp_path, missing: tuple[str, ...] = (), **extra: str) -> tuple[li
         (tmp_path / name / "e2e" / "pk_gpu_e2e" / "__init__.py").write_text("")
         for module in ("orchestrate.py", "duel.py"):
             (tmp_path / name / "e2e" / "pk_gpu_e2e" / module).write_text(STUB)
-        shutil.copy2(ROOT / "gpu_e2e" / "cpu_lanes.py", tmp_path / name / "e2e" / "pk_gpu_e2e")  # PIN=1's lanes
+        for module in ("cpu_lanes.py", "compile_caches.py", "bundle_parts.py"):  # PIN=1's lanes, CACHES, HARVEST
+            shutil.copy2(ROOT / "gpu_e2e" / module, tmp_path / name / "e2e" / "pk_gpu_e2e")
         (tmp_path / name / "manifest.json").write_text("{}")
     for name in ("fa3", "fa3_17"):
         (tmp_path / name).mkdir()
@@ -434,3 +436,33 @@ def test_the_minus_plan_times_trees_without_one_patch_at_either_shape(tmp_path):
     ]
     assert (_arg(call, "--size"), _arg(call, "--batch-sizes")) == ("8b", "64")
     assert json.loads(_arg(call, "--engine-extra"))["max_total_tokens"] == 60000
+
+
+def test_caches_go_into_every_lane_before_the_steps_and_come_out_packed_after(tmp_path):
+    """CACHES (after 2026-11-28h): an earlier machine's kernels in every lane's folders (the
+    DeepSeek duel's too) and FlashInfer's on the runners' path; HARVEST=1 packs this machine's
+    into parts a call brings back."""
+    from gpu_e2e import compile_caches
+
+    old = tmp_path / "old"
+    (old / "triton0" / "HASH").mkdir(parents=True)
+    (old / "triton0" / "HASH" / "k.cubin").write_text("k")
+    tar = tmp_path / "caches.tar.xz"
+    compile_caches.pack([], [old / "triton0"], [], tar, log=lambda *_: None)
+    root = tmp_path / "root"
+    calls, progress = _run_plan(
+        tmp_path / "plan",
+        LANES="0 1",
+        STEPS="triton_duel-r1",
+        WITH17="none",
+        CACHES=str(tar),
+        HARVEST="1",
+        CACHE_ROOT=str(root),
+        DS_TP="2",
+    )
+    assert f"caches: {tar} installed (rc 0)" in progress
+    assert all((root / f"triton{g}" / "HASH" / "k.cubin").is_file() for g in ("0", "1", "01"))
+    assert calls[0]["extra_site"] == str(root / "pk_fi_aot")
+    assert "caches packed (rc 0): 1 part(s)" in progress
+    assert progress.index("end triton_duel-r1") < progress.index("caches packed")
+    assert (root / "caches-a" / "parts.json").is_file()
