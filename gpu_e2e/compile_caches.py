@@ -28,9 +28,16 @@ What a cache holds is keyed by what built it (Triton and inductor hash their sou
 and versions; FlashInfer names a module by its parameters, and the version and arch are in the
 path), so a stale entry is compiled again, not used. Standard library only.
 
-    python3 gpu_e2e/compile_caches.py pack --fi /tmp/fi0 --triton /tmp/triton0 --out /tmp/caches.tar.xz
-    python3 gpu_e2e/compile_caches.py install --src caches.tar.xz --triton /tmp/triton0 \\
-        --inductor /tmp/inductor0 --flashinfer-site /tmp/pk_fi_aot
+plan.sh does both (``HARVEST=1``, ``CACHES=PATH``). The calls around it:
+
+    # last call of a lease, after "all done" (4 parts a call: 8 files, 64 MiB back)
+    cp -r /tmp/caches-[a-d] "$OUT"/
+    # here: the parts into one folder (sha256 checked), kept out of git
+    python3 gpu_e2e/bundle_parts.py join --part /work/.device/N/caches-a ... --dest .gpucaches
+    python scripts/gpu_e2e.py split --folder .gpucaches --part-mib 40
+    # next lease, before the call that starts the plan (its install runs once, at the start)
+    python3 gpu_e2e/bundle_parts.py join --part .gpucaches-a --dest /tmp/caches-in
+    CACHES=/tmp/caches-in/caches.tar.xz ... bash /tmp/plan.sh
 """
 
 from __future__ import annotations
