@@ -6,7 +6,7 @@ FlashInfer duel spent about 240 s in FlashInfer's JIT builds before its first ro
 at 210 s), and an engine on fresh Triton and inductor caches started in 165 s where the same
 engine on the caches its lane had left took 86 s (FA3 8B, ``start_s`` of fa3_8b_duel-r1 and -r3).
 
-``pack`` (on the GPU machine, at the end of a run) puts the lanes' caches into one tar.xz:
+``pack`` (on the GPU machine, at the end of a run) puts the lanes' caches into one tar.gz:
 
 - ``triton/``: every lane's ``TRITON_CACHE_DIR`` entries (one folder a kernel, named by its
   hash; the first lane's copy of a name is kept);
@@ -37,7 +37,7 @@ plan.sh does both (``HARVEST=1``, ``CACHES=PATH``). The calls around it:
     python scripts/gpu_e2e.py split --folder .gpucaches --part-mib 40
     # next lease, before the call that starts the plan (its install runs once, at the start)
     python3 gpu_e2e/bundle_parts.py join --part .gpucaches-a --dest /tmp/caches-in
-    CACHES=/tmp/caches-in/caches.tar.xz ... bash /tmp/plan.sh
+    CACHES=/tmp/caches-in/caches.tar.gz ... bash /tmp/plan.sh
 """
 
 from __future__ import annotations
@@ -115,7 +115,9 @@ def pack(fi: list[Path], triton: list[Path], inductor: list[Path], out: Path, lo
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(so, target)
         counts["flashinfer"] = len(modules)
-        with tarfile.open(out, "w:xz") as tar:
+        # gzip, not xz: the pack runs on the lease's time, and xz's default level takes minutes
+        # over a few hundred MB of kernels where gzip takes seconds (the transfers differ little)
+        with tarfile.open(out, "w:gz", compresslevel=6) as tar:
             for top in ("triton", "inductor", "flashinfer"):
                 if (stage / top).is_dir():
                     tar.add(stage / top, arcname=top)
@@ -126,7 +128,7 @@ def pack(fi: list[Path], triton: list[Path], inductor: list[Path], out: Path, lo
 def install(src: Path, triton: list[Path], inductor: list[Path], flashinfer_site: Optional[Path], log=print) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         stage = Path(tmp)
-        with tarfile.open(src, "r:xz") as tar:
+        with tarfile.open(src, "r:gz") as tar:
             # the "data" filter: no member lands outside the stage, no links out, no devices
             tar.extractall(stage, filter="data")
         counts = {
@@ -146,12 +148,12 @@ def install(src: Path, triton: list[Path], inductor: list[Path], flashinfer_site
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("pack", help="the lanes' caches into one tar.xz")
+    p = sub.add_parser("pack", help="the lanes' caches into one tar.gz")
     p.add_argument("--fi", type=Path, action="append", default=[], help="a FLASHINFER_WORKSPACE_BASE")
     p.add_argument("--triton", type=Path, action="append", default=[], help="a TRITON_CACHE_DIR")
     p.add_argument("--inductor", type=Path, action="append", default=[], help="a TORCHINDUCTOR_CACHE_DIR")
     p.add_argument("--out", type=Path, required=True)
-    i = sub.add_parser("install", help="a packed tar.xz into the lanes' cache folders")
+    i = sub.add_parser("install", help="a packed tar.gz into the lanes' cache folders")
     i.add_argument("--src", type=Path, required=True)
     i.add_argument("--triton", type=Path, action="append", default=[], help="a lane's TRITON_CACHE_DIR")
     i.add_argument("--inductor", type=Path, action="append", default=[], help="a lane's TORCHINDUCTOR_CACHE_DIR")

@@ -295,7 +295,7 @@ lane() {  # gpu: take the first unclaimed step whose inputs are there, until non
 }
 
 note "plan: $(echo $STEPS) on GPUs $LANES"
-# CACHES (after 2026-11-28h): a tar.xz of an earlier machine's compiled kernels
+# CACHES (after 2026-11-28h): a tar.gz of an earlier machine's compiled kernels
 # (gpu_e2e/compile_caches.py), put into every lane's cache folders (and the DeepSeek duel's)
 # before the first engine, its FlashInfer modules on the runners' path; HARVEST=1: the caches
 # this machine built packed at the end and cut into parts of 15 MiB (/tmp/caches-a, -b, ...), which
@@ -351,7 +351,7 @@ if [ "${HARVEST:-0}" = 1 ]; then
   fis=(); for d in "$CACHE_ROOT"/fi*; do [ -d "$d" ] && fis+=(--fi "$d"); done
   # shellcheck disable=SC2046
   (cd "$B12" && mkdir -p "$CACHE_ROOT/caches" && python3 e2e/pk_gpu_e2e/compile_caches.py pack "${fis[@]}" \
-     $(cache_dirs triton) $(cache_dirs inductor) --out "$CACHE_ROOT/caches/caches.tar.xz" \
+     $(cache_dirs triton) $(cache_dirs inductor) --out "$CACHE_ROOT/caches/caches.tar.gz" \
      && python3 e2e/pk_gpu_e2e/bundle_parts.py split --folder "$CACHE_ROOT/caches" --part-mib 15) >> "$R/progress.log" 2>&1
   note "caches packed (rc $?): $(ls -d "$CACHE_ROOT"/caches-* 2>/dev/null | wc -l) part(s) in $CACHE_ROOT/caches-*"
 fi

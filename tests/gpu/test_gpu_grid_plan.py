@@ -447,7 +447,7 @@ def test_caches_go_into_every_lane_before_the_steps_and_come_out_packed_after(tm
     old = tmp_path / "old"
     (old / "triton0" / "HASH").mkdir(parents=True)
     (old / "triton0" / "HASH" / "k.cubin").write_text("k")
-    tar = tmp_path / "caches.tar.xz"
+    tar = tmp_path / "caches.tar.gz"
     compile_caches.pack([], [old / "triton0"], [], tar, log=lambda *_: None)
     root = tmp_path / "root"
     calls, progress = _run_plan(
