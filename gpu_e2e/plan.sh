@@ -328,14 +328,18 @@ ds_duel() {
   fi
   # DS_SIZE=dsv32: DeepSeek-V3.2 (issue 72) from BDSA, the bundle with deep_gemm and FlashMLA
   DS_SIZE=${DS_SIZE:-ds}; DSB=$B12; [ "$DS_SIZE" = dsv32 ] && DSB=${BDSA:-$B12}
-  until ready "$DSB" "$FA3_12"; do
+  # DS_WITH17=1: upstream 0.5.17 a third engine (issue 67: an eager cell at >= 1.0x 0.5.17 too),
+  # each engine then on less of the GPUs' memory; the duel waits for 0.5.17's bundle and FA3
+  local up=() mem=0.4
+  [ "${DS_WITH17:-0}" = 1 ] && { up=(--engine "upstream=$B17:0.5.17:upstream" --fa3-lib "$B17:$FA3_17"); mem=0.27; }
+  until ready "$DSB" "$FA3_12" && { [ ${#up[@]} = 0 ] || ready "$B17" "$FA3_17"; }; do
     [ $SECONDS -ge "$GIVE_UP_S" ] && { note "ds_dp_duel-r1: gave up waiting for inputs"; return; }; sleep 5
   done
   DS_TP=${DS_TP:-4}; DS_GPUS=$(seq -s, 0 $((DS_TP - 1))); DS_NAME=${DS_SIZE}_dp; [ "$DS_TP" = 4 ] || DS_NAME+=$DS_TP
   DUEL_TIMEOUT_S=${DS_TIMEOUT_S:-1500} duel "$DS_GPUS" "${DS_NAME}_duel-r1" --engine "pristine=$DSB:0.5.12.post1:pristine" \
-    --engine "patched=$DSB:0.5.12.post1:patched" --fa3-lib "$DSB:$FA3_12" --size "$DS_SIZE" --scenario mtp \
+    --engine "patched=$DSB:0.5.12.post1:patched" --fa3-lib "$DSB:$FA3_12" "${up[@]}" --size "$DS_SIZE" --scenario mtp \
     --tp "$DS_TP" --dp "$DS_TP" --dp-attention --attention-backend default --batch-sizes "${DS_BATCH_SIZES:-1,8,48,128}" --rounds "$ROUNDS" --repeats "$REPEATS" \
-    --max-new-tokens "$NEW_TOKENS" --mem-fraction-static 0.4 --deadline-s "${DS_ROUNDS_DEADLINE_S:-0}" \
+    --max-new-tokens "$NEW_TOKENS" --mem-fraction-static "$mem" --deadline-s "${DS_ROUNDS_DEADLINE_S:-0}" \
     --min-rounds "${DS_MIN_ROUNDS:-0}" \
     --engine-extra '{"cuda_graph_max_bs": 8, "max_running_requests": 128, "max_total_tokens": 200000}'
 }

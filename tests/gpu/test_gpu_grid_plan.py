@@ -235,8 +235,12 @@ def test_ds_first_runs_deepseek_before_the_lanes_with_its_own_limits(tmp_path):
     assert (_arg(first, "--batch-sizes"), _arg(first, "--deadline-s")) == ("8,48", "460")
     assert (_arg(first, "--min-rounds"), _arg(calls[1], "--min-rounds")) == ("3", "1")
     assert progress.index("end ds_dp_duel-r1") < progress.index("start triton_duel-r1")
-    calls, _ = _run_plan(tmp_path / "alone", DS_DUEL="1", DS_FIRST="1", DS_ONLY="1")
+    calls, _ = _run_plan(tmp_path / "alone", DS_DUEL="1", DS_FIRST="1", DS_ONLY="1", DS_WITH17="1")
     assert [Path(_arg(c, "--out")).name for c in calls] == ["ds_dp_duel-r1"]  # DS_ONLY: no lane
+    # DS_WITH17: 0.5.17 a third engine with its own FA3, each engine on less memory
+    engines = [a for i, a in enumerate(calls[0]["args"]) if calls[0]["args"][i - 1] == "--engine"]
+    assert engines[-1] == f"upstream={tmp_path / 'alone' / 'b17'}:0.5.17:upstream"
+    assert _arg(calls[0], "--mem-fraction-static") == "0.27"
 
 
 def test_duel_steps_add_the_minus_tree_the_flashinfer_switch_and_counted_engines(tmp_path):
@@ -452,7 +456,7 @@ def test_caches_go_into_every_lane_before_the_steps_and_come_out_packed_after(tm
     root = tmp_path / "root"
     calls, progress = _run_plan(
         tmp_path / "plan",
-        LANES="0 1",
+        LANES="0",
         STEPS="triton_duel-r1",
         WITH17="none",
         CACHES=str(tar),
@@ -461,7 +465,7 @@ def test_caches_go_into_every_lane_before_the_steps_and_come_out_packed_after(tm
         DS_TP="2",
     )
     assert f"caches: {tar} installed (rc 0)" in progress
-    assert all((root / f"triton{g}" / "HASH" / "k.cubin").is_file() for g in ("0", "1", "01"))
+    assert all((root / f"triton{g}" / "HASH" / "k.cubin").is_file() for g in ("0", "01"))
     assert calls[0]["extra_site"] == str(root / "pk_fi_aot")
     assert "caches packed (rc 0): 1 part(s)" in progress
     assert progress.index("end triton_duel-r1") < progress.index("caches packed")
