@@ -1,5 +1,5 @@
 """Reading a committed duel run (docs/results/gpu-duel-*/<step>.json) back in the GPU
-evidence tests (tests/gpu/test_gpu_duel_fifth.py, test_gpu_duel_sixth.py)."""
+evidence tests (tests/gpu/test_gpu_duel_fifth.py ... test_gpu_duel_eighth.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,15 @@ from gpu_e2e import duel_report
 
 def load(run: Path, name: str) -> dict:
     return json.loads((run / f"{name}.json").read_text())
+
+
+def assert_recomputes(result: dict, commit: str) -> None:
+    """A committed duel is what its calls say: its summary recomputed from them, on an H200,
+    every engine's tree from patchkit ``commit``."""
+    eager_above = json.loads(result["args"]["engine_extra"])["cuda_graph_max_bs"]
+    pairs = duel_report.pairs_of(result["args"]["compare"])
+    assert duel_report.summary(result["calls"], pairs, eager_above) == result["summary"]
+    assert "H200" in result["device"] and set(result["patchkit_commit"].values()) == {commit}
 
 
 def per_step(result: dict) -> dict[tuple[str, int], dict]:

@@ -3,7 +3,6 @@ committed JSON (docs/results/gpu-duel-2026-11-28g), and the figures its text cit
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import duel_runs
@@ -25,10 +24,7 @@ def _run(name: str) -> dict:
 def test_every_duel_is_of_its_commit_and_its_summary_is_its_calls():
     for name in GRID + FLASHINFER:
         result = _run(name)
-        eager_above = json.loads(result["args"]["engine_extra"])["cuda_graph_max_bs"]
-        pairs = duel_report.pairs_of(result["args"]["compare"])
-        assert duel_report.summary(result["calls"], pairs, eager_above) == result["summary"]
-        assert "H200" in result["device"] and set(result["patchkit_commit"].values()) == {COMMIT}
+        duel_runs.assert_recomputes(result, COMMIT)
         assert all(e["failure"] is None for e in result["engines"].values())
         assert all(r["identical"] for r in result["summary"])
 

@@ -25,10 +25,7 @@ def _run(name: str) -> dict:
 def test_every_duel_is_of_its_commit_and_its_summary_is_its_calls():
     for name, commit in DUELS.items():
         result = _run(name)
-        eager_above = json.loads(result["args"]["engine_extra"])["cuda_graph_max_bs"]
-        pairs = duel_report.pairs_of(result["args"]["compare"])
-        assert duel_report.summary(result["calls"], pairs, eager_above) == result["summary"]
-        assert "H200" in result["device"] and set(result["patchkit_commit"].values()) == {commit}
+        duel_runs.assert_recomputes(result, commit)
         assert all(e["env_ok"] for e in result["engines"].values() if "env" in e and e["failure"] is None)
 
 
