@@ -289,6 +289,27 @@ def pooled(results: list[dict], pair: str) -> list[dict]:
     ]
 
 
+def spread(result: dict) -> list[dict]:
+    """Each engine's own wall rate over the rounds, per batch size: its lowest, its highest
+    and their quotient. A tree timed against itself moves this much from round to round, so
+    a pair's median ratio is read against it (2026-11-28i: one engine alone on its host)."""
+    timed = _timed(result.get("calls") or [])
+    by: dict[tuple[str, int], list[float]] = {}
+    for (_, bs, engine), c in sorted(timed.items()):
+        by.setdefault((engine, bs), []).append(c["completion_tokens"] / c["elapsed_s"])
+    return [
+        {
+            "engine": engine,
+            "batch_size": bs,
+            "rounds": len(rates),
+            "min": round(min(rates), 1),
+            "max": round(max(rates), 1),
+            "max_over_min": round(max(rates) / min(rates), 3),
+        }
+        for (engine, bs), rates in sorted(by.items())
+    ]
+
+
 def grid_lines(
     results: dict[str, dict], pairs: tuple[str, ...] = ("pristine:patched", "upstream:patched")
 ) -> list[str]:
