@@ -36,7 +36,7 @@ import time
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
-from . import bundle_kernels, dp, duel_report, duel_serve, engine_env, fa3_kernel, launch
+from . import bundle_kernels, dp, duel_report, duel_serve, engine_env, fa3_kernel, host_usage, launch
 from .orchestrate import _device
 from .unpack import log, prepare_trees, unpacked_site
 
@@ -144,10 +144,13 @@ class Engine:
         assert self.conn is not None, "called before it was up"
         self.signal(signal.SIGCONT)
         try:
+            before = host_usage.snapshot(self.proc.pid)
             self.conn.send(message)
             if not self.conn.poll(timeout):
                 return {"error": f"no answer in {timeout:.0f} s"}
-            return self.conn.recv()
+            got = self.conn.recv()
+            # the host's steal and the engine's own CPU time over the call (host_usage.py)
+            return {**got, "host": host_usage.delta(before, host_usage.snapshot(self.proc.pid))}
         except (EOFError, OSError) as exc:  # the runner died mid-call (2026-11-28e: DSA pristine's
             # illegal address): its failure is recorded and the other engines go on
             return {"error": f"engine gone ({type(exc).__name__}); see {self.log_path.name}"}

@@ -158,6 +158,28 @@ def collections(calls: list[dict]) -> list[dict]:
     ]
 
 
+def host(calls: list[dict]) -> list[dict]:
+    """Per engine and batch size, round by round (host_usage.py: what /proc says of each
+    call): the engine's own CPU milliseconds a token, the share of the host's CPU time stolen
+    by the hypervisor, and the wall rate, so a slow round can be read against both."""
+    by: dict[tuple[str, int], dict[int, list[dict]]] = {}
+    for c in calls:
+        if "host" in c and "error" not in c:
+            by.setdefault((c["engine"], c["batch_size"]), {}).setdefault(c["round"], []).append(c)
+    rows = []
+    for (engine, bs), rounds in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        cpu_ms, steal, rate = [], [], []
+        for got in rounds.values():
+            tokens = sum(c["completion_tokens"] for c in got)
+            h = {k: sum(c["host"][k] for c in got) for k in got[0]["host"]}
+            total = h["host_busy_s"] + h["host_idle_s"] + h["host_steal_s"]
+            cpu_ms.append(round(1000 * h["engine_cpu_s"] / tokens, 3))
+            steal.append(round(h["host_steal_s"] / total, 4) if total else 0.0)
+            rate.append(round(tokens / sum(c["elapsed_s"] for c in got), 1))
+        rows.append({"engine": engine, "batch_size": bs, "cpu_ms_per_token": cpu_ms, "steal": steal, "tok_per_s": rate})
+    return rows
+
+
 def ran_with(result: dict) -> list[dict]:
     """What each engine that noted its facts (the counted ones) ran with, read back from its
     own schedulers: the attention backend, whether the draft extend has a CUDA-graph runner
@@ -250,6 +272,20 @@ def markdown(result: dict) -> str:
                 for g in gc_rows
             ),
         ]
+    host_lines: list[str] = []
+    if host_rows := host(result.get("calls") or []):
+        host_lines = [
+            "",
+            "the host a call (/proc), round by round: the engine's CPU ms a token, steal share, tok/s:",
+            "",
+            "| engine | bs | CPU ms a token | steal | tok/s |",
+            "|---|---:|---|---|---|",
+            *(
+                f"| {h['engine']} | {h['batch_size']} | {', '.join(f'{x:.3f}' for x in h['cpu_ms_per_token'])} "
+                f"| {', '.join(f'{x:.1%}' for x in h['steal'])} | {', '.join(f'{x:.0f}' for x in h['tok_per_s'])} |"
+                for h in host_rows
+            ),
+        ]
     facts: list[str] = []
     if fact_rows := ran_with(result):
         facts = [
@@ -265,7 +301,9 @@ def markdown(result: dict) -> str:
             ),
         ]
     failed = [f"- {n}: {e['failure']}" for n, e in (result.get("engines") or {}).items() if e.get("failure")]
-    return "\n".join(head + lines + decode + counted + gc + facts + ([""] + failed if failed else [])) + "\n"
+    return (
+        "\n".join(head + lines + decode + counted + gc + host_lines + facts + ([""] + failed if failed else [])) + "\n"
+    )
 
 
 def pooled(results: list[dict], pair: str) -> list[dict]:

@@ -1,0 +1,75 @@
+"""What the host did during one timed generate, from the kernel's own accounting (issue 67).
+
+The ninth run (2026-11-28i) timed every duel alone on a one-GPU host and still found an eager
+engine's rate moving 1.16-1.59x from round to round, with the same GPU work and the same host
+ops in every tree (docs/gpu.md, "Ninth run"). Two readings of /proc, taken around each call,
+say where that goes:
+
+* the host's CPU time (``/proc/stat``'s ``cpu`` line): busy, idle and **steal** seconds, the
+  time the hypervisor gave this machine's CPUs to someone else. A generate that ran slow while
+  steal rose was slowed by the host it ran on, not by its tree.
+* the engine's own CPU seconds: user + system time of every process in the engine's process
+  group (the runner, sglang's scheduler, its detokenizer), from ``/proc/<pid>/stat``. In a
+  host-bound eager step this is the host work a token costs, a figure the host's speed moves
+  far less than the wall time (stolen time is not counted in it).
+
+Only the engine being timed runs (the duel freezes the others), so the group's CPU time is the
+call's. A process that ends between the two readings drops out of the second; its seconds are
+lost, not counted twice.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROC = Path("/proc")
+_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _ticks_per_s() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+def host_cpu(proc: Path = PROC) -> dict[str, int]:
+    """The host's CPU time in ticks, summed over its CPUs: ``/proc/stat``'s first line."""
+    for line in (proc / "stat").read_text().splitlines():
+        if line.startswith("cpu "):
+            values = [int(v) for v in line.split()[1:]]
+            return dict(zip(_FIELDS, values + [0] * (len(_FIELDS) - len(values)), strict=False))
+    raise ValueError(f"{proc / 'stat'}: no cpu line")
+
+
+def group_cpu(pgid: int, proc: Path = PROC) -> int:
+    """User + system ticks of every live process whose process group is ``pgid``."""
+    total = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        # the command name sits in parentheses and may hold spaces or parentheses itself
+        fields = raw[raw.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid:  # state, ppid, pgrp, ...; utime and stime are 11 and 12
+            total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def snapshot(pgid: int, proc: Path = PROC) -> dict:
+    return {"host": host_cpu(proc), "engine": group_cpu(pgid, proc)}
+
+
+def delta(before: dict, after: dict, ticks_per_s: int | None = None) -> dict:
+    """Seconds between two snapshots: the host's busy, idle and steal time (all CPUs) and the
+    engine's own CPU time."""
+    hz = ticks_per_s or _ticks_per_s()
+    d = {k: after["host"][k] - before["host"][k] for k in _FIELDS}
+    busy = sum(d[k] for k in ("user", "nice", "system", "irq", "softirq"))
+    return {
+        "host_busy_s": round(busy / hz, 3),
+        "host_idle_s": round((d["idle"] + d["iowait"]) / hz, 3),
+        "host_steal_s": round(d["steal"] / hz, 3),
+        "engine_cpu_s": round((after["engine"] - before["engine"]) / hz, 3),
+    }
