@@ -76,7 +76,8 @@ PIN=${PIN:-0}
 DEADLINE_S=${DEADLINE_S:-0}
 # PROF_BS: the eager batch a *_prof step profiles (2026-11-28d found FA3 8B eager bs 64 slower a
 # token than bs 128 in every tree); PIN_LANES: the lanes PIN divides the cores by, where
-# several plan.sh run side by side each with some of the lanes
+# several plan.sh run side by side each with some of the lanes; PROF17=1: a *_prof step profiles
+# 0.5.17 too and compares it with patched (prof_upstream)
 PROF_BS=${PROF_BS:-128}
 STEPS=${STEPS:-"triton_check-r1 triton_8b-r1 triton_8b-r2 fa3_8b-r1 fa3_8b-r2 triton_8b-r3 fa3_8b-r3 fa3_check-r1
   triton-r1 fa3-r1 triton-r2 fa3-r2 triton-r3 fa3-r3 fa3_static-r1"}
@@ -99,14 +100,14 @@ pin_of() {  # lane: the taskset prefix of that lane's share of the host's cores 
   fi
 }
 
-orchestrate() {  # lane name bundle timeout_s args...
+orchestrate() {  # lane name bundle timeout_s args... (WORK: another --work than the lane's)
   local lane=$1 name=$2 bundle=$3 tmo=$4; shift 4
   mkdir -p "$R/$name"; note "gpu $lane: start $name"
   local pin; read -ra pin <<< "$(pin_of "$lane")"
   (cd "$bundle" && CUDA_VISIBLE_DEVICES=$lane FLASHINFER_WORKSPACE_BASE=/tmp/fi$lane \
      TRITON_CACHE_DIR=/tmp/triton$lane TORCHINDUCTOR_CACHE_DIR=/tmp/inductor$lane \
      PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout "$tmo" \
-     "${pin[@]}" python3 -m pk_gpu_e2e.orchestrate --bundle . --out "$R/$name" --work /tmp/pkw$lane "$@" \
+     "${pin[@]}" python3 -m pk_gpu_e2e.orchestrate --bundle . --out "$R/$name" --work "${WORK:-/tmp/pkw$lane}" "$@" \
      > "$R/$name/console.log" 2>&1)
   local rc=$?
   echo "$lane" > "$R/$name/gpu"
@@ -224,6 +225,8 @@ run_step() {  # lane step
   local a12=("${a[@]}") a17=("${a[@]}")
   if [[ $cell == fa3* ]]; then
     a12+=(--attention-backend default --fa3-lib "$FA3_12"); a17+=(--attention-backend default --fa3-lib "$FA3_17")
+  elif [[ $cell == flashinfer* ]]; then  # after 2026-11-28i: FlashInfer's eager bs 128 profiled
+    a12+=(--attention-backend flashinfer); a17+=(--attention-backend flashinfer)
   else
     a12+=(--attention-backend triton); a17+=(--attention-backend triton)
   fi
@@ -241,11 +244,16 @@ run_step() {  # lane step
     # the step folder and found none)
     # r2 profiles the pair in the other order (2026-11-28e: in both profiled pairs so far the
     # patched engine ran second and its host ran slower in every op alike)
-    *_prof) local pv=pristine,patched; [ "$rnd" = r2 ] && pv=patched,pristine
+    # FlashInfer r3 (after 2026-11-28i): the pair with both FlashInfer switches on (pristine has
+    # no patchkit runtime: the variables change nothing there)
+    *_prof) local pv=pristine,patched fienv=(); [ "$rnd" = r2 ] && pv=patched,pristine
+            [[ $cell == flashinfer* && $rnd == r3 ]] && fienv=(--engine-env PATCHKIT_FLASHINFER_HOST_INDPTR=1
+                --engine-env PATCHKIT_FLASHINFER_DRAFT_EXTEND_GRAPH=1)
             orchestrate "$lane" "$step-b12" "$B12" $((tmo * 2)) --releases 0.5.12.post1 --variants "$pv" \
-                "${a12[@]/1,8,32,64,128/$PROF_BS}" --profile-batch "$PROF_BS"
+                "${a12[@]/1,8,32,64,128/$PROF_BS}" --profile-batch "$PROF_BS" "${fienv[@]}"
             (cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.profile_compare "/tmp/pkw$lane/results" \
                 --out "$R/$step-b12/compare.json" --md "$R/$step-b12/compare.md" > "$R/$step-b12/compare.log" 2>&1)
+            [ "${PROF17:-0}" = 1 ] && prof_upstream "$lane" "$step" "$tmo" "${a17[@]/1,8,32,64,128/$PROF_BS}"
             return ;;
   esac
   local v=pristine,patched; [ "$rnd" = r2 ] && v=patched,pristine
@@ -257,6 +265,19 @@ run_step() {  # lane step
     orchestrate "$lane" "$step-b12" "$B12" $((tmo * 2)) --releases 0.5.12.post1 --variants "$v" "${a12[@]}"
     [ $with17 = 1 ] && orchestrate "$lane" "$step-b17" "$B17" "$tmo" --releases 0.5.17 "${a17[@]}"
   fi
+}
+
+prof_upstream() {  # lane step timeout_s args...: PROF17=1, 0.5.17 profiled the same way after the
+  # pair, then compared with the patched run (2026-11-28i: 0.5.17's gathers 292 us a step, patched's 74).
+  # profile_compare pairs runs by their key, which names the release: 0.5.17's run is linked
+  # into a folder of its own under 0.5.12.post1's key, beside the patched run's files.
+  local lane=$1 step=$2 tmo=$3; shift 3
+  WORK=/tmp/pkw${lane}u orchestrate "$lane" "$step-b17" "$B17" "$tmo" --releases 0.5.17 "$@" --profile-batch "$PROF_BS"
+  local both=$R/$step-b17/runs; rm -rf "$both"; mkdir -p "$both"
+  for f in /tmp/pkw"$lane"/results/0.5.12.post1_*_patched.json*; do ln -s "$f" "$both/"; done
+  for f in /tmp/pkw"$lane"u/results/0.5.17_*_upstream.json*; do ln -s "$f" "$both/0.5.12.post1_${f##*/0.5.17_}"; done
+  (cd "$B12" && PYTHONPATH=e2e python3 -m pk_gpu_e2e.profile_compare "$both" --base upstream --other patched \
+     --out "$R/$step-b17/compare.json" --md "$R/$step-b17/compare.md" > "$R/$step-b17/compare.log" 2>&1)
 }
 
 run_alone_or_shared() {  # lane step: a QUIET step runs with no other step running, on any lane

@@ -367,6 +367,27 @@ def test_pin_keeps_a_duel_on_its_lanes_cores_and_prof_bs_picks_the_profiled_batc
     assert _arg(by_out["fa3_8b_prof-r2-b12"], "--variants") == "patched,pristine"
 
 
+def test_a_flashinfer_profile_turns_both_switches_on_in_r3_and_prof17_adds_0517(tmp_path):
+    """After 2026-11-28i (FlashInfer eager bs 128 at 0.77 of pristine): FlashInfer *_prof steps
+    name their backend; r3 turns both FlashInfer switches on; PROF17=1 profiles 0.5.17 after each
+    pair, in a work folder of its own, for profile_compare's upstream -> patched."""
+    calls, _ = _run_plan(tmp_path, LANES="0", STEPS="flashinfer_prof-r1 flashinfer_prof-r3", PROF17="1")
+    by_out = {Path(_arg(c, "--out")).name: c for c in calls}
+    assert set(by_out) == {f"flashinfer_prof-{r}-{b}" for r in ("r1", "r3") for b in ("b12", "b17")}
+    r1, r3 = by_out["flashinfer_prof-r1-b12"], by_out["flashinfer_prof-r3-b12"]
+    assert _arg(r1, "--attention-backend") == "flashinfer" and "--engine-env" not in r1["args"]
+    assert [r3["args"][i + 1] for i, a in enumerate(r3["args"]) if a == "--engine-env"] == [
+        "PATCHKIT_FLASHINFER_HOST_INDPTR=1",
+        "PATCHKIT_FLASHINFER_DRAFT_EXTEND_GRAPH=1",
+    ]
+    for r in ("r1", "r3"):
+        up = by_out[f"flashinfer_prof-{r}-b17"]
+        assert up["bundle"] == "b17" and _arg(up, "--releases") == "0.5.17" and "--engine-env" not in up["args"]
+        assert (_arg(up, "--profile-batch"), _arg(up, "--batch-sizes"), _arg(up, "--label")) == ("128", "128", r)
+        assert _arg(up, "--attention-backend") == "flashinfer" and _arg(up, "--work") == "/tmp/pkw0u"
+        assert up["t0"] > by_out[f"flashinfer_prof-{r}-b12"]["t1"]
+
+
 def test_a_quiet_step_runs_with_every_other_lane_idle(tmp_path):
     """QUIET (2026-11-28f: a busy neighbour lane slowed a launch-bound engine 1.55x a step): the
     steps named run with no other step running on any lane; the others still run side by side."""
