@@ -7,7 +7,8 @@ say where that goes:
 
 * the host's CPU time (``/proc/stat``'s ``cpu`` line): busy, idle and **steal** seconds, the
   time the hypervisor gave this machine's CPUs to someone else. A generate that ran slow while
-  steal rose was slowed by the host it ran on, not by its tree.
+  steal rose was slowed by the host it ran on, not by its tree. (A guest whose hypervisor
+  does not report steal reads 0 there.)
 * the engine's own CPU seconds: user + system time of every process in the engine's process
   group (the runner, sglang's scheduler, its detokenizer), from ``/proc/<pid>/stat``. In a
   host-bound eager step this is the host work a token costs, a figure the host's speed moves

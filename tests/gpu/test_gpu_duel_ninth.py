@@ -63,6 +63,8 @@ def test_each_engines_own_spread_is_as_cited():
     fi128 = [v for (n, _, bs), v in spreads.items() if n == "flashinfer_duel-r1" and bs == 128]
     assert (min(fi128), max(fi128)) == (1.053, 1.14)
     assert "moves 1.16-1.59x from round to round" in DOC and "own spread is 1.05-1.14x" in DOC
+    up = [r["max_over_min"] for r in duel_report.spread(_run("flashinfer_duel-r1")) if r["engine"] == "upstream"]
+    assert (min(up[:3]), max(up[:3])) == (1.192, 1.485) and "itself moved 1.19-1.49x" in DOC
 
 
 def test_flashinfer_eager_128_is_below_pristine_in_every_round():
