@@ -181,6 +181,10 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
   if [[ " ${GC_LOG:-} " == *" $step "* ]]; then
     for e in pristine patched; do eng+=(--engine "$e-gc=$b:0.5.12.post1:$e:SGLANG_LOG_GC=1"); done
   fi
+  # BATCH_SIZES (after 2026-11-28i): the duels' batch sizes, in place of the cell's own, e.g. one
+  # eager cell over many short rounds (an engine alone moved 1.16-1.59x from round to round there:
+  # a median that holds needs rounds by the hundred, not three)
+  bss=${BATCH_SIZES:-$bss}
   local extra="{\"cuda_graph_max_bs\": $cap, \"max_running_requests\": 128, \"max_total_tokens\": $tokens}"
   duel "$lane" "$step" "${eng[@]}" "${once[@]}" "${fa[@]}" "${scen[@]}" --attention-backend "$be" \
     --batch-sizes "$bss" --rounds "$ROUNDS" --repeats "$REPEATS" --max-new-tokens "$NEW_TOKENS" --engine-extra "$extra" \

@@ -388,6 +388,14 @@ def test_a_flashinfer_profile_turns_both_switches_on_in_r3_and_prof17_adds_0517(
         assert up["t0"] > by_out[f"flashinfer_prof-{r}-b12"]["t1"]
 
 
+def test_batch_sizes_replace_a_duels_own(tmp_path):
+    calls, _ = _run_plan(tmp_path, LANES="0", STEPS="fa3_8b_duel-r1 triton_duel-r1", BATCH_SIZES="128", ROUNDS="100")
+    assert {Path(_arg(c, "--out")).name: (_arg(c, "--batch-sizes"), _arg(c, "--rounds")) for c in calls} == {
+        "fa3_8b_duel-r1": ("128", "100"),
+        "triton_duel-r1": ("128", "100"),
+    }
+
+
 def test_a_quiet_step_runs_with_every_other_lane_idle(tmp_path):
     """QUIET (2026-11-28f: a busy neighbour lane slowed a launch-bound engine 1.55x a step): the
     steps named run with no other step running on any lane; the others still run side by side."""
