@@ -171,12 +171,25 @@ def host(calls: list[dict]) -> list[dict]:
         cpu_ms, steal, rate = [], [], []
         for got in rounds.values():
             tokens = sum(c["completion_tokens"] for c in got)
-            h = {k: sum(c["host"][k] for c in got) for k in got[0]["host"]}
+            h = {
+                k: sum(c["host"][k] for c in got)
+                for k in ("host_busy_s", "host_idle_s", "host_steal_s", "engine_cpu_s")
+            }
             total = h["host_busy_s"] + h["host_idle_s"] + h["host_steal_s"]
             cpu_ms.append(round(1000 * h["engine_cpu_s"] / tokens, 3))
             steal.append(round(h["host_steal_s"] / total, 4) if total else 0.0)
             rate.append(round(tokens / sum(c["elapsed_s"] for c in got), 1))
-        rows.append({"engine": engine, "batch_size": bs, "cpu_ms_per_token": cpu_ms, "steal": steal, "tok_per_s": rate})
+        processes = max(c["host"].get("engine_processes", 0) for got in rounds.values() for c in got)
+        rows.append(
+            {
+                "engine": engine,
+                "batch_size": bs,
+                "processes": processes,
+                "cpu_ms_per_token": cpu_ms,
+                "steal": steal,
+                "tok_per_s": rate,
+            }
+        )
     return rows
 
 
@@ -276,12 +289,13 @@ def markdown(result: dict) -> str:
     if host_rows := host(result.get("calls") or []):
         host_lines = [
             "",
-            "the host a call (/proc), round by round: the engine's CPU ms a token, steal share, tok/s:",
+            "the host a call (/proc), round by round: the engine's CPU ms a token (over its processes), steal share, tok/s:",
             "",
-            "| engine | bs | CPU ms a token | steal | tok/s |",
-            "|---|---:|---|---|---|",
+            "| engine | bs | processes | CPU ms a token | steal | tok/s |",
+            "|---|---:|---:|---|---|---|",
             *(
-                f"| {h['engine']} | {h['batch_size']} | {', '.join(f'{x:.3f}' for x in h['cpu_ms_per_token'])} "
+                f"| {h['engine']} | {h['batch_size']} | {h['processes']} "
+                f"| {', '.join(f'{x:.3f}' for x in h['cpu_ms_per_token'])} "
                 f"| {', '.join(f'{x:.1%}' for x in h['steal'])} | {', '.join(f'{x:.0f}' for x in h['tok_per_s'])} |"
                 for h in host_rows
             ),

@@ -41,9 +41,11 @@ def host_cpu(proc: Path = PROC) -> dict[str, int]:
     raise ValueError(f"{proc / 'stat'}: no cpu line")
 
 
-def group_cpu(pgid: int, proc: Path = PROC) -> int:
-    """User + system ticks of every live process whose process group is ``pgid``."""
-    total = 0
+def group_cpu(pgid: int, proc: Path = PROC) -> tuple[int, int]:
+    """User + system ticks of every live process whose process group is ``pgid``, and how
+    many processes that is (sglang's scheduler must be among them for the figure to mean
+    anything: the count says it was)."""
+    total = count = 0
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -55,11 +57,13 @@ def group_cpu(pgid: int, proc: Path = PROC) -> int:
         fields = raw[raw.rindex(")") + 2 :].split()
         if int(fields[2]) == pgid:  # state, ppid, pgrp, ...; utime and stime are 11 and 12
             total += int(fields[11]) + int(fields[12])
-    return total
+            count += 1
+    return total, count
 
 
 def snapshot(pgid: int, proc: Path = PROC) -> dict:
-    return {"host": host_cpu(proc), "engine": group_cpu(pgid, proc)}
+    ticks, count = group_cpu(pgid, proc)
+    return {"host": host_cpu(proc), "engine": ticks, "processes": count}
 
 
 def delta(before: dict, after: dict, ticks_per_s: int | None = None) -> dict:
@@ -73,4 +77,5 @@ def delta(before: dict, after: dict, ticks_per_s: int | None = None) -> dict:
         "host_idle_s": round((d["idle"] + d["iowait"]) / hz, 3),
         "host_steal_s": round(d["steal"] / hz, 3),
         "engine_cpu_s": round((after["engine"] - before["engine"]) / hz, 3),
+        "engine_processes": after["processes"],
     }

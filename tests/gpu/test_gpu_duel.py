@@ -273,6 +273,7 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
     assert "decode only" in (out / "duel.md").read_text()
     # what /proc says of each call: the engine's own CPU time and the host's (host_usage.py)
     assert all(c["host"]["engine_cpu_s"] >= 0 and c["host"]["host_idle_s"] >= 0 for c in result["calls"])
+    assert all(c["host"]["engine_processes"] >= 1 for c in result["calls"])  # the runner at least
     assert "the host a call (/proc)" in (out / "duel.md").read_text()
 
 
