@@ -34,7 +34,7 @@ def pairs_of(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _timed(calls: list[dict]) -> dict[tuple[int, int, str], dict]:
+def timed_calls(calls: list[dict]) -> dict[tuple[int, int, str], dict]:
     """Each (round, batch size, engine)'s generate; a burst of repeats (``--repeats``) as one
     with the median time and logged rate of its generates, so one slow generate does not
     decide the round."""
@@ -59,7 +59,7 @@ def _timed(calls: list[dict]) -> dict[tuple[int, int, str], dict]:
 
 def summary(calls: list[dict], pairs: list[tuple[str, str]], eager_above: int) -> list[dict]:
     """One row per (batch size, pair) with both engines timed in at least one round."""
-    timed = _timed(calls)
+    timed = timed_calls(calls)
     rows = []
     for bs in sorted({c["batch_size"] for c in calls}):
         for base, other in pairs:
@@ -338,27 +338,6 @@ def pooled(results: list[dict], pair: str) -> list[dict]:
             "max": round(max(ratios), 3),
         }
         for bs, ratios in sorted(by_bs.items())
-    ]
-
-
-def spread(result: dict) -> list[dict]:
-    """Each engine's own wall rate over the rounds, per batch size: its lowest, its highest
-    and their quotient. A tree timed against itself moves this much from round to round, so
-    a pair's median ratio is read against it (2026-11-28i: one engine alone on its host)."""
-    timed = _timed(result.get("calls") or [])
-    by: dict[tuple[str, int], list[float]] = {}
-    for (_, bs, engine), c in sorted(timed.items()):
-        by.setdefault((engine, bs), []).append(c["completion_tokens"] / c["elapsed_s"])
-    return [
-        {
-            "engine": engine,
-            "batch_size": bs,
-            "rounds": len(rates),
-            "min": round(min(rates), 1),
-            "max": round(max(rates), 1),
-            "max_over_min": round(max(rates) / min(rates), 3),
-        }
-        for (engine, bs), rates in sorted(by.items())
     ]
 
 

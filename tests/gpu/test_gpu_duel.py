@@ -116,15 +116,6 @@ def test_a_burst_of_repeats_counts_as_its_median():
     assert not duel_report.summary(calls, [("pristine", "patched")], eager_above=32)[0]["identical"]
 
 
-def test_each_engines_spread_is_its_own_rate_over_the_rounds():
-    calls = [_call(1, 64, "pristine", 2.0), _call(2, 64, "pristine", 1.0), _call(1, 64, "patched", 1.0)]
-    calls += [_call(2, 64, "patched", 1.0), _call(2, 64, "patched", 3.0)]  # a burst: its median, 2.0
-    assert duel_report.spread({"calls": calls}) == [
-        {"engine": "patched", "batch_size": 64, "rounds": 2, "min": 50.0, "max": 100.0, "max_over_min": 2.0},
-        {"engine": "pristine", "batch_size": 64, "rounds": 2, "min": 50.0, "max": 100.0, "max_over_min": 2.0},
-    ]
-
-
 def test_an_engine_starts_with_no_earlier_duels_dumps(tmp_path, monkeypatch):
     """A lane's --work outlives its duels: 2026-11-28d's FlashInfer counted engines read the
     FA3 duel's dumps under the same engine name as their own facts."""

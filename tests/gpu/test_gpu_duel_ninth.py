@@ -9,7 +9,7 @@ from pathlib import Path
 
 import duel_runs
 
-from gpu_e2e import duel_report, profile_compare
+from gpu_e2e import duel_report, duel_stats, profile_compare
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "docs" / "results" / "gpu-duel-2026-11-28i"
@@ -50,7 +50,7 @@ def test_the_tables_are_the_runs():
 def test_each_engines_own_spread_is_as_cited():
     spreads = {}
     for name in EVERY:
-        for r in duel_report.spread(_run(name)):
+        for r in duel_stats.spread(_run(name)):
             if r["batch_size"] in (64, 128):
                 line = (
                     f"| {name} | {r['engine']} | {r['batch_size']} | {r['rounds']} | {r['min']:.1f} | "
@@ -63,7 +63,7 @@ def test_each_engines_own_spread_is_as_cited():
     fi128 = [v for (n, _, bs), v in spreads.items() if n == "flashinfer_duel-r1" and bs == 128]
     assert (min(fi128), max(fi128)) == (1.053, 1.14)
     assert "moves 1.16-1.59x from round to round" in DOC and "own spread is 1.05-1.14x" in DOC
-    up = [r["max_over_min"] for r in duel_report.spread(_run("flashinfer_duel-r1")) if r["engine"] == "upstream"]
+    up = [r["max_over_min"] for r in duel_stats.spread(_run("flashinfer_duel-r1")) if r["engine"] == "upstream"]
     assert (min(up[:3]), max(up[:3])) == (1.192, 1.485) and "itself moved 1.19-1.49x" in DOC
 
 

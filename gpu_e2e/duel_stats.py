@@ -1,0 +1,61 @@
+"""How far a duel's figures can be trusted (issue 67): each engine's own spread over the rounds,
+and whether a pair's median is shown above a bar, from the rounds alone.
+
+The ninth run (2026-11-28i) found an eager engine alone on its host moving 1.16-1.59x from
+round to round, so a median of three rounds says little about a 0.98 bar. :func:`verdict`
+answers "above", "below" or "open" from a distribution-free interval of the median
+(:func:`median_interval`), so a cell that the rounds cannot decide is not read as either.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import duel_report
+
+
+def spread(result: dict) -> list[dict]:
+    """Each engine's own wall rate over the rounds, per batch size: its lowest, its highest
+    and their quotient. A tree timed against itself moves this much from round to round, so
+    a pair's median ratio is read against it (2026-11-28i: one engine alone on its host)."""
+    timed = duel_report.timed_calls(result.get("calls") or [])
+    by: dict[tuple[str, int], list[float]] = {}
+    for (_, bs, engine), c in sorted(timed.items()):
+        by.setdefault((engine, bs), []).append(c["completion_tokens"] / c["elapsed_s"])
+    return [
+        {
+            "engine": engine,
+            "batch_size": bs,
+            "rounds": len(rates),
+            "min": round(min(rates), 1),
+            "max": round(max(rates), 1),
+            "max_over_min": round(max(rates) / min(rates), 3),
+        }
+        for (engine, bs), rates in sorted(by.items())
+    ]
+
+
+def median_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of the median of ``ratios`` (one per round):
+    order statistics k and n - k + 1, k the largest with P(Binomial(n, 1/2) < k) <= (1 - c) / 2.
+    None below the rounds such an interval needs (6 at 95%)."""
+    n, tail = len(ratios), (1 - confidence) / 2
+    k, below = 0, 0.0
+    while k < n and below + math.comb(n, k) / 2**n <= tail:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    if k == 0:
+        return None
+    xs = sorted(ratios)
+    return xs[k - 1], xs[n - k]
+
+
+def verdict(ratios: list[float], bar: float = 0.98, confidence: float = 0.95) -> str:
+    """Whether a cell is shown at or above ``bar``: "above" when the median's whole interval
+    is, "below" when the whole interval is under it, else "open" (these rounds cannot tell;
+    the ninth run's eager cells moved 16-59% a round, so a few rounds seldom can)."""
+    got = median_interval(ratios, confidence)
+    if got is None:
+        return "open"
+    low, high = got
+    return "above" if low >= bar else "below" if high < bar else "open"
