@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 
 from . import wait_report
+from .duel_stats import by_round, verdict
 
 #: patched against pristine (the issue's bar, 0.98), against upstream 0.5.17 (1.0 in eager
 #: cells), and against a second engine of its own tree: the measure's noise floor.
@@ -34,32 +35,9 @@ def pairs_of(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def timed_calls(calls: list[dict]) -> dict[tuple[int, int, str], dict]:
-    """Each (round, batch size, engine)'s generate; a burst of repeats (``--repeats``) as one
-    with the median time and logged rate of its generates, so one slow generate does not
-    decide the round."""
-    by: dict[tuple[int, int, str], list[dict]] = {}
-    for c in calls:
-        if "error" not in c:
-            by.setdefault((c["round"], c["batch_size"], c["engine"]), []).append(c)
-    timed = {}
-    for key, got in by.items():
-        rates = [c["decode_tok_per_s"] for c in got if c.get("decode_tok_per_s")]
-        timed[key] = (
-            got[0]
-            if len(got) == 1
-            else {
-                **got[0],
-                "elapsed_s": statistics.median(c["elapsed_s"] for c in got),
-                "decode_tok_per_s": statistics.median(rates) if rates else None,
-            }
-        )
-    return timed
-
-
 def summary(calls: list[dict], pairs: list[tuple[str, str]], eager_above: int) -> list[dict]:
     """One row per (batch size, pair) with both engines timed in at least one round."""
-    timed = timed_calls(calls)
+    timed = by_round(calls)
     rows = []
     for bs in sorted({c["batch_size"] for c in calls}):
         for base, other in pairs:
@@ -228,14 +206,15 @@ def markdown(result: dict) -> str:
     head = [
         f"device: {result.get('device', '?')}",
         "",
-        "| bs | graph | pair (OTHER over BASE) | rounds | median | min | max | tok/s BASE → OTHER | outputs |",
-        "|---:|---|---|---:|---:|---:|---:|---|---|",
+        "| bs | graph | pair (OTHER over BASE) | rounds | median | min | max | tok/s BASE → OTHER | outputs "
+        "| >= 0.98 (duel_stats.verdict) |",
+        "|---:|---|---|---:|---:|---:|---:|---|---|---|",
     ]
     lines = [
         f"| {r['batch_size']} | {'eager' if r['eager'] else 'captured'} | {r['pair']} | {r['rounds']} "
         f"| {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} "
         f"| {' → '.join(f'{v:.0f}' for v in r['tok_per_s'].values())} "
-        f"| {'identical' if r['identical'] else 'differ'} |"
+        f"| {'identical' if r['identical'] else 'differ'} | {verdict(r['ratios'])} |"
         for r in rows
     ]
     decode_rows = [

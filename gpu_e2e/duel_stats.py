@@ -10,15 +10,37 @@ answers "above", "below" or "open" from a distribution-free interval of the medi
 from __future__ import annotations
 
 import math
+import statistics
 
-from . import duel_report
+
+def by_round(calls: list[dict]) -> dict[tuple[int, int, str], dict]:
+    """Each (round, batch size, engine)'s generate; a burst of repeats (``--repeats``) as one
+    with the median time and logged rate of its generates, so one slow generate does not
+    decide the round."""
+    by: dict[tuple[int, int, str], list[dict]] = {}
+    for c in calls:
+        if "error" not in c:
+            by.setdefault((c["round"], c["batch_size"], c["engine"]), []).append(c)
+    timed = {}
+    for key, got in by.items():
+        rates = [c["decode_tok_per_s"] for c in got if c.get("decode_tok_per_s")]
+        timed[key] = (
+            got[0]
+            if len(got) == 1
+            else {
+                **got[0],
+                "elapsed_s": statistics.median(c["elapsed_s"] for c in got),
+                "decode_tok_per_s": statistics.median(rates) if rates else None,
+            }
+        )
+    return timed
 
 
 def spread(result: dict) -> list[dict]:
     """Each engine's own wall rate over the rounds, per batch size: its lowest, its highest
     and their quotient. A tree timed against itself moves this much from round to round, so
     a pair's median ratio is read against it (2026-11-28i: one engine alone on its host)."""
-    timed = duel_report.timed_calls(result.get("calls") or [])
+    timed = by_round(result.get("calls") or [])
     by: dict[tuple[str, int], list[float]] = {}
     for (_, bs, engine), c in sorted(timed.items()):
         by.setdefault((engine, bs), []).append(c["completion_tokens"] / c["elapsed_s"])

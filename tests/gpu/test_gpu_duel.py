@@ -249,6 +249,7 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
     kwargs = [json.loads((out / f"runner-{n}.json").read_text())["engine_kwargs"] for n in result["engines"]]
     assert len({k["port"] for k in kwargs}) == 3 and all(k["nccl_port"] == k["port"] + 50 for k in kwargs)
     assert "| 4 | eager | pristine:patched | 2 |" in (out / "duel.md").read_text()
+    assert "| identical | open |" in (out / "duel.md").read_text()  # 2 rounds decide nothing (duel_stats.verdict)
     # sglang's logged decode rate: the first line of each call (its interval reaches back over
     # the frozen time) left out; the steady 100 and 200 tok/s give exactly 2
     assert all(c["decode_tok_per_s"] in (100.0, 200.0) and c["decode_lines"] == 2 for c in result["calls"])
