@@ -99,3 +99,21 @@ def test_the_fa3_8b_profile_is_as_cited():
     assert set(
         profile_compare.markdown(json.loads((RUN / "fa3_8b_prof-r1-compare.json").read_text())).splitlines()
     ) == set(md)
+
+
+def test_fa3_8b_over_four_duels_by_the_verdict():
+    eighth = ROOT / "docs" / "results" / "gpu-duel-2026-11-28h"
+    runs = [duel_runs.load(eighth, f"fa3_8b_duel-r{i}") for i in (1, 2, 3)] + [_run("fa3_8b_duel-r1")]
+    verdicts = {}
+    for pair in ("pristine:patched", "upstream:patched"):
+        by_bs: dict[int, list[float]] = {}
+        for result in runs:
+            for row in result["summary"]:
+                if row["pair"] == pair:
+                    by_bs.setdefault(row["batch_size"], []).extend(row["ratios"])
+        for bs, ratios in sorted(by_bs.items()):
+            low, high = duel_stats.median_interval(ratios)
+            verdicts[(pair, bs)] = duel_stats.verdict(ratios)
+            line = f"| {pair} | {bs} | {len(ratios)} | {low:.3f}-{high:.3f} | {verdicts[(pair, bs)]} |"
+            assert line in DOC, line
+    assert [verdicts[("pristine:patched", bs)] for bs in (1, 8, 32, 64, 128)] == ["above"] * 3 + ["open"] * 2
