@@ -117,3 +117,11 @@ def test_fa3_8b_over_four_duels_by_the_verdict():
             line = f"| {pair} | {bs} | {len(ratios)} | {low:.3f}-{high:.3f} | {verdicts[(pair, bs)]} |"
             assert line in DOC, line
     assert [verdicts[("pristine:patched", bs)] for bs in (1, 8, 32, 64, 128)] == ["above"] * 3 + ["open"] * 2
+    captured = [
+        x
+        for r in runs
+        for row in r["summary"]
+        if row["pair"] == "pristine:patched" and not row["eager"]
+        for x in row["ratios"]
+    ]
+    assert min(captured) >= 1.07 and "no round of a captured cell fell below 1.07x pristine" in DOC
