@@ -22,6 +22,13 @@ def assert_recomputes(result: dict, commit: str) -> None:
     assert "H200" in result["device"] and set(result["patchkit_commit"].values()) == {commit}
 
 
+def assert_clean(result: dict, commit: str) -> None:
+    """:func:`assert_recomputes`, every engine alive to the end and every output identical."""
+    assert_recomputes(result, commit)
+    assert all(e["failure"] is None for e in result["engines"].values())
+    assert all(r["identical"] for r in result["summary"])
+
+
 def per_step(result: dict) -> dict[tuple[str, int], dict]:
     """Host waits a decode step, by (engine, batch size): duel_report.waits keyed."""
     return {(w["engine"], w["batch_size"]): w for w in duel_report.waits(result["calls"])}

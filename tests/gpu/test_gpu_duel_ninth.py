@@ -30,9 +30,7 @@ def _profile(name: str) -> dict:
 def test_every_duel_is_of_its_commit_and_ran_alone():
     for name in EVERY:
         result = _run(name)
-        duel_runs.assert_recomputes(result, COMMIT)
-        assert all(e["failure"] is None for e in result["engines"].values())
-        assert all(r["identical"] for r in result["summary"])
+        duel_runs.assert_clean(result, COMMIT)
     args = json.loads((RUN / "plan-args.json").read_text())
     assert args["kind"] == "nvidia-h200" and args["env"]["LANES"] == "0"
 
@@ -95,10 +93,10 @@ def test_the_fa3_8b_profile_is_as_cited():
     ):
         assert f"| {tree} | {wall:.1f} | {union:.1f} | {gaps:.1f} | {gather:.1f} |" in DOC
         assert 0.59 < gaps / wall < 0.65
-    md = (RUN / "fa3_8b_prof-r1-compare.md").read_text().splitlines()
-    assert set(
-        profile_compare.markdown(json.loads((RUN / "fa3_8b_prof-r1-compare.json").read_text())).splitlines()
-    ) == set(md)
+    md = profile_compare.markdown(json.loads((RUN / "fa3_8b_prof-r1-compare.json").read_text()))
+    assert "| wall | 49224.2 | 42333.7 | -6890.5 |" in md
+    assert "| 4128.3 → 3821.0 | 0.926 |" in (RUN / "fa3_8b_prof-r1-table.md").read_text()
+    assert "(pristine 4128.3, patched 3821.0 tok/s;" in DOC
 
 
 def test_fa3_8b_over_four_duels_by_the_verdict():
