@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 
 from patchkit import registry
 from patchkit import tree as trees
-from patchkit.api.commit import InterruptedAfterCommit, Outcome
+from patchkit.api.commit import Outcome
 from patchkit.engine import Session, locked_session
 from patchkit.errors import Interrupted, PatchkitError
 from patchkit.results import PatchReport
@@ -220,7 +220,7 @@ def apply(
 
     where = locate(tree, say, load_config=True)
     selected = registry.select(ids, skip, cascade)
-    result = None
+    result, session = None, None
     try:
         with locked_session(where.given, say, None if dry_run else "apply") as session:
             _refuse(session)
@@ -245,7 +245,7 @@ def apply(
                 release = session.tree.release or session.tree.version  # 0.5.11+acme: 0.5.11
                 result.vendor_line = vendor_line(count, release, known)
     except Interrupted as exc:
-        raise _keep_committed(exc, result, "apply", where, dry_run) from exc
+        raise _keep_committed(exc, result, session, "apply", where, dry_run) from exc
     return result
 
 
@@ -269,7 +269,7 @@ def revert(
         if ids or cascade or force:
             raise PatchkitError("--recover puts every file back: it takes no PATCH, --cascade or --force")
         return _recover(where, dry_run)
-    result = None
+    result, session = None, None
     try:
         with locked_session(where.given, say, None if dry_run else "revert") as session:
             _refuse(session)
@@ -277,7 +277,7 @@ def revert(
             outcome = revert_patches(session, list(ids), cascade=cascade, force=force, dry_run=dry_run)
             result = ChangeResult("revert", where, outcome, dry_run)
     except Interrupted as exc:
-        raise _keep_committed(exc, result, "revert", where, dry_run) from exc
+        raise _keep_committed(exc, result, session, "revert", where, dry_run) from exc
     return result
 
 
@@ -308,13 +308,20 @@ class InterruptedChange(Interrupted):
 
 
 def _keep_committed(
-    exc: Interrupted, result: Optional[ChangeResult], verb: str, where: Located, dry_run: bool
+    exc: Interrupted,
+    result: Optional[ChangeResult],
+    session: Optional[Session],
+    verb: str,
+    where: Located,
+    dry_run: bool,
 ) -> InterruptedChange:
     """A signal ended apply or revert: the ``InterruptedChange`` to raise,
-    with what it wrote, when its transaction was committed (it returned, or
-    the signal waited for the write's end), else None (nothing was written)."""
-    if result is None and isinstance(exc, InterruptedAfterCommit):
-        result = ChangeResult(verb, where, exc.outcome, dry_run)
+    with what it wrote, when its transaction was committed (it returned, the
+    signal waited for the write's end, or came between the commit and the
+    return: the store says so), else None (nothing was written)."""
+    written = None if session is None else session.committed_outcome
+    if result is None and written is not None:
+        result = ChangeResult(verb, where, written, dry_run)
     return InterruptedChange(exc.signum, exc.waited, None if result is None or dry_run else result)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
-from patchkit.errors import Interrupted, PatchkitError
+from patchkit.errors import PatchkitError
 from patchkit.results import PatchReport, unified_diff
 from patchkit.state import vendoring
 from patchkit.state.record import FileRecord, Record
@@ -57,15 +57,6 @@ class RuntimePlan:
     blobs: dict[str, bytes]
 
 
-class InterruptedAfterCommit(Interrupted):
-    """The signal waited for the end of apply's or revert's transaction, so
-    all of ``outcome`` is written (``commit``)."""
-
-    def __init__(self, signum: int, outcome: Outcome) -> None:
-        super().__init__(signum, waited=True)
-        self.outcome = outcome
-
-
 def commit(
     session: "Session",
     verb: str,
@@ -105,19 +96,15 @@ def commit(
     check_writable(session.tree, outcome.changed)
     if not (outcome.changed or record.applied != session.record.applied):
         return outcome
-    try:
-        session.store.commit(
-            verb,
-            session.tree.package,
-            outcome.changed,
-            session.record,
-            record,
-            backups=[*outcome.blobs.values(), *session.recovered.values()],
-        )
-    except Interrupted as exc:
-        if exc.waited:  # the signal came during the write and waited for its end: all is written
-            raise InterruptedAfterCommit(exc.signum, outcome) from exc
-        raise
+    session.writing = outcome  # what an interrupt reports once the store says it is committed
+    session.store.commit(
+        verb,
+        session.tree.package,
+        outcome.changed,
+        session.record,
+        record,
+        backups=[*outcome.blobs.values(), *session.recovered.values()],
+    )
     return outcome
 
 

@@ -60,6 +60,9 @@ class Store:
         self.folder = folder
         self.root = folder.parent  # the package: every read stays inside it (``tree.read_regular``)
         self.blobs = folder / "blobs"
+        # Set inside the write's held signals, once its transaction is whole: an interrupt
+        # that lands between the commit and its caller's return still knows all was written.
+        self.committed = False
         refuse_links(folder)
 
     def ensure_folder(self) -> None:
@@ -232,6 +235,7 @@ class Store:
                 crash_point("state")
                 remove(self.journal)
                 fsync_dir(self.folder)
+                self.committed = True
             except OSError as exc:
                 raise self._roll_back(
                     exc, verb, root, {rel: changes[rel][0] for rel in written}, old_record if saved else None
