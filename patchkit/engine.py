@@ -44,7 +44,6 @@ from patchkit.transform.detection import Detection
 from patchkit.tree import find_tree
 
 if TYPE_CHECKING:
-    from patchkit.api.commit import Outcome
     from patchkit.transform.detection import CodemodRef
 
 
@@ -61,14 +60,9 @@ class Session:
         self.modules = self.detection.modules  # parsed files, by the sha256 of their bytes (the same)
         self._saved = self.detection.learnt.copy()
         self.recovered: dict[str, bytes] = {}  # backups a clone recovered, by sha256 (``blob``)
-        self.writing: Optional["Outcome"] = None  # what the commit writes (``api.commit``)
-
-    @property
-    def committed_outcome(self) -> Optional["Outcome"]:
-        """What this session's commit wrote, once its transaction is whole
-        (None before, and where it wrote nothing): an interrupt after the
-        commit reports it, wherever it lands."""
-        return self.writing if self.store.committed else None
+        # What the commit writes (``api.commit``'s outcome), for an interrupt to report once
+        # ``store.committed`` says the transaction is whole, wherever the signal lands.
+        self.writing: object = None
 
     # -- reading ---------------------------------------------------------------
 

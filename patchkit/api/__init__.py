@@ -319,8 +319,8 @@ def _keep_committed(
     with what it wrote, when its transaction was committed (it returned, the
     signal waited for the write's end, or came between the commit and the
     return: the store says so), else None (nothing was written)."""
-    written = None if session is None else session.committed_outcome
-    if result is None and written is not None:
+    written = session.writing if session is not None and session.store.committed else None
+    if result is None and isinstance(written, Outcome):
         result = ChangeResult(verb, where, written, dry_run)
     return InterruptedChange(exc.signum, exc.waited, None if result is None or dry_run else result)
 
