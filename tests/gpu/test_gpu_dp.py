@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from gpu_e2e import engine_facts, orchestrate, rank_report, report, wait_report, worker_steps
+from gpu_e2e import engine_facts, orchestrate, rank_report, report, tables, wait_report, worker_steps
 from gpu_e2e.bundle import repo_root
 from gpu_e2e.report import tree_digest
 
@@ -74,8 +74,8 @@ def test_tables_recomputed_from_the_json(step):
     data = _results(step)
     pristine, patched = _pair(step)
     rows = report.compare(RELEASE, pristine, patched)
-    assert orchestrate.tables(rows) == (RUNS / step / "table.md").read_text()
-    assert rank_report.markdown(_rank_rows(step)) == (RUNS / step / "ranks.md").read_text()
+    assert orchestrate.tables(rows) == tables.text(RUNS / step, "table.md")
+    assert rank_report.markdown(_rank_rows(step)) == tables.text(RUNS / step, "ranks.md")
     assert data["problems"] == [] and rank_report.verdict(_rank_rows(step), tp=4) == []
     assert wait_report.problems(rows) == []
     assert all(r["identical"] for r in rows) and pristine["rc"] == patched["rc"] == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_e2e import bundle_kernels, deepseek, engine_facts, orchestrate, report, runner, syncs, tree_mask_probe
+from gpu_e2e import bundle_kernels, deepseek, engine_facts, orchestrate, report, runner, syncs, tables, tree_mask_probe
 from gpu_e2e.bundle import repo_root
 from gpu_e2e.report import tree_digest
 
@@ -211,7 +211,7 @@ def test_deepseek_mtp_on_fa3_reproduces_its_table(step, release, piecewise):
     assert engine_facts.backend_in_force(patched, "default") == "fa3"  # the release's choice, read back
     assert report.verdict(rows, mirror_kept=False) == []
     assert [r["identical"] for r in rows] == [True, True]
-    assert report.markdown(rows) == (RUNS / step / "table.md").read_text()
+    assert report.markdown(rows) == tables.text(RUNS / step, "table.md")
     facts = [engine_facts.in_force(r) for r in (pristine, patched)]
     assert [f["draft_extend_graph_runner"] for f in facts] == ["None", "EAGLEDraftExtendCudaGraphRunner"]
     assert {f["model"] for f in facts} == {"DeepseekV3ForCausalLM"}

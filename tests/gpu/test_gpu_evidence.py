@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpu_e2e import engine_facts, evidence
+from gpu_e2e import engine_facts, evidence, tables
 from gpu_e2e.bundle import repo_root
 
 RESULTS = repo_root() / "docs" / "results"
@@ -75,3 +75,16 @@ def test_committed_results_are_compact_and_within_the_budget():
         assert "\n " not in raw, f"{path}: indented (python -m gpu_e2e.evidence compact)"
         assert evidence.hash_output_ids(json.loads(raw)) == json.loads(raw), f"{path}: output ids not hashed"
     assert total <= BUDGET, total
+
+
+def test_no_committed_table_is_a_copy_of_its_json(capsys):
+    """table.md, speed.md and ranks.md that ``gpu_e2e.tables`` prints again from the
+    results.json beside them are copies: not committed (docs/results/README.md). Those
+    left are runs whose JSON was compacted before the printer could print them again."""
+    assert [str(p.relative_to(RESULTS)) for p in tables.copies(RESULTS)] == []
+    step = RESULTS / "gpu-hw-2026-11-26" / "s12-fa3"
+    assert not (step / "table.md").exists()
+    assert tables.main([str(step)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# table.md\n\n| release |") and "# speed.md\n" in out
+    assert tables.main([str(RESULTS)]) == 2 and "usage" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from gpu_e2e import grid, orchestrate, report
+from gpu_e2e import grid, orchestrate, report, tables
 from gpu_e2e.bundle import repo_root
 from gpu_e2e.report import tree_digest
 
@@ -37,7 +37,7 @@ def test_each_rounds_table_is_recomputed_from_the_json(step):
     runs = _results(step)["runs"]
     pick = {key.rsplit("/", 1)[1]: run for key, run in runs.items()}
     rows = report.compare(grid.RELEASE, pick["pristine"], pick["patched"])
-    assert orchestrate.tables(rows) == (RUN / step / "table.md").read_text()
+    assert orchestrate.tables(rows) == tables.text(RUN / step, "table.md")
     assert all(r["identical"] for r in rows) and len(rows) == 5
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gpu_e2e import grid, orchestrate, report, wait_report
+from gpu_e2e import grid, orchestrate, report, tables, wait_report
 from gpu_e2e.bundle import repo_root
 from gpu_e2e.report import tree_digest
 
@@ -34,7 +34,7 @@ def _by_tree(step: str) -> dict:
 def test_each_rounds_table_is_recomputed_from_the_json(step):
     pick = _by_tree(step)
     rows = report.compare(grid.RELEASE, pick["pristine"], pick["patched"])
-    assert orchestrate.tables(rows) == (RUN / step / "table.md").read_text()
+    assert orchestrate.tables(rows) == tables.text(RUN / step, "table.md")
     assert all(r["identical"] for r in rows)
 
 

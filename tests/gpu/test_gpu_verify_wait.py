@@ -19,7 +19,6 @@ PATCH = "verify-wait-on-stream"
 
 def test_the_committed_tables_are_recomputed_from_the_json():
     text = yardstick.report(RUN)
-    assert text == (RUN / "yardstick.md").read_text()
     summary, _rounds, profiles, _ab, medians = text.rstrip("\n").split("\n\n")
     for table in (summary, profiles, medians):
         assert table in GPU_MD.read_text(), "docs/gpu.md's tables are not the ones the JSON gives"
