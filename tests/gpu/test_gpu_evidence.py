@@ -88,3 +88,11 @@ def test_no_committed_table_is_a_copy_of_its_json(capsys):
     out = capsys.readouterr().out
     assert out.startswith("# table.md\n\n| release |") and "# speed.md\n" in out
     assert tables.main([str(RESULTS)]) == 2 and "usage" in capsys.readouterr().err
+
+
+def test_settings_are_one_file_a_run():
+    """Each step's settings table is a section of its run's settings.md (one file, not one a
+    step: a file a step cost a 4 KiB block for some 500 bytes)."""
+    assert [str(p.relative_to(RESULTS)) for p in RESULTS.glob("*/*/**/settings.md")] == []
+    for path in RESULTS.glob("*/settings.md"):
+        assert path.read_text().count("\n## ") >= 1, path
