@@ -201,6 +201,11 @@ def _tok_per_s(timed: dict, rounds: list[int], bs: int, engine: str) -> float:
     )
 
 
+def _section(title: str, header: str, rule: str, rows: list[str]) -> list[str]:
+    """One titled table of duel.md, or nothing where it has no row."""
+    return ["", title, "", header, rule, *rows] if rows else []
+
+
 def markdown(result: dict) -> str:
     rows = result.get("summary") or []
     head = [
@@ -224,75 +229,56 @@ def markdown(result: dict) -> str:
         for r in rows
         if (d := r.get("decode"))
     ]
-    decode: list[str] = []
-    if decode_rows:
-        decode = [
-            "",
-            "decode only (sglang's logged rate over the steady batch):",
-            "",
-            "| bs | graph | pair (OTHER over BASE) | rounds | median | min | max | tok/s BASE → OTHER |",
-            "|---:|---|---|---:|---:|---:|---:|---|",
-            *decode_rows,
-        ]
-    counted: list[str] = []
-    if counted_rows := waits(result.get("calls") or []):
-        counted = [
-            "",
-            "host waits per decode step (counters on):",
-            "",
-            "| engine | bs | steps | waits | per step | sites |",
-            "|---|---:|---:|---:|---:|---|",
-            *(
-                f"| {w['engine']} | {w['batch_size']} | {w['decode_steps']} | {w['waits']} "
-                f"| {w['per_step'] if w['per_step'] is not None else 'n/a'} "
-                f"| {'; '.join(f'{k} {v}' for k, v in list(w['sites'].items())[:4]) or '-'} |"
-                for w in counted_rows
-            ),
-        ]
-    gc: list[str] = []
-    if gc_rows := collections(result.get("calls") or []):
-        gc = [
-            "",
-            "garbage collection a call (SGLANG_LOG_GC engines), round by round:",
-            "",
-            "| engine | bs | seconds in GC | gen-2 collections | decode tok/s |",
-            "|---|---:|---|---|---|",
-            *(
-                f"| {g['engine']} | {g['batch_size']} | {', '.join(f'{x:.3f}' for x in g['gc_s'])} "
-                f"| {', '.join(map(str, g['gen2']))} "
-                f"| {', '.join(f'{x:.0f}' if x else '-' for x in g['decode_tok_per_s'])} |"
-                for g in gc_rows
-            ),
-        ]
-    host_lines: list[str] = []
-    if host_rows := host(result.get("calls") or []):
-        host_lines = [
-            "",
-            "the host a call (/proc), round by round: the engine's CPU ms a token (over its processes), steal share, tok/s:",
-            "",
-            "| engine | bs | processes | CPU ms a token | steal | tok/s |",
-            "|---|---:|---:|---|---|---|",
-            *(
-                f"| {h['engine']} | {h['batch_size']} | {h['processes']} "
-                f"| {', '.join(f'{x:.3f}' for x in h['cpu_ms_per_token'])} "
-                f"| {', '.join(f'{x:.1%}' for x in h['steal'])} | {', '.join(f'{x:.0f}' for x in h['tok_per_s'])} |"
-                for h in host_rows
-            ),
-        ]
-    facts: list[str] = []
-    if fact_rows := ran_with(result):
-        facts = [
-            "",
-            "what the counted engines ran with (their schedulers' own facts):",
-            "",
-            "| engine | schedulers | attention backend | draft-extend graph runner | needs_cpu_seq_lens by rank |",
-            "|---|---:|---|---|---|",
-            *(
-                f"| {f['engine']} | {f['schedulers']} | {', '.join(f['attn_backend'])} "
-                f"| {', '.join(f['draft_extend_graph_runner'])} | {f['needs_cpu_seq_lens'] or '-'} |"
-                for f in fact_rows
-            ),
-        ]
+    calls = result.get("calls") or []
+    decode = _section(
+        "decode only (sglang's logged rate over the steady batch):",
+        "| bs | graph | pair (OTHER over BASE) | rounds | median | min | max | tok/s BASE → OTHER |",
+        "|---:|---|---|---:|---:|---:|---:|---|",
+        decode_rows,
+    )
+    counted = _section(
+        "host waits per decode step (counters on):",
+        "| engine | bs | steps | waits | per step | sites |",
+        "|---|---:|---:|---:|---:|---|",
+        [
+            f"| {w['engine']} | {w['batch_size']} | {w['decode_steps']} | {w['waits']} "
+            f"| {w['per_step'] if w['per_step'] is not None else 'n/a'} "
+            f"| {'; '.join(f'{k} {v}' for k, v in list(w['sites'].items())[:4]) or '-'} |"
+            for w in waits(calls)
+        ],
+    )
+    gc = _section(
+        "garbage collection a call (SGLANG_LOG_GC engines), round by round:",
+        "| engine | bs | seconds in GC | gen-2 collections | decode tok/s |",
+        "|---|---:|---|---|---|",
+        [
+            f"| {g['engine']} | {g['batch_size']} | {', '.join(f'{x:.3f}' for x in g['gc_s'])} "
+            f"| {', '.join(map(str, g['gen2']))} "
+            f"| {', '.join(f'{x:.0f}' if x else '-' for x in g['decode_tok_per_s'])} |"
+            for g in collections(calls)
+        ],
+    )
+    host_lines = _section(
+        "the host a call (/proc), round by round: the engine's CPU ms a token (over its processes), steal share, tok/s:",
+        "| engine | bs | processes | CPU ms a token | steal | tok/s |",
+        "|---|---:|---:|---|---|---|",
+        [
+            f"| {h['engine']} | {h['batch_size']} | {h['processes']} "
+            f"| {', '.join(f'{x:.3f}' for x in h['cpu_ms_per_token'])} "
+            f"| {', '.join(f'{x:.1%}' for x in h['steal'])} | {', '.join(f'{x:.0f}' for x in h['tok_per_s'])} |"
+            for h in host(calls)
+        ],
+    )
+    facts = _section(
+        "what the counted engines ran with (their schedulers' own facts):",
+        "| engine | schedulers | attention backend | draft-extend graph runner | needs_cpu_seq_lens by rank |",
+        "|---|---:|---|---|---|",
+        [
+            f"| {f['engine']} | {f['schedulers']} | {', '.join(f['attn_backend'])} "
+            f"| {', '.join(f['draft_extend_graph_runner'])} | {f['needs_cpu_seq_lens'] or '-'} |"
+            for f in ran_with(result)
+        ],
+    )
     failed = [f"- {n}: {e['failure']}" for n, e in (result.get("engines") or {}).items() if e.get("failure")]
     return (
         "\n".join(head + lines + decode + counted + gc + host_lines + facts + ([""] + failed if failed else [])) + "\n"

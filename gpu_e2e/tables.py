@@ -94,7 +94,7 @@ def copies(results_root: Path) -> list[Path]:
 def printed(step: Path) -> str:
     results = load(step)
     parts = [("table.md", table(results)), ("speed.md", speed(results)), ("ranks.md", ranks(results))]
-    return "".join(f"# {name}\n\n{text}\n" for name, text in parts if text)
+    return "".join(f"# {name}\n\n{body}\n" for name, body in parts if body)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
