@@ -36,7 +36,7 @@ import time
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
-from . import bundle_kernels, dp, duel_report, duel_serve, engine_env, fa3_kernel, host_usage, launch
+from . import bundle_kernels, dp, duel_report, duel_serve, engine_env, fa3_kernel, host_usage, launch, py_stacks
 from .orchestrate import _device
 from .unpack import log, prepare_trees, unpacked_site
 
@@ -100,6 +100,8 @@ def parser() -> argparse.ArgumentParser:
         help="rounds that start past --deadline-s too (2026-11-28h: a TP 4 duel's serial start-up and "
         "warm-ups took 423 s, 3 s past its deadline, and it ran none)",
     )
+    ap.add_argument("--py-spy", default=None, help="py-spy's program: the timed calls' Python sampled (py_stacks.py)")
+    ap.add_argument("--py-spy-rounds", type=int, default=0, help="> 0: only the first N rounds sampled")
     ap.add_argument(
         "--once",
         action="append",
@@ -138,11 +140,12 @@ class Engine:
         except ProcessLookupError:
             pass
 
-    def call(self, message: dict, timeout: float, freeze: bool = True) -> dict:
+    def call(self, message: dict, timeout: float, freeze: bool = True, sample: tuple | None = None) -> dict:
         """One request to the thawed engine, frozen again after it unless ``freeze`` is False
-        (the next call of a burst follows at once)."""
+        (the next call of a burst follows at once); ``sample``: (py-spy's program, the file it writes)."""
         assert self.conn is not None, "called before it was up"
         self.signal(signal.SIGCONT)
+        spy = py_stacks.Sampler(sample[0], self.proc.pid, sample[1]) if sample else None
         try:
             before = host_usage.snapshot(self.proc.pid)
             self.conn.send(message)
@@ -155,6 +158,8 @@ class Engine:
             # illegal address): its failure is recorded and the other engines go on
             return {"error": f"engine gone ({type(exc).__name__}); see {self.log_path.name}"}
         finally:
+            if spy is not None:
+                spy.stop()
             if freeze:
                 self.signal(signal.SIGSTOP)
 
@@ -328,7 +333,13 @@ def main(argv: list[str] | None = None) -> int:
                     e = by_name[name]
                     for k in range(args.repeats):  # thawed once: the first generate of a burst is repeat 1
                         last = k == args.repeats - 1
-                        got = e.call({"op": "generate", "batch_size": bs}, args.call_timeout, freeze=last)
+                        sampled = args.py_spy and (not args.py_spy_rounds or r < args.py_spy_rounds)
+                        spy = (
+                            (args.py_spy, out / "stacks" / py_stacks.sample_name(name, bs, r + 1, k + 1))
+                            if sampled
+                            else None
+                        )
+                        got = e.call({"op": "generate", "batch_size": bs}, args.call_timeout, freeze=last, sample=spy)
                         repeat = {"repeat": k + 1} if args.repeats > 1 else {}
                         result["calls"].append({"round": r + 1, "batch_size": bs, "engine": name, **repeat, **got})
                         if "error" in got:

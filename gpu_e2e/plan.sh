@@ -193,13 +193,16 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
 
 duel() {  # gpus name args...: one duel.py call (the driver and every engine on GPUs "gpus")
   local gpus=$1 name=$2; shift 2
+  # PY_SPY (after 2026-11-29): py-spy's program; each timed call's Python is sampled (py_stacks.py),
+  # in the first PY_SPY_ROUNDS rounds only where that is set
+  local spy=(); [ -n "${PY_SPY:-}" ] && spy=(--py-spy "$PY_SPY" --py-spy-rounds "${PY_SPY_ROUNDS:-0}")
   mkdir -p "$R/$name"; note "gpu $gpus: start $name"
   # PIN=1: a one-lane duel's driver and engines (they inherit it) stay on the lane's cores
   local pin=(); [[ $gpus != *,* ]] && read -ra pin <<< "$(pin_of "$gpus")"
   (cd "$B12" && CUDA_VISIBLE_DEVICES=$gpus FLASHINFER_WORKSPACE_BASE=/tmp/fi${gpus//,/} \
      TRITON_CACHE_DIR=/tmp/triton${gpus//,/} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor${gpus//,/} \
      PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout "${DUEL_TIMEOUT_S:-1500}" "${pin[@]}" python3 -m pk_gpu_e2e.duel --out "$R/$name" \
-     --work "/tmp/pkd${gpus//,/}" "$@" > "$R/$name/console.log" 2>&1)
+     --work "/tmp/pkd${gpus//,/}" "${spy[@]}" "$@" > "$R/$name/console.log" 2>&1)
   note "gpu $gpus: end $name rc=$? ($(grep -c ' round .* done' "$R/$name/console.log") rounds)"
 }
 

@@ -396,6 +396,16 @@ def test_batch_sizes_replace_a_duels_own(tmp_path):
     }
 
 
+def test_py_spy_samples_a_duels_first_rounds(tmp_path):
+    """PY_SPY (after 2026-11-29): every duel call of the plan gets py-spy's program and the rounds
+    it samples (py_stacks.py); without it, no duel is sampled."""
+    calls, _ = _run_plan(tmp_path, LANES="0", STEPS="fa3_8b_duel-r1", PY_SPY="/tmp/pyspy/bin/py-spy", PY_SPY_ROUNDS="4")
+    (call,) = calls
+    assert (_arg(call, "--py-spy"), _arg(call, "--py-spy-rounds")) == ("/tmp/pyspy/bin/py-spy", "4")
+    calls, _ = _run_plan(tmp_path / "again", LANES="0", STEPS="fa3_8b_duel-r1")
+    assert "--py-spy" not in calls[0]["args"]
+
+
 def test_a_quiet_step_runs_with_every_other_lane_idle(tmp_path):
     """QUIET (2026-11-28f: a busy neighbour lane slowed a launch-bound engine 1.55x a step): the
     steps named run with no other step running on any lane; the others still run side by side."""
