@@ -406,6 +406,14 @@ def test_py_spy_samples_a_duels_first_rounds(tmp_path):
     assert "--py-spy" not in calls[0]["args"]
 
 
+def test_a_flashinfer_step_without_compiled_caches_waits_for_its_jit_builds(tmp_path):
+    """2026-11-29: a fresh machine's first FlashInfer engine ran past the small shape's 330 s on
+    its JIT builds; without CACHES a FlashInfer step's runs get 600 s, the others keep theirs."""
+    calls, _ = _run_plan(tmp_path, LANES="0", STEPS="flashinfer_prof-r1 triton_check-r1")
+    timeouts = {Path(_arg(c, "--out")).name: _arg(c, "--run-timeout") for c in calls}
+    assert timeouts == {"flashinfer_prof-r1-b12": "600", "triton_check-r1-b12": "330"}
+
+
 def test_a_quiet_step_runs_with_every_other_lane_idle(tmp_path):
     """QUIET (2026-11-28f: a busy neighbour lane slowed a launch-bound engine 1.55x a step): the
     steps named run with no other step running on any lane; the others still run side by side."""
