@@ -100,7 +100,7 @@ def parser() -> argparse.ArgumentParser:
         help="rounds that start past --deadline-s too (2026-11-28h: a TP 4 duel's serial start-up and "
         "warm-ups took 423 s, 3 s past its deadline, and it ran none)",
     )
-    ap.add_argument("--py-spy", default=None, help="py-spy's program: the timed calls' Python sampled (py_stacks.py)")
+    ap.add_argument("--py-spy", type=py_stacks.program, help="py-spy's program: timed calls sampled (py_stacks.py)")
     ap.add_argument("--py-spy-rounds", type=int, default=0, help="> 0: only the first N rounds sampled")
     ap.add_argument(
         "--once",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import signal
 import subprocess
 from collections import Counter
@@ -33,6 +34,14 @@ from typing import Optional
 
 RATE = 100  # samples a second: enough for a 2-5 s call, light on the host
 _PROCESS = re.compile(r'^process (\d+):"(.*)"$')
+
+
+def program(path: str) -> str:
+    """``--py-spy``'s value: an executable py-spy, or a one-line refusal before any engine starts."""
+    found = shutil.which(path)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{path}: no such program (py-spy's wheel installs bin/py-spy)")
+    return found
 
 
 class Sampler:

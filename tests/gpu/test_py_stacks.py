@@ -145,3 +145,12 @@ def test_the_duel_samples_the_first_rounds_timed_calls_only(tmp_path, monkeypatc
     result = json.loads((out / "duel.json").read_text())
     pids = {json.loads((out / "stacks" / f"{n}-bs4-r1.txt.argv").read_text())[2] for n in ("pristine", "patched")}
     assert len(pids) == 2 and len(result["calls"]) == 4  # each engine's own runner, every call timed
+
+
+def test_a_py_spy_that_is_not_there_is_refused_before_any_engine_starts(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        duel.parser().parse_args(
+            ["--out", str(tmp_path), "--engine", "a=b:1:pristine", "--py-spy", str(tmp_path / "no")]
+        )
+    assert "no such program" in capsys.readouterr().err
+    assert py_stacks.program(_fake_py_spy(tmp_path)) == str(tmp_path / "py-spy")
