@@ -27,6 +27,7 @@ import json
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -137,13 +138,9 @@ def engine_profile(run: Path, engine: str, batch_size: int, kind: str = "schedul
 
 
 def _median_of(per_call: list[dict], key: str) -> dict[str, float]:
+    """Each function's median over the calls (0 in a call that never sampled it)."""
     names = {n for p in per_call for n in p[key]}
-    out = {}
-    for name in names:
-        values = sorted(p[key].get(name, 0.0) for p in per_call)
-        mid = len(values) // 2
-        out[name] = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-    return out
+    return {n: statistics.median([p[key].get(n, 0.0) for p in per_call]) for n in names}
 
 
 def sample_name(engine: str, batch_size: int, round_no: int, repeat: int = 1) -> str:

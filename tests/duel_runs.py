@@ -1,5 +1,5 @@
 """Reading a committed duel run (docs/results/gpu-duel-*/<step>.json) back in the GPU
-evidence tests (tests/gpu/test_gpu_duel_fifth.py ... test_gpu_duel_eighth.py)."""
+evidence tests (tests/gpu/test_gpu_duel_fifth.py ... test_gpu_duel_tenth.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ from gpu_e2e import duel_report
 
 def load(run: Path, name: str) -> dict:
     return json.loads((run / f"{name}.json").read_text())
+
+
+def profile(run: Path, name: str) -> dict:
+    """The one cell of a committed ``<name>-compare.json`` (profile_compare's): its comparison."""
+    (cell,) = json.loads((run / f"{name}-compare.json").read_text())["cells"].values()
+    return cell["compare"]
 
 
 def assert_recomputes(result: dict, commit: str) -> None:

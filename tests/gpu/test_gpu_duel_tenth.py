@@ -25,8 +25,7 @@ def _run(name: str) -> dict:
 
 
 def _profile(name: str) -> dict:
-    (cell,) = json.loads((RUN / f"{name}-compare.json").read_text())["cells"].values()
-    return cell["compare"]
+    return duel_runs.profile(RUN, name)
 
 
 def test_every_duel_is_of_its_commit_on_one_gpu():
