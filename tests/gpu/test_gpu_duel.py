@@ -200,7 +200,7 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
     call answered, the pristine stand-in twice as slow, outputs identical, and each runner
     shut down."""
     pytest.importorskip("torch")  # the bundle's sitecustomize counts syncs in the runner
-    monkeypatch.setenv("PK_FAKE_CALL_S", "0.05")
+    monkeypatch.setenv("PK_FAKE_CALL_S", "0.1")
     b = fake_bundle(tmp_path)
     out = tmp_path / "out"
     rc = duel.main(
@@ -235,7 +235,10 @@ def test_the_duel_times_each_tree_in_turn_and_compares_them(tmp_path, monkeypatc
     assert set(rows) == {(bs, p) for bs in (1, 4) for p in ("pristine:patched", "patched:patched-again")}
     assert all(r["identical"] for r in rows.values())
     assert rows[(4, "pristine:patched")]["eager"] and not rows[(1, "pristine:patched")]["eager"]
-    assert all(1.5 < x < 2.5 for bs in (1, 4) for x in rows[(bs, "pristine:patched")]["ratios"])
+    # wall time on a loaded CI machine only shows the direction (the stand-in sleeps 0.2 s
+    # against 0.1 s); the exact figure is the rate the scheduler's log gave (100 against 200)
+    assert all(x > 1 for bs in (1, 4) for x in rows[(bs, "pristine:patched")]["ratios"])
+    assert all(rows[(bs, "pristine:patched")]["decode"]["ratios"] == [2.0, 2.0] for bs in (1, 4))
     again = result["engines"]["patched-again"]
     assert again["env"] == {"PK_FAKE_MARK": "again", "SGLANG_LOG_GC": "1"} and again["env_ok"], again
     # its garbage collections as sglang logs them, per call; the other engines log none
