@@ -158,6 +158,7 @@ def test_the_eager_decode_plan_sends_a_pinned_range(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self) or self)
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: any(self is p for p in pinned))
+    monkeypatch.setattr(fhi, "_host_ones", lambda n: torch.ones(n, dtype=torch.int32))  # not this test's subject
     planned = []
     wrapper = SimpleNamespace(is_cuda_graph_enabled=False, begin_forward=lambda *a, **k: planned.append(a))
     host = torch.arange(6, dtype=torch.int32)
@@ -169,3 +170,35 @@ def test_the_eager_decode_plan_sends_a_pinned_range(monkeypatch):
     wrapper.is_cuda_graph_enabled = True
     fhi.decode_plan_from_host(wrapper, host)(host, host, host[:5], 8, 8, 64, 1)
     assert cache == {}
+
+
+def test_each_builder_makes_one_fresh_host_array_and_shares_only_constants(monkeypatch):
+    """2026-11-29's profile read 13 pin_memory calls a step. Now one fresh (pinned on CUDA)
+    allocation a builder; the arrays that are the same numbers every step (the verify's
+    qo_indptr, the last-page ones) are made once. The varying arrays are never handed out
+    twice: a queued copy may still read them."""
+    made = []
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(a) or empty(*a, **k))
+    backend, lens = SimpleNamespace(dispatch_reason=None), torch.tensor([5, 2, 1], dtype=torch.int32)
+    first = fhi.verify_host_plan(backend, verify_spec(2), lens, 3, 8)
+    made.clear()
+    second = fhi.verify_host_plan(backend, verify_spec(2), lens, 3, 8)
+    assert len(made) == 1 and second.qo_indptr is first.qo_indptr and second.last_page_len is first.last_page_len
+    assert second.kv_indptr.untyped_storage().data_ptr() != first.kv_indptr.untyped_storage().data_ptr()
+    assert second.kv_indptr.tolist() == first.kv_indptr.tolist() == [0, 7, 11, 14]
+    assert second.kv_lens.tolist() == [7, 4, 3] and second.kv_len_sum == 14
+    batch = SimpleNamespace(
+        seq_lens_cpu=lens,
+        spec_info=SimpleNamespace(positions=torch.zeros(3)),
+        batch_size=3,
+        seq_lens_sum=8,
+        forward_mode=SimpleNamespace(is_draft_extend_v2=lambda: True),
+        extend_prefix_lens_cpu=[4, 1, 0],
+    )
+    made.clear()
+    extend = fhi.draft_extend_host_plan(backend, batch, use_ragged=True)
+    assert extend.qo_indptr.tolist() == [0, 1, 2, 3] and extend.kv_indptr.tolist() == [0, 4, 5, 5]
+    assert fhi.draft_host_indptr(batch, 1, 3).tolist() == [[0, 6, 9, 11], [0, 7, 11, 14], [0, 8, 13, 17]]
+    assert fhi._host_ones(3) is fhi._host_ones(3) and fhi._host_ones(3).tolist() == [1, 1, 1]
+    assert len(made) == 2
