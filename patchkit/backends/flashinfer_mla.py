@@ -42,18 +42,18 @@ _NONE = (None, None, None)
 
 def _host_plan(qo_lens: Any, kv_lens: Any) -> tuple:
     """``(qo_indptr, kv_indptr, kv_len_arr)``, int32 on the host, pinned where
-    CUDA is there. Fresh tensors each step, not reused buffers: the plan
-    copies them to the device without waiting (``non_blocking``), and torch's
-    caching host allocator hands a pinned block out again only once the
-    copies that read it have run, so a later step never overwrites bytes a
-    queued copy has yet to read."""
+    CUDA is there: three views of one fresh allocation a plan (2026-11-29: a
+    pinned allocation for each array made host work in a host-bound eager
+    step). Fresh each step, not a reused buffer: the plan copies them to the
+    device without waiting (``non_blocking``), and torch's caching host
+    allocator hands a pinned block out again only once the copies that read
+    it have run, so a later step never overwrites bytes a queued copy has yet
+    to read."""
     import torch
 
-    pin = torch.cuda.is_available()
     bs = len(kv_lens)
-    qo_indptr = torch.zeros((bs + 1,), dtype=torch.int32, pin_memory=pin)
-    kv_indptr = torch.zeros((bs + 1,), dtype=torch.int32, pin_memory=pin)
-    kv_len_arr = torch.empty((bs,), dtype=torch.int32, pin_memory=pin)
+    fresh = torch.zeros((3 * bs + 2,), dtype=torch.int32, pin_memory=torch.cuda.is_available())
+    qo_indptr, kv_indptr, kv_len_arr = fresh[: bs + 1], fresh[bs + 1 : 2 * bs + 2], fresh[2 * bs + 2 :]
     kv_len_arr.copy_(kv_lens)
     torch.cumsum(torch.as_tensor(qo_lens, dtype=torch.int32), dim=0, out=qo_indptr[1:])
     torch.cumsum(kv_len_arr, dim=0, out=kv_indptr[1:])
