@@ -11,20 +11,25 @@ The plan's log now records the host's cores (``--describe``) and each lane's CPU
     python3 -m pk_gpu_e2e.cpu_lanes LANE LANES        # prints a taskset list: "0-7,16-23"
     python3 -m pk_gpu_e2e.cpu_lanes --describe        # the host's cores, for the plan's log
 
-Standard library only (it runs on the device machine before any engine).
+Standard library only (it runs on the device machine before any engine). ``pin_group`` holds
+a running engine's threads to given CPUs (the duel's ``--cpus``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
+from . import host_usage
+
 SYSFS = Path("/sys/devices/system/cpu")
+PROC = Path("/proc")
 
 
-def _ids(text: str) -> list[int]:
-    """A sysfs CPU list ("0-3,8,10-11") as numbers."""
+def cpu_list(text: str) -> list[int]:
+    """A CPU list as sysfs and taskset write it ("0-3,8,10-11") as numbers."""
     out: list[int] = []
     for part in filter(None, text.strip().split(",")):
         lo, _, hi = part.partition("-")
@@ -34,7 +39,7 @@ def _ids(text: str) -> list[int]:
 
 def physical_cores(sysfs: Path = SYSFS) -> list[list[int]]:
     """The online logical CPUs grouped by physical core, ordered by (package, core id)."""
-    online = _ids((sysfs / "online").read_text()) if (sysfs / "online").exists() else None
+    online = cpu_list((sysfs / "online").read_text()) if (sysfs / "online").exists() else None
     cores: dict[tuple[int, int], list[int]] = {}
     for cpu_dir in sysfs.iterdir():
         match = re.fullmatch(r"cpu(\d+)", cpu_dir.name)
@@ -71,6 +76,44 @@ def taskset_list(cpus: list[int]) -> str:
         else:
             runs.append([cpu, cpu])
     return ",".join(f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in runs)
+
+
+def allowed(text: str) -> list[int]:
+    """``--cpus``'s value: a CPU list this process may run on, or a one-line refusal."""
+    try:
+        cpus = cpu_list(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a CPU list (e.g. 2-3 or 2,10)") from None
+    outside = sorted(set(cpus) - os.sched_getaffinity(0))
+    if not cpus or outside:
+        have = taskset_list(sorted(os.sched_getaffinity(0)))
+        raise argparse.ArgumentTypeError(f"{text!r}: CPU(s) {outside or 'none'} not among this host's {have}")
+    return sorted(set(cpus))
+
+
+def pin_group(pgid: int, cpus: list[int], proc: Path = PROC) -> dict:
+    """Every thread of every live process in process group ``pgid`` (an engine: its runner,
+    sglang's scheduler and detokenizer) held to ``cpus`` (``sched_setaffinity``, thread by
+    thread: a process's affinity call moves only the thread named). The duel's ``--cpus``
+    (2026-11-29): the tenth run's FA3 8B engines each ran one busy thread whose speed moved
+    1.9-2.1x between calls, and the trees' calls were barely correlated round by round, so
+    each engine's thread may have sat on cores of its own speed for the whole duel. Held to
+    the same CPUs, the trees' calls (one at a time) share whatever those cores' speed is.
+    Returns the list as taskset writes it and the threads held (a thread gone meanwhile is
+    skipped; new ones inherit their creator's affinity)."""
+    threads = 0
+    for entry, _ in host_usage.group_members(pgid, proc):
+        try:
+            tids = [int(t.name) for t in (entry / "task").iterdir()]
+        except OSError:  # gone since the listing
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+                threads += 1
+            except ProcessLookupError:
+                pass
+    return {"cpus": taskset_list(cpus), "threads": threads}
 
 
 def describe(cores: list[list[int]]) -> str:

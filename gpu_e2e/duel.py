@@ -36,7 +36,18 @@ import time
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
-from . import bundle_kernels, dp, duel_report, duel_serve, engine_env, fa3_kernel, host_usage, launch, py_stacks
+from . import (
+    bundle_kernels,
+    cpu_lanes,
+    dp,
+    duel_report,
+    duel_serve,
+    engine_env,
+    fa3_kernel,
+    host_usage,
+    launch,
+    py_stacks,
+)
 from .orchestrate import _device
 from .unpack import log, prepare_trees, unpacked_site
 
@@ -102,6 +113,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--py-spy", type=py_stacks.program, help="py-spy's program: timed calls sampled (py_stacks.py)")
     ap.add_argument("--py-spy-rounds", type=int, default=0, help="> 0: only the first N rounds sampled")
+    ap.add_argument("--cpus", type=cpu_lanes.allowed, help="CPU list every engine's threads are held to once up")
     ap.add_argument(
         "--once",
         action="append",
@@ -315,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         live = [e for e in engines if e.failure is None]
         for e in engines:
             result["engines"][e.name] = {"start_s": e.start_s, "failure": e.failure, "ready": e.ready}
+            if args.cpus and e in live:  # held there from the warm-up on (cpu_lanes.pin_group)
+                result["engines"][e.name]["pinned"] = cpu_lanes.pin_group(e.proc.pid, args.cpus)
         _write(out, result, args)
         for e in live:  # warm-up: each batch size once per engine (JIT, allocator), untimed
             for bs in batch_sizes * args.warmups:
@@ -333,12 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                     e = by_name[name]
                     for k in range(args.repeats):  # thawed once: the first generate of a burst is repeat 1
                         last = k == args.repeats - 1
-                        sampled = args.py_spy and (not args.py_spy_rounds or r < args.py_spy_rounds)
-                        spy = (
-                            (args.py_spy, out / "stacks" / py_stacks.sample_name(name, bs, r + 1, k + 1))
-                            if sampled
-                            else None
-                        )
+                        spy = py_stacks.sample_of(args, out, name, bs, r + 1, k + 1)
                         got = e.call({"op": "generate", "batch_size": bs}, args.call_timeout, freeze=last, sample=spy)
                         repeat = {"repeat": k + 1} if args.repeats > 1 else {}
                         result["calls"].append({"round": r + 1, "batch_size": bs, "engine": name, **repeat, **got})
@@ -355,20 +364,10 @@ def main(argv: list[str] | None = None) -> int:
             entry = result["engines"].setdefault(e.name, {})
             entry["failure"] = e.failure
             if specs[e.name].get("env"):
-                entry.update(_env_arrived(out / f"runner-{e.name}.json", specs[e.name]["env"]))
+                entry.update(engine_env.arrived(out / f"runner-{e.name}.json", specs[e.name]["env"]))
         _write(out, result, args)
     print((out / "duel.md").read_text())
     return 0 if all(e.failure is None for e in engines) else 1
-
-
-def _env_arrived(runner_json: Path, asked: dict) -> dict:
-    """What the engine's processes saw of its variables (the runner's ``engine_env_seen``:
-    the runner and each of sglang's processes that noted them; their number is kept) and
-    whether every one saw them as asked."""
-    seen = json.loads(runner_json.read_text()).get("engine_env_seen") if runner_json.exists() else None
-    seen = seen or {}
-    ok = bool(seen) and all(v == asked for v in seen.values())
-    return {"env": asked, "env_seen": seen, "env_processes": len(seen), "env_ok": ok}
 
 
 def _overlay(bundle: Path, release: str, tree: str) -> dict:

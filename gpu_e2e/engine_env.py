@@ -17,9 +17,11 @@ than the runner and one engine process noting, a PROBLEM (:func:`problems`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 ENV_KEYS = "PK_E2E_ENGINE_ENV"
 NOTE = "engine_env"
@@ -91,3 +93,13 @@ def problems(key: str, asked: Mapping[str, str], run: Mapping, least: int = 2) -
         for who, env in sorted(got.items())
         if env != dict(asked)
     ]
+
+
+def arrived(runner_json: Path, asked: dict) -> dict:
+    """What the engine's processes saw of its variables (the runner's ``engine_env_seen``:
+    the runner and each of sglang's processes that noted them; their number is kept) and
+    whether every one saw them as asked."""
+    seen = json.loads(runner_json.read_text()).get("engine_env_seen") if runner_json.exists() else None
+    seen = seen or {}
+    ok = bool(seen) and all(v == asked for v in seen.values())
+    return {"env": asked, "env_seen": seen, "env_processes": len(seen), "env_ok": ok}

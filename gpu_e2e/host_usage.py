@@ -22,6 +22,7 @@ lost, not counted twice.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -41,11 +42,9 @@ def host_cpu(proc: Path = PROC) -> dict[str, int]:
     raise ValueError(f"{proc / 'stat'}: no cpu line")
 
 
-def group_cpu(pgid: int, proc: Path = PROC) -> tuple[int, int]:
-    """User + system ticks of every live process whose process group is ``pgid``, and how
-    many processes that is (sglang's scheduler must be among them for the figure to mean
-    anything: the count says it was)."""
-    total = count = 0
+def group_members(pgid: int, proc: Path = PROC) -> Iterator[tuple[Path, list[str]]]:
+    """Each live process whose process group is ``pgid``: its /proc folder and its ``stat``
+    fields after the command name (state, ppid, pgrp, ...; utime and stime are 11 and 12)."""
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -55,9 +54,18 @@ def group_cpu(pgid: int, proc: Path = PROC) -> tuple[int, int]:
             continue
         # the command name sits in parentheses and may hold spaces or parentheses itself
         fields = raw[raw.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid:  # state, ppid, pgrp, ...; utime and stime are 11 and 12
-            total += int(fields[11]) + int(fields[12])
-            count += 1
+        if int(fields[2]) == pgid:
+            yield entry, fields
+
+
+def group_cpu(pgid: int, proc: Path = PROC) -> tuple[int, int]:
+    """User + system ticks of every live process whose process group is ``pgid``, and how
+    many processes that is (sglang's scheduler must be among them for the figure to mean
+    anything: the count says it was)."""
+    total = count = 0
+    for _, fields in group_members(pgid, proc):
+        total += int(fields[11]) + int(fields[12])
+        count += 1
     return total, count
 
 

@@ -125,6 +125,9 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
   # the control (a second patched engine) at the small shape; 0.5.17 beside where asked and it fits
   # (8B: three engines need more than an 80 GB card)
   [ "$shape" = small ] && [[ $cell != flashinfer* && $cell != dsa* ]] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
+  # AGAIN=1 (2026-11-29): the control at 8B too, where the card holds four engines (an H200 does:
+  # the tenth run's 8B deficit against pristine may be each engine's own host, which it separates)
+  [ "$shape" = 8b ] && [ "${AGAIN:-0}" = 1 ] && [ "${mib:-0}" -gt 120000 ] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
   if with17 "$step" && [[ $cell != dsa* ]] && { [ "$shape" != 8b ] || [ "${mib:-0}" -gt 100000 ]; }; then
     eng+=(--engine "upstream=$B17:0.5.17:upstream")
   fi
@@ -195,14 +198,17 @@ duel() {  # gpus name args...: one duel.py call (the driver and every engine on 
   local gpus=$1 name=$2; shift 2
   # PY_SPY (after 2026-11-29): py-spy's program; each timed call's Python is sampled (py_stacks.py),
   # in the first PY_SPY_ROUNDS rounds only where that is set
-  local spy=(); [ -n "${PY_SPY:-}" ] && spy=(--py-spy "$PY_SPY" --py-spy-rounds "${PY_SPY_ROUNDS:-0}")
+  local opts=(); [ -n "${PY_SPY:-}" ] && opts=(--py-spy "$PY_SPY" --py-spy-rounds "${PY_SPY_ROUNDS:-0}")
+  # DUEL_CPUS (after 2026-11-29): a CPU list every engine's threads are held to once up, the same
+  # for every tree (e.g. "$(python3 -m pk_gpu_e2e.cpu_lanes 1 4)": two whole cores past core 0)
+  [ -n "${DUEL_CPUS:-}" ] && opts+=(--cpus "$DUEL_CPUS")
   mkdir -p "$R/$name"; note "gpu $gpus: start $name"
   # PIN=1: a one-lane duel's driver and engines (they inherit it) stay on the lane's cores
   local pin=(); [[ $gpus != *,* ]] && read -ra pin <<< "$(pin_of "$gpus")"
   (cd "$B12" && CUDA_VISIBLE_DEVICES=$gpus FLASHINFER_WORKSPACE_BASE=/tmp/fi${gpus//,/} \
      TRITON_CACHE_DIR=/tmp/triton${gpus//,/} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor${gpus//,/} \
      PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout "${DUEL_TIMEOUT_S:-1500}" "${pin[@]}" python3 -m pk_gpu_e2e.duel --out "$R/$name" \
-     --work "/tmp/pkd${gpus//,/}" "${spy[@]}" "$@" > "$R/$name/console.log" 2>&1)
+     --work "/tmp/pkd${gpus//,/}" "${opts[@]}" "$@" > "$R/$name/console.log" 2>&1)
   note "gpu $gpus: end $name rc=$? ($(grep -c ' round .* done' "$R/$name/console.log") rounds)"
 }
 

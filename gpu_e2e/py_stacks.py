@@ -147,6 +147,14 @@ def sample_name(engine: str, batch_size: int, round_no: int, repeat: int = 1) ->
     return f"{engine}-bs{batch_size}-r{round_no}" + (f"-{repeat}" if repeat > 1 else "") + ".txt"
 
 
+def sample_of(args, out: Path, engine: str, batch_size: int, round_no: int, repeat: int) -> tuple | None:
+    """The duel's ``sample`` for one call: (py-spy's program, the file it writes), or None where
+    ``--py-spy`` is not given or the round is past ``--py-spy-rounds``."""
+    if not args.py_spy or (args.py_spy_rounds and round_no > args.py_spy_rounds):
+        return None
+    return args.py_spy, out / "stacks" / sample_name(engine, batch_size, round_no, repeat)
+
+
 def compare(base: dict, other: dict, key: str = "inclusive", top: int = 25) -> list[dict]:
     """Functions by the difference of their ms a step, largest first (other minus base)."""
     names = set(base[key]) | set(other[key])

@@ -3,6 +3,8 @@ CPUs 0-15 and 16-31 share every core of a 16-core host numbered as below)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpu_e2e import cpu_lanes
@@ -47,3 +49,39 @@ def test_the_command_line_prints_a_taskset_list(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "2-3,6-7"
     assert cpu_lanes.main(["--describe", "--sysfs", str(root)]) == 0
     assert "4 physical cores" in capsys.readouterr().out
+
+
+def test_an_engines_threads_are_held_to_the_cpus_asked(tmp_path):
+    """The duel's --cpus (2026-11-29): every thread of every process in the engine's group,
+    the threads started before the call included, runs on the CPUs asked."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    cpu = min(os.sched_getaffinity(0))
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        task = Path(f"/proc/{proc.pid}/task")
+        deadline = time.monotonic() + 20
+        while len(list(task.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = cpu_lanes.pin_group(proc.pid, [cpu])
+        assert got == {"cpus": str(cpu), "threads": 2}
+        assert all(os.sched_getaffinity(int(t.name)) == {cpu} for t in task.iterdir())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_cpus_outside_the_host_are_refused_in_one_line():
+    import argparse
+    import os
+
+    have = sorted(os.sched_getaffinity(0))
+    assert cpu_lanes.allowed(cpu_lanes.taskset_list(have)) == have
+    for bad in ("x", "", f"{max(have) + 1}"):
+        with pytest.raises(argparse.ArgumentTypeError) as err:
+            cpu_lanes.allowed(bad)
+        assert "\n" not in str(err.value)

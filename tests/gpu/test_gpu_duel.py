@@ -4,6 +4,7 @@ interleaved round by round, the others frozen; on CPU with the stand-in Engine."
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from fake_engine_bundle import fake_bundle
@@ -318,7 +319,11 @@ def test_min_rounds_start_past_the_deadline(tmp_path, monkeypatch):
             *("--engine", f"pristine={b}:9.9:pristine", "--engine", f"patched={b}:9.9:patched"),
             *("--batch-sizes", "4", "--rounds", "3", "--max-new-tokens", "8", "--deadline-s", "1"),
             *("--min-rounds", "2", "--engine-extra", '{"cuda_graph_max_bs": 2}', "--attention-backend", "triton"),
+            *("--cpus", str(min(os.sched_getaffinity(0)))),
         ]
     )
     result = json.loads((out / "duel.json").read_text())
     assert rc == 0 and sorted({c["round"] for c in result["calls"]}) == [1, 2]
+    # --cpus: each engine's threads held to the CPU asked once it was up
+    for engine in result["engines"].values():
+        assert engine["pinned"]["cpus"] == str(min(os.sched_getaffinity(0))) and engine["pinned"]["threads"] >= 1

@@ -32,14 +32,19 @@ print("verdict: stub")
 """
 
 
-def _run_plan(tmp_path, missing: tuple[str, ...] = (), **extra: str) -> tuple[list[dict], str]:
+def _run_plan(tmp_path, missing: tuple[str, ...] = (), gpu_mib: int = 0, **extra: str) -> tuple[list[dict], str]:
     log = tmp_path / "calls.jsonl"
     for name in ("b12", "b17"):
         (tmp_path / name / "e2e" / "pk_gpu_e2e").mkdir(parents=True)
         (tmp_path / name / "e2e" / "pk_gpu_e2e" / "__init__.py").write_text("")
         for module in ("orchestrate.py", "duel.py"):
             (tmp_path / name / "e2e" / "pk_gpu_e2e" / module).write_text(STUB)
-        for module in ("cpu_lanes.py", "compile_caches.py", "bundle_parts.py"):  # PIN=1's lanes, CACHES, HARVEST
+        for module in (
+            "cpu_lanes.py",
+            "host_usage.py",
+            "compile_caches.py",
+            "bundle_parts.py",
+        ):  # PIN=1, CACHES, HARVEST
             shutil.copy2(ROOT / "gpu_e2e" / module, tmp_path / name / "e2e" / "pk_gpu_e2e")
         (tmp_path / name / "manifest.json").write_text("{}")
     for name in ("fa3", "fa3_17"):
@@ -49,6 +54,9 @@ def _run_plan(tmp_path, missing: tuple[str, ...] = (), **extra: str) -> tuple[li
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(sys.executable)
+    if gpu_mib:  # the card's memory, as the plan asks nvidia-smi for it
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho {gpu_mib}\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
     env = dict(
         os.environ,
         R=str(tmp_path / "run"),
@@ -404,6 +412,18 @@ def test_py_spy_samples_a_duels_first_rounds(tmp_path):
     assert (_arg(call, "--py-spy"), _arg(call, "--py-spy-rounds")) == ("/tmp/pyspy/bin/py-spy", "4")
     calls, _ = _run_plan(tmp_path / "again", LANES="0", STEPS="fa3_8b_duel-r1")
     assert "--py-spy" not in calls[0]["args"]
+
+
+def test_duel_cpus_and_the_8b_control_on_a_card_that_holds_four_engines(tmp_path):
+    """After 2026-11-29: DUEL_CPUS holds every engine of a duel to the same CPUs (duel.py --cpus);
+    AGAIN=1 adds the patched-again control at 8B where the card has over 120 GB."""
+    calls, _ = _run_plan(tmp_path, LANES="0", STEPS="fa3_8b_duel-r1", DUEL_CPUS="2-5", AGAIN="1", gpu_mib=143771)
+    (call,) = calls
+    engines = [a.split("=")[0] for i, a in enumerate(call["args"]) if call["args"][i - 1] == "--engine"]
+    assert _arg(call, "--cpus") == "2-5" and engines == ["pristine", "patched", "patched-again", "upstream"]
+    calls, _ = _run_plan(tmp_path / "h100", LANES="0", STEPS="fa3_8b_duel-r1", AGAIN="1", gpu_mib=81559)
+    engines = [a.split("=")[0] for i, a in enumerate(calls[0]["args"]) if calls[0]["args"][i - 1] == "--engine"]
+    assert "--cpus" not in calls[0]["args"] and engines == ["pristine", "patched"]  # an 80 GB card: no 0.5.17 either
 
 
 def test_a_flashinfer_step_without_compiled_caches_waits_for_its_jit_builds(tmp_path):
