@@ -279,10 +279,15 @@ def markdown(result: dict) -> str:
             for f in ran_with(result)
         ],
     )
-    failed = [f"- {n}: {e['failure']}" for n, e in (result.get("engines") or {}).items() if e.get("failure")]
-    return (
-        "\n".join(head + lines + decode + counted + gc + host_lines + facts + ([""] + failed if failed else [])) + "\n"
-    )
+    engines = (result.get("engines") or {}).items()
+    failed = [f"- {n}: {e['failure']}" for n, e in engines if e.get("failure")]
+    pinned = [
+        f"- {n}: held to CPUs {e['pinned']['cpus']} ({e['pinned']['threads']} threads)"
+        for n, e in engines
+        if e.get("pinned")
+    ]
+    notes = [""] + pinned + failed if pinned or failed else []
+    return "\n".join(head + lines + decode + counted + gc + host_lines + facts + notes) + "\n"
 
 
 def pooled(results: list[dict], pair: str) -> list[dict]:

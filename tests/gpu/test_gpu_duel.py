@@ -327,3 +327,4 @@ def test_min_rounds_start_past_the_deadline(tmp_path, monkeypatch):
     # --cpus: each engine's threads held to the CPU asked once it was up
     for engine in result["engines"].values():
         assert engine["pinned"]["cpus"] == str(min(os.sched_getaffinity(0))) and engine["pinned"]["threads"] >= 1
+    assert f"- patched: held to CPUs {min(os.sched_getaffinity(0))} (" in (out / "duel.md").read_text()
