@@ -116,9 +116,23 @@ def pin_group(pgid: int, cpus: list[int], proc: Path = PROC) -> dict:
     return {"cpus": taskset_list(cpus), "threads": threads}
 
 
-def describe(cores: list[list[int]]) -> str:
+def numa_nodes(sysfs: Path = SYSFS) -> list[str]:
+    """Each NUMA node's CPU list as sysfs writes it (``node/nodeN/cpulist``), in node order."""
+    nodes = sysfs.parent / "node"
+    found = sorted(
+        (int(d.name[4:]), (d / "cpulist").read_text().strip())
+        for d in (nodes.iterdir() if nodes.is_dir() else [])
+        if re.fullmatch(r"node\d+", d.name) and (d / "cpulist").exists()
+    )
+    return [cpus for _, cpus in found]
+
+
+def describe(cores: list[list[int]], numa: list[str] | None = None) -> str:
+    """The host's cores for the plan's log; with ``numa``, its NUMA nodes' CPUs too (an engine
+    whose memory sits on the node away from the GPU is slower at every step: 2026-11-29)."""
     threads = sorted({len(c) for c in cores})
-    return f"{len(cores)} physical cores, {sum(map(len, cores))} logical CPUs, threads a core {threads}"
+    text = f"{len(cores)} physical cores, {sum(map(len, cores))} logical CPUs, threads a core {threads}"
+    return text + (f"; NUMA nodes {' | '.join(numa)}" if numa else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cores = physical_cores(args.sysfs)
     if args.describe:
-        print(describe(cores))
+        print(describe(cores, numa_nodes(args.sysfs)))
         return 0
     if args.lane is None or args.lanes is None:
         ap.error("LANE and LANES are needed (or --describe)")

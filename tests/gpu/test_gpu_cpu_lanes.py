@@ -31,6 +31,11 @@ def test_two_lanes_of_a_hyperthreaded_host_share_no_core(tmp_path):
     assert cpu_lanes.taskset_list(lanes[0]) == "0-7,16-23" and cpu_lanes.taskset_list(lanes[1]) == "8-15,24-31"
     assert not set(lanes[0]) & set(lanes[1])
     assert cpu_lanes.describe(cores) == "16 physical cores, 32 logical CPUs, threads a core [2]"
+    for n, cpus in enumerate(("0-7,16-23", "8-15,24-31")):
+        (tmp_path / "node" / f"node{n}").mkdir(parents=True)
+        (tmp_path / "node" / f"node{n}" / "cpulist").write_text(cpus + "\n")
+    numa = cpu_lanes.numa_nodes(tmp_path / "cpu")
+    assert cpu_lanes.describe(cores, numa).endswith("; NUMA nodes 0-7,16-23 | 8-15,24-31")
 
 
 def test_uneven_lanes_offline_cpus_and_too_many_lanes(tmp_path):
