@@ -299,4 +299,4 @@ def test_a_worker_killed_while_it_sends_a_result_does_not_hold_up_the_exit(tmp_p
     sent = time.monotonic()
     _stop(pool)
     took = time.monotonic() - sent
-    assert not manager.is_alive() and took < 0.5, took
+    assert not manager.is_alive() and took < 1.0, took  # it waited 1.5 s before; headroom for a loaded CI machine

