@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 
 from . import wait_report
-from .duel_stats import by_round, verdict
+from .duel_stats import by_round, calls_of, together, verdict
 
 #: patched against pristine (the issue's bar, 0.98), against upstream 0.5.17 (1.0 in eager
 #: cells), and against a second engine of its own tree: the measure's noise floor.
@@ -236,6 +236,24 @@ def markdown(result: dict) -> str:
         "|---:|---|---|---:|---:|---:|---:|---|",
         decode_rows,
     )
+    pairs = {(r["batch_size"], *r["pair"].split(":")) for r in rows}
+    by_engine = _section(
+        "each engine's calls (wall time of its rounds; together: the call times' correlation with "
+        "each pair's other engine, round by round: duel_stats.together):",
+        "| bs | engine | rounds | fastest s | median s | slowest s | together |",
+        "|---:|---|---:|---:|---:|---:|---|",
+        [
+            f"| {c['batch_size']} | {c['engine']} | {c['rounds']} | {c['fastest_s']:.3f} | {c['median_s']:.3f} "
+            f"| {c['slowest_s']:.3f} | "
+            + ", ".join(
+                f"{b if o == c['engine'] else o} {together(result, b, o, c['batch_size'])}"
+                for bs, b, o in sorted(pairs)
+                if bs == c["batch_size"] and c["engine"] in (b, o)
+            )
+            + " |"
+            for c in calls_of(result)
+        ],
+    )
     counted = _section(
         "host waits per decode step (counters on):",
         "| engine | bs | steps | waits | per step | sites |",
@@ -287,7 +305,7 @@ def markdown(result: dict) -> str:
         if e.get("pinned")
     ]
     notes = [""] + pinned + failed if pinned or failed else []
-    return "\n".join(head + lines + decode + counted + gc + host_lines + facts + notes) + "\n"
+    return "\n".join(head + lines + decode + by_engine + counted + gc + host_lines + facts + notes) + "\n"
 
 
 def pooled(results: list[dict], pair: str) -> list[dict]:

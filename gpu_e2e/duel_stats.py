@@ -81,3 +81,43 @@ def verdict(ratios: list[float], bar: float = 0.98, confidence: float = 0.95) ->
         return "open"
     low, high = got
     return "above" if low >= bar else "below" if high < bar else "open"
+
+
+def calls_of(result: dict) -> list[dict]:
+    """Each engine's calls per batch size, read by engine: the fastest, median and slowest wall
+    time of its rounds. The tenth run (2026-11-29, FA3 8B eager bs 128) read 0.86 for patched
+    against pristine over 37 rounds while patched's fastest call equalled pristine's (1.69
+    against 1.70 s): what differed was how often a call ran slow, which a pair's median hides."""
+    timed = by_round(result.get("calls") or [])
+    by: dict[tuple[str, int], list[float]] = {}
+    for (_, bs, engine), c in sorted(timed.items()):
+        by.setdefault((engine, bs), []).append(c["elapsed_s"])
+    return [
+        {
+            "engine": engine,
+            "batch_size": bs,
+            "rounds": len(times),
+            "fastest_s": round(min(times), 3),
+            "median_s": round(statistics.median(times), 3),
+            "slowest_s": round(max(times), 3),
+        }
+        for (engine, bs), times in sorted(by.items())
+    ]
+
+
+def together(result: dict, base: str, other: str, batch_size: int) -> float | None:
+    """How two engines' call times move together round by round: the correlation of their wall
+    times over the rounds both were timed in (None under 3 such rounds, or a constant one).
+    Near 1, a slow round is the machine's and the pair's ratio cancels it; near 0, each
+    engine's calls are slow on their own (the tenth run: 0.24 for pristine and patched), and
+    a pair's ratio carries each engine's own luck, which rounds average only slowly."""
+    timed = by_round(result.get("calls") or [])
+    rounds = sorted(r for (r, bs, e) in timed if bs == batch_size and e == base and (r, bs, other) in timed)
+    if len(rounds) < 3:
+        return None
+    a = [timed[(r, batch_size, base)]["elapsed_s"] for r in rounds]
+    b = [timed[(r, batch_size, other)]["elapsed_s"] for r in rounds]
+    try:
+        return round(statistics.correlation(a, b), 3)
+    except statistics.StatisticsError:  # one engine's times all equal
+        return None

@@ -40,3 +40,22 @@ def test_a_cell_is_above_below_or_open():
     assert duel_stats.verdict([0.8833, 0.8922, 0.9728, 1.1767]) == "open"
     # 3 rounds can never be "above", however far above
     assert duel_stats.verdict([1.5, 1.6, 1.7]) == "open"
+
+
+def test_each_engines_calls_and_how_two_engines_calls_move_together():
+    """calls_of: the fastest, median and slowest round an engine (a burst counts as its median);
+    together: the correlation of two engines' times over the rounds both ran, None below 3."""
+    calls = [_call(r, "pristine", t) for r, t in ((1, 2.0), (2, 1.0), (3, 3.0))]
+    calls += [_call(r, "patched", t) for r, t in ((1, 4.0), (2, 2.0), (3, 6.0))]
+    calls += [_call(r, "upstream", t) for r, t in ((1, 1.0), (2, 2.0), (3, 1.0))]
+    assert duel_stats.calls_of({"calls": calls})[1] == {
+        "engine": "pristine",
+        "batch_size": 64,
+        "rounds": 3,
+        "fastest_s": 1.0,
+        "median_s": 2.0,
+        "slowest_s": 3.0,
+    }
+    assert duel_stats.together({"calls": calls}, "pristine", "patched", 64) == 1.0  # the machine's slow rounds
+    assert duel_stats.together({"calls": calls}, "pristine", "upstream", 64) == -0.866
+    assert duel_stats.together({"calls": calls[:2] + calls[3:5]}, "pristine", "patched", 64) is None

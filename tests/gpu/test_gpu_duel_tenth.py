@@ -114,3 +114,18 @@ def test_the_flashinfer_profile_is_as_cited():
     md = profile_compare.markdown(json.loads((RUN / "flashinfer_prof13-compare.json").read_text()))
     assert "| `aten::pin_memory` | 0 → 13.0 |" in md
     assert "| 4570.1 → 5868.3 | 1.284 |" in (RUN / "flashinfer_prof-r1-table.md").read_text()
+
+
+def test_the_8b_engines_read_one_by_one():
+    """docs/research/eager-speed-profile.md, "After the tenth run": patched's fastest call equals
+    pristine's, its median does not, and the trees' slow calls barely coincide."""
+    run = _run("fa3_8b_duel-r1")
+    calls = {c["engine"]: c for c in duel_stats.calls_of(run)}
+    assert [(calls[e]["fastest_s"], calls[e]["median_s"], calls[e]["slowest_s"]) for e in ("pristine", "patched")] == [
+        (1.701, 2.114, 3.198),
+        (1.689, 2.483, 3.254),
+    ]
+    assert (calls["upstream"]["fastest_s"], calls["upstream"]["median_s"]) == (1.895, 2.939)
+    assert duel_stats.together(run, "pristine", "patched", 128) == 0.241
+    assert duel_stats.together(run, "pristine", "upstream", 128) == 0.053
+    assert duel_stats.together(run, "upstream", "patched", 128) == 0.325
