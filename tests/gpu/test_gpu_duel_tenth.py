@@ -129,3 +129,21 @@ def test_the_8b_engines_read_one_by_one():
     assert duel_stats.together(run, "pristine", "patched", 128) == 0.241
     assert duel_stats.together(run, "pristine", "upstream", 128) == 0.053
     assert duel_stats.together(run, "upstream", "patched", 128) == 0.325
+
+
+def test_the_8b_order_and_the_engines_cpu_seconds_at_their_best():
+    """The same section: patched ran second in every round (ABBA of three engines), pristine
+    first or last and about the same either way; at their best the engines' CPU seconds agree."""
+    calls = _run("fa3_8b_duel-r1")["calls"]
+    rounds = sorted({c["round"] for c in calls})
+    order = {r: [c["engine"] for c in calls if c["round"] == r] for r in rounds}
+    assert all(o[1] == "patched" for o in order.values())
+    by_place = {
+        p: statistics.median(
+            c["elapsed_s"] for c in calls if c["engine"] == "pristine" and order[c["round"]][p] == "pristine"
+        )
+        for p in (0, 2)
+    }
+    assert (round(by_place[0], 2), round(by_place[2], 2)) == (2.15, 2.08)
+    best_cpu = {e: min(c["host"]["engine_cpu_s"] for c in calls if c["engine"] == e) for e in ("pristine", "patched")}
+    assert best_cpu == {"pristine": 1.79, "patched": 1.78}
