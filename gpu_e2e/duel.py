@@ -104,13 +104,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--call-timeout", type=int, default=300)
     ap.add_argument("--compare", default=",".join(duel_report.DEFAULT_PAIRS), help="BASE:OTHER pairs, comma list")
     ap.add_argument("--deadline-s", type=int, default=0, help="> 0: no round starts after this many seconds")
-    ap.add_argument(
-        "--min-rounds",
-        type=int,
-        default=0,
-        help="rounds that start past --deadline-s too (2026-11-28h: a TP 4 duel's serial start-up and "
-        "warm-ups took 423 s, 3 s past its deadline, and it ran none)",
-    )
+    # 2026-11-28h: a TP 4 duel's serial start-up and warm-ups took 423 s, 3 s past its deadline: it ran none
+    ap.add_argument("--min-rounds", type=int, default=0, help="rounds that start past --deadline-s too")
+    ap.add_argument("--rotate", action="store_true", help="every engine takes every place in a round in turn")
     ap.add_argument("--py-spy", type=py_stacks.program, help="py-spy's program: timed calls sampled (py_stacks.py)")
     ap.add_argument("--py-spy-rounds", type=int, default=0, help="> 0: only the first N rounds sampled")
     ap.add_argument("--cpus", type=cpu_lanes.allowed, help="CPU list every engine's threads are held to once up")
@@ -283,8 +279,13 @@ def wait_up(engines: list[Engine], timeout: float) -> None:
         e.failure = f"not up in {timeout:.0f} s"
 
 
-def order_of(names: list[str], round_no: int) -> list[str]:
-    """ABBA: the engines in their order in even rounds, reversed in odd ones."""
+def order_of(names: list[str], round_no: int, rotate: bool = False) -> list[str]:
+    """ABBA: the engines in their order in even rounds, reversed in odd ones. ``rotate``
+    (--rotate) also shifts the order one engine every two rounds, so that each of three or
+    more engines takes every place in turn (ABBA keeps the middle ones in the middle: the
+    tenth run's patched engine ran second in all 37 rounds)."""
+    k = (round_no // 2) % len(names) if rotate and names else 0
+    names = names[k:] + names[:k]
     return list(names) if round_no % 2 == 0 else list(reversed(names))
 
 
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             by_name = {e.name: e for e in engines if e.failure is None and (r == 0 or e.name not in args.once)}
             for bs in batch_sizes:
-                for name in order_of([n for n in names if n in by_name], r):
+                for name in order_of([n for n in names if n in by_name], r, args.rotate):
                     e = by_name[name]
                     for k in range(args.repeats):  # thawed once: the first generate of a burst is repeat 1
                         last = k == args.repeats - 1

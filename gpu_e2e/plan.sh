@@ -202,6 +202,8 @@ duel() {  # gpus name args...: one duel.py call (the driver and every engine on 
   # DUEL_CPUS (after 2026-11-29): a CPU list every engine's threads are held to once up, the same
   # for every tree (e.g. "$(python3 -m pk_gpu_e2e.cpu_lanes 1 4)": two whole cores past core 0)
   [ -n "${DUEL_CPUS:-}" ] && opts+=(--cpus "$DUEL_CPUS")
+  # ROTATE=1: every engine takes every place in a round in turn (ABBA keeps the middle ones there)
+  [ "${ROTATE:-0}" = 1 ] && opts+=(--rotate)
   mkdir -p "$R/$name"; note "gpu $gpus: start $name"
   # PIN=1: a one-lane duel's driver and engines (they inherit it) stay on the lane's cores
   local pin=(); [[ $gpus != *,* ]] && read -ra pin <<< "$(pin_of "$gpus")"

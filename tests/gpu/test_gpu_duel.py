@@ -17,6 +17,18 @@ def test_the_order_reverses_every_round():
     assert duel.order_of(["a", "b", "c"], 1) == ["c", "b", "a"]
 
 
+def test_rotated_rounds_put_every_engine_in_every_place():
+    """--rotate (after 2026-11-29): over 2n rounds each of n engines runs in each place equally
+    often, where ABBA keeps the middle engine in the middle; the first two rounds stay ABBA."""
+    names = ["pristine", "patched", "patched-again", "upstream"]
+    orders = [duel.order_of(names, r, rotate=True) for r in range(8)]
+    assert orders[:2] == [names, names[::-1]] and orders[2] == ["patched", "patched-again", "upstream", "pristine"]
+    for name in names:
+        places = sorted(o.index(name) for o in orders)
+        assert places == [0, 0, 1, 1, 2, 2, 3, 3], (name, places)
+    assert all(duel.order_of(names, r) == (names if r % 2 == 0 else names[::-1]) for r in range(8))
+
+
 def test_an_engine_spec_names_its_bundle_release_and_tree():
     assert duel.parse_engine("upstream=/tmp/b17:0.5.17:upstream") == {
         "name": "upstream",

@@ -416,14 +416,18 @@ def test_py_spy_samples_a_duels_first_rounds(tmp_path):
 
 def test_duel_cpus_and_the_8b_control_on_a_card_that_holds_four_engines(tmp_path):
     """After 2026-11-29: DUEL_CPUS holds every engine of a duel to the same CPUs (duel.py --cpus);
-    AGAIN=1 adds the patched-again control at 8B where the card has over 120 GB."""
-    calls, _ = _run_plan(tmp_path, LANES="0", STEPS="fa3_8b_duel-r1", DUEL_CPUS="2-5", AGAIN="1", gpu_mib=143771)
+    AGAIN=1 adds the patched-again control at 8B where the card has over 120 GB; ROTATE=1 rotates
+    the engines' places (duel.py --rotate)."""
+    env = {"DUEL_CPUS": "2-5", "AGAIN": "1", "ROTATE": "1"}
+    calls, _ = _run_plan(tmp_path, LANES="0", STEPS="fa3_8b_duel-r1", gpu_mib=143771, **env)
     (call,) = calls
+    assert "--rotate" in call["args"]
     engines = [a.split("=")[0] for i, a in enumerate(call["args"]) if call["args"][i - 1] == "--engine"]
     assert _arg(call, "--cpus") == "2-5" and engines == ["pristine", "patched", "patched-again", "upstream"]
     calls, _ = _run_plan(tmp_path / "h100", LANES="0", STEPS="fa3_8b_duel-r1", AGAIN="1", gpu_mib=81559)
     engines = [a.split("=")[0] for i, a in enumerate(calls[0]["args"]) if calls[0]["args"][i - 1] == "--engine"]
     assert "--cpus" not in calls[0]["args"] and engines == ["pristine", "patched"]  # an 80 GB card: no 0.5.17 either
+    assert "--rotate" not in calls[0]["args"]
 
 
 def test_a_flashinfer_step_without_compiled_caches_waits_for_its_jit_builds(tmp_path):
