@@ -25,7 +25,6 @@ from pathlib import Path
 from . import host_usage
 
 SYSFS = Path("/sys/devices/system/cpu")
-PROC = Path("/proc")
 
 
 def cpu_list(text: str) -> list[int]:
@@ -91,7 +90,7 @@ def allowed(text: str) -> list[int]:
     return sorted(set(cpus))
 
 
-def pin_group(pgid: int, cpus: list[int], proc: Path = PROC) -> dict:
+def pin_group(pgid: int, cpus: list[int], proc: Path = host_usage.PROC) -> dict:
     """Every thread of every live process in process group ``pgid`` (an engine: its runner,
     sglang's scheduler and detokenizer) held to ``cpus`` (``sched_setaffinity``, thread by
     thread: a process's affinity call moves only the thread named). The duel's ``--cpus``

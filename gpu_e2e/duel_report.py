@@ -236,7 +236,10 @@ def markdown(result: dict) -> str:
         "|---:|---|---|---:|---:|---:|---:|---|",
         decode_rows,
     )
-    pairs = {(r["batch_size"], *r["pair"].split(":")) for r in rows}
+    # each pair's correlation once, for the rows of both its engines
+    corr = {
+        (bs, b, o): together(result, b, o, bs) for bs, b, o in {(r["batch_size"], *r["pair"].split(":")) for r in rows}
+    }
     by_engine = _section(
         "each engine's calls (wall time of its rounds; together: the call times' correlation with "
         "each pair's other engine, round by round: duel_stats.together):",
@@ -246,8 +249,8 @@ def markdown(result: dict) -> str:
             f"| {c['batch_size']} | {c['engine']} | {c['rounds']} | {c['fastest_s']:.3f} | {c['median_s']:.3f} "
             f"| {c['slowest_s']:.3f} | "
             + ", ".join(
-                f"{b if o == c['engine'] else o} {together(result, b, o, c['batch_size'])}"
-                for bs, b, o in sorted(pairs)
+                f"{b if o == c['engine'] else o} {value}"
+                for (bs, b, o), value in sorted(corr.items())
                 if bs == c["batch_size"] and c["engine"] in (b, o)
             )
             + " |"
