@@ -11,8 +11,8 @@ from gpu_e2e import engine_facts, evidence, tables
 from gpu_e2e.bundle import repo_root
 
 RESULTS = repo_root() / "docs" / "results"
-#: docs/results/ in bytes, at most (2.0 MB after issue 70; the repository's budget is 10 MB).
-BUDGET = 4_000_000
+#: docs/results/ in bytes, at most (2.0 MB after issue 70, 4.2 MB from the eleventh run; the repository's budget is 10 MB).
+BUDGET = 4_200_000
 
 LOG = """[2026-11-27 01:00:00] starting
 ===== 0.5.17/small/default/r1/upstream =====
