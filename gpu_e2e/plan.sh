@@ -338,7 +338,7 @@ note "plan: $(echo $STEPS) on GPUs $LANES"
 # (gpu_e2e/compile_caches.py), put into every lane's cache folders (and the DeepSeek duel's)
 # before the first engine, its FlashInfer modules on the runners' path; HARVEST=1: the caches
 # this machine built packed at the end and cut into parts of 15 MiB (/tmp/caches-a, -b, ...), which
-# calls bring back four at a time (cp -r /tmp/caches-[a-d] "$OUT"/: 8 files, 64 MiB a call).
+# poll.sh brings back, four at a time, once packed (CACHES_BACK=0 leaves them; 64 MiB a call).
 CACHE_ROOT=${CACHE_ROOT:-/tmp}  # where the lanes' cache folders are (a test's own folder in tests)
 cache_dirs() {  # kind: each lane's folder of that kind (/tmp/<kind><lane>), the DeepSeek duel's too
   for g in $LANES $(seq -s "" 0 $((${DS_TP:-4} - 1))); do echo "--$1 $CACHE_ROOT/$1$g"; done

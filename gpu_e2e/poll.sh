@@ -21,4 +21,11 @@ if [ -n "${OUT:-}" ] && [ -d "$R" ]; then
   for log in "$R"/*/engine-*.log; do [ -f "$log" ] && tail -c 16000 "$log" > "${log%.log}.tail"; done
   tar czf "$OUT/results.tgz" -C "$R" --exclude='engine*.log' --exclude='*.profile-*' .
   echo "results.tgz: $(du -k "$OUT/results.tgz" | cut -f1) KiB"
+  # HARVEST=1's compiled caches come back with the poll after they are packed (2026-11-29b packed
+  # 8 MiB of FlashInfer and Triton builds that no call fetched, and the machine took them back):
+  # up to four 15 MiB parts, CACHES_BACK=0 to leave them
+  if [ "${CACHES_BACK:-1}" = 1 ] && grep -q 'caches packed (rc 0)' "$R/progress.log" 2>/dev/null; then
+    for part in "${CACHE_ROOT:-/tmp}"/caches-[a-d]; do [ -d "$part" ] && cp -r "$part" "$OUT"/; done
+    ls -d "$OUT"/caches-* 2>/dev/null | sed 's/^/caches back: /'
+  fi
 fi

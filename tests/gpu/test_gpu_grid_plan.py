@@ -482,6 +482,35 @@ def test_a_poll_prints_the_tables_and_brings_the_json_back(tmp_path):
     assert "fa3_duel-r1/engine-patched.log" not in names
 
 
+def test_a_poll_brings_the_harvested_caches_back_once_packed(tmp_path):
+    """poll.sh: after plan.sh's "caches packed (rc 0)" the parts (caches-a ...) travel in $OUT
+    too; before it, and with CACHES_BACK=0, they stay."""
+    run, root = tmp_path / "run", tmp_path / "root"
+    run.mkdir()
+    (root / "caches-a").mkdir(parents=True)
+    (root / "caches-a" / "caches.tar.gz.part").write_bytes(b"x" * 10)
+    (root / "caches").mkdir()  # the unsplit archive stays
+
+    def poll(log: str, **env: str) -> Path:
+        out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
+        out.mkdir()
+        (run / "progress.log").write_text(log)
+        subprocess.run(
+            ["bash", str(ROOT / "gpu_e2e" / "poll.sh")],
+            env=dict(os.environ, R=str(run), OUT=str(out), CACHE_ROOT=str(root), **env),
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        return out
+
+    packed = "[07:40:46] caches packed (rc 0): 1 part(s) in /tmp/caches-*\n"
+    assert (poll(packed) / "caches-a" / "caches.tar.gz.part").read_bytes() == b"x" * 10
+    assert not (poll("[07:40:45] gpu 0: no step left\n") / "caches-a").exists()
+    assert not (poll(packed, CACHES_BACK="0") / "caches-a").exists()
+    assert not list(poll(packed).glob("caches"))
+
+
 def test_the_minus_plan_times_trees_without_one_patch_at_either_shape(tmp_path):
     """gpu_e2e/minus_plan.sh: one duel per lane, pristine, patched and a tree per left-out patch;
     SHAPE=8b (2026-11-28d's FA3 8B eager cells) with its KV share, BATCHES the sizes."""
