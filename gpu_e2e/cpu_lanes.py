@@ -22,7 +22,7 @@ import os
 import re
 from pathlib import Path
 
-from . import host_usage
+from . import host_counters, host_usage
 
 SYSFS = Path("/sys/devices/system/cpu")
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cores = physical_cores(args.sysfs)
     if args.describe:
-        print(describe(cores, numa_nodes(args.sysfs)))
+        print(f"{describe(cores, numa_nodes(args.sysfs))}; {host_counters.probe()}")
         return 0
     if args.lane is None or args.lanes is None:
         ap.error("LANE and LANES are needed (or --describe)")
