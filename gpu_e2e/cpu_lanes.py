@@ -101,17 +101,12 @@ def pin_group(pgid: int, cpus: list[int], proc: Path = host_usage.PROC) -> dict:
     Returns the list as taskset writes it and the threads held (a thread gone meanwhile is
     skipped; new ones inherit their creator's affinity)."""
     threads = 0
-    for entry, _ in host_usage.group_members(pgid, proc):
+    for tid in host_usage.group_threads(pgid, proc):
         try:
-            tids = [int(t.name) for t in (entry / "task").iterdir()]
-        except OSError:  # gone since the listing
-            continue
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, cpus)
-                threads += 1
-            except ProcessLookupError:
-                pass
+            os.sched_setaffinity(tid, cpus)
+            threads += 1
+        except ProcessLookupError:
+            pass
     return {"cpus": taskset_list(cpus), "threads": threads}
 
 

@@ -5,15 +5,14 @@
         --engine patched-again=.:0.5.12.post1:patched --engine upstream=/tmp/b17:0.5.17:upstream \\
         --size small --attention-backend default --fa3-lib .:/tmp/pk_fa3/flash_ops.abi3.so ...
 
-Why: one engine after another (:mod:`.orchestrate`) puts each tree in its own process
-at its own time, and the grid's second run found the host's speed differing by process
-and by minute far more than the 2% the issue asks to resolve (docs/research/
-eager-speed-profile.md). Here every engine starts once (``runner --serve``,
-:mod:`.duel_serve`), all at the same time on the same GPU, and the driver then times
-one generate at a time, tree after tree, batch size by batch size, the order reversed
-every round (ABBA). Only the engine being timed runs: the driver freezes the others'
-process groups (SIGSTOP; an idle sglang scheduler spins on its sockets and would take a
-core), so each call has the host to itself, as a lone engine would.
+Why: one engine after another (:mod:`.orchestrate`) puts each tree in its own process at its own time,
+and the grid's second run found the host's speed differing by process and by minute far more than the 2%
+the issue asks to resolve (docs/research/eager-speed-profile.md). Here every engine starts once
+(``runner --serve``, :mod:`.duel_serve`), all at the same time on the same GPU, and the driver then
+times one generate at a time, tree after tree, batch size by batch size, the order reversed every round
+(ABBA). Only the engine being timed runs: the driver freezes the others' process groups (SIGSTOP; an
+idle sglang scheduler spins on its sockets and would take a core), so each call has the host to itself,
+as a lone engine would.
 
 ``patched-again`` (a second engine of the patched tree) is the control: its ratio to
 ``patched`` is the measure's own noise, the floor any other ratio is read against.
@@ -154,18 +153,19 @@ class Engine:
         assert self.conn is not None, "called before it was up"
         self.signal(signal.SIGCONT)
         spy = py_stacks.Sampler(sample[0], self.proc.pid, sample[1]) if sample else None
+        usage = host_usage.Call(self.proc.pid)
         try:
-            before = host_usage.snapshot(self.proc.pid)
             self.conn.send(message)
             if not self.conn.poll(timeout):
                 return {"error": f"no answer in {timeout:.0f} s"}
             got = self.conn.recv()
-            # the host's steal and the engine's own CPU time over the call (host_usage.py)
-            return {**got, "host": host_usage.delta(before, host_usage.snapshot(self.proc.pid))}
+            # the host's steal, the engine's own CPU time and instructions over the call (host_usage.py)
+            return {**got, "host": usage.end()}
         except (EOFError, OSError) as exc:  # the runner died mid-call (2026-11-28e: DSA pristine's
             # illegal address): its failure is recorded and the other engines go on
             return {"error": f"engine gone ({type(exc).__name__}); see {self.log_path.name}"}
         finally:
+            usage.close()
             if spy is not None:
                 spy.stop()
             if freeze:
@@ -373,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _overlay(bundle: Path, release: str, tree: str) -> dict:
     """The sha256 of each file the engine's tree changes: none for pristine (and the published
-    upstream tree), ``overlay.json`` for patched, ``overlay-minus-ID.json`` for a minus tree.
-    (2026-11-28c recorded the patched tree's files for every engine of a bundle.)"""
+    upstream tree), ``overlay.json`` for patched, ``overlay-minus-ID.json`` for a minus tree
+    (2026-11-28c recorded the patched tree's files for every engine of a bundle)."""
     if tree in ("pristine", "upstream"):
         return {}
     path = bundle / "trees" / release / ("overlay.json" if tree == "patched" else f"overlay-{tree}.json")

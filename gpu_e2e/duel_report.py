@@ -171,6 +171,21 @@ def host(calls: list[dict]) -> list[dict]:
     return rows
 
 
+def instructions(calls: list[dict]) -> list[dict]:
+    """Per engine and batch size, round by round: the instructions its threads retired in user
+    space a token, in millions (host_counters.py; only where the host counts them). Unlike wall
+    time and CPU seconds, the count does not move with the core's speed."""
+    by: dict[tuple[str, int], list[float]] = {}
+    for c in calls:
+        if "error" not in c and "engine_instructions" in c.get("host", {}):
+            per_token = c["host"]["engine_instructions"] / c["completion_tokens"] / 1e6
+            by.setdefault((c["engine"], c["batch_size"]), []).append(round(per_token, 4))
+    return [
+        {"engine": e, "batch_size": bs, "median": round(statistics.median(v), 4), "rounds": v}
+        for (e, bs), v in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    ]
+
+
 def ran_with(result: dict) -> list[dict]:
     """What each engine that noted its facts (the counted ones) ran with, read back from its
     own schedulers: the attention backend, whether the draft extend has a CUDA-graph runner
@@ -290,6 +305,15 @@ def markdown(result: dict) -> str:
             for h in host(calls)
         ],
     )
+    retired = _section(
+        "instructions retired a token, in millions (user space, every thread of the engine: host_counters.py):",
+        "| engine | bs | median | round by round |",
+        "|---|---:|---:|---|",
+        [
+            f"| {i['engine']} | {i['batch_size']} | {i['median']:.4f} | {', '.join(f'{x:.4f}' for x in i['rounds'])} |"
+            for i in instructions(calls)
+        ],
+    )
     facts = _section(
         "what the counted engines ran with (their schedulers' own facts):",
         "| engine | schedulers | attention backend | draft-extend graph runner | needs_cpu_seq_lens by rank |",
@@ -308,7 +332,7 @@ def markdown(result: dict) -> str:
         if e.get("pinned")
     ]
     notes = [""] + pinned + failed if pinned or failed else []
-    return "\n".join(head + lines + decode + by_engine + counted + gc + host_lines + facts + notes) + "\n"
+    return "\n".join(head + lines + decode + by_engine + counted + gc + host_lines + retired + facts + notes) + "\n"
 
 
 def pooled(results: list[dict], pair: str) -> list[dict]:

@@ -15,6 +15,7 @@ import os
 import platform
 import struct
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 #: perf_event_open's syscall number by machine (asm/unistd.h)
@@ -32,13 +33,14 @@ def _attr() -> ctypes.Array:
     return ctypes.create_string_buffer(bytes(raw), ATTR_SIZE)
 
 
-def _open_counter() -> tuple[int, int]:
-    """(fd or -1, errno): an instructions counter on this thread, any CPU."""
+def _open_counter(tid: int = 0) -> tuple[int, int]:
+    """(fd or -1, errno): an instructions counter on thread ``tid`` (0: this one), any CPU. It
+    counts from now; another process's thread needs ptrace's permission (py-spy's own)."""
     number = SYSCALL.get(platform.machine())
     if number is None:
         return -1, 0
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.syscall(number, _attr(), 0, -1, -1, 0)
+    fd = libc.syscall(number, _attr(), tid, -1, -1, 0)
     return fd, ctypes.get_errno() if fd < 0 else 0
 
 
@@ -56,3 +58,34 @@ def probe(open_counter: Callable[[], tuple[int, int]] = _open_counter, paranoid:
         return f"instructions counter: opens but counts 0 (perf_event_paranoid {level})"
     why = os.strerror(err) if err else f"no perf_event_open number for {platform.machine()}"
     return f"instructions counter: not available ({why}; perf_event_paranoid {level})"
+
+
+@cache
+def available() -> bool:
+    """The probe's answer, asked once a process."""
+    return probe().startswith("instructions counter: available")
+
+
+class GroupCount:
+    """Instructions retired in user space by a set of threads from :meth:`start` to :meth:`stop`:
+    a duel's engine over one call (host_usage.Call). A thread that starts meanwhile is not
+    counted; an engine's threads are all up once it has warmed up."""
+
+    def __init__(self, fds: list[int]):
+        self.fds = fds
+        self.total: int | None = None
+
+    @classmethod
+    def start(cls, tids: list[int], open_counter: Callable[[int], tuple[int, int]] = _open_counter) -> GroupCount:
+        """A counter on each thread that lets one open (a thread gone meanwhile is skipped)."""
+        return cls([fd for fd, _ in map(open_counter, tids) if fd >= 0])
+
+    def stop(self) -> int | None:
+        """The count summed over the threads (None without counters); the counters closed. A
+        second call gives the same figure."""
+        if self.total is None and self.fds:
+            self.total = sum(struct.unpack("Q", os.read(fd, 8))[0] for fd in self.fds)
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+        return self.total

@@ -22,8 +22,10 @@ lost, not counted twice.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from . import host_counters
 
 PROC = Path("/proc")
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -58,6 +60,16 @@ def group_members(pgid: int, proc: Path = PROC) -> Iterator[tuple[Path, list[str
             yield entry, fields
 
 
+def group_threads(pgid: int, proc: Path = PROC) -> Iterator[int]:
+    """Every thread id of the group's live processes (a process gone since the listing is skipped)."""
+    for entry, _ in group_members(pgid, proc):
+        try:
+            tids = [int(t.name) for t in (entry / "task").iterdir()]
+        except OSError:
+            continue
+        yield from tids
+
+
 def group_cpu(pgid: int, proc: Path = PROC) -> tuple[int, int]:
     """User + system ticks of every live process whose process group is ``pgid``, and how
     many processes that is (sglang's scheduler must be among them for the figure to mean
@@ -74,9 +86,10 @@ def snapshot(pgid: int, proc: Path = PROC) -> dict:
     return {"host": host_cpu(proc), "engine": ticks, "processes": count}
 
 
-def delta(before: dict, after: dict, ticks_per_s: int | None = None) -> dict:
+def delta(before: dict, after: dict, ticks_per_s: int | None = None, instructions: int | None = None) -> dict:
     """Seconds between two snapshots: the host's busy, idle and steal time (all CPUs) and the
-    engine's own CPU time."""
+    engine's own CPU time; with ``instructions`` (host_counters.GroupCount), the instructions
+    its threads retired meanwhile."""
     hz = ticks_per_s or _ticks_per_s()
     d = {k: after["host"][k] - before["host"][k] for k in _FIELDS}
     busy = sum(d[k] for k in ("user", "nice", "system", "irq", "softirq"))
@@ -86,4 +99,25 @@ def delta(before: dict, after: dict, ticks_per_s: int | None = None) -> dict:
         "host_steal_s": round(d["steal"] / hz, 3),
         "engine_cpu_s": round((after["engine"] - before["engine"]) / hz, 3),
         "engine_processes": after["processes"],
+        **({"engine_instructions": instructions} if instructions is not None else {}),
     }
+
+
+class Call:
+    """What one timed call did on the host: a snapshot now, :meth:`end` the delta (with the
+    instructions its engine's threads retired, where the host counts them: host_counters.py);
+    :meth:`close` in every case, for the counters' file descriptors."""
+
+    def __init__(
+        self, pgid: int, proc: Path = PROC, count: Callable[[list[int]], host_counters.GroupCount] | None = None
+    ):
+        self.pgid, self.proc = pgid, proc
+        start = count or (host_counters.GroupCount.start if host_counters.available() else None)
+        self.count = start(list(group_threads(pgid, proc))) if start else host_counters.GroupCount([])
+        self.before = snapshot(pgid, proc)
+
+    def end(self, ticks_per_s: int | None = None) -> dict:
+        return delta(self.before, snapshot(self.pgid, self.proc), ticks_per_s, self.count.stop())
+
+    def close(self) -> None:
+        self.count.stop()

@@ -56,3 +56,16 @@ def test_describe_carries_the_probe(tmp_path, capsys, monkeypatch):
     (cpu / "thread_siblings_list").write_text("0\n")
     assert cpu_lanes.main(["--describe", "--sysfs", str(root)]) == 0
     assert capsys.readouterr().out.strip().endswith("; instructions counter: probed")
+
+
+def test_a_group_count_sums_its_threads_once_and_closes_them():
+    fds = []
+    for value in (5, 7):
+        read, write = os.pipe()
+        os.write(write, value.to_bytes(8, "little"))
+        os.close(write)
+        fds.append(read)
+    count = host_counters.GroupCount.start([1, 2, 3], lambda tid: (fds[tid - 1], 0) if tid < 3 else (-1, errno.ESRCH))
+    assert count.fds == fds  # the thread gone meanwhile skipped
+    assert count.stop() == 12 and count.stop() == 12 and count.fds == []
+    assert host_counters.GroupCount([]).stop() is None
