@@ -49,9 +49,9 @@ def probe(open_counter: Callable[[], tuple[int, int]] = _open_counter, paranoid:
     level = paranoid.read_text().strip() if paranoid.is_file() else "absent"
     fd, err = open_counter()
     if fd >= 0:
-        # a counter that opens but counts nothing (some hypervisors) is no counter
-        work = sum(range(20000))
-        count = struct.unpack("Q", os.read(fd, 8))[0] if work else 0
+        # a counter that opens but counts nothing (some hypervisors) is no counter: some work, then read
+        sum(range(20000))
+        count = struct.unpack("Q", os.read(fd, 8))[0]
         os.close(fd)
         if count > 0:
             return f"instructions counter: available (perf_event_paranoid {level})"
