@@ -3,9 +3,10 @@
     python -m gpu_e2e.evidence compact RESULTS.json ...   # no indentation, output ids hashed
     python -m gpu_e2e.evidence trim-log engine.log ...     # only the lines read back from it
 
-``compact`` keeps every field; each request's output ids become the first 16 hex digits of
-the sha256 of their JSON list, a one-element list, so two requests compare equal exactly when
-their ids did. ``trim-log`` keeps each engine's ``===== KEY =====`` header, the lines
+``compact`` keeps every field a report or test reads; each request's output ids become the
+first 16 hex digits of the sha256 of their JSON list, a one-element list, so two requests
+compare equal exactly when their ids did, and a duel call's ``outputs_sha256`` keeps the same
+16 digits. ``trim-log`` keeps each engine's ``===== KEY =====`` header, the lines
 :func:`engine_facts.log_facts` counts, tracebacks and exception lines, and the lines the
 tests cite; it refuses (and leaves the file as it was) if :func:`engine_facts.log_facts` or
 :func:`engine_facts.failure_line` would read anything else from any section."""
@@ -52,9 +53,19 @@ def _hashed(ids: list) -> bool:
     return len(ids) == 1 and isinstance(ids[0], str)
 
 
+#: A duel call's fields that nothing reads back (duel_serve writes them; no report or test reads
+#: them): dropped by ``compact``.
+UNREAD_CALL_FIELDS = ("accept_length", "verify_ct", "decode_lines")
+
+
 def hash_output_ids(data: Any) -> Any:
-    """``data`` with every ``output_ids`` list of per-request lists hashed (in place)."""
+    """``data`` with every ``output_ids`` list of per-request lists hashed (in place), and every
+    duel call's ``outputs_sha256`` cut to the same 16 hex digits, its unread fields dropped."""
     if isinstance(data, dict):
+        if isinstance(data.get("outputs_sha256"), str):
+            data["outputs_sha256"] = data["outputs_sha256"][:16]
+            for key in UNREAD_CALL_FIELDS:
+                data.pop(key, None)
         for key, value in data.items():
             if key == "output_ids" and isinstance(value, list) and all(isinstance(r, list) for r in value):
                 data[key] = [r if _hashed(r) else ids_digest(r) for r in value]
