@@ -1,0 +1,101 @@
+"""docs/gpu.md opens with issue 67's grid: every cell any committed duel timed, recomputed here
+from docs/results (gpu_e2e.speed_grid), and the reading rules on small made-up runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpu_e2e import speed_grid
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "gpu.md").read_text()
+
+
+def test_docs_gpu_md_opens_with_the_grid_as_the_committed_duels_give_it():
+    table = speed_grid.markdown(ROOT / "docs" / "results")
+    assert table in DOC
+    grid = DOC.split("\n## ")[1]  # the first section after the page's introduction
+    assert grid.startswith("The speed grid (issue 67)") and table in grid
+
+
+def test_the_grid_names_the_cells_still_open():
+    """The opening paragraph's count of cells below a bar, or too thin to read, is the table's."""
+    rows = speed_grid.lines(speed_grid.cells(ROOT / "docs" / "results"))
+    below = [r for r in rows if "| below |" in r]
+    thin = [r for r in rows if "| thin |" in r]
+    untimed = [r for r in rows if r.endswith("| not timed | identical |")]
+    said = f"Of these {len(rows)} cells, {len(below)} are below a bar in their latest run, {len(thin)} too thin"
+    assert said in DOC and f"{len(untimed)} eager cell was never timed beside 0.5.17" in DOC
+
+
+def _duel(folder: Path, name: str, rows: list[tuple], *, size="small", backend="triton", env=None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {
+        "args": {
+            "attention_backend": backend,
+            "tp": 1,
+            "engine": [{"name": "pristine", "env": {}}, {"name": "patched", "env": env or {}}],
+        },
+        "engines": {"patched": {"ready": {"size": size}}},
+        "summary": [
+            {"batch_size": bs, "eager": bs > 32, "pair": pair, "ratios": ratios, "identical": True}
+            for bs, pair, ratios in rows
+        ],
+    }
+    (folder / f"{name}.json").write_text(json.dumps(result))
+
+
+def test_the_latest_run_is_the_newest_folder_and_every_run_is_pooled(tmp_path):
+    _duel(tmp_path / "gpu-duel-2026-11-29", "a", [(64, "pristine:patched", [0.9, 0.9, 0.9])])
+    _duel(tmp_path / "gpu-duel-2026-11-29b", "a", [(64, "pristine:patched", [1.0, 1.0])])
+    _duel(tmp_path / "gpu-duel-2026-11-29b", "b", [(64, "pristine:patched", [1.1])])
+    (pair,) = speed_grid.cells(tmp_path)[("Triton", "small", "TP 1", 64, True)].values()
+    assert pair.latest() == ("gpu-duel-2026-11-29b", [1.0, 1.0, 1.1])
+    assert sorted(pair.pooled()) == [0.9, 0.9, 0.9, 1.0, 1.0, 1.1]
+    (line,) = speed_grid.lines(speed_grid.cells(tmp_path))
+    assert "| 1.000 (3, 2026-11-29b) | 0.950 (6, 2) | meets |" in line and line.endswith(
+        "| not timed |  | not timed | identical |"
+    )
+
+
+def test_a_tree_with_a_switch_on_is_not_the_users_tree(tmp_path):
+    _duel(
+        tmp_path / "gpu-duel-x", "a", [(8, "pristine:patched", [0.5] * 3)], env={"PATCHKIT_FLASHINFER_HOST_INDPTR": "1"}
+    )
+    _duel(tmp_path / "gpu-duel-x", "b", [(8, "pristine:patched-graph", [0.5] * 3)])
+    assert speed_grid.cells(tmp_path) == {}
+
+
+def test_the_bars_below_thin_and_captured_cells_against_upstream():
+    assert speed_grid.meets("pristine:patched", [0.97, 0.99, 0.975], eager=False) == "below"
+    assert speed_grid.meets("pristine:patched", [0.98, 0.97, 0.99], eager=True) == "meets"
+    assert speed_grid.meets("pristine:patched", [1.2, 1.2], eager=True) == "thin"
+    assert speed_grid.meets("upstream:patched", [0.99] * 5, eager=True) == "below"
+    assert speed_grid.meets("upstream:patched", [0.5] * 5, eager=False) == "-"
+
+
+def test_the_default_backend_is_named_by_the_shape(tmp_path):
+    _duel(tmp_path / "gpu-duel-x", "a", [(1, "upstream:patched", [1.0] * 3)], backend="default", size="8b")
+    assert list(speed_grid.cells(tmp_path)) == [("FA3", "8b", "TP 1", 1, False)]
+
+
+def test_the_command_prints_the_table_and_refuses_a_missing_folder(tmp_path, capsys):
+    _duel(tmp_path / "gpu-duel-x", "a", [(1, "pristine:patched", [1.0] * 3)])
+    assert speed_grid.main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out == speed_grid.markdown(tmp_path)
+    assert speed_grid.main([str(tmp_path / "none")]) == 2
+    assert "usage" in capsys.readouterr().err
+
+
+def test_the_controls_the_opening_cites():
+    """The same tree against itself (patched:patched-again): Triton small's medians over the
+    runs before the rotation, and FA3 small's eager bs 64 in the seventh run."""
+    results = ROOT / "docs" / "results"
+    triton = []
+    for path in sorted(results.glob("gpu-duel-2026-11-28[dgh]/triton_duel-r1.json")):
+        triton += [r["median"] for r in json.loads(path.read_text())["summary"] if r["pair"] == "patched:patched-again"]
+    assert len(triton) == 15 and f"itself read {min(triton):.2f}-{max(triton):.2f} (bs 1 to 128)" in DOC
+    fa3 = json.loads((results / "gpu-duel-2026-11-28g" / "fa3_duel-r1.json").read_text())["summary"]
+    (again,) = [r for r in fa3 if r["pair"] == "patched:patched-again" and r["batch_size"] == 64]
+    assert f"where the same tree against itself\n  read {again['median']:.3f}" in DOC
