@@ -56,16 +56,31 @@ def _hashed(ids: list) -> bool:
 #: A duel call's fields that nothing reads back (duel_serve writes them; no report or test reads
 #: them): dropped by ``compact``.
 UNREAD_CALL_FIELDS = ("accept_length", "verify_ct", "decode_lines")
+#: What a duel engine's ``ready`` record keeps: the facts its reports read (``duel_report.ran_with``,
+#: ``speed_grid``) and what says which model and release it served. The rest (the engine's
+#: keyword arguments, file paths, start-up counts) repeats the run's ``args`` or nothing reads it.
+READY_FIELDS_KEPT = (
+    "engine_facts",
+    "ranks_startup",
+    "size",
+    "variant",
+    "scenario",
+    "draft_checkpoint",
+    "sglang_version",
+)
 
 
 def hash_output_ids(data: Any) -> Any:
     """``data`` with every ``output_ids`` list of per-request lists hashed (in place), and every
-    duel call's ``outputs_sha256`` cut to the same 16 hex digits, its unread fields dropped."""
+    duel call's ``outputs_sha256`` cut to the same 16 hex digits, its unread fields dropped, and
+    each duel engine's ``ready`` record cut to :data:`READY_FIELDS_KEPT`."""
     if isinstance(data, dict):
         if isinstance(data.get("outputs_sha256"), str):
             data["outputs_sha256"] = data["outputs_sha256"][:16]
             for key in UNREAD_CALL_FIELDS:
                 data.pop(key, None)
+        if "failure" in data and isinstance(data.get("ready"), dict):  # a duel engine
+            data["ready"] = {k: v for k, v in data["ready"].items() if k in READY_FIELDS_KEPT}
         for key, value in data.items():
             if key == "output_ids" and isinstance(value, list) and all(isinstance(r, list) for r in value):
                 data[key] = [r if _hashed(r) else ids_digest(r) for r in value]

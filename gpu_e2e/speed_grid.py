@@ -111,7 +111,7 @@ def _cell(pair: Optional[Pair], name: str, eager: bool) -> list[str]:
 def lines(table: dict[tuple, dict[str, Pair]]) -> list[str]:
     """The markdown rows, cell by cell: backend and shape, then batch size."""
     out = []
-    for key in sorted(table, key=lambda k: (k[0], k[1], k[2], k[3])):
+    for key in sorted(table):
         backend, size, par, bs, eager = key
         pairs = table[key]
         same = all(p.identical for p in pairs.values())
