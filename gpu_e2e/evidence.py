@@ -6,7 +6,9 @@
 ``compact`` keeps every field a report or test reads; each request's output ids become the
 first 16 hex digits of the sha256 of their JSON list, a one-element list, so two requests
 compare equal exactly when their ids did, and a duel call's ``outputs_sha256`` keeps the same
-16 digits. ``trim-log`` keeps each engine's ``===== KEY =====`` header, the lines
+16 digits. A duel's ``calls`` (a record a call, the same keys over and over: half of a duel
+JSON's bytes) become one table, ``calls_table`` (:func:`pack_calls`); :func:`read_json` gives
+them back as records, so every reader reads what the duel wrote. ``trim-log`` keeps each engine's ``===== KEY =====`` header, the lines
 :func:`engine_facts.log_facts` counts, tracebacks and exception lines, and the lines the
 tests cite; it refuses (and leaves the file as it was) if :func:`engine_facts.log_facts` or
 :func:`engine_facts.failure_line` would read anything else from any section."""
@@ -14,6 +16,7 @@ tests cite; it refuses (and leaves the file as it was) if :func:`engine_facts.lo
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import re
@@ -92,10 +95,73 @@ def hash_output_ids(data: Any) -> Any:
     return data
 
 
+#: A packed call's value for a key that call did not have (a failed call has no timing).
+MISSING = "~"
+#: The call fields whose own keys become columns (``host.engine_cpu_s``, ...): fixed keys.
+FLATTENED = ("host",)
+
+
+def _is_duel(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("calls"), list) and "engines" in data and "summary" in data
+
+
+def pack_calls(data: Any) -> Any:
+    """A duel result's ``calls`` as ``calls_table``: ``fields`` (every key any call has, in the
+    order first seen, :data:`FLATTENED` ones as ``host.KEY``) and a row a call (in place). Left
+    as records where :func:`unpack_calls` would not give the same calls back (an empty ``host``)."""
+    if not _is_duel(data):
+        return data
+    calls = data["calls"]
+    fields: list[str] = []
+    for call in calls:
+        for key, value in call.items():
+            names = [f"{key}.{k}" for k in value] if key in FLATTENED and isinstance(value, dict) else [key]
+            fields += [n for n in names if n not in fields]
+    rows = []
+    for call in calls:
+        row = []
+        for name in fields:
+            outer, _, inner = name.partition(".")
+            value = call.get(outer, MISSING) if outer in FLATTENED and inner else call.get(name, MISSING)
+            row.append(value.get(inner, MISSING) if inner and isinstance(value, dict) else value)
+        rows.append(row)
+    table = {"fields": fields, "rows": rows}
+    if unpack_calls({"calls_table": copy.deepcopy(table)})["calls"] == calls:
+        del data["calls"]
+        data["calls_table"] = table
+    return data
+
+
+def unpack_calls(data: Any) -> Any:
+    """The inverse of :func:`pack_calls` (in place): ``calls`` as the duel wrote them."""
+    if not isinstance(data, dict) or "calls_table" not in data:
+        return data
+    table = data.pop("calls_table")
+    calls = []
+    for row in table["rows"]:
+        call: dict[str, Any] = {}
+        for name, value in zip(table["fields"], row):
+            if value == MISSING:
+                continue
+            outer, _, inner = name.partition(".")
+            if outer in FLATTENED and inner:
+                call.setdefault(outer, {})[inner] = value
+            else:
+                call[name] = value
+        calls.append(call)
+    data["calls"] = calls
+    return data
+
+
+def read_json(path: Path) -> Any:
+    """A committed results JSON as its run wrote it (a duel's calls unpacked)."""
+    return unpack_calls(json.loads(path.read_text(encoding="utf-8")))
+
+
 def compact(path: Path) -> tuple[int, int]:
     """Rewrite one results JSON compactly; (bytes before, bytes after)."""
     raw = path.read_text(encoding="utf-8")
-    out = json.dumps(hash_output_ids(json.loads(raw)), separators=(",", ":"), ensure_ascii=False)
+    out = json.dumps(pack_calls(hash_output_ids(json.loads(raw))), separators=(",", ":"), ensure_ascii=False)
     path.write_text(out, encoding="utf-8")
     return len(raw.encode()), len(out.encode())
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpu_e2e import duel_report
+from gpu_e2e import duel_report, evidence
 
 
 def load(run: Path, name: str) -> dict:
-    return json.loads((run / f"{name}.json").read_text())
+    """A committed duel as it was written (its packed calls read back: gpu_e2e.evidence)."""
+    return evidence.read_json(run / f"{name}.json")
 
 
 def profile(run: Path, name: str) -> dict:

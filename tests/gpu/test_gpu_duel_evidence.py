@@ -3,12 +3,11 @@ recomputed from the committed duel JSON (docs/results/gpu-duel-2026-11-28c)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from gpu_e2e import duel_report
+from gpu_e2e import duel_report, evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "docs" / "results" / "gpu-duel-2026-11-28c"
@@ -22,7 +21,7 @@ LEFT_OUT = {
 
 
 def _runs() -> dict[int, dict]:
-    return {gpu: json.loads((RUN / f"minus-gpu{gpu}.json").read_text()) for gpu in LEFT_OUT}
+    return {gpu: evidence.read_json(RUN / f"minus-gpu{gpu}.json") for gpu in LEFT_OUT}
 
 
 def _row(result: dict, bs: int, pair: str) -> dict:

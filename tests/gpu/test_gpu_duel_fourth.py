@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_e2e import duel_report
+from gpu_e2e import duel_report, evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "docs" / "results" / "gpu-duel-2026-11-28d"
@@ -27,7 +27,7 @@ FLASHINFER = DUELS[4:]
 
 
 def _runs() -> dict[str, dict]:
-    return {name: json.loads((RUN / f"{name}.json").read_text()) for name in DUELS}
+    return {name: evidence.read_json(RUN / f"{name}.json") for name in DUELS}
 
 
 @pytest.mark.parametrize("name", DUELS)

@@ -49,6 +49,36 @@ def test_compact_hashes_each_request_and_keeps_which_are_equal(tmp_path):
     assert path.read_text() == text  # a second pass changes nothing
 
 
+def test_compact_packs_a_duels_calls_into_one_table_read_back_as_written(tmp_path):
+    calls = [
+        {"round": 1, "engine": "patched", "elapsed_s": 0.25, "host": {"engine_cpu_s": 0.3, "host_steal_s": 0.0}},
+        {"round": 1, "engine": "pristine", "error": "RuntimeError: died", "decode_tok_per_s": None},
+    ]
+    duel = {"engines": {}, "summary": [], "calls": calls}
+    path = tmp_path / "duel.json"
+    path.write_text(json.dumps(duel))
+    evidence.compact(path)
+    table = json.loads(path.read_text())["calls_table"]
+    assert table["fields"] == [
+        "round",
+        "engine",
+        "elapsed_s",
+        "host.engine_cpu_s",
+        "host.host_steal_s",
+        "error",
+        "decode_tok_per_s",
+    ]
+    assert table["rows"][1] == [1, "pristine", "~", "~", "~", "RuntimeError: died", None]
+    assert evidence.read_json(path) == duel
+    text = path.read_text()
+    evidence.compact(path)
+    assert path.read_text() == text
+    # an empty host would not come back: those calls stay records
+    path.write_text(json.dumps({**duel, "calls": [{"round": 1, "host": {}}]}))
+    evidence.compact(path)
+    assert json.loads(path.read_text())["calls"] == [{"round": 1, "host": {}}]
+
+
 def test_compact_keeps_of_a_duel_engines_ready_record_what_is_read(tmp_path):
     ready = {"engine_facts": [], "size": "8b", "engine_kwargs": {"port": 1}, "sglang_file": "/tmp/x"}
     path = tmp_path / "duel.json"
@@ -103,6 +133,7 @@ def test_committed_results_are_compact_and_within_the_budget():
         raw = path.read_text(encoding="utf-8")
         assert "\n " not in raw, f"{path}: indented (python -m gpu_e2e.evidence compact)"
         assert evidence.hash_output_ids(json.loads(raw)) == json.loads(raw), f"{path}: output ids not hashed"
+        assert evidence.pack_calls(json.loads(raw)) == json.loads(raw), f"{path}: a duel's calls not packed"
     assert total <= BUDGET, total
 
 
