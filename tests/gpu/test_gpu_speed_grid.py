@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpu_e2e import speed_grid
+from gpu_e2e import evidence, speed_grid
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "gpu.md").read_text()
@@ -88,14 +88,19 @@ def test_the_command_prints_the_table_and_refuses_a_missing_folder(tmp_path, cap
     assert "usage" in capsys.readouterr().err
 
 
-def test_the_controls_the_opening_cites():
-    """The same tree against itself (patched:patched-again): Triton small's medians over the
-    runs before the rotation, and FA3 small's eager bs 64 in the seventh run."""
-    results = ROOT / "docs" / "results"
-    triton = []
-    for path in sorted(results.glob("gpu-duel-2026-11-28[dgh]/triton_duel-r1.json")):
-        triton += [r["median"] for r in json.loads(path.read_text())["summary"] if r["pair"] == "patched:patched-again"]
-    assert len(triton) == 15 and f"itself read {min(triton):.2f}-{max(triton):.2f} (bs 1 to 128)" in DOC
-    fa3 = json.loads((results / "gpu-duel-2026-11-28g" / "fa3_duel-r1.json").read_text())["summary"]
-    (again,) = [r for r in fa3 if r["pair"] == "patched:patched-again" and r["batch_size"] == 64]
-    assert f"where the same tree against itself\n  read {again['median']:.3f}" in DOC
+def test_the_figures_the_opening_cites():
+    """The bullets under the grid: Triton 8B eager bs 64's spread of rounds (the one Triton cell
+    below its bar) and the Triton small control's medians, from the thirteenth run."""
+    run = ROOT / "docs" / "results" / "gpu-duel-2026-11-29d"
+    (bs64,) = [
+        r
+        for r in evidence.read_json(run / "triton_8b_duel-r1.json")["summary"]
+        if r["pair"] == "pristine:patched" and r["batch_size"] == 64
+    ]
+    assert f"its rounds spread {min(bs64['ratios']):.2f}-{max(bs64['ratios']):.2f}" in DOC
+    again = [
+        r["median"]
+        for r in evidence.read_json(run / "triton_duel-r1.json")["summary"]
+        if r["pair"] == "patched:patched-again"
+    ]
+    assert len(again) == 5 and f"The control reads {min(again):.3f}-{max(again):.3f}" in DOC
