@@ -122,8 +122,11 @@ def pack_calls(data: Any) -> Any:
         row = []
         for name in fields:
             outer, _, inner = name.partition(".")
-            value = call.get(outer, MISSING) if outer in FLATTENED and inner else call.get(name, MISSING)
-            row.append(value.get(inner, MISSING) if inner and isinstance(value, dict) else value)
+            if outer in FLATTENED and inner:
+                nested = call.get(outer)
+                row.append(nested.get(inner, MISSING) if isinstance(nested, dict) else MISSING)
+            else:
+                row.append(call.get(name, MISSING))
         rows.append(row)
     table = {"fields": fields, "rows": rows}
     if unpack_calls({"calls_table": copy.deepcopy(table)})["calls"] == calls:

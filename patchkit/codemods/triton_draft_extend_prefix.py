@@ -51,6 +51,8 @@ WITH_V2 = m.Call(func=attr("is_draft_extend"), args=[m.Arg(keyword=m.Name("inclu
 CUMSUM = m.Call(func=primitives.dotted("torch.cumsum"), args=[m.Arg(m.Name("seq_lens")), m.ZeroOrMore()])
 INDPTR_FILL = m.Assign(targets=[m.AssignTarget(m.Subscript(value=m.Name("kv_indptr")))], value=CUMSUM)
 GATHER = m.Call(func=m.Subscript(value=m.Name("create_flashinfer_kv_indices_triton")))
+#: ``seq_lens`` handed as an argument: to the cumsum and to the gather, the prefix instead.
+LENGTHS_ARG = m.Arg(value=m.Name("seq_lens"))
 
 PREFIX_SOURCE = f"""
 # patchkit {PATCH} (sglang #26651): spec v2 adds the
@@ -76,15 +78,6 @@ def _fill(branch: cst.If) -> Optional[tuple[cst.IndentedBlock, int]]:
     body = primitives.block_statements(block)
     hits = [i for i, s in enumerate(body) if m.matches(s, m.SimpleStatementLine(body=[INDPTR_FILL]))]
     return (block, hits[0]) if len(hits) == 1 else None
-
-
-class _SeqLensToPrefix(cst.CSTTransformer):
-    """``seq_lens`` as the cumsum's and the gather's argument becomes the prefix's name."""
-
-    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-        if m.matches(updated.value, m.Name("seq_lens")):
-            return updated.with_changes(value=cst.Name(PREFIX))
-        return updated
 
 
 class TritonDraftExtendReplayReadsThePrefix(MethodCodemod):
@@ -139,5 +132,9 @@ class TritonDraftExtendReplayReadsThePrefix(MethodCodemod):
             reads_lengths = m.matches(stmt, m.SimpleStatementLine(body=[INDPTR_FILL])) or primitives.contains(
                 stmt, GATHER
             )
-            new_body.append(cst.ensure_type(stmt.visit(_SeqLensToPrefix()), type(stmt)) if reads_lengths else stmt)
+            if reads_lengths:
+                stmt = primitives.replace_expressions(
+                    stmt, LENGTHS_ARG, lambda arg, _: arg.with_changes(value=cst.Name(PREFIX))
+                )
+            new_body.append(stmt)
         return primitives.replace_node(fn, block, block.with_changes(body=new_body))
