@@ -132,6 +132,10 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
     eng+=(--engine "upstream=$B17:0.5.17:upstream")
   fi
   [[ $cell == fa3* ]] && { be=default; fa=(--fa3-lib "$B12:$FA3_12" --fa3-lib "$B17:$FA3_17"); }
+  # SCENARIO (after 2026-11-29d): another spec scenario at a Llama shape, e.g. standalone (the
+  # draft is the target: it accepts, so a draft-side fix such as triton-draft-extend-prefix shows
+  # in each call's accept length)
+  [ -n "${SCENARIO:-}" ] && scen+=(--scenario "$SCENARIO")
   # issue 72: DeepSeek-V3.2 (sparse attention: sglang picks its NSA backend, FA3 decode on Hopper)
   [[ $cell == dsa* ]] && { be=default; fa=(--fa3-lib "$b:$FA3_12"); scen=(--size dsv32 --scenario mtp); bss=1,8,32,64; cap=8; tokens=100000; }
   # B12M (2026-11-28d): a bundle whose patched tree leaves fa3-spec-v2 out, beside the FA3 cells
