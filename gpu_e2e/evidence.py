@@ -57,8 +57,9 @@ def _hashed(ids: list) -> bool:
 
 
 #: A duel call's fields that nothing reads back (duel_serve writes them; no report or test reads
-#: them): dropped by ``compact``.
-UNREAD_CALL_FIELDS = ("accept_length", "verify_ct", "decode_lines")
+#: them): dropped by ``compact``. ``accept_length`` is kept: a draft-side patch shows in it
+#: (the fourteenth run's standalone duel), and older packs simply lack it.
+UNREAD_CALL_FIELDS = ("verify_ct", "decode_lines")
 #: What a duel engine's ``ready`` record keeps: the facts its reports read (``duel_report.ran_with``,
 #: ``speed_grid``) and what says which model and release it served. The rest (the engine's
 #: keyword arguments, file paths, start-up counts) repeats the run's ``args`` or nothing reads it.

@@ -35,6 +35,8 @@ BARS = {"pristine:patched": 0.98, "upstream:patched": 1.0}
 MIN_ROUNDS = 3
 #: the backend sglang picks when none is named (``default``), per model shape, on Hopper
 DEFAULT_BACKEND = {"small": "FA3", "8b": "FA3", "ds": "FA3", "dsv32": "NSA"}
+#: the spec scenario each model shape's duels run unless told otherwise (duel.py --scenario)
+OWN_SCENARIO = {"small": "eagle3", "8b": "eagle3", "ds": "mtp", "dsv32": "mtp"}
 NAMES = {"flashinfer": "FlashInfer", "triton": "Triton", "fa3": "FA3"}
 
 
@@ -60,6 +62,9 @@ def _shape(result: dict) -> tuple[str, str, str]:
     backend = args.get("attention_backend") or "default"
     name = DEFAULT_BACKEND.get(size, "default") if backend == "default" else NAMES.get(backend, backend)
     par = f"TP {args.get('tp', 1)}" + (f" + DP attention {args['dp']}" if args.get("dp_attention") else "")
+    # a duel in another spec scenario than its shape's own (standalone at a Llama shape) is its own row
+    if args.get("scenario", OWN_SCENARIO.get(size)) != OWN_SCENARIO.get(size):
+        size = f"{size} {args['scenario']}"
     return name, size, par
 
 

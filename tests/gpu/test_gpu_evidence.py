@@ -95,8 +95,8 @@ def test_compact_cuts_a_duel_calls_digest_and_drops_its_unread_fields(tmp_path):
     evidence.compact(path)
     calls = json.loads(path.read_text())["calls"]
     assert calls == [
-        {"engine": "patched", "outputs_sha256": "ab" * 8},
-        {"engine": "patched", "outputs_sha256": "cd" * 8},
+        {"engine": "patched", "outputs_sha256": "ab" * 8, "accept_length": 1.0},
+        {"engine": "patched", "outputs_sha256": "cd" * 8, "accept_length": 1.0},
     ]
     text = path.read_text()
     evidence.compact(path)

@@ -161,7 +161,12 @@ def test_the_second_run_arguments_count_profile_and_deadline(tmp_path):
 
 def test_a_lane_starts_no_step_after_the_deadline(tmp_path):
     calls, progress = _run_plan(
-        tmp_path, LANES="0", STEPS="triton_check-r1 fa3_check-r1", DEADLINE_S="1", PK_STUB_SLEEP="1.5"
+        # seconds to spare on both sides: a loaded host once took over a second to start the plan
+        tmp_path,
+        LANES="0",
+        STEPS="triton_check-r1 fa3_check-r1",
+        DEADLINE_S="3",
+        PK_STUB_SLEEP="4",
     )
     assert [Path(_arg(c, "--out")).name for c in calls] == ["triton_check-r1-b12"]
     assert "deadline, fa3_check-r1 not started" in progress
@@ -570,3 +575,11 @@ def test_caches_go_into_every_lane_before_the_steps_and_come_out_packed_after(tm
     assert "caches packed (rc 0): 1 part(s)" in progress
     assert progress.index("end triton_duel-r1") < progress.index("caches packed")
     assert (root / "caches-a" / "parts.json").is_file()
+
+
+def test_scenario_runs_a_duel_in_another_spec_scenario(tmp_path):
+    """SCENARIO=standalone (the fourteenth run's triton_sa_duel): the shape's size, then the scenario."""
+    calls, _ = _run_plan(tmp_path, LANES="0", STEPS="triton_sa_duel-r1", SCENARIO="standalone", WITH17="none")
+    (call,) = calls
+    assert _arg(call, "--size") == "small" and _arg(call, "--scenario") == "standalone"
+    assert _arg(call, "--attention-backend") == "triton"
