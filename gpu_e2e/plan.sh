@@ -18,16 +18,11 @@
 # A step is one round of one cell on one GPU: 0.5.12.post1 pristine + patched (bundle B12, one
 # orchestrator call, order flipped every round) and upstream 0.5.17 (bundle B17), ABBA:
 #   r1: B12 (pristine, patched), B17     r2: B17, B12 (patched, pristine)     r3: as r1
-# Cells (backend_shape-round):
-#   triton_8b / fa3_8b  r1 r2: three variants; r3: pristine + patched only (0.5.17 has 2 rounds
-#                       at 8B: the cut that keeps the plan inside ~18 minutes)
-#   triton / fa3 (small) r1 r2 r3: three variants
-# Env steps (patched 0.5.12.post1 alone, small shape, the same batch sizes):
-#   triton_check-r1, fa3_check-r1  --engine-env PATCHKIT_CHECK_SEQ_LEN_BOUND=1 (the bound is
-#                                  checked against the device value every step and raises if
-#                                  too small: a raise fails the run; timing not comparable)
-#   fa3_static-r1                  --engine-env PATCHKIT_SEQ_LEN_BOUND=static (the old
-#                                  max_context_len bound, beside fa3's patched rounds)
+# Cells (backend_shape-round): triton / fa3 (small) r1-r3 and triton_8b / fa3_8b r1 r2 with the
+#   three variants; the 8B r3 pristine + patched only.
+# Env steps (patched 0.5.12.post1 alone, small shape): triton_check-r1, fa3_check-r1 with
+#   PATCHKIT_CHECK_SEQ_LEN_BOUND=1 (the bound checked against the device value every step, a raise
+#   fails the run; timing not comparable); fa3_static-r1 with PATCHKIT_SEQ_LEN_BOUND=static.
 # Duel steps (2026-11-28c on; duel.py): fa3_duel, triton_duel, fa3_8b_duel, triton_8b_duel,
 #   flashinfer_duel: every tree's engine alive at once on the lane's GPU (pristine, patched, at the
 #   small shape a second patched engine as the noise control, 0.5.17 where WITH17 allows and it
@@ -45,11 +40,8 @@
 #
 # Scheduling: the lanes take steps from one list in its order (a step is claimed by mkdir), the
 # first whose inputs are there: longest first (8B), Triton before FA3 (FA3's libraries come in
-# later calls), the check steps early, the short env step last. Estimated engine time: small
-# engine ~85 s, 8B ~126 s (start 55-80 s); steps: small 255 s, 8B 378 s (r3 252 s), env 85 s:
-# 3800 s over 4 lanes, ~950-1010 s per lane + ~2 min of transfers before the FA3 steps can
-# start: ~17-18 minutes. If the machine runs late, cut in this order: fa3_static (say so),
-# triton r3's B17, fa3 r3's B17 (STEPS below).
+# later calls), the check steps early, the short env step last. The first grid's estimate (small
+# engine ~85 s, 8B ~126 s: ~17-18 minutes over 4 lanes) ran ~2.5x short.
 #
 # Inputs ($B12 $B17 bundles, FA3 libraries unpacked to $FA3_12 $FA3_17 with fa3.json beside):
 # docs/results/gpu-grid-2026-11-28/calls.md shows the calls that bring them. Each step leaves
@@ -63,10 +55,9 @@ FA3_12=${FA3_12:-/tmp/pk_fa3/flash_ops.abi3.so}
 FA3_17=${FA3_17:-/tmp/pk_fa3_17/flash_ops.abi3.so}
 LANES=${LANES:-"0 1 2 3"}
 GIVE_UP_S=${GIVE_UP_S:-1500}
-# QUIET (2026-11-28f on): the steps that run with every other lane idle (run_alone_or_shared).
-# Later runs set these (their folder's plan-args.json says which): NEW_TOKENS and RUNS per timed
-# generate; PIN=1 pins each lane to its share of the host's cores (taskset), so lanes do not
-# take each other's cores in a host-bound step; DEADLINE_S: no step starts after it (seconds
+# QUIET (2026-11-28f on): the steps run with every other lane idle (run_alone_or_shared). Later
+# runs set these (plan-args.json says which): NEW_TOKENS and RUNS per timed generate; PIN=1 pins
+# each lane to its share of the cores (taskset); DEADLINE_S: no step starts after it (seconds
 # since the plan began), so a lease ends with whole steps.
 NEW_TOKENS=${NEW_TOKENS:-128}
 ROUNDS=${ROUNDS:-8}  # a duel step's rounds (duel.py: every engine at every batch size, the order reversed each round)
@@ -74,10 +65,8 @@ RUNS=${RUNS:-2}
 REPEATS=${REPEATS:-1}  # a duel's generates per engine, batch size and round, back to back (their median; duel.py --repeats)
 PIN=${PIN:-0}
 DEADLINE_S=${DEADLINE_S:-0}
-# PROF_BS: the eager batch a *_prof step profiles (2026-11-28d found FA3 8B eager bs 64 slower a
-# token than bs 128 in every tree); PIN_LANES: the lanes PIN divides the cores by, where
-# several plan.sh run side by side each with some of the lanes; PROF17=1: a *_prof step profiles
-# 0.5.17 too and compares it with patched (prof_upstream)
+# PROF_BS: the eager batch a *_prof step profiles; PIN_LANES: the lanes PIN divides the cores by,
+# where several plan.sh run side by side; PROF17=1: a *_prof step profiles 0.5.17 too (prof_upstream)
 PROF_BS=${PROF_BS:-128}
 STEPS=${STEPS:-"triton_check-r1 triton_8b-r1 triton_8b-r2 fa3_8b-r1 fa3_8b-r2 triton_8b-r3 fa3_8b-r3 fa3_check-r1
   triton-r1 fa3-r1 triton-r2 fa3-r2 triton-r3 fa3-r3 fa3_static-r1"}
@@ -124,17 +113,22 @@ duel_step() {  # lane step shape: the trees' engines alive side by side on this 
   [ "$shape" = 8b ] && tokens=60000
   # the control (a second patched engine) at the small shape; 0.5.17 beside where asked and it fits
   # (8B: three engines need more than an 80 GB card)
-  [ "$shape" = small ] && [[ $cell != flashinfer* && $cell != dsa* ]] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
-  # AGAIN=1 (2026-11-29): the control at 8B too, where the card holds four engines (an H200 does:
-  # the tenth run's 8B deficit against pristine may be each engine's own host, which it separates)
-  [ "$shape" = 8b ] && [ "${AGAIN:-0}" = 1 ] && [ "${mib:-0}" -gt 120000 ] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
+  local again=0
+  [ "$shape" = small ] && [[ $cell != flashinfer* && $cell != dsa* ]] && again=1
+  # AGAIN=1: the control at 8B too where the card holds four engines, and at FlashInfer (after 29e)
+  [ "${AGAIN:-0}" = 1 ] && [[ $cell != dsa* ]] && { [ "$shape" = small ] || [ "${mib:-0}" -gt 120000 ]; } && again=1
+  [ $again = 1 ] && eng+=(--engine "patched-again=$B12:0.5.12.post1:patched")
+  # PRISTINE_AGAIN=1 (after 2026-11-29e, where one patched engine sat 4% from the other a whole
+  # duel): pristine twice too, the trees read from a second pair of engines
+  if [ $again = 1 ] && [ "${PRISTINE_AGAIN:-0}" = 1 ]; then
+    eng+=(--engine "pristine-again=$B12:0.5.12.post1:pristine")
+    pairs+=",pristine:pristine-again,pristine-again:patched-again"
+  fi
   if with17 "$step" && [[ $cell != dsa* ]] && { [ "$shape" != 8b ] || [ "${mib:-0}" -gt 100000 ]; }; then
     eng+=(--engine "upstream=$B17:0.5.17:upstream")
   fi
   [[ $cell == fa3* ]] && { be=default; fa=(--fa3-lib "$B12:$FA3_12" --fa3-lib "$B17:$FA3_17"); }
-  # SCENARIO (after 2026-11-29d): another spec scenario at a Llama shape, e.g. standalone (the
-  # draft is the target: it accepts, so a draft-side fix such as triton-draft-extend-prefix shows
-  # in each call's accept length)
+  # SCENARIO (after 2026-11-29d): another spec scenario, e.g. standalone (the draft is the target)
   [ -n "${SCENARIO:-}" ] && scen+=(--scenario "$SCENARIO")
   # issue 72: DeepSeek-V3.2 (sparse attention: sglang picks its NSA backend, FA3 decode on Hopper)
   [[ $cell == dsa* ]] && { be=default; fa=(--fa3-lib "$b:$FA3_12"); scen=(--size dsv32 --scenario mtp); bss=1,8,32,64; cap=8; tokens=100000; }

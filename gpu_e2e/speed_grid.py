@@ -33,6 +33,9 @@ from typing import Optional
 PAIRS = ("pristine:patched", "upstream:patched")
 BARS = {"pristine:patched": 0.98, "upstream:patched": 1.0}
 MIN_ROUNDS = 3
+#: a second pair of engines of the same two trees (plan.sh PRISTINE_AGAIN=1) reads the same cell:
+#: such a duel gives the cell two ratios a round, one per pair of engines
+SAME_TREES = {"pristine-again:patched-again": "pristine:patched"}
 #: the backend sglang picks when none is named (``default``), per model shape, on Hopper
 DEFAULT_BACKEND = {"small": "FA3", "8b": "FA3", "ds": "FA3", "dsv32": "NSA"}
 #: the spec scenario each model shape's duels run unless told otherwise (duel.py --scenario)
@@ -83,10 +86,11 @@ def cells(results: Path) -> dict[tuple, dict[str, Pair]]:
             continue
         shape = _shape(result)
         for row in result["summary"]:
-            if row["pair"] not in PAIRS or not row["ratios"]:
+            name = SAME_TREES.get(row["pair"], row["pair"])
+            if name not in PAIRS or not row["ratios"]:
                 continue
             key = (*shape, row["batch_size"], bool(row["eager"]))
-            pair = out.setdefault(key, {}).setdefault(row["pair"], Pair())
+            pair = out.setdefault(key, {}).setdefault(name, Pair())
             pair.runs.setdefault(path.parent.name, []).extend(row["ratios"])
             pair.identical &= bool(row["identical"])
     return out

@@ -583,3 +583,32 @@ def test_scenario_runs_a_duel_in_another_spec_scenario(tmp_path):
     (call,) = calls
     assert _arg(call, "--size") == "small" and _arg(call, "--scenario") == "standalone"
     assert _arg(call, "--attention-backend") == "triton"
+
+
+def test_again_adds_flashinfers_control_and_pristine_again_a_second_pristine(tmp_path):
+    """After 2026-11-29e: AGAIN=1 gives FlashInfer's duel the control too (its eager cells read
+    0.97-0.98 pooled with none), PRISTINE_AGAIN=1 adds a second pristine engine and the pairs
+    that read the trees from the second pair of engines."""
+
+    def engines(call):
+        return [a.split("=")[0] for i, a in enumerate(call["args"]) if call["args"][i - 1] == "--engine"]
+
+    (plain,) = _run_plan(tmp_path / "plain", LANES="0", STEPS="flashinfer_duel-r1", WITH17="none")[0]
+    assert engines(plain) == ["pristine", "patched", "patched-hostplan"]
+    (fi,) = _run_plan(
+        tmp_path / "fi", LANES="0", STEPS="flashinfer_duel-r1", WITH17="none", AGAIN="1", PRISTINE_AGAIN="1"
+    )[0]
+    assert engines(fi) == ["pristine", "patched", "patched-again", "pristine-again", "patched-hostplan"]
+    assert {"pristine:pristine-again", "pristine-again:patched-again", "patched:patched-again"} <= set(
+        _arg(fi, "--compare").split(",")
+    )
+    (h100,) = _run_plan(
+        tmp_path / "h100",
+        LANES="0",
+        STEPS="triton_8b_duel-r1",
+        WITH17="none",
+        AGAIN="1",
+        PRISTINE_AGAIN="1",
+        gpu_mib=81559,
+    )[0]
+    assert engines(h100) == ["pristine", "patched"]  # an 80 GB card holds no third 8B engine

@@ -91,6 +91,13 @@ def test_a_duel_in_another_scenario_than_its_shapes_own_is_its_own_row(tmp_path)
     assert sorted(key[1] for key in speed_grid.cells(tmp_path)) == ["ds", "small", "small standalone"]
 
 
+def test_a_second_pair_of_engines_of_the_same_trees_reads_the_same_cell(tmp_path):
+    rows = [(64, "pristine:patched", [0.9, 0.9, 0.9]), (64, "pristine-again:patched-again", [1.1, 1.1, 1.1])]
+    _duel(tmp_path / "gpu-duel-x", "a", rows + [(64, "pristine:pristine-again", [1.0] * 3)])
+    (cell,) = speed_grid.cells(tmp_path).values()
+    assert list(cell) == ["pristine:patched"] and sorted(cell["pristine:patched"].pooled()) == [0.9] * 3 + [1.1] * 3
+
+
 def test_the_command_prints_the_table_and_refuses_a_missing_folder(tmp_path, capsys):
     _duel(tmp_path / "gpu-duel-x", "a", [(1, "pristine:patched", [1.0] * 3)])
     assert speed_grid.main([str(tmp_path)]) == 0
