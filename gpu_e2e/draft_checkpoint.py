@@ -24,7 +24,7 @@ import json
 import os
 import random
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 WEIGHTS = "model.safetensors"
@@ -96,7 +96,7 @@ def header(specs: list[tuple[str, str, tuple[int, ...]]]) -> bytes:
 def _values(cfg: Mapping, specs, seed: int) -> Iterator[bytes]:
     import torch
 
-    hot = hot_token_ids(cfg["vocab_size"], cfg["draft_vocab_size"], seed)
+    hot = hot_token_ids(cfg["vocab_size"], cfg["draft_vocab_size"], seed) if "draft_vocab_size" in cfg else []
     gen = torch.Generator().manual_seed(seed)
     for name, dtype, shape in specs:
         if name == "d2t":
@@ -112,12 +112,13 @@ def _values(cfg: Mapping, specs, seed: int) -> Iterator[bytes]:
         yield raw.contiguous().numpy().tobytes()
 
 
-def write(folder: Path, seed: int = SEED) -> dict:
-    """Write ``folder/model.safetensors`` for the draft whose config.json is in
-    ``folder``; returns (and stamps in ``checkpoint.json``) its seed, size and sha256."""
+def write(folder: Path, seed: int = SEED, specs_of: Callable[[Mapping], list] = tensor_specs) -> dict:
+    """Write ``folder/model.safetensors`` for the model whose config.json is in ``folder``
+    (the draft's tensors, or ``specs_of``'s: :mod:`.target_weights`); returns (and stamps
+    in ``checkpoint.json``) its seed, size and sha256."""
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
-    specs = tensor_specs(cfg)
+    specs = specs_of(cfg)
     digest = hashlib.sha256()
     part = folder / (WEIGHTS + ".part")
     size = 0
@@ -131,7 +132,7 @@ def write(folder: Path, seed: int = SEED) -> dict:
         "seed": seed,
         "bytes": size,
         "sha256": digest.hexdigest(),
-        "draft_vocab_size": cfg["draft_vocab_size"],
+        "draft_vocab_size": cfg.get("draft_vocab_size"),
         "vocab_size": cfg["vocab_size"],
         "config_sha256": hashlib.sha256((folder / "config.json").read_bytes()).hexdigest(),
     }
@@ -139,7 +140,7 @@ def write(folder: Path, seed: int = SEED) -> dict:
     return stamp
 
 
-def ensure(folder: Path, seed: int = SEED) -> dict:
+def ensure(folder: Path, seed: int = SEED, specs_of: Callable[[Mapping], list] = tensor_specs) -> dict:
     """:func:`write` unless the folder already holds the checkpoint of this config and seed
     (the runs of one orchestrator share the models folder)."""
     folder = Path(folder)
@@ -151,4 +152,4 @@ def ensure(folder: Path, seed: int = SEED) -> dict:
             folder / WEIGHTS
         ).stat().st_size == stamp.get("bytes"):
             return stamp
-    return write(folder, seed)
+    return write(folder, seed, specs_of)

@@ -70,6 +70,7 @@ READY_FIELDS_KEPT = (
     "variant",
     "scenario",
     "draft_checkpoint",
+    "target_weights",
     "sglang_version",
 )
 

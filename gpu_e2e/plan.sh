@@ -200,12 +200,12 @@ duel() {  # gpus name args...: one duel.py call (the driver and every engine on 
   # DUEL_CPUS (after 2026-11-29): a CPU list every engine's threads are held to once up, the same
   # for every tree (e.g. "$(python3 -m pk_gpu_e2e.cpu_lanes 1 4)": two whole cores past core 0)
   [ -n "${DUEL_CPUS:-}" ] && opts+=(--cpus "$DUEL_CPUS")
-  # ROTATE=1: every engine takes every place in a round in turn (ABBA keeps the middle ones there)
+  # ROTATE=1: each engine in each place of a round in turn; TARGET_WEIGHTS=random: target_weights.py
   [ "${ROTATE:-0}" = 1 ] && opts+=(--rotate)
   mkdir -p "$R/$name"; note "gpu $gpus: start $name"
   # PIN=1: a one-lane duel's driver and engines (they inherit it) stay on the lane's cores
   local pin=(); [[ $gpus != *,* ]] && read -ra pin <<< "$(pin_of "$gpus")"
-  (cd "$B12" && CUDA_VISIBLE_DEVICES=$gpus FLASHINFER_WORKSPACE_BASE=/tmp/fi${gpus//,/} \
+  (cd "$B12" && CUDA_VISIBLE_DEVICES=$gpus FLASHINFER_WORKSPACE_BASE=/tmp/fi${gpus//,/} PK_E2E_TARGET_WEIGHTS=${TARGET_WEIGHTS:-} \
      TRITON_CACHE_DIR=/tmp/triton${gpus//,/} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor${gpus//,/} \
      PYTHONUNBUFFERED=1 PYTHONPATH=e2e timeout "${DUEL_TIMEOUT_S:-1500}" "${pin[@]}" python3 -m pk_gpu_e2e.duel --out "$R/$name" \
      --work "/tmp/pkd${gpus//,/}" "${opts[@]}" "$@" > "$R/$name/console.log" 2>&1)

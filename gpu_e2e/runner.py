@@ -6,7 +6,8 @@ when sync counting is on, ``PK_E2E_SYNC_DIR`` set (see :mod:`.syncs`).
 
 Settings (issue 10): EAGLE3, topk 1, 3 steps, 4 draft tokens, Triton attention (or
 ``--attention-backend``), CUDA graphs on, overlap scheduler on (spec v2), greedy,
-``ignore_eos``, dummy weights, ``skip_tokenizer_init`` with ``input_ids``. For each
+``ignore_eos``, dummy weights (seeded random ones where ``PK_E2E_TARGET_WEIGHTS=random``:
+:mod:`.target_weights`), ``skip_tokenizer_init`` with ``input_ids``. For each
 workload and batch size: one warm-up generate, then ``--runs`` timed ones.
 
 Issue 40: what users run, by default. Piecewise CUDA graph as the release defaults it
@@ -52,6 +53,7 @@ from . import (
     ranks,
     server_args_names,
     syncs,
+    target_weights,
     workloads,
 )
 from .models import DRAFTS, SIZES, write_models
@@ -86,6 +88,7 @@ def engine_kwargs(
     context_length: int = 0,
     engine_extra: dict | None = None,
     scale: dict | None = None,
+    target_load_format: str = "dummy",
 ) -> dict:
     """The Engine's settings; ``attention_backend`` "default" and ``piecewise``
     "default" name nothing, so the release's own defaults decide. ``engine_extra``
@@ -101,7 +104,7 @@ def engine_kwargs(
     elif piecewise != "default":
         raise ValueError(f"piecewise {piecewise!r}: one of {', '.join(PIECEWISE)}")
     if draft_kind == "checkpoint" and scenario == "eagle3":
-        extra["speculative_draft_load_format"] = "auto"  # the draft's safetensors; the target stays dummy
+        extra["speculative_draft_load_format"] = "auto"  # the draft's safetensors, whatever the target's
     if context_length:
         extra["context_length"] = context_length
     if scenario == "mtp":
@@ -112,7 +115,7 @@ def engine_kwargs(
         model_path=str(target),
         speculative_algorithm=SCENARIOS[scenario],
         speculative_draft_model_path=draft_path,
-        load_format="dummy",
+        load_format=target_load_format,  # "auto": target_weights.py's checkpoint
         skip_tokenizer_init=True,
         dtype="bfloat16",
         sampling_backend="pytorch",
@@ -196,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
+    target_stamp = None
+    if target_weights.wanted():
+        if args.scenario == "mtp":
+            raise SystemExit(f"{target_weights.ENV}=random: Llama sizes only")
+        t = time.perf_counter()
+        target_stamp = target_weights.ensure(target)
+        print(f"[runner] random target weights ready in {time.perf_counter() - t:.1f} s", flush=True)
+
     import sglang
 
     result = {
@@ -207,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         "piecewise_asked": args.piecewise,
         "draft": args.draft,
         "draft_checkpoint": stamp,
+        "target_weights": target_stamp,
         "sglang_file": sglang.__file__,
         "sglang_version": getattr(sglang, "__version__", "?"),
         "patchkit_importable": _patchkit_where(),
@@ -232,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         context_length=args.context_length,
         engine_extra=json.loads(args.engine_extra),
         scale=dp.engine_kwargs(args),
+        target_load_format=target_weights.load_format(),
     )
     # 0.5.17 renamed three settings (server_args_names.py): the names this tree's ServerArgs has
     kwargs, result["engine_kwargs_renamed"] = server_args_names.for_fields(

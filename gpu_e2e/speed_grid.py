@@ -68,6 +68,8 @@ def _shape(result: dict) -> tuple[str, str, str]:
     # a duel in another spec scenario than its shape's own (standalone at a Llama shape) is its own row
     if args.get("scenario", OWN_SCENARIO.get(size)) != OWN_SCENARIO.get(size):
         size = f"{size} {args['scenario']}"
+    if (result["engines"]["patched"].get("ready") or {}).get("target_weights"):
+        size += " random-weights"  # target_weights.py: a draft that accepts, so other rates a token
     return name, size, par
 
 

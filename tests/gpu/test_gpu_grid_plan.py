@@ -27,7 +27,8 @@ with open(os.environ["PK_PLAN_LOG"], "a") as fh:
                          "counters_off": os.environ.get("PK_E2E_COUNTERS_OFF", ""),
                          "cpus": sorted(os.sched_getaffinity(0)),
                          "fi": os.environ.get("FLASHINFER_WORKSPACE_BASE"),
-                         "extra_site": os.environ.get("PK_E2E_EXTRA_SITE")}) + "\\n")
+                         "extra_site": os.environ.get("PK_E2E_EXTRA_SITE"),
+                         "target_weights": os.environ.get("PK_E2E_TARGET_WEIGHTS")}) + "\\n")
 print("verdict: stub")
 """
 
@@ -578,11 +579,14 @@ def test_caches_go_into_every_lane_before_the_steps_and_come_out_packed_after(tm
 
 
 def test_scenario_runs_a_duel_in_another_spec_scenario(tmp_path):
-    """SCENARIO=standalone (the fourteenth run's triton_sa_duel): the shape's size, then the scenario."""
+    """SCENARIO=standalone (the fourteenth run's triton_sa_duel): the shape's size, then the
+    scenario; TARGET_WEIGHTS=random reaches the duel's runners (target_weights.py)."""
     calls, _ = _run_plan(tmp_path, LANES="0", STEPS="triton_sa_duel-r1", SCENARIO="standalone", WITH17="none")
     (call,) = calls
     assert _arg(call, "--size") == "small" and _arg(call, "--scenario") == "standalone"
-    assert _arg(call, "--attention-backend") == "triton"
+    assert _arg(call, "--attention-backend") == "triton" and call["target_weights"] == ""
+    calls, _ = _run_plan(tmp_path / "random", LANES="0", STEPS="triton_sa_duel-r1", TARGET_WEIGHTS="random")
+    assert calls[0]["target_weights"] == "random"
 
 
 def test_again_adds_flashinfers_control_and_pristine_again_a_second_pristine(tmp_path):

@@ -32,7 +32,9 @@ def test_the_grid_names_the_cells_still_open():
     assert said in DOC and f"{len(untimed)} eager {were} never timed beside 0.5.17" in DOC
 
 
-def _duel(folder: Path, name: str, rows: list[tuple], *, size="small", backend="triton", env=None, **args) -> None:
+def _duel(
+    folder: Path, name: str, rows: list[tuple], *, size="small", backend="triton", env=None, weights=None, **args
+) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     result = {
         "args": {
@@ -41,7 +43,7 @@ def _duel(folder: Path, name: str, rows: list[tuple], *, size="small", backend="
             "tp": 1,
             "engine": [{"name": "pristine", "env": {}}, {"name": "patched", "env": env or {}}],
         },
-        "engines": {"patched": {"ready": {"size": size}}},
+        "engines": {"patched": {"ready": {"size": size, "target_weights": weights}}},
         "summary": [
             {"batch_size": bs, "eager": bs > 32, "pair": pair, "ratios": ratios, "identical": True}
             for bs, pair, ratios in rows
@@ -88,7 +90,11 @@ def test_a_duel_in_another_scenario_than_its_shapes_own_is_its_own_row(tmp_path)
     _duel(tmp_path / "gpu-duel-x", "a", [(8, "pristine:patched", [1.0] * 3)], scenario="eagle3")
     _duel(tmp_path / "gpu-duel-x", "b", [(8, "pristine:patched", [1.2] * 3)], scenario="standalone")
     _duel(tmp_path / "gpu-duel-x", "c", [(8, "pristine:patched", [1.0] * 3)], size="ds", scenario="mtp")
-    assert sorted(key[1] for key in speed_grid.cells(tmp_path)) == ["ds", "small", "small standalone"]
+    _duel(
+        tmp_path / "gpu-duel-x", "d", [(8, "pristine:patched", [1.5] * 3)], scenario="standalone", weights={"seed": 1}
+    )
+    sizes = ["ds", "small", "small standalone", "small standalone random-weights"]
+    assert sorted(key[1] for key in speed_grid.cells(tmp_path)) == sizes
 
 
 def test_a_second_pair_of_engines_of_the_same_trees_reads_the_same_cell(tmp_path):
