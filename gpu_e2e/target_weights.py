@@ -2,9 +2,9 @@
 
 The harness serves its targets with ``load_format="dummy"``. sglang's
 ``initialize_dummy_weights`` fills every parameter, the norms' too, uniformly in
-±1e-3, so each layer's attention and MLP add a few parts in a thousand to the
-residual stream: the next token is, to that precision, a function of the current
-one. Speed does not care. A draft-side fix does: with the draft a copy of the
+±1e-3, so each layer's attention and MLP add far less than the token's own
+embedding to the residual stream: the next token is, to that precision, a function
+of the current one. Speed does not care. A draft-side fix does: with the draft a copy of the
 target (STANDALONE) every engine then accepts near the ceiling whatever its draft's
 attention reads, which is how the fourteenth run (docs/gpu.md, 2026-11-29e) could
 not show ``triton-draft-extend-prefix``'s double count.
