@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 
 from . import wait_report
-from .duel_stats import by_round, calls_of, together, verdict
+from .duel_stats import accepts, by_round, calls_of, together, verdict
 
 #: patched against pristine (the issue's bar, 0.98), against upstream 0.5.17 (1.0 in eager
 #: cells), and against a second engine of its own tree: the measure's noise floor.
@@ -272,6 +272,15 @@ def markdown(result: dict) -> str:
             for c in calls_of(result)
         ],
     )
+    accepted = _section(
+        "accept length a call (completion tokens over verify steps), per engine:",
+        "| bs | engine | calls | median | min | max |",
+        "|---:|---|---:|---:|---:|---:|",
+        [
+            f"| {a['batch_size']} | {a['engine']} | {a['calls']} | {a['median']:.3f} | {a['min']:.3f} | {a['max']:.3f} |"
+            for a in accepts(calls)
+        ],
+    )
     counted = _section(
         "host waits per decode step (counters on):",
         "| engine | bs | steps | waits | per step | sites |",
@@ -332,7 +341,10 @@ def markdown(result: dict) -> str:
         if e.get("pinned")
     ]
     notes = [""] + pinned + failed if pinned or failed else []
-    return "\n".join(head + lines + decode + by_engine + counted + gc + host_lines + retired + facts + notes) + "\n"
+    return (
+        "\n".join(head + lines + decode + by_engine + accepted + counted + gc + host_lines + retired + facts + notes)
+        + "\n"
+    )
 
 
 def pooled(results: list[dict], pair: str) -> list[dict]:

@@ -121,3 +121,24 @@ def together(result: dict, base: str, other: str, batch_size: int) -> float | No
         return round(statistics.correlation(a, b), 3)
     except statistics.StatisticsError:  # one engine's times all equal
         return None
+
+
+def accepts(calls: list[dict]) -> list[dict]:
+    """Each engine's accept length (completion tokens over verify steps, duel_serve.py) per
+    batch size, over the calls that have one: its median and range. A draft-side patch moves
+    it where the speed alone would not say why (the fourteenth run's STANDALONE duel)."""
+    by: dict[tuple[int, str], list[float]] = {}
+    for c in calls:
+        if c.get("accept_length") is not None:
+            by.setdefault((c["batch_size"], c["engine"]), []).append(c["accept_length"])
+    return [
+        {
+            "batch_size": bs,
+            "engine": engine,
+            "calls": len(got),
+            "median": statistics.median(got),
+            "min": min(got),
+            "max": max(got),
+        }
+        for (bs, engine), got in sorted(by.items())
+    ]

@@ -83,3 +83,14 @@ def test_the_bullets_figures():
         "speed {:.3f} / {:.3f}\n  / {:.3f} against a control of {:.3f} / {:.3f} / {:.3f}".format(*sa, *control)
         in SECTION
     )
+
+
+def test_the_duels_report_prints_each_engines_accept_length():
+    """duel.md (duel_report.markdown) gives the accept length per engine, so a poll reads it."""
+    from gpu_e2e import duel_report
+
+    md = duel_report.markdown(_run("triton_sa_duel-r1"))
+    for engine in ("pristine", "patched", "patched-again"):
+        assert f"| 8 | {engine} | 16 | 3.556 | 3.556 | 3.556 |" in md
+    older = duel_runs.load(RUN.parent / "gpu-duel-2026-11-29d", "triton_duel-r1")  # packed without them
+    assert "accept length a call" in md and "accept length a call" not in duel_report.markdown(older)
