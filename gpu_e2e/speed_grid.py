@@ -60,15 +60,15 @@ class Pair:
 
 def _shape(result: dict) -> tuple[str, str, str]:
     """(backend, size, parallelism) of a duel, from its arguments and its patched engine."""
-    args = result["args"]
-    size = (result["engines"]["patched"].get("ready") or {}).get("size") or args.get("size") or "?"
+    args, ready = result["args"], result["engines"]["patched"].get("ready") or {}
+    size = ready.get("size") or args.get("size") or "?"
     backend = args.get("attention_backend") or "default"
     name = DEFAULT_BACKEND.get(size, "default") if backend == "default" else NAMES.get(backend, backend)
     par = f"TP {args.get('tp', 1)}" + (f" + DP attention {args['dp']}" if args.get("dp_attention") else "")
     # a duel in another spec scenario than its shape's own (standalone at a Llama shape) is its own row
     if args.get("scenario", OWN_SCENARIO.get(size)) != OWN_SCENARIO.get(size):
         size = f"{size} {args['scenario']}"
-    if (result["engines"]["patched"].get("ready") or {}).get("target_weights"):
+    if ready.get("target_weights"):
         size += " random-weights"  # target_weights.py: a draft that accepts, so other rates a token
     return name, size, par
 

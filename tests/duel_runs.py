@@ -4,9 +4,10 @@ evidence tests (tests/gpu/test_gpu_duel_fifth.py ... test_gpu_duel_tenth.py)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
-from gpu_e2e import duel_report, evidence
+from gpu_e2e import duel_report, duel_stats, evidence
 
 
 def load(run: Path, name: str) -> dict:
@@ -48,3 +49,16 @@ def outputs(result: dict, bs: int) -> dict[str, set[str]]:
         if c["batch_size"] == bs and "error" not in c:
             got.setdefault(c["engine"], set()).add(c["outputs_sha256"])
     return got
+
+
+def verdict_line(name: str, row: dict) -> str:
+    """docs/gpu.md's verdict-table row for one summary row of duel ``name`` (from the
+    thirteenth run on): rounds, rounds below 1, median, its 95% interval, both bars."""
+    ratios = row["ratios"]
+    interval = duel_stats.median_interval(ratios)
+    shown = "{:.3f}-{:.3f}".format(*interval) if interval else "-"
+    return (
+        f"| {name} | {row['pair']} | {row['batch_size']} | {'eager' if row['eager'] else 'captured'} | "
+        f"{len(ratios)} | {sum(x < 1 for x in ratios)} | {statistics.median(ratios):.3f} | {shown} | "
+        f"{duel_stats.verdict(ratios)} | {duel_stats.verdict(ratios, bar=1.0)} |"
+    )

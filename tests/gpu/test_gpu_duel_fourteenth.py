@@ -11,8 +11,6 @@ from pathlib import Path
 
 import duel_runs
 
-from gpu_e2e import duel_stats
-
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "docs" / "results" / "gpu-duel-2026-11-29e"
 DOC = (ROOT / "docs" / "gpu.md").read_text()
@@ -45,14 +43,7 @@ def test_every_duel_is_of_its_commit_on_shared_cores_and_rotated():
 def test_the_verdict_table_is_the_runs():
     for name in DUELS:
         for row in _run(name)["summary"]:
-            ratios = row["ratios"]
-            interval = duel_stats.median_interval(ratios)
-            shown = "{:.3f}-{:.3f}".format(*interval) if interval else "-"
-            line = (
-                f"| {name} | {row['pair']} | {row['batch_size']} | {'eager' if row['eager'] else 'captured'} | "
-                f"{len(ratios)} | {sum(x < 1 for x in ratios)} | {statistics.median(ratios):.3f} | {shown} | "
-                f"{duel_stats.verdict(ratios)} | {duel_stats.verdict(ratios, bar=1.0)} |"
-            )
+            line = duel_runs.verdict_line(name, row)
             assert line in SECTION, line
 
 

@@ -47,14 +47,7 @@ def test_the_verdict_table_is_the_runs():
     """Every pair at every batch size of the four duels, read by duel_stats (wall ratios)."""
     for name in DUELS:
         for row in _run(name)["summary"]:
-            ratios = row["ratios"]
-            interval = duel_stats.median_interval(ratios)
-            shown = "{:.3f}-{:.3f}".format(*interval) if interval else "-"
-            line = (
-                f"| {name} | {row['pair']} | {row['batch_size']} | {'eager' if row['eager'] else 'captured'} | "
-                f"{len(ratios)} | {sum(x < 1 for x in ratios)} | {statistics.median(ratios):.3f} | {shown} | "
-                f"{duel_stats.verdict(ratios)} | {duel_stats.verdict(ratios, bar=1.0)} |"
-            )
+            line = duel_runs.verdict_line(name, row)
             assert line in DOC, line
 
 
