@@ -8,7 +8,8 @@ first 16 hex digits of the sha256 of their JSON list, a one-element list, so two
 compare equal exactly when their ids did, and a duel call's ``outputs_sha256`` keeps the same
 16 digits. A duel's ``calls`` (a record a call, the same keys over and over: half of a duel
 JSON's bytes) become one table, ``calls_table`` (:func:`pack_calls`); :func:`read_json` gives
-them back as records, so every reader reads what the duel wrote. ``trim-log`` keeps each engine's ``===== KEY =====`` header, the lines
+them back as records, so every reader reads what the duel wrote; an engine whose patched
+files are an earlier engine's names it (:func:`pack_digests`). ``trim-log`` keeps each engine's ``===== KEY =====`` header, the lines
 :func:`engine_facts.log_facts` counts, tracebacks and exception lines, and the lines the
 tests cite; it refuses (and leaves the file as it was) if :func:`engine_facts.log_facts` or
 :func:`engine_facts.failure_line` would read anything else from any section."""
@@ -158,15 +159,50 @@ def unpack_calls(data: Any) -> Any:
     return data
 
 
+#: A duel engine's ``patched_files_sha256`` entry that is another engine's, whole: "=ENGINE".
+SAME_AS = "="
+
+
+def pack_digests(data: Any) -> Any:
+    """A duel's ``patched_files_sha256`` (each engine's tree: file -> sha256) with each engine
+    whose files are an earlier engine's, every digest alike, written ``"=EARLIER"`` (in
+    place). The engines of one bundle carry the same tree, so most of these maps were copies:
+    479 KB of 53 duels' JSON before (2026-11-29f)."""
+    digests = data.get("patched_files_sha256") if isinstance(data, dict) and "engines" in data else None
+    if not isinstance(digests, dict):
+        return data
+    first: list[tuple[str, Any]] = []
+    for engine, files in digests.items():
+        if not isinstance(files, dict) or not files:
+            continue
+        same = next((name for name, seen in first if seen == files), None)
+        if same is None:
+            first.append((engine, files))
+        else:
+            digests[engine] = SAME_AS + same
+    return data
+
+
+def unpack_digests(data: Any) -> Any:
+    """The inverse of :func:`pack_digests` (in place): every engine's files written out."""
+    digests = data.get("patched_files_sha256") if isinstance(data, dict) else None
+    if isinstance(digests, dict):
+        for engine, files in digests.items():
+            if isinstance(files, str) and files.startswith(SAME_AS):
+                digests[engine] = copy.deepcopy(digests[files[len(SAME_AS) :]])
+    return data
+
+
 def read_json(path: Path) -> Any:
-    """A committed results JSON as its run wrote it (a duel's calls unpacked)."""
-    return unpack_calls(json.loads(path.read_text(encoding="utf-8")))
+    """A committed results JSON as its run wrote it (a duel's calls and tree digests unpacked)."""
+    return unpack_digests(unpack_calls(json.loads(path.read_text(encoding="utf-8"))))
 
 
 def compact(path: Path) -> tuple[int, int]:
     """Rewrite one results JSON compactly; (bytes before, bytes after)."""
     raw = path.read_text(encoding="utf-8")
-    out = json.dumps(pack_calls(hash_output_ids(json.loads(raw))), separators=(",", ":"), ensure_ascii=False)
+    packed = pack_digests(pack_calls(hash_output_ids(json.loads(raw))))
+    out = json.dumps(packed, separators=(",", ":"), ensure_ascii=False)
     path.write_text(out, encoding="utf-8")
     return len(raw.encode()), len(out.encode())
 

@@ -134,6 +134,7 @@ def test_committed_results_are_compact_and_within_the_budget():
         assert "\n " not in raw, f"{path}: indented (python -m gpu_e2e.evidence compact)"
         assert evidence.hash_output_ids(json.loads(raw)) == json.loads(raw), f"{path}: output ids not hashed"
         assert evidence.pack_calls(json.loads(raw)) == json.loads(raw), f"{path}: a duel's calls not packed"
+        assert evidence.pack_digests(json.loads(raw)) == json.loads(raw), f"{path}: a tree's digests written twice"
     assert total <= BUDGET, total
 
 
@@ -166,3 +167,22 @@ def test_settings_are_one_file_a_run():
     assert [str(p.relative_to(RESULTS)) for p in RESULTS.glob("*/*/**/settings.md")] == []
     for path in RESULTS.glob("*/settings.md"):
         assert path.read_text().count("\n## ") >= 1, path
+
+
+def test_an_engine_with_an_earlier_engines_tree_names_it_and_reads_back_whole(tmp_path):
+    tree = {"srt/a.py": "aa", "srt/b.py": "bb"}
+    duel = {
+        "engines": {},
+        "summary": [],
+        "calls": [],
+        "patched_files_sha256": {"pristine": {}, "patched": tree, "again": dict(tree), "other": {"srt/a.py": "cc"}},
+    }
+    path = tmp_path / "duel.json"
+    path.write_text(json.dumps(duel, indent=1))
+    evidence.compact(path)
+    packed = json.loads(path.read_text())["patched_files_sha256"]
+    assert packed == {"pristine": {}, "patched": tree, "again": "=patched", "other": {"srt/a.py": "cc"}}
+    assert evidence.read_json(path) == duel
+    text = path.read_text()
+    evidence.compact(path)
+    assert path.read_text() == text
