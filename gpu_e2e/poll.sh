@@ -23,9 +23,11 @@ if [ -n "${OUT:-}" ] && [ -d "$R" ]; then
   echo "results.tgz: $(du -k "$OUT/results.tgz" | cut -f1) KiB"
   # HARVEST=1's compiled caches come back with the poll after they are packed (2026-11-29b packed
   # 8 MiB of FlashInfer and Triton builds that no call fetched, and the machine took them back):
-  # up to four 15 MiB parts, CACHES_BACK=0 to leave them
-  if [ "${CACHES_BACK:-1}" = 1 ] && grep -q 'caches packed (rc 0)' "$R/progress.log" 2>/dev/null; then
+  # up to four 15 MiB parts, CACHES_BACK=0 to leave them. Once only ($R/caches.sent): a call
+  # brings back 8 files, and 2026-11-29f's later polls, the parts again in four of them, left a
+  # duel's JSON behind
+  if [ "${CACHES_BACK:-1}" = 1 ] && [ ! -e "$R/caches.sent" ] && grep -q 'caches packed (rc 0)' "$R/progress.log" 2>/dev/null; then
     for part in "${CACHE_ROOT:-/tmp}"/caches-[a-d]; do [ -d "$part" ] && cp -r "$part" "$OUT"/; done
-    ls -d "$OUT"/caches-* 2>/dev/null | sed 's/^/caches back: /'
+    ls -d "$OUT"/caches-* 2>/dev/null | sed 's/^/caches back: /' && touch "$R/caches.sent"
   fi
 fi

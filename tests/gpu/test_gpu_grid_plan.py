@@ -490,7 +490,7 @@ def test_a_poll_prints_the_tables_and_brings_the_json_back(tmp_path):
 
 def test_a_poll_brings_the_harvested_caches_back_once_packed(tmp_path):
     """poll.sh: after plan.sh's "caches packed (rc 0)" the parts (caches-a ...) travel in $OUT
-    too; before it, and with CACHES_BACK=0, they stay."""
+    too, in one poll only; before it, and with CACHES_BACK=0, they stay."""
     run, root = tmp_path / "run", tmp_path / "root"
     run.mkdir()
     (root / "caches-a").mkdir(parents=True)
@@ -511,10 +511,12 @@ def test_a_poll_brings_the_harvested_caches_back_once_packed(tmp_path):
         return out
 
     packed = "[07:40:46] caches packed (rc 0): 1 part(s) in /tmp/caches-*\n"
-    assert (poll(packed) / "caches-a" / "caches.tar.gz.part").read_bytes() == b"x" * 10
     assert not (poll("[07:40:45] gpu 0: no step left\n") / "caches-a").exists()
     assert not (poll(packed, CACHES_BACK="0") / "caches-a").exists()
-    assert not list(poll(packed).glob("caches"))
+    first = poll(packed)
+    assert (first / "caches-a" / "caches.tar.gz.part").read_bytes() == b"x" * 10
+    assert not list(first.glob("caches"))
+    assert not (poll(packed) / "caches-a").exists()  # once: a call brings back eight files
 
 
 def test_the_minus_plan_times_trees_without_one_patch_at_either_shape(tmp_path):
