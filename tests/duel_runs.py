@@ -62,3 +62,11 @@ def verdict_line(name: str, row: dict) -> str:
         f"{len(ratios)} | {sum(x < 1 for x in ratios)} | {statistics.median(ratios):.3f} | {shown} | "
         f"{duel_stats.verdict(ratios)} | {duel_stats.verdict(ratios, bar=1.0)} |"
     )
+
+
+def assert_verdict_rows(run: Path, names: tuple[str, ...], text: str) -> None:
+    """Every summary row of each duel ``names`` of ``run`` is a row of the page's verdict table ``text``."""
+    for name in names:
+        for row in load(run, name)["summary"]:
+            line = verdict_line(name, row)
+            assert line in text, line

@@ -41,10 +41,7 @@ def test_every_duel_is_of_its_commit_on_shared_cores_and_rotated():
 
 
 def test_the_verdict_table_is_the_runs():
-    for name in DUELS:
-        for row in _run(name)["summary"]:
-            line = duel_runs.verdict_line(name, row)
-            assert line in SECTION, line
+    duel_runs.assert_verdict_rows(RUN, DUELS, SECTION)
 
 
 def test_the_standalone_duel_accepts_alike_in_every_engine():

@@ -45,10 +45,7 @@ def test_every_duel_is_of_its_commit_on_shared_cores_and_rotated():
 
 def test_the_verdict_table_is_the_runs():
     """Every pair at every batch size of the four duels, read by duel_stats (wall ratios)."""
-    for name in DUELS:
-        for row in _run(name)["summary"]:
-            line = duel_runs.verdict_line(name, row)
-            assert line in DOC, line
+    duel_runs.assert_verdict_rows(RUN, DUELS, DOC)
 
 
 def test_triton_8b_eager_bs64_read_three_ways_as_cited():
