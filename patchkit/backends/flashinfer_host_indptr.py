@@ -41,10 +41,12 @@ import os
 from collections import namedtuple
 from functools import partial
 
+from .mask_bits import pack_mask_segments
+
 # Imported by patched sglang at start-up: typing names are for type checkers only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
     from typing import Any
 
 __all__ = [
@@ -357,43 +359,3 @@ def _paged_from_host(
         wrapper._mask_indptr_buf = byte_indptr.to(packed.device, non_blocking=True)
     return None
 
-
-def pack_mask_segments(mask: Any, bits_per_row: Sequence[int]) -> tuple:
-    """FlashInfer's ``segment_packbits(mask, indptr, bitorder="little")`` with
-    the segment lengths known on the host: row ``r``'s bits ``mask[b_r : b_r
-    + n_r]`` packed eight to a byte, least significant first, the last byte
-    zero-padded. Returns the packed bytes (on the mask's device) and their
-    int32 indptr (host); the sizes come from the host lengths, so nothing is
-    read back from the device. The four per-row vectors go over in one copy of
-    one pinned tensor, and the bit weights are made on the device: the GPU run
-    of 2026-11-28 counted five host waits a step here when each vector went
-    over from pageable memory (a non-blocking copy from pageable memory waits)."""
-    import torch
-
-    device = mask.device
-    bits = _lengths(bits_per_row)
-    k = len(bits)
-    # one host allocation: the four per-row vectors, then the byte indptr handed back
-    fresh, values = _fresh_host_int32(5 * k + 1)
-    table = values[: 4 * k].reshape(4, k)
-    byte_lens = (bits + 7) // 8
-    byte_end = byte_lens.cumsum()
-    table[0], table[1], table[2], table[3] = byte_lens, byte_end - byte_lens, bits, bits.cumsum() - bits
-    values[4 * k] = 0
-    values[4 * k + 1 :] = byte_end
-    byte_indptr, total = fresh[4 * k :], int(byte_end[-1]) if k else 0
-    if total == 0:
-        return torch.empty(0, dtype=torch.uint8, device=device), byte_indptr
-    flat = mask.contiguous().view(-1).to(torch.bool)
-    lens_d, byte_start_d, bits_d, bit_start_d = fresh[: 4 * k].view(4, k).to(device, non_blocking=True)
-    rows = torch.repeat_interleave(torch.arange(k, device=device), lens_d, output_size=total)
-    byte_in_row = torch.arange(total, device=device) - byte_start_d[rows]
-    bit_in_row = byte_in_row[:, None] * 8 + torch.arange(8, device=device)[None, :]
-    valid = bit_in_row < bits_d[rows][:, None]
-    source = torch.where(valid, bit_start_d[rows][:, None] + bit_in_row, 0)
-    taken = flat[source] & valid
-    weights = torch.bitwise_left_shift(
-        torch.ones(8, dtype=torch.int32, device=device), torch.arange(8, device=device, dtype=torch.int32)
-    )
-    packed = (taken.to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
-    return packed, byte_indptr
