@@ -241,6 +241,19 @@ def import_cost(module: str) -> tuple[list[str], float]:
     return [m for m in heavy.split(",") if m], float(seconds)
 
 
+def under_triton_interpreter(script: str) -> str:
+    """Run ``script`` in a fresh interpreter with Triton's CPU interpreter on
+    (TRITON_INTERPRET=1: read when a kernel is made, so not in this process) and
+    return what it printed; a failure is the assertion, with the script's stderr."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
 def _stat(path: Path) -> tuple[str, list[str]]:
     """``/proc/PID/stat``: the process's "PID (name)", and the fields after it
     (state ppid pgrp session ...); ("", []) where it is gone."""

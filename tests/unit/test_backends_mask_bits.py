@@ -4,12 +4,8 @@ interpreter (TRITON_INTERPRET=1, in a subprocess: the flag is read when the kern
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-from support import import_cost
+from support import import_cost, under_triton_interpreter
 
 from patchkit.backends import mask_bits
 
@@ -65,6 +61,4 @@ def test_the_triton_kernel_matches_the_torch_ops_under_the_interpreter():
         "    assert torch.equal(got, want) and torch.equal(got_indptr, want_indptr), bits\n"
         "print('same')\n"
     )
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "same", done.stderr[-2000:]
+    assert under_triton_interpreter(script) == "same"
